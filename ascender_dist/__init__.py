@@ -1,0 +1,3 @@
+"""ascender-dist: distributed pretraining of ASCender and Connection-Transformer language models."""
+
+__version__ = "0.1.0"
