@@ -1,0 +1,126 @@
+"""Small named consistency checks. Each raises ConfigError naming the field it is about.
+
+``STATIC_CHECKS`` need only the config; ``world_size`` checks need the launch's world size too.
+"""
+
+from __future__ import annotations
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.schema import RunConfig
+
+
+def check_positive_sizes(cfg: RunConfig) -> None:
+    m, t = cfg.model, cfg.train
+    for path, value in [
+        ("model.num_layers", m.num_layers), ("model.hidden_size", m.hidden_size),
+        ("model.num_attention_heads", m.num_attention_heads), ("model.seq_length", m.seq_length),
+        ("train.micro_batch_size", t.micro_batch_size), ("train.global_batch_size", t.global_batch_size),
+        ("train.train_steps", t.train_steps), ("parallel.tensor_model_parallel_size", cfg.parallel.tensor_model_parallel_size),
+        ("parallel.pipeline_model_parallel_size", cfg.parallel.pipeline_model_parallel_size),
+        ("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by),
+        ("logging.log_interval", cfg.logging.log_interval),
+    ]:
+        if value < 1:
+            raise ConfigError(path, f"must be >= 1 (got {value})")
+
+
+def check_heads_divide_hidden(cfg: RunConfig) -> None:
+    m = cfg.model
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError("model.num_attention_heads",
+                          f"must divide hidden_size (got {m.num_attention_heads} heads, hidden {m.hidden_size})")
+    groups = m.num_query_groups
+    if groups is not None and (groups < 1 or m.num_attention_heads % groups):
+        raise ConfigError("model.num_query_groups",
+                          f"must divide num_attention_heads (got {groups} for {m.num_attention_heads} heads)")
+
+
+def check_tensor_parallel_divides_heads(cfg: RunConfig) -> None:
+    tp = cfg.parallel.tensor_model_parallel_size
+    m = cfg.model
+    if m.num_attention_heads % tp:
+        raise ConfigError("parallel.tensor_model_parallel_size",
+                          f"{tp} does not divide model.num_attention_heads={m.num_attention_heads}")
+    groups = m.num_query_groups or m.num_attention_heads
+    if groups % tp:
+        raise ConfigError("parallel.tensor_model_parallel_size",
+                          f"{tp} does not divide model.num_query_groups={groups}")
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    if ffn % tp:
+        raise ConfigError("parallel.tensor_model_parallel_size", f"{tp} does not divide model.ffn_hidden_size={ffn}")
+
+
+def check_pipeline_divides_layers(cfg: RunConfig) -> None:
+    pp = cfg.parallel.pipeline_model_parallel_size
+    if cfg.model.num_layers % pp:
+        raise ConfigError("parallel.pipeline_model_parallel_size",
+                          f"{pp} does not divide model.num_layers={cfg.model.num_layers}")
+
+
+def check_zero_stage(cfg: RunConfig) -> None:
+    stage = cfg.parallel.zero_stage
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError("parallel.zero_stage", f"must be 0, 1, 2 or 3 (got {stage})")
+    if stage >= 2 and cfg.parallel.pipeline_model_parallel_size > 1:
+        raise ConfigError("parallel.zero_stage",
+                          f"ZeRO-{stage} cannot shard gradients across pipeline stages (DeepSpeed refuses it); "
+                          "use zero_stage 0 or 1 with pipeline_model_parallel_size > 1")
+
+
+def check_sequence_parallel(cfg: RunConfig) -> None:
+    if cfg.parallel.sequence_parallel and cfg.parallel.tensor_model_parallel_size == 1:
+        raise ConfigError("parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
+
+
+def check_batch_divisibility(cfg: RunConfig) -> None:
+    t = cfg.train
+    if t.global_batch_size % t.micro_batch_size:
+        raise ConfigError("train.global_batch_size",
+                          f"{t.global_batch_size} is not a multiple of train.micro_batch_size={t.micro_batch_size}")
+
+
+def check_optimizer(cfg: RunConfig) -> None:
+    o = cfg.optimizer
+    if o.lr <= 0:
+        raise ConfigError("optimizer.lr", f"must be > 0 (got {o.lr})")
+    if not 0 <= o.min_lr <= o.lr:
+        raise ConfigError("optimizer.min_lr", f"must be in [0, optimizer.lr={o.lr}] (got {o.min_lr})")
+    if o.warmup_steps < 0 or o.warmup_steps > cfg.train.train_steps:
+        raise ConfigError("optimizer.warmup_steps",
+                          f"must be in [0, train.train_steps={cfg.train.train_steps}] (got {o.warmup_steps})")
+    for name in ("beta1", "beta2"):
+        if not 0 <= getattr(o, name) < 1:
+            raise ConfigError(f"optimizer.{name}", f"must be in [0, 1) (got {getattr(o, name)})")
+
+
+def check_dropout(cfg: RunConfig) -> None:
+    for name in ("hidden_dropout", "attention_dropout"):
+        value = getattr(cfg.model, name)
+        if not 0 <= value < 1:
+            raise ConfigError(f"model.{name}", f"must be in [0, 1) (got {value})")
+
+
+def check_world_size_layout(cfg: RunConfig, world_size: int) -> None:
+    model_parallel = cfg.parallel.tensor_model_parallel_size * cfg.parallel.pipeline_model_parallel_size
+    if world_size % model_parallel:
+        raise ConfigError("parallel",
+                          f"world size {world_size} is not a multiple of tensor x pipeline = {model_parallel}")
+    dp = world_size // model_parallel
+    t = cfg.train
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise ConfigError("train.global_batch_size",
+                          f"{t.global_batch_size} is not a multiple of micro_batch_size x data-parallel size "
+                          f"= {t.micro_batch_size} x {dp}")
+
+
+STATIC_CHECKS = [
+    check_positive_sizes,
+    check_heads_divide_hidden,
+    check_tensor_parallel_divides_heads,
+    check_pipeline_divides_layers,
+    check_zero_stage,
+    check_sequence_parallel,
+    check_batch_divisibility,
+    check_optimizer,
+    check_dropout,
+]

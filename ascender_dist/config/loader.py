@@ -1,0 +1,193 @@
+"""Strict YAML -> typed dataclass loading.
+
+Why not plain ``yaml.safe_load`` + ``Cls(**d)``: PyYAML reads ``1e-3`` as a *string* (YAML 1.1
+wants a dot in floats), an unknown key is silently accepted by ``**d`` only to fail somewhere deep,
+and a wrong type is discovered steps into a run. Here every key is checked against the dataclass
+fields, every value against the annotated type, and every error is one line naming the dotted path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from ascender_dist.config.errors import ConfigError
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that parses YAML 1.2 floats and rejects duplicate keys."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(str(key), f"duplicate key (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2 float syntax, so that 1e-3 and 3E5 are floats (PyYAML's YAML 1.1 resolver wants a dot).
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*\.[\d_]*(?:[eE][-+]?\d+)?|\d[\d_]*[eE][-+]?\d+|\.\d[\d_]*(?:[eE][-+]?\d+)?)$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml_text(text: str, source: str = "<string>") -> Any:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc.path}", exc.message) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(source, f"invalid YAML{where}: {problem}") from None
+
+
+def read_yaml_file(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(str(path), "config file not found")
+    data = parse_yaml_text(path.read_text(encoding="utf-8"), source=str(path))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), f"top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def _type_name(tp) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if get_origin(tp) is list:
+        (inner,) = get_args(tp) or (Any,)
+        return f"list[{_type_name(inner)}]"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Return ``value`` as an instance of annotated type ``tp`` or raise ConfigError naming ``path``."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, path)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(path, f"expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ConfigError(path, f"expected one of {_type_name(tp)}, got {value!r}")
+        return value
+    if origin is list:
+        (inner,) = get_args(tp) or (Any,)
+        if not isinstance(value, list):
+            raise ConfigError(path, f"expected a list, got {type(value).__name__} {value!r}")
+        return [_coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a mapping, got {type(value).__name__}")
+        _, val_tp = get_args(tp) or (Any, Any)
+        return {k: _coerce(v, val_tp, f"{path}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(path, f"expected bool (true/false), got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(path, f"expected int, got {type(value).__name__} {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(path, f"expected float, got {type(value).__name__} {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(path, f"expected str, got {type(value).__name__} {value!r}")
+        return value
+    raise ConfigError(path, f"unsupported field type {tp!r}")
+
+
+def from_dict(cls, data: Any, path: str = ""):
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys with their dotted path."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(path or cls.__name__, f"expected a mapping, got {type(data).__name__} {data!r}")
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in data:
+        if key not in fields:
+            dotted = f"{path}.{key}" if path else str(key)
+            close = [k for k in fields if k.lower().replace("_", "") == str(key).lower().replace("_", "")]
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(dotted, f"unknown key{hint}; allowed: {', '.join(sorted(fields))}")
+    kwargs = {}
+    for name, value in data.items():
+        dotted = f"{path}.{name}" if path else name
+        kwargs[name] = _coerce(value, hints[name], dotted)
+    return cls(**kwargs)
+
+
+def to_dict(obj) -> Any:
+    """Dataclass tree -> plain dict (for printing, checkpoints and exported config files)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Recursive dict merge; ``override`` wins. Mappings merge, everything else is replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(text: str) -> dict:
+    """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}`` with the value parsed as YAML (so 1e-3 is a float)."""
+    if "=" not in text:
+        raise ConfigError(text, "override must look like dotted.key=value")
+    dotted, raw = text.split("=", 1)
+    value = parse_yaml_text(raw, source=f"--set {dotted}") if raw.strip() else ""
+    tree: dict = {}
+    node = tree
+    keys = dotted.strip().split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return tree
+
+
+__all__ = [
+    "ConfigError", "from_dict", "to_dict", "deep_merge", "parse_override", "parse_yaml_text",
+    "read_yaml_file",
+]

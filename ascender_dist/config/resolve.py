@@ -1,0 +1,93 @@
+"""Load a run config from YAML, apply preset and overrides, validate, and compute derived values once."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+from ascender_dist.config.checks import STATIC_CHECKS, check_world_size_layout
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.loader import deep_merge, from_dict, parse_override, read_yaml_file
+from ascender_dist.config.presets import preset_model_fields
+from ascender_dist.config.schema import RunConfig
+
+
+def _apply_preset(raw: dict) -> dict:
+    model = raw.get("model")
+    if not isinstance(model, dict) or model.get("preset") is None:
+        return raw
+    architecture = model.get("architecture", "gpt")
+    base = preset_model_fields(model["preset"], architecture)
+    return {**raw, "model": deep_merge(base, model)}
+
+
+def config_from_dict(raw: dict) -> RunConfig:
+    cfg = from_dict(RunConfig, _apply_preset(raw))
+    validate(cfg)
+    return cfg
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
+    """YAML file + ``dotted.key=value`` overrides -> validated RunConfig (ConfigError on any problem)."""
+    raw = read_yaml_file(path)
+    for text in overrides:
+        raw = deep_merge(raw, parse_override(text))
+    try:
+        return config_from_dict(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc.path}", exc.message) from None
+
+
+def validate(cfg: RunConfig, world_size: Optional[int] = None) -> None:
+    for check in STATIC_CHECKS:
+        check(cfg)
+    from ascender_dist.models.registry import architecture_checks
+
+    for check in architecture_checks(cfg.model.architecture):
+        check(cfg)
+    if world_size is not None:
+        check_world_size_layout(cfg, world_size)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Values that follow from the config and the launch; computed once, passed around read-only."""
+
+    world_size: int
+    data_parallel_size: int
+    gradient_accumulation_steps: int
+    padded_vocab_size: int
+    ffn_hidden_size: int
+    num_query_groups: int
+    output_dir: Path
+    checkpoint_dir: Path
+    tensorboard_dir: Path
+
+
+def pad_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
+    """Megatron's rule: pad so the embedding splits evenly over TP ranks in aligned blocks."""
+    multiple = divisible_by * tensor_parallel
+    return int(math.ceil(vocab_size / multiple) * multiple)
+
+
+def derive(cfg: RunConfig, world_size: int, tokenizer_vocab_size: Optional[int] = None) -> Derived:
+    validate(cfg, world_size)
+    p, m, t = cfg.parallel, cfg.model, cfg.train
+    dp = world_size // (p.tensor_model_parallel_size * p.pipeline_model_parallel_size)
+    vocab = m.vocab_size or tokenizer_vocab_size
+    if vocab is None:
+        raise ConfigError("model.vocab_size", "not set and no tokenizer given (set data.tokenizer)")
+    output_dir = Path(cfg.output_dir or f"runs/{cfg.name}")
+    return Derived(
+        world_size=world_size,
+        data_parallel_size=dp,
+        gradient_accumulation_steps=t.global_batch_size // (t.micro_batch_size * dp),
+        padded_vocab_size=pad_vocab_size(vocab, m.make_vocab_size_divisible_by, p.tensor_model_parallel_size),
+        ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size,
+        num_query_groups=m.num_query_groups or m.num_attention_heads,
+        output_dir=output_dir,
+        checkpoint_dir=Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else output_dir / "checkpoints",
+        tensorboard_dir=output_dir / "tensorboard",
+    )

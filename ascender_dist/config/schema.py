@@ -1,0 +1,107 @@
+"""The typed configuration tree of a training run.
+
+Every field has a type and a default; YAML files in ``configs/`` only state what differs.
+``model.preset`` pulls a size from the registry in :mod:`ascender_dist.config.presets`; fields given
+next to it override the preset. Values that follow from others (data-parallel size, gradient
+accumulation, padded vocabulary, FFN width) are computed once in :mod:`ascender_dist.config.resolve`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+Architecture = Literal["gpt", "ascender", "connection"]
+
+
+@dataclass
+class ModelConfig:
+    architecture: Architecture = "gpt"
+    preset: Optional[str] = None
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    num_query_groups: Optional[int] = None  # None: one KV head per query head (MHA)
+    ffn_hidden_size: Optional[int] = None  # None: 4 * hidden_size
+    seq_length: int = 128
+    # None: taken from the tokenizer and padded so that every TP size of the run divides it
+    vocab_size: Optional[int] = None
+    make_vocab_size_divisible_by: int = 128
+    position_embedding_type: Literal["rope", "learned_absolute"] = "rope"
+    rotary_base: int = 10000
+    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    add_bias_linear: bool = True
+    untie_embeddings_and_output_weights: bool = False
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    layernorm_epsilon: float = 1e-5
+
+
+@dataclass
+class ParallelConfig:
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 1
+    activation_checkpointing: bool = False
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    warmup_steps: int = 10
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 4
+    global_batch_size: int = 8
+    train_steps: int = 100
+    seed: int = 1234
+    precision: Literal["fp32", "bf16"] = "fp32"
+    eval_interval: int = 0  # 0: no periodic validation
+    eval_iters: int = 4
+
+
+@dataclass
+class DataConfig:
+    manifest: str = ""  # path to a data_pipeline manifest.json (train/val shards)
+    tokenizer: str = ""  # path to the sentencepiece .model the shards were written with
+    num_workers: int = 0
+    on_corrupt: Literal["error", "skip"] = "error"
+
+
+@dataclass
+class CheckpointConfig:
+    dir: Optional[str] = None  # None: <output_dir>/checkpoints
+    save_interval: int = 0  # 0: only at the end of training
+    keep_last: int = 3
+    auto_resume: bool = True
+
+
+@dataclass
+class LoggingConfig:
+    log_interval: int = 1
+    tensorboard: bool = True
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    output_dir: Optional[str] = None  # None: runs/<name>
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)

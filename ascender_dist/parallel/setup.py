@@ -1,0 +1,127 @@
+"""Distributed start-up, in order: process group -> megatron model-parallel groups -> seeds.
+
+Engine setup (DeepSpeed) is a separate later step (:mod:`ascender_dist.training.engine`).
+The same code runs on CPU (gloo, fp32; CI and tests) and GPU (NCCL, bf16; clusters).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ParallelState:
+    rank: int
+    world_size: int
+    local_rank: int
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    dp_rank: int
+    dp_size: int
+    device: torch.device
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_logging_rank(self) -> bool:
+        """The rank that owns the loss (last pipeline stage) with tp_rank 0 and dp_rank 0."""
+        return self.is_last_stage and self.tp_rank == 0 and self.dp_rank == 0
+
+
+def _set_cpu_threads() -> None:
+    """The deepspeed launcher leaves OMP_NUM_THREADS unset: every rank would use every core
+    (measured 2.7x slower on 2 ranks / 2 cores). Give each local rank its share."""
+    if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:
+        return
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1")) or 1)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+
+
+def init_process_group() -> None:
+    """Start torch.distributed through DeepSpeed (reads RANK/WORLD_SIZE/MASTER_* from the launcher)."""
+    import deepspeed
+    import torch.distributed as dist
+
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    # The shm all-reduce op compiles C++ for minutes on a fresh machine and is only used for inference.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if dist.is_initialized():
+        return
+    _set_cpu_threads()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int) -> ParallelState:
+    """megatron-core's TP/PP/DP groups plus its model-parallel RNG tracker (same init on every DP replica)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from ascender_dist.compat.megatron_cpu import install_if_needed
+
+    install_if_needed()
+    if not mps.model_parallel_is_initialized():
+        mps.initialize_model_parallel(
+            tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel
+        )
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return ParallelState(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+        tp_rank=mps.get_tensor_model_parallel_rank(),
+        tp_size=mps.get_tensor_model_parallel_world_size(),
+        pp_rank=mps.get_pipeline_model_parallel_rank(),
+        pp_size=mps.get_pipeline_model_parallel_world_size(),
+        dp_rank=mps.get_data_parallel_rank(),
+        dp_size=mps.get_data_parallel_world_size(),
+        device=device,
+    )
+
+
+def destroy_model_parallel() -> None:
+    from megatron.core import parallel_state as mps
+
+    if mps.model_parallel_is_initialized():
+        mps.destroy_model_parallel()
+
+
+class MegatronMPU:
+    """megatron-core's parallel_state under the names DeepSpeed's ``mpu=`` argument asks for
+    (DeepSpeed reduces gradients over the data-parallel group and grad norms over model-parallel)."""
+
+    def __getattr__(self, name):
+        from megatron.core import parallel_state as mps
+
+        return getattr(mps, name)
+
+    def get_model_parallel_rank(self):
+        from megatron.core import parallel_state as mps
+
+        return mps.get_tensor_model_parallel_rank() + (
+            mps.get_pipeline_model_parallel_rank() * mps.get_tensor_model_parallel_world_size()
+        )
+
+    def get_model_parallel_world_size(self):
+        from megatron.core import parallel_state as mps
+
+        return mps.get_tensor_model_parallel_world_size() * mps.get_pipeline_model_parallel_world_size()

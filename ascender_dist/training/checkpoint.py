@@ -1,0 +1,145 @@
+"""Crash-safe checkpoints on top of DeepSpeed's save/load.
+
+DeepSpeed writes one directory per tag; it moves its own ``latest`` file as it goes, so a crash
+mid-save can leave ``latest`` naming a half-written tag. We never let DeepSpeed touch ``latest``:
+every rank writes its shard into ``<dir>/<tag>/``, all ranks meet at a barrier, rank 0 drops a
+``COMPLETE`` marker into the tag and only then replaces ``<dir>/latest`` atomically (write a
+temporary file, ``os.replace``). A crash at any moment therefore leaves ``latest`` naming a
+complete checkpoint. Per-rank RNG states are saved next to DeepSpeed's files so a resumed run
+draws the same random numbers (dropout) as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest"
+COMPLETE = "COMPLETE"
+_TAG_RE = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def tag_for_step(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def step_of_tag(tag: str) -> int:
+    match = _TAG_RE.match(tag)
+    if not match:
+        raise CheckpointError(f"checkpoint tag {tag!r} is not of the form step_<N>")
+    return int(match.group(1))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def latest_tag(checkpoint_dir: Path) -> Optional[str]:
+    """The tag ``latest`` names, if it is complete; None when there is no checkpoint yet."""
+    pointer = Path(checkpoint_dir) / LATEST
+    if not pointer.is_file():
+        return None
+    tag = pointer.read_text(encoding="utf-8").strip()
+    if not (Path(checkpoint_dir) / tag / COMPLETE).is_file():
+        raise CheckpointError(f"{pointer}: names {tag!r}, which has no {COMPLETE} marker (corrupt checkpoint dir)")
+    return tag
+
+
+def complete_tags(checkpoint_dir: Path) -> list[str]:
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        return []
+    tags = [p.name for p in checkpoint_dir.iterdir()
+            if p.is_dir() and _TAG_RE.match(p.name) and (p / COMPLETE).is_file()]
+    return sorted(tags, key=step_of_tag)
+
+
+def _rng_state() -> dict:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    state = {"torch": torch.get_rng_state(), "tracker": get_cuda_rng_tracker().get_states()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    torch.set_rng_state(state["torch"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+    if torch.cuda.is_available() and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
+    """Delete complete checkpoints beyond the newest ``keep_last`` and incomplete ones older than latest."""
+    keep = set(complete_tags(checkpoint_dir)[-keep_last:]) | {latest}
+    latest_step = step_of_tag(latest)
+    for path in Path(checkpoint_dir).iterdir():
+        if not path.is_dir() or not _TAG_RE.match(path.name) or path.name in keep:
+            continue
+        if (path / COMPLETE).is_file() or step_of_tag(path.name) < latest_step:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict, keep_last: int,
+                    extra_files: Optional[dict[str, str]] = None) -> str:
+    """Collective: every rank must call it. Returns the tag written."""
+    checkpoint_dir = Path(checkpoint_dir)
+    tag = tag_for_step(step)
+    rank = dist.get_rank()
+    if rank == 0:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        stale = checkpoint_dir / tag
+        if stale.exists():  # a crash left a half-written tag of the same step behind
+            shutil.rmtree(stale)
+    dist.barrier()
+    engine.save_checkpoint(str(checkpoint_dir), tag=tag, client_state=client_state, save_latest=False)
+    rng_dir = checkpoint_dir / tag / "rng"
+    rng_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(_rng_state(), rng_dir / f"rank_{rank:05d}.pt")
+    dist.barrier()
+    if rank == 0:
+        for name, text in (extra_files or {}).items():
+            atomic_write_text(checkpoint_dir / tag / name, text)
+        atomic_write_text(checkpoint_dir / tag / COMPLETE, f"{step}\n")
+        atomic_write_text(checkpoint_dir / LATEST, tag)
+        _prune(checkpoint_dir, keep_last, tag)
+    dist.barrier()
+    return tag
+
+
+def load_checkpoint(engine, checkpoint_dir: Path, tag: Optional[str] = None) -> Optional[dict]:
+    """Load ``tag`` (default: latest) into the engine; returns the client state, or None if none exists."""
+    checkpoint_dir = Path(checkpoint_dir)
+    tag = tag or latest_tag(checkpoint_dir)
+    if tag is None:
+        return None
+    path, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
+    if path is None:
+        raise CheckpointError(f"{checkpoint_dir / tag}: DeepSpeed could not load this checkpoint")
+    rng_file = checkpoint_dir / tag / "rng" / f"rank_{dist.get_rank():05d}.pt"
+    if rng_file.is_file():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    else:
+        log.warning("%s: no RNG state for this rank (world size changed?); continuing with fresh RNG", rng_file)
+    return client_state

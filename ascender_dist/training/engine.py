@@ -1,0 +1,47 @@
+"""Engine setup: wrap the megatron model so DeepSpeed sees a module that returns the loss,
+split weight-decay groups, and call ``deepspeed.initialize`` with megatron's parallel groups."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ascender_dist.config.resolve import Derived
+from ascender_dist.config.schema import RunConfig
+from ascender_dist.models.build import build_model, lm_loss
+from ascender_dist.parallel.setup import MegatronMPU
+from ascender_dist.training.deepspeed_config import to_deepspeed_config
+
+
+class LanguageModel(nn.Module):
+    """``forward(tokens [b, s+1]) -> mean LM loss``: the shape DeepSpeed's engine expects."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return lm_loss(self.model, tokens)
+
+
+def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """No decay for biases, norms and other 1-D parameters (GPT-2/Megatron convention)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or name.endswith(".bias") else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_engine(cfg: RunConfig, derived: Derived):
+    import deepspeed
+
+    module = LanguageModel(build_model(cfg, derived))
+    engine, _, _, _ = deepspeed.initialize(
+        model=module,
+        model_parameters=weight_decay_groups(module, cfg.optimizer.weight_decay),
+        config=to_deepspeed_config(cfg, derived),
+        mpu=MegatronMPU(),
+    )
+    return engine

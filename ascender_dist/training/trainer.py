@@ -1,0 +1,161 @@
+"""The training loop: data -> DeepSpeed engine -> metrics -> checkpoints.
+
+Order of set-up (each a separate step): process group, megatron model-parallel groups and seeds
+(:mod:`ascender_dist.parallel.setup`), data loader (sharded by data-parallel rank), engine
+(:mod:`ascender_dist.training.engine`), resume from the latest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ascender_dist.config.loader import to_dict
+from ascender_dist.config.resolve import Derived, derive
+from ascender_dist.config.schema import RunConfig
+from ascender_dist.parallel.setup import ParallelState, init_model_parallel, init_process_group
+from ascender_dist.training import checkpoint as ckpt
+from ascender_dist.training.engine import build_engine
+from ascender_dist.training.metrics import MetricLogger
+
+log = logging.getLogger("ascender_dist")
+
+
+def _tokenizer(cfg: RunConfig):
+    from data_pipeline.tokenizer import Tokenizer
+
+    return Tokenizer.load(Path(cfg.data.tokenizer)) if cfg.data.tokenizer else None
+
+
+def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = "train"):
+    from data_pipeline.loader import StreamingLoader
+
+    return StreamingLoader(
+        cfg.data.manifest,
+        seq_length=cfg.model.seq_length,
+        micro_batch_size=cfg.train.micro_batch_size,
+        global_batch_size=cfg.train.global_batch_size,
+        dp_rank=pstate.dp_rank,
+        dp_size=pstate.dp_size,
+        seed=cfg.train.seed,
+        split=split,
+        num_workers=cfg.data.num_workers,
+        tokenizer_sha256=tokenizer.sha256 if tokenizer else None,
+        vocab_size=tokenizer.vocab_size if tokenizer else cfg.model.vocab_size,
+        on_corrupt=cfg.data.on_corrupt,
+    )
+
+
+def _mean_over(group, value: torch.Tensor) -> float:
+    value = value.detach().float().clone()
+    dist.all_reduce(value, group=group)
+    return value.item() / dist.get_world_size(group)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        init_process_group()
+        self.tokenizer = _tokenizer(cfg)
+        self.derived: Derived = derive(cfg, dist.get_world_size(),
+                                       self.tokenizer.vocab_size if self.tokenizer else None)
+        p = cfg.parallel
+        self.pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed)
+        self.loader = build_loader(cfg, self.tokenizer, self.pstate)
+        self.engine = build_engine(cfg, self.derived)
+        self.step = 0
+        self.losses: list[float] = []  # per-step training loss (mean over the global batch), for tests
+        self.metrics = MetricLogger(self.derived.tensorboard_dir if cfg.logging.tensorboard else None,
+                                    enabled=self.pstate.is_logging_rank)
+        if cfg.checkpoint.auto_resume:
+            self.resume()
+
+    # ---------------------------------------------------------------- checkpoints
+    def resume(self, tag: Optional[str] = None) -> bool:
+        client_state = ckpt.load_checkpoint(self.engine, self.derived.checkpoint_dir, tag)
+        if client_state is None:
+            return False
+        self.step = int(client_state["step"])
+        self.loader.load_state_dict(client_state["data"])
+        if self.pstate.is_logging_rank:
+            log.info("resumed from %s at step %d", self.derived.checkpoint_dir / ckpt.tag_for_step(self.step), self.step)
+        return True
+
+    def save(self) -> str:
+        import yaml
+
+        tag = ckpt.save_checkpoint(
+            self.engine, self.derived.checkpoint_dir, self.step,
+            client_state={"step": self.step, "data": self.loader.state_dict(), "config": to_dict(self.cfg),
+                          "padded_vocab_size": self.derived.padded_vocab_size},
+            keep_last=self.cfg.checkpoint.keep_last,
+            extra_files={"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False)},
+        )
+        if self.pstate.is_logging_rank:
+            log.info("saved checkpoint %s", self.derived.checkpoint_dir / tag)
+        return tag
+
+    # ---------------------------------------------------------------- steps
+    def train_step(self, batches) -> dict:
+        """One optimizer step over ``gradient_accumulation_steps`` micro-batches."""
+        losses = []
+        for _ in range(self.derived.gradient_accumulation_steps):
+            tokens = next(batches)["tokens"].to(self.pstate.device)
+            loss = self.engine(tokens)
+            self.engine.backward(loss)
+            self.engine.step()
+            losses.append(loss.detach())
+        from megatron.core import parallel_state as mps
+
+        step_loss = _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
+        grad_norm = self.engine.get_global_grad_norm()
+        return {"train/loss": step_loss, "train/lr": float(self.engine.get_lr()[0]),
+                "train/grad_norm": float(grad_norm) if grad_norm is not None else None}
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        from megatron.core import parallel_state as mps
+
+        val_loader = build_loader(self.cfg, self.tokenizer, self.pstate, split="val")
+        batches = iter(val_loader)
+        self.engine.eval()
+        losses = [self.engine(next(batches)["tokens"].to(self.pstate.device)) for _ in range(self.cfg.train.eval_iters)]
+        self.engine.train()
+        return _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
+
+    def fit(self) -> list[float]:
+        cfg, t = self.cfg, self.cfg.train
+        tokens_per_step = t.global_batch_size * cfg.model.seq_length
+        batches = iter(self.loader)
+        if self.pstate.is_logging_rank:
+            log.info("training %s (%s) from step %d to %d: world %d = tp %d x pp %d x dp %d, grad accum %d",
+                     cfg.name, cfg.model.architecture, self.step, t.train_steps, self.pstate.world_size,
+                     self.pstate.tp_size, self.pstate.pp_size, self.pstate.dp_size,
+                     self.derived.gradient_accumulation_steps)
+        while self.step < t.train_steps:
+            start = time.perf_counter()
+            values = self.train_step(batches)
+            self.step += 1
+            elapsed = time.perf_counter() - start
+            values["train/tokens_per_s"] = tokens_per_step / elapsed
+            values["train/step_time_s"] = elapsed
+            self.losses.append(values["train/loss"])
+            if not math.isfinite(values["train/loss"]):
+                raise FloatingPointError(f"step {self.step}: training loss is {values['train/loss']}")
+            if t.eval_interval and self.step % t.eval_interval == 0:
+                values["val/loss"] = self.validate()
+            self.metrics.scalars(self.step, values)
+            if self.step % cfg.logging.log_interval == 0 or self.step == t.train_steps:
+                self.metrics.line(self.step, t.train_steps, values)
+            if cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0:
+                self.save()
+        if not cfg.checkpoint.save_interval or self.step % cfg.checkpoint.save_interval:
+            self.save()
+        self.metrics.close()
+        return self.losses

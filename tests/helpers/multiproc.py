@@ -1,0 +1,135 @@
+"""Run a function on N real processes over gloo on localhost, several checks per launch.
+
+Each launch costs 10-20 s (importing megatron and DeepSpeed), so a worker function runs MANY
+named checks and returns ``{check_name: result}``; pytest tests then assert on those results.
+
+    results = run_ranks("tests.distributed.workers.gpt_parity:main", world_size=2)
+    results[rank]["tp2_matches_tp1"]  # whatever the check returned (or raised)
+
+- every rank is a fresh ``python -m tests.helpers.multiproc`` process with RANK/WORLD_SIZE/
+  LOCAL_RANK/MASTER_ADDR/MASTER_PORT set (what torchrun or the deepspeed launcher would set);
+- the whole process group is killed on timeout (no stray ranks holding ports);
+- each rank's failure is reported with the tail of its stderr.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class RankFailure(AssertionError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def run_ranks(target: str, world_size: int, *, timeout: float = 300.0, args: dict | None = None,
+              env: dict | None = None) -> list[dict]:
+    """Run ``module:function(args) -> dict`` on ``world_size`` ranks; return each rank's dict."""
+    workdir = Path(tempfile.mkdtemp(prefix="ranks_"))
+    port = free_port()
+    base_env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu",
+                "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(env or {})}
+    (workdir / "args.json").write_text(json.dumps(args or {}))
+    procs = []
+    for rank in range(world_size):
+        rank_env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.multiproc", target, str(workdir)],
+            env=rank_env, cwd=REPO_ROOT, start_new_session=True,
+            stdout=open(workdir / f"rank{rank}.out", "w"), stderr=open(workdir / f"rank{rank}.err", "w"),
+        ))
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+        if any(p.poll() not in (None, 0) for p in procs):
+            time.sleep(5)  # give peers a moment to report their own error, then stop everyone
+            break
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    failures = []
+    results = []
+    for rank, p in enumerate(procs):
+        out = workdir / f"rank{rank}.json"
+        if p.returncode != 0 or not out.exists():
+            why = "timed out" if timed_out and p.returncode == -signal.SIGKILL else f"exit {p.returncode}"
+            failures.append(f"rank {rank}: {why}\n{_tail(workdir / f'rank{rank}.err')}")
+            results.append({})
+        else:
+            results.append(json.loads(out.read_text()))
+    if failures:
+        raise RankFailure(f"{target} on {world_size} ranks failed ({workdir}):\n" + "\n".join(failures))
+    return results
+
+
+def run_checks(checks: dict) -> dict:
+    """Run named zero-argument checks in order; a raising check records its error, later ones still run.
+
+    Checks that call collectives must run on every rank in the same order (they do: same code)."""
+    results = {}
+    for name, check in checks.items():
+        try:
+            results[name] = {"ok": True, "value": check()}
+        except Exception as exc:  # reported per check, per rank, by the pytest side
+            results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                             "traceback": traceback.format_exc(limit=8)}
+    return results
+
+
+def assert_check(results: list[dict], name: str):
+    """Assert that check ``name`` passed on every rank; return the per-rank values."""
+    errors = [f"rank {r}: {res[name]['error']}\n{res[name]['traceback']}"
+              for r, res in enumerate(results) if not res.get(name, {}).get("ok")]
+    missing = [r for r, res in enumerate(results) if name not in res]
+    if missing:
+        raise AssertionError(f"check {name} did not run on ranks {missing}")
+    if errors:
+        raise AssertionError(f"check {name} failed:\n" + "\n".join(errors))
+    return [res[name]["value"] for res in results]
+
+
+def _rank_main(target: str, workdir: str) -> None:
+    module_name, fn_name = target.split(":")
+    fn = getattr(importlib.import_module(module_name), fn_name)
+    args = json.loads((Path(workdir) / "args.json").read_text())
+    result = fn(args)
+    rank = int(os.environ["RANK"])
+    tmp = Path(workdir) / f"rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(result, default=str))
+    os.replace(tmp, Path(workdir) / f"rank{rank}.json")
+
+
+if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.enable()
+    _rank_main(sys.argv[1], sys.argv[2])
