@@ -1,0 +1,64 @@
+"""ConnectionHParams validation and the parameter count the configs report."""
+
+import pytest
+import torch
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.models.connection import ConnectionHParams, ConnectionLayer, connection_param_count
+
+
+@pytest.mark.parametrize(
+    "field, value, hidden, needle",
+    [
+        ("num_slots", 0, 64, "model.connection.num_slots: must be >= 1"),
+        ("rank", 65, 64, "model.connection.rank: must be <= hidden size (got 65 > 64)"),
+        ("rank", 0, 64, "model.connection.rank: must be >= 1"),
+        ("max_steps", 0, 64, "model.connection.max_steps: must be >= 1"),
+        ("threshold", -0.1, 64, "model.connection.threshold: must be >= 0"),
+        ("connection", "quadratic", 64, "model.connection.connection: must be one of ['linear', 'bilinear']"),
+        ("stop_granularity", "token", 64, "model.connection.stop_granularity: must be one of"),
+        ("causal_chunk_size", 0, 64, "model.connection.causal_chunk_size: must be >= 1"),
+        ("slot_init", "random", 64, "model.connection.slot_init: must be one of ['orthogonal']"),
+    ],
+)
+def test_validate_names_the_field(field, value, hidden, needle):
+    hp = ConnectionHParams(**{field: value})
+    with pytest.raises(ConfigError) as e:
+        hp.validate("model.connection", hidden)
+    assert str(e.value).startswith(needle)
+    assert "\n" not in str(e.value)
+
+
+def test_validate_accepts_defaults_and_checks_tp_divisibility():
+    ConnectionHParams().validate("model.connection", 512, tensor_parallel_size=4)
+    with pytest.raises(ConfigError, match=r"model.connection.rank: must be divisible by tensor parallel size 3"):
+        ConnectionHParams(rank=32).validate("model.connection", 516, tensor_parallel_size=3)
+    with pytest.raises(ConfigError, match=r"^model.connection: hidden size 510"):
+        ConnectionHParams(rank=30).validate("model.connection", 510, tensor_parallel_size=4)
+
+
+def test_bilinear_term_of_the_design_note():
+    hp = ConnectionHParams(num_slots=64, connection="bilinear", rank=32)
+    assert connection_param_count(hp, 1024) - 6 * 1024 * 1024 == 268_435_456  # 2 N^2 D r
+
+
+@pytest.mark.parametrize("connection", ["linear", "bilinear"])
+def test_param_count_matches_stored_weights(connection):
+    hp = ConnectionHParams(num_slots=5, connection=connection, rank=3)
+    layer = ConnectionLayer(hp, 12)
+    assert connection_param_count(hp, 12) == sum(p.numel() for p in layer.parameters())
+    assert "slots" in dict(layer.named_buffers()) and "slots" not in dict(layer.named_parameters())
+
+
+def test_fixed_slots_are_orthogonal_and_identical_across_instances():
+    hp = ConnectionHParams(num_slots=6, connection="linear")
+    a, b = ConnectionLayer(hp, 16).slots, ConnectionLayer(hp, 16).slots
+    assert torch.equal(a, b)
+    gram = a.double() @ a.double().T / 16
+    assert torch.allclose(gram, torch.eye(6, dtype=torch.float64), atol=1e-6)
+
+
+def test_rank_is_only_checked_for_the_bilinear_connection():
+    ConnectionHParams(connection="linear", rank=999).validate("m", 64)
+    with pytest.raises(ConfigError):
+        ConnectionHParams(connection="bilinear", rank=999).validate("m", 64)
