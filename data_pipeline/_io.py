@@ -1,0 +1,60 @@
+"""Small file helpers shared by the pipeline: atomic writes and hashing.
+
+Every file the pipeline produces is written under a temporary name in the same directory
+and renamed into place, so an interrupted or failed write never destroys a file that was
+already there (rename is atomic on POSIX within one filesystem).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary sibling and a rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """UTF-8 text version of :func:`atomic_write_bytes`."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    """Write ``obj`` as indented, key-sorted JSON (stable bytes for stable diffs and hashes)."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of an in-memory buffer."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks so large files do not need to fit in memory."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _unlink_quietly(path) -> None:
+    """Remove a temporary file if it still exists; cleanup must never mask the real error."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,674 @@
+"""Deterministic, resumable streaming of token shards for data-parallel training.
+
+The design in one paragraph: the sample a run sees at global index ``g`` is a pure function of
+``(seed, g)`` and the dataset. ``g`` splits into an epoch ``e = g // N`` and a position
+``p = g % N`` (N = samples per epoch). Epoch ``e`` reads the shards in a seeded permutation of their
+order (the "stream"); the stream is cut into blocks of ``shuffle_buffer`` samples, and inside
+block ``b`` position ``p`` takes stream sample ``b*B + perm_{e,b}[p - b*B]``. Global batch ``s`` is
+indices ``[s*G, (s+1)*G)``; data-parallel rank ``r`` yields its contiguous ``G/dp`` slice of it as
+micro-batches. Nothing depends on the rank count, the worker count or webdataset's own (rank- and
+worker-seeded) shuffling, so:
+
+* the batch a model step sees is the same for any ``dp_size`` and ``num_workers``;
+* ``state_dict()`` is a handful of integers (consumed samples, seed, ...), valid for any ``dp_size``;
+* resuming opens only the shards of the current shuffle block: cost is bounded by one block,
+  independent of how far into the epoch the run is; consumed shards are never read again;
+* epoch ends fall wherever they fall inside a batch (the next epoch's order simply continues), so
+  every rank always yields the same number of batches: no DDP hang with uneven shards.
+
+Trade-off: ranks share each shard (rank ``r`` needs ``1/dp`` of every shuffle block), so every rank
+reads every shard of the epoch and decodes only its own samples. That I/O duplication is the price
+of the dp-invariant order; shards are read whole, sequentially (object-store friendly).
+
+Shards are opened with webdataset's ``gopen`` (local paths, ``file:``, ``pipe:cmd``, http...) and
+parsed with webdataset's tar iterators, so any URL a webdataset user would write works.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from webdataset.gopen import gopen as wds_gopen
+import webdataset.tariterators as wds_tar
+from webdataset.shardlists import expand_urls
+
+from ._io import sha256_bytes
+from .errors import DataError
+from .shards import Manifest, load_manifest
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+DEFAULT_SHUFFLE_BUFFER = 8192
+_ON_CORRUPT = ("error", "skip")
+
+
+# =========================================================================== shard reading
+@dataclass
+class ShardSpec:
+    """A shard as the loader knows it before opening it (count/checksum may be unknown for plain URLs)."""
+
+    url: str
+    num_samples: int
+    sha256: str | None = None
+    bytes: int | None = None
+
+    @property
+    def local_path(self) -> Path | None:
+        """The file behind a plain or ``file:`` URL (None for pipes and remote URLs)."""
+        if self.url.startswith("file:"):
+            return Path(self.url[5:])
+        if ":" in self.url.split("/")[0] and not self.url.startswith("/"):
+            return None
+        return Path(self.url)
+
+
+class _CorruptShard(DataError):
+    """A shard that cannot be used as stored (missing, truncated, bad checksum/tar/npy, empty).
+
+    With ``on_corrupt="skip"`` these are skipped; every other DataError (wrong tokenizer, id out of
+    vocabulary, wrong seq_length) always stops the run, since skipping would hide a config mistake.
+    """
+
+
+def _fetch_bytes(url: str) -> bytes:
+    """Whole content of a shard URL through webdataset's gopen (tests patch this to count opens)."""
+    stream = wds_gopen(url, "rb")
+    try:
+        return stream.read()
+    finally:
+        stream.close()
+
+
+@dataclass
+class ShardChecks:
+    """What every shard of one dataset must agree with."""
+
+    seq_length: int
+    tokenizer_sha256: str | None = None
+    vocab_size: int | None = None
+
+
+def read_shard(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = True) -> np.ndarray:
+    """Open, verify and decode a whole shard into a ``[num_samples, seq_length + 1]`` array.
+
+    Every failure is a one-line DataError that names the shard URL; corruption is a ``_CorruptShard``.
+    """
+    try:
+        data = _fetch_bytes(spec.url)
+    except FileNotFoundError:
+        raise _CorruptShard(spec.url, "missing shard (file not found)") from None
+    except Exception as e:  # gopen raises IOError/ValueError/OSError from pipes, http, ...
+        raise _CorruptShard(spec.url, f"cannot read shard ({type(e).__name__}: {e})") from None
+    if verify_checksum and spec.sha256 and sha256_bytes(data) != spec.sha256:
+        raise _CorruptShard(spec.url, f"sha256 mismatch (corrupt or modified shard; {len(data)} bytes, "
+                                      f"manifest says {spec.bytes})")
+    samples = _parse_tar(spec.url, data)
+    return _decode_samples(spec, samples, checks)
+
+
+def _parse_tar(url: str, data: bytes) -> list[dict]:
+    """Samples of a tar held in memory, grouped by key with webdataset's own tar iterators."""
+    try:
+        files = wds_tar.tar_file_iterator(io.BytesIO(data))
+        tagged = ({**f, "__url__": url} for f in files)
+        return list(wds_tar.group_by_keys(tagged))
+    except Exception as e:  # tarfile.ReadError, EOFError, ValueError (duplicate names) ...
+        raise _CorruptShard(url, f"truncated or corrupt tar ({type(e).__name__}: {e})") from None
+
+
+def _decode_samples(spec: ShardSpec, samples: list[dict], checks: ShardChecks) -> np.ndarray:
+    """Stack the ``tokens.npy`` of every sample and check shape, count, tokenizer and id range."""
+    if not samples:
+        raise _CorruptShard(spec.url, "empty shard (no samples)")
+    meta = _check_meta(spec.url, samples[0]["meta.json"], checks) if "meta.json" in samples[0] else {}
+    rows = [_decode_tokens(spec.url, s, checks.seq_length) for s in samples]
+    arr = np.stack(rows)
+    if spec.num_samples >= 0 and len(arr) != spec.num_samples:
+        raise _CorruptShard(spec.url, f"holds {len(arr)} samples, manifest says {spec.num_samples}")
+    limit = checks.vocab_size if checks.vocab_size is not None else meta.get("vocab_size")
+    if limit is not None:
+        top = int(arr.max())
+        if top >= limit:
+            raise DataError(spec.url, f"token id {top} >= vocab size {limit}")
+    if arr.dtype.kind == "i" and int(arr.min()) < 0:
+        raise DataError(spec.url, f"negative token id {int(arr.min())}")
+    return arr
+
+
+def _check_meta(url: str, raw: bytes, checks: ShardChecks) -> dict:
+    """A shard's own record of its tokenizer and seq_length must match the run's; returns the record."""
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise _CorruptShard(url, "unreadable meta.json") from None
+    sha = meta.get("tokenizer_sha256")
+    if checks.tokenizer_sha256 and sha and sha != checks.tokenizer_sha256:
+        raise DataError(url, f"tokenizer mismatch: shard made with {sha[:12]}..., run uses "
+                             f"{checks.tokenizer_sha256[:12]}...")
+    if meta.get("seq_length") not in (None, checks.seq_length):
+        raise DataError(url, f"seq_length {meta['seq_length']} != run's {checks.seq_length}")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _decode_tokens(url: str, sample: dict, seq_length: int) -> np.ndarray:
+    """One sample's ``tokens.npy`` as a 1-D integer array of ``seq_length + 1``."""
+    key = sample.get("__key__", "?")
+    if "tokens.npy" not in sample:
+        raise _CorruptShard(url, f"sample {key} has no tokens.npy (fields: {sorted(k for k in sample if not k.startswith('__'))})")
+    try:
+        arr = np.load(io.BytesIO(sample["tokens.npy"]), allow_pickle=False)
+    except Exception as e:
+        raise _CorruptShard(url, f"sample {key}: unreadable tokens.npy ({type(e).__name__})") from None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise _CorruptShard(url, f"sample {key}: tokens must be a 1-D integer array (got {arr.dtype} {arr.shape})")
+    if len(arr) != seq_length + 1:
+        raise DataError(url, f"sample {key} has {len(arr)} tokens, expected seq_length + 1 = {seq_length + 1}")
+    return arr
+
+
+# =========================================================================== one dataset
+def _resolve_source(src, *, seq_length: int, tokenizer_sha256: str | None, vocab_size: int | None,
+                    split: str, url_template: str | None):
+    """(name, shard specs, checks) from a Manifest, a manifest path/dir, a URL pattern or a list of URLs."""
+    if isinstance(src, (str, Path)) and (str(src).endswith(".json") or Path(src).is_dir()):
+        src = load_manifest(src)
+    if isinstance(src, Manifest):
+        return _from_manifest(src, seq_length, tokenizer_sha256, vocab_size, split, url_template)
+    urls = expand_urls(src) if isinstance(src, str) else [u for s in src for u in expand_urls(str(s))]
+    if not urls:
+        raise DataError(str(src), "no shard URLs")
+    checks = ShardChecks(seq_length, tokenizer_sha256, vocab_size)
+    return (urls[0] if len(urls) == 1 else f"{urls[0]} (+{len(urls) - 1})"), \
+        [ShardSpec(u, -1) for u in urls], checks
+
+
+def _from_manifest(m: Manifest, seq_length, tokenizer_sha256, vocab_size, split, url_template):
+    """Shard specs of one split of a manifest, after the manifest-level consistency checks."""
+    name = str(m.path or "manifest")
+    if m.seq_length != seq_length:
+        raise DataError(name, f"dataset seq_length {m.seq_length} != run's seq_length {seq_length}")
+    if tokenizer_sha256 and m.tokenizer_sha256 != tokenizer_sha256:
+        raise DataError(name, f"tokenizer mismatch: dataset made with {m.tokenizer_sha256[:12]}..., run uses "
+                              f"{tokenizer_sha256[:12]}...")
+    if vocab_size is not None and m.vocab_size > vocab_size:
+        raise DataError(name, f"dataset vocab size {m.vocab_size} > run's vocab size {vocab_size}")
+    shards = m.split_shards(split)
+    if not shards:
+        raise DataError(name, f'no "{split}" shards in manifest')
+    specs = [ShardSpec(m.shard_url(s, url_template), s.num_samples, s.sha256, s.bytes) for s in shards]
+    checks = ShardChecks(seq_length, tokenizer_sha256 or m.tokenizer_sha256,
+                         vocab_size if vocab_size is not None else m.vocab_size)
+    return name, specs, checks
+
+
+class _Dataset:
+    """One dataset: its shards, its deterministic sample order and a small cache of decoded shards."""
+
+    def __init__(self, name: str, specs: list[ShardSpec], checks: ShardChecks, *, seed: int, stream_id: int,
+                 shuffle: bool, shuffle_buffer: int, on_corrupt: str, pool: ThreadPoolExecutor | None,
+                 prefetch: int, progress: bool = False):
+        self.name, self.checks, self.seed, self.stream_id = name, checks, seed, stream_id
+        self.shuffle, self.on_corrupt, self.pool, self.prefetch = shuffle, on_corrupt, pool, prefetch
+        self.skipped_shards = 0
+        self.shards_read = 0
+        self.bad: set[int] = set()
+        self._futures: "OrderedDict[int, Future]" = OrderedDict()
+        self._blocks: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+        self._orders: "OrderedDict[int, tuple]" = OrderedDict()
+        self.specs = self._usable_specs(specs, progress)
+        self.counts = np.array([s.num_samples for s in self.specs], dtype=np.int64)
+        self.num_samples = int(self.counts.sum())
+        self.block = max(1, int(shuffle_buffer))  # also bounds memory when not shuffling (val)
+
+    # ---------------------------------------------------------------- setup checks
+    def _usable_specs(self, specs: list[ShardSpec], progress: bool) -> list[ShardSpec]:
+        """Drop (skip mode) or reject (error mode) shards that are visibly unusable before any read:
+        missing or wrong-size local files, empty shards; count plain-URL shards by a first scan."""
+        usable = []
+        for spec in tqdm(specs, desc=f"scan {self.name}", unit="shard", disable=not progress or specs[0].num_samples >= 0):
+            try:
+                if spec.num_samples < 0:
+                    spec.num_samples = len(read_shard(spec, self.checks))
+                    self.shards_read += 1
+                self._precheck(spec)
+                usable.append(spec)
+            except _CorruptShard as e:
+                self._skip_or_raise(e)
+        if not usable:
+            raise DataError(self.name, "no readable shards left (all missing, empty or corrupt)")
+        return usable
+
+    @staticmethod
+    def _precheck(spec: ShardSpec) -> None:
+        """Cheap checks that need no read: empty shards, and existence/size of local files."""
+        if spec.num_samples == 0:
+            raise _CorruptShard(spec.url, "empty shard (manifest says 0 samples)")
+        path = spec.local_path
+        if path is None:
+            return
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise _CorruptShard(spec.url, "missing shard (file not found)") from None
+        if spec.bytes is not None and size != spec.bytes:
+            raise _CorruptShard(spec.url, f"truncated or modified shard: {size} bytes, manifest says {spec.bytes}")
+
+    def _skip_or_raise(self, err: _CorruptShard) -> None:
+        """Skip mode: warn and count; error mode: stop with the one-line error."""
+        if self.on_corrupt != "skip":
+            raise DataError(err.where, err.problem) from None
+        self.skipped_shards += 1
+        log.warning("skipping corrupt shard %s: %s", err.where, err.problem)
+
+    # ---------------------------------------------------------------- order
+    def _rng(self, *key: int) -> np.random.Generator:
+        """A generator keyed by (seed, stream, *key): platform-independent (PCG64 + SeedSequence)."""
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, self.stream_id, *key])))
+
+    def epoch_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(shard order, stream offset where each ordered shard starts) for ``epoch``."""
+        if epoch not in self._orders:
+            n = len(self.specs)
+            order = self._rng(epoch, 0).permutation(n) if self.shuffle else np.arange(n)
+            starts = np.concatenate([[0], np.cumsum(self.counts[order])[:-1]])
+            self._orders[epoch] = (order, starts)
+            while len(self._orders) > 3:
+                self._orders.popitem(last=False)
+        return self._orders[epoch]
+
+    def block_perm(self, epoch: int, block: int, length: int) -> np.ndarray:
+        """Within-block order: a seeded permutation (identity when not shuffling)."""
+        if not self.shuffle:
+            return np.arange(length)
+        return self._rng(epoch, 1, block).permutation(length)
+
+    # ---------------------------------------------------------------- fetching
+    def rows(self, gidx: np.ndarray) -> np.ndarray:
+        """Samples at global indices ``gidx`` (any values >= 0; epochs roll over) as ``[len, seq+1]``."""
+        gidx = np.asarray(gidx, dtype=np.int64)
+        epoch, pos = np.divmod(gidx, self.num_samples)
+        blk, off = np.divmod(pos, self.block)
+        out = np.empty((len(gidx), self.checks.seq_length + 1), dtype=np.int64)
+        for e, b in sorted(set(zip(epoch.tolist(), blk.tolist()))):
+            sel = (epoch == e) & (blk == b)
+            out[sel] = self._block(e, b)[off[sel]]
+        return out
+
+    def _block(self, epoch: int, block: int) -> np.ndarray:
+        """Shuffled samples of one block, materialised once and kept while it is in use."""
+        key = (epoch, block)
+        if key not in self._blocks:
+            start = block * self.block
+            length = min(self.block, self.num_samples - start)
+            stream = self._stream_slice(epoch, start, start + length)
+            self._blocks[key] = stream[self.block_perm(epoch, block, length)]
+            while len(self._blocks) > 2:
+                self._blocks.popitem(last=False)
+            self._schedule_prefetch(epoch, start + length)
+        return self._blocks[key]
+
+    def _stream_slice(self, epoch: int, lo: int, hi: int) -> np.ndarray:
+        """Stream samples ``[lo, hi)`` of ``epoch``: concatenated slices of the shards covering them."""
+        order, starts = self.epoch_order(epoch)
+        parts = []
+        k = int(np.searchsorted(starts, lo, side="right")) - 1
+        while lo < hi:
+            arr = self._shard(epoch, k)
+            a = lo - int(starts[k])
+            take = min(hi - lo, len(arr) - a)
+            parts.append(arr[a:a + take])
+            lo += take
+            k += 1
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _shard(self, epoch: int, k: int) -> np.ndarray:
+        """Array of the ``k``-th shard in ``epoch``'s order; a skipped corrupt shard is replaced by the
+        next healthy shard of the order (rows taken modulo its length), so counts and batches stay
+        identical on every rank."""
+        order, _ = self.epoch_order(epoch)
+        n = len(order)
+        want = int(self.counts[order[k]])
+        for step in range(n):
+            idx = int(order[(k + step) % n])
+            if idx in self.bad:
+                continue
+            try:
+                arr = self._load(idx)
+            except _CorruptShard as e:
+                self.bad.add(idx)
+                self._skip_or_raise(e)
+                continue
+            return arr if step == 0 else arr[np.arange(want) % len(arr)]
+        raise DataError(self.name, "no readable shards left (all corrupt)")
+
+    def _load(self, idx: int) -> np.ndarray:
+        """Decoded shard ``idx``, from the prefetch/cache table or read now."""
+        fut = self._futures.get(idx)
+        if fut is None:
+            fut = self._submit(idx)
+        self._futures.move_to_end(idx)
+        try:
+            return fut.result()
+        except _CorruptShard:
+            self._futures.pop(idx, None)
+            raise
+
+    def _submit(self, idx: int) -> Future:
+        """Start reading shard ``idx`` (in a worker thread when there are workers, else right now)."""
+        self.shards_read += 1
+        if self.pool is not None:
+            fut = self.pool.submit(read_shard, self.specs[idx], self.checks)
+        else:
+            fut = Future()
+            try:
+                fut.set_result(read_shard(self.specs[idx], self.checks))
+            except Exception as e:  # delivered through .result() like a worker's exception
+                fut.set_exception(e)
+        self._futures[idx] = fut
+        while len(self._futures) > self.prefetch + 2:
+            self._futures.popitem(last=False)
+        return fut
+
+    def _schedule_prefetch(self, epoch: int, stream_pos: int) -> None:
+        """Queue reads of the shards the next block(s) will need, so workers overlap I/O and decoding."""
+        if self.pool is None or self.prefetch <= 0:
+            return
+        for idx in self._upcoming(epoch, stream_pos, self.prefetch):
+            if idx not in self._futures and idx not in self.bad:
+                self._submit(idx)
+
+    def _upcoming(self, epoch: int, stream_pos: int, count: int) -> list[int]:
+        """The next ``count`` shard indices in stream order from ``stream_pos`` (crossing into the next epoch)."""
+        out: list[int] = []
+        while len(out) < count:
+            if stream_pos >= self.num_samples:
+                epoch, stream_pos = epoch + 1, 0
+            order, starts = self.epoch_order(epoch)
+            k = int(np.searchsorted(starts, stream_pos, side="right")) - 1
+            out.extend(int(i) for i in order[k:k + count - len(out)])
+            stream_pos = self.num_samples
+        return out
+
+
+# =========================================================================== mixtures
+class _Mixture:
+    """Deterministic weighted interleaving: global index ``g`` -> (dataset d, its own index k).
+
+    Weights become integers ``n_d`` (ratios kept to 1/1000) and one period of ``T = sum n_d`` slots is
+    laid out by smooth weighted round-robin; ``k = (g // T) * n_d + (slots of d before g % T)``.
+    O(1) per index, so resuming at any position costs nothing.
+    """
+
+    def __init__(self, datasets: list[_Dataset], weights: list[float]):
+        fracs = [Fraction(w / sum(weights)).limit_denominator(1000) for w in weights]
+        denom = math.lcm(*(f.denominator for f in fracs))
+        counts = [max(1, int(f * denom)) for f in fracs]
+        g = math.gcd(*counts)
+        self.counts = np.array([c // g for c in counts], dtype=np.int64)
+        self.period = int(self.counts.sum())
+        self.pattern, self.rank_in_period = self._layout(self.counts)
+        self.datasets = datasets
+
+    @staticmethod
+    def _layout(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Smooth weighted round-robin over one period: even spacing of each dataset's slots."""
+        total = int(counts.sum())
+        current = np.zeros(len(counts), dtype=np.int64)
+        pattern = np.empty(total, dtype=np.int64)
+        rank = np.empty(total, dtype=np.int64)
+        seen = np.zeros(len(counts), dtype=np.int64)
+        for t in range(total):
+            current += counts
+            d = int(np.argmax(current))
+            current[d] -= total
+            pattern[t], rank[t] = d, seen[d]
+            seen[d] += 1
+        return pattern, rank
+
+    def rows(self, gidx: np.ndarray) -> np.ndarray:
+        """Samples at mixture indices ``gidx``, each fetched from its dataset's own deterministic order."""
+        gidx = np.asarray(gidx, dtype=np.int64)
+        cycle, slot = np.divmod(gidx, self.period)
+        which = self.pattern[slot]
+        local = cycle * self.counts[which] + self.rank_in_period[slot]
+        out = np.empty((len(gidx), self.datasets[0].checks.seq_length + 1), dtype=np.int64)
+        for d in np.unique(which).tolist():
+            sel = which == d
+            out[sel] = self.datasets[d].rows(local[sel])
+        return out
+
+
+class _Concat:
+    """Datasets one after another (validation of a mixture)."""
+
+    def __init__(self, datasets: list[_Dataset]):
+        self.datasets = datasets
+        self.starts = np.cumsum([0] + [d.num_samples for d in datasets])
+
+    def rows(self, gidx: np.ndarray) -> np.ndarray:
+        """Samples at concatenated indices (wrapping around after the last dataset)."""
+        gidx = np.asarray(gidx, dtype=np.int64) % int(self.starts[-1])
+        which = np.searchsorted(self.starts, gidx, side="right") - 1
+        out = np.empty((len(gidx), self.datasets[0].checks.seq_length + 1), dtype=np.int64)
+        for d in np.unique(which).tolist():
+            sel = which == d
+            out[sel] = self.datasets[d].rows(gidx[sel] - self.starts[d])
+        return out
+
+
+# =========================================================================== the loader
+class StreamingLoader:
+    """Deterministic, resumable, data-parallel iterator over token shards (see module docstring).
+
+    ``manifest_or_urls``: a Manifest, a ``manifest.json`` path or its directory, a webdataset URL
+    or brace pattern (``"pipe:cat data/shard-train-{000000..000009}.tar"``), a list of those, or a
+    list of ``(source, weight)`` pairs for a weighted mixture. Plain URLs without a manifest are
+    counted by a first scan that reads every shard once (use a manifest to avoid it).
+
+    ``split="train"`` iterates forever (epochs roll over); ``split="val"`` iterates the validation
+    shards once, in stored order, without shuffling (see :meth:`__len__`).
+    """
+
+    def __init__(self, manifest_or_urls, *, seq_length: int, micro_batch_size: int, global_batch_size: int,
+                 dp_rank: int, dp_size: int, seed: int, split: str = "train", num_workers: int = 0,
+                 tokenizer_sha256: str | None = None, vocab_size: int | None = None, on_corrupt: str = "error",
+                 shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, url_template: str | None = None,
+                 with_index: bool = False, progress: bool = False):
+        self._check_args(micro_batch_size, global_batch_size, dp_rank, dp_size, split, on_corrupt, num_workers)
+        self.seq_length, self.micro_batch_size, self.global_batch_size = seq_length, micro_batch_size, global_batch_size
+        self.dp_rank, self.dp_size, self.seed, self.split = dp_rank, dp_size, int(seed), split
+        self.num_workers, self.with_index = num_workers, with_index
+        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="data-loader") if num_workers > 0 else None
+        sources = self._as_weighted(manifest_or_urls)
+        self.datasets = [
+            _Dataset(*_resolve_source(src, seq_length=seq_length, tokenizer_sha256=tokenizer_sha256,
+                                      vocab_size=vocab_size, split=split, url_template=url_template),
+                     seed=self.seed, stream_id=i, shuffle=(split == "train"), shuffle_buffer=shuffle_buffer,
+                     on_corrupt=on_corrupt, pool=self._pool, prefetch=max(1, num_workers), progress=progress)
+            for i, (src, _) in enumerate(sources)
+        ]
+        self.weights = [w for _, w in sources]
+        self._source = self._make_source()
+        self._batch_start = 0   # global index where the current global batch begins
+        self._micro_done = 0    # micro-batches of the current global batch this rank has yielded
+
+    def _make_source(self):
+        """One dataset as is; several: weighted interleave for train, plain concatenation for val
+        (a validation pass should visit every val sample of every dataset exactly once)."""
+        if len(self.datasets) == 1:
+            return self.datasets[0]
+        if self.split == "val":
+            return _Concat(self.datasets)
+        return _Mixture(self.datasets, self.weights)
+
+    # ---------------------------------------------------------------- argument checks
+    @staticmethod
+    def _check_args(mbs, gbs, rank, size, split, on_corrupt, workers) -> None:
+        """Batch geometry and options must be consistent; otherwise one clear line."""
+        if mbs < 1 or size < 1 or gbs < 1:
+            raise DataError("loader", f"micro_batch_size, dp_size and global_batch_size must be >= 1 "
+                                      f"(got {mbs}, {size}, {gbs})")
+        if gbs % (mbs * size):
+            raise DataError("loader", f"global_batch_size {gbs} is not divisible by micro_batch_size * dp_size "
+                                      f"= {mbs} * {size}")
+        if not 0 <= rank < size:
+            raise DataError("loader", f"dp_rank {rank} not in [0, {size})")
+        if split not in ("train", "val"):
+            raise DataError("loader", f'split must be "train" or "val" (got {split!r})')
+        if on_corrupt not in _ON_CORRUPT:
+            raise DataError("loader", f'on_corrupt must be "error" or "skip" (got {on_corrupt!r})')
+        if workers < 0:
+            raise DataError("loader", f"num_workers must be >= 0 (got {workers})")
+
+    @staticmethod
+    def _as_weighted(src) -> list[tuple[Any, float]]:
+        """Normalise the source argument to ``[(source, weight), ...]``; weights must be > 0."""
+        if isinstance(src, (list, tuple)) and src and all(isinstance(x, tuple) and len(x) == 2 for x in src):
+            out = []
+            for i, (s, w) in enumerate(src):
+                name = str(getattr(s, "path", None) or s) if not isinstance(s, list) else f"dataset {i}"
+                if not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
+                    raise DataError(name, f"mixture weight must be > 0 (got {w})")
+                out.append((s, float(w)))
+            return out
+        return [(src, 1.0)]
+
+    # ---------------------------------------------------------------- public counters
+    @property
+    def skipped_shards(self) -> int:
+        """Corrupt shards skipped so far (``on_corrupt="skip"``), for TensorBoard."""
+        return sum(d.skipped_shards for d in self.datasets)
+
+    @property
+    def shards_read(self) -> int:
+        """Shard reads started so far (a resume test checks consumed shards are not read again)."""
+        return sum(d.shards_read for d in self.datasets)
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples in one pass over the split (sum over datasets for a mixture)."""
+        return sum(d.num_samples for d in self.datasets)
+
+    @property
+    def consumed_samples(self) -> int:
+        """Global samples consumed, counting every rank as having done what this rank did."""
+        return self._batch_start + self._micro_done * self.micro_batch_size * self.dp_size
+
+    def __len__(self) -> int:
+        """Micro-batches per rank in one validation pass (train iterates forever: no length)."""
+        if self.split != "val":
+            raise TypeError("a train StreamingLoader is infinite; len() is defined for split='val'")
+        return self.samples_per_epoch // (self.micro_batch_size * self.dp_size)
+
+    # ---------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[dict]:
+        """Micro-batches ``dict(tokens=LongTensor[micro_batch_size, seq_length + 1])`` for this rank."""
+        return self._iter_val() if self.split == "val" else self._iter_train()
+
+    def _iter_train(self) -> Iterator[dict]:
+        """Forever: global batch after global batch, this rank's contiguous slice of each."""
+        per_rank = self.global_batch_size // self.dp_size
+        micro_per_rank = per_rank // self.micro_batch_size
+        while True:
+            while self._micro_done < micro_per_rank:
+                start = self._batch_start + self.dp_rank * per_rank + self._micro_done * self.micro_batch_size
+                batch = self._make_batch(np.arange(start, start + self.micro_batch_size))
+                self._micro_done += 1
+                yield batch
+            self._batch_start += self.global_batch_size
+            self._micro_done = 0
+
+    def _iter_val(self) -> Iterator[dict]:
+        """One pass over the validation shards in stored order; the tail that does not fill a step of
+        ``micro_batch_size * dp_size`` samples is dropped so every rank yields the same count."""
+        step = self.micro_batch_size * self.dp_size
+        for t in range(len(self)):
+            start = t * step + self.dp_rank * self.micro_batch_size
+            yield self._make_batch(np.arange(start, start + self.micro_batch_size))
+
+    def _make_batch(self, gidx: np.ndarray) -> dict:
+        """Fetch rows and wrap them as the trainer expects."""
+        batch = {"tokens": torch.from_numpy(self._source.rows(gidx))}
+        if self.with_index:
+            batch["index"] = torch.from_numpy(gidx)
+        return batch
+
+    # ---------------------------------------------------------------- resume
+    def state_dict(self) -> dict:
+        """A few integers that, with the same data and seed, pin the exact next sample. Global, not per
+        rank: it is valid for any ``dp_size`` (and any ``global_batch_size`` at a batch boundary)."""
+        consumed = self.consumed_samples
+        batch_start = self._batch_start
+        if consumed - batch_start == self.global_batch_size:  # batch finished: report the boundary
+            batch_start = consumed
+        return {"version": STATE_VERSION, "seed": self.seed, "consumed_samples": consumed,
+                "epoch": consumed // self.samples_per_epoch, "samples_per_epoch": self.samples_per_epoch,
+                "global_batch_size": self.global_batch_size, "batch_start": batch_start}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where ``state`` was taken; nothing already consumed is read again."""
+        try:
+            consumed, seed = int(state["consumed_samples"]), int(state["seed"])
+        except (KeyError, TypeError, ValueError):
+            raise DataError("loader state", "expected integers consumed_samples and seed") from None
+        batch_start = int(state.get("batch_start", consumed))
+        within = consumed - batch_start
+        if within and (int(state.get("global_batch_size", -1)) != self.global_batch_size
+                       or within % (self.micro_batch_size * self.dp_size)):
+            raise DataError("loader state", f"saved in the middle of a global batch ({within} samples in); "
+                                            "resuming there needs the same global batch, micro batch and dp sizes")
+        if state.get("samples_per_epoch", self.samples_per_epoch) != self.samples_per_epoch:
+            log.warning("resuming on a dataset of %d samples/epoch, state was taken on %s: the order differs",
+                        self.samples_per_epoch, state.get("samples_per_epoch"))
+        if seed != self.seed:
+            log.warning("loader seed %d replaced by the checkpoint's seed %d for an exact resume", self.seed, seed)
+            self._reseed(seed)
+        self._batch_start = batch_start
+        self._micro_done = within // (self.micro_batch_size * self.dp_size)
+
+    def _reseed(self, seed: int) -> None:
+        """Adopt another seed: cached orders and blocks of the old seed are no longer valid."""
+        self.seed = seed
+        for d in self.datasets:
+            d.seed = seed
+            d._orders.clear()
+            d._blocks.clear()
+
+    def close(self) -> None:
+        """Stop worker threads (pending prefetches are abandoned)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class MixtureLoader(StreamingLoader):
+    """A :class:`StreamingLoader` over several datasets interleaved deterministically by weight.
+
+    ``datasets`` is ``[(manifest_or_urls, weight), ...]``; a weight <= 0 is a DataError naming the dataset.
+    """
+
+    def __init__(self, datasets: Sequence[tuple[Any, float]], **kwargs):
+        if not datasets:
+            raise DataError("MixtureLoader", "needs at least one (dataset, weight) pair")
+        super().__init__([tuple(d) for d in datasets], **kwargs)

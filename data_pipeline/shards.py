@@ -1,0 +1,333 @@
+"""Tokenize, pack and write webdataset shards plus a manifest.
+
+Layout (why):
+
+* Documents are tokenized, each followed by EOS, concatenated and cut into samples of exactly
+  ``seq_length + 1`` tokens, so one sample gives both the inputs (``[:-1]``) and the shifted labels
+  (``[1:]``) with no padding and no wasted compute. Samples do not overlap; the tail that does not
+  fill a whole sample is dropped (its size is recorded as ``dropped_tokens``).
+* Each sample is one tar entry ``{key}.tokens.npy`` (uint16 when the padded vocabulary fits, else
+  int32). The first sample of every shard also carries ``meta.json`` (tokenizer sha256,
+  seq_length, dtype) so a shard that strays into the wrong dataset is caught on its own.
+* Tars are written with fixed mtimes/owners, so the same input gives byte-identical shards and
+  the same sha256 in the manifest.
+* Validation is held out BY SHARD, spread evenly over the corpus (not the last shards, which would
+  all come from the alphabetically last sources), so train and val never share a shard.
+* Everything is written in a temporary directory and moved into place only after the last shard
+  succeeded; the manifest is written last, atomically. A failed run leaves the old dataset intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from ._io import atomic_write_json, sha256_bytes
+from .errors import DataError
+from .tokenizer import Tokenizer, iter_documents
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+DEFAULT_SHARD_MAX_BYTES = 64 * 1024 * 1024
+_ENCODE_BATCH = 256
+
+
+@dataclass
+class ShardInfo:
+    """One shard as recorded in the manifest."""
+
+    name: str
+    split: str
+    num_samples: int
+    num_tokens: int
+    sha256: str
+    bytes: int
+
+
+@dataclass
+class Manifest:
+    """What a loader needs to know before opening any shard: counts, checksums and tokenizer identity."""
+
+    seq_length: int
+    tokenizer_sha256: str
+    vocab_size: int
+    padded_vocab_size: int
+    eos_id: int
+    pad_id: int
+    dtype: str
+    shards: list[ShardInfo] = field(default_factory=list)
+    num_documents: int = 0
+    dropped_tokens: int = 0
+    version: int = MANIFEST_VERSION
+    path: Path | None = None  # where it was loaded from; shard names resolve relative to its directory
+
+    def split_shards(self, split: str) -> list[ShardInfo]:
+        """Shards of one split ("train" or "val"), in manifest order."""
+        return [s for s in self.shards if s.split == split]
+
+    def num_samples(self, split: str) -> int:
+        """Total samples of a split."""
+        return sum(s.num_samples for s in self.split_shards(split))
+
+    def base_dir(self) -> Path:
+        """Directory that shard names are relative to."""
+        return self.path.parent if self.path is not None else Path(".")
+
+    def shard_url(self, shard: ShardInfo, url_template: str | None = None) -> str:
+        """URL of a shard: a local path next to the manifest, or ``url_template.format(name=...)``
+        (e.g. ``"pipe:aws s3 cp s3://bucket/data/{name} -"``) for object stores."""
+        if url_template:
+            return url_template.format(name=shard.name)
+        return str(self.base_dir() / shard.name)
+
+    def to_json(self) -> dict:
+        """Plain-JSON form (``path`` omitted: it is where the file is, not what it says)."""
+        d = dataclasses.asdict(self)
+        d.pop("path")
+        return d
+
+    def save(self, path: Path) -> Path:
+        """Write atomically to ``path`` (a directory means ``path/manifest.json``)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / MANIFEST_NAME
+        atomic_write_json(path, self.to_json())
+        self.path = path
+        return path
+
+
+def load_manifest(path) -> Manifest:
+    """Read a manifest (a ``manifest.json`` or the directory holding it); problems are one-line DataErrors."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(str(path), "manifest not found") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(str(path), f"unreadable manifest ({e})") from None
+    try:
+        shards = [ShardInfo(**s) for s in raw.pop("shards")]
+        known = {f.name for f in dataclasses.fields(Manifest)}
+        manifest = Manifest(shards=shards, **{k: v for k, v in raw.items() if k in known and k != "path"})
+    except (KeyError, TypeError) as e:
+        raise DataError(str(path), f"manifest is missing or has unexpected fields ({e})") from None
+    if manifest.version > MANIFEST_VERSION:
+        raise DataError(str(path), f"manifest version {manifest.version} is newer than this code ({MANIFEST_VERSION})")
+    manifest.path = path
+    return manifest
+
+
+# --------------------------------------------------------------------------- sample encoding
+def token_dtype(padded_vocab_size: int) -> np.dtype:
+    """uint16 halves the shard size whenever every id fits; int32 otherwise."""
+    return np.dtype(np.uint16) if padded_vocab_size <= 65536 else np.dtype(np.int32)
+
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    """The ``.npy`` encoding of an array (what webdataset's ``npy`` decoder reads)."""
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def pack_samples(token_lists: Iterable[list[int]], eos_id: int, sample_len: int) -> Iterator[np.ndarray]:
+    """Concatenate documents (each + EOS) and yield full samples of ``sample_len`` tokens.
+
+    The last partial sample is never yielded; :class:`_Packer` exposes how many tokens it dropped.
+    """
+    packer = _Packer(eos_id, sample_len)
+    for ids in token_lists:
+        yield from packer.add(ids)
+
+
+class _Packer:
+    """Incremental packer: keeps the unfinished tail between documents."""
+
+    def __init__(self, eos_id: int, sample_len: int):
+        self.eos_id = eos_id
+        self.sample_len = sample_len
+        self.buf: list[int] = []
+
+    def add(self, ids: list[int]) -> Iterator[np.ndarray]:
+        """Append a document and yield every sample that is now complete."""
+        self.buf.extend(ids)
+        self.buf.append(self.eos_id)
+        n = len(self.buf) // self.sample_len
+        if n:
+            full = np.asarray(self.buf[: n * self.sample_len], dtype=np.int64).reshape(n, self.sample_len)
+            del self.buf[: n * self.sample_len]
+            yield from full
+
+    @property
+    def leftover(self) -> int:
+        """Tokens that would be dropped if input ended now."""
+        return len(self.buf)
+
+
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    """A tar header with fixed metadata so identical content gives identical bytes (and sha256)."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uname = info.gname = ""
+    return info
+
+
+def encode_shard(samples: list[np.ndarray], dtype: np.dtype, meta: dict) -> bytes:
+    """A whole shard as tar bytes: ``{i:06d}.tokens.npy`` per sample, ``000000.meta.json`` on the first."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for i, sample in enumerate(samples):
+            key = f"{i:06d}"
+            data = npy_bytes(np.ascontiguousarray(sample, dtype=dtype))
+            tf.addfile(_tarinfo(f"{key}.tokens.npy", len(data)), io.BytesIO(data))
+            if i == 0:
+                mdata = json.dumps(meta, sort_keys=True).encode("utf-8")
+                tf.addfile(_tarinfo(f"{key}.meta.json", len(mdata)), io.BytesIO(mdata))
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- writing
+def _documents(documents) -> Iterator[str]:
+    """Accept texts or file paths (txt/jsonl/tar, see :func:`iter_documents`), in the given order."""
+    for item in documents:
+        if isinstance(item, Path):
+            yield from iter_documents([item])
+        elif isinstance(item, str):
+            yield item
+        else:
+            raise DataError(repr(item)[:60], "documents must be str texts or pathlib.Path files")
+
+
+def _batched(it: Iterable, n: int) -> Iterator[list]:
+    """Lists of up to ``n`` consecutive items."""
+    batch = []
+    for x in it:
+        batch.append(x)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len: int, dtype: np.dtype) -> int:
+    """Shard capacity in samples: explicit, or as many as fit in ``shard_max_bytes`` (tar overhead included)."""
+    if samples_per_shard is not None:
+        if samples_per_shard < 1:
+            raise DataError("write_shards", f"samples_per_shard must be >= 1 (got {samples_per_shard})")
+        return int(samples_per_shard)
+    max_bytes = shard_max_bytes or DEFAULT_SHARD_MAX_BYTES
+    per_sample = sample_len * dtype.itemsize + 128 + 1024  # npy header + tar header/padding
+    return max(1, int(max_bytes) // per_sample)
+
+
+def val_shard_indices(num_shards: int, val_fraction: float) -> set[int]:
+    """Which shards are validation: ``round(n * val_fraction)`` (at least 1 when 0 < f and n >= 2),
+    spread evenly over the corpus order so val resembles train."""
+    if val_fraction <= 0 or num_shards < 2:
+        return set()
+    n_val = min(num_shards - 1, max(1, round(num_shards * val_fraction)))
+    return {int((j + 0.5) * num_shards / n_val) for j in range(n_val)}
+
+
+def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, out_dir: Path, seq_length: int,
+                 samples_per_shard: int | None = None, shard_max_bytes: int | None = None,
+                 val_fraction: float = 0.05, prefix: str = "shard", *, num_threads: int = 1,
+                 progress: bool = True) -> Manifest:
+    """Tokenize ``documents``, pack into ``seq_length + 1``-token samples, write train/val shards and
+    ``out_dir/manifest.json``; return the manifest.
+
+    Shards are named ``{prefix}-{split}-{i:06d}.tar`` (numbered per split, so brace patterns like
+    ``shard-train-{000000..000009}.tar`` work). Nothing in ``out_dir`` changes until every shard
+    has been written successfully.
+    """
+    if seq_length < 1:
+        raise DataError("write_shards", f"seq_length must be >= 1 (got {seq_length})")
+    if not 0 <= val_fraction < 1:
+        raise DataError("write_shards", f"val_fraction must be in [0, 1) (got {val_fraction})")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tokenizer.padded_vocab_size)
+    sample_len = seq_length + 1
+    capacity = _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len, dtype)
+    meta = {"tokenizer_sha256": tokenizer.sha256, "seq_length": seq_length, "dtype": dtype.name,
+            "vocab_size": tokenizer.vocab_size}
+    tmp_dir = Path(tempfile.mkdtemp(prefix=".shards-tmp-", dir=out_dir))
+    try:
+        written, n_docs, dropped = _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len,
+                                                     dtype, meta, num_threads, progress)
+        if not written:
+            raise DataError(str(out_dir), f"documents gave fewer than {sample_len} tokens: not one sample to write")
+        shard_infos = _finalize(written, tmp_dir, out_dir, prefix, val_fraction)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    manifest = Manifest(seq_length=seq_length, tokenizer_sha256=tokenizer.sha256, vocab_size=tokenizer.vocab_size,
+                        padded_vocab_size=tokenizer.padded_vocab_size, eos_id=tokenizer.eos_id,
+                        pad_id=tokenizer.pad_id, dtype=dtype.name, shards=shard_infos,
+                        num_documents=n_docs, dropped_tokens=dropped)
+    manifest.save(out_dir / MANIFEST_NAME)
+    return manifest
+
+
+def _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len, dtype, meta, num_threads, progress):
+    """Stream documents through the tokenizer and packer; write each full shard to ``tmp_dir``.
+
+    Returns (list of (tmp_path, ShardInfo without name/split), documents seen, dropped tokens).
+    """
+    packer = _Packer(tokenizer.eos_id, sample_len)
+    pending: list[np.ndarray] = []
+    written = []
+    n_docs = 0
+    bar = tqdm(desc="shard: tokenizing", unit="B", unit_scale=True, disable=not progress)
+    for batch in _batched(_documents(documents), _ENCODE_BATCH):
+        n_docs += len(batch)
+        bar.update(sum(len(t.encode("utf-8")) for t in batch))
+        for ids in tokenizer.encode_batch(batch, num_threads=num_threads):
+            pending.extend(packer.add(ids))
+            while len(pending) >= capacity:
+                written.append(_flush(pending[:capacity], tmp_dir, len(written), dtype, meta))
+                del pending[:capacity]
+    bar.close()
+    if pending:
+        written.append(_flush(pending, tmp_dir, len(written), dtype, meta))
+    return written, n_docs, packer.leftover
+
+
+def _flush(samples, tmp_dir: Path, index: int, dtype, meta):
+    """Write one shard's tar into the temp dir; checksum computed from the exact bytes written."""
+    data = encode_shard(samples, dtype, meta)
+    path = tmp_dir / f"{index:06d}.tar"
+    path.write_bytes(data)
+    info = ShardInfo(name="", split="", num_samples=len(samples), num_tokens=len(samples) * len(samples[0]),
+                     sha256=sha256_bytes(data), bytes=len(data))
+    return path, info
+
+
+def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: float) -> list[ShardInfo]:
+    """Assign splits, name the shards and move them from the temp dir into ``out_dir``."""
+    val = val_shard_indices(len(written), val_fraction)
+    counters = {"train": 0, "val": 0}
+    shards = []
+    for i, (path, info) in enumerate(written):
+        split = "val" if i in val else "train"
+        info.split = split
+        info.name = f"{prefix}-{split}-{counters[split]:06d}.tar"
+        counters[split] += 1
+        os.replace(path, out_dir / info.name)
+        shards.append(info)
+    return shards

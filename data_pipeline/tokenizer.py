@@ -1,0 +1,255 @@
+"""SentencePiece tokenizer training and loading, with vocabulary padding for tensor parallelism.
+
+Why the choices below:
+
+* ``byte_fallback`` + identity normalisation + whitespace-only pieces: the default corpus is
+  source code; every byte sequence must encode and ``decode(encode(s)) == s`` must hold exactly
+  (indentation, tabs, newlines and non-ASCII included), so nothing is ever mapped to ``<unk>``.
+* ``"\\n"`` is a user-defined symbol: sentencepiece trains on lines and would otherwise never
+  learn a newline piece (it would fall back to the byte ``<0x0A>``).
+* Fixed special ids ``pad=0, unk=1, bos=2, eos=3`` so every model trained here agrees.
+* A tensor-parallel embedding needs a vocabulary divisible by ``tp * 128``-ish; the padded size
+  is recorded next to the model (``out_prefix.json``) and padding rows are never produced by
+  :meth:`Tokenizer.encode` (strip them again when exporting weights).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import sentencepiece as spm
+from tqdm import tqdm
+
+from ._io import atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_file
+from .errors import DataError
+
+log = logging.getLogger(__name__)
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+DEFAULT_INPUT_SENTENCE_SIZE = 2_000_000
+_MAX_LINE_BYTES = 16384  # sentencepiece silently drops longer "sentences"; we split instead
+
+
+def padded_size(vocab_size: int, multiple: int | None) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``vocab_size`` (no padding for None/<=1)."""
+    if multiple is None or multiple <= 1:
+        return vocab_size
+    return -(-vocab_size // multiple) * multiple
+
+
+# --------------------------------------------------------------------------- input reading
+def read_text_file(path: Path) -> str:
+    """A whole text file as str; a file that is not UTF-8 is a one-line DataError naming it."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(str(path), f"not valid UTF-8 (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise DataError(str(path), f"cannot read ({e.strerror or e})") from None
+
+
+def iter_jsonl_texts(path: Path, field: str = "text") -> Iterator[str]:
+    """The ``field`` of every JSON line; malformed lines and encodings are DataErrors naming file and line."""
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataError(str(path), f"cannot read ({e.strerror or e})") from None
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}", f"not valid UTF-8 (byte {e.start}: {e.reason})") from None
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}", f"invalid JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
+                raise DataError(f"{path}:{lineno}", f'expected an object with a string field "{field}"')
+            yield obj[field]
+
+
+def iter_tar_texts(path: Path) -> Iterator[str]:
+    """Texts of a webdataset-style text shard: members ``*.txt``/``*.text`` or ``*.json`` with a "text" field."""
+    try:
+        with tarfile.open(path, "r:*") as tf:
+            for member in tf:
+                if not member.isreg():
+                    continue
+                ext = member.name.rsplit(".", 1)[-1].lower()
+                if ext not in ("txt", "text", "json"):
+                    continue
+                data = tf.extractfile(member).read()
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}:{member.name}", f"not valid UTF-8 (byte {e.start})") from None
+                if ext == "json":
+                    try:
+                        text = json.loads(text).get("text", "")
+                    except (json.JSONDecodeError, AttributeError):
+                        raise DataError(f"{path}:{member.name}", 'invalid JSON or no "text" field') from None
+                yield text
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise DataError(str(path), f"truncated or corrupt tar ({e})") from None
+
+
+def iter_documents(inputs: Iterable[Path | str]) -> Iterator[str]:
+    """Documents from files: a ``.txt`` is one document, a ``.jsonl`` one per line, a ``.tar`` one per member."""
+    for path in inputs:
+        path = Path(path)
+        suffix = path.suffix.lower()
+        if not path.exists():
+            raise DataError(str(path), "input file does not exist")
+        if suffix in (".jsonl", ".json"):
+            yield from iter_jsonl_texts(path)
+        elif suffix == ".tar" or path.name.endswith((".tar.gz", ".tgz")):
+            yield from iter_tar_texts(path)
+        else:
+            yield read_text_file(path)
+
+
+def _training_lines(inputs: Sequence[Path], progress: bool) -> Iterator[str]:
+    """Lines (newline kept) for sentencepiece; over-long lines are cut so none is silently dropped."""
+    for doc in tqdm(iter_documents(inputs), desc="train-tokenizer: reading", unit="doc", disable=not progress):
+        for line in doc.splitlines(keepends=True):
+            while len(line.encode("utf-8")) > _MAX_LINE_BYTES:
+                cut = _MAX_LINE_BYTES // 4  # 4 bytes per char at most: the head is surely short enough
+                yield line[:cut]
+                line = line[cut:]
+            if line:
+                yield line
+
+
+# --------------------------------------------------------------------------- training
+def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model_type: str = "bpe",
+                    pad_vocab_to_multiple_of: int = 128, user_defined_symbols: Sequence[str] = (),
+                    input_sentence_size: int = DEFAULT_INPUT_SENTENCE_SIZE, *, character_coverage: float = 0.9995,
+                    byte_fallback: bool = True, seed: int = 1234, num_threads: int = 1,
+                    progress: bool = True) -> Path:
+    """Train a sentencepiece model on ``inputs`` and write ``out_prefix.model``, ``.vocab`` and ``.json``.
+
+    The ``.json`` sidecar records vocab size, padded vocab size, the sha256 of the ``.model`` file
+    (shards and checkpoints carry it, so a run refuses data made with another tokenizer) and the
+    special ids. Returns the ``.model`` path. All three files are written atomically.
+    """
+    out_prefix = Path(out_prefix)
+    inputs = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
+    if not inputs:
+        raise DataError(str(out_prefix), "train_tokenizer needs at least one input file")
+    if model_type not in ("bpe", "unigram", "char", "word"):
+        raise DataError(str(out_prefix), f"model_type must be bpe, unigram, char or word (got {model_type!r})")
+    if vocab_size < 8:
+        raise DataError(str(out_prefix), f"vocab_size must be >= 8 (got {vocab_size})")
+    symbols = ["\n"] + [s for s in user_defined_symbols if s != "\n"]
+    model_buf = io.BytesIO()
+    spm.set_random_generator_seed(seed)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=_training_lines(inputs, progress), model_writer=model_buf,
+            vocab_size=vocab_size, model_type=model_type, byte_fallback=byte_fallback,
+            character_coverage=character_coverage, normalization_rule_name="identity",
+            remove_extra_whitespaces=False, split_digits=True, allow_whitespace_only_pieces=True,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, user_defined_symbols=symbols,
+            input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
+            max_sentence_length=_MAX_LINE_BYTES, hard_vocab_limit=False, num_threads=num_threads,
+            minloglevel=2,
+        )
+    except DataError:
+        raise
+    except (RuntimeError, OSError) as e:
+        raise DataError(str(out_prefix), f"sentencepiece training failed: {str(e).strip().splitlines()[-1]}") from None
+    return _write_model_files(out_prefix, model_buf.getvalue(), model_type, pad_vocab_to_multiple_of, symbols)
+
+
+def _write_model_files(out_prefix: Path, model: bytes, model_type: str, multiple: int, symbols) -> Path:
+    """Write ``.model``, ``.vocab`` (piece<TAB>score, like spm_train) and the ``.json`` sidecar."""
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    model_path = out_prefix.with_name(out_prefix.name + ".model")
+    atomic_write_bytes(model_path, model)
+    vocab_lines = [f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}" for i in range(sp.get_piece_size())]
+    atomic_write_bytes(out_prefix.with_name(out_prefix.name + ".vocab"),
+                       ("\n".join(vocab_lines) + "\n").encode("utf-8"))
+    vocab = sp.get_piece_size()
+    atomic_write_json(out_prefix.with_name(out_prefix.name + ".json"), {
+        "model_file": model_path.name, "model_type": model_type, "sha256": sha256_bytes(model),
+        "vocab_size": vocab, "padded_vocab_size": padded_size(vocab, multiple),
+        "pad_vocab_to_multiple_of": multiple, "pad_id": sp.pad_id(), "unk_id": sp.unk_id(),
+        "bos_id": sp.bos_id(), "eos_id": sp.eos_id(), "user_defined_symbols": list(symbols),
+    })
+    return model_path
+
+
+# --------------------------------------------------------------------------- loading
+class Tokenizer:
+    """A loaded sentencepiece model plus the facts a training run must agree on (sizes, ids, hash)."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor, sha256: str, padded_vocab_size: int,
+                 model_path: Path | None = None):
+        self.sp = processor
+        self.sha256 = sha256
+        self.model_path = model_path
+        self.vocab_size = processor.get_piece_size()
+        self.padded_vocab_size = padded_vocab_size
+        self.eos_id = processor.eos_id()
+        self.bos_id = processor.bos_id()
+        self.pad_id = processor.pad_id()
+        self.unk_id = processor.unk_id()
+
+    @classmethod
+    def load(cls, model_path: Path, pad_vocab_to_multiple_of: int | None = None) -> "Tokenizer":
+        """Load ``model_path``; padding comes from the argument, else the ``.json`` sidecar, else 128."""
+        model_path = Path(model_path)
+        try:
+            data = model_path.read_bytes()
+        except OSError as e:
+            raise DataError(str(model_path), f"cannot read tokenizer model ({e.strerror or e})") from None
+        try:
+            sp = spm.SentencePieceProcessor(model_proto=data)
+        except (RuntimeError, TypeError) as e:
+            raise DataError(str(model_path), "not a sentencepiece model") from None
+        multiple = pad_vocab_to_multiple_of
+        if multiple is None:
+            multiple = _sidecar(model_path).get("pad_vocab_to_multiple_of", 128)
+        return cls(sp, sha256_bytes(data), padded_size(sp.get_piece_size(), multiple), model_path)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no BOS/EOS added; the shard writer appends EOS per document)."""
+        return self.sp.encode(text)
+
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        """Encode many texts in one sentencepiece call (much faster than a Python loop)."""
+        return self.sp.encode(texts, num_threads=num_threads)
+
+    def decode(self, ids) -> str:
+        """Text of ``ids``; padding ids (>= vocab_size) and tensors/arrays are accepted and pads dropped."""
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        return self.sp.decode([int(i) for i in ids if 0 <= int(i) < self.vocab_size])
+
+    def describe(self) -> dict:
+        """The facts a manifest or checkpoint stores to check later data against this tokenizer."""
+        return {"tokenizer_sha256": self.sha256, "vocab_size": self.vocab_size,
+                "padded_vocab_size": self.padded_vocab_size, "eos_id": self.eos_id, "bos_id": self.bos_id,
+                "pad_id": self.pad_id}
+
+
+def _sidecar(model_path: Path) -> dict:
+    """The ``.json`` written next to a ``.model`` by :func:`train_tokenizer`, or {} when absent/unreadable."""
+    side = model_path.with_suffix(".json")
+    try:
+        return json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def tokenizer_sha256(model_path: Path) -> str:
+    """sha256 of a tokenizer model file, the identity that shards and checkpoints are checked against."""
+    return sha256_file(model_path)
