@@ -1,0 +1,204 @@
+"""Every bad input stops with a one-line DataError naming the file/shard, or is skipped when asked."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+
+import pytest
+
+from data_pipeline.errors import DataError
+from data_pipeline.loader import MixtureLoader
+from data_pipeline.shards import load_manifest, write_shards
+from data_pipeline.tokenizer import iter_documents, train_tokenizer
+
+from .data_fixtures import FAKE_SHA, loader, make_dataset, run_global, text_file, tiny_tokenizer  # noqa: F401
+
+
+def one_line_error(excinfo, *needles):
+    """The error is a DataError, its message is one line and names everything in ``needles``."""
+    msg = str(excinfo.value)
+    assert isinstance(excinfo.value, DataError)
+    assert "\n" not in msg
+    for n in needles:
+        assert n in msg, msg
+    return msg
+
+
+def drain(ld, n=30):
+    it = iter(ld)
+    for _ in range(n):
+        next(it)
+
+
+@pytest.fixture
+def ds(tmp_path):
+    make_dataset(tmp_path / "ds", [8, 8, 8, 8], val_counts=[4])
+    return tmp_path / "ds"
+
+
+def test_truncated_tar(ds):
+    shard = ds / "syn-train-000002.tar"
+    shard.write_bytes(shard.read_bytes()[:700])
+    with pytest.raises(DataError) as e:
+        drain(loader(ds))
+    one_line_error(e, "syn-train-000002.tar", "truncated")
+
+
+def test_corrupt_tar_same_size(ds):
+    shard = ds / "syn-train-000001.tar"
+    data = bytearray(shard.read_bytes())
+    data[600:900] = b"\xff" * 300
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError) as e:
+        drain(loader(ds))
+    one_line_error(e, "syn-train-000001.tar", "sha256 mismatch")
+
+
+def test_garbage_tar_without_manifest(tmp_path):
+    make_dataset(tmp_path / "ds", [8, 8])
+    (tmp_path / "ds" / "syn-train-000001.tar").write_bytes(b"this is not a tar file" * 40)
+    with pytest.raises(DataError) as e:
+        loader(str(tmp_path / "ds" / "syn-train-{000000..000001}.tar"))
+    one_line_error(e, "syn-train-000001.tar", "corrupt tar")
+
+
+def test_corrupt_shard_skipped_with_warning_and_counter(ds, caplog):
+    shard = ds / "syn-train-000001.tar"
+    data = bytearray(shard.read_bytes())
+    data[600:900] = b"\xff" * 300
+    shard.write_bytes(bytes(data))
+    make = functools.partial(loader, ds, on_corrupt="skip")
+    with caplog.at_level(logging.WARNING, logger="data_pipeline.loader"):
+        ids_dp1, _ = run_global(make, 1, 12)
+    assert "syn-train-000001.tar" in caplog.text
+    assert not set(ids_dp1) & set(range(8, 16))  # nothing from the bad shard
+    ids_dp2, _ = run_global(make, 2, 12)
+    assert ids_dp2 == ids_dp1  # still a pure function of the index, same batch count on every rank
+    ld = loader(ds, on_corrupt="skip")
+    drain(ld, 20)
+    assert ld.skipped_shards == 1
+
+
+def test_missing_shard_error_and_skip(ds):
+    (ds / "syn-train-000003.tar").unlink()
+    with pytest.raises(DataError) as e:
+        loader(ds)
+    one_line_error(e, "syn-train-000003.tar", "missing shard")
+    ld = loader(ds, on_corrupt="skip")
+    assert ld.skipped_shards == 1 and ld.samples_per_epoch == 24
+    drain(ld, 20)
+
+
+def test_missing_shard_behind_pipe_url(ds):
+    with pytest.raises(DataError) as e:
+        drain(loader("pipe:cat " + str(ds / "syn-train-{000000..000004}.tar")))
+    one_line_error(e, "syn-train-000004.tar", "cannot read")
+
+
+def test_tokenizer_hash_mismatch_manifest(ds):
+    with pytest.raises(DataError) as e:
+        loader(ds, tokenizer_sha256="a" * 64)
+    one_line_error(e, "manifest.json", "tokenizer mismatch")
+
+
+def test_tokenizer_hash_mismatch_in_shard(tmp_path, ds):
+    make_dataset(tmp_path / "other", [8], tokenizer_sha256="b" * 64)
+    (tmp_path / "other" / "syn-train-000000.tar").replace(ds / "syn-train-000002.tar")
+    m = load_manifest(ds)
+    m.shards[2].sha256, m.shards[2].bytes = load_manifest(tmp_path / "other").shards[0].sha256, None
+    m.save(ds / "manifest.json")
+    with pytest.raises(DataError) as e:
+        drain(loader(ds, on_corrupt="skip"))  # a wrong tokenizer is never silently skipped
+    one_line_error(e, "syn-train-000002.tar", "tokenizer mismatch")
+
+
+def test_token_id_out_of_vocab(tmp_path):
+    make_dataset(tmp_path / "ds", [8, 8, 8], vocab_size=20)  # sample ids 0..23 are stored as tokens
+    with pytest.raises(DataError) as e:
+        drain(loader(tmp_path / "ds"))
+    one_line_error(e, ".tar", "token id", ">= vocab size 20")
+
+
+def test_dataset_vocab_larger_than_run_vocab(ds):
+    with pytest.raises(DataError) as e:
+        loader(ds, vocab_size=5)
+    one_line_error(e, "manifest.json", "vocab size 300 > run's vocab size 5")
+
+
+def test_empty_shard(tmp_path):
+    make_dataset(tmp_path / "ds", [8, 0, 8])
+    with pytest.raises(DataError) as e:
+        loader(tmp_path / "ds")
+    one_line_error(e, "syn-train-000001.tar", "empty shard")
+    assert loader(tmp_path / "ds", on_corrupt="skip").samples_per_epoch == 16
+
+
+def test_empty_shard_by_url(tmp_path):
+    make_dataset(tmp_path / "ds", [8, 0])
+    with pytest.raises(DataError) as e:
+        loader(str(tmp_path / "ds" / "syn-train-{000000..000001}.tar"))
+    one_line_error(e, "syn-train-000001.tar", "empty shard")
+
+
+def test_seq_length_mismatch(ds):
+    with pytest.raises(DataError) as e:
+        loader(ds, seq_length=16)
+    one_line_error(e, "manifest.json", "seq_length")
+
+
+def test_manifest_missing_and_unreadable(tmp_path):
+    with pytest.raises(DataError) as e:
+        load_manifest(tmp_path / "nope.json")
+    one_line_error(e, "nope.json", "not found")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(DataError) as e:
+        load_manifest(tmp_path / "bad.json")
+    one_line_error(e, "bad.json", "unreadable")
+
+
+def test_non_utf8_text_file(tmp_path, tiny_tokenizer):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\u00e9 cr\u00e8me".encode("latin-1"))
+    with pytest.raises(DataError) as e:
+        list(iter_documents([bad]))
+    one_line_error(e, "latin1.txt", "not valid UTF-8")
+    with pytest.raises(DataError) as e:
+        train_tokenizer([bad], tmp_path / "tok2", 300, progress=False)
+    one_line_error(e, "latin1.txt", "UTF-8")
+    with pytest.raises(DataError) as e:
+        write_shards([bad], tiny_tokenizer, tmp_path / "out", 8, progress=False)
+    one_line_error(e, "latin1.txt", "UTF-8")
+
+
+def test_bad_jsonl_line(tmp_path):
+    p = tmp_path / "docs.jsonl"
+    p.write_text(json.dumps({"text": "ok"}) + "\n{broken\n", encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        list(iter_documents([p]))
+    one_line_error(e, "docs.jsonl:2", "invalid JSON")
+
+
+@pytest.mark.parametrize("weight", [0, -1.0, float("nan")])
+def test_mixture_weight_must_be_positive(ds, tmp_path, weight):
+    make_dataset(tmp_path / "b", [8, 8], first_id=1000)
+    with pytest.raises(DataError) as e:
+        MixtureLoader([(ds, 1.0), (tmp_path / "b", weight)], seq_length=8, micro_batch_size=2,
+                      global_batch_size=8, dp_rank=0, dp_size=1, seed=0)
+    one_line_error(e, str(tmp_path / "b"), "weight must be > 0")
+
+
+def test_failed_shard_write_keeps_previous_dataset(tmp_path, tiny_tokenizer, text_file):
+    out = tmp_path / "out"
+    m1 = write_shards([text_file], tiny_tokenizer, out, 16, samples_per_shard=20, progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def docs():
+        yield text_file.read_text()
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        write_shards(docs(), tiny_tokenizer, out, 16, samples_per_shard=20, progress=False)
+    after = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert after == before and load_manifest(out).to_json() == m1.to_json()

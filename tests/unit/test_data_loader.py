@@ -1,0 +1,160 @@
+"""StreamingLoader: order is a pure function of (seed, index); dp/workers/resume never change it."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+
+from data_pipeline import loader as loader_mod
+from data_pipeline.errors import DataError
+
+from .data_fixtures import loader, make_dataset, run_global, sample_ids
+
+UNEVEN = [13, 5, 9, 1, 17, 7, 11]  # 63 samples: epochs end mid-batch (G = 8)
+
+
+@pytest.fixture
+def uneven(tmp_path):
+    make_dataset(tmp_path / "ds", UNEVEN, val_counts=[6, 5])
+    return tmp_path / "ds"
+
+
+def test_order_is_same_for_dp_1_2_4_and_workers(uneven):
+    make = functools.partial(loader, uneven)
+    ref, _ = run_global(make, 1, 20)
+    assert run_global(make, 2, 20)[0] == ref
+    assert run_global(make, 4, 20)[0] == ref
+    with_workers = functools.partial(loader, uneven, num_workers=2)
+    assert run_global(with_workers, 2, 20)[0] == ref
+
+
+def test_order_depends_on_seed_and_epochs_differ(uneven):
+    a, _ = run_global(functools.partial(loader, uneven, seed=1), 1, 16)
+    b, _ = run_global(functools.partial(loader, uneven, seed=2), 1, 16)
+    assert a != b
+    n = sum(UNEVEN)
+    assert a[:n] != a[n:2 * n]  # a new permutation each epoch
+
+
+def test_each_epoch_is_a_permutation_despite_uneven_shards(uneven):
+    n = sum(UNEVEN)
+    ids, _ = run_global(functools.partial(loader, uneven), 2, 3 * n // 8 + 1)
+    for e in range(3):
+        assert sorted(ids[e * n:(e + 1) * n]) == list(range(n))
+
+
+def test_shuffle_mixes_across_shards_and_within_blocks(uneven):
+    ids, _ = run_global(functools.partial(loader, uneven, shuffle_buffer=64), 1, 8)
+    assert ids[:sum(UNEVEN)] != sorted(ids[:sum(UNEVEN)])
+    assert set(ids[:UNEVEN[0]]) != set(range(UNEVEN[0]))  # epoch does not start with shard 0 intact
+
+
+def test_resume_at_dp2_matches_straight_run(uneven):
+    make = functools.partial(loader, uneven)
+    straight, _ = run_global(make, 2, 30)
+    first, state = run_global(make, 2, 11)
+    rest, _ = run_global(make, 2, 19, state=state)
+    assert first + rest == straight
+    assert set(state) >= {"epoch", "consumed_samples", "seed"}
+    assert all(isinstance(v, int) for v in state.values())
+
+
+def test_resume_after_changing_dp_2_to_1(uneven):
+    make = functools.partial(loader, uneven)
+    straight, _ = run_global(make, 2, 30)
+    first, state = run_global(make, 2, 11)
+    rest, _ = run_global(make, 1, 19, state=state)
+    assert first + rest == straight
+
+
+def test_resume_mid_global_batch(uneven):
+    """A state taken between micro-batches (same geometry) also resumes exactly."""
+    ld = loader(uneven, dp_size=1)
+    it = iter(ld)
+    got = [sample_ids(next(it)["tokens"]) for _ in range(7)]  # 7 micro-batches of 4 per batch
+    state = ld.state_dict()
+    ld2 = loader(uneven, dp_size=1)
+    ld2.load_state_dict(state)
+    it2 = iter(ld2)
+    cont = [sample_ids(next(it2)["tokens"]) for _ in range(5)]
+    ref = loader(uneven, dp_size=1)
+    itr = iter(ref)
+    assert got + cont == [sample_ids(next(itr)["tokens"]) for _ in range(12)]
+
+
+def test_mid_batch_state_with_other_dp_is_refused(uneven):
+    ld = loader(uneven, dp_size=1)
+    next(iter(ld))
+    with pytest.raises(DataError, match="middle of a global batch"):
+        loader(uneven, dp_size=2).load_state_dict(ld.state_dict())
+
+
+def test_resume_reads_no_consumed_shard(tmp_path, monkeypatch):
+    counts = [16] * 10
+    make_dataset(tmp_path / "ds", counts)
+    opened = []
+    real = loader_mod._fetch_bytes
+    monkeypatch.setattr(loader_mod, "_fetch_bytes", lambda url: opened.append(url) or real(url))
+    make = functools.partial(loader, tmp_path / "ds", shuffle_buffer=16)
+    straight, _ = run_global(make, 1, 20)  # 160 samples = 1 epoch
+    late_state = {"seed": 3, "consumed_samples": 144, "global_batch_size": 8, "version": 1}
+    opened.clear()
+    rest, _ = run_global(make, 2, 2, state=late_state)
+    assert rest == straight[144:160]
+    assert len(set(opened)) <= 2  # only the shard(s) of the current shuffle block
+
+
+def test_resume_cost_does_not_grow_with_position(tmp_path, monkeypatch):
+    make_dataset(tmp_path / "ds", [16] * 10)
+    opened = []
+    real = loader_mod._fetch_bytes
+    monkeypatch.setattr(loader_mod, "_fetch_bytes", lambda url: opened.append(url) or real(url))
+    sizes = []
+    for consumed in (16, 80, 144):
+        opened.clear()
+        ld = loader(tmp_path / "ds")
+        ld.load_state_dict({"seed": 3, "consumed_samples": consumed})
+        next(iter(ld))
+        sizes.append(len(opened))
+    assert sizes[0] == sizes[1] == sizes[2] <= 2
+
+
+def test_val_split_is_finite_ordered_and_unshuffled(uneven):
+    ld = loader(uneven, split="val", dp_size=1, micro_batch_size=2)
+    ids = [i for b in ld for i in sample_ids(b["tokens"])]
+    assert ids == list(range(63, 63 + 10))  # 11 val samples, tail of 1 dropped
+    assert len(ld) == 5
+    ranks = [[i for b in loader(uneven, split="val", dp_rank=r, dp_size=2) for i in sample_ids(b["tokens"])]
+             for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == 4
+    assert sorted(ranks[0] + ranks[1]) == list(range(63, 71))
+
+
+def test_brace_pattern_and_pipe_urls_without_manifest(uneven):
+    pattern = str(uneven / "syn-train-{000000..000006}.tar")
+    via_manifest, _ = run_global(functools.partial(loader, uneven), 1, 10)
+    via_brace, _ = run_global(functools.partial(loader, pattern), 1, 10)
+    via_pipe, _ = run_global(functools.partial(loader, "pipe:cat " + pattern), 1, 10)
+    assert via_brace == via_manifest == via_pipe
+
+
+def test_batch_geometry_is_checked(uneven):
+    with pytest.raises(DataError, match="not divisible"):
+        loader(uneven, global_batch_size=10, micro_batch_size=4, dp_size=1)
+    with pytest.raises(DataError, match="dp_rank"):
+        loader(uneven, dp_rank=2, dp_size=2)
+
+
+def test_batches_are_long_tensors_of_seq_plus_one(uneven):
+    b = next(iter(loader(uneven, with_index=True)))
+    assert b["tokens"].dtype.is_floating_point is False and str(b["tokens"].dtype) == "torch.int64"
+    assert tuple(b["tokens"].shape) == (2, 9)
+    assert b["index"].tolist() == [0, 1]
+
+
+def test_every_sample_used_once_per_epoch_at_dp4(uneven):
+    ids, _ = run_global(functools.partial(loader, uneven), 4, 63 // 8 * 2, micro_batch_size=1)
+    c = Counter(ids[:63])
+    assert set(c.values()) == {1}
