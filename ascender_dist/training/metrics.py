@@ -33,7 +33,7 @@ class MetricLogger:
         for name, value in values.items():
             if value is None:
                 continue
-            short = name.split("/")[-1]
+            short = name.removeprefix("train/").replace("/", "_")
             parts.append(f"{short} {value:.4g}" if isinstance(value, float) else f"{short} {value}")
         log.info(" | ".join(parts))
 

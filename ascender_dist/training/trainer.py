@@ -129,8 +129,11 @@ class Trainer:
         self.engine.train()
         return _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
 
-    def fit(self) -> list[float]:
+    def fit(self, stop_at: Optional[int] = None) -> list[float]:
+        """Train to ``train.train_steps`` (or stop early at ``stop_at``, e.g. an interrupted job), then save."""
         cfg, t = self.cfg, self.cfg.train
+        last_step = min(t.train_steps, stop_at) if stop_at is not None else t.train_steps
+        saved_at = self.step
         tokens_per_step = t.global_batch_size * cfg.model.seq_length
         batches = iter(self.loader)
         if self.pstate.is_logging_rank:
@@ -138,7 +141,7 @@ class Trainer:
                      cfg.name, cfg.model.architecture, self.step, t.train_steps, self.pstate.world_size,
                      self.pstate.tp_size, self.pstate.pp_size, self.pstate.dp_size,
                      self.derived.gradient_accumulation_steps)
-        while self.step < t.train_steps:
+        while self.step < last_step:
             start = time.perf_counter()
             values = self.train_step(batches)
             self.step += 1
@@ -155,7 +158,8 @@ class Trainer:
                 self.metrics.line(self.step, t.train_steps, values)
             if cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0:
                 self.save()
-        if not cfg.checkpoint.save_interval or self.step % cfg.checkpoint.save_interval:
+                saved_at = self.step
+        if saved_at != self.step:
             self.save()
         self.metrics.close()
         return self.losses
