@@ -1,0 +1,118 @@
+"""Entry point the megatron adapter calls for the TP-local heads of one layer.
+
+    out = ascender_attention(q, k, v, z, h, params, hp, *, step, return_decomposition=False,
+                             impl="auto")
+    out, info = ascender_attention(..., return_decomposition=True)
+
+q, k, v: [b, np, s, hd]; z: [b, np, s, d_z]; h: [b, np, s, d_a] (np = local heads);
+params: AscenderHeadParams for those np heads; hp: AscenderHParams; step: the optimizer step
+(Separation and the aux losses join after their warm-up steps). Returns out [b, np, s, hd].
+
+impl: "reference" (dense, O(s^2), for tests and small-n visualisation), "fast" (chunked,
+O(s * (window + chunk)) memory, any device), "flex" (FlexAttention score_mod, CUDA only) or
+"auto" (flex on CUDA when available, else fast).
+
+Aux losses (section 8, when a weight > 0 and step >= aux_start_step) do not change what is
+returned: their weighted sum is attached to ``out`` so that backward adds its gradient
+(common.AttachAuxLoss; scale with common.set_aux_loss_scale).
+
+info (return_decomposition=True): {"stats": per-head [np] detached tensors for TensorBoard
+(mass_moved_{align,sep,coh,all}: mean over rows of the total-variation distance between the
+attention row with and without that bias / without all biases; omega_{align,sep,coh}; means of
+the gates and of eta), "aux": aux-loss values, "rows": per-row statistics [b, np, s, ...],
+"maps": (reference only) S_base, align, sep, coh, other, S, A as [b, np, s, s]}.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common import AttachAuxLoss
+from .fast import fast_attention
+from .hparams import AscenderHParams
+from .params import ALIGN, COH, SEP, AscenderHeadParams
+from .reference import reference_attention
+
+IMPLS = ("auto", "fast", "reference", "flex")
+
+
+def _pick_impl(impl: str, q: torch.Tensor) -> str:
+    """auto -> flex on CUDA (if this torch has FlexAttention), else the chunked fast path."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS} (got {impl!r})")
+    if impl != "auto":
+        return impl
+    if q.is_cuda:
+        from .flex import flex_available
+
+        if flex_available():
+            return "flex"
+    return "fast"
+
+
+def _touch_unused(out: torch.Tensor, params: AscenderHeadParams, hp, use_sep: bool) -> torch.Tensor:
+    """Give parameters that this step does not use an exact zero gradient (not None), so
+    data-parallel gradient reduction sees every parameter every step."""
+    unused = []
+    if not use_sep:
+        unused += [params.delta, params.kappa]
+    if not hp.use_align and not hp.use_coh and not use_sep:
+        unused.append(params.lambdas)
+    unused = [p for p in unused if isinstance(p, torch.nn.Parameter)]
+    if not unused or not torch.is_grad_enabled():
+        return out
+    return out + 0.0 * sum(p.sum() for p in unused).to(out.dtype)
+
+
+def _summary(result, params: AscenderHeadParams, hp: AscenderHParams) -> dict:
+    """Per-head scalars for logging (all detached)."""
+    stats = {k: v.detach() for k, v in result.stats.items()}
+    omega = params.omega.detach()
+    for name, col in (("align", ALIGN), ("sep", SEP), ("coh", COH)):
+        stats[f"omega_{name}"] = omega[:, col]
+    for key in ("gate_align", "gate_coh", "eta"):
+        if key in result.rows:
+            stats[f"{key}_mean"] = result.rows[key].detach().mean((0, 2))
+    return stats
+
+
+def ascender_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    z: torch.Tensor,
+    h: torch.Tensor,
+    params: AscenderHeadParams,
+    hp: AscenderHParams,
+    *,
+    step: int,
+    return_decomposition: bool = False,
+    impl: str = "auto",
+):
+    """ASCender attention for the local heads: see the module docstring."""
+    use_sep = hp.separation_active(step)
+    with_aux = hp.aux_active(step)
+    kind = _pick_impl(impl, q)
+    if kind == "reference":
+        result = reference_attention(q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux)
+    elif kind == "flex":
+        from .flex import flex_attention_path
+
+        result = flex_attention_path(q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux)
+    else:
+        result = fast_attention(
+            q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux, with_stats=return_decomposition
+        )
+    out = _touch_unused(result.out, params, hp, use_sep)
+    if with_aux and isinstance(result.aux.get("total"), torch.Tensor) and result.aux["total"].requires_grad:
+        out = AttachAuxLoss.apply(out, result.aux["total"])
+    if not return_decomposition:
+        return out
+    info = {
+        "stats": _summary(result, params, hp),
+        "aux": {k_: v_.detach() for k_, v_ in result.aux.items() if isinstance(v_, torch.Tensor)},
+        "rows": result.rows,
+    }
+    if result.maps:
+        info["maps"] = result.maps
+    return out, info
