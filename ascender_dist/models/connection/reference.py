@@ -90,7 +90,7 @@ def reason(h: Tensor, w: dict[str, Tensor], hp: ConnectionHParams) -> tuple[Tens
                 continue
             rows.append(h[j] + update[j])
             steps[j] += 1
-            if float(torch.linalg.vector_norm(update[j])) <= hp.threshold:
+            if float(torch.linalg.vector_norm(update[j].detach())) <= hp.threshold:
                 frozen[j] = True
         h = torch.stack(rows)
         if all(frozen):

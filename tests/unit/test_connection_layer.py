@@ -1,0 +1,212 @@
+"""ConnectionLayer against the slow seed reference: outputs, gradients, stop rule, causality."""
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from ascender_dist.models.connection import ConnectionHParams, ConnectionLayer
+from ascender_dist.models.connection import reference as ref
+
+D = 8
+
+
+def make(dtype=torch.float64, seed=0, **overrides):
+    """A small layer whose token projections are large enough for samples to differ."""
+    kw = dict(num_slots=4, connection="bilinear", rank=3, max_steps=5, threshold=0.5,
+              causal=False, causal_chunk_size=3, init_std=0.4, connection_init_scale=0.6)
+    kw.update(overrides)
+    hp = ConnectionHParams(**kw)
+    torch.manual_seed(seed)
+    return ConnectionLayer(hp, D, dtype=dtype), hp
+
+
+def inputs(s=7, b=2, dtype=torch.float64, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(s, b, D, generator=g, dtype=dtype)
+
+
+def weights(layer):
+    """The layer's own parameters (so reference grads land on them) plus the slots buffer."""
+    return {**dict(layer.named_parameters()), "slots": layer.slots}
+
+
+def ref_steps(steps, hp):
+    """Reference step lists -> tensor shaped like layer.last_stats.steps."""
+    t = torch.tensor(steps)
+    return t.squeeze(-1) if hp.stop_granularity == "sample" else t
+
+
+CONFIGS = list(itertools.product([False, True], ["linear", "bilinear"], ["sample", "slot"], [True, False]))
+
+
+@pytest.mark.parametrize("causal, connection, granularity, normalize", CONFIGS)
+def test_forward_and_grads_equal_reference_float64(causal, connection, granularity, normalize):
+    layer, hp = make(causal=causal, connection=connection, stop_granularity=granularity,
+                     normalize_compression=normalize)
+    x = inputs().requires_grad_()
+    g = torch.randn(7, 2, D, dtype=torch.float64)
+    params = [p for _, p in layer.named_parameters()]
+
+    y = layer(x)
+    grads = torch.autograd.grad((y * g).sum(), params + [x])
+    y_ref, steps = ref.forward(x, weights(layer), hp)
+    grads_ref = torch.autograd.grad((y_ref * g).sum(), params + [x], allow_unused=True)
+
+    assert torch.allclose(y, y_ref, rtol=1e-10, atol=1e-12)
+    assert torch.equal(layer.last_stats.steps, ref_steps(steps, hp))
+    for (name, _), gl, gr in zip(list(layer.named_parameters()) + [("x", x)], grads, grads_ref):
+        gr = torch.zeros_like(gl) if gr is None else gr  # reference never touches src/tgt[i, i]
+        assert torch.allclose(gl, gr, rtol=1e-9, atol=1e-12), name
+
+
+@pytest.mark.parametrize("causal, connection", [(False, "bilinear"), (True, "bilinear"), (True, "linear")])
+def test_forward_and_grads_equal_reference_float32(causal, connection):
+    layer, hp = make(dtype=torch.float32, causal=causal, connection=connection)
+    x = inputs(dtype=torch.float32).requires_grad_()
+    params = [p for _, p in layer.named_parameters()]
+    y = layer(x)
+    grads = torch.autograd.grad(y.square().sum(), params + [x])
+    y_ref, steps = ref.forward(x, weights(layer), hp)
+    grads_ref = torch.autograd.grad(y_ref.square().sum(), params + [x], allow_unused=True)
+    assert torch.allclose(y, y_ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(layer.last_stats.steps, ref_steps(steps, hp))
+    for gl, gr in zip(grads, grads_ref):
+        gr = torch.zeros_like(gl) if gr is None else gr
+        assert float((gl - gr).norm() / gr.norm()) < 2e-5  # fp32 accumulations differ in order
+
+
+def test_bilinear_diagonal_pairs_get_no_gradient():
+    layer, _ = make()
+    layer(inputs()).sum().backward()
+    diag = torch.arange(4)
+    assert layer.src.grad[diag, diag].abs().max() == 0 and layer.tgt.grad[diag, diag].abs().max() == 0
+    assert layer.src.grad.abs().max() > 0
+
+
+# ------------------------------------------------------------------ adaptive stop
+
+
+def scaled_states(m=4, n=4, seed=2):
+    """Slot states whose scale differs per sample; influence is 1-homogeneous, so big ones take longer."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(m, n, D, generator=g, dtype=torch.float64).abs()
+    return h * torch.tensor([0.05, 0.5, 2.0, 8.0], dtype=torch.float64)[:m, None, None]
+
+
+@pytest.mark.parametrize("connection, granularity", list(itertools.product(["linear", "bilinear"], ["sample", "slot"])))
+def test_converged_samples_freeze_while_others_go_on(connection, granularity):
+    layer, hp = make(connection=connection, stop_granularity=granularity, max_steps=8, threshold=0.05,
+                     connection_init_scale=0.08)
+    h = scaled_states()
+    out, steps, iterations = layer.reason(h)
+    w = weights(layer)
+    never_stop = dataclasses.replace(hp, threshold=-1.0)
+    for m in range(h.shape[0]):
+        expected, st = ref.reason(h[m], w, hp)
+        assert torch.allclose(out[m], expected, rtol=1e-12, atol=1e-12)
+        assert steps[m].tolist() == (st[0] if granularity == "sample" else st)
+    assert len(set(steps.flatten().tolist())) > 1, "test needs samples that stop at different steps"
+    assert iterations == int(steps.max()) == 8
+    # freezing is observable: the earliest stopper would have moved had it gone on
+    first = int(steps.flatten(1).max(1).values.argmin()) if granularity == "slot" else int(steps.argmin())
+    assert not torch.allclose(out[first], ref.reason(h[first], w, never_stop)[0])
+
+
+def test_stop_check_interval_changes_iterations_not_results():
+    h = scaled_states(m=3)
+    results = {}
+    for every in (1, 3, 0):
+        layer, _ = make(max_steps=8, threshold=0.3, connection_init_scale=0.05, stop_check_every=every)
+        results[every] = layer.reason(h)
+    (o1, s1, i1), (o3, s3, i3), (o0, s0, i0) = results[1], results[3], results[0]
+    assert torch.equal(o1, o3) and torch.equal(o1, o0)  # frozen samples carried bit-for-bit
+    assert torch.equal(s1, s3) and torch.equal(s1, s0)
+    assert (i1, i3, i0) == (int(s1.max()), 3, 8), (i1, i3, i0)
+
+
+def test_threshold_zero_runs_max_steps():
+    layer, _ = make(max_steps=3, threshold=0.0)
+    _, steps, iterations = layer.reason(scaled_states() + 1.0)
+    assert iterations == 3 and bool((steps == 3).all())
+
+
+def test_stats_scalars_for_logging():
+    layer, _ = make(causal=True)
+    layer(inputs())
+    stats = layer.last_stats
+    assert stats.steps.shape == (2, 3)  # [b, chunks]
+    sc = stats.scalars()
+    assert sc["steps_max"] == float(stats.steps.max()) and 1 <= sc["steps_mean"] <= sc["steps_max"] <= 5
+
+
+# ------------------------------------------------------------------ causality
+
+
+@pytest.mark.parametrize("connection, normalize", [("bilinear", True), ("linear", False)])
+@pytest.mark.parametrize("t", [0, 2, 3, 5, 9])
+def test_no_future_leak_bit_for_bit(connection, normalize, t):
+    layer, _ = make(dtype=torch.float32, causal=True, connection=connection, normalize_compression=normalize)
+    x = inputs(s=11, dtype=torch.float32)
+    x2 = x.clone()
+    x2[t + 1 :] = torch.randn_like(x2[t + 1 :]) * 10  # rewrite the future, including a partial chunk
+    y, y2 = layer(x), layer(x2)
+    assert torch.equal(y[: t + 1], y2[: t + 1])
+    assert not torch.equal(y[t + 1 :], y2[t + 1 :])  # the changed future does matter
+
+
+def test_causal_handles_length_not_multiple_of_chunk_and_chunk_longer_than_sequence():
+    for s, c in [(5, 3), (4, 16)]:
+        layer, hp = make(causal=True, causal_chunk_size=c)
+        x = inputs(s=s)
+        y_ref, _ = ref.forward(x, weights(layer), hp)
+        assert torch.allclose(layer(x), y_ref, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------ compression scale
+
+
+def test_normalised_compression_does_not_grow_with_sequence_length():
+    def slot_activation_norm(layer, s):
+        x = torch.randn(s, 1, D, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+        a = layer.slot_loads(x)[0]  # [s, N]
+        v = x[:, 0] @ layer.w_v_in
+        act = a.T @ v
+        if layer.hp.normalize_compression:
+            act = act / a.sum(0)[:, None]
+        return float(act.detach().norm())
+
+    norm_layer, _ = make(normalize_compression=True)
+    raw_layer, _ = make(normalize_compression=False)
+    raw_ratio = slot_activation_norm(raw_layer, 4096) / slot_activation_norm(raw_layer, 64)
+    norm_ratio = slot_activation_norm(norm_layer, 4096) / slot_activation_norm(norm_layer, 64)
+    assert raw_ratio > 4 and norm_ratio < 1.5, (raw_ratio, norm_ratio)
+
+
+# ------------------------------------------------------------------ interpretability
+
+
+def test_connection_matrix_bilinear_is_pairwise_map_norm():
+    layer, _ = make()
+    m = layer.connection_matrix()
+    for i, j in itertools.product(range(4), range(4)):
+        expected = 0.0 if i == j else float(torch.linalg.matrix_norm(layer.src[i, j].detach() @ layer.tgt[i, j].detach()))
+        assert abs(float(m[i, j]) - expected) < 1e-10
+
+
+def test_connection_matrix_linear_is_c_and_slot_loads_are_distributions():
+    layer, _ = make(connection="linear")
+    assert torch.equal(layer.connection_matrix(), layer.c.detach())
+    loads = layer.slot_loads(inputs())
+    assert loads.shape == (2, 7, 4)
+    assert torch.allclose(loads.sum(-1), torch.ones(2, 7, dtype=torch.float64))
+
+
+def test_layout_is_seq_batch_hidden():
+    layer, _ = make(causal=True)
+    x = inputs(s=7, b=3)
+    y = layer(x)
+    assert y.shape == (7, 3, D)
+    y_b1 = layer(x[:, 1:2])  # samples are independent: the batch axis is dim 1
+    assert torch.allclose(y[:, 1:2], y_b1, rtol=1e-12, atol=1e-12)
