@@ -231,9 +231,12 @@ def _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len: int, dtyp
         if samples_per_shard < 1:
             raise DataError("write_shards", f"samples_per_shard must be >= 1 (got {samples_per_shard})")
         return int(samples_per_shard)
-    max_bytes = shard_max_bytes or DEFAULT_SHARD_MAX_BYTES
-    per_sample = sample_len * dtype.itemsize + 128 + 1024  # npy header + tar header/padding
-    return max(1, int(max_bytes) // per_sample)
+    max_bytes = int(shard_max_bytes or DEFAULT_SHARD_MAX_BYTES)
+    # tar: 512-byte header + data padded to 512 per member; the archive ends with two zero blocks
+    # and is padded to a 10240-byte record. npy adds a 128-byte header. meta.json: one more member.
+    per_sample = 512 + -(-(128 + sample_len * dtype.itemsize) // 512) * 512
+    usable = (max_bytes // tarfile.RECORDSIZE) * tarfile.RECORDSIZE - 1024 - 1024
+    return max(1, usable // per_sample)
 
 
 def val_shard_indices(num_shards: int, val_fraction: float) -> set[int]:
