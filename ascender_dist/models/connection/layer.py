@@ -262,10 +262,10 @@ class ConnectionLayer(nn.Module):
         xc = self.copy_fn(x)
         a = self._compression_weights(xc)  # [b, s, N]
         v = xc @ self.w_v_in  # [b, s, D_l]
-        act = torch.einsum("bsn,bsd->bnd", self.copy_fn(a), v)  # [b, N, D_l]
-        if self.hp.normalize_compression:
+        act = self.gather_fn(torch.einsum("bsn,bsd->bnd", self.copy_fn(a), v))  # [b, N, D]
+        if self.hp.normalize_compression:  # after the gather: the division must see replicated values
             act = act / a.sum(1).clamp_min(self.hp.compression_eps)[..., None]  # / slot load [b, N, 1]
-        state = self.slots + self.gather_fn(act)  # [b, N, D]
+        state = self.slots + act  # [b, N, D]
         reasoned, steps, iters = self.reason(state)
         self.last_stats = ReasoningStats(steps=steps.detach(), iterations=iters)
         rc = self.copy_fn(reasoned)  # [b, N, D]
@@ -285,11 +285,11 @@ class ConnectionLayer(nn.Module):
         a = self._compression_weights(xc).view(b, nch, c, -1)  # [b, nch, c, N]
         v = (xc @ self.w_v_in).view(b, nch, c, -1)  # [b, nch, c, D_l]
         chunk_act = torch.einsum("bkcn,bkcd->bknd", self.copy_fn(a), v)  # [b, nch, N, D_l]
-        prev_act = _exclusive_cumsum(chunk_act, dim=1)  # [b, nch, N, D_l]: tokens of chunks < k
+        prev_act = self.gather_fn(_exclusive_cumsum(chunk_act, dim=1))  # [b, nch, N, D]: chunks < k
         prev_load = _exclusive_cumsum(a.sum(2), dim=1)  # [b, nch, N]
-        if hp.normalize_compression:
+        if hp.normalize_compression:  # after the gather: the division must see replicated values
             prev_act = prev_act / prev_load.clamp_min(hp.compression_eps)[..., None]
-        state = self.slots + self.gather_fn(prev_act)  # [b, nch, N, D]
+        state = self.slots + prev_act  # [b, nch, N, D]
         reasoned, steps, iters = self.reason(state.reshape(b * nch, hp.num_slots, d))  # [b*nch, N, D]
         self.last_stats = ReasoningStats(steps=steps.detach().view(b, nch, *steps.shape[1:]), iterations=iters)
         rc = self.copy_fn(reasoned.view(b, nch, hp.num_slots, d))  # [b, nch, N, D]

@@ -1,0 +1,146 @@
+"""Tensor parallelism contract of ConnectionLayer, simulated with TP=2 ranks as two threads.
+
+Each "rank" is a thread holding a shard layer; reduce/copy/gather are real collectives over a
+barrier (so a rank that took a different number of reasoning steps would hang and the barrier
+times out), with megatron's autograd semantics: reduce = all-reduce fwd / identity bwd, copy =
+identity fwd / all-reduce bwd, gather = all-gather fwd / own slice bwd.
+"""
+
+import threading
+
+import pytest
+import torch
+
+from ascender_dist.models.connection import ConnectionHParams, ConnectionLayer, TP_SHARD_DIM, shard_state_dict
+
+D, TP = 8, 2
+
+
+class Group:
+    """In-process collective group: every rank's tensor, summed/concatenated in rank order."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=30)
+        self.buf = [None] * world
+        self.calls = [0] * world
+
+    def _exchange(self, rank, t):
+        self.calls[rank] += 1
+        self.buf[rank] = t.detach()
+        self.barrier.wait()
+        parts = list(self.buf)
+        self.barrier.wait()  # nobody overwrites buf before everyone has read it
+        return parts
+
+    def all_reduce(self, rank, t):
+        parts = self._exchange(rank, t)
+        out = parts[0].clone()
+        for p in parts[1:]:
+            out = out + p  # same order on every rank -> bit-identical result, like NCCL
+        return out
+
+    def all_gather(self, rank, t):
+        return torch.cat(self._exchange(rank, t), dim=-1)
+
+
+def comm_fns(group: Group, rank: int):
+    class Reduce(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return group.all_reduce(rank, t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    class Copy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return group.all_reduce(rank, g)
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return group.all_gather(rank, t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g.chunk(group.world, dim=-1)[rank].contiguous()
+
+    return dict(reduce_fn=Reduce.apply, copy_fn=Copy.apply, gather_fn=Gather.apply)
+
+
+def run_ranks(full: ConnectionLayer, hp, x, g):
+    """Run TP shard layers in threads; return per-rank (y, grads by name, x.grad, steps)."""
+    group = Group(TP)
+    results, errors = [None] * TP, []
+
+    def rank_main(rank):
+        try:
+            torch.set_num_threads(1)
+            layer = ConnectionLayer(hp, D, tp_size=TP, tp_rank=rank, dtype=x.dtype, **comm_fns(group, rank))
+            layer.load_state_dict(shard_state_dict(full.state_dict(), TP, rank))
+            xr = x.clone().requires_grad_()
+            y = layer(xr)
+            (y * g).sum().backward()
+            grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+            results[rank] = (y.detach(), grads, xr.grad.clone(), layer.last_stats.steps.clone())
+        except BaseException as e:  # noqa: BLE001 - surface thread failures in the test
+            errors.append(e)
+            group.barrier.abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(TP)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert group.calls[0] == group.calls[1] > 0
+    return results
+
+
+@pytest.mark.parametrize(
+    "causal, connection, granularity",
+    [(False, "bilinear", "sample"), (True, "bilinear", "sample"), (True, "bilinear", "slot"), (True, "linear", "sample")],
+)
+def test_tp2_shards_match_unsharded_layer(causal, connection, granularity):
+    hp = ConnectionHParams(num_slots=4, connection=connection, rank=4, max_steps=6, threshold=0.2,
+                           stop_granularity=granularity, causal=causal, causal_chunk_size=3,
+                           init_std=0.4, connection_init_scale=0.05)
+    torch.manual_seed(0)
+    full = ConnectionLayer(hp, D, dtype=torch.float64)
+    x = torch.randn(7, 2, D, dtype=torch.float64) * torch.tensor([0.1, 3.0], dtype=torch.float64)[None, :, None]
+    g = torch.randn(7, 2, D, dtype=torch.float64)
+    xf = x.clone().requires_grad_()
+    y_full = full(xf)
+    (y_full * g).sum().backward()
+    full_grads = {n: p.grad for n, p in full.named_parameters()}
+
+    ranks = run_ranks(full, hp, x, g)
+
+    for rank, (y, grads, x_grad, steps) in enumerate(ranks):
+        assert torch.equal(y, ranks[0][0]), "TP ranks must produce bit-identical outputs"
+        assert torch.allclose(y, y_full, rtol=1e-10, atol=1e-12)
+        assert torch.equal(steps, full.last_stats.steps)
+        assert torch.allclose(x_grad, xf.grad, rtol=1e-9, atol=1e-12)
+        for name, gr in grads.items():
+            dim = TP_SHARD_DIM[name]
+            expected = full_grads[name] if dim is None else full_grads[name].chunk(TP, dim)[rank]
+            assert torch.allclose(gr, expected, rtol=1e-9, atol=1e-12), (rank, name)
+    if granularity == "sample" and causal:
+        assert len(set(full.last_stats.steps.flatten().tolist())) > 1  # stop masks were exercised
+
+
+def test_sharded_layer_has_local_shapes_and_requires_comm():
+    hp = ConnectionHParams(num_slots=3, rank=4)
+    layer = ConnectionLayer(hp, D, tp_size=2, tp_rank=1, reduce_fn=lambda t: t, copy_fn=lambda t: t,
+                            gather_fn=lambda t: t)
+    assert layer.w_q_in.shape == (D, D // 2) and layer.w_v_out.shape == (D // 2, D)
+    assert layer.src.shape == (3, 3, D, 2) and layer.tgt.shape == (3, 3, 2, D)
+    with pytest.raises(ValueError, match="needs reduce_fn"):
+        ConnectionLayer(hp, D, tp_size=2, tp_rank=0)
