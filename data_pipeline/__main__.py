@@ -1,0 +1,7 @@
+"""``python -m data_pipeline ...`` runs the ``data-pipeline`` command line."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,225 @@
+"""``data-pipeline`` command line: build-corpus, train-tokenizer, shard, inspect.
+
+Every data problem ends as one ``error: <file>: <problem>`` line on stderr and exit status 2,
+never as a traceback. Long steps show tqdm progress bars (``--quiet`` turns them off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import DataError
+
+_TOKENIZER_KEYS = {"vocab_size": int, "model_type": str, "pad_vocab_to_multiple_of": int,
+                   "user_defined_symbols": list, "input_sentence_size": int}
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The argument parser with one sub-parser per step of the pipeline."""
+    p = argparse.ArgumentParser(prog="data-pipeline", description=__doc__.splitlines()[0])
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("build-corpus", help="write the no-download default corpus (stdlib sources + docs) as JSONL")
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--max-bytes", type=int, default=6_000_000)
+
+    t = sub.add_parser("train-tokenizer", help="train a sentencepiece tokenizer")
+    t.add_argument("--input", type=Path, nargs="+", required=True, help=".txt / .jsonl / .tar inputs")
+    t.add_argument("--out-prefix", type=Path, required=True, help="writes PREFIX.model, .vocab, .json")
+    t.add_argument("--config", type=Path, help="YAML with vocab_size, model_type, pad_vocab_to_multiple_of, "
+                                                "user_defined_symbols, input_sentence_size (flags win)")
+    t.add_argument("--vocab-size", type=int)
+    t.add_argument("--model-type", choices=["bpe", "unigram", "char", "word"])
+    t.add_argument("--special-token", dest="user_defined_symbols", action="append",
+                   help="user-defined symbol kept as one piece (repeatable)")
+    t.add_argument("--pad-multiple", dest="pad_vocab_to_multiple_of", type=int)
+    t.add_argument("--input-sentence-size", type=int)
+
+    s = sub.add_parser("shard", help="tokenize, pack and write webdataset shards + manifest.json")
+    s.add_argument("--input", type=Path, nargs="+", required=True, help=".txt / .jsonl / .tar inputs")
+    s.add_argument("--tokenizer", type=Path, required=True, help="the .model file")
+    s.add_argument("--out-dir", type=Path, required=True)
+    s.add_argument("--seq-length", type=int, required=True)
+    s.add_argument("--samples-per-shard", type=int)
+    s.add_argument("--shard-max-bytes", type=int)
+    s.add_argument("--val-fraction", type=float, default=0.05)
+    s.add_argument("--prefix", default="shard")
+    s.add_argument("--pad-multiple", type=int, help="override the tokenizer sidecar's padding multiple")
+
+    i = sub.add_parser("inspect", help="counts, token histogram and a decoded sample of a sharded dataset")
+    i.add_argument("dataset", type=Path, help="manifest.json or its directory")
+    i.add_argument("--tokenizer", type=Path, help="the .model file (decodes pieces and the sample)")
+    i.add_argument("--split", default="train", choices=["train", "val"])
+    i.add_argument("--sample", type=int, default=0, help="which sample of the split to decode")
+    i.add_argument("--top", type=int, default=20, help="most frequent ids to list")
+    i.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def _tokenizer_settings(args) -> dict:
+    """Tokenizer settings from the YAML file, then overridden by any flag given."""
+    settings: dict = {}
+    if args.config is not None:
+        settings.update(_read_yaml(args.config))
+    for key in _TOKENIZER_KEYS:
+        value = getattr(args, key, None)
+        if value is not None:
+            settings[key] = value
+    if "vocab_size" not in settings:
+        raise DataError("train-tokenizer", "vocab_size is required (--vocab-size or in --config)")
+    return settings
+
+
+def _read_yaml(path: Path) -> dict:
+    """Known keys of a YAML settings file, type-checked (PyYAML reads ``1e3`` as a string, so coerce)."""
+    import yaml
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise DataError(str(path), f"unreadable YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise DataError(str(path), "expected a mapping of tokenizer settings")
+    raw = raw.get("tokenizer", raw)
+    unknown = set(raw) - set(_TOKENIZER_KEYS) - {"special_tokens"}
+    if unknown:
+        raise DataError(str(path), f"unknown keys {sorted(unknown)} (known: {sorted(_TOKENIZER_KEYS)})")
+    if "special_tokens" in raw:
+        raw["user_defined_symbols"] = raw.pop("special_tokens")
+    out = {}
+    for key, value in raw.items():
+        kind = _TOKENIZER_KEYS[key]
+        try:
+            if kind is list:
+                out[key] = [str(value)] if isinstance(value, str) else [str(v) for v in value]
+            elif kind is int:
+                number = float(value)
+                if not number.is_integer():
+                    raise ValueError(value)
+                out[key] = int(number)
+            else:
+                out[key] = kind(value)
+        except (TypeError, ValueError):
+            raise DataError(f"{path}:{key}", f"expected {kind.__name__} (got {value!r})") from None
+    return out
+
+
+def _cmd_build_corpus(args) -> int:
+    from .corpus import build_default_corpus
+    path = build_default_corpus(args.out, args.max_bytes, progress=not args.quiet)
+    n = sum(1 for _ in open(path, "rb"))
+    print(f"wrote {path} ({n} documents, {path.stat().st_size:,} bytes)")
+    return 0
+
+
+def _cmd_train_tokenizer(args) -> int:
+    from .tokenizer import Tokenizer, train_tokenizer
+    model = train_tokenizer(args.input, args.out_prefix, progress=not args.quiet, **_tokenizer_settings(args))
+    tok = Tokenizer.load(model)
+    print(f"wrote {model} (vocab {tok.vocab_size}, padded {tok.padded_vocab_size}, sha256 {tok.sha256[:12]}...)")
+    return 0
+
+
+def _cmd_shard(args) -> int:
+    from .shards import write_shards
+    from .tokenizer import Tokenizer
+    tok = Tokenizer.load(args.tokenizer, args.pad_multiple)
+    m = write_shards(list(args.input), tok, args.out_dir, args.seq_length, samples_per_shard=args.samples_per_shard,
+                     shard_max_bytes=args.shard_max_bytes, val_fraction=args.val_fraction, prefix=args.prefix,
+                     progress=not args.quiet)
+    for split in ("train", "val"):
+        shards = m.split_shards(split)
+        print(f"{split}: {len(shards)} shards, {m.num_samples(split):,} samples, "
+              f"{sum(s.num_tokens for s in shards):,} tokens")
+    print(f"wrote {m.path}")
+    return 0
+
+
+def _cmd_inspect(args) -> int:
+    summary = inspect_dataset(args.dataset, tokenizer=args.tokenizer, split=args.split, sample=args.sample,
+                              top=args.top, progress=not args.quiet)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"dataset {summary['manifest']}  seq_length {summary['seq_length']}  vocab {summary['vocab_size']} "
+          f"(padded {summary['padded_vocab_size']})  tokenizer {summary['tokenizer_sha256'][:12]}...")
+    for split, c in summary["splits"].items():
+        print(f"  {split}: {c['shards']} shards, {c['samples']:,} samples, {c['tokens']:,} tokens")
+    print(f"  documents {summary['num_documents']:,}, dropped tail tokens {summary['dropped_tokens']}")
+    print(f"top {len(summary['top_tokens'])} token ids in {args.split} ({summary['histogram_tokens']:,} tokens):")
+    for row in summary["top_tokens"]:
+        print(f"  {row['id']:>7} {row['count']:>10,} {row['fraction']:7.2%}  {row.get('piece', '')!r}")
+    print(f"sample {args.sample} of {args.split}:")
+    print(summary.get("sample_text", summary["sample_ids"]))
+    return 0
+
+
+def inspect_dataset(dataset: Path, tokenizer: Path | None = None, split: str = "train", sample: int = 0,
+                    top: int = 20, progress: bool = True) -> dict:
+    """Counts per split, a histogram of token ids over ``split`` and one decoded sample, as a dict."""
+    from tqdm import tqdm
+
+    from .loader import ShardChecks, ShardSpec, read_shard
+    from .shards import load_manifest
+    from .tokenizer import Tokenizer
+    m = load_manifest(dataset)
+    tok = Tokenizer.load(tokenizer) if tokenizer else None
+    if tok is not None and tok.sha256 != m.tokenizer_sha256:
+        raise DataError(str(tokenizer), f"tokenizer mismatch: dataset made with {m.tokenizer_sha256[:12]}...")
+    shards = m.split_shards(split)
+    if not shards:
+        raise DataError(str(m.path), f'no "{split}" shards')
+    if not 0 <= sample < m.num_samples(split):
+        raise DataError(str(m.path), f"sample {sample} out of range [0, {m.num_samples(split)})")
+    checks = ShardChecks(m.seq_length, m.tokenizer_sha256, m.vocab_size)
+    hist = np.zeros(m.padded_vocab_size, dtype=np.int64)
+    seen, sample_ids = 0, None
+    for s in tqdm(shards, desc=f"inspect {split}", unit="shard", disable=not progress):
+        arr = read_shard(ShardSpec(m.shard_url(s), s.num_samples, s.sha256, s.bytes), checks)
+        hist += np.bincount(arr.reshape(-1), minlength=len(hist))[: len(hist)]
+        if sample_ids is None and sample < seen + len(arr):
+            sample_ids = arr[sample - seen].tolist()
+        seen += len(arr)
+    total = int(hist.sum())
+    order = np.argsort(-hist, kind="stable")[:top]
+    top_rows = [{"id": int(i), "count": int(hist[i]), "fraction": float(hist[i] / max(total, 1))}
+                for i in order if hist[i] > 0]
+    if tok is not None:
+        for row in top_rows:
+            row["piece"] = tok.sp.id_to_piece(row["id"])
+    summary = {
+        "manifest": str(m.path), "seq_length": m.seq_length, "vocab_size": m.vocab_size,
+        "padded_vocab_size": m.padded_vocab_size, "tokenizer_sha256": m.tokenizer_sha256,
+        "num_documents": m.num_documents, "dropped_tokens": m.dropped_tokens,
+        "splits": {sp: {"shards": len(m.split_shards(sp)), "samples": m.num_samples(sp),
+                        "tokens": sum(x.num_tokens for x in m.split_shards(sp))} for sp in ("train", "val")},
+        "histogram_tokens": total, "distinct_ids": int((hist > 0).sum()), "top_tokens": top_rows,
+        "sample_ids": sample_ids,
+    }
+    if tok is not None:
+        summary["sample_text"] = tok.decode(sample_ids)
+    return summary
+
+
+_COMMANDS = {"build-corpus": _cmd_build_corpus, "train-tokenizer": _cmd_train_tokenizer,
+             "shard": _cmd_shard, "inspect": _cmd_inspect}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point (``data-pipeline`` / ``python -m data_pipeline``); returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

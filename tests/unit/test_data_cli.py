@@ -1,0 +1,56 @@
+"""The data-pipeline command line end to end on tiny inputs, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from data_pipeline.cli import main
+from data_pipeline.shards import load_manifest
+from data_pipeline.tokenizer import Tokenizer
+
+from .data_fixtures import text_file  # noqa: F401
+
+
+def test_full_pipeline_through_cli(tmp_path, text_file, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    assert main(["--quiet", "build-corpus", "--out", str(corpus), "--max-bytes", "60000"]) == 0
+    cfg = tmp_path / "tok.yaml"
+    cfg.write_text("vocab_size: 4.5e2\nmodel_type: bpe\nspecial_tokens: ['<|im_start|>']\npad_vocab_to_multiple_of: 64\n")
+    assert main(["--quiet", "train-tokenizer", "--input", str(corpus), str(text_file), "--out-prefix",
+                 str(tmp_path / "tok"), "--config", str(cfg), "--vocab-size", "420"]) == 0
+    tok = Tokenizer.load(tmp_path / "tok.model")
+    assert (tok.vocab_size, tok.padded_vocab_size) == (420, 448)  # flag beats YAML, YAML pad multiple kept
+    assert tok.sp.piece_to_id("<|im_start|>") > 3
+    assert main(["--quiet", "shard", "--input", str(corpus), "--tokenizer", str(tmp_path / "tok.model"),
+                 "--out-dir", str(tmp_path / "ds"), "--seq-length", "32", "--samples-per-shard", "50",
+                 "--val-fraction", "0.2"]) == 0
+    m = load_manifest(tmp_path / "ds")
+    assert m.tokenizer_sha256 == tok.sha256 and m.num_samples("val") > 0
+    capsys.readouterr()
+    assert main(["--quiet", "inspect", str(tmp_path / "ds"), "--tokenizer", str(tmp_path / "tok.model"),
+                 "--json", "--sample", "3", "--top", "5"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["splits"]["train"]["samples"] == m.num_samples("train")
+    assert len(summary["top_tokens"]) == 5 and len(summary["sample_ids"]) == 33
+    assert isinstance(summary["sample_text"], str) and summary["sample_text"]
+    assert main(["--quiet", "inspect", str(tmp_path / "ds")]) == 0
+    assert "sample 0 of train" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xff\xfe not utf8")
+    assert main(["--quiet", "train-tokenizer", "--input", str(bad), "--out-prefix", str(tmp_path / "t"),
+                 "--vocab-size", "300"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "bad.txt" in err and "UTF-8" in err and "\n" not in err
+    assert main(["inspect", str(tmp_path / "nowhere")]) == 2
+    assert "manifest not found" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point():
+    out = subprocess.run([sys.executable, "-m", "data_pipeline", "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "build-corpus" in out.stdout and "inspect" in out.stdout
