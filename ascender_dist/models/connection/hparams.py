@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ascender_dist.config.errors import ConfigError
-
 CONNECTION_TYPES = ("linear", "bilinear")
 STOP_GRANULARITIES = ("sample", "slot")
 SLOT_INITS = ("orthogonal",)
@@ -61,6 +59,9 @@ class ConnectionHParams:
 
     def validate(self, prefix: str, hidden_size: int, tensor_parallel_size: int = 1) -> None:
         """Raise ConfigError naming ``{prefix}.field`` for the first inconsistent value."""
+        # Imported here: the config schema imports this module, and a top-level import of the
+        # config package from here would close an import cycle when this package loads first.
+        from ascender_dist.config.errors import ConfigError
 
         def fail(field: str, message: str) -> None:
             raise ConfigError(f"{prefix}.{field}" if prefix else field, message)

@@ -202,17 +202,35 @@ class ConnectionLayer(nn.Module):
         scores = self.reduce_fn(q @ k.T)  # [b, s, N], summed over the hidden shards
         return _softmax(scores / math.sqrt(self.hidden_size))
 
-    def _masked_src(self) -> Tensor:
-        """src with the i == j pairs zeroed, so no slot influences itself (and diag grads are 0)."""
-        return self.src * self.offdiag[:, :, None, None]  # [N, N, D, r_l]
+    def _bilinear_operands(self) -> tuple[Tensor, Tensor]:
+        """Stacked pair weights laid out once per forward for two batched matmuls per step.
 
-    def _influence(self, h: Tensor, src: Optional[Tensor]) -> Tensor:
-        """Influence [m, N, D] of all slots on all slots, identical on every TP rank."""
+        src with the i == j pairs zeroed (no slot influences itself; diagonal grads are 0), as
+        [N_src, D, N_tgt * r_l]; tgt as [N_tgt, N_src * r_l, D]. Doing the permutes here rather than
+        inside each step's einsum saves two weight-sized copies per step.
+        """
+        n, d, rl = self.hp.num_slots, self.hidden_size, self.src.shape[-1]
+        src = self.src * self.offdiag[:, :, None, None]  # [i, j, D, r_l]
+        src = src.permute(0, 2, 1, 3).reshape(n, d, n * rl)  # [i, D, (j r_l)]
+        tgt = self.tgt.permute(1, 0, 2, 3).reshape(n, n * rl, d)  # [j, (i r_l), D]
+        return src, tgt
+
+    def _influence(self, h: Tensor, operands: Optional[tuple[Tensor, Tensor]]) -> Tensor:
+        """Influence [m, N, D] of all slots on all slots, identical on every TP rank.
+
+        linear:   einsum('ij,mid->mjd', C, h)
+        bilinear: einsum('mid,ijdk,ijke->mje', h, src * offdiag, tgt), as two bmm batched over the
+        source slot i and then the target slot j; partial over r_l under TP, summed by reduce_fn.
+        """
         if self.hp.connection == "linear":
             return torch.einsum("ij,mid->mjd", self.c, h)  # sum over source slots i
+        src, tgt = operands
+        m, n, d = h.shape
+        rl = src.shape[-1] // n
         h = self.copy_fn(h)
-        temp = torch.einsum("mid,ijdk->mijk", h, src)  # [m, N_src, N_tgt, r_l]
-        partial = torch.einsum("mijk,ijke->mje", temp, self.tgt)  # [m, N_tgt, D], partial over r
+        temp = torch.bmm(h.transpose(0, 1), src)  # [i, m, (j r_l)]
+        temp = temp.view(n, m, n, rl).permute(2, 1, 0, 3).reshape(n, m, n * rl)  # [j, m, (i r_l)]
+        partial = torch.bmm(temp, tgt).transpose(0, 1)  # [m, j, D], partial over r
         return self.reduce_fn(partial)
 
     def reason(self, state: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -228,12 +246,12 @@ class ConnectionLayer(nn.Module):
         per_slot = hp.stop_granularity == "slot"
         active = torch.ones(state.shape[:2] if per_slot else state.shape[:1], dtype=torch.bool, device=state.device)
         steps = torch.zeros(active.shape, dtype=torch.int32, device=state.device)
-        src = self._masked_src() if hp.connection == "bilinear" else None
+        operands = self._bilinear_operands() if hp.connection == "bilinear" else None
         every, iterations = hp.stop_check_every, 0
         for step in range(hp.max_steps):
             if step > 0 and every > 0 and step % every == 0 and not bool(active.any()):
                 break  # host sync: identical on all TP ranks, since `active` is post-reduce
-            update = torch.relu(self._influence(state, src))  # [m, N, D]
+            update = torch.relu(self._influence(state, operands))  # [m, N, D]
             keep = active[:, :, None] if per_slot else active[:, None, None]
             state = torch.where(keep, state + update, state)
             steps = steps + active.to(steps.dtype)
