@@ -34,6 +34,9 @@ def register_architecture_presets(architecture: str, table: dict[str, dict]) -> 
 
 def preset_model_fields(preset: str, architecture: str, path: str = "model.preset") -> dict:
     """Model fields a preset sets for an architecture (the YAML's own fields are merged over these)."""
+    from ascender_dist.models.registry import get_architecture
+
+    get_architecture(architecture)  # loads every architecture's presets; unknown name -> ConfigError
     if preset not in MODEL_PRESETS:
         raise ConfigError(path, f"unknown preset {preset!r}; known: {', '.join(MODEL_PRESETS)}")
     if architecture not in ARCHITECTURE_PRESETS:

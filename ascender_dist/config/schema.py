@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from ascender_dist.models.ascender.hparams import AscenderHParams
+from ascender_dist.models.connection.hparams import ConnectionHParams
+
 Architecture = Literal["gpt", "ascender", "connection"]
 
 
@@ -37,6 +40,9 @@ class ModelConfig:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     layernorm_epsilon: float = 1e-5
+    # architecture-specific hyperparameters (read only by that architecture)
+    ascender: AscenderHParams = field(default_factory=AscenderHParams)
+    connection: ConnectionHParams = field(default_factory=ConnectionHParams)
 
 
 @dataclass

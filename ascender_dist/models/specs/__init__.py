@@ -1,3 +1,4 @@
-"""megatron-core wiring for each architecture (the model math itself lives in pure-torch modules)."""
+"""Registry entries of every architecture. The megatron wiring modules they point to
+(``specs/ascender.py``, ...) are imported only when a model is built."""
 
-from ascender_dist.models.specs import gpt  # noqa: F401
+from ascender_dist.models.specs import ascender_arch, gpt  # noqa: F401
