@@ -35,7 +35,7 @@ from torch.utils.checkpoint import checkpoint
 from .common import row_scale, safe_sqrt, total_variation, variance_denominator
 from .hparams import AscenderHParams
 from .params import ALIGN, COH, SEP, AscenderHeadParams
-from .reference import AscenderResult
+from .reference import AscenderResult, mass_moved
 
 NEG_INF = float("-inf")
 
@@ -279,15 +279,15 @@ def _sep_tile(call: _Call, c0, c1, L, t, d2, vis, count, denom, rows):
     return t["omega"][:, SEP].view(1, -1, 1, 1) * s[..., None] * dev, phi
 
 
-def _chunk(call: _Call, c0: int, c1: int, t: dict):
-    """Output rows [c0, c1) ([b, np, C, hd]), their row statistics, and (with_stats) the
-    per-head sums over rows of the mass each bias moves."""
+def _chunk_queries(call: _Call, c0: int, c1: int, t: dict):
+    """Everything of query rows [c0, c1) except the attention itself: the folded queries
+    q_aug [b, np, C, e], the finite additive tile bias (Separation + other) [b, np, C, L] and
+    the visibility [C, L], row statistics, and the explicit bias tiles when stats are wanted."""
     hp, dev_ = call.hp, t["q"].device
     L = c1 if hp.causal else call.n  # keys this chunk can see
     vis = tile_visibility(c0, c1, L, hp.causal, dev_)  # [C, L]
     count = vis.sum(-1).to(t["q"].dtype)  # [C]
     denom = variance_denominator(count, hp)
-    tau = t["tau"].view(1, -1, 1, 1)
     rows, terms = {}, {}
     q_c = t["q"][..., c0:c1, :]
     parts = [q_c / math.sqrt(call.hd)]
@@ -298,18 +298,26 @@ def _chunk(call: _Call, c0: int, c1: int, t: dict):
     if hp.use_coh:
         parts.append(_coh_part(call, c0, c1, L, t, d2, vis, count, denom, terms, rows))
     bias = torch.zeros(vis.shape, dtype=q_c.dtype, device=dev_)  # finite; masked after / tau
-    other = None
     if call.use_sep:
-        sep, phi = _sep_tile(call, c0, c1, L, t, d2, vis, count, denom, rows)
-        bias = bias + sep
-        terms["sep"] = sep
+        terms["sep"], rows["phi"] = _sep_tile(call, c0, c1, L, t, d2, vis, count, denom, rows)
+        bias = bias + terms["sep"]
     if hp.other_bias == "alibi":
         dist = (torch.arange(c0, c1, device=dev_)[:, None] - torch.arange(L, device=dev_)).abs()
-        other = -t["slope"].view(1, -1, 1, 1) * dist.to(q_c.dtype)  # [1, np, C, L]
-        bias = bias + other
-    q_aug = torch.cat(parts, -1) / tau  # [b, np, C, hd + extra]
+        terms["other"] = -t["slope"].view(1, -1, 1, 1) * dist.to(q_c.dtype)  # [1, np, C, L]
+        bias = bias + terms["other"]
+    q_aug = torch.cat(parts, -1) / t["tau"].view(1, -1, 1, 1)  # [b, np, C, hd + extra]
+    return q_aug, bias, vis, rows, terms
+
+
+def _chunk(call: _Call, c0: int, c1: int, t: dict):
+    """Output rows [c0, c1) ([b, np, C, hd]), their row statistics, and (with_stats) the
+    per-head sums over rows of the mass each bias moves."""
+    q_aug, bias, vis, rows, terms = _chunk_queries(call, c0, c1, t)
+    L = vis.shape[-1]
+    tau = t["tau"].view(1, -1, 1, 1)
     ka, va = t["k_aug"][..., :L, :], t["v_aug"][..., :L, :]
     mask = (bias / tau).masked_fill(~vis, NEG_INF)  # -inf only after the division: no inf * 0
+    phi = rows.pop("phi", None)
     if call.want_lsep:  # the crowding loss needs the attention probabilities themselves
         A = torch.softmax(q_aug @ ka.transpose(-1, -2) + mask, -1)  # [b, np, C, L]
         out = A @ va
@@ -322,17 +330,14 @@ def _chunk(call: _Call, c0: int, c1: int, t: dict):
     moved = {}
     if call.with_stats:
         with torch.no_grad():
+            q_c = t["q"][..., c0:c1, :]
             S = q_c @ t["k_aug"][..., :L, : call.hd].transpose(-1, -2) / math.sqrt(call.hd)
-            S = S + sum(terms.values()) + (other if other is not None else 0)
-            moved = {k_: v_ * (c1 - c0) for k_, v_ in _mass_moved(S, terms, vis, tau).items()}
+            S = S + sum(terms.values())
+            other = terms.pop("other", None)
+            moved = mass_moved(S, {k_: v_.detach() for k_, v_ in terms.items()}, vis, tau)
+            moved = {k_: v_ * (c1 - c0) for k_, v_ in moved.items()}
+            del other
     return out[..., : call.hd], rows, moved
-
-
-def _mass_moved(S, terms, vis, tau):
-    """Shared statistic (reference.mass_moved), imported late to keep the module graph flat."""
-    from .reference import mass_moved
-
-    return mass_moved(S, {k: v.detach() for k, v in terms.items()}, vis, tau)
 
 
 def _needs_checkpoint(tensors: dict) -> bool:
@@ -341,12 +346,11 @@ def _needs_checkpoint(tensors: dict) -> bool:
     )
 
 
-def fast_attention(
-    q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
-    with_aux: bool = False, with_stats: bool = False,
-) -> AscenderResult:  # fmt: skip
-    """ASCender attention in O(s * (window + chunk)) memory. Same result as reference_attention
-    (out [b, np, s, hd]; rows: per-row statistics; stats: per-head mass moved; aux losses), no maps."""
+def prepare(q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
+            with_aux: bool, with_stats: bool):  # fmt: skip
+    """Whole-sequence O(s) work: neighbours, headings, gates, moment states, k_aug / v_aug.
+
+    Returns (call, t, chunks, rows) where t holds the tensors every chunk reads."""
     b, nh, n, hd = q.shape
     chunks = chunk_bounds(n, b * nh, hp)
     call = _Call(hp, n, hd, use_sep, with_aux, with_stats)
@@ -356,7 +360,7 @@ def fast_attention(
     rows = {"neighbour_idx": idx, "neighbour_valid": valid}
     t = dict(q=q, z=z, hhat=hhat, khat=khat, omega=params.omega, lambdas=params.lambdas,
              delta=params.delta, kappa=params.kappa, tau=params.tau_score, slope=params.alibi_slope)  # fmt: skip
-    k_parts, u = [k], None
+    k_parts = [k]
     if hp.use_align:
         u, spread, _ = headings(khat, idx, valid, hp)  # [b, np, s, hd], [b, np, s]
         t["u"], t["gate_a"] = u, torch.sigmoid(-hp.alpha_align * spread)
@@ -370,25 +374,50 @@ def fast_attention(
         k_parts.append(zy)
     t["k_aug"] = torch.cat(k_parts, -1)  # [b, np, s, hd (+ hd) (+ dz + 1)]
     t["v_aug"] = torch.cat([v, z, (z * z).sum(-1, keepdim=True)], -1) if call.want_lcoh else v
-    outs, chunk_rows, moved = [], [], {}
+    return call, t, chunks, rows
+
+
+def run_chunks(fn, call: _Call, t: dict, chunks):
+    """Apply fn(call, c0, c1, t) to every chunk, under checkpointing when gradients flow, so
+    backward recomputes one chunk's tiles at a time instead of keeping all of them."""
+    results = []
     for ci, (c0, c1) in enumerate(chunks):
-        if hp.use_align:
+        if call.align_moments is not None:
             t["align_state"] = call.align_moments.state(ci)
-        if hp.use_coh:
+        if call.coh_moments is not None:
             t["coh_state"] = call.coh_moments.state(ci)
         if _needs_checkpoint(t):
-            out_c, rows_c, moved_c = checkpoint(_chunk, call, c0, c1, dict(t), use_reentrant=False)
+            results.append(checkpoint(fn, call, c0, c1, dict(t), use_reentrant=False))
         else:
-            out_c, rows_c, moved_c = _chunk(call, c0, c1, dict(t))
-        outs.append(out_c)
-        chunk_rows.append(rows_c)
-        for key, val in moved_c.items():
-            moved[key] = moved.get(key, 0) + val
-    out = torch.cat(outs, -2)  # [b, np, s, hd]
+            results.append(fn(call, c0, c1, dict(t)))
+    return results
+
+
+def merge_rows(rows: dict, chunk_rows: list[dict]) -> dict:
+    """Concatenate per-chunk row statistics along the sequence dim."""
     for key in chunk_rows[0]:
         rows[key] = torch.cat([r[key] for r in chunk_rows], dim=2)
-    stats = {key: val / n for key, val in moved.items()}
-    aux = _aux(rows, u, idx, valid, hp, call) if with_aux else {}
+    return rows
+
+
+def fast_attention(
+    q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
+    with_aux: bool = False, with_stats: bool = False,
+) -> AscenderResult:  # fmt: skip
+    """ASCender attention in O(s * (window + chunk)) memory. Same result as reference_attention
+    (out [b, np, s, hd]; rows: per-row statistics; stats: per-head mass moved; aux losses), no maps."""
+    n = q.shape[-2]
+    call, t, chunks, rows = prepare(
+        q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux, with_stats=with_stats
+    )
+    results = run_chunks(_chunk, call, t, chunks)
+    out = torch.cat([r[0] for r in results], -2)  # [b, np, s, hd]
+    rows = merge_rows(rows, [r[1] for r in results])
+    stats = {}
+    for _, _, moved in results:
+        for key, val in moved.items():
+            stats[key] = stats.get(key, 0) + val / n
+    aux = _aux(rows, t.get("u"), rows["neighbour_idx"], rows["neighbour_valid"], hp, call) if with_aux else {}
     return AscenderResult(out=out, rows=rows, stats=stats, aux=aux)
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ascender_dist.config.errors import ConfigError
-
 KERNEL_TAU_FORMS = ("tau", "tau2")
 STD_FORMS = ("population", "sample")
 OTHER_BIASES = ("none", "alibi")
@@ -90,6 +88,8 @@ class AscenderHParams:
 
     def validate(self, prefix: str, head_dim: int) -> None:
         """Raise ConfigError naming the first inconsistent field (``f"{prefix}.field"``)."""
+        # imported here: ascender_dist.config imports this module to build its schema
+        from ascender_dist.config.errors import ConfigError
 
         def fail(name: str, msg: str) -> None:
             raise ConfigError(f"{prefix}.{name}" if prefix else name, msg)

@@ -1,0 +1,225 @@
+"""The chunked fast path against the dense reference: forward, every gradient, statistics and
+aux losses; plain attention at omega = 0; no future leak; no n x n tensor; the entry point."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ascender_dist.models.ascender import (
+    AscenderHeadParams,
+    AscenderHParams,
+    ascender_attention,
+    fast_attention,
+    reference_attention,
+)
+
+torch.set_num_threads(1)
+F64, F32 = torch.float64, torch.float32
+
+
+def make_inputs(b=2, nh=2, n=37, hd=8, dz=4, da=5, dtype=F64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, nh, n, d, generator=g, dtype=dtype).requires_grad_() for d in (hd, hd, hd, dz, da)]
+
+
+def make_params(hp, nh, dtype=F64, seed=1):
+    p = AscenderHeadParams(hp, nh).to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        p.omega.copy_(0.3 + torch.rand(nh, 3, generator=g, dtype=dtype))
+        p.lambdas.copy_(0.5 + torch.rand(nh, 3, generator=g, dtype=dtype))
+        p.delta.copy_(0.1 * torch.rand(nh, generator=g, dtype=dtype))
+        p.kappa.copy_(1.0 + torch.rand(nh, generator=g, dtype=dtype))
+        p.tau_score.copy_(0.7 + 0.6 * torch.rand(nh, generator=g, dtype=dtype))
+    return p
+
+
+def base_hp(**changes):
+    hp = AscenderHParams(d_z=4, d_a=5, k=3, window=0, num_global=0, chunk_size=8, tau_sep=2.0)
+    return dataclasses.replace(hp, **changes)
+
+
+def grads_of(result, inputs, params, with_aux):
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(result.out.shape, generator=g, dtype=result.out.dtype)
+    loss = (result.out * w).sum() + (result.aux["total"] if with_aux else 0)
+    tensors = list(inputs) + list(params.parameters())
+    return torch.autograd.grad(loss, tensors, allow_unused=True, materialize_grads=True)
+
+
+CASES = {
+    "causal_full_n37": dict(hp=dict(causal=True), n=37),
+    "bidir_full_n37": dict(hp=dict(causal=False), n=37),
+    "causal_window_n37": dict(hp=dict(causal=True, window=4, num_global=2), n=37),
+    "bidir_window_n20": dict(hp=dict(causal=False, window=3, num_global=1), n=20),
+    "causal_n1": dict(hp=dict(causal=True), n=1),
+    "causal_n5_k_gt_n": dict(hp=dict(causal=True, k=8), n=5),
+    "causal_n64_chunk16": dict(hp=dict(causal=True, chunk_size=16), n=64),
+    "sample_tau2_post_alibi": dict(
+        hp=dict(causal=True, std_form="sample", kernel_tau_form="tau2", gate_placement="post_norm",
+                other_bias="alibi"), n=29),  # fmt: skip
+    "bidir_alibi_post": dict(hp=dict(causal=False, gate_placement="post_norm", other_bias="alibi"), n=19),
+    "aux_causal": dict(
+        hp=dict(causal=True, aux_compactness_weight=0.3, aux_crowding_weight=0.5, aux_alignment_weight=0.2),
+        n=30, aux=True),  # fmt: skip
+    "aux_bidir_window": dict(
+        hp=dict(causal=False, window=4, num_global=1, aux_compactness_weight=0.3, aux_crowding_weight=0.5,
+                aux_alignment_weight=0.2), n=22, aux=True),  # fmt: skip
+    "only_sep": dict(hp=dict(use_align=False, use_coh=False), n=21),
+    "only_align": dict(hp=dict(use_sep=False, use_coh=False), n=21),
+    "only_coh": dict(hp=dict(use_sep=False, use_align=False), n=21),
+}
+
+
+def compare(case, dtype, rtol, atol):
+    spec = CASES[case]
+    hp = base_hp(**spec["hp"])
+    with_aux = spec.get("aux", False)
+    inputs = make_inputs(n=spec["n"], dtype=dtype)
+    params = make_params(hp, 2, dtype=dtype)
+    ref = reference_attention(*inputs, params, hp, use_sep=hp.use_sep, with_aux=with_aux)
+    fast = fast_attention(*inputs, params, hp, use_sep=hp.use_sep, with_aux=with_aux, with_stats=True)
+    torch.testing.assert_close(fast.out, ref.out, rtol=rtol, atol=atol)
+    for name, gr, gf in zip(
+        ["q", "k", "v", "z", "h"] + [n for n, _ in params.named_parameters()],
+        grads_of(ref, inputs, params, with_aux),
+        grads_of(fast, inputs, params, with_aux),
+    ):
+        torch.testing.assert_close(gf, gr, rtol=rtol, atol=atol, msg=lambda m: f"grad {name}: {m}")
+    for name in ("u", "gate_align", "rho", "eta", "centroid", "gate_coh", "neighbour_idx", "neighbour_valid"):
+        if name in ref.rows:
+            torch.testing.assert_close(fast.rows[name], ref.rows[name], rtol=rtol, atol=atol, msg=name)
+    assert set(fast.stats) == set(ref.stats)
+    for name in ref.stats:
+        torch.testing.assert_close(fast.stats[name], ref.stats[name], rtol=rtol, atol=atol, msg=name)
+    assert set(fast.aux) == set(ref.aux)
+    for name in ref.aux:
+        torch.testing.assert_close(fast.aux[name], ref.aux[name], rtol=rtol, atol=atol, msg=name)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fast_matches_reference_float64(case):
+    compare(case, F64, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", ["causal_full_n37", "bidir_full_n37", "causal_window_n37", "aux_causal"])
+def test_fast_matches_reference_float32(case):
+    compare(case, F32, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fast_zero_omega_is_sdpa(causal):
+    hp = base_hp(causal=causal, omega_init=0.0, window=4, num_global=1)
+    q, k, v, z, h = make_inputs(n=33, dtype=F32)
+    out = fast_attention(q, k, v, z, h, AscenderHeadParams(hp, 2), hp, use_sep=True).out
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("t", [5, 21])
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_no_future_leak(impl, t):
+    """Causal: changing every input after position t leaves outputs and statistics at <= t
+    unchanged to the last bit (t sits inside a chunk, so chunk-level leaks show too)."""
+    hp = base_hp(causal=True, window=5, num_global=2, other_bias="alibi")
+    inputs = [x.detach() for x in make_inputs(b=1, n=40, dtype=F32)]
+    params = make_params(hp, 2, dtype=F32)
+    # t inside the first chunk (0..7) and inside a later one (16..23), chunk_size 8
+    changed = [x.clone() for x in inputs]
+    g = torch.Generator().manual_seed(3)
+    for x in changed:
+        x[..., t + 1 :, :] = 5 * torch.randn(x[..., t + 1 :, :].shape, generator=g)
+    kw = dict(step=0, return_decomposition=True, impl=impl)
+    out_a, info_a = ascender_attention(*inputs, params, hp, **kw)
+    out_b, info_b = ascender_attention(*changed, params, hp, **kw)
+    assert torch.equal(out_a[..., : t + 1, :], out_b[..., : t + 1, :])
+    assert not torch.equal(out_a[..., t + 1 :, :], out_b[..., t + 1 :, :])
+    for name, ra in info_a["rows"].items():
+        assert torch.equal(ra[:, :, : t + 1], info_b["rows"][name][:, :, : t + 1]), name
+    for name, ma in info_a.get("maps", {}).items():
+        assert torch.equal(ma[..., : t + 1, : t + 1], info_b["maps"][name][..., : t + 1, : t + 1]), name
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any op produces (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor):
+                self.largest = max(self.largest, o.numel())
+        return out
+
+
+@pytest.mark.parametrize("causal,window", [(True, 0), (False, 6)])
+def test_fast_path_never_builds_an_n_by_n_tensor(causal, window):
+    n, nh, chunk = 256, 2, 16
+    hp = base_hp(causal=causal, window=window, num_global=2 if window else 0, chunk_size=chunk, k=4)
+    inputs = make_inputs(b=1, nh=nh, n=n, dtype=F32)
+    params = make_params(hp, nh, dtype=F32)
+    with _LargestTensor() as mode:
+        out = fast_attention(*inputs, params, hp, use_sep=True).out
+        out.square().sum().backward()
+    widest_row = max(chunk, 2 * 8 + 4 + 1)  # a [chunk, n] tile, or k_aug [n, 2 hd + dz + 1]
+    assert mode.largest <= nh * n * widest_row, mode.largest
+    assert mode.largest < nh * n * n / 8
+
+
+def test_entry_point_schedule_and_unused_parameters_get_zero_grad():
+    hp = base_hp(causal=True, separation_start_step=100)
+    inputs = make_inputs(n=20)
+    params = make_params(hp, 2)
+    out = ascender_attention(*inputs, params, hp, step=99, impl="fast")
+    ref = reference_attention(*inputs, params, hp, use_sep=False).out
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()
+    assert params.delta.grad is not None and torch.all(params.delta.grad == 0)
+    assert params.kappa.grad is not None and torch.all(params.kappa.grad == 0)
+    after = ascender_attention(*inputs, params, hp, step=100, impl="fast")
+    torch.testing.assert_close(after, reference_attention(*inputs, params, hp, use_sep=True).out)
+
+
+def test_entry_point_attaches_aux_gradient_and_reports_stats():
+    hp = base_hp(causal=True, aux_compactness_weight=0.3, aux_crowding_weight=0.5, aux_alignment_weight=0.2)
+    inputs = make_inputs(n=18)
+    params = make_params(hp, 2)
+    out, info = ascender_attention(*inputs, params, hp, step=0, return_decomposition=True, impl="fast")
+    g_attached = torch.autograd.grad(out.sum(), inputs)
+    ref = reference_attention(*inputs, params, hp, use_sep=True, with_aux=True)
+    g_manual = torch.autograd.grad(ref.out.sum() + ref.aux["total"], inputs)
+    for a, b in zip(g_attached, g_manual):
+        torch.testing.assert_close(a, b)
+    stats = info["stats"]
+    for key in ("mass_moved_align", "mass_moved_sep", "mass_moved_coh", "mass_moved_all", "omega_sep",
+                "gate_align_mean", "gate_coh_mean", "eta_mean"):  # fmt: skip
+        assert stats[key].shape == (2,) and not stats[key].requires_grad, key
+    assert torch.all(stats["mass_moved_all"] > 0) and torch.all(stats["mass_moved_all"] <= 1)
+    assert set(info["aux"]) == {"compactness", "crowding", "alignment", "total"}
+
+
+def test_entry_point_reference_returns_maps_and_rejects_unknown_impl():
+    hp = base_hp()
+    inputs = make_inputs(n=9)
+    out, info = ascender_attention(*inputs, make_params(hp, 2), hp, step=0, return_decomposition=True,
+                                   impl="reference")  # fmt: skip
+    assert info["maps"]["A"].shape == (2, 2, 9, 9)
+    with pytest.raises(ValueError):
+        ascender_attention(*inputs, make_params(hp, 2), hp, step=0, impl="triton")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention path needs CUDA")
+def test_flex_matches_reference():
+    from ascender_dist.models.ascender.flex import flex_attention_path
+
+    hp = base_hp(causal=True, window=4, num_global=1)
+    inputs = [x.detach().cuda().requires_grad_() for x in make_inputs(n=64, dtype=F32)]
+    params = make_params(hp, 2, dtype=F32).cuda()
+    ref = reference_attention(*inputs, params, hp, use_sep=True)
+    flex = flex_attention_path(*inputs, params, hp, use_sep=True)
+    torch.testing.assert_close(flex.out, ref.out, rtol=1e-4, atol=1e-4)

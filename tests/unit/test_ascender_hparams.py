@@ -1,0 +1,84 @@
+"""AscenderHParams validation (one-line ConfigError naming the field) and per-head params."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.models.ascender import AscenderHeadParams, AscenderHParams
+from ascender_dist.models.ascender.params import alibi_slopes
+
+
+def test_defaults_are_valid_for_head_dim_64():
+    AscenderHParams().validate("model.ascender", head_dim=64)
+
+
+@pytest.mark.parametrize(
+    "changes, path, fragment",
+    [
+        (dict(k=64, window=32), "model.ascender.k", "must be <= window (got 64 > 32)"),
+        (dict(k=0), "model.ascender.k", ">= 1"),
+        (dict(tau_sep=0.0), "model.ascender.tau_sep", "> 0"),
+        (dict(tau_coh=-1.0), "model.ascender.tau_coh", "> 0"),
+        (dict(tau_score_init=0.0), "model.ascender.tau_score_init", "> 0"),
+        (dict(kappa_init=0.0), "model.ascender.kappa_init", "> 0"),
+        (dict(d_z=65), "model.ascender.d_z", "head dim 64"),
+        (dict(d_a=65), "model.ascender.d_a", "head dim 64"),
+        (dict(window=-1), "model.ascender.window", ">= 0"),
+        (dict(window=0, num_global=2), "model.ascender.num_global", "window > 0"),
+        (dict(alpha_align=-1.0), "model.ascender.alpha_align", ">= 0"),
+        (dict(lambda_sep=-0.5), "model.ascender.lambda_sep", ">= 0"),
+        (dict(kernel_tau_form="tau3"), "model.ascender.kernel_tau_form", "tau, tau2"),
+        (dict(std_form="biased"), "model.ascender.std_form", "population, sample"),
+        (dict(other_bias="rope"), "model.ascender.other_bias", "none, alibi"),
+        (dict(gate_placement="x"), "model.ascender.gate_placement", "pre_norm, post_norm"),
+        (dict(chunk_size=0), "model.ascender.chunk_size", ">= 1"),
+        (dict(aux_crowding_weight=-1.0), "model.ascender.aux_crowding_weight", ">= 0"),
+    ],
+)
+def test_invalid_fields_name_their_path(changes, path, fragment):
+    hp = dataclasses.replace(AscenderHParams(), **changes)
+    with pytest.raises(ConfigError) as err:
+        hp.validate("model.ascender", head_dim=64)
+    msg = str(err.value)
+    assert msg.startswith(path + ": ") and fragment in msg and "\n" not in msg
+
+
+def test_k_larger_than_window_allowed_without_window():
+    AscenderHParams(k=200, window=0, num_global=0).validate("m", head_dim=64)
+
+
+def test_fields_are_plain_types():
+    for f in dataclasses.fields(AscenderHParams):
+        assert f.type in ("int", "float", "bool", "str"), f.name
+
+
+def test_schedule_helpers():
+    hp = AscenderHParams(separation_start_step=10, aux_alignment_weight=0.1, aux_start_step=5)
+    assert not hp.separation_active(9) and hp.separation_active(10)
+    assert not hp.aux_active(4) and hp.aux_active(5)
+    assert not AscenderHParams().aux_active(10**6)  # all weights 0
+    assert AscenderHParams(kernel_tau_form="tau2", tau_sep=0.5).kernel_denominator(0.5) == 0.25
+
+
+def test_params_have_leading_head_dim_and_are_listed():
+    hp = AscenderHParams(omega_init=0.1, delta_init=0.3)
+    p = AscenderHeadParams(hp, num_heads=3)
+    assert p.omega.shape == (3, 3) and torch.all(p.omega == 0.1)
+    assert p.lambdas.shape == (3, 3) and p.delta.shape == (3,) and torch.all(p.delta == 0.3)
+    names = AscenderHeadParams.per_head_parameter_names(p)
+    assert set(names) == {"omega", "delta", "kappa", "tau_score"}
+    for name, tensor in p.named_parameters():
+        assert tensor.shape[0] == 3, name
+    fixed = AscenderHeadParams(dataclasses.replace(hp, trainable_delta_kappa_temp=False), 3)
+    assert AscenderHeadParams.per_head_parameter_names(fixed) == ["omega"]
+    assert "delta" in fixed.state_dict() and "kappa" in fixed.state_dict()
+
+
+def test_alibi_slopes_shard_by_global_head():
+    full = AscenderHeadParams(AscenderHParams(), 8).alibi_slope
+    half = AscenderHeadParams(AscenderHParams(), 4, global_num_heads=8, head_offset=4).alibi_slope
+    assert torch.equal(full[4:], half)
+    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    assert alibi_slopes(6).shape == (6,)

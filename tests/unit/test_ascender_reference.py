@@ -1,0 +1,208 @@
+"""The dense reference against a per-row Python loop of the paper's formulas (float64), plus
+its structural properties: omega = 0 is plain attention, the decomposition adds up, causal
+mode leaks nothing from the future."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ascender_dist.models.ascender import AscenderHeadParams, AscenderHParams, reference_attention
+from ascender_dist.models.ascender.seed_reference import seed_attention, seed_params
+
+torch.set_num_threads(1)
+F64 = torch.float64
+
+
+def make_inputs(b=1, nh=2, n=9, hd=6, dz=3, da=4, dtype=F64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, nh, n, d, generator=g, dtype=dtype) for d in (hd, hd, hd, dz, da)]
+
+
+def make_params(hp, nh, dtype=F64, seed=1):
+    p = AscenderHeadParams(hp, nh).to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # distinct per-head values so head mix-ups show
+        p.omega.copy_(0.5 + torch.rand(nh, 3, generator=g, dtype=dtype))
+        p.lambdas.copy_(0.5 + torch.rand(nh, 3, generator=g, dtype=dtype))
+        p.delta.copy_(0.1 * torch.rand(nh, generator=g, dtype=dtype))
+        p.kappa.copy_(1.0 + torch.rand(nh, generator=g, dtype=dtype))
+        p.tau_score.copy_(0.7 + 0.6 * torch.rand(nh, generator=g, dtype=dtype))
+    return p
+
+
+@torch.no_grad()
+def loop_reference(q, k, v, z, h, p, hp, use_sep=True):
+    """Paper sections 2-6, one (batch, head, row) at a time, with plain Python lists."""
+    b, nh, n, hd = q.shape
+    out = torch.zeros_like(q)
+    unit = lambda x: x / max(float(x.norm()), hp.eps)  # noqa: E731
+    std = lambda xs: math.sqrt(  # noqa: E731
+        sum((x - sum(xs) / len(xs)) ** 2 for x in xs)
+        / (len(xs) if hp.std_form == "population" else max(len(xs) - 1, 1))
+    )
+    kd = lambda tau: tau if hp.kernel_tau_form == "tau" else tau * tau  # noqa: E731
+    for bi in range(b):
+        for hi in range(nh):
+            Q, K, V, Z, H = (t[bi, hi] for t in (q, k, v, z, h))
+            lam, om = p.lambdas[hi], p.omega[hi]
+            for i in range(n):
+                js = [j for j in range(n) if not hp.causal or j <= i]
+                cos = {j: float(unit(H[i]) @ unit(H[j])) for j in range(n)}
+                cands = [j for j in js if j != i]
+                if hp.window:
+                    cands = [j for j in cands if abs(i - j) <= hp.window or j < hp.num_global]
+                nbrs = sorted(cands, key=lambda j: -cos[j])[: hp.k]
+                scores = {j: float(Q[i] @ K[j]) / math.sqrt(hd) for j in js}
+                terms = {}
+                if hp.use_align:
+                    kh = [unit(K[l]) for l in nbrs]
+                    u = unit(sum(kh)) if kh else torch.zeros(hd, dtype=q.dtype)
+                    m = sum(kh) / len(kh) if kh else 0
+                    var = sum(float(((x - m) ** 2).sum()) for x in kh) / max(len(kh), 1)
+                    g = float(lam[0]) / (1 + math.exp(hp.alpha_align * var))
+                    terms["a"] = (g, [float(u @ unit(K[j])) for j in js], om[0])
+                d2 = {j: float(((Z[i] - Z[j]) ** 2).sum()) for j in js}
+                if use_sep:
+                    ws = {j: math.exp(-d2[j] / kd(hp.tau_sep)) for j in js}
+                    rho = sum(ws[j] for j in js if j != i)
+                    eta = min(1.0, rho / float(p.kappa[hi]))
+                    phi = [ws[j] * max(0.0, cos[j] - float(p.delta[hi])) for j in js]
+                    terms["s"] = (-float(lam[1]) * eta, phi, om[1])
+                if hp.use_coh:
+                    wc = {j: math.exp(-d2[j] / kd(hp.tau_coh)) for j in js}
+                    W = sum(wc.values())
+                    c = sum(wc[j] * Z[j] for j in js) / W
+                    lv = sum(wc[j] * float(((Z[j] - c) ** 2).sum()) for j in js) / W
+                    g = float(lam[2]) / (1 + math.exp(hp.alpha_coh * lv)) / hp.tau_coh
+                    terms["c"] = (g, [-float(((Z[j] - c) ** 2).sum()) for j in js], om[2])
+                for g, r, w in terms.values():
+                    if hp.gate_placement == "pre_norm":
+                        beta = [g * x for x in r]
+                        mu, sd = sum(beta) / len(beta), std(beta)
+                        normed = [(x - mu) / (sd + hp.eps) for x in beta]
+                    else:
+                        mu, sd = sum(r) / len(r), std(r)
+                        normed = [g * (x - mu) / (sd + hp.eps) for x in r]
+                    for j, x in zip(js, normed):
+                        scores[j] += float(w) * x
+                if hp.other_bias == "alibi":
+                    for j in js:
+                        scores[j] -= float(p.alibi_slope[hi]) * abs(i - j)
+                s = torch.tensor([scores[j] for j in js], dtype=q.dtype) / float(p.tau_score[hi])
+                out[bi, hi, i] = torch.softmax(s, 0) @ V[js]
+    return out
+
+
+CASES = {
+    "causal": dict(causal=True),
+    "bidirectional": dict(causal=False),
+    "causal_window_globals": dict(causal=True, window=3, num_global=2),
+    "bidir_window": dict(causal=False, window=2, num_global=1),
+    "sample_std_tau2_postnorm_alibi": dict(
+        causal=True, std_form="sample", kernel_tau_form="tau2", gate_placement="post_norm", other_bias="alibi"
+    ),
+    "no_align": dict(causal=True, use_align=False),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_reference_matches_per_row_loop(case):
+    hp = AscenderHParams(d_z=3, d_a=4, k=2, window=0, num_global=0, tau_sep=2.0, tau_coh=1.5)
+    hp = dataclasses.replace(hp, **CASES[case])
+    q, k, v, z, h = make_inputs()
+    p = make_params(hp, 2)
+    ref = reference_attention(q, k, v, z, h, p, hp, use_sep=True).out
+    loop = loop_reference(q, k, v, z, h, p, hp)
+    torch.testing.assert_close(ref, loop, rtol=1e-10, atol=1e-10)
+
+
+def test_reference_without_separation_matches_loop():
+    hp = AscenderHParams(d_z=3, d_a=4, k=2, window=0, num_global=0)
+    q, k, v, z, h = make_inputs(seed=3)
+    p = make_params(hp, 2)
+    ref = reference_attention(q, k, v, z, h, p, hp, use_sep=False).out
+    torch.testing.assert_close(ref, loop_reference(q, k, v, z, h, p, hp, use_sep=False), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_zero_omega_is_plain_softmax_attention(causal):
+    hp = AscenderHParams(d_z=3, d_a=4, k=2, window=0, num_global=0, causal=causal, omega_init=0.0)
+    q, k, v, z, h = make_inputs(n=11, dtype=torch.float32)
+    p = AscenderHeadParams(hp, 2)
+    out = reference_attention(q, k, v, z, h, p, hp, use_sep=True).out
+    sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.testing.assert_close(out, sdpa, rtol=1e-6, atol=1e-6)
+
+
+def test_decomposition_adds_up_and_rows_are_normalised():
+    hp = AscenderHParams(d_z=3, d_a=4, k=2, window=0, num_global=0, other_bias="alibi")
+    q, k, v, z, h = make_inputs(n=10)
+    p = make_params(hp, 2)
+    res = reference_attention(q, k, v, z, h, p, hp, use_sep=True)
+    m = res.maps
+    vis = torch.ones(10, 10, dtype=torch.bool).tril()
+    total = m["S_base"] + m["align"] + m["sep"] + m["coh"] + m["other"]
+    torch.testing.assert_close(m["S"][..., vis], total[..., vis])
+    assert torch.all(m["S"][..., ~vis] == float("-inf")) and torch.all(m["A"][..., ~vis] == 0)
+    torch.testing.assert_close(m["A"].sum(-1), torch.ones(1, 2, 10, dtype=F64))
+    # each normalised bias / omega has zero mean and unit population std over visible keys
+    for col, name in enumerate(("align", "sep", "coh")):
+        beta = m[name] / p.omega[:, col].view(1, -1, 1, 1)
+        rows = beta[0, 0, 5, :6]
+        assert abs(float(rows.mean())) < 1e-12
+        assert abs(float(rows.std(unbiased=False)) - 1) < 1e-4
+
+
+def test_causal_reference_does_not_see_the_future():
+    hp = AscenderHParams(d_z=3, d_a=4, k=3, window=0, num_global=0, other_bias="alibi")
+    ins = make_inputs(n=12, seed=5)
+    p = make_params(hp, 2)
+    t = 6
+    changed = [x.clone() for x in ins]
+    for x in changed:
+        x[..., t + 1 :, :] = torch.randn_like(x[..., t + 1 :, :]) * 3
+    a = reference_attention(*ins, p, hp, use_sep=True)
+    b = reference_attention(*changed, p, hp, use_sep=True)
+    assert torch.equal(a.out[..., : t + 1, :], b.out[..., : t + 1, :])
+    for name, ma in a.maps.items():
+        assert torch.equal(ma[..., : t + 1, : t + 1], b.maps[name][..., : t + 1, : t + 1]), name
+    for name in ("u", "gate_align", "rho", "eta", "centroid", "gate_coh", "neighbour_idx"):
+        assert torch.equal(a.rows[name][:, :, : t + 1], b.rows[name][:, :, : t + 1]), name
+    assert not torch.equal(a.out[..., t + 1 :, :], b.out[..., t + 1 :, :])  # the change mattered
+
+
+def test_top_k_excludes_self_and_respects_window():
+    hp = AscenderHParams(d_z=3, d_a=4, k=3, window=3, num_global=1, causal=False)
+    ins = make_inputs(n=12)
+    res = reference_attention(*ins, make_params(hp, 2), hp, use_sep=True)
+    idx, valid = res.rows["neighbour_idx"], res.rows["neighbour_valid"]
+    i = torch.arange(12).view(1, 1, 12, 1)
+    assert torch.all(valid) and not torch.any(idx == i)
+    assert torch.all(((idx - i).abs() <= 3) | (idx < 1))
+    assert torch.any(((idx - i).abs() > 3) & (idx == 0))  # the global token is used from afar
+
+
+def test_gates_weaken_with_variance():
+    """Paper text: higher neighbourhood variance -> weaker alignment (sigmoid(-alpha Var))."""
+    hp = AscenderHParams(d_z=3, d_a=4, k=3, window=0, num_global=0, causal=False)
+    q, k, v, z, h = make_inputs(n=8)
+    p = make_params(hp, 2)
+    coherent = k.clone()
+    coherent[...] = 1.0 + 1e-3 * k  # all keys nearly parallel: variance ~ 0
+    g_coh = reference_attention(q, coherent, v, z, h, p, hp, use_sep=True).rows["gate_align"]
+    g_rand = reference_attention(q, k, v, z, h, p, hp, use_sep=True).rows["gate_align"]
+    assert torch.all(g_coh > g_rand) and torch.allclose(g_coh, torch.full_like(g_coh, 0.5), atol=1e-4)
+
+
+def test_seed_reference_runs_and_reduces_to_sdpa_with_zero_omega():
+    q, k, v, z, h = make_inputs(n=10, dtype=torch.float32)
+    p = seed_params()
+    with torch.no_grad():
+        for name in ("omega_a", "omega_s", "omega_c"):
+            p[name].zero_()
+    y, A, parts = seed_attention(q, k, v, z, h, p, k_top=3)
+    torch.testing.assert_close(y, F.scaled_dot_product_attention(q, k, v, scale=1 / (math.sqrt(6) * (1 + 1e-6))), rtol=1e-5, atol=1e-5)
+    assert set(parts) == {"S_base", "b_align", "b_sep", "b_coh"}
