@@ -278,7 +278,8 @@ class _Dataset:
     # ---------------------------------------------------------------- order
     def _rng(self, *key: int) -> np.random.Generator:
         """A generator keyed by (seed, stream, *key): platform-independent (PCG64 + SeedSequence)."""
-        return np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, self.stream_id, *key])))
+        seed = self.seed % 2**64  # SeedSequence wants non-negative entropy; negative seeds stay distinct
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, self.stream_id, *key])))
 
     def epoch_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(shard order, stream offset where each ordered shard starts) for ``epoch``."""

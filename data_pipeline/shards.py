@@ -203,7 +203,10 @@ def encode_shard(samples: list[np.ndarray], dtype: np.dtype, meta: dict) -> byte
 
 # --------------------------------------------------------------------------- writing
 def _documents(documents) -> Iterator[str]:
-    """Accept texts or file paths (txt/jsonl/tar, see :func:`iter_documents`), in the given order."""
+    """Accept texts or file paths (txt/jsonl/tar, see :func:`iter_documents`), in the given order.
+    A lone str or Path is one item (iterating a str would yield its characters)."""
+    if isinstance(documents, (str, Path)):
+        documents = [documents]
     for item in documents:
         if isinstance(item, Path):
             yield from iter_documents([item])
