@@ -158,3 +158,21 @@ def test_every_sample_used_once_per_epoch_at_dp4(uneven):
     ids, _ = run_global(functools.partial(loader, uneven), 4, 63 // 8 * 2, micro_batch_size=1)
     c = Counter(ids[:63])
     assert set(c.values()) == {1}
+
+
+def test_url_template_for_object_store_style_urls(uneven):
+    ref, _ = run_global(functools.partial(loader, uneven), 1, 6)
+    tmpl = "pipe:cat " + str(uneven) + "/{name}"
+    assert run_global(functools.partial(loader, uneven, url_template=tmpl), 1, 6)[0] == ref
+
+
+def test_buffer_larger_than_dataset_and_negative_seed(uneven):
+    ids, _ = run_global(functools.partial(loader, uneven, shuffle_buffer=10_000, seed=-5), 2, 8)
+    assert sorted(ids[:63]) == list(range(63)) and ids[:63] != list(range(63))
+
+
+def test_checkpoint_seed_wins_on_resume(uneven):
+    straight, _ = run_global(functools.partial(loader, uneven, seed=11), 1, 10)
+    first, state = run_global(functools.partial(loader, uneven, seed=11), 1, 4)
+    rest, _ = run_global(functools.partial(loader, uneven, seed=99), 1, 6, state=state)
+    assert first + rest == straight
