@@ -141,6 +141,6 @@ def test_sharded_layer_has_local_shapes_and_requires_comm():
     layer = ConnectionLayer(hp, D, tp_size=2, tp_rank=1, reduce_fn=lambda t: t, copy_fn=lambda t: t,
                             gather_fn=lambda t: t)
     assert layer.w_q_in.shape == (D, D // 2) and layer.w_v_out.shape == (D // 2, D)
-    assert layer.src.shape == (3, 3, D, 2) and layer.tgt.shape == (3, 3, 2, D)
+    assert layer.src.shape == (3, D, 3, 2) and layer.tgt.shape == (3, 3, 2, D)  # r halved
     with pytest.raises(ValueError, match="needs reduce_fn"):
         ConnectionLayer(hp, D, tp_size=2, tp_rank=0)

@@ -24,7 +24,9 @@ Tensor parallelism (Megatron style, tp ranks, D_l = D / tp, r_l = r / tp); see `
 
 * column-parallel (output features sharded, ``[D, D_l]``): ``w_q_in, w_k_slots, w_v_in, w_q_out,
   w_k_out``; row-parallel (input features sharded, ``[D_l, D]``): ``w_v_out``;
-* bilinear ``src [N, N, D, r_l]``, ``tgt [N, N, r_l, D]`` sharded along the rank r; each rank
+* bilinear ``src [N_src, D, N_tgt, r_l]``, ``tgt [N_tgt, N_src, r_l, D]`` (the stacked pair maps
+  ``[N, N, D, r]`` / ``[N, N, r, D]`` stored in the order the batched matmuls read them, see
+  ``pair_weights``) sharded along the rank r; each rank
   computes a partial influence, ``reduce_fn`` sums it, so the slot state is identical on all ranks;
 * linear ``c [N, N]`` and the fixed ``slots`` buffer are replicated.
 
@@ -170,8 +172,8 @@ class ConnectionLayer(nn.Module):
             self.c = nn.Parameter(torch.empty(n, n, **kw))
         else:
             rl = hp.rank // tp_size
-            self.src = nn.Parameter(torch.empty(n, n, d, rl, **kw))
-            self.tgt = nn.Parameter(torch.empty(n, n, rl, d, **kw))
+            self.src = nn.Parameter(torch.empty(n, d, n, rl, **kw))  # [i, D, j, r_l]
+            self.tgt = nn.Parameter(torch.empty(n, n, rl, d, **kw))  # [j, i, r_l, D]
             self.register_buffer("offdiag", 1.0 - torch.eye(n, **kw), persistent=False)
         self.last_stats: Optional[ReasoningStats] = None
         self.reset_parameters()
@@ -202,35 +204,34 @@ class ConnectionLayer(nn.Module):
         scores = self.reduce_fn(q @ k.T)  # [b, s, N], summed over the hidden shards
         return _softmax(scores / math.sqrt(self.hidden_size))
 
-    def _bilinear_operands(self) -> tuple[Tensor, Tensor]:
-        """Stacked pair weights laid out once per forward for two batched matmuls per step.
+    def pair_weights(self) -> tuple[Tensor, Tensor]:
+        """Views of the bilinear weights as the seed's pair maps: src [i, j, D, r_l], tgt [i, j, r_l, D].
 
-        src with the i == j pairs zeroed (no slot influences itself; diagonal grads are 0), as
-        [N_src, D, N_tgt * r_l]; tgt as [N_tgt, N_src * r_l, D]. Doing the permutes here rather than
-        inside each step's einsum saves two weight-sized copies per step.
+        Stored as src [i, D, j, r_l] and tgt [j, i, r_l, D] so that both batched matmuls of a step
+        read the parameters as plain views: the canonical [N, N, D, r] layout would need a
+        weight-sized permute copy per forward (1 GiB fp32 per copy at N=64, D=1024, r=32).
+        The i == j entries are stored but never used (masked in ``_influence``).
         """
-        n, d, rl = self.hp.num_slots, self.hidden_size, self.src.shape[-1]
-        src = self.src * self.offdiag[:, :, None, None]  # [i, j, D, r_l]
-        src = src.permute(0, 2, 1, 3).reshape(n, d, n * rl)  # [i, D, (j r_l)]
-        tgt = self.tgt.permute(1, 0, 2, 3).reshape(n, n * rl, d)  # [j, (i r_l), D]
-        return src, tgt
+        return self.src.permute(0, 2, 1, 3), self.tgt.transpose(0, 1)
 
-    def _influence(self, h: Tensor, operands: Optional[tuple[Tensor, Tensor]]) -> Tensor:
+    def _influence(self, h: Tensor) -> Tensor:
         """Influence [m, N, D] of all slots on all slots, identical on every TP rank.
 
         linear:   einsum('ij,mid->mjd', C, h)
-        bilinear: einsum('mid,ijdk,ijke->mje', h, src * offdiag, tgt), as two bmm batched over the
-        source slot i and then the target slot j; partial over r_l under TP, summed by reduce_fn.
+        bilinear: sum_{i != j} (h[:, i] @ src[i, j]) @ tgt[i, j], as two bmm batched over the source
+        slot i and then the target slot j; the i == j terms are zeroed on the [i, m, j, r_l]
+        activation (so the diagonal weights get exactly zero gradient). Partial over r_l under
+        TP, summed by reduce_fn.
         """
         if self.hp.connection == "linear":
             return torch.einsum("ij,mid->mjd", self.c, h)  # sum over source slots i
-        src, tgt = operands
         m, n, d = h.shape
-        rl = src.shape[-1] // n
+        rl = self.src.shape[-1]
         h = self.copy_fn(h)
-        temp = torch.bmm(h.transpose(0, 1), src)  # [i, m, (j r_l)]
-        temp = temp.view(n, m, n, rl).permute(2, 1, 0, 3).reshape(n, m, n * rl)  # [j, m, (i r_l)]
-        partial = torch.bmm(temp, tgt).transpose(0, 1)  # [m, j, D], partial over r
+        temp = torch.bmm(h.transpose(0, 1), self.src.view(n, d, n * rl))  # [i, m, (j r_l)]
+        temp = temp.view(n, m, n, rl) * self.offdiag[:, None, :, None]  # [i, m, j, r_l], no i == j
+        temp = temp.permute(2, 1, 0, 3).reshape(n, m, n * rl)  # [j, m, (i r_l)]
+        partial = torch.bmm(temp, self.tgt.view(n, n * rl, d)).transpose(0, 1)  # [m, j, D], partial over r
         return self.reduce_fn(partial)
 
     def reason(self, state: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -246,12 +247,11 @@ class ConnectionLayer(nn.Module):
         per_slot = hp.stop_granularity == "slot"
         active = torch.ones(state.shape[:2] if per_slot else state.shape[:1], dtype=torch.bool, device=state.device)
         steps = torch.zeros(active.shape, dtype=torch.int32, device=state.device)
-        operands = self._bilinear_operands() if hp.connection == "bilinear" else None
         every, iterations = hp.stop_check_every, 0
         for step in range(hp.max_steps):
             if step > 0 and every > 0 and step % every == 0 and not bool(active.any()):
                 break  # host sync: identical on all TP ranks, since `active` is post-reduce
-            update = torch.relu(self._influence(state, operands))  # [m, N, D]
+            update = torch.relu(self._influence(state))  # [m, N, D]
             keep = active[:, :, None] if per_slot else active[:, None, None]
             state = torch.where(keep, state + update, state)
             steps = steps + active.to(steps.dtype)
@@ -349,8 +349,9 @@ class ConnectionLayer(nn.Module):
             return self.c.detach().clone()
         if self.tp_size > 1:
             raise NotImplementedError("connection_matrix needs the unsharded bilinear weights (tp_size == 1)")
-        gs = torch.einsum("ijdk,ijdl->ijkl", self.src, self.src)  # [N, N, r, r] = src^T src
-        gt = torch.einsum("ijke,ijle->ijkl", self.tgt, self.tgt)  # [N, N, r, r] = tgt tgt^T
+        src, tgt = self.pair_weights()  # [i, j, D, r], [i, j, r, D]
+        gs = torch.einsum("ijdk,ijdl->ijkl", src, src)  # [N, N, r, r] = src^T src
+        gt = torch.einsum("ijke,ijle->ijkl", tgt, tgt)  # [N, N, r, r] = tgt tgt^T
         sq = (gs * gt).sum(dim=(-1, -2)).clamp_min(0)  # ||src tgt||_F^2 = tr(src^T src tgt tgt^T)
         return sq.sqrt() * self.offdiag
 

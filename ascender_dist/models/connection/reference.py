@@ -29,6 +29,18 @@ from torch import Tensor
 from ascender_dist.models.connection.hparams import ConnectionHParams
 
 
+def weights_from_layer(layer) -> dict[str, Tensor]:
+    """The layer's parameters in the reference's layout (views: gradients reach the layer).
+
+    The layer stores the bilinear maps as src [i, D, j, r] / tgt [j, i, r, D] for its batched
+    matmuls; the reference reads the seed's [i, j, D, r] / [i, j, r, D].
+    """
+    w = {**dict(layer.named_parameters()), "slots": layer.slots}
+    if "src" in w:
+        w["src"], w["tgt"] = layer.pair_weights()
+    return w
+
+
 def token_slot_weights(x: Tensor, w: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     """Seed step 1 for one sample x [S, D]: attention of each token over the slots, and values."""
     d = x.shape[-1]
