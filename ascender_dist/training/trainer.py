@@ -22,6 +22,7 @@ from ascender_dist.config.schema import RunConfig
 from ascender_dist.parallel.setup import ParallelState, init_model_parallel, init_process_group
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.engine import build_engine
+from ascender_dist.training.layer_stats import gather_layer_stats, set_collect_stats, set_training_step
 from ascender_dist.training.metrics import MetricLogger
 
 log = logging.getLogger("ascender_dist")
@@ -102,8 +103,13 @@ class Trainer:
         return tag
 
     # ---------------------------------------------------------------- steps
-    def train_step(self, batches) -> dict:
+    def train_step(self, batches, log_layers: bool = False) -> dict:
         """One optimizer step over ``gradient_accumulation_steps`` micro-batches."""
+        from megatron.core import parallel_state as mps
+
+        model = self.engine.module
+        set_training_step(model, self.step)
+        set_collect_stats(model, log_layers)
         losses = []
         for _ in range(self.derived.gradient_accumulation_steps):
             tokens = next(batches)["tokens"].to(self.pstate.device)
@@ -111,12 +117,14 @@ class Trainer:
             self.engine.backward(loss)
             self.engine.step()
             losses.append(loss.detach())
-        from megatron.core import parallel_state as mps
-
+        set_collect_stats(model, False)
         step_loss = _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
         grad_norm = self.engine.get_global_grad_norm()
-        return {"train/loss": step_loss, "train/lr": float(self.engine.get_lr()[0]),
-                "train/grad_norm": float(grad_norm) if grad_norm is not None else None}
+        values = {"train/loss": step_loss, "train/lr": float(self.engine.get_lr()[0]),
+                  "train/grad_norm": float(grad_norm) if grad_norm is not None else None}
+        if log_layers:
+            values.update(gather_layer_stats(model, mps.get_tensor_model_parallel_group()))
+        return values
 
     @torch.no_grad()
     def validate(self) -> float:
@@ -143,7 +151,8 @@ class Trainer:
                      self.derived.gradient_accumulation_steps)
         while self.step < last_step:
             start = time.perf_counter()
-            values = self.train_step(batches)
+            log_now = (self.step + 1) % cfg.logging.log_interval == 0
+            values = self.train_step(batches, log_layers=log_now)
             self.step += 1
             elapsed = time.perf_counter() - start
             values["train/tokens_per_s"] = tokens_per_step / elapsed
@@ -154,8 +163,8 @@ class Trainer:
             if t.eval_interval and self.step % t.eval_interval == 0:
                 values["val/loss"] = self.validate()
             self.metrics.scalars(self.step, values)
-            if self.step % cfg.logging.log_interval == 0 or self.step == t.train_steps:
-                self.metrics.line(self.step, t.train_steps, values)
+            if log_now or self.step == t.train_steps:
+                self.metrics.line(self.step, t.train_steps, {k: v for k, v in values.items() if "/layer" not in k})
             if cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0:
                 self.save()
                 saved_at = self.step

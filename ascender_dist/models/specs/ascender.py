@@ -95,9 +95,12 @@ class AscenderCoreAttention(MegatronModule):
                                          head_offset=tp_rank * self.num_heads, dtype=config.params_dtype)
         for param in self.params.parameters():
             set_tensor_model_parallel_attributes(param, is_parallel=True, dim=0, stride=1)
-        self.training_step = 0  # set by the trainer: Separation joins after its warm-up step
-        self.collect_stats = False  # set by the trainer on logging steps
+        # protocol of ascender_dist.training.layer_stats (set by the trainer)
+        self.training_step = 0  # Separation joins after its warm-up step
+        self.collect_stats = False  # on logging steps: omega and attention mass moved per head
         self.last_stats: dict = {}
+        self.stats_prefix = "ascender"
+        self.stats_per_head = True
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):

@@ -1,0 +1,56 @@
+"""Per-layer statistics that custom layers expose for TensorBoard, and the step they need.
+
+A layer takes part by having these attributes:
+  ``training_step``  (int)  - set before every optimizer step (ASCender's Separation warm-up);
+  ``collect_stats``  (bool) - set on logging steps, so the extra work is paid only then;
+  ``last_stats``     (dict[str, Tensor]) - filled by its forward while ``collect_stats`` is on;
+  ``stats_prefix``   (str)  - TensorBoard namespace, e.g. "ascender";
+  ``stats_per_head`` (bool) - 1-D stats hold this TP rank's heads and are gathered over TP.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _participants(model: nn.Module):
+    return [m for m in model.modules() if hasattr(m, "last_stats") and hasattr(m, "collect_stats")]
+
+
+def set_training_step(model: nn.Module, step: int) -> None:
+    for module in model.modules():
+        if hasattr(module, "training_step"):
+            module.training_step = step
+
+
+def set_collect_stats(model: nn.Module, enabled: bool) -> None:
+    for module in _participants(model):
+        module.collect_stats = enabled
+        if enabled:
+            module.last_stats = {}
+
+
+def _gather_heads(values: torch.Tensor, tp_group) -> torch.Tensor:
+    if tp_group is None or dist.get_world_size(tp_group) == 1:
+        return values
+    parts = [torch.empty_like(values) for _ in range(dist.get_world_size(tp_group))]
+    dist.all_gather(parts, values.contiguous(), group=tp_group)
+    return torch.cat(parts)
+
+
+def gather_layer_stats(model: nn.Module, tp_group=None) -> dict[str, float]:
+    """``{"<prefix>/<stat>/layer03": mean, "<prefix>/<stat>/layer03/head05": value}``. Collective over TP."""
+    scalars: dict[str, float] = {}
+    for module in _participants(model):
+        layer = f"layer{int(getattr(module, 'layer_number', 0)):02d}"
+        prefix = getattr(module, "stats_prefix", type(module).__name__)
+        for key in sorted(module.last_stats):
+            value = module.last_stats[key].detach().float().reshape(-1)
+            if getattr(module, "stats_per_head", False):
+                value = _gather_heads(value, tp_group)
+                for head, v in enumerate(value.tolist()):
+                    scalars[f"{prefix}/{key}/{layer}/head{head:02d}"] = v
+            scalars[f"{prefix}/{key}/{layer}"] = value.mean().item()
+    return scalars

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The main job: build the embedded default corpus (Python's own sources and docs, no download),
+# train a sentencepiece tokenizer, write webdataset shards, then train a small GPT on 2 CPU ranks
+# through the real `deepspeed` launcher (DeepSpeed ZeRO over megatron-core layers), writing
+# TensorBoard logs and a checkpoint. Run launch/setup.sh first (the README's command does).
+#
+#   bash launch/demo.sh [--set key=value ...]        e.g. --set model.architecture=ascender
+# Environment: DEMO_DIR (runs/demo), DEMO_CONFIG (configs/demo.yaml), DEMO_CORPUS_BYTES (6000000),
+#              DEMO_VOCAB (4096), DEMO_SEQ (128), NUM_RANKS (2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+DEMO_DIR=${DEMO_DIR:-runs/demo}
+DEMO_CONFIG=${DEMO_CONFIG:-configs/demo.yaml}
+DATA="$DEMO_DIR/data"
+NUM_RANKS=${NUM_RANKS:-2}
+
+if [ ! -f "$DATA/shards/manifest.json" ]; then
+  data-pipeline build-corpus --out "$DATA/corpus.jsonl" --max-bytes "${DEMO_CORPUS_BYTES:-6000000}"
+  data-pipeline train-tokenizer --input "$DATA/corpus.jsonl" --out-prefix "$DATA/tokenizer" \
+    --vocab-size "${DEMO_VOCAB:-4096}"
+  data-pipeline shard --input "$DATA/corpus.jsonl" --tokenizer "$DATA/tokenizer.model" \
+    --out-dir "$DATA/shards" --seq-length "${DEMO_SEQ:-128}" --samples-per-shard 512 --val-fraction 0.05
+fi
+
+# The deepspeed launcher leaves OMP_NUM_THREADS unset (every rank would use every core).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NUM_RANKS > 0 ? $(nproc) / NUM_RANKS : 1 ))}
+export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
+PORT=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+deepspeed --num_accelerators "$NUM_RANKS" --master_port "$PORT" launch/train.py \
+  --config "$DEMO_CONFIG" \
+  --set "output_dir=$DEMO_DIR" \
+  --set "data.manifest=$DATA/shards/manifest.json" \
+  --set "data.tokenizer=$DATA/tokenizer.model" \
+  "$@"
+echo "TensorBoard: .venv/bin/tensorboard --logdir $DEMO_DIR/tensorboard"
