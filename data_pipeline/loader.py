@@ -30,7 +30,6 @@ import io
 import json
 import logging
 import math
-import os
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass

@@ -213,7 +213,7 @@ class Tokenizer:
             raise DataError(str(model_path), f"cannot read tokenizer model ({e.strerror or e})") from None
         try:
             sp = spm.SentencePieceProcessor(model_proto=data)
-        except (RuntimeError, TypeError) as e:
+        except (RuntimeError, TypeError, OSError):
             raise DataError(str(model_path), "not a sentencepiece model") from None
         multiple = pad_vocab_to_multiple_of
         if multiple is None:

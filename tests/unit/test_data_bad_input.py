@@ -202,3 +202,11 @@ def test_failed_shard_write_keeps_previous_dataset(tmp_path, tiny_tokenizer, tex
         write_shards(docs(), tiny_tokenizer, out, 16, samples_per_shard=20, progress=False)
     after = {p.name: p.read_bytes() for p in out.iterdir()}
     assert after == before and load_manifest(out).to_json() == m1.to_json()
+
+
+def test_not_a_tokenizer_model(tmp_path):
+    from data_pipeline.tokenizer import Tokenizer
+    (tmp_path / "x.model").write_bytes(b"garbage")
+    with pytest.raises(DataError) as e:
+        Tokenizer.load(tmp_path / "x.model")
+    one_line_error(e, "x.model", "not a sentencepiece model")
