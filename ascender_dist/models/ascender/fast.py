@@ -191,14 +191,6 @@ class PrefixMoments:
 
 
 # ----------------------------------------------------------------------------- one chunk
-def _tile_sqdist(zq, zk, c0: int):
-    """|z_i - z_j|^2 [b, np, C, L] clamped at 0, exactly 0 on the diagonal j == i."""
-    d2 = (zq * zq).sum(-1)[..., :, None] + (zk * zk).sum(-1)[..., None, :] - 2 * zq @ zk.transpose(-1, -2)
-    C, L = d2.shape[-2:]
-    diag = torch.arange(c0, c0 + C, device=zq.device)[:, None] == torch.arange(L, device=zq.device)
-    return d2.clamp(min=0).masked_fill(diag, 0.0)
-
-
 class _Call:
     """Static facts of one call, shared by all chunks (holds no tensor that needs a gradient
     except through the moment helpers, whose tensors are also passed explicitly)."""
@@ -213,12 +205,26 @@ class _Call:
         self.coh_moments: PrefixMoments | None = None
 
 
-def _tile_sqdist(zq, zk, c0: int):
-    """|z_i - z_j|^2 [b, np, C, L] clamped at 0, exactly 0 on the diagonal j == i."""
+def _tile_sqdist(zq, zk, c0: int, vis):
+    """|z_i - z_j|^2 on the tile [b, np, C, L]: clamped at 0, exactly 0 on the diagonal, +inf
+    where j is invisible (so every kernel exp(-d2 / tau) is already 0 there). One pass after
+    the matmul: a single torch.where against a precomputed fill."""
     d2 = (zq * zq).sum(-1)[..., :, None] + (zk * zk).sum(-1)[..., None, :] - 2 * zq @ zk.transpose(-1, -2)
     C, L = d2.shape[-2:]
     diag = torch.arange(c0, c0 + C, device=zq.device)[:, None] == torch.arange(L, device=zq.device)
-    return d2.clamp(min=0).masked_fill(diag, 0.0)
+    fill = torch.zeros(C, L, dtype=d2.dtype, device=d2.device).masked_fill(~vis, float("inf"))
+    return torch.where(vis & ~diag, d2.clamp(min=0), fill)
+
+
+def _kernels(call: _Call, d2):
+    """(w_sep, w_coh) on the tile; one exp when both taus give the same kernel."""
+    hp = call.hp
+    ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
+    w_sep = torch.exp(d2 * (-1.0 / ks)) if call.use_sep else None
+    if not hp.use_coh:
+        return w_sep, None
+    w_coh = w_sep if w_sep is not None and ks == kc else torch.exp(d2 * (-1.0 / kc))
+    return w_sep, w_coh
 
 
 def _align_part(call: _Call, c0, c1, L, t, count, denom, terms, rows):
@@ -236,18 +242,19 @@ def _align_part(call: _Call, c0, c1, L, t, count, denom, terms, rows):
     return head * s[..., None] * uq
 
 
-def _coh_part(call: _Call, c0, c1, L, t, d2, vis, count, denom, terms, rows):
-    """Query columns 2 w_c s_c(i) [c_i, 1] of the fold; c_i and its gate from the tile."""
+def _coh_part(call: _Call, c0, c1, L, t, w, count, denom, terms, rows):
+    """Query columns 2 w_c s_c(i) [c_i, 1] of the fold; c_i and its gate from the kernel tile
+    w (0 where invisible)."""
     hp = call.hp
     head = t["omega"][:, COH].view(1, -1, 1, 1)
     zk = t["z"][..., :L, :]
-    w = torch.exp(-d2 / hp.kernel_denominator(hp.tau_coh)) * vis  # [b, np, C, L]
+    z2 = t["z2"][..., :L]  # [b, np, L]
     weight = w.sum(-1)  # [b, np, C], >= 1 since w_ii = 1
-    c = (w @ zk) / weight[..., None]  # [b, np, C, dz]
-    z2 = (zk * zk).sum(-1)  # [b, np, L]
+    # centroid and second moment in one matmul: w @ [z, |z|^2]
+    moments = (w @ torch.cat([zk, z2[..., None]], -1)) / weight[..., None]  # [b, np, C, dz + 1]
+    c, ez2 = moments[..., :-1], moments[..., -1]
     c2 = (c * c).sum(-1)
-    local_var = ((w * z2[..., None, :]).sum(-1) / weight - c2).clamp(min=0)
-    gate = torch.sigmoid(-hp.alpha_coh * local_var)
+    gate = torch.sigmoid(-hp.alpha_coh * (ez2 - c2).clamp(min=0))
     g = t["lambdas"][:, COH].view(1, -1, 1) * gate / hp.tau_coh
     x = torch.cat([c, torch.ones_like(c[..., :1])], -1)  # r_ij = 2 x_i . zy_j - |c_i|^2
     mean_p, var_p, _ = call.coh_moments.row_moments(x, t["coh_state"], c0, c1, t["zy"])
@@ -260,63 +267,73 @@ def _coh_part(call: _Call, c0, c1, L, t, d2, vis, count, denom, terms, rows):
     return head * 2 * s[..., None] * x
 
 
-def _sep_tile(call: _Call, c0, c1, L, t, d2, vis, count, denom, rows):
-    """omega_s * normalised Separation bias on the tile [b, np, C, L] (0 where invisible), phi."""
+def _sep_tile(call: _Call, c0, c1, L, t, w, vis, count, denom, rows):
+    """(omega_s * normalised Separation bias / tau_score, phi) on the tile [b, np, C, L], both
+    0 where invisible; w is the Separation kernel tile (0 where invisible)."""
     hp = call.hp
-    dev_ = d2.device
-    off_diag = vis & (torch.arange(L, device=dev_)[None, :] != torch.arange(c0, c1, device=dev_)[:, None])
-    w = torch.exp(-d2 / hp.kernel_denominator(hp.tau_sep)) * vis
-    rho = (w * off_diag).sum(-1)  # [b, np, C]
+    cols = torch.arange(L, device=w.device)[None, :]
+    off_diag = (vis & (cols != torch.arange(c0, c1, device=w.device)[:, None])).to(w.dtype)  # [C, L]
+    rho = torch.linalg.vecdot(w, off_diag)  # [b, np, C]: sum over l != i (not w.sum - 1: cancels)
     eta = torch.clamp(rho / t["kappa"].view(1, -1, 1), max=1.0)
     hhat = t["hhat"]
     a = hhat[..., c0:c1, :] @ hhat[..., :L, :].transpose(-1, -2)  # [b, np, C, L]
     phi = w * F.relu(a - t["delta"].view(1, -1, 1, 1))
     mu = phi.sum(-1) / count
-    dev = (phi - mu[..., None]) * vis
-    sigma = safe_sqrt((dev * dev).sum(-1) / denom)
+    dev = phi - mu[..., None]
+    if hp.causal:
+        dev = dev * vis
+    sigma = safe_sqrt(torch.linalg.vecdot(dev, dev) / denom)
     s = row_scale(-t["lambdas"][:, SEP].view(1, -1, 1) * eta, sigma, hp)
     rows["rho"], rows["eta"], rows["sep_mean"], rows["sep_scale"] = rho, eta, mu, s
-    return t["omega"][:, SEP].view(1, -1, 1, 1) * s[..., None] * dev, phi
+    factor = t["omega"][:, SEP].view(1, -1, 1) * s / t["tau"].view(1, -1, 1)  # [b, np, C]
+    return factor[..., None] * dev, phi
 
 
 def _chunk_queries(call: _Call, c0: int, c1: int, t: dict):
     """Everything of query rows [c0, c1) except the attention itself: the folded queries
-    q_aug [b, np, C, e], the finite additive tile bias (Separation + other) [b, np, C, L] and
-    the visibility [C, L], row statistics, and the explicit bias tiles when stats are wanted."""
+    q_aug [b, np, C, e], the additive tile bias (Separation + other, already / tau_score,
+    -inf where invisible) [b, np, C, L] or None, the visibility [C, L], row statistics, and
+    the explicit bias tiles (not / tau) when stats are wanted."""
     hp, dev_ = call.hp, t["q"].device
     L = c1 if hp.causal else call.n  # keys this chunk can see
     vis = tile_visibility(c0, c1, L, hp.causal, dev_)  # [C, L]
     count = vis.sum(-1).to(t["q"].dtype)  # [C]
     denom = variance_denominator(count, hp)
+    tau = t["tau"].view(1, -1, 1, 1)
     rows, terms = {}, {}
     q_c = t["q"][..., c0:c1, :]
     parts = [q_c / math.sqrt(call.hd)]
     if hp.use_align:
         parts.append(_align_part(call, c0, c1, L, t, count, denom, terms, rows))
     if call.use_sep or hp.use_coh:
-        d2 = _tile_sqdist(t["z"][..., c0:c1, :], t["z"][..., :L, :], c0)  # [b, np, C, L]
+        d2 = _tile_sqdist(t["z"][..., c0:c1, :], t["z"][..., :L, :], c0, vis)  # [b, np, C, L]
+        w_sep, w_coh = _kernels(call, d2)
     if hp.use_coh:
-        parts.append(_coh_part(call, c0, c1, L, t, d2, vis, count, denom, terms, rows))
-    bias = torch.zeros(vis.shape, dtype=q_c.dtype, device=dev_)  # finite; masked after / tau
+        parts.append(_coh_part(call, c0, c1, L, t, w_coh, count, denom, terms, rows))
+    bias = None
     if call.use_sep:
-        terms["sep"], rows["phi"] = _sep_tile(call, c0, c1, L, t, d2, vis, count, denom, rows)
-        bias = bias + terms["sep"]
+        bias, rows["phi"] = _sep_tile(call, c0, c1, L, t, w_sep, vis, count, denom, rows)
+        if call.with_stats:
+            terms["sep"] = bias.detach() * tau
     if hp.other_bias == "alibi":
         dist = (torch.arange(c0, c1, device=dev_)[:, None] - torch.arange(L, device=dev_)).abs()
-        terms["other"] = -t["slope"].view(1, -1, 1, 1) * dist.to(q_c.dtype)  # [1, np, C, L]
-        bias = bias + terms["other"]
-    q_aug = torch.cat(parts, -1) / t["tau"].view(1, -1, 1, 1)  # [b, np, C, hd + extra]
+        other = -t["slope"].view(1, -1, 1, 1) * dist.to(q_c.dtype)  # [1, np, C, L]
+        bias = other / tau if bias is None else bias + other / tau
+        if call.with_stats:
+            terms["other"] = other
+    if hp.causal:
+        neg = torch.zeros(vis.shape, dtype=q_c.dtype, device=dev_).masked_fill(~vis, NEG_INF)
+        bias = neg if bias is None else bias + neg  # -inf only after / tau: no inf * 0 in grads
+    q_aug = torch.cat(parts, -1) / tau  # [b, np, C, hd + extra]
     return q_aug, bias, vis, rows, terms
 
 
 def _chunk(call: _Call, c0: int, c1: int, t: dict):
     """Output rows [c0, c1) ([b, np, C, hd]), their row statistics, and (with_stats) the
     per-head sums over rows of the mass each bias moves."""
-    q_aug, bias, vis, rows, terms = _chunk_queries(call, c0, c1, t)
+    q_aug, mask, vis, rows, terms = _chunk_queries(call, c0, c1, t)
     L = vis.shape[-1]
-    tau = t["tau"].view(1, -1, 1, 1)
     ka, va = t["k_aug"][..., :L, :], t["v_aug"][..., :L, :]
-    mask = (bias / tau).masked_fill(~vis, NEG_INF)  # -inf only after the division: no inf * 0
     phi = rows.pop("phi", None)
     if call.want_lsep:  # the crowding loss needs the attention probabilities themselves
         A = torch.softmax(q_aug @ ka.transpose(-1, -2) + mask, -1)  # [b, np, C, L]
@@ -330,13 +347,13 @@ def _chunk(call: _Call, c0: int, c1: int, t: dict):
     moved = {}
     if call.with_stats:
         with torch.no_grad():
+            tau = t["tau"].view(1, -1, 1, 1)
             q_c = t["q"][..., c0:c1, :]
             S = q_c @ t["k_aug"][..., :L, : call.hd].transpose(-1, -2) / math.sqrt(call.hd)
             S = S + sum(terms.values())
-            other = terms.pop("other", None)
+            terms.pop("other", None)  # part of the base for "all", not a moved bias
             moved = mass_moved(S, {k_: v_.detach() for k_, v_ in terms.items()}, vis, tau)
             moved = {k_: v_ * (c1 - c0) for k_, v_ in moved.items()}
-            del other
     return out[..., : call.hd], rows, moved
 
 
@@ -358,7 +375,7 @@ def prepare(q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, u
     khat = F.normalize(k, dim=-1, eps=hp.eps)
     idx, valid = neighbours(hhat.detach(), hp, chunks)  # [b, np, s, k]
     rows = {"neighbour_idx": idx, "neighbour_valid": valid}
-    t = dict(q=q, z=z, hhat=hhat, khat=khat, omega=params.omega, lambdas=params.lambdas,
+    t = dict(q=q, z=z, z2=(z * z).sum(-1), hhat=hhat, khat=khat, omega=params.omega, lambdas=params.lambdas,
              delta=params.delta, kappa=params.kappa, tau=params.tau_score, slope=params.alibi_slope)  # fmt: skip
     k_parts = [k]
     if hp.use_align:
