@@ -22,7 +22,7 @@ MODEL_PRESETS: dict[str, dict] = {
 }
 
 # Per-architecture additions, keyed by preset name: {architecture: {preset: {model-field: value}}}.
-ARCHITECTURE_PRESETS: dict[str, dict[str, dict]] = {"gpt": {name: {} for name in MODEL_PRESETS}}
+ARCHITECTURE_PRESETS: dict[str, dict[str, dict]] = {}
 
 
 def register_architecture_presets(architecture: str, table: dict[str, dict]) -> None:

@@ -21,6 +21,9 @@ Architecture = Literal["gpt", "ascender", "connection"]
 class ModelConfig:
     architecture: Architecture = "gpt"
     preset: Optional[str] = None
+    # One letter per layer kind (A attention, S ASCender, C Connection), repeated to num_layers;
+    # None: the architecture's default (gpt "A", ascender "S", connection "AC").
+    layer_pattern: Optional[str] = None
     num_layers: int = 2
     hidden_size: int = 64
     num_attention_heads: int = 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ascender_dist.config.resolve import Derived
 from ascender_dist.config.schema import RunConfig
-from ascender_dist.models.registry import get_architecture
+from ascender_dist.models.specs.block import block_spec
 from ascender_dist.parallel.megatron_config import to_transformer_config
 
 
@@ -16,7 +16,7 @@ def build_model(cfg: RunConfig, derived: Derived, pre_process: bool = True, post
     from megatron.core.models.gpt import GPTModel
 
     transformer_config = to_transformer_config(cfg, derived)
-    spec = get_architecture(cfg.model.architecture).block_spec(cfg, derived)
+    spec = block_spec(cfg, transformer_config)
     return GPTModel(
         config=transformer_config,
         transformer_layer_spec=spec,

@@ -14,10 +14,20 @@ def results():
 
 
 @pytest.mark.parametrize("check", ["gpt_tp2", "gpt_swiglu_rmsnorm_gqa_tp2", "gpt_learned_pos_untied_tp2",
-                                   "ascender_tp2", "ascender_gqa_swiglu_tp2"])
+                                   "ascender_tp2", "ascender_gqa_swiglu_tp2", "connection_bilinear_tp2",
+                                   "connection_linear_tp2", "mixed_ascender_connection_tp2"])
 def test_tensor_parallel_matches_single_rank(results, check):
     for diffs in assert_check(results, check):
         assert diffs["num_params"] > 0
         assert diffs["loss"] < TOL, diffs
         assert diffs["logits"] < TOL, diffs
         assert diffs["max_grad"] < TOL, diffs
+
+
+def test_connection_adaptive_stop_is_identical_on_tp_ranks(results):
+    for value in assert_check(results, "connection_stop_under_tp"):
+        flat = [s for row in value["steps"] for s in row]
+        assert len(set(flat)) > 1, "inputs must converge at different steps for this test to mean anything"
+        assert value["peer_steps"][0] == value["peer_steps"][1]
+        assert value["steps"] == value["unsharded_steps"]
+        assert value["out_diff"] < 1e-5

@@ -14,6 +14,11 @@ CASES = {
                               "num_query_groups": 2, "add_bias_linear": False},
     "learned_pos_untied": {"preset": "debug", "position_embedding_type": "learned_absolute",
                            "untie_embeddings_and_output_weights": True},
+    "connection_bilinear": {"preset": "debug", "architecture": "connection"},
+    "connection_linear_gqa": {"preset": "debug", "architecture": "connection", "num_query_groups": 2,
+                              "connection": {"connection": "linear"}},
+    "mixed_ascender_connection": {"preset": "debug", "architecture": "connection", "layer_pattern": "SC",
+                                  "ascender": {"d_z": 8, "d_a": 8, "k": 4, "window": 16, "num_global": 2}},
 }
 
 

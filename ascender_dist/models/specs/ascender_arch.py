@@ -1,15 +1,15 @@
-"""Registry entry of ``architecture: ascender``: every layer's self-attention is ASCender."""
+"""Layer kind ``S`` (ASCender attention) and ``architecture: ascender`` (every layer ``S``)."""
 
 from __future__ import annotations
 
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.presets import register_architecture_presets
-from ascender_dist.models.registry import ArchitectureEntry, register
+from ascender_dist.models.registry import ArchitectureEntry, LayerKind, expand_layer_pattern, register, register_layer_kind
 
 
 def check_ascender_hparams(cfg) -> None:
     m = cfg.model
-    if m.architecture != "ascender":
+    if "S" not in expand_layer_pattern(cfg):
         return
     m.ascender.validate("model.ascender", m.hidden_size // m.num_attention_heads)
     if not m.ascender.causal:
@@ -41,19 +41,16 @@ def ascender_extra_layer_flops(cfg) -> float:
     return projections + folded + separation + neighbours
 
 
-def ascender_block_spec(cfg, derived):
+def ascender_spec(cfg, layer_number: int):
     from ascender_dist.models.specs.ascender import ascender_layer_spec
 
     return ascender_layer_spec(cfg.model.ascender, cfg.model.normalization)
 
 
-register(ArchitectureEntry(
-    name="ascender",
-    block_spec=ascender_block_spec,
-    checks=[check_ascender_hparams],
-    extra_layer_params=ascender_extra_layer_params,
-    extra_layer_flops=ascender_extra_layer_flops,
-))
+register_layer_kind(LayerKind(letter="S", description="ASCender attention", spec=ascender_spec,
+                              extra_params=ascender_extra_layer_params, extra_flops=ascender_extra_layer_flops))
+register(ArchitectureEntry(name="ascender", default_pattern="S", required_letter="S",
+                           checks=[check_ascender_hparams]))
 
 # Paper section 12: k in {8,16,32}, w in {64,128,256}, Separation after ~10% of training.
 register_architecture_presets("ascender", {

@@ -1,18 +1,17 @@
-"""Baseline GPT: megatron-core's own local (non-Transformer-Engine) layer spec."""
+"""Baseline GPT: megatron-core's own local (non-Transformer-Engine) layer, layer kind ``A``."""
 
 from __future__ import annotations
 
-from ascender_dist.models.registry import ArchitectureEntry, register
+from ascender_dist.config.presets import register_architecture_presets
+from ascender_dist.models.registry import ArchitectureEntry, LayerKind, register, register_layer_kind
 
 
-def gpt_layer_spec(cfg):
+def gpt_layer_spec(cfg, layer_number: int):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     return get_gpt_layer_local_spec(normalization=cfg.model.normalization)
 
 
-def gpt_block_spec(cfg, derived):
-    return gpt_layer_spec(cfg)
-
-
-register(ArchitectureEntry(name="gpt", block_spec=gpt_block_spec))
+register_layer_kind(LayerKind(letter="A", description="softmax attention", spec=gpt_layer_spec))
+register(ArchitectureEntry(name="gpt", default_pattern="A", required_letter="A"))
+register_architecture_presets("gpt", {"debug": {}, "small": {}, "medium": {}, "large": {}})

@@ -4,6 +4,7 @@ from tests.helpers.multiproc import run_checks
 from tests.helpers.parity import tp_parity
 
 ASC = {"d_z": 8, "d_a": 8, "k": 4, "window": 16, "num_global": 2, "chunk_size": 16, "omega_init": 0.5}
+CONN = {"num_slots": 6, "rank": 4, "max_steps": 3, "causal_chunk_size": 8, "threshold": 0.0}
 DEBUG = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 128, "seq_length": 32}
 
 
@@ -19,4 +20,45 @@ def main(args):
         "ascender_gqa_swiglu_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "ascender", "ascender": {**ASC, "other_bias": "alibi"},
             "num_query_groups": 2, "activation": "swiglu"}}),
+        "connection_bilinear_tp2": lambda: tp_parity({"model": {**DEBUG, "architecture": "connection",
+                                                                "connection": CONN}}),
+        "connection_linear_tp2": lambda: tp_parity({"model": {**DEBUG, "architecture": "connection",
+                                                              "connection": {**CONN, "connection": "linear"}}}),
+        "mixed_ascender_connection_tp2": lambda: tp_parity({"model": {
+            **DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN}}),
+        "connection_stop_under_tp": connection_stop_under_tp,
     })
+
+
+def connection_stop_under_tp() -> dict:
+    """Inputs whose chunks converge at different steps: TP ranks must take identical step counts
+    (or their collectives would hang) and equal the unsharded layer's."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mps
+    from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+    from ascender_dist.models.connection import ConnectionHParams, ConnectionLayer, shard_state_dict
+    from ascender_dist.models.specs.connection import copy_to_tp, reduce_from_tp
+    from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel, init_process_group
+
+    init_process_group()
+    destroy_model_parallel()
+    init_model_parallel(2, 1, seed=0)
+    hp = ConnectionHParams(num_slots=6, rank=4, max_steps=8, threshold=0.6, causal=True, causal_chunk_size=4,
+                           connection_init_scale=0.1, normalize_compression=False)
+    torch.manual_seed(0)
+    full = ConnectionLayer(hp, 32)
+    x = torch.randn(16, 4, 32) * torch.tensor([0.1, 1.0, 3.0, 10.0])[None, :, None]
+    expected = full(x)
+    tp_rank = mps.get_tensor_model_parallel_rank()
+    sharded = ConnectionLayer(hp, 32, tp_size=2, tp_rank=tp_rank, reduce_fn=reduce_from_tp, copy_fn=copy_to_tp,
+                              gather_fn=gather_from_tensor_model_parallel_region)
+    sharded.load_state_dict(shard_state_dict(full.state_dict(), 2, tp_rank))
+    out = sharded(x)
+    steps = sharded.last_stats.steps.contiguous()
+    peers = [torch.empty_like(steps) for _ in range(2)]
+    dist.all_gather(peers, steps, group=mps.get_tensor_model_parallel_group())
+    return {"steps": steps.tolist(), "peer_steps": [p.tolist() for p in peers],
+            "unsharded_steps": full.last_stats.steps.tolist(), "out_diff": (out - expected).abs().max().item(),
+            "iterations": sharded.last_stats.iterations}

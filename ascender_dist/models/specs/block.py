@@ -1,0 +1,20 @@
+"""The decoder block spec: one ModuleSpec per layer from ``model.layer_pattern``, for this PP stage."""
+
+from __future__ import annotations
+
+from ascender_dist.models.registry import expand_layer_pattern, get_layer_kind
+
+
+def block_spec(cfg, transformer_config):
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    pattern = expand_layer_pattern(cfg)
+    offset = get_transformer_layer_offset(transformer_config)
+    count = get_num_layers_to_build(transformer_config)
+    specs = [get_layer_kind(letter).spec(cfg, offset + i + 1) for i, letter in enumerate(pattern[offset:offset + count])]
+    # the final norm is the same norm class every layer uses (megatron's local spec backend)
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=specs[0].submodules.input_layernorm)

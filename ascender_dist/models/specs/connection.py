@@ -1,0 +1,125 @@
+"""The Connection Transformer layer wired into megatron-core as a self-attention replacement.
+
+megatron's TransformerLayer calls ``self_attention(hidden [s, b, h], attention_mask, ...)`` and
+expects ``(output, bias)``; :class:`ConnectionSelfAttention` adapts the pure-torch
+:class:`~ascender_dist.models.connection.ConnectionLayer` to that, passing megatron's TP
+collectives as its communication hooks and tagging each sharded weight with its partition dim
+(so DeepSpeed's grad-norm and our consolidation treat it as sharded).
+
+Initialisation is TP-invariant: every rank draws the FULL layer from a generator seeded by
+(seed, layer number) and keeps its shard, so a model has the same weights at any TP size.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+from ascender_dist.models.connection import TP_SHARD_DIM, ConnectionHParams, ConnectionLayer, shard_state_dict
+
+
+def _all_reduce_tp(t: torch.Tensor) -> torch.Tensor:
+    """All-reduce SUM over the TP group into a fresh contiguous tensor.
+
+    Not megatron's ``reduce_from_tensor_model_parallel_region`` / ``copy_to_...``: those all-reduce
+    ``t.contiguous()`` in place and return ``t``, so a non-contiguous input (a transposed bmm
+    result, a permuted gradient) silently comes back UN-reduced (seen: TP=2 logits off by 0.08).
+    """
+    out = t.clone(memory_format=torch.contiguous_format)
+    torch.distributed.all_reduce(out, group=parallel_state.get_tensor_model_parallel_group())
+    return out
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """Forward: sum partial results over TP ranks. Backward: identity."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return _all_reduce_tp(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _CopyToTP(torch.autograd.Function):
+    """Forward: identity (a replicated tensor enters sharded math). Backward: sum grads over TP."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce_tp(grad)
+
+
+def reduce_from_tp(t: torch.Tensor) -> torch.Tensor:
+    return _ReduceFromTP.apply(t)
+
+
+def copy_to_tp(t: torch.Tensor) -> torch.Tensor:
+    return _CopyToTP.apply(t)
+
+
+class ConnectionSelfAttention(MegatronModule):
+    def __init__(self, config, submodules=None, layer_number: int = 1, attn_mask_type=None, cp_comm_type=None,
+                 pg_collection=None, *, hp: ConnectionHParams, init_seed: int = 1234):
+        super().__init__(config=config)
+        if config.sequence_parallel:
+            raise ValueError("the Connection layer does not support sequence parallelism")
+        self.layer_number = layer_number
+        tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.layer = ConnectionLayer(
+            hp, config.hidden_size, tp_size=tp_size, tp_rank=tp_rank,
+            reduce_fn=reduce_from_tp,
+            copy_fn=copy_to_tp,
+            gather_fn=gather_from_tensor_model_parallel_region,
+            dtype=config.params_dtype,
+        )
+        self._init_tp_invariant(hp, config.hidden_size, tp_size, tp_rank, init_seed + 1000 * layer_number)
+        for name, param in self.layer.named_parameters():
+            dim = TP_SHARD_DIM[name]
+            if dim is not None and tp_size > 1:
+                set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
+        # protocol of ascender_dist.training.layer_stats
+        self.collect_stats = False
+        self.last_stats: dict = {}
+        self.stats_prefix = "connection"
+        self.stats_per_head = False
+
+    @torch.no_grad()
+    def _init_tp_invariant(self, hp, hidden_size: int, tp_size: int, tp_rank: int, seed: int) -> None:
+        full = ConnectionLayer(hp, hidden_size, dtype=torch.float32)
+        full.reset_parameters(generator=torch.Generator().manual_seed(seed))
+        shards = shard_state_dict({k: v for k, v in full.state_dict().items()}, tp_size, tp_rank)
+        for name, param in self.layer.named_parameters():
+            param.copy_(shards[name])
+
+    def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+        output = self.layer(hidden_states)  # [s, b, h]
+        if self.collect_stats and self.layer.last_stats is not None:
+            steps = self.layer.last_stats.steps.float()
+            self.last_stats = {"steps_mean": steps.mean(), "steps_max": steps.max()}
+        return output, None
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
+        state = self.state_dict(prefix="", keep_vars=True)
+        axis = {name: TP_SHARD_DIM[name.split(".")[-1]] for name in state
+                if TP_SHARD_DIM.get(name.split(".")[-1]) is not None}
+        return make_sharded_tensors_for_checkpoint(state, prefix, axis, sharded_offsets)
+
+
+def connection_layer_spec(hp: ConnectionHParams, normalization: str, init_seed: int) -> ModuleSpec:
+    """megatron's local GPT layer with self-attention replaced by the Connection layer."""
+    spec = get_gpt_layer_local_spec(normalization=normalization)
+    spec.submodules.self_attention = ModuleSpec(module=ConnectionSelfAttention,
+                                                params={"hp": hp, "init_seed": init_seed})
+    return spec
