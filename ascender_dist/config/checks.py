@@ -113,6 +113,19 @@ def check_world_size_layout(cfg: RunConfig, world_size: int) -> None:
                           f"= {t.micro_batch_size} x {dp}")
 
 
+def check_data_sources(cfg: RunConfig) -> None:
+    d = cfg.data
+    if d.mixture and d.manifest:
+        raise ConfigError("data.mixture", "set either data.manifest or data.mixture, not both")
+    for i, source in enumerate(d.mixture):
+        if not source.weight > 0:
+            raise ConfigError(f"data.mixture[{i}].weight", f"must be > 0 (got {source.weight})")
+    if d.num_workers < 0:
+        raise ConfigError("data.num_workers", f"must be >= 0 (got {d.num_workers})")
+    if d.shuffle_buffer < 1:
+        raise ConfigError("data.shuffle_buffer", f"must be >= 1 (got {d.shuffle_buffer})")
+
+
 STATIC_CHECKS = [
     check_positive_sizes,
     check_heads_divide_hidden,
@@ -123,4 +136,5 @@ STATIC_CHECKS = [
     check_batch_divisibility,
     check_optimizer,
     check_dropout,
+    check_data_sources,
 ]

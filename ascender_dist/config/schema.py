@@ -82,10 +82,21 @@ class TrainConfig:
 
 
 @dataclass
+class DatasetSource:
+    manifest: str
+    weight: float = 1.0
+
+
+@dataclass
 class DataConfig:
     manifest: str = ""  # path to a data_pipeline manifest.json (train/val shards)
+    # weighted mixture of several datasets; when set, ``manifest`` must be empty
+    mixture: list[DatasetSource] = field(default_factory=list)
     tokenizer: str = ""  # path to the sentencepiece .model the shards were written with
     num_workers: int = 0
+    shuffle_buffer: int = 8192  # samples; the within-buffer shuffle is a pure function of the seed
+    # read shards through a URL template, e.g. "pipe:aws s3 cp s3://bucket/{name} -"
+    url_template: Optional[str] = None
     on_corrupt: Literal["error", "skip"] = "error"
 
 

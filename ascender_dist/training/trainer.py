@@ -35,10 +35,13 @@ def _tokenizer(cfg: RunConfig):
 
 
 def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = "train"):
+    """Sharded by DATA-parallel rank: tensor/pipeline peers of one replica read identical batches."""
     from data_pipeline.loader import StreamingLoader
 
+    d = cfg.data
+    source = [(m.manifest, m.weight) for m in d.mixture] if d.mixture else d.manifest
     return StreamingLoader(
-        cfg.data.manifest,
+        source,
         seq_length=cfg.model.seq_length,
         micro_batch_size=cfg.train.micro_batch_size,
         global_batch_size=cfg.train.global_batch_size,
@@ -46,10 +49,12 @@ def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = 
         dp_size=pstate.dp_size,
         seed=cfg.train.seed,
         split=split,
-        num_workers=cfg.data.num_workers,
+        num_workers=d.num_workers,
+        shuffle_buffer=d.shuffle_buffer,
+        url_template=d.url_template,
         tokenizer_sha256=tokenizer.sha256 if tokenizer else None,
         vocab_size=tokenizer.vocab_size if tokenizer else cfg.model.vocab_size,
-        on_corrupt=cfg.data.on_corrupt,
+        on_corrupt=d.on_corrupt,
     )
 
 
@@ -69,6 +74,7 @@ class Trainer:
         p = cfg.parallel
         self.pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed)
         self.loader = build_loader(cfg, self.tokenizer, self.pstate)
+        self.val_loader = build_loader(cfg, self.tokenizer, self.pstate, split="val") if cfg.train.eval_interval else None
         self.engine = build_engine(cfg, self.derived)
         self.step = 0
         self.losses: list[float] = []  # per-step training loss (mean over the global batch), for tests
@@ -130,10 +136,16 @@ class Trainer:
     def validate(self) -> float:
         from megatron.core import parallel_state as mps
 
-        val_loader = build_loader(self.cfg, self.tokenizer, self.pstate, split="val")
-        batches = iter(val_loader)
+        """Mean loss over the first ``eval_iters`` validation batches (the same ones every time)."""
+        iters = min(self.cfg.train.eval_iters, len(self.val_loader))
+        if iters == 0:
+            from data_pipeline.errors import DataError
+
+            raise DataError(self.cfg.data.manifest or "data.mixture",
+                            "the validation split has fewer samples than one micro-batch per data-parallel rank")
+        batches = iter(self.val_loader)
         self.engine.eval()
-        losses = [self.engine(next(batches)["tokens"].to(self.pstate.device)) for _ in range(self.cfg.train.eval_iters)]
+        losses = [self.engine(next(batches)["tokens"].to(self.pstate.device)) for _ in range(iters)]
         self.engine.train()
         return _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
 
@@ -157,6 +169,7 @@ class Trainer:
             elapsed = time.perf_counter() - start
             values["train/tokens_per_s"] = tokens_per_step / elapsed
             values["train/step_time_s"] = elapsed
+            values["data/skipped_shards"] = float(self.loader.skipped_shards)
             self.losses.append(values["train/loss"])
             if not math.isfinite(values["train/loss"]):
                 raise FloatingPointError(f"step {self.step}: training loss is {values['train/loss']}")

@@ -131,3 +131,18 @@ def test_vocab_padding_divisible_by_tensor_parallel():
     assert pad_vocab_size(50257, 128, 1) == 50304
     assert pad_vocab_size(50257, 128, 8) % (128 * 8) == 0
     assert pad_vocab_size(1024, 128, 2) == 1024
+
+
+def test_mixture_weight_must_be_positive(tmp_path):
+    text = "data:\n  mixture:\n    - {manifest: a/manifest.json, weight: 2}\n    - {manifest: b/manifest.json, weight: 0}\n"
+    assert "data.mixture[1].weight: must be > 0 (got 0.0)" in _error(tmp_path, text)
+
+
+def test_mixture_entry_unknown_key(tmp_path):
+    text = "data:\n  mixture:\n    - {manifest: a/manifest.json, wieght: 2}\n"
+    assert "data.mixture[0].wieght: unknown key" in _error(tmp_path, text)
+
+
+def test_mixture_and_manifest_are_exclusive(tmp_path):
+    text = "data:\n  manifest: m.json\n  mixture:\n    - {manifest: a/manifest.json}\n"
+    assert "data.mixture: set either data.manifest or data.mixture" in _error(tmp_path, text)
