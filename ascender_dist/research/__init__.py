@@ -1,0 +1,41 @@
+"""Research toolkit: significance statistics, cluster quality of attention groupings, ablation tables.
+
+Pure computation on numpy arrays (scipy for resampling, scikit-learn for cluster metrics); no
+training-stack imports. See docs/research.md.
+"""
+
+from .clusters import TOKEN_CLASSES, attention_groups, cluster_quality, pseudo_labels_from_tokens, token_class
+from .stats import (
+    EXACT_MAX_N,
+    PairedComparison,
+    approximate_randomization_test,
+    cliffs_delta,
+    cohens_dz,
+    compare_paired,
+    compare_per_example,
+    hedges_g,
+    paired_bootstrap_ci,
+    summarize,
+)
+from .tables import pareto_front, results_table, summary_table
+
+__all__ = [
+    "EXACT_MAX_N",
+    "TOKEN_CLASSES",
+    "PairedComparison",
+    "approximate_randomization_test",
+    "attention_groups",
+    "cliffs_delta",
+    "cluster_quality",
+    "cohens_dz",
+    "compare_paired",
+    "compare_per_example",
+    "hedges_g",
+    "paired_bootstrap_ci",
+    "pareto_front",
+    "pseudo_labels_from_tokens",
+    "results_table",
+    "summarize",
+    "summary_table",
+    "token_class",
+]

@@ -1,0 +1,169 @@
+"""Ablation tables (mean +- std over seeds, paired tests against a baseline) and the Pareto front.
+
+Rows are flat dicts, one per (configuration, seed) run, e.g.
+``{"config": "asc", "seed": 3, "val_loss": 3.41, "tokens_per_s": 51200}``. Each table comes back as
+markdown (for reports) and as a JSON-ready dict (NaN/inf written as ``null``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import stats
+
+__all__ = ["pareto_front", "results_table", "summary_table"]
+
+
+def _finite_or_none(x):
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    return x
+
+
+def _fmt(x, digits: int) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.{digits}g}"
+
+
+def _group(rows: Sequence[dict], metric: str, config_key: str, seed_key: str,
+           allow_non_finite: bool = False) -> dict[str, dict]:
+    """``{config: {seed: value}}`` in order of first appearance; rejects duplicates and bad rows."""
+    groups: dict[str, dict] = {}
+    for i, row in enumerate(rows):
+        for key in (config_key, seed_key, metric):
+            if key not in row:
+                raise ValueError(f"row {i}: missing key {key!r} (row keys: {sorted(row)})")
+        try:
+            value = float(row[metric])
+        except (TypeError, ValueError):
+            raise ValueError(f"row {i}: {metric}={row[metric]!r} is not a number") from None
+        if not allow_non_finite and not math.isfinite(value):
+            raise ValueError(f"row {i}: {metric}={value} is not finite (config {row[config_key]!r})")
+        cfg, seed = str(row[config_key]), row[seed_key]
+        per_seed = groups.setdefault(cfg, {})
+        if seed in per_seed:
+            raise ValueError(f"row {i}: duplicate run for config {cfg!r} seed {seed!r}")
+        per_seed[seed] = value
+    return groups
+
+
+def results_table(rows: Sequence[dict], baseline: str, metric: str, *, config_key: str = "config",
+                  seed_key: str = "seed", n_resamples: int = 10_000, n_permutations: int = 10_000,
+                  confidence: float = 0.95, seed: int = 0, digits: int = 4) -> tuple[str, dict]:
+    """One metric across configurations: mean +- std, and a paired comparison with ``baseline``.
+
+    Each configuration is paired with the baseline on the seeds both ran (same seed = same init and data
+    order); for those pairs the table gives the mean difference ``config - baseline`` with its paired
+    bootstrap CI, the approximate-randomisation p-value and Cohen's d_z (Hedges' g in the JSON).
+    A configuration with fewer than two seeds, or fewer than two seeds shared with the baseline, gets
+    ``n/a`` and a ``note`` instead of raising. Returns ``(markdown, json_obj)``.
+    """
+    groups = _group(rows, metric, config_key, seed_key)
+    if baseline not in groups:
+        raise ValueError(f"baseline {baseline!r} has no rows; configs present: {list(groups)}")
+    order = [baseline] + [c for c in groups if c != baseline]
+    base = groups[baseline]
+    entries, raw = [], {}
+    for cfg in order:
+        runs = groups[cfg]
+        values = np.array(list(runs.values()))
+        entry = {"config": cfg, "n": int(values.size), "seeds": list(runs), "mean": float(values.mean()),
+                 "std": float(values.std(ddof=1)) if values.size >= 2 else None,
+                 "comparison": None, "note": None}
+        notes = []
+        if values.size < 2:
+            notes.append(f"only {values.size} seed: no std")
+        if cfg != baseline:
+            shared = [s for s in runs if s in base]
+            if len(shared) >= 2:
+                cmp = stats.compare_paired([base[s] for s in shared], [runs[s] for s in shared],
+                                           n_resamples=n_resamples, n_permutations=n_permutations,
+                                           confidence=confidence, seed=seed)
+                raw[cfg] = cmp
+                entry["comparison"] = {k: _finite_or_none(v) for k, v in cmp.to_dict().items()}
+                entry["comparison"]["paired_seeds"] = shared
+                if len(shared) < values.size or len(shared) < len(base):
+                    notes.append(f"paired on {len(shared)} shared seeds")
+            else:
+                notes.append(f"{len(shared)} seed(s) shared with baseline: no paired test")
+        entry["note"] = "; ".join(notes) or None
+        entries.append(entry)
+
+    pct = f"{confidence * 100:g}%"
+    lines = [f"| config | n | {metric} mean ± std | Δ vs {baseline} [{pct} CI] | p | d_z |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for e in entries:
+        c = raw.get(e["config"])
+        if e["config"] == baseline:
+            delta, p, dz = "(baseline)", "", ""
+        elif c is None:
+            delta, p, dz = "n/a", "n/a", "n/a"
+        else:
+            delta = f"{_fmt(c.mean_diff, digits)} [{_fmt(c.ci_low, digits)}, {_fmt(c.ci_high, digits)}]"
+            p, dz = _fmt(c.p_value, 3), _fmt(c.cohens_dz, 3)
+        lines.append(f"| {e['config']} | {e['n']} | {_fmt(e['mean'], digits)} ± {_fmt(e['std'], digits)} "
+                     f"| {delta} | {p} | {dz} |")
+    notes = [f"{e['config']}: {e['note']}" for e in entries if e["note"]]
+    md = "\n".join(lines)
+    if notes:
+        md += "\n\n" + "\n".join(f"- {n}" for n in notes)
+    obj = {"metric": metric, "baseline": baseline, "difference": "config - baseline",
+           "confidence": confidence, "n_resamples": n_resamples, "n_permutations": n_permutations,
+           "seed": seed, "configs": entries}
+    return md + "\n", obj
+
+
+def summary_table(rows: Sequence[dict], metrics: Sequence[str], *, config_key: str = "config",
+                  seed_key: str = "seed", digits: int = 4) -> tuple[str, dict]:
+    """Several metrics side by side as mean ± std over seeds (e.g. Table 4: NMI, ARI, CH, silhouette).
+
+    Non-finite values (a NaN silhouette for a one-cluster run) are left out of a cell's statistics; the
+    cell then shows how many seeds it rests on. Returns ``(markdown, json_obj)``.
+    """
+    per_metric = {m: _group(rows, m, config_key, seed_key, allow_non_finite=True) for m in metrics}
+    configs = list(dict.fromkeys(c for g in per_metric.values() for c in g))
+    lines = ["| config | n | " + " | ".join(f"{m} mean ± std" for m in metrics) + " |",
+             "|---|---:|" + "---:|" * len(metrics)]
+    entries = []
+    for cfg in configs:
+        n_runs = max(len(per_metric[m].get(cfg, {})) for m in metrics)
+        entry = {"config": cfg, "n": n_runs, "metrics": {}}
+        cells = []
+        for m in metrics:
+            vals = np.array([v for v in per_metric[m].get(cfg, {}).values() if math.isfinite(v)])
+            mean = float(vals.mean()) if vals.size else None
+            std = float(vals.std(ddof=1)) if vals.size >= 2 else None
+            entry["metrics"][m] = {"mean": mean, "std": std, "n": int(vals.size)}
+            cell = f"{_fmt(mean, digits)} ± {_fmt(std, digits)}"
+            cells.append(cell if vals.size == n_runs else f"{cell} (n={vals.size})")
+        entries.append(entry)
+        lines.append(f"| {cfg} | {n_runs} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n", {"metrics": list(metrics), "configs": entries}
+
+
+def pareto_front(points, *, maximize_quality: bool = False) -> list[int]:
+    """Indices of the non-dominated ``(quality, cost)`` points, ordered by increasing cost.
+
+    By default lower is better on both axes (loss vs FLOPs/latency/memory); ``maximize_quality=True``
+    for accuracy-like quality. A point is dominated when another is at least as good on both axes and
+    strictly better on one; identical points do not dominate each other, so both stay on the front.
+    """
+    p = np.asarray(points, dtype=np.float64)
+    if p.ndim != 2 or p.shape[1] != 2:
+        raise ValueError(f"points must be a sequence of (quality, cost) pairs, got shape {p.shape}")
+    if not np.all(np.isfinite(p)):
+        raise ValueError("points contain non-finite values")
+    q = p.copy()
+    if maximize_quality:
+        q[:, 0] = -q[:, 0]
+    no_worse = np.all(q[:, None, :] <= q[None, :, :], axis=2)   # [j, i]: j at least as good as i
+    better = np.any(q[:, None, :] < q[None, :, :], axis=2)      # [j, i]: j strictly better somewhere
+    dominated = np.any(no_worse & better, axis=0)
+    front = np.flatnonzero(~dominated)
+    return sorted(front.tolist(), key=lambda i: (q[i, 1], q[i, 0], i))
