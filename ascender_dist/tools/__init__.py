@@ -1,0 +1,1 @@
+"""Command-line tools that work on a run config without training (``plan``)."""

@@ -1,0 +1,415 @@
+"""``plan``: memory per GPU and training time of a run config on a cluster, before launching it.
+
+Pure arithmetic on the config (no model build, no megatron or DeepSpeed import). The formulas and
+their sources are in ``docs/plan.md``; in short:
+
+* model states: the ZeRO paper's mixed-precision model (Rajbhandari et al. 2020): 2 bytes of bf16
+  weights + 2 of bf16 gradients + 12 of optimizer states (fp32 master weights, Adam m and v) per
+  parameter; ZeRO-1 shards the 12 over data-parallel ranks, ZeRO-2 also the gradients, ZeRO-3 also
+  the weights. Before that, a pipeline stage holds its own layers (embedding on the first stage,
+  LM head on the last) and tensor parallelism divides them by TP.
+* activations: Korthikanti et al. 2022, per layer and micro-batch ``s b h (34 + 5 a s / h)`` bytes
+  (TP-sharded parts divided by t; everything divided by t with sequence parallelism); with full
+  recomputation only each layer's input, ``2 s b h``, plus one layer's activations while it is
+  recomputed. ASCender (S) and Connection (C) layers are approximations (see ``docs/plan.md``).
+* time: ``flops_per_token * tokens / (world * peak * mfu)`` with
+  :func:`ascender_dist.models.counting.count_model`'s 6N-style training FLOPs per token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.resolve import pad_vocab_size, validate
+from ascender_dist.config.schema import RunConfig
+from ascender_dist.models.counting import count_model, gpt_layer_params
+from ascender_dist.models.registry import expand_layer_pattern, get_layer_kind
+
+GIB = 2**30
+DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded to a multiple of 128 (used when nothing else says)
+DEFAULT_HEADROOM = 0.9
+# bytes per parameter: (weights, gradients, optimizer states). bf16: the ZeRO paper's 2 + 2 + 12
+# (fp32 master copy 4 + Adam m 4 + v 4); fp32 training has no master copy: 4 + 4 + 8.
+BYTES_PER_PARAM = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
+ACTIVATION_BYTES = {"bf16": 2, "fp32": 4}  # bytes per stored activation value (dropout masks: 1)
+LOGIT_BYTES = 4  # the cross entropy keeps fp32 logits (Korthikanti et al.: 4 s b v / t)
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    nodes: int = 1
+    gpus_per_node: int = 8
+    gpu_memory_gib: float = 80.0  # H100 SXM
+    peak_tflops: float = 989.0  # dense bf16 TFLOP/s per GPU, H100 SXM
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes per GPU of one pipeline stage (every TP/DP rank of a stage holds the same)."""
+
+    stage: int
+    layers: str  # this stage's slice of the layer pattern
+    params: int  # parameters on one GPU after tensor parallelism, before ZeRO
+    micro_batches_in_flight: int
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations_no_checkpointing: int
+    activations_checkpointing: int
+    activations: int  # the one the config uses
+    total: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    nodes: int
+    gpus_per_node: int
+    world_size: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    data_parallel: int
+    zero_stage: int
+    precision: str
+    sequence_parallel: bool
+    activation_checkpointing: bool
+    micro_batch_size: int
+    global_batch_size: int
+    gradient_accumulation_steps: int
+    seq_length: int
+    vocab_size: int
+    padded_vocab_size: int
+    total_params: int
+    memory: StageMemory  # the stage that needs the most
+    stages: tuple[StageMemory, ...]
+    gpu_memory_gib: float
+    headroom: float
+    available_bytes: int
+    fits: bool
+    flops_per_token: float
+    tokens: int
+    mfu: float
+    peak_tflops: float
+    train_seconds: float
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- activations
+def _layer_activation_bytes(cfg: RunConfig, letter: str, micro_batch: int, act_bytes: int) -> float:
+    """Stored activations of one layer for one micro-batch on one GPU (Korthikanti et al. 2022, sec. 4).
+
+    Values per token, split into replicated ones (divided by t only with sequence parallelism) and
+    tensor-parallel ones (always divided by t). For a GPT layer with MHA, GELU and ffn = 4h this is
+    exactly the paper's ``s b h (10 + 24/t + 5 a s / (h t))`` bytes, or ``s b h (34 + 5 a s / h) / t``
+    with sequence parallelism; GQA, SwiGLU and other FFN widths change the corresponding terms.
+    """
+    m, p = cfg.model, cfg.parallel
+    s, h, a = m.seq_length, m.hidden_size, m.num_attention_heads
+    t = p.tensor_model_parallel_size
+    tau = t if p.sequence_parallel else 1
+    head_dim = h // a
+    kv = (m.num_query_groups or a) * head_dim
+    ffn = m.ffn_hidden_size or 4 * h
+    mlp = (2 * ffn if m.activation == "swiglu" else ffn) + ffn  # fc1 output + activation output
+    rep_mask = 2 * h  # dropout masks after attention and after the MLP (1 byte each)
+    if letter == "C":
+        # The Connection layer replaces the attention block (its input, q/k/v, the s x s scores,
+        # the output projection's input). Its own stored values were measured at
+        # ~10.6 h per token (benchmarks/results/connection.md, "saved" column, N=32, c=128,
+        # 4 steps: linear in s, no s x s term); the reasoning states add max_steps * N / c of
+        # those h (1 at that shape): (10 + max_steps * N / c) h. Counted unsharded (conservative).
+        hp = m.connection
+        chunk = min(hp.causal_chunk_size, s)
+        rep_tensor = 2 * h + h + (10 + hp.max_steps * hp.num_slots / chunk) * h  # norms, fc1 input, layer
+        par_tensor, par_mask = mlp, 0
+    else:
+        rep_tensor = 2 * h + h + h  # inputs of the two norms, of the QKV projection, of fc1
+        # q, k, v, output projection input, MLP, softmax output and its dropout output (a s each)
+        par_tensor = h + 2 * kv + h + mlp + 2 * a * s
+        par_mask = a * s  # attention dropout mask
+        if letter == "S":
+            # ASCender: the fast (CPU) and flex (GPU) paths never keep an s x s tensor (per-chunk
+            # checkpointing), so no score terms; the query carries z and h (d_z + d_a per head) and
+            # the folded q_aug, k_aug are hd + d_z + 1 wider per head than q, k (docs/ascender.md).
+            hp = m.ascender
+            par_tensor += a * (hp.d_z + hp.d_a) + 2 * a * (head_dim + hp.d_z + 1) - 2 * a * s
+            par_mask = 0
+    per_token = act_bytes * (rep_tensor / tau + par_tensor / t) + rep_mask / tau + par_mask / t
+    return s * micro_batch * per_token
+
+
+# --------------------------------------------------------------------------- the plan
+def _check_inputs(cluster: ClusterShape, mfu: float, tokens: Optional[int], headroom: float) -> None:
+    for name in ("nodes", "gpus_per_node"):
+        if getattr(cluster, name) < 1:
+            raise ConfigError(f"cluster.{name}", f"must be >= 1 (got {getattr(cluster, name)})")
+    for name in ("gpu_memory_gib", "peak_tflops"):
+        if not getattr(cluster, name) > 0:
+            raise ConfigError(f"cluster.{name}", f"must be > 0 (got {getattr(cluster, name)})")
+    if not 0 < mfu <= 1:
+        raise ConfigError("mfu", f"must be in (0, 1] (got {mfu})")
+    if tokens is not None and tokens < 1:
+        raise ConfigError("tokens", f"must be >= 1 (got {tokens})")
+    if not 0 < headroom <= 1:
+        raise ConfigError("headroom", f"must be in (0, 1] (got {headroom})")
+
+
+def plan(cfg: RunConfig, cluster: ClusterShape, *, vocab_size: int, mfu: float = 0.4,
+         tokens: Optional[int] = None, headroom: float = DEFAULT_HEADROOM) -> Plan:
+    """Memory per GPU and training time of ``cfg`` on ``cluster``. ConfigError when the layout is
+    impossible (world size not a multiple of TP x PP, batch not divisible, ...); fitting in memory
+    is reported in ``Plan.fits`` (see :func:`check_fits`)."""
+    _check_inputs(cluster, mfu, tokens, headroom)
+    world = cluster.world_size
+    validate(cfg, world)  # TP x PP divides the world, batch divides into micro-batches x DP, ...
+    m, p, t_cfg = cfg.model, cfg.parallel, cfg.train
+    tp, pp = p.tensor_model_parallel_size, p.pipeline_model_parallel_size
+    dp = world // (tp * pp)
+    grad_accum = t_cfg.global_batch_size // (t_cfg.micro_batch_size * dp)
+    s, h, b = m.seq_length, m.hidden_size, t_cfg.micro_batch_size
+    padded_vocab = pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp)
+    counts = count_model(cfg, vocab_size)
+    weight_b, grad_b, optim_b = BYTES_PER_PARAM[t_cfg.precision]
+    act_bytes = ACTIVATION_BYTES[t_cfg.precision]
+    tau = tp if p.sequence_parallel else 1
+
+    pattern = expand_layer_pattern(cfg)
+    per_stage = m.num_layers // pp
+    base_layer = gpt_layer_params(cfg)
+    layer_params = {c: base_layer + get_layer_kind(c).extra_params(cfg) for c in set(pattern)}
+    layer_act = {c: _layer_activation_bytes(cfg, c, b, act_bytes) for c in set(pattern)}
+    layer_input = act_bytes * s * b * h / tau  # what full recomputation keeps per layer
+
+    stages = []
+    for i in range(pp):
+        letters = pattern[i * per_stage:(i + 1) * per_stage]
+        params = sum(layer_params[c] for c in letters)
+        extra_act = 0.0
+        in_flight = min(pp - i, grad_accum)  # 1F1B: stage i holds pp - i micro-batches
+        if i == 0:
+            params += padded_vocab * h + (s * h if m.position_embedding_type == "learned_absolute" else 0)
+            extra_act += in_flight * s * b * h / tau  # embedding dropout mask (1 byte)
+        if i == pp - 1:
+            params += 2 * h if m.normalization == "LayerNorm" else h  # final norm
+            if m.untie_embeddings_and_output_weights or pp > 1:  # tied + pp > 1: megatron's copy
+                params += padded_vocab * h
+            # final norm input, LM-head input, fp32 logits of the vocab-parallel cross entropy
+            extra_act += act_bytes * 2 * s * b * h / tau + LOGIT_BYTES * s * b * padded_vocab / tp
+        shard = params / tp
+        weights, grads, optim = weight_b * shard, grad_b * shard, optim_b * shard
+        if p.zero_stage >= 1:
+            optim /= dp
+        if p.zero_stage >= 2:
+            grads /= dp
+        if p.zero_stage >= 3:
+            weights /= dp
+        full = sum(layer_act[c] for c in letters)
+        no_ckpt = in_flight * full + extra_act
+        ckpt = in_flight * len(letters) * layer_input + max(layer_act[c] for c in letters) + extra_act
+        act = ckpt if p.activation_checkpointing else no_ckpt
+        parts = [math.ceil(x) for x in (weights, grads, optim, no_ckpt, ckpt, act)]
+        stages.append(StageMemory(i, letters, math.ceil(shard), in_flight, *parts,
+                                  total=parts[0] + parts[1] + parts[2] + parts[5]))
+    worst = max(stages, key=lambda st: st.total)
+    available = int(headroom * cluster.gpu_memory_gib * GIB)
+    tokens = tokens if tokens is not None else t_cfg.train_steps * t_cfg.global_batch_size * s
+    seconds = counts.flops_per_token * tokens / (world * cluster.peak_tflops * 1e12 * mfu)
+    return Plan(
+        nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node, world_size=world,
+        tensor_parallel=tp, pipeline_parallel=pp, data_parallel=dp, zero_stage=p.zero_stage,
+        precision=t_cfg.precision, sequence_parallel=p.sequence_parallel,
+        activation_checkpointing=p.activation_checkpointing, micro_batch_size=b,
+        global_batch_size=t_cfg.global_batch_size, gradient_accumulation_steps=grad_accum, seq_length=s,
+        vocab_size=vocab_size, padded_vocab_size=padded_vocab, total_params=counts.total_params,
+        memory=worst, stages=tuple(stages), gpu_memory_gib=cluster.gpu_memory_gib, headroom=headroom,
+        available_bytes=available, fits=worst.total <= available, flops_per_token=counts.flops_per_token,
+        tokens=tokens, mfu=mfu, peak_tflops=cluster.peak_tflops, train_seconds=seconds,
+        notes=tuple(_notes(cfg, pattern, pp, worst)),
+    )
+
+
+def _notes(cfg: RunConfig, pattern: str, pp: int, worst: StageMemory) -> list[str]:
+    notes = []
+    if "S" in pattern:
+        notes.append("ASCender (S) layers are approximated: no s x s term (the fast/flex paths keep none), "
+                     "plus z, h and the wider folded q/k; per-chunk working tiles are not counted")
+    if "C" in pattern:
+        notes.append("Connection (C) layers are approximated: (10 + max_steps*N/c) * h values per token for "
+                     "the layer, from benchmarks/results/connection.md, not divided by TP")
+    if pp > 1:
+        notes.append(f"pipeline: 1F1B schedule, stage i keeps min(pp - i, grad accum) micro-batches in flight; "
+                     f"stage {worst.stage} needs the most and is shown")
+    if cfg.parallel.activation_checkpointing:
+        notes.append("full recomputation runs each forward twice: the MFU given counts model FLOPs only, "
+                     "so expect it lower than without checkpointing")
+    if cfg.train.precision == "fp32":
+        notes.append("precision fp32: 4 + 4 + 8 bytes per parameter (no master copy), 4-byte activations")
+    elif cfg.parallel.zero_stage == 1:
+        notes.append("DeepSpeed's bf16 ZeRO-1 with fp32 gradient accumulation (this project's setting) keeps "
+                     "an unsharded fp32 gradient buffer: 2 bytes/param more than counted here")
+    notes.append("not counted: communication buckets, CUDA context, allocator fragmentation "
+                 "(the headroom is for these)")
+    return notes
+
+
+# --------------------------------------------------------------------------- output
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days ({seconds / 3600:.0f} h)"
+
+
+def _layout(plan_: Plan) -> str:
+    return (f"tp {plan_.tensor_parallel} x pp {plan_.pipeline_parallel} x dp {plan_.data_parallel}, "
+            f"ZeRO-{plan_.zero_stage}")
+
+
+def format_plan(plan_: Plan) -> str:
+    mem = plan_.memory
+    ckpt = "on" if plan_.activation_checkpointing else "off"
+    rows = [
+        ("world", f"{plan_.world_size} GPUs = {plan_.nodes} node(s) x {plan_.gpus_per_node}"),
+        ("layout", f"{_layout(plan_)}, {plan_.precision}"
+                   + (", sequence parallel" if plan_.sequence_parallel else "")),
+        ("batch", f"micro {plan_.micro_batch_size} x grad accum {plan_.gradient_accumulation_steps} x dp "
+                  f"{plan_.data_parallel} = {plan_.global_batch_size} sequences of {plan_.seq_length} tokens"),
+        ("parameters", f"{plan_.total_params:,} (vocab {plan_.vocab_size} padded to {plan_.padded_vocab_size}); "
+                       f"{mem.params:,} per GPU on stage {mem.stage}"),
+        ("parameters GiB/GPU", _gib(mem.parameters)),
+        ("gradients GiB/GPU", _gib(mem.gradients)),
+        ("optimizer states GiB/GPU", _gib(mem.optimizer_states)),
+        ("activations GiB/GPU, no checkpointing", _gib(mem.activations_no_checkpointing)
+         + (" (used)" if not plan_.activation_checkpointing else "")),
+        ("activations GiB/GPU, full checkpointing", _gib(mem.activations_checkpointing)
+         + (" (used)" if plan_.activation_checkpointing else "")),
+        ("total GiB/GPU", f"{_gib(mem.total)} (activation checkpointing {ckpt})"),
+        ("available GiB/GPU", f"{_gib(plan_.available_bytes)} ({plan_.headroom:g} x {plan_.gpu_memory_gib:g})"),
+        ("fits", "yes" if plan_.fits else "NO"),
+        ("tokens", f"{plan_.tokens:,}"),
+        ("training FLOPs/token", f"{plan_.flops_per_token:.4g}"),
+        ("time", f"{_duration(plan_.train_seconds)} at MFU {plan_.mfu:g} of {plan_.peak_tflops:g} TFLOP/s/GPU"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"| {'item':<{width}} | value |", f"| {'-' * width} | --- |"]
+    lines += [f"| {k:<{width}} | {v} |" for k, v in rows]
+    lines += [f"- {note}" for note in plan_.notes]
+    return "\n".join(lines)
+
+
+def _breakdown(stage: StageMemory) -> str:
+    return (f"parameters {_gib(stage.parameters)} + gradients {_gib(stage.gradients)} + optimizer states "
+            f"{_gib(stage.optimizer_states)} + activations {_gib(stage.activations)} GiB")
+
+
+def check_fits(plan_: Plan) -> None:
+    """ConfigError (one line) naming the sizes when the plan does not fit in GPU memory."""
+    if plan_.fits:
+        return
+    mem = plan_.memory
+    stage = f" on pipeline stage {mem.stage}" if plan_.pipeline_parallel > 1 else ""
+    hint = ""
+    if not plan_.activation_checkpointing and mem.total - mem.activations + mem.activations_checkpointing \
+            <= plan_.available_bytes:
+        hint = "; it fits with parallel.activation_checkpointing=true"
+    raise ConfigError("parallel", f"{_layout(plan_)} does not fit: {_gib(mem.total)} GiB needed per GPU{stage}, "
+                                  f"{_gib(plan_.available_bytes)} GiB available ({plan_.headroom:g} x "
+                                  f"{plan_.gpu_memory_gib:g} GiB): {_breakdown(mem)}{hint}")
+
+
+# --------------------------------------------------------------------------- command line
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ascender-dist plan",
+        description="Memory per GPU and training time of a run config on a cluster (see docs/plan.md).")
+    parser.add_argument("--config", required=True, help="YAML run config (see configs/)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field, e.g. --set parallel.zero_stage=2 (repeatable)")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--gpu-memory-gib", type=float, default=80.0, help="default 80 (H100 SXM)")
+    parser.add_argument("--peak-tflops", type=float, default=989.0,
+                        help="dense bf16 TFLOP/s per GPU (default 989, H100 SXM)")
+    parser.add_argument("--mfu", type=float, default=0.4, help="model FLOPs utilisation (default 0.4)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="tokens to train (default train_steps x global_batch_size x seq_length)")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help=f"when the config has no model.vocab_size and no readable tokenizer "
+                             f"(default {DEFAULT_VOCAB_SIZE})")
+    parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
+                        help="fraction of GPU memory the plan may use (default 0.9)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
+    return parser
+
+
+def _vocab(cfg: RunConfig, explicit: Optional[int]) -> tuple[int, Optional[str]]:
+    """vocab size and a note on where it came from (config, --vocab-size, tokenizer, default)."""
+    if cfg.model.vocab_size:
+        return cfg.model.vocab_size, None
+    if explicit is not None:
+        if explicit < 1:
+            raise ConfigError("--vocab-size", f"must be >= 1 (got {explicit})")
+        return explicit, None
+    if cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file():
+        from data_pipeline.tokenizer import Tokenizer
+
+        return Tokenizer.load(Path(cfg.data.tokenizer)).vocab_size, None
+    reason = f"tokenizer {cfg.data.tokenizer} not found" if cfg.data.tokenizer else "no tokenizer set"
+    return DEFAULT_VOCAB_SIZE, f"vocab size {DEFAULT_VOCAB_SIZE} assumed ({reason}; set --vocab-size)"
+
+
+def _user_errors() -> tuple[type, ...]:
+    errors: list[type] = [ConfigError]
+    try:
+        from data_pipeline.errors import DataError
+
+        errors.append(DataError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def plan_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``ascender-dist plan ...``: print the plan; exit 2 with one line on stderr when it is
+    impossible or does not fit (the table is printed first)."""
+    args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        from ascender_dist.config import load_config
+
+        cfg = load_config(args.config, args.overrides)
+        vocab, vocab_note = _vocab(cfg, args.vocab_size)
+        cluster = ClusterShape(args.nodes, args.gpus_per_node, args.gpu_memory_gib, args.peak_tflops)
+        result = plan(cfg, cluster, vocab_size=vocab, mfu=args.mfu, tokens=args.tokens, headroom=args.headroom)
+        if vocab_note:
+            result = replace(result, notes=(vocab_note, *result.notes))
+        print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
+        sys.stdout.flush()
+        check_fits(result)
+    except _user_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(plan_main())

@@ -1,0 +1,168 @@
+"""``plan``: memory per GPU and training time, checked against a computation written out by hand."""
+
+import json
+
+import pytest
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.resolve import config_from_dict
+from ascender_dist.models.counting import count_model
+from ascender_dist.tools.plan import ClusterShape, check_fits, format_plan, plan, plan_main
+
+# A GPT with round numbers: h = 1024, 16 heads, ffn 4h, s = 2048, 4 layers, vocab 51200
+# (a multiple of 128 x TP 2, so no padding), tied embeddings, RoPE, LayerNorm, GELU, biases.
+H, A, S, L, V = 1024, 16, 2048, 4, 51200
+MODEL = dict(num_layers=L, hidden_size=H, num_attention_heads=A, ffn_hidden_size=4 * H, seq_length=S, vocab_size=V)
+TRAIN = dict(precision="bf16", micro_batch_size=4, global_batch_size=64, train_steps=1000)
+EIGHT_GPUS = ClusterShape(nodes=1, gpus_per_node=8, gpu_memory_gib=80, peak_tflops=989)
+
+
+def make_cfg(**parallel):
+    return config_from_dict({"model": MODEL, "train": TRAIN,
+                             "parallel": {"tensor_model_parallel_size": 2, "zero_stage": 1, **parallel}})
+
+
+def test_gpt_on_8_gpus_tp2_zero1_matches_hand_computation():
+    cfg = make_cfg()
+    p = plan(cfg, EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None)
+    assert (p.world_size, p.data_parallel, p.gradient_accumulation_steps) == (8, 4, 4)  # 64 = 4 x 4 x 4
+
+    # parameters: per layer attention 4h^2 + 4h (QKV + proj with biases), MLP 8h^2 + 5h, two LayerNorms 4h
+    layer = (4 * H * H + 4 * H) + (8 * H * H + 5 * H) + 4 * H
+    assert layer == 12_596_224
+    n = L * layer + 2 * H + V * H  # + final LayerNorm + (tied) word embedding
+    assert n == 102_815_744 == count_model(cfg, V).total_params
+    shard = n // 2  # TP = 2
+    mem = p.memory
+    assert mem.parameters == 2 * shard == 102_815_744  # bf16 weights
+    assert mem.gradients == 2 * shard == 102_815_744  # bf16 gradients (ZeRO-1 keeps them whole)
+    assert mem.optimizer_states == 12 * shard // 4 == 154_223_616  # fp32 master + m + v over DP 4
+
+    # activations (Korthikanti et al. 2022), b = 4, t = 2, no sequence parallelism:
+    # per layer s b h (10 + 24 / t + 5 a s / (h t)) = s b h (10 + 12 + 80) = 102 s b h bytes
+    sbh = S * 4 * H
+    per_layer = sbh * (10 + 24 // 2 + 5 * A * S // (H * 2))
+    assert per_layer == 102 * sbh == 855_638_016
+    embedding_mask = sbh  # 1-byte dropout mask on the embedding output (replicated without SP)
+    output = 2 * 2 * sbh + 4 * S * 4 * V // 2  # final norm + LM-head inputs (bf16), fp32 logits / t
+    assert mem.activations_no_checkpointing == L * per_layer + embedding_mask + output == 4_303_355_904
+    # full recomputation: each layer's input (2 s b h) + one layer's activations while it is recomputed
+    assert mem.activations_checkpointing == L * 2 * sbh + per_layer + embedding_mask + output == 1_803_550_720
+    assert mem.activations == mem.activations_no_checkpointing  # the config does not checkpoint
+    assert mem.total == 2 * 102_815_744 + 154_223_616 + 4_303_355_904 == 4_663_211_008
+    assert p.fits and p.available_bytes == int(0.9 * 80 * 2**30)
+
+    # time: training FLOPs per token = 3 x forward, forward = 2 N_matmul + 4 s h per layer + LM head 2 V h
+    flops = 3 * (2 * V * H + L * (2 * layer + 4 * S * H))
+    assert flops == 717_545_472 == p.flops_per_token
+    tokens = 1000 * 64 * 2048  # train_steps x global batch x seq_length
+    assert p.tokens == tokens
+    assert p.train_seconds == pytest.approx(flops * tokens / (8 * 989e12 * 0.4))  # ~59 s
+    table = format_plan(p)
+    assert "| fits" in table and "yes" in table and "4.34" in table  # total GiB/GPU
+
+
+def test_zero_stages_order_memory():
+    totals = [plan(make_cfg(tensor_model_parallel_size=1, zero_stage=z), EIGHT_GPUS, vocab_size=V,
+                   mfu=0.4, tokens=None).memory for z in range(4)]
+    assert totals[3].total < totals[2].total < totals[1].total < totals[0].total
+    # only the ZeRO-sharded state shrinks; activations are the same at every stage
+    assert len({m.activations for m in totals}) == 1
+    assert totals[0].optimizer_states == 8 * totals[1].optimizer_states  # DP 8
+    assert totals[1].gradients == 8 * totals[2].gradients
+    assert totals[2].parameters == 8 * totals[3].parameters
+
+
+def test_sequence_parallel_and_checkpointing_reduce_activations():
+    base = plan(make_cfg(), EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None).memory
+    sp = plan(make_cfg(sequence_parallel=True), EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None).memory
+    sbh = S * 4 * H
+    # with SP every layer term is divided by t: s b h (34 + 5 a s / h) / 2 = 97 s b h per layer
+    assert sp.activations_no_checkpointing == (L * 97 * sbh + sbh // 2 + 2 * sbh + 4 * S * 4 * V // 2)
+    ckpt = plan(make_cfg(activation_checkpointing=True), EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None)
+    assert ckpt.memory.activations == base.activations_checkpointing < base.activations
+    assert any("recomputation" in note for note in ckpt.notes)
+
+
+def test_pipeline_stages_hold_embedding_first_and_head_copy_last():
+    p = plan(make_cfg(pipeline_model_parallel_size=2), EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None)
+    first, last = p.stages
+    layer = 12_596_224
+    assert first.params == (2 * layer + V * H) // 2
+    assert last.params == (2 * layer + 2 * H + V * H) // 2  # tied weights: megatron's copy on the last stage
+    assert first.micro_batches_in_flight == 2 and last.micro_batches_in_flight == 1  # 1F1B
+    assert p.memory.total == max(first.total, last.total)
+
+
+def test_custom_layers_are_approximated_and_noted():
+    gpt = plan(make_cfg(), EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None)
+    asc = plan(config_from_dict({"model": {**MODEL, "architecture": "ascender"}, "train": TRAIN,
+                                 "parallel": {"tensor_model_parallel_size": 2}}),
+               EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None)
+    # ASCender never stores the s x s scores: far less than GPT's 5 a s / h = 80 h-units at s = 2048
+    assert asc.memory.activations_no_checkpointing < gpt.memory.activations_no_checkpointing
+    assert any("ASCender" in note for note in asc.notes)
+    conn = plan(config_from_dict({"model": {**MODEL, "architecture": "connection"}, "train": TRAIN,
+                                  "parallel": {"tensor_model_parallel_size": 2}}),
+                EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None)
+    assert any("Connection" in note for note in conn.notes)
+
+
+def test_layout_that_does_not_fit_is_refused_in_one_line():
+    small = ClusterShape(nodes=1, gpus_per_node=8, gpu_memory_gib=4)
+    p = plan(make_cfg(), small, vocab_size=V, mfu=0.4, tokens=None)
+    assert not p.fits
+    with pytest.raises(ConfigError) as err:
+        check_fits(p)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("parallel: ")
+    assert "does not fit: 4.34 GiB needed per GPU, 3.60 GiB available" in msg
+    assert "parameters 0.10 + gradients 0.10 + optimizer states 0.14 + activations 4.01 GiB" in msg
+    assert "activation_checkpointing=true" in msg  # 1.8 GiB of activations would fit
+    check_fits(plan(make_cfg(), EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None))  # fits: no error
+
+
+def test_world_not_divisible_by_tp_times_pp():
+    with pytest.raises(ConfigError, match="world size 6 is not a multiple of tensor x pipeline = 4"):
+        plan(make_cfg(tensor_model_parallel_size=4), ClusterShape(nodes=1, gpus_per_node=6),
+             vocab_size=V, mfu=0.4, tokens=None)
+
+
+def test_bad_cluster_inputs_name_the_field():
+    with pytest.raises(ConfigError, match="^mfu: must be in"):
+        plan(make_cfg(), EIGHT_GPUS, vocab_size=V, mfu=1.5, tokens=None)
+    with pytest.raises(ConfigError, match="^cluster.nodes: must be >= 1"):
+        plan(make_cfg(), ClusterShape(nodes=0), vocab_size=V, mfu=0.4, tokens=None)
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    import yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"name": "plan", "model": MODEL, "train": TRAIN,
+                                    "parallel": {"tensor_model_parallel_size": 2, "zero_stage": 1}}))
+    return str(path)
+
+
+def test_cli_fitting_layout_exits_0(config_file, capsys):
+    assert plan_main(["--config", config_file, "--nodes", "1", "--gpus-per-node", "8"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "| fits" in out
+    assert plan_main(["--config", config_file, "--json", "--tokens", "1000", "--set", "parallel.zero_stage=2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["tokens"] == 1000 and data["zero_stage"] == 2 and data["fits"] is True
+
+
+def test_cli_non_fitting_layout_prints_table_then_one_error_line(config_file, capsys):
+    assert plan_main(["--config", config_file, "--gpu-memory-gib", "4"]) == 2
+    out, err = capsys.readouterr()
+    assert "| fits" in out and "NO" in out  # the table comes first
+    assert err.count("\n") == 1 and err.startswith("error: parallel: tp 2 x pp 1 x dp 4, ZeRO-1 does not fit: ")
+    assert "GiB needed per GPU" in err and "GiB available" in err
+
+
+def test_cli_world_not_divisible_is_one_line(config_file, capsys):
+    assert plan_main(["--config", config_file, "--gpus-per-node", "3"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "world size 3 is not a multiple of tensor x pipeline = 2" in err
