@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Multi-node training through the `deepspeed` launcher and a hostfile (docs/cluster.md).
+#
+# Two ways to start it:
+#   ssh mode (default): run it on ONE node; DeepSpeed starts the ranks of every hostfile host over
+#     pdsh + passwordless ssh.
+#       bash launch/multi_node.sh --hostfile hosts --config configs/x.yaml [--set key=value ...]
+#   no-ssh mode (--node_rank R): run it on EVERY node yourself (SLURM srun, containers, k8s), with
+#     the same hostfile, --master_addr and --master_port everywhere; R is this node's line in the hostfile.
+#       bash launch/multi_node.sh --hostfile hosts --node_rank 0 --master_addr node-001 --config ...
+#
+# Launcher options (flag, or the environment variable next to it):
+#   --hostfile FILE      HOSTFILE       required: lines "<host> slots=<ranks>" (launch/hostfile.example)
+#   --master_addr ADDR   MASTER_ADDR    address of the first host that every node can reach
+#                                       (default: the first hostfile host)
+#   --master_port PORT   MASTER_PORT    rendezvous port on the first host (default 29500)
+#   --node_rank R        NODE_RANK      no-ssh mode: start only this node's ranks
+#   --num_nodes N        NUM_NODES      use only the first N hostfile hosts (default: all)
+#   --gpus_per_node N    GPUS_PER_NODE  ranks on every node (default: each host's slots)
+#   DEEPSPEED      the launcher command (default: deepspeed, from .venv/bin if there, else PATH)
+# ssh mode forwards NCCL_*, PYTHON*, OMP_NUM_THREADS, DS_ACCELERATOR, GLOO_SOCKET_IFNAME,
+# TORCH_NCCL_ASYNC_ERROR_HANDLING, CUDA_DEVICE_MAX_CONNECTIONS and the names in FORWARD_ENV.
+# Everything else is passed to launch/train.py: --config FILE (required), --set key=value ...
+# Relative paths inside the config and in --set values are taken from the repository root (as in
+# demo.sh); --config and --hostfile may be relative to the current directory.
+# Assumes: the repository and its .venv (or the docker image) at the same path on every node, and
+# output_dir on storage shared by all nodes (checkpoints are written by every rank into one folder).
+set -euo pipefail
+
+die() { echo "multi_node.sh: error: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+HOSTFILE=${HOSTFILE:-}
+MASTER_ADDR=${MASTER_ADDR:-}
+MASTER_PORT=${MASTER_PORT:-29500}
+NODE_RANK=${NODE_RANK:-}
+NUM_NODES=${NUM_NODES:-}
+GPUS_PER_NODE=${GPUS_PER_NODE:-}
+CONFIG=""
+TRAIN_ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --hostfile|--master_addr|--master_port|--node_rank|--num_nodes|--gpus_per_node|--config)
+      [ $# -ge 2 ] || die "$1 needs a value"
+      case "$1" in
+        --hostfile) HOSTFILE=$2 ;;
+        --master_addr) MASTER_ADDR=$2 ;;
+        --master_port) MASTER_PORT=$2 ;;
+        --node_rank) NODE_RANK=$2 ;;
+        --num_nodes) NUM_NODES=$2 ;;
+        --gpus_per_node) GPUS_PER_NODE=$2 ;;
+        --config) CONFIG=$2 ;;
+      esac
+      shift 2 ;;
+    --config=*) CONFIG=${1#--config=}; shift ;;
+    *) TRAIN_ARGS+=("$1"); shift ;;
+  esac
+done
+
+[ -n "$HOSTFILE" ] || die "no hostfile: pass --hostfile FILE or set HOSTFILE (format: launch/hostfile.example)"
+[ -f "$HOSTFILE" ] || die "hostfile $HOSTFILE does not exist"
+[ -n "$CONFIG" ] || die "no config: pass --config FILE (a YAML run config, e.g. configs/demo.yaml)"
+[ -f "$CONFIG" ] || die "config $CONFIG does not exist"
+for n in MASTER_PORT NODE_RANK NUM_NODES GPUS_PER_NODE; do
+  case "${!n}" in *[!0-9]*) die "$n must be a non-negative integer, got '${!n}'" ;; esac
+done
+HOSTFILE=$(cd "$(dirname "$HOSTFILE")" && pwd)/$(basename "$HOSTFILE")
+CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
+
+# The hostfile, parsed as DeepSpeed does: "<host> slots=<n>", '#' comments and blank lines ignored.
+mapfile -t HOSTS < <(awk '/^[[:space:]]*(#|$)/ {next}
+  $2 ~ /^slots=[0-9]+$/ {print $1, substr($2, 7); next}
+  {print "BAD " NR ": " $0; exit}' "$HOSTFILE")
+[ ${#HOSTS[@]} -gt 0 ] || die "hostfile $HOSTFILE lists no host (format: launch/hostfile.example)"
+last=${HOSTS[${#HOSTS[@]}-1]}
+case "$last" in "BAD "*) die "hostfile $HOSTFILE line ${last#BAD } is not '<host> slots=<n>'" ;; esac
+[ -z "$NUM_NODES" ] || [ "$NUM_NODES" -ge 1 ] || die "NUM_NODES must be at least 1"
+if [ -n "$NUM_NODES" ] && [ "$NUM_NODES" -lt ${#HOSTS[@]} ]; then HOSTS=("${HOSTS[@]:0:$NUM_NODES}"); fi
+[ -n "$MASTER_ADDR" ] || MASTER_ADDR=${HOSTS[0]%% *}
+
+cd "$(dirname "$0")/.."
+[ -d .venv/bin ] && export PATH="$PWD/.venv/bin:$PATH"
+DEEPSPEED=${DEEPSPEED:-deepspeed}
+command -v "$DEEPSPEED" >/dev/null || die "launcher $DEEPSPEED not found (run launch/setup.sh, or use the docker image)"
+
+cmd=("$DEEPSPEED" --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
+[ -z "$NUM_NODES" ] || cmd+=(--num_nodes "$NUM_NODES")
+[ -z "$GPUS_PER_NODE" ] || cmd+=(--num_accelerators "$GPUS_PER_NODE")
+if [ -n "$NODE_RANK" ]; then
+  [ "$NODE_RANK" -lt ${#HOSTS[@]} ] || die "--node_rank $NODE_RANK but the hostfile lists ${#HOSTS[@]} hosts"
+  local_host=${HOSTS[$NODE_RANK]}
+else
+  command -v pdsh >/dev/null || die "pdsh not found: install it (ssh mode), or start every node yourself with --node_rank"
+  local_host=${HOSTS[0]}  # nodes are assumed alike: threads per rank are computed here for all
+fi
+local_ranks=${GPUS_PER_NODE:-${local_host##* }}
+[ "$local_ranks" -ge 1 ] || die "no ranks on this node (slots=0)"
+
+# The launcher leaves OMP_NUM_THREADS unset: every rank would use every core.
+cores=$(nproc)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / local_ranks > 0 ? cores / local_ranks : 1 ))}
+
+if [ -n "$NODE_RANK" ]; then
+  # This node only: no ssh; the ranks inherit this environment (NCCL_*, OMP_NUM_THREADS, ...).
+  cmd+=(--no_ssh --node_rank "$NODE_RANK")
+else
+  # pdsh forwards only NCCL_*, PYTHON*, UCX_*, MV2_*, MLFLOW_* and what a DeepSpeed env file lists.
+  env_file=$(mktemp "${TMPDIR:-/tmp}/ascender-ds-env.XXXXXX")
+  trap 'rm -f "$env_file"' EXIT
+  # Setting DS_ENV_FILE hides ~/.deepspeed_env and ./.deepspeed_env from DeepSpeed: carry them over.
+  for f in "${HOME:-/nonexistent}/.deepspeed_env" .deepspeed_env; do [ ! -f "$f" ] || grep -E '^[A-Za-z_][A-Za-z0-9_]*=' "$f" >> "$env_file" || true; done
+  read -ra extra_env <<< "${FORWARD_ENV:-}"
+  for n in OMP_NUM_THREADS DS_ACCELERATOR CUDA_DEVICE_MAX_CONNECTIONS TORCH_NCCL_ASYNC_ERROR_HANDLING \
+           GLOO_SOCKET_IFNAME ${extra_env[@]+"${extra_env[@]}"}; do
+    [ -z "${!n:-}" ] || printf '%s=%s\n' "$n" "${!n}" >> "$env_file"
+  done
+  export DS_ENV_FILE="$env_file"
+fi
+cmd+=(launch/train.py --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"})
+echo "multi_node.sh: ${#HOSTS[@]} nodes, $local_ranks ranks per node, master $MASTER_ADDR:$MASTER_PORT${NODE_RANK:+, this node rank $NODE_RANK}" >&2
+if [ -n "$NODE_RANK" ]; then exec "${cmd[@]}"; fi
+"${cmd[@]}"

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Training on the ranks of ONE machine through the `deepspeed` launcher (docs/cluster.md).
+#
+#   bash launch/single_node.sh --config configs/demo.yaml [--set key=value ...]
+#
+# Environment:
+#   NUM_RANKS        ranks to start, on GPUs 0..N-1 (default: one per GPU that torch sees, honouring
+#                    CUDA_VISIBLE_DEVICES; 2 on a CPU-only machine)
+#   MASTER_PORT      rendezvous port on 127.0.0.1 (default: a free one)
+#   OMP_NUM_THREADS  threads per rank (default: cores / ranks)
+#   DEEPSPEED        the launcher command (default: deepspeed, from .venv/bin if there, else PATH)
+#   DS_ACCELERATOR   DeepSpeed accelerator (default: cpu when there is no GPU, else DeepSpeed's choice)
+# Everything on the command line is passed to launch/train.py: --config FILE (required),
+# --set key=value ... Relative paths inside the config and in --set values are taken from the
+# repository root (as in demo.sh); --config may be relative to the current directory.
+set -euo pipefail
+
+die() { echo "single_node.sh: error: $*" >&2; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+
+CONFIG=""
+TRAIN_ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --config) [ $# -ge 2 ] || die "--config needs a value"; CONFIG=$2; shift 2 ;;
+    --config=*) CONFIG=${1#--config=}; shift ;;
+    *) TRAIN_ARGS+=("$1"); shift ;;
+  esac
+done
+[ -n "$CONFIG" ] || die "no config: pass --config FILE (a YAML run config, e.g. configs/demo.yaml)"
+[ -f "$CONFIG" ] || die "config $CONFIG does not exist"
+case "${NUM_RANKS:-}${MASTER_PORT:-}" in *[!0-9]*) die "NUM_RANKS and MASTER_PORT must be integers" ;; esac
+CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
+
+cd "$(dirname "$0")/.."
+[ -d .venv/bin ] && export PATH="$PWD/.venv/bin:$PATH"
+DEEPSPEED=${DEEPSPEED:-deepspeed}
+command -v "$DEEPSPEED" >/dev/null || die "launcher $DEEPSPEED not found (run launch/setup.sh, or use the docker image)"
+
+ranks_arg=(--num_accelerators "${NUM_RANKS:-}")
+if [ -z "${NUM_RANKS:-}" ]; then
+  gpus=$(python -c 'import torch; print(torch.cuda.device_count())')
+  NUM_RANKS=$(( gpus > 0 ? gpus : 2 ))
+  ranks_arg=(--num_accelerators "$NUM_RANKS")
+  [ "$gpus" -gt 0 ] || export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
+  # With --num_accelerators DeepSpeed would drop CUDA_VISIBLE_DEVICES and take GPUs 0..N-1;
+  # without it, it starts one rank per visible GPU.
+  [ "$gpus" -eq 0 ] || [ -z "${CUDA_VISIBLE_DEVICES:-}" ] || ranks_arg=()
+fi
+[ "$NUM_RANKS" -ge 1 ] || die "NUM_RANKS must be at least 1"
+MASTER_PORT=${MASTER_PORT:-$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+# The launcher leaves OMP_NUM_THREADS unset: every rank would use every core.
+cores=$(nproc)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / NUM_RANKS > 0 ? cores / NUM_RANKS : 1 ))}
+
+echo "single_node.sh: $NUM_RANKS ranks, $OMP_NUM_THREADS threads each, port $MASTER_PORT" >&2
+exec "$DEEPSPEED" ${ranks_arg[@]+"${ranks_arg[@]}"} --master_port "$MASTER_PORT" \
+  launch/train.py --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}

