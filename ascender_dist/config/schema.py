@@ -106,6 +106,9 @@ class CheckpointConfig:
     save_interval: int = 0  # 0: only at the end of training
     keep_last: int = 3
     auto_resume: bool = True
+    # start from a consolidated weights file (safetensors, canonical names) instead of random init;
+    # ignored when a checkpoint to resume from exists
+    init_from: Optional[str] = None
 
 
 @dataclass

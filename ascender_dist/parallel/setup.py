@@ -77,6 +77,10 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int)
     from ascender_dist.compat.megatron_cpu import install_if_needed
 
     install_if_needed()
+    if mps.model_parallel_is_initialized() and (
+            mps.get_tensor_model_parallel_world_size() != tensor_parallel
+            or mps.get_pipeline_model_parallel_world_size() != pipeline_parallel):
+        mps.destroy_model_parallel()  # a new layout in the same process (tests, conversions)
     if not mps.model_parallel_is_initialized():
         mps.initialize_model_parallel(
             tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel

@@ -3,6 +3,8 @@ split weight-decay groups, and call ``deepspeed.initialize`` with megatron's par
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -11,6 +13,7 @@ from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.build import build_model, lm_loss
 from ascender_dist.parallel.setup import MegatronMPU
 from ascender_dist.training.deepspeed_config import to_deepspeed_config
+from ascender_dist.training.weights import load_canonical_state
 
 
 class LanguageModel(nn.Module):
@@ -34,14 +37,32 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_engine(cfg: RunConfig, derived: Derived):
+def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = None):
+    """PP=1: megatron's GPTModel in DeepSpeed's engine (ZeRO 0-3). PP>1: the same layers in
+    DeepSpeed's pipeline engine (ZeRO 0-1), see :mod:`ascender_dist.models.pipeline`."""
     import deepspeed
 
-    module = LanguageModel(build_model(cfg, derived))
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        from ascender_dist.models.pipeline import build_pipeline_module
+
+        module = build_pipeline_module(cfg, derived)
+        mpu = None  # the PipelineModule's topology carries the (megatron-ordered) groups
+    else:
+        module = LanguageModel(build_model(cfg, derived))
+        mpu = MegatronMPU()
+    if init_state is not None:  # before DeepSpeed wraps (and, under ZeRO-3, partitions) the weights
+        load_canonical_state(module, cfg, init_state, source=cfg.checkpoint.init_from or "")
     engine, _, _, _ = deepspeed.initialize(
         model=module,
         model_parameters=weight_decay_groups(module, cfg.optimizer.weight_decay),
         config=to_deepspeed_config(cfg, derived),
-        mpu=MegatronMPU(),
+        mpu=mpu,
     )
     return engine
+
+
+def pipeline_batches(batches):
+    """Loader items -> the (inputs, labels) pairs DeepSpeed's pipeline engine reads per micro-batch."""
+    for item in batches:
+        tokens = item["tokens"]
+        yield tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

@@ -21,9 +21,10 @@ from ascender_dist.config.resolve import Derived, derive
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.parallel.setup import ParallelState, init_model_parallel, init_process_group
 from ascender_dist.training import checkpoint as ckpt
-from ascender_dist.training.engine import build_engine
+from ascender_dist.training.engine import build_engine, pipeline_batches
 from ascender_dist.training.layer_stats import gather_layer_stats, set_collect_stats, set_training_step
 from ascender_dist.training.metrics import MetricLogger
+from ascender_dist.training.weights import read_weights_file
 
 log = logging.getLogger("ascender_dist")
 
@@ -75,7 +76,11 @@ class Trainer:
         self.pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed)
         self.loader = build_loader(cfg, self.tokenizer, self.pstate)
         self.val_loader = build_loader(cfg, self.tokenizer, self.pstate, split="val") if cfg.train.eval_interval else None
-        self.engine = build_engine(cfg, self.derived)
+        init_state = None
+        if cfg.checkpoint.init_from and not (cfg.checkpoint.auto_resume and ckpt.latest_tag(self.derived.checkpoint_dir)):
+            init_state = read_weights_file(cfg.checkpoint.init_from)
+        self.engine = build_engine(cfg, self.derived, init_state)
+        self.pipelined = p.pipeline_model_parallel_size > 1
         self.step = 0
         self.losses: list[float] = []  # per-step training loss (mean over the global batch), for tests
         self.metrics = MetricLogger(self.derived.tensorboard_dir if cfg.logging.tensorboard else None,
@@ -116,15 +121,18 @@ class Trainer:
         model = self.engine.module
         set_training_step(model, self.step)
         set_collect_stats(model, log_layers)
-        losses = []
-        for _ in range(self.derived.gradient_accumulation_steps):
-            tokens = next(batches)["tokens"].to(self.pstate.device)
-            loss = self.engine(tokens)
-            self.engine.backward(loss)
-            self.engine.step()
-            losses.append(loss.detach())
+        if self.pipelined:  # DeepSpeed's pipeline schedule runs all micro-batches and the step
+            step_loss = float(self.engine.train_batch(data_iter=batches))
+        else:
+            losses = []
+            for _ in range(self.derived.gradient_accumulation_steps):
+                tokens = next(batches)["tokens"].to(self.pstate.device)
+                loss = self.engine(tokens)
+                self.engine.backward(loss)
+                self.engine.step()
+                losses.append(loss.detach())
+            step_loss = _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
         set_collect_stats(model, False)
-        step_loss = _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
         grad_norm = self.engine.get_global_grad_norm()
         values = {"train/loss": step_loss, "train/lr": float(self.engine.get_lr()[0]),
                   "train/grad_norm": float(grad_norm) if grad_norm is not None else None}
@@ -144,6 +152,8 @@ class Trainer:
             raise DataError(self.cfg.data.manifest or "data.mixture",
                             "the validation split has fewer samples than one micro-batch per data-parallel rank")
         batches = iter(self.val_loader)
+        if self.pipelined:
+            return float(self.engine.eval_batch(pipeline_batches(batches), num_micro_batches=iters))
         self.engine.eval()
         losses = [self.engine(next(batches)["tokens"].to(self.pstate.device)) for _ in range(iters)]
         self.engine.train()
@@ -156,6 +166,8 @@ class Trainer:
         saved_at = self.step
         tokens_per_step = t.global_batch_size * cfg.model.seq_length
         batches = iter(self.loader)
+        if self.pipelined:
+            batches = pipeline_batches(batches)
         if self.pstate.is_logging_rank:
             log.info("training %s (%s) from step %d to %d: world %d = tp %d x pp %d x dp %d, grad accum %d",
                      cfg.name, cfg.model.architecture, self.step, t.train_steps, self.pstate.world_size,

@@ -22,50 +22,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ascender_dist.models.connection import TP_SHARD_DIM, ConnectionHParams, ConnectionLayer, shard_state_dict
-
-
-def _all_reduce_tp(t: torch.Tensor) -> torch.Tensor:
-    """All-reduce SUM over the TP group into a fresh contiguous tensor.
-
-    Not megatron's ``reduce_from_tensor_model_parallel_region`` / ``copy_to_...``: those all-reduce
-    ``t.contiguous()`` in place and return ``t``, so a non-contiguous input (a transposed bmm
-    result, a permuted gradient) silently comes back UN-reduced (seen: TP=2 logits off by 0.08).
-    """
-    out = t.clone(memory_format=torch.contiguous_format)
-    torch.distributed.all_reduce(out, group=parallel_state.get_tensor_model_parallel_group())
-    return out
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """Forward: sum partial results over TP ranks. Backward: identity."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return _all_reduce_tp(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
-class _CopyToTP(torch.autograd.Function):
-    """Forward: identity (a replicated tensor enters sharded math). Backward: sum grads over TP."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_reduce_tp(grad)
-
-
-def reduce_from_tp(t: torch.Tensor) -> torch.Tensor:
-    return _ReduceFromTP.apply(t)
-
-
-def copy_to_tp(t: torch.Tensor) -> torch.Tensor:
-    return _CopyToTP.apply(t)
+from ascender_dist.parallel.mappings import copy_to_tp, reduce_from_tp
 
 
 class ConnectionSelfAttention(MegatronModule):

@@ -1,0 +1,168 @@
+"""Pipeline parallelism: DeepSpeed's pipeline engine over megatron-core layers (the one PP path).
+
+The model is the same as :func:`ascender_dist.models.build.build_model` (megatron's GPTModel),
+cut into a sequence DeepSpeed's ``PipelineModule`` can partition:
+
+    [EmbeddingPipe] + [TransformerLayerPipe] * num_layers + [FinalNormPipe, LMHeadPipe]
+
+Layers are split by ``partition_method="type:TransformerLayerPipe"``, i.e. num_layers / PP
+transformer layers per stage, embedding on the first stage and head on the last: exactly
+megatron's own layer offsets, so each megatron TransformerLayer gets its true global number.
+Tied input/output embeddings use DeepSpeed's ``TiedLayerSpec`` (DeepSpeed all-reduces the tied
+weight's gradient between first and last stage).
+
+Parameter names differ from GPTModel's; :func:`canonical_name` maps them back, so checkpoints
+consolidate into one naming whatever the layout.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from ascender_dist.config.resolve import Derived
+from ascender_dist.config.schema import RunConfig
+from ascender_dist.models.registry import expand_layer_pattern, get_layer_kind
+from ascender_dist.parallel.megatron_config import to_transformer_config
+
+TIED_KEY = "embed"
+
+
+class EmbeddingPipe(nn.Module):
+    """token ids [b, s] -> hidden [s, b, h]; on the last stage (tied) it also projects to logits."""
+
+    def __init__(self, cfg: RunConfig, derived: Derived, config):
+        super().__init__()
+        from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+        from megatron.core.tensor_parallel import ColumnParallelLinear
+
+        self.embedding = LanguageModelEmbedding(
+            config=config, vocab_size=derived.padded_vocab_size, max_sequence_length=cfg.model.seq_length,
+            position_embedding_type=cfg.model.position_embedding_type)
+        # weightless projection used with the tied word embeddings on the last stage
+        self.head = ColumnParallelLinear(config.hidden_size, derived.padded_vocab_size, config=config,
+                                         init_method=config.init_method, bias=False, gather_output=False,
+                                         skip_weight_param_allocation=True)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        b, s = input_ids.shape
+        position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
+        return self.embedding(input_ids=input_ids, position_ids=position_ids)  # [s, b, h]
+
+
+def tied_lm_head(module: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
+    logits, _ = module.head(hidden, weight=module.embedding.word_embeddings.weight)
+    return logits  # [s, b, v/tp]
+
+
+class TransformerLayerPipe(nn.Module):
+    """One megatron TransformerLayer (any layer kind); computes its rotary embedding locally."""
+
+    def __init__(self, cfg: RunConfig, config, global_layer_number: int):
+        super().__init__()
+        from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+        from megatron.core.transformer.spec_utils import build_module
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        letter = expand_layer_pattern(cfg)[global_layer_number - 1]
+        local_number = global_layer_number - get_transformer_layer_offset(config)
+        if not 1 <= local_number <= cfg.model.num_layers // cfg.parallel.pipeline_model_parallel_size:
+            raise RuntimeError(f"layer {global_layer_number} is not on this pipeline stage")
+        self.layer = build_module(get_layer_kind(letter).spec(cfg, global_layer_number), config=config,
+                                  layer_number=local_number)  # megatron adds the stage offset itself
+        self.rotary = None
+        if cfg.model.position_embedding_type == "rope":
+            self.rotary = RotaryEmbedding(kv_channels=config.kv_channels, rotary_percent=1.0,
+                                          rotary_base=cfg.model.rotary_base,
+                                          use_cpu_initialization=config.use_cpu_initialization)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        rotary = None
+        if self.rotary is not None:
+            seq = hidden.shape[0] * (self.layer.config.tensor_model_parallel_size
+                                     if self.layer.config.sequence_parallel else 1)
+            rotary = self.rotary(seq)
+        output, _ = self.layer(hidden, attention_mask=None, rotary_pos_emb=rotary)
+        return output
+
+
+class FinalNormPipe(nn.Module):
+    def __init__(self, cfg: RunConfig, config):
+        super().__init__()
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.spec_utils import build_module
+
+        norm = get_gpt_layer_local_spec(normalization=cfg.model.normalization).submodules.input_layernorm
+        self.final_layernorm = build_module(norm, config=config, hidden_size=config.hidden_size,
+                                            eps=config.layernorm_epsilon)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.final_layernorm(hidden)
+
+
+class LMHeadPipe(nn.Module):
+    """Untied output projection (GPTModel's ``output_layer``)."""
+
+    def __init__(self, derived: Derived, config):
+        super().__init__()
+        from megatron.core.tensor_parallel import ColumnParallelLinear
+
+        self.output_layer = ColumnParallelLinear(config.hidden_size, derived.padded_vocab_size, config=config,
+                                                 init_method=config.init_method, bias=False, gather_output=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits, _ = self.output_layer(hidden)
+        return logits
+
+
+def pipeline_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy over the vocab-parallel logits [s, b, v/tp]; labels [b, s]."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    return vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous()).mean()
+
+
+def build_pipeline_module(cfg: RunConfig, derived: Derived):
+    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    config = to_transformer_config(cfg, derived)
+    tied = not cfg.model.untie_embeddings_and_output_weights
+    weight = "embedding.word_embeddings.weight"
+    specs = [TiedLayerSpec(TIED_KEY, EmbeddingPipe, cfg, derived, config, tied_weight_attr=weight) if tied
+             else LayerSpec(EmbeddingPipe, cfg, derived, config)]
+    specs += [LayerSpec(TransformerLayerPipe, cfg, config, n) for n in range(1, cfg.model.num_layers + 1)]
+    specs.append(LayerSpec(FinalNormPipe, cfg, config))
+    specs.append(TiedLayerSpec(TIED_KEY, EmbeddingPipe, cfg, derived, config, forward_fn=tied_lm_head,
+                               tied_weight_attr=weight) if tied else LayerSpec(LMHeadPipe, derived, config))
+    p = cfg.parallel
+    topology = PipeModelDataParallelTopology(num_pp=p.pipeline_model_parallel_size,
+                                             num_mp=p.tensor_model_parallel_size,
+                                             num_dp=derived.data_parallel_size)
+    return PipelineModule(
+        layers=specs, topology=topology, loss_fn=pipeline_loss, partition_method="type:TransformerLayerPipe",
+        activation_checkpoint_interval=1 if p.activation_checkpointing else 0,
+        checkpointable_layers=["TransformerLayerPipe"],
+    )
+
+
+_LAYER_RE = re.compile(r"^(\d+)\.(.*)$")
+
+
+def canonical_name(name: str, num_layers: int) -> str:
+    """PipelineModule parameter name -> GPTModel's name (the checkpoint-independent naming)."""
+    if name.startswith(f"tied_modules.{TIED_KEY}."):
+        return name[len(f"tied_modules.{TIED_KEY}."):]
+    match = _LAYER_RE.match(name)
+    if not match:
+        raise KeyError(f"unexpected pipeline parameter name {name!r}")
+    index, rest = int(match.group(1)), match.group(2)
+    if index == 0:
+        return rest  # embedding.*
+    if index <= num_layers:
+        return f"decoder.layers.{index - 1}.{rest.removeprefix('layer.')}"
+    if rest.startswith("final_layernorm."):
+        return f"decoder.{rest}"
+    return rest  # output_layer.*

@@ -1,0 +1,104 @@
+"""Whole-model weights in one canonical naming, whatever the parallel layout.
+
+The canonical name of a parameter is its name in megatron's GPTModel at TP=1 (the layout of a
+consolidated checkpoint): ``embedding.word_embeddings.weight``, ``decoder.layers.3.mlp.linear_fc1.weight``...
+PP=1 modules are ``LanguageModel`` wrappers (prefix ``model.``); PP>1 modules are DeepSpeed
+PipelineModules, mapped by :func:`ascender_dist.models.pipeline.canonical_name`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ascender_dist.config.schema import RunConfig
+from ascender_dist.parallel.consolidate import gather_tp_tensor, split_full, tp_partition
+
+
+def canonical_parameters(module: nn.Module, cfg: RunConfig) -> Iterator[tuple[str, nn.Parameter]]:
+    """(canonical name, local parameter) for every parameter of an engine's module."""
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        from ascender_dist.models.pipeline import canonical_name
+
+        for name, param in module.named_parameters():
+            yield canonical_name(name, cfg.model.num_layers), param
+    else:
+        for name, param in module.named_parameters():
+            yield name.removeprefix("model."), param
+
+
+def _gathered(params: list, zero_stage: int):
+    if zero_stage == 3:
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def gather_canonical_state(module: nn.Module, cfg: RunConfig) -> Optional[dict[str, torch.Tensor]]:
+    """Full fp32 tensors by canonical name on global rank 0 (None elsewhere). Collective on all ranks."""
+    from megatron.core import parallel_state as mps
+
+    named = list(canonical_parameters(module, cfg))
+    local: dict[str, torch.Tensor] = {}
+    with _gathered([p for _, p in named], cfg.parallel.zero_stage):
+        for name, param in named:
+            full = gather_tp_tensor(param.data, param, mps.get_tensor_model_parallel_group())
+            local[name] = full.float().cpu()
+    contributes = mps.get_data_parallel_rank() == 0 and mps.get_tensor_model_parallel_rank() == 0
+    pieces = [None] * dist.get_world_size()
+    dist.all_gather_object(pieces, local if contributes else {})
+    if dist.get_rank() != 0:
+        return None
+    merged: dict[str, torch.Tensor] = {}
+    for piece in pieces:
+        merged.update(piece)  # a tied embedding appears on first and last stage with equal values
+    return merged
+
+
+@torch.no_grad()
+def load_canonical_state(module: nn.Module, cfg: RunConfig, full: dict[str, torch.Tensor], source: str = "") -> None:
+    """Copy this rank's shard of each canonical tensor into ``module`` (before DeepSpeed wraps it)."""
+    from megatron.core import parallel_state as mps
+
+    tp_size, tp_rank = mps.get_tensor_model_parallel_world_size(), mps.get_tensor_model_parallel_rank()
+    for name, param in canonical_parameters(module, cfg):
+        if name not in full:
+            raise KeyError(f"{source or 'weights'}: parameter {name} missing")
+        sharded, dim, stride = tp_partition(param)
+        value = split_full(full[name], dim, tp_size, tp_rank, stride) if sharded and tp_size > 1 else full[name]
+        if value.shape != param.shape:
+            raise ValueError(f"{source or 'weights'}: {name} has shape {tuple(full[name].shape)}, "
+                             f"which does not fit this model ({tuple(param.shape)} per TP rank)")
+        param.copy_(value.to(param.dtype))
+
+
+def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """A consolidated weights file (safetensors, canonical names)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        from ascender_dist.config.errors import ConfigError
+
+        raise ConfigError("checkpoint.init_from", f"{path}: weights file not found")
+    return load_file(str(path))
+
+
+def write_weights_file(state: dict[str, torch.Tensor], path: str | Path, metadata: Optional[dict] = None) -> None:
+    """Write atomically (temporary name, then rename): a crash never leaves a half-written file."""
+    import os
+
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata=metadata)
+    os.replace(tmp, path)

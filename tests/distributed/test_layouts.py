@@ -1,0 +1,47 @@
+"""Parity matrix: TP2, PP2, DP2 x ZeRO-1/2/3 and TP2xPP2 give the single-process losses and weights
+for gpt, ascender and connection, a few AdamW steps from the same initial weights on the same data."""
+
+import pytest
+
+from tests.distributed.workers.layouts import ARCHS, LAYOUTS
+from tests.helpers.data import make_tiny_dataset
+from tests.helpers.multiproc import assert_check, run_ranks
+
+pytestmark = pytest.mark.distributed
+
+LOSS_TOL = 1e-5
+PARAM_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def args(tmp_path_factory):
+    args = {"data": make_tiny_dataset(tmp_path_factory.mktemp("data")), "root": str(tmp_path_factory.mktemp("runs"))}
+    run_ranks("tests.distributed.workers.layouts:reference", world_size=1, timeout=300, args=args)
+    return args
+
+
+@pytest.fixture(scope="module")
+def two_ranks(args):
+    return run_ranks("tests.distributed.workers.layouts:layouts", world_size=2, timeout=600, args=args)
+
+
+@pytest.fixture(scope="module")
+def four_ranks(args):
+    return run_ranks("tests.distributed.workers.layouts:layouts", world_size=4, timeout=600, args=args)
+
+
+def _check(results, name):
+    value = assert_check(results, name)[0]  # rank 0 holds the comparison
+    assert len(value["losses"]) == len(value["reference_losses"]) > 0
+    assert value["loss_diff"] < LOSS_TOL, value
+    assert value["param_diff"] < PARAM_TOL, value
+
+
+@pytest.mark.parametrize("name", [f"{a}_{l}" for a in ARCHS for l in LAYOUTS[2]])
+def test_two_rank_layouts_match_single_process(two_ranks, name):
+    _check(two_ranks, name)
+
+
+@pytest.mark.parametrize("name", [f"{a}_{l}" for a in ARCHS for l in LAYOUTS[4]])
+def test_tp2_pp2_matches_single_process(four_ranks, name):
+    _check(four_ranks, name)
