@@ -39,7 +39,7 @@ def connection_stop_under_tp() -> dict:
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
     from ascender_dist.models.connection import ConnectionHParams, ConnectionLayer, shard_state_dict
-    from ascender_dist.models.specs.connection import copy_to_tp, reduce_from_tp
+    from ascender_dist.parallel.mappings import copy_to_tp, reduce_from_tp
     from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel, init_process_group
 
     init_process_group()
