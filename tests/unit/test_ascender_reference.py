@@ -151,7 +151,7 @@ def test_decomposition_adds_up_and_rows_are_normalised():
     # each normalised bias / omega has zero mean and unit population std over visible keys
     for col, name in enumerate(("align", "sep", "coh")):
         beta = m[name] / p.omega[:, col].view(1, -1, 1, 1)
-        rows = beta[0, 0, 5, :6]
+        rows = beta[0, 0, 5, :6].detach()
         assert abs(float(rows.mean())) < 1e-12
         assert abs(float(rows.std(unbiased=False)) - 1) < 1e-4
 
