@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 import warnings
+from pathlib import Path
 from typing import Optional, Sequence
 
 
@@ -41,9 +42,10 @@ def _user_errors():
         errors.append(DataError)
     except ImportError:
         pass
+    from ascender_dist.tools.convert import ConversionError
     from ascender_dist.training.checkpoint import CheckpointError
 
-    errors.append(CheckpointError)
+    errors += [CheckpointError, ConversionError]
     return tuple(errors)
 
 
@@ -89,24 +91,115 @@ def print_config(args: argparse.Namespace) -> None:
     print(f"# training FLOPs per token: {counts.flops_per_token:.4g}")
 
 
+def _under_launcher() -> bool:
+    import os
+
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _relaunch(world_size: int, argv: list[str]) -> None:
+    """Run this command again on ``world_size`` local ranks through the deepspeed launcher."""
+    import os
+    import socket
+    import subprocess
+
+    launcher = Path(sys.executable).with_name("deepspeed")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    script = Path(__file__).resolve().parent / "launch_entry.py"
+    cmd = [str(launcher), "--num_accelerators", str(world_size), "--master_port", str(port), str(script), *argv]
+    logging.getLogger("ascender_dist").info("launching %d ranks: %s", world_size, " ".join(cmd))
+    result = subprocess.run(cmd, env=env)
+    if result.returncode:
+        raise SystemExit(result.returncode)
+
+
+def consolidate_cmd(args: argparse.Namespace) -> None:
+    from ascender_dist.tools.convert import consolidate, read_meta, resolve_tag
+
+    if not _under_launcher():
+        meta = read_meta(resolve_tag(Path(args.checkpoint), args.tag), args.architecture)
+        _relaunch(meta["world_size"], ["consolidate", *args.argv])
+        return
+    consolidate(Path(args.checkpoint), Path(args.out), args.tag, args.architecture)
+
+
+def reshard_cmd(args: argparse.Namespace) -> None:
+    from ascender_dist.config.loader import deep_merge, parse_override
+    from ascender_dist.tools.convert import read_consolidated, reshard
+
+    if not _under_launcher():
+        read_consolidated(Path(args.consolidated))  # fail early, in one line, on a bad directory
+        raw = {}
+        for text in args.overrides:
+            raw = deep_merge(raw, parse_override(text))
+        p = raw.get("parallel", {})
+        world = p.get("tensor_model_parallel_size", 1) * p.get("pipeline_model_parallel_size", 1) * args.data_parallel
+        _relaunch(world, ["reshard", *args.argv])
+        return
+    reshard(Path(args.consolidated), Path(args.out), args.overrides)
+
+
+def export_hf_cmd(args: argparse.Namespace) -> None:
+    from ascender_dist.tools.hf_export import export_hf
+
+    out = export_hf(Path(args.consolidated), Path(args.out), args.tokenizer)
+    print(f"wrote {out} (load with transformers.AutoModelForCausalLM.from_pretrained)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ascender-dist")
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="train a model (run under the deepspeed launcher)")
     _config_args(p_train)
-    p_train.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by deepspeed
     p_train.set_defaults(fn=train)
     p_print = sub.add_parser("print-config", help="print the resolved config, parameter count and FLOPs/token")
     _config_args(p_print)
     p_print.add_argument("--vocab-size", type=int, default=None, help="vocab size when no tokenizer is set")
     p_print.set_defaults(fn=print_config)
+    p_cons = sub.add_parser("consolidate", help="training checkpoint (any layout) -> consolidated safetensors")
+    p_cons.add_argument("--checkpoint", required=True, help="checkpoint directory (holds 'latest')")
+    p_cons.add_argument("--tag", default=None, help="step_N tag (default: latest)")
+    p_cons.add_argument("--out", required=True, help="output directory")
+    p_cons.add_argument("--architecture", default=None, help="refuse a checkpoint of another architecture")
+    p_cons.set_defaults(fn=consolidate_cmd)
+    p_resh = sub.add_parser("reshard", help="consolidated weights -> training checkpoint of another layout")
+    p_resh.add_argument("--consolidated", required=True)
+    p_resh.add_argument("--out", required=True, help="checkpoint directory to write (train with checkpoint.dir=OUT)")
+    p_resh.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="target layout, e.g. --set parallel.tensor_model_parallel_size=2")
+    p_resh.add_argument("--data-parallel", type=int, default=1, help="data-parallel size of the target run")
+    p_resh.set_defaults(fn=reshard_cmd)
+    p_hf = sub.add_parser("export-hf", help="consolidated gpt -> Hugging Face directory (GPT-NeoX or Llama)")
+    p_hf.add_argument("--consolidated", required=True)
+    p_hf.add_argument("--out", required=True)
+    p_hf.add_argument("--tokenizer", default=None, help="sentencepiece .model to copy alongside")
+    p_hf.set_defaults(fn=export_hf_cmd)
+    for name, (module, _) in _DELEGATED.items():
+        sub.add_parser(name, help=f"see `ascender-dist {name} --help` ({module})", add_help=False)
     return parser
+
+
+# subcommands that parse their own arguments: name -> (module, function(argv) -> exit status)
+_DELEGATED = {
+    "plan": ("ascender_dist.tools.plan", "plan_main"),
+}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     _quiet_libraries()
     _setup_logging()
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
+    if argv and argv[0] in _DELEGATED:
+        import importlib
+
+        module, function = _DELEGATED[argv[0]]
+        return getattr(importlib.import_module(module), function)(argv[1:])
     args = _parser().parse_args(argv)
+    args.argv = argv[1:]  # for commands that re-launch themselves under the deepspeed launcher
     return _run(args.fn, args)
 
 

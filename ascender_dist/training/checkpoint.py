@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
+FORMAT_VERSION = 1  # of the files we add next to DeepSpeed's (COMPLETE, meta.json, config.yaml, rng/)
 LATEST = "latest"
 COMPLETE = "COMPLETE"
 _TAG_RE = re.compile(r"^step_(\d+)$")

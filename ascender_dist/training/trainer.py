@@ -24,7 +24,7 @@ from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.engine import build_engine, pipeline_batches
 from ascender_dist.training.layer_stats import gather_layer_stats, set_collect_stats, set_training_step
 from ascender_dist.training.metrics import MetricLogger
-from ascender_dist.training.weights import read_weights_file
+from ascender_dist.training.weights import pad_vocab, read_weights_file
 
 log = logging.getLogger("ascender_dist")
 
@@ -66,7 +66,9 @@ def _mean_over(group, value: torch.Tensor) -> float:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, init_state: Optional[dict] = None):
+        """``init_state``: canonical full weights to start from (else ``checkpoint.init_from``, else
+        random init); ignored when a checkpoint to resume from exists."""
         self.cfg = cfg
         init_process_group()
         self.tokenizer = _tokenizer(cfg)
@@ -76,9 +78,11 @@ class Trainer:
         self.pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed)
         self.loader = build_loader(cfg, self.tokenizer, self.pstate)
         self.val_loader = build_loader(cfg, self.tokenizer, self.pstate, split="val") if cfg.train.eval_interval else None
-        init_state = None
-        if cfg.checkpoint.init_from and not (cfg.checkpoint.auto_resume and ckpt.latest_tag(self.derived.checkpoint_dir)):
+        resuming = cfg.checkpoint.auto_resume and ckpt.latest_tag(self.derived.checkpoint_dir) is not None
+        if init_state is None and cfg.checkpoint.init_from and not resuming:
             init_state = read_weights_file(cfg.checkpoint.init_from)
+        if init_state is not None:
+            init_state = pad_vocab(init_state, self.derived.padded_vocab_size)
         self.engine = build_engine(cfg, self.derived, init_state)
         self.pipelined = p.pipeline_model_parallel_size > 1
         self.step = 0
@@ -99,7 +103,25 @@ class Trainer:
             log.info("resumed from %s at step %d", self.derived.checkpoint_dir / ckpt.tag_for_step(self.step), self.step)
         return True
 
+    def checkpoint_meta(self) -> dict:
+        """What a converter needs to read this checkpoint without the run's YAML or launch."""
+        from importlib.metadata import version
+
+        p = self.pstate
+        return {
+            "format": ckpt.FORMAT_VERSION, "step": self.step, "architecture": self.cfg.model.architecture,
+            "world_size": p.world_size, "tensor_model_parallel_size": p.tp_size,
+            "pipeline_model_parallel_size": p.pp_size, "data_parallel_size": p.dp_size,
+            "zero_stage": self.cfg.parallel.zero_stage,
+            "vocab_size": self.cfg.model.vocab_size or (self.tokenizer.vocab_size if self.tokenizer else None),
+            "padded_vocab_size": self.derived.padded_vocab_size,
+            "data": self.loader.state_dict(),
+            "versions": {name: version(name) for name in ("ascender-dist", "megatron-core", "deepspeed", "torch")},
+        }
+
     def save(self) -> str:
+        import json
+
         import yaml
 
         tag = ckpt.save_checkpoint(
@@ -107,7 +129,8 @@ class Trainer:
             client_state={"step": self.step, "data": self.loader.state_dict(), "config": to_dict(self.cfg),
                           "padded_vocab_size": self.derived.padded_vocab_size},
             keep_last=self.cfg.checkpoint.keep_last,
-            extra_files={"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False)},
+            extra_files={"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
+                         "meta.json": json.dumps(self.checkpoint_meta(), indent=1)},
         )
         if self.pstate.is_logging_rank:
             log.info("saved checkpoint %s", self.derived.checkpoint_dir / tag)

@@ -20,6 +20,24 @@ from ascender_dist.config.schema import RunConfig
 from ascender_dist.parallel.consolidate import gather_tp_tensor, split_full, tp_partition
 
 
+VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def strip_vocab_padding(state: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
+    """Drop the rows of the padding ids (exports see the tokenizer's vocabulary only)."""
+    return {k: (v[:vocab_size].clone() if k in VOCAB_ROWS else v) for k, v in state.items()}
+
+
+def pad_vocab(state: dict[str, torch.Tensor], padded_vocab_size: int) -> dict[str, torch.Tensor]:
+    """Zero rows for the padding ids (never targets; their logits are 0 until trained)."""
+    out = dict(state)
+    for key in VOCAB_ROWS:
+        if key in out and out[key].shape[0] < padded_vocab_size:
+            rows = out[key]
+            out[key] = torch.cat([rows, rows.new_zeros(padded_vocab_size - rows.shape[0], *rows.shape[1:])])
+    return out
+
+
 def canonical_parameters(module: nn.Module, cfg: RunConfig) -> Iterator[tuple[str, nn.Parameter]]:
     """(canonical name, local parameter) for every parameter of an engine's module."""
     if cfg.parallel.pipeline_model_parallel_size > 1:

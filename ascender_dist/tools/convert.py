@@ -1,0 +1,180 @@
+"""Checkpoint conversion: training checkpoint (any TP/PP/DP/ZeRO layout) <-> consolidated weights.
+
+A *consolidated* directory is layout-free:
+    model.safetensors   fp32 tensors under canonical names (megatron GPTModel at TP=1), vocab
+                        padding stripped (rows >= the tokenizer's vocab size removed)
+    config.yaml         the run's config (parallel layout reset to 1 x 1)
+    meta.json           architecture, vocab sizes, source step/layout, data-loader state, versions
+
+``consolidate`` and ``reshard`` are collective: they run under the deepspeed launcher with the
+layout's world size (the CLI re-launches itself that way), load through the same engine as
+training, so every layout (PP, ZeRO-3 partitions, TP shards) is read by tested code paths.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ascender_dist.config.loader import to_dict
+from ascender_dist.config.resolve import config_from_dict
+from ascender_dist.training import checkpoint as ckpt
+from ascender_dist.training.weights import strip_vocab_padding
+
+log = logging.getLogger("ascender_dist")
+
+SUPPORTED_VERSIONS = {"megatron-core": ("0.16.1",), "deepspeed": ("0.19.8",)}
+
+
+class ConversionError(ValueError):
+    """A checkpoint cannot be converted; ``str(e)`` is one line naming the file and the mismatch."""
+
+    def __init__(self, where, problem: str):
+        super().__init__(f"{where}: {problem}")
+
+
+# ----------------------------------------------------------------------------- reading checkpoints
+def resolve_tag(checkpoint_dir: Path, tag: Optional[str]) -> Path:
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        raise ConversionError(checkpoint_dir, "checkpoint directory not found")
+    if tag is None:
+        try:
+            tag = ckpt.latest_tag(checkpoint_dir)
+        except ckpt.CheckpointError as exc:
+            raise ConversionError(checkpoint_dir / ckpt.LATEST, str(exc).split(": ", 1)[-1]) from None
+        if tag is None:
+            raise ConversionError(checkpoint_dir, f"no '{ckpt.LATEST}' file: not a training checkpoint directory")
+    tag_dir = checkpoint_dir / tag
+    if not (tag_dir / ckpt.COMPLETE).is_file():
+        raise ConversionError(tag_dir, f"incomplete checkpoint (no {ckpt.COMPLETE} marker: the save did not finish)")
+    return tag_dir
+
+
+def read_meta(tag_dir: Path, expect_architecture: Optional[str] = None) -> dict:
+    meta_file = Path(tag_dir) / "meta.json"
+    if not meta_file.is_file():
+        raise ConversionError(meta_file, "missing (checkpoint written by an older ascender-dist or another tool)")
+    meta = json.loads(meta_file.read_text())
+    if meta.get("format") != ckpt.FORMAT_VERSION:
+        raise ConversionError(meta_file, f"checkpoint format {meta.get('format')!r}, this converter reads "
+                                         f"{ckpt.FORMAT_VERSION}")
+    for package, known in SUPPORTED_VERSIONS.items():
+        found = meta.get("versions", {}).get(package)
+        if found not in known:
+            raise ConversionError(meta_file, f"written with {package} {found}, the converter knows {', '.join(known)}")
+    if expect_architecture and meta["architecture"] != expect_architecture:
+        raise ConversionError(meta_file, f"architecture is {meta['architecture']!r}, expected {expect_architecture!r}")
+    return meta
+
+
+def read_config(directory: Path):
+    import yaml
+
+    config_file = Path(directory) / "config.yaml"
+    if not config_file.is_file():
+        raise ConversionError(config_file, "missing")
+    return config_from_dict(yaml.safe_load(config_file.read_text()))
+
+
+# ----------------------------------------------------------------------------- collective steps
+def _setup(cfg, vocab_size: int):
+    import torch.distributed as dist
+
+    from ascender_dist.config.resolve import derive
+    from ascender_dist.parallel.setup import init_model_parallel, init_process_group
+
+    init_process_group()
+    derived = derive(cfg, dist.get_world_size(), vocab_size)
+    p = cfg.parallel
+    pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed)
+    return derived, pstate
+
+
+def consolidate(checkpoint_dir: Path, out_dir: Path, tag: Optional[str] = None,
+                expect_architecture: Optional[str] = None) -> Optional[Path]:
+    """Collective (world size of the checkpoint's layout). Writes ``out_dir`` on rank 0."""
+    import torch.distributed as dist
+
+    from ascender_dist.training.engine import build_engine
+    from ascender_dist.training.weights import gather_canonical_state, write_weights_file
+
+    tag_dir = resolve_tag(checkpoint_dir, tag)
+    meta = read_meta(tag_dir, expect_architecture)
+    cfg = read_config(tag_dir)
+    derived, _ = _setup(cfg, meta["vocab_size"])
+    if dist.get_world_size() != meta["world_size"]:
+        raise ConversionError(tag_dir, f"saved by {meta['world_size']} ranks, this conversion runs on "
+                                       f"{dist.get_world_size()}")
+    engine = build_engine(cfg, derived)
+    ckpt.load_checkpoint(engine, Path(checkpoint_dir), tag_dir.name)
+    state = gather_canonical_state(engine.module, cfg)
+    if dist.get_rank() == 0:
+        state = strip_vocab_padding(state, meta["vocab_size"])
+        write_consolidated(out_dir, state, cfg, {**meta, "source": str(tag_dir)})
+    dist.barrier()
+    return Path(out_dir)
+
+
+def write_consolidated(out_dir: Path, state: dict, cfg, meta: dict) -> None:
+    """Write into a temporary sibling directory, then rename: never a half-written export."""
+    import yaml
+
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    from ascender_dist.training.weights import write_weights_file
+
+    write_weights_file(state, tmp / "model.safetensors", metadata={"format": "ascender-dist-consolidated"})
+    raw = to_dict(cfg)
+    raw["parallel"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    raw["checkpoint"]["init_from"] = None
+    (tmp / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+    log.info("consolidated %d tensors into %s", len(state), out_dir)
+
+
+def read_consolidated(directory: Path, expect_architecture: Optional[str] = None):
+    """(state, cfg, meta) of a consolidated directory, with one-line errors."""
+    from ascender_dist.training.weights import read_weights_file
+
+    directory = Path(directory)
+    weights = directory / "model.safetensors"
+    meta_file = directory / "meta.json"
+    for required in (weights, meta_file):
+        if not required.is_file():
+            raise ConversionError(required, "missing: not a consolidated directory (run `ascender-dist consolidate`)")
+    meta = json.loads(meta_file.read_text())
+    if expect_architecture and meta["architecture"] != expect_architecture:
+        raise ConversionError(meta_file, f"architecture is {meta['architecture']!r}, expected {expect_architecture!r}")
+    return read_weights_file(weights), read_config(directory), meta
+
+
+def reshard(consolidated_dir: Path, checkpoint_dir: Path, overrides: list[str]) -> None:
+    """Collective: write a training checkpoint of the layout in ``overrides`` (e.g.
+    parallel.tensor_model_parallel_size=2) from consolidated weights; ``train`` resumes from it.
+    Weights, step, LR schedule position and data position carry over; AdamW moments start at zero."""
+    from ascender_dist.config.loader import deep_merge, parse_override
+    from ascender_dist.training.trainer import Trainer
+
+    state, cfg, meta = read_consolidated(consolidated_dir)
+    raw = to_dict(cfg)
+    for text in overrides:
+        raw = deep_merge(raw, parse_override(text))
+    raw["checkpoint"].update(dir=str(checkpoint_dir), auto_resume=False, init_from=None)
+    cfg = config_from_dict(raw)
+    trainer = Trainer(cfg, init_state=state)
+    trainer.step = int(meta["step"])
+    trainer.loader.load_state_dict(meta["data"])
+    if trainer.engine.lr_scheduler is not None:
+        trainer.engine.lr_scheduler.step(trainer.step)
+    trainer.save()

@@ -1,0 +1,41 @@
+"""Train tiny models in given layouts (2 ranks) so conversion tests have real checkpoints."""
+
+from pathlib import Path
+
+from ascender_dist.config.resolve import config_from_dict
+from tests.helpers.data import tiny_run_config
+from tests.helpers.multiproc import run_checks
+
+LLAMA_LIKE = {"normalization": "RMSNorm", "activation": "swiglu", "add_bias_linear": False, "num_query_groups": 2}
+
+
+def _train(args, name: str, steps: int, **sections):
+    from ascender_dist.training.trainer import Trainer
+
+    cfg = config_from_dict(tiny_run_config(args["data"], Path(args["root"]) / name, train={"train_steps": steps},
+                                           **sections))
+    return Trainer(cfg).fit()
+
+
+def train_sources(args):
+    return run_checks({
+        "gpt_tp2": lambda: _train(args, "gpt_tp2", 3, parallel={"tensor_model_parallel_size": 2}),
+        "llama_pp2": lambda: _train(args, "llama_pp2", 3, model=LLAMA_LIKE,
+                                    parallel={"pipeline_model_parallel_size": 2}),
+    })
+
+
+def continue_resharded(args):
+    """Resume the resharded checkpoint (TP=1, PP=2 now) for 2 more steps."""
+    from ascender_dist.training.trainer import Trainer
+
+    cfg = config_from_dict(tiny_run_config(
+        args["data"], Path(args["root"]) / "resharded_run", train={"train_steps": 5},
+        parallel={"pipeline_model_parallel_size": 2}, checkpoint={"dir": args["resharded"]}))
+
+    def run():
+        trainer = Trainer(cfg)
+        start = trainer.step
+        return {"start": start, "losses": trainer.fit()}
+
+    return run_checks({"resume_resharded": run})

@@ -1,0 +1,125 @@
+"""Checkpoint conversion round trips on CPU: any layout -> consolidated -> Hugging Face / another layout."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers.data import make_tiny_dataset, tiny_run_config
+from tests.helpers.multiproc import REPO_ROOT, assert_check, run_ranks
+from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)  # as a user's shell: the command launches its own ranks
+    proc = subprocess.run([sys.executable, "-m", "ascender_dist.cli", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=400)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    data = make_tiny_dataset(tmp_path_factory.mktemp("data"), vocab_size=500)  # padded to 512 by training
+    root = tmp_path_factory.mktemp("runs")
+    args = {"data": data, "root": str(root)}
+    losses = run_ranks("tests.distributed.workers.conversion:train_sources", world_size=2, timeout=400, args=args)
+    exports = tmp_path_factory.mktemp("exports")
+    for name in ("gpt_tp2", "llama_pp2"):
+        cli("consolidate", "--checkpoint", str(root / name / "checkpoints"), "--out", str(exports / name))
+    return {"args": args, "root": root, "exports": exports, "losses": losses, "data": data}
+
+
+def _our_logits(consolidated: Path, tokens: torch.Tensor) -> torch.Tensor:
+    """Our megatron model (TP=1) with the consolidated weights, logits over the real vocabulary."""
+    from ascender_dist.config.resolve import derive
+    from ascender_dist.models.build import build_model
+    from ascender_dist.parallel.setup import init_model_parallel
+    from ascender_dist.tools.convert import read_consolidated
+    from ascender_dist.training.weights import load_canonical_state, pad_vocab
+
+    state, cfg, meta = read_consolidated(consolidated)
+    init_model_parallel(1, 1, seed=0)
+    derived = derive(cfg, 1, meta["vocab_size"])
+    model = build_model(cfg, derived)
+    load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size))
+    positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+    with torch.no_grad():
+        return model(tokens, positions, None)[..., : meta["vocab_size"]]
+
+
+def test_consolidated_has_canonical_names_and_no_vocab_padding(runs):
+    from ascender_dist.tools.convert import read_consolidated
+
+    state, cfg, meta = read_consolidated(runs["exports"] / "gpt_tp2")
+    assert meta["tensor_model_parallel_size"] == 2 and meta["step"] == 3
+    assert state["embedding.word_embeddings.weight"].shape[0] == meta["vocab_size"] < meta["padded_vocab_size"]
+    assert "decoder.layers.1.self_attention.linear_qkv.weight" in state
+    assert cfg.parallel.tensor_model_parallel_size == 1
+
+
+@pytest.mark.parametrize("name,hf_class", [("gpt_tp2", "GPTNeoXForCausalLM"), ("llama_pp2", "LlamaForCausalLM")])
+def test_hugging_face_export_logits_match(runs, single_rank_group, tmp_path, name, hf_class):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / f"hf_{name}"
+    cli("export-hf", "--consolidated", str(runs["exports"] / name), "--out", str(out),
+        "--tokenizer", runs["data"]["tokenizer"])
+    hf = AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    assert type(hf).__name__ == hf_class
+    tokens = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = hf(tokens).logits  # [b, s, v]
+    ours = _our_logits(runs["exports"] / name, tokens)
+    assert theirs.shape == ours.shape
+    assert (theirs - ours).abs().max().item() < 1e-4
+
+
+def test_reshard_to_another_layout_resumes_training(runs, tmp_path):
+    resharded = tmp_path / "resharded"
+    cli("reshard", "--consolidated", str(runs["exports"] / "gpt_tp2"), "--out", str(resharded),
+        "--set", "parallel.tensor_model_parallel_size=1", "--set", "parallel.pipeline_model_parallel_size=2")
+    meta = json.loads((resharded / "step_00000003" / "meta.json").read_text())
+    assert meta["pipeline_model_parallel_size"] == 2 and meta["tensor_model_parallel_size"] == 1
+    results = run_ranks("tests.distributed.workers.conversion:continue_resharded", world_size=2, timeout=300,
+                        args={**runs["args"], "resharded": str(resharded)})
+    value = assert_check(results, "resume_resharded")[0]
+    assert value["start"] == 3 and len(value["losses"]) == 2
+    original = runs["losses"][0]["gpt_tp2"]["value"]
+    # same weights, data position and LR schedule; only AdamW's moments restart
+    assert abs(value["losses"][0] - original[-1]) < 0.5
+
+
+def test_bad_checkpoints_fail_in_one_line(runs, tmp_path):
+    source = runs["root"] / "gpt_tp2" / "checkpoints"
+    proc = cli("consolidate", "--checkpoint", str(source), "--out", str(tmp_path / "x"), "--architecture",
+               "ascender", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith("meta.json: architecture is 'gpt', expected 'ascender'")
+    broken = tmp_path / "broken"
+    import shutil
+
+    shutil.copytree(source, broken)
+    (broken / "step_00000003" / "COMPLETE").unlink()
+    proc = cli("consolidate", "--checkpoint", str(broken), "--out", str(tmp_path / "y"), check=False)
+    assert proc.returncode == 2 and "no COMPLETE marker" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "y").exists()
+    (broken / "step_00000003" / "COMPLETE").write_text("3\n")
+    meta_file = broken / "step_00000003" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["versions"]["megatron-core"] = "0.9.0"
+    meta_file.write_text(json.dumps(meta))
+    proc = cli("consolidate", "--checkpoint", str(broken), "--out", str(tmp_path / "z"), check=False)
+    assert proc.returncode == 2
+    assert "written with megatron-core 0.9.0, the converter knows 0.16.1" in proc.stderr.strip().splitlines()[-1]
+    proc = cli("export-hf", "--consolidated", str(tmp_path / "missing"), "--out", str(tmp_path / "w"), check=False)
+    assert proc.returncode == 2 and "not a consolidated directory" in proc.stderr
