@@ -150,6 +150,26 @@ def export_hf_cmd(args: argparse.Namespace) -> None:
     print(f"wrote {out} (load with transformers.AutoModelForCausalLM.from_pretrained)")
 
 
+def inspect_connection_cmd(args: argparse.Namespace) -> None:
+    import os
+
+    from ascender_dist.tools.inspect_connection import inspect_connection
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    summary = inspect_connection(Path(args.consolidated), Path(args.out), args.text, args.max_tokens)
+    for number, layer in summary["layers"].items():
+        print(f"layer {number}: steps mean {layer['steps_mean']:.2f} max {layer['steps_max']:.0f} "
+              f"(max_steps {layer['max_steps']})")
+    print(f"wrote heatmaps and summary.json to {args.out}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ascender-dist")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -178,6 +198,12 @@ def _parser() -> argparse.ArgumentParser:
     p_hf.add_argument("--out", required=True)
     p_hf.add_argument("--tokenizer", default=None, help="sentencepiece .model to copy alongside")
     p_hf.set_defaults(fn=export_hf_cmd)
+    p_insp = sub.add_parser("inspect-connection", help="PNG heatmaps of a Connection model's slots and connection")
+    p_insp.add_argument("--consolidated", required=True, help="output of `ascender-dist consolidate`")
+    p_insp.add_argument("--out", required=True)
+    p_insp.add_argument("--text", default=None, help="input text (default: the first validation sample)")
+    p_insp.add_argument("--max-tokens", type=int, default=64)
+    p_insp.set_defaults(fn=inspect_connection_cmd)
     for name, (module, _) in _DELEGATED.items():
         sub.add_parser(name, help=f"see `ascender-dist {name} --help` ({module})", add_help=False)
     return parser

@@ -39,3 +39,10 @@ def continue_resharded(args):
         return {"start": start, "losses": trainer.fit()}
 
     return run_checks({"resume_resharded": run})
+
+
+def train_connection(args):
+    return run_checks({"connection": lambda: _train(
+        args, "connection", 2, model={"architecture": "connection", "num_layers": 4,
+                                      "connection": {"num_slots": 4, "rank": 4, "max_steps": 3,
+                                                     "causal_chunk_size": 8}})})

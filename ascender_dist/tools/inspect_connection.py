@@ -1,0 +1,113 @@
+"""Look inside a trained Connection model: learned slot-to-slot connection, per-slot token loads and
+reasoning steps, as PNG heatmaps plus a JSON summary.
+
+    ascender-dist inspect-connection --consolidated exports/run --out inspect/ [--text "def f(x): ..."]
+
+Runs the consolidated model on one process (TP=1), records the hidden states entering every
+Connection layer, and asks each layer for its connection matrix, slot loads and steps taken.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ascender_dist.models.registry import expand_layer_pattern
+from ascender_dist.tools.convert import ConversionError, read_consolidated
+
+
+def _connection_layers(model) -> list:
+    from ascender_dist.models.specs.connection import ConnectionSelfAttention
+
+    return [m for m in model.modules() if isinstance(m, ConnectionSelfAttention)]
+
+
+def _heatmap(matrix: torch.Tensor, path: Path, title: str, xlabel: str, ylabel: str,
+             yticks: Optional[list[str]] = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, cols = matrix.shape
+    fig, ax = plt.subplots(figsize=(max(4, cols * 0.25 + 2), max(3, rows * 0.22 + 1.5)))
+    image = ax.imshow(matrix.float().numpy(), aspect="auto", cmap="viridis")
+    fig.colorbar(image, ax=ax)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if yticks is not None:
+        ax.set_yticks(range(len(yticks)))
+        ax.set_yticklabels(yticks, fontsize=6, family="monospace")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _tokens(cfg, meta: dict, text: Optional[str], max_tokens: int):
+    """(token ids [1, n], token strings) from ``text`` or the first validation sample."""
+    from data_pipeline.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.load(Path(cfg.data.tokenizer)) if cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file() else None
+    if text is not None:
+        if tokenizer is None:
+            raise ConversionError("data.tokenizer", f"{cfg.data.tokenizer or '(unset)'}: tokenizer not found, needed for --text")
+        ids = tokenizer.encode(text)[:max_tokens]
+    else:
+        from data_pipeline.loader import StreamingLoader
+
+        loader = StreamingLoader(cfg.data.manifest, seq_length=cfg.model.seq_length, micro_batch_size=1,
+                                 global_batch_size=1, dp_rank=0, dp_size=1, seed=cfg.train.seed, split="val")
+        ids = next(iter(loader))["tokens"][0, :max_tokens].tolist()
+    labels = [tokenizer.decode([i]) if tokenizer else str(i) for i in ids]
+    return torch.tensor([ids]), [repr(t)[1:-1][:12] for t in labels]
+
+
+def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = None, max_tokens: int = 64) -> dict:
+    from ascender_dist.config.resolve import derive
+    from ascender_dist.models.build import build_model
+    from ascender_dist.parallel.setup import init_model_parallel, init_process_group
+    from ascender_dist.training.weights import load_canonical_state, pad_vocab
+
+    state, cfg, meta = read_consolidated(consolidated)
+    if "C" not in expand_layer_pattern(cfg):
+        raise ConversionError(Path(consolidated) / "meta.json", "model has no Connection layers ('C' in layer_pattern)")
+    init_process_group()
+    init_model_parallel(1, 1, cfg.train.seed)
+    derived = derive(cfg, 1, meta["vocab_size"])
+    model = build_model(cfg, derived).eval()
+    load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size), source=str(consolidated))
+    tokens, labels = _tokens(cfg, meta, text, max_tokens)
+    layers = _connection_layers(model)
+    inputs: dict[int, torch.Tensor] = {}
+    hooks = [layer.register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0].detach()))
+             for i, layer in enumerate(layers)]
+    positions = torch.arange(tokens.shape[1]).unsqueeze(0)
+    with torch.no_grad():
+        model(tokens, positions, None)
+    for hook in hooks:
+        hook.remove()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"source": str(consolidated), "step": meta.get("step"), "tokens": labels, "layers": {}}
+    for i, wrapper in enumerate(layers):
+        layer, number = wrapper.layer, wrapper.layer_number
+        matrix = layer.connection_matrix()
+        with torch.no_grad():
+            loads = layer.slot_loads(inputs[i])[0]  # [s, N]
+            layer(inputs[i])
+        steps = layer.last_stats.steps.float()
+        _heatmap(matrix, out_dir / f"layer{number:02d}_connection.png",
+                 f"layer {number}: {layer.hp.connection} connection (slot i -> slot j)", "target slot j", "source slot i")
+        _heatmap(loads, out_dir / f"layer{number:02d}_slot_loads.png", f"layer {number}: token -> slot loads",
+                 "slot", "token", yticks=labels)
+        summary["layers"][number] = {
+            "connection": layer.hp.connection, "matrix": matrix.tolist(),
+            "slot_load_totals": loads.sum(0).tolist(),
+            "steps_mean": steps.mean().item(), "steps_max": steps.max().item(), "max_steps": layer.hp.max_steps,
+        }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
