@@ -115,6 +115,8 @@ class CheckpointConfig:
 class LoggingConfig:
     log_interval: int = 1
     tensorboard: bool = True
+    # dense bf16 peak of one device for MFU; None: looked up from the GPU name (no MFU on CPU)
+    peak_tflops_per_device: Optional[float] = None
 
 
 @dataclass

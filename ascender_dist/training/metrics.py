@@ -9,6 +9,34 @@ from typing import Optional
 log = logging.getLogger("ascender_dist")
 
 
+# dense bf16 tensor-core peaks (vendor datasheets), matched against torch.cuda.get_device_name()
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+
+
+def peak_tflops_per_device(configured):
+    """Configured value, else the datasheet peak of the visible GPU, else None (CPU: no MFU)."""
+    import torch
+
+    if configured:
+        return configured
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        for key, value in PEAK_TFLOPS.items():
+            if key in name:
+                return value
+    return None
+
+
+def throughput(flops_per_token: float, tokens_per_s: float, world_size: int, peak_tflops) -> dict[str, float]:
+    """Achieved TFLOP/s per device and model FLOPs utilisation (the PaLM/Megatron definition:
+    model FLOPs of forward + backward, recomputation not counted)."""
+    achieved = flops_per_token * tokens_per_s / world_size / 1e12
+    values = {"train/tflops_per_device": achieved}
+    if peak_tflops:
+        values["train/mfu"] = achieved / peak_tflops
+    return values
+
+
 class MetricLogger:
     def __init__(self, tensorboard_dir: Optional[Path], enabled: bool):
         self.enabled = enabled

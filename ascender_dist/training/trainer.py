@@ -23,7 +23,8 @@ from ascender_dist.parallel.setup import ParallelState, init_model_parallel, ini
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.engine import build_engine, pipeline_batches
 from ascender_dist.training.layer_stats import gather_layer_stats, set_collect_stats, set_training_step
-from ascender_dist.training.metrics import MetricLogger
+from ascender_dist.models.counting import count_model
+from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, throughput
 from ascender_dist.training.weights import pad_vocab, read_weights_file
 
 log = logging.getLogger("ascender_dist")
@@ -87,6 +88,9 @@ class Trainer:
         self.pipelined = p.pipeline_model_parallel_size > 1
         self.step = 0
         self.losses: list[float] = []  # per-step training loss (mean over the global batch), for tests
+        vocab = cfg.model.vocab_size or (self.tokenizer.vocab_size if self.tokenizer else self.derived.padded_vocab_size)
+        self.flops_per_token = count_model(cfg, vocab).flops_per_token
+        self.peak_tflops = peak_tflops_per_device(cfg.logging.peak_tflops_per_device)
         self.metrics = MetricLogger(self.derived.tensorboard_dir if cfg.logging.tensorboard else None,
                                     enabled=self.pstate.is_logging_rank)
         if cfg.checkpoint.auto_resume:
@@ -204,6 +208,8 @@ class Trainer:
             elapsed = time.perf_counter() - start
             values["train/tokens_per_s"] = tokens_per_step / elapsed
             values["train/step_time_s"] = elapsed
+            values.update(throughput(self.flops_per_token, values["train/tokens_per_s"], self.pstate.world_size,
+                                     self.peak_tflops))
             values["data/skipped_shards"] = float(self.loader.skipped_shards)
             self.losses.append(values["train/loss"])
             if not math.isfinite(values["train/loss"]):

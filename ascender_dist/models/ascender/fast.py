@@ -427,13 +427,8 @@ def fast_attention(
     call, t, chunks, rows = prepare(
         q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux, with_stats=with_stats
     )
-    results = run_chunks(_chunk, call, t, chunks)
-    out = torch.cat([r[0] for r in results], -2)  # [b, np, s, hd]
-    rows = merge_rows(rows, [r[1] for r in results])
-    stats = {}
-    for _, _, moved in results:
-        for key, val in moved.items():
-            stats[key] = stats.get(key, 0) + val / n
+    out, chunk_rows, stats = fused_chunks(call, t, chunks)
+    rows.update(chunk_rows)
     aux = _aux(rows, t.get("u"), rows["neighbour_idx"], rows["neighbour_valid"], hp, call) if with_aux else {}
     return AscenderResult(out=out, rows=rows, stats=stats, aux=aux)
 
@@ -456,3 +451,522 @@ def _aux(rows, u, idx, valid, hp: AscenderHParams, call: _Call):
     }
     aux["total"] = sum(weights[k] * v for k, v in aux.items())
     return aux
+
+
+# ----------------------------------------------------------------------------- fused path
+# One autograd.Function runs every query chunk. Forward keeps no tile: it saves the inputs,
+# the (augmented) output and the per-row log-sum-exp. Backward recomputes one chunk's tiles
+# at a time and back-propagates through them by hand (the Separation tile, the kernels and
+# the attention, FlashAttention-style), while the O(chunk) per-row algebra between them
+# (row scales, gates, eta, centroids, the folded queries) is re-run under autograd. Gradients
+# of the whole-sequence inputs are accumulated in place into one buffer each (slicing a
+# full-size tensor per chunk would allocate a full-size gradient per chunk: O(s^2 / chunk)).
+#
+# Tiles are [B, C, L] with B = b * np, C query rows [c0, c1) and L keys [0, L). Every key
+# j < c0 is visible to every row of a causal chunk, so the only masked / diagonal entries lie
+# in the [C, C] block of columns [c0, c1): masks never touch the rest of the tile.
+
+
+def _count_denom(c0: int, c1: int, L: int, hp: AscenderHParams, dtype, device):
+    """Visible keys per row [C] and the variance denominator [C]."""
+    if hp.causal:
+        count = torch.arange(c0 + 1, c1 + 1, dtype=dtype, device=device)
+    else:
+        count = torch.full((c1 - c0,), float(L), dtype=dtype, device=device)
+    return count, variance_denominator(count, hp)
+
+
+def _row_moments_chunk(causal: bool, x, state, yb, n: int):
+    """PrefixMoments.row_moments for one chunk, with the chunk's own keys yb = y[c0:c1]
+    passed in (so that they can be autograd leaves). Returns (mean, var_pop), [b, np, C]."""
+    if not causal:
+        mean, cov = state
+        return (x * mean).sum(-1), ((x @ cov) * x).sum(-1)
+    C = x.shape[-2]
+    shift = state[0] if state else yb[..., :1, :]
+    tri = torch.ones(C, C, dtype=torch.bool, device=x.device).tril()
+    p = (x @ (yb - shift).transpose(-1, -2)) * tri  # [b, np, C, C]
+    t1, t2 = p.sum(-1), (p * p).sum(-1)
+    if state:
+        t2 = t2 + ((x @ state[1]) * x).sum(-1)
+    count = n + torch.arange(1, C + 1, dtype=x.dtype, device=x.device)  # n = c0 here
+    m = t1 / count
+    var = (t2 / count - m * m).clamp(min=0)
+    return m + (x * shift).sum(-1), var
+
+
+class _Spec:
+    """Static description of one fused call (names of the flat inputs, chunks, row keys)."""
+
+    def __init__(self, call: _Call, chunks, names, state_slots):
+        self.call, self.chunks, self.names, self.state_slots = call, chunks, names, state_slots
+        self.row_keys: list[str] = []
+        self.moved: dict = {}
+
+
+def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool):
+    """Kernel / Separation tiles of rows [c0, c1) x keys [0, L) and their row statistics.
+
+    Returns (stats, tiles): stats (per row, [b, np, C(, e)]): rho, mu, var (Separation),
+    wsum, mom (Cohesion: sum_l w_il and sum_l w_il [z_l, |z_l|^2], l = i included); tiles:
+    dev = (phi - mu) on visible entries (0 elsewhere) and, with keep, what backward needs."""
+    hp = call.hp
+    if not (call.use_sep or hp.use_coh):
+        return {}, {}
+    b, nh, n, dz = t["z"].shape
+    B, C = b * nh, c1 - c0
+    z3, zz3 = t["z3"], t["zz3"]
+    zq, zk = z3[:, c0:c1], z3[:, :L]
+    use_coh = hp.use_coh
+    ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
+    k_main = ks if call.use_sep else kc
+    a_main = 1.0 / k_main
+    # x = -|z_i - z_j|^2 / k_main = (2 zq.zk - |zk|^2 - |zq|^2) / k_main, clamped at 0 later
+    x = torch.baddbmm(zz3[:, None, :L, -1], zq, zk.transpose(1, 2), beta=-a_main, alpha=2 * a_main)
+    x.sub_(zz3[:, c0:c1, -1:] * a_main)
+    clamped = (x > 0) if keep else None  # |z_i - z_j|^2 < 0 by rounding: clamp, no gradient
+    x.clamp_(max=0)
+    blk = x[:, :, c0:c1]  # the [C, C] block holding the diagonal (and the causal triangle)
+    blk.diagonal(dim1=1, dim2=2).fill_(0.0)  # d_ii = 0 exactly
+    upper = None
+    if hp.causal and C > 1:
+        upper = torch.ones(C, C, dtype=torch.bool, device=x.device).triu(1)
+        blk.masked_fill_(upper, NEG_INF)  # invisible: every kernel 0
+    w_sep = w_coh = None
+    ratio = 1.0
+    if call.use_sep and use_coh and kc != ks:
+        ratio = k_main / kc
+        w_coh = torch.exp(x * ratio)
+    w = x.exp_()
+    if call.use_sep:
+        w_sep = w
+        if use_coh and kc == ks:
+            w_coh = w
+    else:
+        w_coh = w
+    stats, tiles = {}, {}
+    if use_coh:
+        stats["mom"] = (w_coh @ zz3[:, :L]).view(b, nh, C, dz + 1)
+    if call.use_sep:
+        dg = w_sep[:, :, c0:c1].diagonal(dim1=1, dim2=2)
+        dg.fill_(0.0)
+        rho = w_sep.sum(-1)  # sum over visible l != i
+        dg.fill_(1.0)
+        stats["rho"] = rho.view(b, nh, C)
+        if use_coh:
+            stats["wsum"] = (rho + 1) if w_coh is w_sep else w_coh.sum(-1)
+        hq, hk = t["h3"][:, c0:c1], t["h3"][:, :L]
+        r = torch.baddbmm(t["delta_b"][:, None, None], hq, hk.transpose(1, 2), beta=-1.0)
+        r.clamp_(min=0)  # relu(a - delta)
+        phi = r * w_sep if keep else r.mul_(w_sep)
+        count, denom = _count_denom(c0, c1, L, hp, x.dtype, x.device)
+        mu = phi.sum(-1) / count  # [B, C]
+        dev = phi.sub_(mu[:, :, None])
+        if upper is not None:
+            dev[:, :, c0:c1].masked_fill_(upper, 0.0)
+        stats["mu"] = mu.view(b, nh, C)
+        stats["var"] = (torch.linalg.vecdot(dev, dev) / denom).view(b, nh, C)
+        tiles["dev"] = dev
+        if keep:
+            tiles.update(r=r, w_sep=w_sep)
+    elif use_coh:
+        stats["wsum"] = w_coh.sum(-1)
+    if use_coh:
+        stats["wsum"] = stats["wsum"].view(b, nh, C)
+    if keep:
+        tiles.update(clamped=clamped, w_coh=w_coh, ratio=ratio, a_main=a_main, upper=upper)
+    return stats, tiles
+
+
+def _rows(call: _Call, c0: int, c1: int, L: int, x: dict):
+    """Per-row algebra of one chunk ([b, np, C] tensors only): folded queries q_aug
+    [b, np, C, e], the Separation row factor omega_s s_i / tau (or None) and row statistics."""
+    hp = call.hp
+    count, denom = _count_denom(c0, c1, L, hp, x["q"].dtype, x["q"].device)
+    tau = x["tau"].view(1, -1, 1)
+    omega, lambdas = x["omega"], x["lambdas"]
+    rows = {}
+    parts = [x["q"] / math.sqrt(call.hd)]
+    if hp.use_align:
+        uq = x["u"]
+        g = lambdas[:, ALIGN].view(1, -1, 1) * x["gate_a"]
+        mean, var = _row_moments_chunk(hp.causal, uq, x["align_state"], x["khat"], c0)
+        s = row_scale(g, safe_sqrt(var * count / denom), hp)
+        rows["align_mean"], rows["align_scale"] = mean, s
+        parts.append(omega[:, ALIGN].view(1, -1, 1, 1) * s[..., None] * uq)
+    if hp.use_coh:
+        moments = x["mom"] / x["wsum"][..., None]
+        c, ez2 = moments[..., :-1], moments[..., -1]
+        c2 = (c * c).sum(-1)
+        gate = torch.sigmoid(-hp.alpha_coh * (ez2 - c2).clamp(min=0))
+        g = lambdas[:, COH].view(1, -1, 1) * gate / hp.tau_coh
+        xc = torch.cat([c, torch.ones_like(c[..., :1])], -1)
+        mean_p, var_p = _row_moments_chunk(hp.causal, xc, x["coh_state"], x["zy"], c0)
+        s = row_scale(g, safe_sqrt(4 * var_p * count / denom), hp)
+        rows["centroid"], rows["gate_coh"], rows["coh_mean"], rows["coh_scale"] = c, gate, 2 * mean_p - c2, s
+        parts.append(omega[:, COH].view(1, -1, 1, 1) * 2 * s[..., None] * xc)
+    factor = None
+    if call.use_sep:
+        eta = torch.clamp(x["rho"] / x["kappa"].view(1, -1, 1), max=1.0)
+        s = row_scale(-lambdas[:, SEP].view(1, -1, 1) * eta, safe_sqrt(x["var"]), hp)
+        rows["rho"], rows["eta"], rows["sep_mean"], rows["sep_scale"] = x["rho"], eta, x["mu"], s
+        factor = omega[:, SEP].view(1, -1, 1) * s / tau
+    q_aug = torch.cat(parts, -1) / tau[..., None]
+    return q_aug, factor, rows
+
+
+def _alibi_tile(c0: int, c1: int, L: int, dtype, device):
+    return (torch.arange(c0, c1, device=device)[:, None] - torch.arange(L, device=device)).abs().to(dtype)
+
+
+def _scores(call: _Call, c0, c1, L, t, q_aug3, factor, dev, keep_dev: bool):
+    """S = q_aug k_aug^T + omega_s s_i dev_ij / tau (+ ALiBi / tau), -inf where invisible."""
+    hp = call.hp
+    ka = t["k_aug3"][:, :L]
+    if factor is not None:
+        f = factor.reshape(-1, c1 - c0, 1)
+        S = dev * f if keep_dev else dev.mul_(f)
+        S.baddbmm_(q_aug3, ka.transpose(1, 2))
+    else:
+        S = torch.bmm(q_aug3, ka.transpose(1, 2))
+    if hp.other_bias == "alibi":
+        S.sub_(_alibi_tile(c0, c1, L, S.dtype, S.device) * t["slope_tau_b"][:, None, None])
+    if hp.causal and c1 - c0 > 1:
+        S[:, :, c0:c1].masked_fill_(torch.ones(c1 - c0, c1 - c0, dtype=torch.bool, device=S.device).triu(1),
+                                    NEG_INF)  # fmt: skip
+    return S
+
+
+def _row_inputs(call: _Call, c0: int, c1: int, t: dict, stats: dict, ci: int, leaf: bool):
+    """Inputs of _rows for one chunk; with leaf, detached copies that require grad."""
+    hp = call.hp
+    x = {"q": t["q"][..., c0:c1, :]}
+    for key in ("omega", "lambdas", "kappa", "tau"):
+        x[key] = t["leaf_" + key] if leaf else t[key]
+    if hp.use_align:
+        x["u"], x["gate_a"], x["khat"] = t["u"][..., c0:c1, :], t["gate_a"][..., c0:c1], t["khat"][..., c0:c1, :]
+        x["align_state"] = t["align_states"][ci]
+    if hp.use_coh:
+        x["zy"] = t["zy"][..., c0:c1, :]
+        x["coh_state"] = t["coh_states"][ci]
+    x.update(stats)
+    if leaf:
+        for key, val in list(x.items()):
+            if key.startswith(("omega", "lambdas", "kappa", "tau")):
+                continue
+            if isinstance(val, tuple):
+                x[key] = tuple(v_.detach().requires_grad_() for v_ in val)
+            else:
+                x[key] = val.detach().requires_grad_()
+    return x
+
+
+class _FusedChunks(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, spec: _Spec, *tensors):
+        call, hp = spec.call, spec.call.hp
+        t = _unflatten(spec, tensors)
+        b, nh, n, hd = t["q"].shape
+        B = b * nh
+        ve = t["v_aug"].shape[-1]
+        out_aug = t["q"].new_empty(b, nh, n, ve)
+        lse = t["q"].new_empty(B, n)
+        chunk_rows, moved = [], {}
+        for ci, (c0, c1) in enumerate(spec.chunks):
+            L = c1 if hp.causal else n
+            C = c1 - c0
+            stats, tiles = _tiles(call, c0, c1, L, t, keep=call.want_lsep)
+            x = _row_inputs(call, c0, c1, t, stats, ci, leaf=False)
+            q_aug, factor, rows = _rows(call, c0, c1, L, x)
+            q3 = q_aug.reshape(B, C, -1)
+            dev = tiles.get("dev")
+            if call.with_stats:
+                moved_c = _moved_stats(call, c0, c1, L, t, x, rows, factor, dev)
+                for key, val in moved_c.items():
+                    moved[key] = moved.get(key, 0) + val
+            S = _scores(call, c0, c1, L, t, q3, factor, dev, keep_dev=False)
+            m = S.amax(-1, keepdim=True)
+            P = S.sub_(m).exp_()
+            l = P.sum(-1, keepdim=True)  # noqa: E741
+            o = torch.bmm(P, t["v_aug3"][:, :L]).div_(l)
+            out_aug[..., c0:c1, :] = o.view(b, nh, C, ve)
+            lse[:, c0:c1] = (m + l.log())[..., 0]
+            if call.want_lsep:  # sum_j A_ij phi_ij, phi = dev + mu on visible entries
+                phi = tiles["r"].mul_(tiles["w_sep"])
+                rows["lsep"] = (torch.linalg.vecdot(P, phi) / l[..., 0]).view(b, nh, C)
+            if call.want_lcoh:
+                c, oc = rows["centroid"], out_aug[..., c0:c1, hd:]
+                rows["lcoh"] = oc[..., -1] - 2 * (c * oc[..., :-1]).sum(-1) + (c * c).sum(-1)
+            chunk_rows.append(rows)
+        spec.row_keys = list(chunk_rows[0])
+        spec.moved = {k_: v_ / n for k_, v_ in moved.items()}
+        row_out = [torch.cat([r[k_] for r in chunk_rows], dim=2) for k_ in spec.row_keys]
+        out = out_aug if ve == hd else out_aug[..., :hd].contiguous()
+        ctx.spec = spec
+        ctx.save_for_backward(*tensors, out_aug, lse)
+        ctx.set_materialize_grads(False)
+        return (out, *row_out)
+
+    @staticmethod
+    def backward(ctx, d_out, *d_rows):
+        spec = ctx.spec
+        call, hp = spec.call, spec.call.hp
+        saved = ctx.saved_tensors
+        tensors, out_aug, lse = saved[:-2], saved[-2], saved[-1]
+        t = _unflatten(spec, tensors)
+        b, nh, n, hd = t["q"].shape
+        dz = t["z"].shape[-1]
+        B = b * nh
+        dtype, dev_ = t["q"].dtype, t["q"].device
+        need = dict(zip(spec.names, ctx.needs_input_grad[1:]))
+        d_rows = dict(zip(spec.row_keys, d_rows))
+        # full-size gradient buffers of the per-position inputs
+        gbuf = {}
+        for key in ("q", "u", "gate_a", "khat", "zy", "k_aug", "v_aug"):
+            if key in t:
+                gbuf[key] = torch.zeros_like(t[key])
+        gz3 = torch.zeros(B, n, dz + 1, dtype=dtype, device=dev_)  # grad of [z, |z|^2]
+        gh3 = torch.zeros_like(t["h3"])
+        g_delta = torch.zeros(B, dtype=dtype, device=dev_)
+        g_tau_alibi = torch.zeros(B, dtype=dtype, device=dev_)
+        for key in ("omega", "lambdas", "kappa", "tau"):
+            t["leaf_" + key] = t[key].detach().requires_grad_()
+        g_small = {key: torch.zeros_like(t[key]) for key in ("omega", "lambdas", "kappa", "tau")}
+        g_states = {}
+        d_out4 = d_out if d_out is not None else torch.zeros_like(out_aug[..., :hd])
+        for ci, (c0, c1) in enumerate(spec.chunks):
+            L = c1 if hp.causal else n
+            C = c1 - c0
+            stats, tiles = _tiles(call, c0, c1, L, t, keep=True)
+            with torch.enable_grad():
+                x = _row_inputs(call, c0, c1, t, stats, ci, leaf=True)
+                q_aug, factor, rows = _rows(call, c0, c1, L, x)
+            q3 = q_aug.detach().reshape(B, C, -1)
+            f3 = factor.detach().reshape(B, C, 1) if factor is not None else None
+            dev = tiles.get("dev")
+            # ---- gradient of the augmented output rows (task output, L_coh value columns)
+            o = out_aug[..., c0:c1, :]
+            dO = torch.zeros_like(o)
+            dO[..., :hd] = d_out4[..., c0:c1, :]
+            d_c = None
+            g_lcoh = d_rows.get("lcoh")
+            if call.want_lcoh and g_lcoh is not None:
+                g = g_lcoh[..., c0:c1]
+                c = rows["centroid"].detach()
+                dO[..., -1] += g
+                dO[..., hd:-1] += -2 * g[..., None] * c
+                d_c = g[..., None] * (2 * c - 2 * o[..., hd:-1])
+            dO3 = dO.view(B, C, -1)
+            # ---- attention backward on the tile
+            S = _scores(call, c0, c1, L, t, q3, factor.detach() if factor is not None else None, dev, keep_dev=True)
+            P = S.sub_(lse[:, c0:c1, None]).exp_()
+            va = t["v_aug3"][:, :L]
+            dS = torch.bmm(dO3, va.transpose(1, 2))  # dP
+            g_lsep = d_rows.get("lsep")
+            gl = None
+            if call.want_lsep and g_lsep is not None:
+                gl = g_lsep[..., c0:c1].reshape(B, C)
+                dS.addcmul_(tiles["r"] * tiles["w_sep"], gl[..., None])  # + dL_sep/dA = g phi
+            # sum_j A_ij dA_ij from the tile itself (not dO . O): a row with one visible key
+            # then gets exactly 0, as autograd's softmax backward gives
+            D = torch.linalg.vecdot(P, dS)  # [B, C]
+            gbuf["v_aug"][..., :L, :] += torch.bmm(P.transpose(1, 2), dO3).view(b, nh, L, -1)
+            dS.sub_(D[..., None]).mul_(P)
+            d_q_aug = torch.bmm(dS, t["k_aug3"][:, :L]).view(b, nh, C, -1)
+            gbuf["k_aug"][..., :L, :] += torch.bmm(dS.transpose(1, 2), q3).view(b, nh, L, -1)
+            if hp.other_bias == "alibi":
+                alibi = _alibi_tile(c0, c1, L, dtype, dev_)
+                g_tau_alibi += torch.linalg.vecdot(dS.view(B, -1), alibi.reshape(1, -1).expand(B, -1))
+            outs, gouts = [q_aug], [d_q_aug]
+            if factor is not None:
+                outs.append(factor)
+                gouts.append(torch.linalg.vecdot(dS, dev).view(b, nh, C))
+            if d_c is not None:
+                outs.append(rows["centroid"])
+                gouts.append(d_c)
+            for key, g in d_rows.items():
+                if g is not None and key in rows:
+                    outs.append(rows[key])
+                    gouts.append(g[..., c0:c1])
+            leaves = {k_: v_ for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad}
+            state_leaves = [(f"{k_[: -len('_state')]}s#{ci}#{i}", v_)
+                            for k_, val in x.items() if isinstance(val, tuple) for i, v_ in enumerate(val)]  # fmt: skip
+            names = list(leaves) + [name for name, _ in state_leaves]
+            inputs = list(leaves.values()) + [v_ for _, v_ in state_leaves]
+            grads = torch.autograd.grad(outs, inputs, gouts, allow_unused=True)
+            gx = {}
+            for name, g in zip(names, grads):
+                if g is None:
+                    continue
+                if "#" in name:
+                    g_states[name] = g
+                else:
+                    gx[name] = g
+            for key in ("omega", "lambdas", "kappa", "tau"):
+                g = gx.get(key)
+                if g is not None:
+                    g_small[key] += g
+            for key in ("q", "u", "khat", "zy"):
+                if key in gx:
+                    gbuf[key][..., c0:c1, :] += gx[key]
+            if "gate_a" in gx:
+                gbuf["gate_a"][..., c0:c1] += gx["gate_a"]
+            # ---- tile backward: Separation row statistics and bias, kernels, affinity
+            if not (call.use_sep or hp.use_coh):
+                continue
+            zq, zk = t["z3"][:, c0:c1], t["z3"][:, :L]
+            count, denom = _count_denom(c0, c1, L, hp, dtype, dev_)
+            dw_main = None
+            if call.use_sep:
+                # dS becomes dL/d dev (direct) + the var path, then dL/d phi
+                H = dS.mul_(f3)
+                gvar = gx.get("var")
+                if gvar is not None:
+                    H.addcmul_(dev, (2 * gvar.reshape(B, C) / denom)[..., None])
+                gmu = gx.get("mu")
+                gmu = gmu.reshape(B, C) if gmu is not None else 0
+                corr = (gmu - H.sum(-1)) / count
+                dphi = H.add_(corr[..., None])
+                if tiles["upper"] is not None:
+                    dphi[:, :, c0:c1].masked_fill_(tiles["upper"], 0.0)
+                if gl is not None:
+                    dphi.addcmul_(P, gl[..., None])
+                r, w_sep = tiles["r"], tiles["w_sep"]
+                da = torch.ops.aten.threshold_backward(dphi * w_sep, r, 0)
+                g_delta -= da.sum((1, 2))
+                gh3[:, c0:c1] += torch.bmm(da, t["h3"][:, :L])
+                gh3[:, :L] += torch.bmm(da.transpose(1, 2), t["h3"][:, c0:c1])
+                del da
+                dw_main = dphi.mul_(r)
+                grho = gx.get("rho")
+                if grho is not None:
+                    dw_main.add_(grho.reshape(B, C, 1))  # diagonal and invisible entries: w * dw = 0 below
+            del P, dS
+            if hp.use_coh:
+                w_coh = tiles["w_coh"]
+                gwsum = gx.get("wsum")
+                gmom = gx.get("mom")
+                gmom3 = gmom.reshape(B, C, dz + 1) if gmom is not None else None
+                if gmom3 is not None:
+                    gz3[:, :L] += torch.bmm(w_coh.transpose(1, 2), gmom3)
+                if not call.use_sep or w_coh is tiles["w_sep"]:  # one kernel tile
+                    if dw_main is None:
+                        dw_main = torch.zeros_like(w_coh)
+                    if gwsum is not None:
+                        dw_main.add_(gwsum.reshape(B, C, 1))
+                    if gmom3 is not None:
+                        dw_main.baddbmm_(gmom3, t["zz3"][:, :L].transpose(1, 2))
+                    dx = dw_main.mul_(w_coh)
+                else:
+                    dwc = torch.bmm(gmom3, t["zz3"][:, :L].transpose(1, 2)) if gmom3 is not None else torch.zeros_like(w_coh)
+                    if gwsum is not None:
+                        dwc.add_(gwsum.reshape(B, C, 1))
+                    dx = dw_main.mul_(tiles["w_sep"])
+                    dx.add_(dwc.mul_(w_coh), alpha=tiles["ratio"])
+            else:
+                dx = dw_main.mul_(tiles["w_sep"])
+            dx.masked_fill_(tiles["clamped"], 0.0)
+            dx[:, :, c0:c1].diagonal(dim1=1, dim2=2).fill_(0.0)
+            # x = (2 zq.zk - |zk|^2 - |zq|^2) * a_main
+            a_main = tiles["a_main"]
+            gz3[:, c0:c1, :dz] += torch.bmm(dx, zk) * (2 * a_main)
+            gz3[:, :L, :dz] += torch.bmm(dx.transpose(1, 2), zq) * (2 * a_main)
+            gz3[:, c0:c1, dz] -= dx.sum(-1) * a_main
+            gz3[:, :L, dz] -= dx.sum(1) * a_main
+            del dx, tiles, stats
+        # ---- assemble input gradients
+        z = t["z"]
+        gz = (gz3[..., :dz] + 2 * gz3[..., dz:] * z.reshape(B, n, dz)).view_as(z)
+        g_tau = g_small["tau"]
+        if hp.other_bias == "alibi":
+            slope, tau = t["slope"], t["tau"]
+            g_tau = g_tau + (g_tau_alibi.view(b, nh).sum(0) * slope / (tau * tau))
+        result = {"q": gbuf["q"], "z": gz, "hhat": gh3.view_as(t["hhat"]), "k_aug": gbuf["k_aug"],
+                  "v_aug": gbuf["v_aug"], "omega": g_small["omega"], "lambdas": g_small["lambdas"],
+                  "delta": g_delta.view(b, nh).sum(0), "kappa": g_small["kappa"], "tau": g_tau}  # fmt: skip
+        for key in ("u", "gate_a", "khat", "zy"):
+            if key in gbuf:
+                result[key] = gbuf[key]
+        result.update(g_states)
+        grads = [result.get(name) if need.get(name) else None for name in spec.names]
+        return (None, *grads)
+
+
+def _unflatten(spec: _Spec, tensors) -> dict:
+    """Flat Function inputs -> the dict the chunk code reads (plus [B, n, e] views)."""
+    t = dict(zip(spec.names, tensors))
+    b, nh, n, _ = t["q"].shape
+    B = b * nh
+    t["z3"] = t["z"].reshape(B, n, -1)
+    zz = torch.cat([t["z"], (t["z"] * t["z"]).sum(-1, keepdim=True)], -1)
+    t["zz3"] = zz.reshape(B, n, -1)
+    t["h3"] = t["hhat"].reshape(B, n, -1)
+    t["k_aug3"] = t["k_aug"].reshape(B, n, -1)
+    t["v_aug3"] = t["v_aug"].reshape(B, n, -1)
+    t["delta_b"] = t["delta"].repeat(b)
+    if spec.call.hp.other_bias == "alibi":
+        t["slope_tau_b"] = (t["slope"] / t["tau"]).repeat(b)
+    for key in ("align", "coh"):
+        slots = spec.state_slots.get(key)
+        if slots is not None:
+            t[key + "_states"] = [tuple(t[f"{key}s#{ci}#{i}"] for i in range(k_)) for ci, k_ in enumerate(slots)]
+    return t
+
+
+def _moved_stats(call: _Call, c0, c1, L, t, x, rows, factor, dev):
+    """Per-head sums over rows of the mass each bias moves (no grad, explicit tiles)."""
+    hp = call.hp
+    b, nh, n, hd = t["q"].shape
+    C = c1 - c0
+    tau = t["tau"].view(1, -1, 1, 1)
+    vis = tile_visibility(c0, c1, L, hp.causal, t["q"].device)
+    terms = {}
+    if hp.use_align:
+        r = x["u"] @ t["khat"][..., :L, :].transpose(-1, -2)
+        s, mean = rows["align_scale"], rows["align_mean"]
+        terms["align"] = t["omega"][:, ALIGN].view(1, -1, 1, 1) * s[..., None] * (r - mean[..., None])
+    if call.use_sep:
+        terms["sep"] = (dev.view(b, nh, C, L) * factor[..., None]) * tau
+    if hp.use_coh:
+        c, s, mean = rows["centroid"], rows["coh_scale"], rows["coh_mean"]
+        zk, z2 = t["z"][..., :L, :], (t["z"][..., :L, :] ** 2).sum(-1)
+        r = -(z2[..., None, :] - 2 * c @ zk.transpose(-1, -2) + (c * c).sum(-1)[..., None])
+        terms["coh"] = t["omega"][:, COH].view(1, -1, 1, 1) * s[..., None] * (r - mean[..., None])
+    S = x["q"] @ t["k_aug"][..., :L, :hd].transpose(-1, -2) / math.sqrt(hd)
+    if hp.other_bias == "alibi":
+        S = S - t["slope"].view(1, -1, 1, 1) * _alibi_tile(c0, c1, L, S.dtype, S.device)
+    S = S + sum(terms.values()) if terms else S
+    moved = mass_moved(S, terms, vis, tau)
+    return {k_: v_ * C for k_, v_ in moved.items()}
+
+
+def fused_chunks(call: _Call, t: dict, chunks):
+    """Run _FusedChunks over prepare()'s tensors. Returns out [b, np, s, hd], rows, moved."""
+    hp = call.hp
+    names = ["q", "z", "hhat", "k_aug", "v_aug", "omega", "lambdas", "delta", "kappa", "tau", "slope"]
+    flat = {key: t[key] for key in names}
+    flat["q"] = flat["q"].contiguous()
+    flat["z"] = flat["z"].contiguous()
+    if hp.use_align:
+        for key in ("u", "gate_a", "khat"):
+            names.append(key)
+            flat[key] = t[key]
+    if hp.use_coh:
+        names.append("zy")
+        flat["zy"] = t["zy"]
+    slots = {}
+    for key, moments in (("align", call.align_moments), ("coh", call.coh_moments)):
+        if moments is None:
+            continue
+        slots[key] = []
+        for ci in range(len(chunks)):
+            state = moments.state(ci)
+            slots[key].append(len(state))
+            for i, s_ in enumerate(state):
+                name = f"{key}s#{ci}#{i}"
+                names.append(name)
+                flat[name] = s_
+    spec = _Spec(call, chunks, names, slots)
+    outs = _FusedChunks.apply(spec, *[flat[k_] for k_ in names])
+    rows = dict(zip(spec.row_keys, outs[1:]))
+    return outs[0], rows, spec.moved

@@ -1,0 +1,121 @@
+"""Crashes through the real `deepspeed` launcher: SIGKILL at random moments never corrupts the
+latest checkpoint and auto-resume ends bit-identical to an uninterrupted run; a dying rank ends
+the whole job with a non-zero status instead of hanging."""
+
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.helpers.data import make_tiny_dataset, tiny_run_config
+from tests.helpers.multiproc import REPO_ROOT, free_port
+
+pytestmark = pytest.mark.slow
+STEPS = 30
+
+
+def _config(tmp_path: Path, data: dict, name: str, steps: int = STEPS, **sections) -> Path:
+    raw = tiny_run_config(data, tmp_path / name, train={"train_steps": steps},
+                          checkpoint={"save_interval": 2, "keep_last": 2}, **sections)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _start(config: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    deepspeed = Path(os.sys.executable).with_name("deepspeed")
+    return subprocess.Popen([str(deepspeed), "--num_accelerators", "2", "--master_port", str(free_port()),
+                             "launch/train.py", "--config", str(config)], cwd=REPO_ROOT, env=env,
+                            stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait(proc: subprocess.Popen, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+def _assert_latest_loadable(checkpoint_dir: Path) -> None:
+    from ascender_dist.training.checkpoint import latest_tag
+
+    tag = latest_tag(checkpoint_dir)  # raises if `latest` names an incomplete checkpoint
+    if tag is not None:
+        torch.load(checkpoint_dir / tag / "mp_rank_00_model_states.pt", weights_only=False, map_location="cpu")
+
+
+def _final_weights(checkpoint_dir: Path) -> dict:
+    state = torch.load(checkpoint_dir / f"step_{STEPS:08d}" / "mp_rank_00_model_states.pt", weights_only=False,
+                       map_location="cpu")
+    return state["module"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_tiny_dataset(tmp_path_factory.mktemp("data"))
+
+
+def test_random_sigkills_then_auto_resume_match_straight_run(data, tmp_path):
+    straight = _config(tmp_path, data, "straight")
+    assert _wait(_start(straight, tmp_path / "straight.log"), 300) == 0
+
+    killed = _config(tmp_path, data, "killed")
+    checkpoints = tmp_path / "killed" / "checkpoints"
+    log = tmp_path / "killed.log"
+    rng = random.Random(1234)
+    kills = 0
+    while kills < 5:
+        from ascender_dist.training.checkpoint import latest_tag, step_of_tag
+
+        tag = latest_tag(checkpoints) if checkpoints.exists() else None
+        resume_step = step_of_tag(tag) if tag else 0
+        if resume_step >= STEPS - 2:
+            break
+        target = resume_step + rng.randint(1, 4)  # a random step of this attempt ...
+        offset = log.stat().st_size if log.exists() else 0
+        proc = _start(killed, log)
+        deadline = time.monotonic() + 120
+        while f"step {target}/" not in log.read_text()[offset:]:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.3))  # ... and a random moment after it (saves happen every 2 steps)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        _assert_latest_loadable(checkpoints)
+    assert kills >= 3, "the run finished too early for the kill test to mean anything"
+    assert _wait(_start(killed, tmp_path / "killed.log"), 300) == 0
+    _assert_latest_loadable(checkpoints)
+    ours, reference = _final_weights(checkpoints), _final_weights(tmp_path / "straight" / "checkpoints")
+    assert ours.keys() == reference.keys()
+    tensors = [name for name, value in reference.items() if isinstance(value, torch.Tensor)]
+    assert len(tensors) > 10
+    for name in tensors:
+        assert torch.equal(ours[name], reference[name]), name
+    assert "resumed from" in (tmp_path / "killed.log").read_text()
+
+
+def test_a_dying_rank_ends_the_job(data, tmp_path):
+    config = _config(tmp_path, data, "dying", steps=100000)
+    log = tmp_path / "dying.log"
+    proc = _start(config, log)
+    deadline = time.monotonic() + 120
+    while "step 2/" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.5)
+    ranks = subprocess.run(["pgrep", "-f", "launch/train.py --local_rank=1"], capture_output=True, text=True)
+    pid = int(ranks.stdout.split()[0])
+    os.kill(pid, signal.SIGKILL)
+    started = time.monotonic()
+    status = _wait(proc, 60)
+    assert status != 0
+    assert time.monotonic() - started < 60

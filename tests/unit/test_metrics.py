@@ -1,0 +1,18 @@
+"""Throughput and MFU arithmetic (the numbers MFU targets are judged by)."""
+
+import pytest
+
+from ascender_dist.training.metrics import peak_tflops_per_device, throughput
+
+
+def test_mfu_hand_computed():
+    # 6 GFLOPs/token x 1e5 tokens/s over 2 devices = 300 TFLOP/s each; peak 1000 -> 30 %
+    values = throughput(6e9, 1e5, 2, 1000.0)
+    assert values["train/tflops_per_device"] == pytest.approx(300.0)
+    assert values["train/mfu"] == pytest.approx(0.3)
+
+
+def test_no_mfu_without_a_peak():
+    assert "train/mfu" not in throughput(6e9, 1e5, 2, None)
+    assert peak_tflops_per_device(None) is None  # CPU machine: nothing to compare against
+    assert peak_tflops_per_device(400.0) == 400.0
