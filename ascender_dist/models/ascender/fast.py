@@ -106,13 +106,21 @@ def neighbours(hhat: torch.Tensor, hp: AscenderHParams, chunks) -> tuple[torch.T
 
 
 def gather_sum(x: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """sum over valid slots t of x[idx[..., t]]: [b, np, s, e], one [s, e] gather per slot."""
-    total = torch.zeros_like(x)
-    e = x.shape[-1]
+    """sum over valid slots t of x[idx[..., t]]: [b, np, s, e], one [s, e] row gather per slot.
+
+    Rows are picked with index_select from x flattened to [b*np*s + 1, e], whose extra last row
+    is 0 and stands for invalid slots (no mask multiply; backward is a row-wise index_add)."""
+    b, nh, n, e = x.shape
+    flat = torch.cat([x.reshape(b * nh * n, e), x.new_zeros(1, e)])
+    base = (torch.arange(b * nh, device=x.device) * n).view(b, nh, 1)
+    pos = torch.where(valid, idx + base[..., None], b * nh * n)  # [b, np, s, k]
+    total = None
     for t in range(idx.shape[-1]):
-        sel = torch.gather(x, 2, idx[..., t, None].expand(*idx.shape[:-1], e))  # [b, np, s, e]
-        total = total + sel * valid[..., t, None]
-    return total
+        sel = flat.index_select(0, pos[..., t].reshape(-1))
+        total = sel if total is None else total + sel
+    if total is None:
+        return torch.zeros_like(x)
+    return total.view(b, nh, n, e)
 
 
 def headings(khat, idx, valid, hp: AscenderHParams):
@@ -502,9 +510,10 @@ class _Spec:
         self.call, self.chunks, self.names, self.state_slots = call, chunks, names, state_slots
         self.row_keys: list[str] = []
         self.moved: dict = {}
+        self.stat_keys: list[str] = []
 
 
-def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool):
+def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool, saved: dict | None = None):
     """Kernel / Separation tiles of rows [c0, c1) x keys [0, L) and their row statistics.
 
     Returns (stats, tiles): stats (per row, [b, np, C(, e)]): rho, mu, var (Separation),
@@ -525,17 +534,19 @@ def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool):
     x = torch.baddbmm(zz3[:, None, :L, -1], zq, zk.transpose(1, 2), beta=-a_main, alpha=2 * a_main)
     x.sub_(zz3[:, c0:c1, -1:] * a_main)
     clamped = (x > 0) if keep else None  # |z_i - z_j|^2 < 0 by rounding: clamp, no gradient
-    x.clamp_(max=0)
+    ratio = k_main / kc if (call.use_sep and use_coh and kc != ks) else 1.0
+    # Lower clamp: exp of arguments in [-104, -87] (float32) lands in the denormals and is ~30x
+    # slower than elsewhere; clamping there changes w by < 2e-38 (float32), 3e-308 (float64).
+    lo = math.log(torch.finfo(x.dtype).tiny) * 0.999 / max(1.0, ratio)
+    x.clamp_(min=lo, max=0)
     blk = x[:, :, c0:c1]  # the [C, C] block holding the diagonal (and the causal triangle)
     blk.diagonal(dim1=1, dim2=2).fill_(0.0)  # d_ii = 0 exactly
     upper = None
     if hp.causal and C > 1:
         upper = torch.ones(C, C, dtype=torch.bool, device=x.device).triu(1)
-        blk.masked_fill_(upper, NEG_INF)  # invisible: every kernel 0
+        blk.masked_fill_(upper, NEG_INF)  # invisible: every kernel exactly 0
     w_sep = w_coh = None
-    ratio = 1.0
-    if call.use_sep and use_coh and kc != ks:
-        ratio = k_main / kc
+    if ratio != 1.0:
         w_coh = torch.exp(x * ratio)
     w = x.exp_()
     if call.use_sep:
@@ -545,33 +556,38 @@ def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool):
     else:
         w_coh = w
     stats, tiles = {}, {}
-    if use_coh:
+    if saved is None and use_coh:
         stats["mom"] = (w_coh @ zz3[:, :L]).view(b, nh, C, dz + 1)
     if call.use_sep:
-        dg = w_sep[:, :, c0:c1].diagonal(dim1=1, dim2=2)
-        dg.fill_(0.0)
-        rho = w_sep.sum(-1)  # sum over visible l != i
-        dg.fill_(1.0)
-        stats["rho"] = rho.view(b, nh, C)
-        if use_coh:
-            stats["wsum"] = (rho + 1) if w_coh is w_sep else w_coh.sum(-1)
+        if saved is None:
+            dg = w_sep[:, :, c0:c1].diagonal(dim1=1, dim2=2)
+            dg.fill_(0.0)
+            rho = w_sep.sum(-1)  # sum over visible l != i
+            dg.fill_(1.0)
+            stats["rho"] = rho.view(b, nh, C)
+            if use_coh:
+                stats["wsum"] = (rho + 1) if w_coh is w_sep else w_coh.sum(-1)
         hq, hk = t["h3"][:, c0:c1], t["h3"][:, :L]
         r = torch.baddbmm(t["delta_b"][:, None, None], hq, hk.transpose(1, 2), beta=-1.0)
         r.clamp_(min=0)  # relu(a - delta)
         phi = r * w_sep if keep else r.mul_(w_sep)
-        count, denom = _count_denom(c0, c1, L, hp, x.dtype, x.device)
-        mu = phi.sum(-1) / count  # [B, C]
+        if saved is None:
+            count, denom = _count_denom(c0, c1, L, hp, x.dtype, x.device)
+            mu = phi.sum(-1) / count  # [B, C]
+        else:
+            mu = saved["mu"].reshape(B, C)
         dev = phi.sub_(mu[:, :, None])
         if upper is not None:
             dev[:, :, c0:c1].masked_fill_(upper, 0.0)
-        stats["mu"] = mu.view(b, nh, C)
-        stats["var"] = (torch.linalg.vecdot(dev, dev) / denom).view(b, nh, C)
+        if saved is None:
+            stats["mu"] = mu.view(b, nh, C)
+            stats["var"] = (torch.linalg.vecdot(dev, dev) / denom).view(b, nh, C)
         tiles["dev"] = dev
         if keep:
             tiles.update(r=r, w_sep=w_sep)
-    elif use_coh:
+    elif use_coh and saved is None:
         stats["wsum"] = w_coh.sum(-1)
-    if use_coh:
+    if "wsum" in stats:
         stats["wsum"] = stats["wsum"].view(b, nh, C)
     if keep:
         tiles.update(clamped=clamped, w_coh=w_coh, ratio=ratio, a_main=a_main, upper=upper)
@@ -671,7 +687,7 @@ class _FusedChunks(torch.autograd.Function):
         ve = t["v_aug"].shape[-1]
         out_aug = t["q"].new_empty(b, nh, n, ve)
         lse = t["q"].new_empty(B, n)
-        chunk_rows, moved = [], {}
+        chunk_rows, chunk_stats, moved = [], [], {}
         for ci, (c0, c1) in enumerate(spec.chunks):
             L = c1 if hp.causal else n
             C = c1 - c0
@@ -698,12 +714,15 @@ class _FusedChunks(torch.autograd.Function):
                 c, oc = rows["centroid"], out_aug[..., c0:c1, hd:]
                 rows["lcoh"] = oc[..., -1] - 2 * (c * oc[..., :-1]).sum(-1) + (c * c).sum(-1)
             chunk_rows.append(rows)
+            chunk_stats.append(stats)
         spec.row_keys = list(chunk_rows[0])
         spec.moved = {k_: v_ / n for k_, v_ in moved.items()}
         row_out = [torch.cat([r[k_] for r in chunk_rows], dim=2) for k_ in spec.row_keys]
         out = out_aug if ve == hd else out_aug[..., :hd].contiguous()
         ctx.spec = spec
-        ctx.save_for_backward(*tensors, out_aug, lse)
+        spec.stat_keys = list(chunk_stats[0])
+        stats_full = [torch.cat([st[k_] for st in chunk_stats], dim=2) for k_ in spec.stat_keys]
+        ctx.save_for_backward(*tensors, out_aug, lse, *stats_full)
         ctx.set_materialize_grads(False)
         return (out, *row_out)
 
@@ -712,7 +731,10 @@ class _FusedChunks(torch.autograd.Function):
         spec = ctx.spec
         call, hp = spec.call, spec.call.hp
         saved = ctx.saved_tensors
-        tensors, out_aug, lse = saved[:-2], saved[-2], saved[-1]
+        ns = len(spec.stat_keys)
+        tensors, out_aug, lse = saved[: len(spec.names)], saved[len(spec.names)], saved[len(spec.names) + 1]
+        stats_full = dict(zip(spec.stat_keys, saved[len(spec.names) + 2 :]))
+        assert len(stats_full) == ns
         t = _unflatten(spec, tensors)
         b, nh, n, hd = t["q"].shape
         dz = t["z"].shape[-1]
@@ -737,7 +759,8 @@ class _FusedChunks(torch.autograd.Function):
         for ci, (c0, c1) in enumerate(spec.chunks):
             L = c1 if hp.causal else n
             C = c1 - c0
-            stats, tiles = _tiles(call, c0, c1, L, t, keep=True)
+            stats = {k_: v_[:, :, c0:c1] for k_, v_ in stats_full.items()}
+            _, tiles = _tiles(call, c0, c1, L, t, keep=True, saved=stats)
             with torch.enable_grad():
                 x = _row_inputs(call, c0, c1, t, stats, ci, leaf=True)
                 q_aug, factor, rows = _rows(call, c0, c1, L, x)

@@ -1,0 +1,38 @@
+"""The committed scaling runs are exactly what their generator's stated rule produces."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from ascender_dist.config import load_config
+
+SCALING = Path(__file__).resolve().parents[2] / "configs" / "scaling"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_configs", SCALING / "make_configs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN = _generator()
+RUNS = [(a, s) for a in GEN.ARCHITECTURES for s in GEN.SIZES]
+
+
+@pytest.mark.parametrize("architecture,size", RUNS)
+def test_committed_yaml_matches_generator(architecture, size):
+    path = SCALING / f"{architecture}-{size}.yaml"
+    assert path.read_text() == GEN.render(architecture, size), f"re-run {SCALING / 'make_configs.py'}"
+
+
+@pytest.mark.parametrize("architecture,size", RUNS)
+def test_budget_is_20_tokens_per_parameter(architecture, size):
+    from ascender_dist.models.counting import count_model
+
+    cfg = load_config(SCALING / f"{architecture}-{size}.yaml")
+    params = count_model(cfg, GEN.VOCAB).total_params
+    tokens = cfg.train.train_steps * cfg.train.global_batch_size * cfg.model.seq_length
+    assert 20 * params <= tokens < 20 * params + cfg.train.global_batch_size * cfg.model.seq_length
+    assert cfg.train.global_batch_size * cfg.model.seq_length == 524288  # 0.5M tokens per step
