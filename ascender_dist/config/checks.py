@@ -113,6 +113,14 @@ def check_world_size_layout(cfg: RunConfig, world_size: int) -> None:
                           f"= {t.micro_batch_size} x {dp}")
 
 
+def check_bad_step_policy(cfg: RunConfig) -> None:
+    t = cfg.train
+    if t.loss_spike_factor != 0 and t.loss_spike_factor <= 1:
+        raise ConfigError("train.loss_spike_factor", f"must be 0 (off) or > 1 (got {t.loss_spike_factor})")
+    if t.max_consecutive_bad_steps < 0:
+        raise ConfigError("train.max_consecutive_bad_steps", f"must be >= 0 (got {t.max_consecutive_bad_steps})")
+
+
 def check_data_sources(cfg: RunConfig) -> None:
     d = cfg.data
     if d.mixture and d.manifest:
@@ -137,4 +145,5 @@ STATIC_CHECKS = [
     check_optimizer,
     check_dropout,
     check_data_sources,
+    check_bad_step_policy,
 ]

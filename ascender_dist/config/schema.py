@@ -79,6 +79,10 @@ class TrainConfig:
     precision: Literal["fp32", "bf16"] = "fp32"
     eval_interval: int = 0  # 0: no periodic validation
     eval_iters: int = 4
+    # skip a step whose loss exceeds this factor x the running mean (0: only non-finite losses skip)
+    loss_spike_factor: float = 0.0
+    # after this many consecutive skipped steps, roll back to the last checkpoint (0: never)
+    max_consecutive_bad_steps: int = 0
 
 
 @dataclass

@@ -124,7 +124,23 @@ def pipeline_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous()).mean()
 
 
-def build_pipeline_module(cfg: RunConfig, derived: Derived):
+class GuardedPipelineLoss:
+    """The pipeline's loss function; a bad micro-batch loss (``guard.is_bad``) is poisoned so the
+    optimizer skips the step on every rank (see :mod:`ascender_dist.training.guard`)."""
+
+    def __init__(self, guard=None):
+        self.guard = guard
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from ascender_dist.training.guard import poison
+
+        loss = pipeline_loss(logits, labels)
+        if self.guard is not None and self.guard.is_bad(loss.item()):
+            return poison(loss)
+        return loss
+
+
+def build_pipeline_module(cfg: RunConfig, derived: Derived, guard=None):
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
@@ -142,7 +158,7 @@ def build_pipeline_module(cfg: RunConfig, derived: Derived):
                                              num_mp=p.tensor_model_parallel_size,
                                              num_dp=derived.data_parallel_size)
     return PipelineModule(
-        layers=specs, topology=topology, loss_fn=pipeline_loss, partition_method="type:TransformerLayerPipe",
+        layers=specs, topology=topology, loss_fn=GuardedPipelineLoss(guard), partition_method="type:TransformerLayerPipe",
         activation_checkpoint_interval=1 if p.activation_checkpointing else 0,
         checkpointable_layers=["TransformerLayerPipe"],
     )

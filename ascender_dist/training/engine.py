@@ -13,6 +13,7 @@ from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.build import build_model, lm_loss
 from ascender_dist.parallel.setup import MegatronMPU
 from ascender_dist.training.deepspeed_config import to_deepspeed_config
+from ascender_dist.training.guard import skip_nonfinite_steps
 from ascender_dist.training.weights import load_canonical_state
 
 
@@ -37,7 +38,7 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = None):
+def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = None, guard=None):
     """PP=1: megatron's GPTModel in DeepSpeed's engine (ZeRO 0-3). PP>1: the same layers in
     DeepSpeed's pipeline engine (ZeRO 0-1), see :mod:`ascender_dist.models.pipeline`."""
     import deepspeed
@@ -45,7 +46,7 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
     if cfg.parallel.pipeline_model_parallel_size > 1:
         from ascender_dist.models.pipeline import build_pipeline_module
 
-        module = build_pipeline_module(cfg, derived)
+        module = build_pipeline_module(cfg, derived, guard)
         mpu = None  # the PipelineModule's topology carries the (megatron-ordered) groups
     else:
         module = LanguageModel(build_model(cfg, derived))
@@ -58,6 +59,8 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
         config=to_deepspeed_config(cfg, derived),
         mpu=mpu,
     )
+    if cfg.parallel.zero_stage == 0:
+        skip_nonfinite_steps(engine)
     return engine
 
 

@@ -8,7 +8,6 @@ Order of set-up (each a separate step): process group, megatron model-parallel g
 from __future__ import annotations
 
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Optional
@@ -22,6 +21,7 @@ from ascender_dist.config.schema import RunConfig
 from ascender_dist.parallel.setup import ParallelState, init_model_parallel, init_process_group
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.engine import build_engine, pipeline_batches
+from ascender_dist.training.guard import LossGuard, any_rank, poison
 from ascender_dist.training.layer_stats import gather_layer_stats, set_collect_stats, set_training_step
 from ascender_dist.models.counting import count_model
 from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, throughput
@@ -84,9 +84,12 @@ class Trainer:
             init_state = read_weights_file(cfg.checkpoint.init_from)
         if init_state is not None:
             init_state = pad_vocab(init_state, self.derived.padded_vocab_size)
-        self.engine = build_engine(cfg, self.derived, init_state)
+        self.guard = LossGuard(spike_factor=cfg.train.loss_spike_factor)
+        self.engine = build_engine(cfg, self.derived, init_state, self.guard)
         self.pipelined = p.pipeline_model_parallel_size > 1
         self.step = 0
+        self.consecutive_bad = 0
+        self.rollbacks = 0
         self.losses: list[float] = []  # per-step training loss (mean over the global batch), for tests
         vocab = cfg.model.vocab_size or (self.tokenizer.vocab_size if self.tokenizer else self.derived.padded_vocab_size)
         self.flops_per_token = count_model(cfg, vocab).flops_per_token
@@ -103,6 +106,8 @@ class Trainer:
             return False
         self.step = int(client_state["step"])
         self.loader.load_state_dict(client_state["data"])
+        if "guard" in client_state:
+            self.guard.load_state_dict(client_state["guard"])
         if self.pstate.is_logging_rank:
             log.info("resumed from %s at step %d", self.derived.checkpoint_dir / ckpt.tag_for_step(self.step), self.step)
         return True
@@ -131,6 +136,7 @@ class Trainer:
         tag = ckpt.save_checkpoint(
             self.engine, self.derived.checkpoint_dir, self.step,
             client_state={"step": self.step, "data": self.loader.state_dict(), "config": to_dict(self.cfg),
+                          "guard": self.guard.state_dict(),
                           "padded_vocab_size": self.derived.padded_vocab_size},
             keep_last=self.cfg.checkpoint.keep_last,
             extra_files={"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
@@ -148,21 +154,28 @@ class Trainer:
         model = self.engine.module
         set_training_step(model, self.step)
         set_collect_stats(model, log_layers)
+        skipped_before = self.engine.skipped_steps
         if self.pipelined:  # DeepSpeed's pipeline schedule runs all micro-batches and the step
             step_loss = float(self.engine.train_batch(data_iter=batches))
         else:
-            losses = []
-            for _ in range(self.derived.gradient_accumulation_steps):
+            losses, bad = [], False
+            accumulation = self.derived.gradient_accumulation_steps
+            for micro in range(accumulation):
                 tokens = next(batches)["tokens"].to(self.pstate.device)
                 loss = self.engine(tokens)
-                self.engine.backward(loss)
+                bad = self.guard.is_bad(loss.item()) or bad
+                # the step's fate is decided once, before its last backward, identically on all ranks
+                last = micro == accumulation - 1
+                self.engine.backward(poison(loss) if last and any_rank(bad) else loss)
                 self.engine.step()
                 losses.append(loss.detach())
             step_loss = _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
+        skipped = self.engine.skipped_steps > skipped_before
         set_collect_stats(model, False)
         grad_norm = self.engine.get_global_grad_norm()
         values = {"train/loss": step_loss, "train/lr": float(self.engine.get_lr()[0]),
-                  "train/grad_norm": float(grad_norm) if grad_norm is not None else None}
+                  "train/grad_norm": float(grad_norm) if grad_norm is not None and not skipped else None,
+                  "train/skipped_steps": float(self.engine.skipped_steps), "train/step_skipped": float(skipped)}
         if log_layers:
             values.update(gather_layer_stats(model, mps.get_tensor_model_parallel_group()))
         return values
@@ -186,15 +199,52 @@ class Trainer:
         self.engine.train()
         return _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
 
+    def _after_step(self, values: dict, batches):
+        """Bad-step bookkeeping; after ``max_consecutive_bad_steps`` skips, roll back to the last
+        checkpoint (weights, optimizer, step) but keep the data position, so the offending batches
+        are not replayed. Returns the batch iterator to continue with."""
+        t = self.cfg.train
+        if not values["train/step_skipped"]:
+            self.consecutive_bad = 0
+            self.guard.accept(values["train/loss"])
+            return batches
+        self.consecutive_bad += 1
+        if self.pstate.is_logging_rank:
+            log.warning("step %d skipped on all ranks: loss %.4g (non-finite, or above %s)", self.step,
+                        values["train/loss"], self.guard.threshold)
+        limit = t.max_consecutive_bad_steps
+        if limit and self.consecutive_bad >= limit:
+            return self.rollback()
+        if not limit and self.consecutive_bad >= 10:
+            raise FloatingPointError(f"step {self.step}: {self.consecutive_bad} consecutive bad steps (loss "
+                                     f"{values['train/loss']}); set train.max_consecutive_bad_steps to roll back")
+        return batches
+
+    def rollback(self):
+        data_state = self.loader.state_dict()
+        bad_step = self.step
+        if not self.resume():
+            raise FloatingPointError(f"step {bad_step}: {self.consecutive_bad} consecutive bad steps and no "
+                                     f"checkpoint to roll back to")
+        self.loader.load_state_dict(data_state)
+        self.consecutive_bad = 0
+        self.rollbacks += 1
+        if self.pstate.is_logging_rank:
+            log.warning("rolled back from step %d to the checkpoint of step %d; data continues where it was",
+                        bad_step, self.step)
+        return self._batches()
+
+    def _batches(self):
+        batches = iter(self.loader)
+        return pipeline_batches(batches) if self.pipelined else batches
+
     def fit(self, stop_at: Optional[int] = None) -> list[float]:
         """Train to ``train.train_steps`` (or stop early at ``stop_at``, e.g. an interrupted job), then save."""
         cfg, t = self.cfg, self.cfg.train
         last_step = min(t.train_steps, stop_at) if stop_at is not None else t.train_steps
         saved_at = self.step
         tokens_per_step = t.global_batch_size * cfg.model.seq_length
-        batches = iter(self.loader)
-        if self.pipelined:
-            batches = pipeline_batches(batches)
+        batches = self._batches()
         if self.pstate.is_logging_rank:
             log.info("training %s (%s) from step %d to %d: world %d = tp %d x pp %d x dp %d, grad accum %d",
                      cfg.name, cfg.model.architecture, self.step, t.train_steps, self.pstate.world_size,
@@ -212,8 +262,12 @@ class Trainer:
                                      self.peak_tflops))
             values["data/skipped_shards"] = float(self.loader.skipped_shards)
             self.losses.append(values["train/loss"])
-            if not math.isfinite(values["train/loss"]):
-                raise FloatingPointError(f"step {self.step}: training loss is {values['train/loss']}")
+            rollbacks = self.rollbacks
+            batches = self._after_step(values, batches)
+            if self.rollbacks != rollbacks:
+                self.metrics.scalars(self.step, {"train/rollbacks": float(self.rollbacks)})
+                saved_at = self.step
+                continue  # the step went back to the checkpoint: nothing of this step to log or save
             if t.eval_interval and self.step % t.eval_interval == 0:
                 values["val/loss"] = self.validate()
             self.metrics.scalars(self.step, values)

@@ -516,25 +516,26 @@ class _Spec:
 def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool, saved: dict | None = None):
     """Kernel / Separation tiles of rows [c0, c1) x keys [0, L) and their row statistics.
 
-    Returns (stats, tiles): stats (per row, [b, np, C(, e)]): rho, mu, var (Separation),
-    wsum, mom (Cohesion: sum_l w_il and sum_l w_il [z_l, |z_l|^2], l = i included); tiles:
-    dev = (phi - mu) on visible entries (0 elsewhere) and, with keep, what backward needs."""
+    Returns (stats, tiles). stats (per row, [b, np, C(, e)]; only when saved is None):
+    rho, mu, var (Separation), mom = sum_l w_il [z_l, |z_l|^2, 1] (Cohesion, l = i included;
+    the last column is the kernel mass). tiles: dev = phi - mu on visible entries (0 elsewhere)
+    and, with keep, what backward needs. saved: the stats of the forward pass (backward).
+
+    Both the scaled squared distance and the thresholded affinity are single GEMMs over
+    augmented vectors (no broadcast pass):
+        x_ij = -|z_i - z_j|^2 / k = [z_i, |z_i|^2, 1] . [2 z_j, -1, -|z_j|^2] / k
+        a_ij - delta = [hhat_i, 1] . [hhat_j, -delta]
+    """
     hp = call.hp
     if not (call.use_sep or hp.use_coh):
         return {}, {}
     b, nh, n, dz = t["z"].shape
     B, C = b * nh, c1 - c0
-    z3, zz3 = t["z3"], t["zz3"]
-    zq, zk = z3[:, c0:c1], z3[:, :L]
     use_coh = hp.use_coh
     ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
-    k_main = ks if call.use_sep else kc
-    a_main = 1.0 / k_main
-    # x = -|z_i - z_j|^2 / k_main = (2 zq.zk - |zk|^2 - |zq|^2) / k_main, clamped at 0 later
-    x = torch.baddbmm(zz3[:, None, :L, -1], zq, zk.transpose(1, 2), beta=-a_main, alpha=2 * a_main)
-    x.sub_(zz3[:, c0:c1, -1:] * a_main)
-    clamped = (x > 0) if keep else None  # |z_i - z_j|^2 < 0 by rounding: clamp, no gradient
-    ratio = k_main / kc if (call.use_sep and use_coh and kc != ks) else 1.0
+    x = torch.bmm(t["ZL"][:, c0:c1], t["ZR"][:, :L].transpose(1, 2))  # -d2 / k_main
+    clamped = (x > 0) if keep else None  # |z_i - z_j|^2 < 0 by rounding: clamped, no gradient
+    ratio = t["ratio"]
     # Lower clamp: exp of arguments in [-104, -87] (float32) lands in the denormals and is ~30x
     # slower than elsewhere; clamping there changes w by < 2e-38 (float32), 3e-308 (float64).
     lo = math.log(torch.finfo(x.dtype).tiny) * 0.999 / max(1.0, ratio)
@@ -557,18 +558,14 @@ def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool, saved: di
         w_coh = w
     stats, tiles = {}, {}
     if saved is None and use_coh:
-        stats["mom"] = (w_coh @ zz3[:, :L]).view(b, nh, C, dz + 1)
+        stats["mom"] = torch.bmm(w_coh, t["ZL"][:, :L]).view(b, nh, C, dz + 2)
     if call.use_sep:
         if saved is None:
             dg = w_sep[:, :, c0:c1].diagonal(dim1=1, dim2=2)
             dg.fill_(0.0)
-            rho = w_sep.sum(-1)  # sum over visible l != i
+            stats["rho"] = w_sep.sum(-1).view(b, nh, C)  # sum over visible l != i (no 1 - 1 cancelling)
             dg.fill_(1.0)
-            stats["rho"] = rho.view(b, nh, C)
-            if use_coh:
-                stats["wsum"] = (rho + 1) if w_coh is w_sep else w_coh.sum(-1)
-        hq, hk = t["h3"][:, c0:c1], t["h3"][:, :L]
-        r = torch.baddbmm(t["delta_b"][:, None, None], hq, hk.transpose(1, 2), beta=-1.0)
+        r = torch.bmm(t["HL"][:, c0:c1], t["HR"][:, :L].transpose(1, 2))
         r.clamp_(min=0)  # relu(a - delta)
         phi = r * w_sep if keep else r.mul_(w_sep)
         if saved is None:
@@ -585,12 +582,8 @@ def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool, saved: di
         tiles["dev"] = dev
         if keep:
             tiles.update(r=r, w_sep=w_sep)
-    elif use_coh and saved is None:
-        stats["wsum"] = w_coh.sum(-1)
-    if "wsum" in stats:
-        stats["wsum"] = stats["wsum"].view(b, nh, C)
     if keep:
-        tiles.update(clamped=clamped, w_coh=w_coh, ratio=ratio, a_main=a_main, upper=upper)
+        tiles.update(clamped=clamped, w_coh=w_coh, upper=upper)
     return stats, tiles
 
 
@@ -611,7 +604,8 @@ def _rows(call: _Call, c0: int, c1: int, L: int, x: dict):
         rows["align_mean"], rows["align_scale"] = mean, s
         parts.append(omega[:, ALIGN].view(1, -1, 1, 1) * s[..., None] * uq)
     if hp.use_coh:
-        moments = x["mom"] / x["wsum"][..., None]
+        mom = x["mom"]
+        moments = mom[..., :-1] / mom[..., -1:]  # weights >= 1 (w_ii = 1)
         c, ez2 = moments[..., :-1], moments[..., -1]
         c2 = (c * c).sum(-1)
         gate = torch.sigmoid(-hp.alpha_coh * (ez2 - c2).clamp(min=0))
@@ -678,6 +672,8 @@ def _row_inputs(call: _Call, c0: int, c1: int, t: dict, stats: dict, ci: int, le
 
 
 class _FusedChunks(torch.autograd.Function):
+    """All query chunks of one call; see the comment at the top of this section."""
+
     @staticmethod
     def forward(ctx, spec: _Spec, *tensors):
         call, hp = spec.call, spec.call.hp
@@ -686,7 +682,6 @@ class _FusedChunks(torch.autograd.Function):
         B = b * nh
         ve = t["v_aug"].shape[-1]
         out_aug = t["q"].new_empty(b, nh, n, ve)
-        lse = t["q"].new_empty(B, n)
         chunk_rows, chunk_stats, moved = [], [], {}
         for ci, (c0, c1) in enumerate(spec.chunks):
             L = c1 if hp.causal else n
@@ -694,35 +689,29 @@ class _FusedChunks(torch.autograd.Function):
             stats, tiles = _tiles(call, c0, c1, L, t, keep=call.want_lsep)
             x = _row_inputs(call, c0, c1, t, stats, ci, leaf=False)
             q_aug, factor, rows = _rows(call, c0, c1, L, x)
-            q3 = q_aug.reshape(B, C, -1)
             dev = tiles.get("dev")
             if call.with_stats:
-                moved_c = _moved_stats(call, c0, c1, L, t, x, rows, factor, dev)
-                for key, val in moved_c.items():
+                for key, val in _moved_stats(call, c0, c1, L, t, x, rows, factor, dev).items():
                     moved[key] = moved.get(key, 0) + val
-            S = _scores(call, c0, c1, L, t, q3, factor, dev, keep_dev=False)
-            m = S.amax(-1, keepdim=True)
-            P = S.sub_(m).exp_()
-            l = P.sum(-1, keepdim=True)  # noqa: E741
-            o = torch.bmm(P, t["v_aug3"][:, :L]).div_(l)
-            out_aug[..., c0:c1, :] = o.view(b, nh, C, ve)
-            lse[:, c0:c1] = (m + l.log())[..., 0]
-            if call.want_lsep:  # sum_j A_ij phi_ij, phi = dev + mu on visible entries
-                phi = tiles["r"].mul_(tiles["w_sep"])
-                rows["lsep"] = (torch.linalg.vecdot(P, phi) / l[..., 0]).view(b, nh, C)
+            S = _scores(call, c0, c1, L, t, q_aug.reshape(B, C, -1), factor, dev, keep_dev=False)
+            P = torch.softmax(S, -1)  # one row-wise kernel (rows stay in cache)
+            del S
+            out_aug[..., c0:c1, :] = torch.bmm(P, t["v_aug3"][:, :L]).view(b, nh, C, ve)
+            if call.want_lsep:  # sum_j A_ij phi_ij
+                rows["lsep"] = torch.linalg.vecdot(P, tiles["r"].mul_(tiles["w_sep"])).view(b, nh, C)
             if call.want_lcoh:
                 c, oc = rows["centroid"], out_aug[..., c0:c1, hd:]
                 rows["lcoh"] = oc[..., -1] - 2 * (c * oc[..., :-1]).sum(-1) + (c * c).sum(-1)
             chunk_rows.append(rows)
             chunk_stats.append(stats)
         spec.row_keys = list(chunk_rows[0])
+        spec.stat_keys = list(chunk_stats[0])
         spec.moved = {k_: v_ / n for k_, v_ in moved.items()}
         row_out = [torch.cat([r[k_] for r in chunk_rows], dim=2) for k_ in spec.row_keys]
+        stats_full = [torch.cat([st[k_] for st in chunk_stats], dim=2) for k_ in spec.stat_keys]
         out = out_aug if ve == hd else out_aug[..., :hd].contiguous()
         ctx.spec = spec
-        spec.stat_keys = list(chunk_stats[0])
-        stats_full = [torch.cat([st[k_] for st in chunk_stats], dim=2) for k_ in spec.stat_keys]
-        ctx.save_for_backward(*tensors, out_aug, lse, *stats_full)
+        ctx.save_for_backward(*tensors, out_aug, *stats_full)
         ctx.set_materialize_grads(False)
         return (out, *row_out)
 
@@ -731,31 +720,28 @@ class _FusedChunks(torch.autograd.Function):
         spec = ctx.spec
         call, hp = spec.call, spec.call.hp
         saved = ctx.saved_tensors
-        ns = len(spec.stat_keys)
-        tensors, out_aug, lse = saved[: len(spec.names)], saved[len(spec.names)], saved[len(spec.names) + 1]
-        stats_full = dict(zip(spec.stat_keys, saved[len(spec.names) + 2 :]))
-        assert len(stats_full) == ns
+        nn_ = len(spec.names)
+        tensors, out_aug = saved[:nn_], saved[nn_]
+        stats_full = dict(zip(spec.stat_keys, saved[nn_ + 1 :]))
         t = _unflatten(spec, tensors)
         b, nh, n, hd = t["q"].shape
-        dz = t["z"].shape[-1]
         B = b * nh
         dtype, dev_ = t["q"].dtype, t["q"].device
         need = dict(zip(spec.names, ctx.needs_input_grad[1:]))
         d_rows = dict(zip(spec.row_keys, d_rows))
-        # full-size gradient buffers of the per-position inputs
-        gbuf = {}
-        for key in ("q", "u", "gate_a", "khat", "zy", "k_aug", "v_aug"):
-            if key in t:
-                gbuf[key] = torch.zeros_like(t[key])
-        gz3 = torch.zeros(B, n, dz + 1, dtype=dtype, device=dev_)  # grad of [z, |z|^2]
-        gh3 = torch.zeros_like(t["h3"])
-        g_delta = torch.zeros(B, dtype=dtype, device=dev_)
+        # one full-size gradient buffer per per-position input, filled chunk by chunk in place
+        gbuf = {key: torch.zeros_like(t[key]) for key in ("q", "u", "gate_a", "khat", "zy", "k_aug", "v_aug") if key in t}
+        tiled = call.use_sep or hp.use_coh
+        if tiled:
+            gZL, gZR = torch.zeros_like(t["ZL"]), torch.zeros_like(t["ZR"])
+        if call.use_sep:
+            gHL, gHR = torch.zeros_like(t["HL"]), torch.zeros_like(t["HR"])
         g_tau_alibi = torch.zeros(B, dtype=dtype, device=dev_)
-        for key in ("omega", "lambdas", "kappa", "tau"):
+        small = ("omega", "lambdas", "kappa", "tau")
+        for key in small:
             t["leaf_" + key] = t[key].detach().requires_grad_()
-        g_small = {key: torch.zeros_like(t[key]) for key in ("omega", "lambdas", "kappa", "tau")}
+        g_small = {key: torch.zeros_like(t[key]) for key in small}
         g_states = {}
-        d_out4 = d_out if d_out is not None else torch.zeros_like(out_aug[..., :hd])
         for ci, (c0, c1) in enumerate(spec.chunks):
             L = c1 if hp.causal else n
             C = c1 - c0
@@ -765,12 +751,15 @@ class _FusedChunks(torch.autograd.Function):
                 x = _row_inputs(call, c0, c1, t, stats, ci, leaf=True)
                 q_aug, factor, rows = _rows(call, c0, c1, L, x)
             q3 = q_aug.detach().reshape(B, C, -1)
-            f3 = factor.detach().reshape(B, C, 1) if factor is not None else None
             dev = tiles.get("dev")
             # ---- gradient of the augmented output rows (task output, L_coh value columns)
             o = out_aug[..., c0:c1, :]
-            dO = torch.zeros_like(o)
-            dO[..., :hd] = d_out4[..., c0:c1, :]
+            if d_out is not None and o.shape[-1] == hd:
+                dO = d_out[..., c0:c1, :].contiguous()
+            else:
+                dO = torch.zeros_like(o)
+                if d_out is not None:
+                    dO[..., :hd] = d_out[..., c0:c1, :]
             d_c = None
             g_lcoh = d_rows.get("lcoh")
             if call.want_lcoh and g_lcoh is not None:
@@ -781,25 +770,26 @@ class _FusedChunks(torch.autograd.Function):
                 d_c = g[..., None] * (2 * c - 2 * o[..., hd:-1])
             dO3 = dO.view(B, C, -1)
             # ---- attention backward on the tile
-            S = _scores(call, c0, c1, L, t, q3, factor.detach() if factor is not None else None, dev, keep_dev=True)
-            P = S.sub_(lse[:, c0:c1, None]).exp_()
-            va = t["v_aug3"][:, :L]
-            dS = torch.bmm(dO3, va.transpose(1, 2))  # dP
+            f_det = factor.detach() if factor is not None else None
+            S = _scores(call, c0, c1, L, t, q3, f_det, dev, keep_dev=True)
+            P = torch.softmax(S, -1)
+            del S
+            dP = torch.bmm(dO3, t["v_aug3"][:, :L].transpose(1, 2))
             g_lsep = d_rows.get("lsep")
             gl = None
             if call.want_lsep and g_lsep is not None:
                 gl = g_lsep[..., c0:c1].reshape(B, C)
-                dS.addcmul_(tiles["r"] * tiles["w_sep"], gl[..., None])  # + dL_sep/dA = g phi
-            # sum_j A_ij dA_ij from the tile itself (not dO . O): a row with one visible key
-            # then gets exactly 0, as autograd's softmax backward gives
-            D = torch.linalg.vecdot(P, dS)  # [B, C]
+                dP.addcmul_(tiles["r"] * tiles["w_sep"], gl[..., None])  # + dL_sep/dA = g phi
             gbuf["v_aug"][..., :L, :] += torch.bmm(P.transpose(1, 2), dO3).view(b, nh, L, -1)
-            dS.sub_(D[..., None]).mul_(P)
+            # A * (dA - sum_j A dA), one row-wise kernel; a row with one visible key gets exactly 0
+            dS = torch._softmax_backward_data(dP, P, -1, dtype)
+            del dP
             d_q_aug = torch.bmm(dS, t["k_aug3"][:, :L]).view(b, nh, C, -1)
             gbuf["k_aug"][..., :L, :] += torch.bmm(dS.transpose(1, 2), q3).view(b, nh, L, -1)
             if hp.other_bias == "alibi":
                 alibi = _alibi_tile(c0, c1, L, dtype, dev_)
                 g_tau_alibi += torch.linalg.vecdot(dS.view(B, -1), alibi.reshape(1, -1).expand(B, -1))
+            # ---- per-row algebra under autograd (O(C) tensors)
             outs, gouts = [q_aug], [d_q_aug]
             if factor is not None:
                 outs.append(factor)
@@ -811,123 +801,135 @@ class _FusedChunks(torch.autograd.Function):
                 if g is not None and key in rows:
                     outs.append(rows[key])
                     gouts.append(g[..., c0:c1])
-            leaves = {k_: v_ for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad}
-            state_leaves = [(f"{k_[: -len('_state')]}s#{ci}#{i}", v_)
-                            for k_, val in x.items() if isinstance(val, tuple) for i, v_ in enumerate(val)]  # fmt: skip
-            names = list(leaves) + [name for name, _ in state_leaves]
-            inputs = list(leaves.values()) + [v_ for _, v_ in state_leaves]
-            grads = torch.autograd.grad(outs, inputs, gouts, allow_unused=True)
+            leaves = [(k_, v_) for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad]
+            leaves += [(f"{k_[: -len('_state')]}s#{ci}#{i}", v_)
+                       for k_, val in x.items() if isinstance(val, tuple) for i, v_ in enumerate(val)]  # fmt: skip
+            grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
             gx = {}
-            for name, g in zip(names, grads):
-                if g is None:
-                    continue
-                if "#" in name:
-                    g_states[name] = g
-                else:
-                    gx[name] = g
-            for key in ("omega", "lambdas", "kappa", "tau"):
-                g = gx.get(key)
+            for (name, _), g in zip(leaves, grads):
                 if g is not None:
-                    g_small[key] += g
+                    (g_states if "#" in name else gx)[name] = g
+            for key in small:
+                if key in gx:
+                    g_small[key] += gx[key]
             for key in ("q", "u", "khat", "zy"):
                 if key in gx:
                     gbuf[key][..., c0:c1, :] += gx[key]
             if "gate_a" in gx:
                 gbuf["gate_a"][..., c0:c1] += gx["gate_a"]
-            # ---- tile backward: Separation row statistics and bias, kernels, affinity
-            if not (call.use_sep or hp.use_coh):
+            if not tiled:
                 continue
-            zq, zk = t["z3"][:, c0:c1], t["z3"][:, :L]
-            count, denom = _count_denom(c0, c1, L, hp, dtype, dev_)
-            dw_main = None
+            # ---- tile backward: Separation statistics and bias, kernels, affinity
+            g_mass = 0
+            dw = None
             if call.use_sep:
-                # dS becomes dL/d dev (direct) + the var path, then dL/d phi
-                H = dS.mul_(f3)
+                # dL/d dev = f dS (+ 2 g_var dev / denom); through mu = mean_j phi_ij the
+                # correction is (g_mu - sum_j dL/d dev_ij) / count with sum_j dS_ij = 0 and
+                # sum_j dev_ij = 0 (softmax rows, centred rows): g_mu / count. Invisible entries
+                # need no mask: w_sep = 0 there, so they reach neither dw * w nor da.
+                count, denom = _count_denom(c0, c1, L, hp, dtype, dev_)
+                dphi = dS.mul_(f_det.reshape(B, C, 1))
                 gvar = gx.get("var")
                 if gvar is not None:
-                    H.addcmul_(dev, (2 * gvar.reshape(B, C) / denom)[..., None])
+                    dphi.addcmul_(dev, (2 * gvar.reshape(B, C) / denom)[..., None])
                 gmu = gx.get("mu")
-                gmu = gmu.reshape(B, C) if gmu is not None else 0
-                corr = (gmu - H.sum(-1)) / count
-                dphi = H.add_(corr[..., None])
-                if tiles["upper"] is not None:
-                    dphi[:, :, c0:c1].masked_fill_(tiles["upper"], 0.0)
+                if gmu is not None:
+                    dphi.add_((gmu.reshape(B, C) / count)[..., None])
                 if gl is not None:
                     dphi.addcmul_(P, gl[..., None])
                 r, w_sep = tiles["r"], tiles["w_sep"]
-                da = torch.ops.aten.threshold_backward(dphi * w_sep, r, 0)
-                g_delta -= da.sum((1, 2))
-                gh3[:, c0:c1] += torch.bmm(da, t["h3"][:, :L])
-                gh3[:, :L] += torch.bmm(da.transpose(1, 2), t["h3"][:, c0:c1])
+                da = torch.ops.aten.threshold_backward(dphi * w_sep, r, 0)  # d(a - delta)
+                gHL[:, c0:c1] += torch.bmm(da, t["HR"][:, :L])
+                gHR[:, :L] += torch.bmm(da.transpose(1, 2), t["HL"][:, c0:c1])
                 del da
-                dw_main = dphi.mul_(r)
+                dw = dphi.mul_(r)
                 grho = gx.get("rho")
-                if grho is not None:
-                    dw_main.add_(grho.reshape(B, C, 1))  # diagonal and invisible entries: w * dw = 0 below
+                if grho is not None:  # also hits the diagonal: zeroed in dx below
+                    g_mass = grho.reshape(B, C, 1)
             del P, dS
-            if hp.use_coh:
-                w_coh = tiles["w_coh"]
-                gwsum = gx.get("wsum")
-                gmom = gx.get("mom")
-                gmom3 = gmom.reshape(B, C, dz + 1) if gmom is not None else None
-                if gmom3 is not None:
-                    gz3[:, :L] += torch.bmm(w_coh.transpose(1, 2), gmom3)
-                if not call.use_sep or w_coh is tiles["w_sep"]:  # one kernel tile
-                    if dw_main is None:
-                        dw_main = torch.zeros_like(w_coh)
-                    if gwsum is not None:
-                        dw_main.add_(gwsum.reshape(B, C, 1))
-                    if gmom3 is not None:
-                        dw_main.baddbmm_(gmom3, t["zz3"][:, :L].transpose(1, 2))
-                    dx = dw_main.mul_(w_coh)
-                else:
-                    dwc = torch.bmm(gmom3, t["zz3"][:, :L].transpose(1, 2)) if gmom3 is not None else torch.zeros_like(w_coh)
-                    if gwsum is not None:
-                        dwc.add_(gwsum.reshape(B, C, 1))
-                    dx = dw_main.mul_(tiles["w_sep"])
-                    dx.add_(dwc.mul_(w_coh), alpha=tiles["ratio"])
+            w_coh = tiles["w_coh"]
+            gmom = gx.get("mom")
+            if hp.use_coh and gmom is not None:
+                gmom3 = gmom.reshape(B, C, -1)
+                gZL[:, :L] += torch.bmm(w_coh.transpose(1, 2), gmom3)
             else:
-                dx = dw_main.mul_(tiles["w_sep"])
+                gmom3 = None
+            same = not call.use_sep or not hp.use_coh or w_coh is tiles["w_sep"]
+            if same:
+                if dw is None:
+                    dw = torch.zeros_like(w_coh)
+                if gmom3 is not None:
+                    gm = gmom3.clone()
+                    gm[..., -1:] += g_mass
+                    dw.baddbmm_(gm, t["ZL"][:, :L].transpose(1, 2))
+                elif isinstance(g_mass, torch.Tensor):
+                    dw.add_(g_mass)
+                dx = dw.mul_(w_coh if w_coh is not None else tiles["w_sep"])
+            else:
+                if isinstance(g_mass, torch.Tensor):
+                    dw.add_(g_mass)
+                dx = dw.mul_(tiles["w_sep"])
+                if gmom3 is not None:
+                    dwc = torch.bmm(gmom3, t["ZL"][:, :L].transpose(1, 2))
+                    dx.add_(dwc.mul_(w_coh), alpha=t["ratio"])
             dx.masked_fill_(tiles["clamped"], 0.0)
             dx[:, :, c0:c1].diagonal(dim1=1, dim2=2).fill_(0.0)
-            # x = (2 zq.zk - |zk|^2 - |zq|^2) * a_main
-            a_main = tiles["a_main"]
-            gz3[:, c0:c1, :dz] += torch.bmm(dx, zk) * (2 * a_main)
-            gz3[:, :L, :dz] += torch.bmm(dx.transpose(1, 2), zq) * (2 * a_main)
-            gz3[:, c0:c1, dz] -= dx.sum(-1) * a_main
-            gz3[:, :L, dz] -= dx.sum(1) * a_main
-            del dx, tiles, stats
+            gZL[:, c0:c1] += torch.bmm(dx, t["ZR"][:, :L])
+            gZR[:, :L] += torch.bmm(dx.transpose(1, 2), t["ZL"][:, c0:c1])
+            del dx, dw, tiles
         # ---- assemble input gradients
-        z = t["z"]
-        gz = (gz3[..., :dz] + 2 * gz3[..., dz:] * z.reshape(B, n, dz)).view_as(z)
-        g_tau = g_small["tau"]
+        result = {key: gbuf[key] for key in gbuf}
+        for key in small:
+            result[key] = g_small[key]
         if hp.other_bias == "alibi":
-            slope, tau = t["slope"], t["tau"]
-            g_tau = g_tau + (g_tau_alibi.view(b, nh).sum(0) * slope / (tau * tau))
-        result = {"q": gbuf["q"], "z": gz, "hhat": gh3.view_as(t["hhat"]), "k_aug": gbuf["k_aug"],
-                  "v_aug": gbuf["v_aug"], "omega": g_small["omega"], "lambdas": g_small["lambdas"],
-                  "delta": g_delta.view(b, nh).sum(0), "kappa": g_small["kappa"], "tau": g_tau}  # fmt: skip
-        for key in ("u", "gate_a", "khat", "zy"):
-            if key in gbuf:
-                result[key] = gbuf[key]
+            result["tau"] = g_small["tau"] + g_tau_alibi.view(b, nh).sum(0) * t["slope"] / (t["tau"] * t["tau"])
+        z = t["z"]
+        dz = z.shape[-1]
+        if tiled:
+            z3 = z.reshape(B, n, dz)
+            a_main = t["a_main"]
+            # ZL = [z, |z|^2, 1], ZR = a [2 z, -1, -|z|^2]
+            gz = gZL[..., :dz] + 2 * z3 * gZL[..., dz : dz + 1]
+            gz += 2 * a_main * gZR[..., :dz] - 2 * a_main * z3 * gZR[..., dz + 1 : dz + 2]
+            result["z"] = gz.view_as(z)
+        else:
+            result["z"] = torch.zeros_like(z)
+        if call.use_sep:
+            da_ = t["hhat"].shape[-1]
+            result["hhat"] = (gHL[..., :da_] + gHR[..., :da_]).view_as(t["hhat"])
+            result["delta"] = -gHR[..., da_].sum(-1).view(b, nh).sum(0)  # HR = [hhat, -delta]
+        else:
+            result["hhat"] = torch.zeros_like(t["hhat"])
+            result["delta"] = torch.zeros_like(t["delta"])
         result.update(g_states)
         grads = [result.get(name) if need.get(name) else None for name in spec.names]
         return (None, *grads)
 
 
 def _unflatten(spec: _Spec, tensors) -> dict:
-    """Flat Function inputs -> the dict the chunk code reads (plus [B, n, e] views)."""
+    """Flat Function inputs -> the dict the chunk code reads, plus [B, n, e] views and the
+    augmented GEMM operands of the tiles (O(s) each)."""
+    call, hp = spec.call, spec.call.hp
     t = dict(zip(spec.names, tensors))
     b, nh, n, _ = t["q"].shape
     B = b * nh
-    t["z3"] = t["z"].reshape(B, n, -1)
-    zz = torch.cat([t["z"], (t["z"] * t["z"]).sum(-1, keepdim=True)], -1)
-    t["zz3"] = zz.reshape(B, n, -1)
-    t["h3"] = t["hhat"].reshape(B, n, -1)
     t["k_aug3"] = t["k_aug"].reshape(B, n, -1)
     t["v_aug3"] = t["v_aug"].reshape(B, n, -1)
-    t["delta_b"] = t["delta"].repeat(b)
-    if spec.call.hp.other_bias == "alibi":
+    if call.use_sep or hp.use_coh:
+        ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
+        k_main = ks if call.use_sep else kc
+        t["a_main"] = a = 1.0 / k_main
+        t["ratio"] = k_main / kc if (call.use_sep and hp.use_coh and kc != ks) else 1.0
+        z3 = t["z"].reshape(B, n, -1)
+        z2 = (z3 * z3).sum(-1, keepdim=True)
+        one = torch.ones_like(z2)
+        t["ZL"] = torch.cat([z3, z2, one], -1)  # [B, n, dz + 2]
+        t["ZR"] = torch.cat([(2 * a) * z3, -a * one, -a * z2], -1)
+    if call.use_sep:
+        h3 = t["hhat"].reshape(B, n, -1)
+        t["HL"] = torch.cat([h3, torch.ones_like(h3[..., :1])], -1)  # [B, n, da + 1]
+        t["HR"] = torch.cat([h3, -t["delta"].repeat(b).view(B, 1, 1).expand(B, n, 1)], -1)
+    if hp.other_bias == "alibi":
         t["slope_tau_b"] = (t["slope"] / t["tau"]).repeat(b)
     for key in ("align", "coh"):
         slots = spec.state_slots.get(key)

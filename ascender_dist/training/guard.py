@@ -1,0 +1,85 @@
+"""Bad-step protection: a non-finite or spiking loss skips the optimizer step on EVERY rank.
+
+Mechanism (one for all layouts): when a rank sees a bad micro-batch loss, the backward of the
+step's last micro-batch (PP=1; the decision is all-reduced first) or of the bad micro-batch itself
+(PP>1, inside the pipeline's loss function) runs on ``loss * nan``. The non-finite gradients then
+reach every rank through the gradient all-reduce, and the optimizer's non-finite-gradient check
+skips the update everywhere: DeepSpeed's own check for ZeRO-1/2/3 (gradient norm is NaN ->
+"overflow"), and :func:`skip_nonfinite_steps` for ZeRO-0, whose plain torch optimizer has none.
+DeepSpeed then counts ``engine.skipped_steps`` and does not advance the LR schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class LossGuard:
+    """Decides whether a loss is bad: non-finite, or above ``spike_factor`` x the running mean of
+    accepted step losses (after ``warmup_steps`` accepted steps; ``spike_factor`` 0 disables)."""
+
+    spike_factor: float = 0.0
+    warmup_steps: int = 10
+    ema_beta: float = 0.9
+    running_mean: Optional[float] = None
+    accepted_steps: int = 0
+
+    @property
+    def threshold(self) -> Optional[float]:
+        if self.spike_factor <= 0 or self.running_mean is None or self.accepted_steps < self.warmup_steps:
+            return None
+        return self.spike_factor * self.running_mean
+
+    def is_bad(self, loss: float) -> bool:
+        threshold = self.threshold
+        return not math.isfinite(loss) or (threshold is not None and loss > threshold)
+
+    def accept(self, step_loss: float) -> None:
+        """Record the loss of a step that was applied (identical on all ranks)."""
+        if not math.isfinite(step_loss):
+            return
+        self.accepted_steps += 1
+        self.running_mean = step_loss if self.running_mean is None else (
+            self.ema_beta * self.running_mean + (1 - self.ema_beta) * step_loss)
+
+    def state_dict(self) -> dict:
+        return {"running_mean": self.running_mean, "accepted_steps": self.accepted_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.running_mean, self.accepted_steps = state["running_mean"], state["accepted_steps"]
+
+
+def poison(loss: torch.Tensor) -> torch.Tensor:
+    """Same graph, NaN gradients: the optimizer's non-finite check will skip this step."""
+    return loss * float("nan")
+
+
+def any_rank(flag: bool, group=None) -> bool:
+    value = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value.item())
+
+
+def skip_nonfinite_steps(engine) -> None:
+    """Give ZeRO-0's torch optimizer DeepSpeed's overflow semantics: a non-finite gradient on any
+    rank skips the step on all ranks (``optimizer.overflow`` tells the engine, which then counts a
+    skipped step and holds the LR schedule)."""
+    optimizer = engine.optimizer
+    original_step = optimizer.step
+
+    def step(*args, **kwargs):
+        finite = all(bool(torch.isfinite(p.grad).all()) for group in optimizer.param_groups
+                     for p in group["params"] if p.grad is not None)
+        optimizer.overflow = any_rank(not finite)
+        if optimizer.overflow:
+            return None
+        return original_step(*args, **kwargs)
+
+    optimizer.step = step
+    optimizer.overflow = False

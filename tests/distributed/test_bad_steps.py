@@ -1,0 +1,35 @@
+"""NaN / spike skip decisions are identical on all ranks; repeated bad steps roll back."""
+
+import math
+
+import pytest
+
+from tests.helpers.data import make_tiny_dataset
+from tests.helpers.multiproc import assert_check, run_ranks
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    args = {"data": make_tiny_dataset(tmp_path_factory.mktemp("data")), "root": str(tmp_path_factory.mktemp("runs"))}
+    return run_ranks("tests.distributed.workers.bad_steps:main", world_size=2, timeout=400, args=args)
+
+
+@pytest.mark.parametrize("check", ["nan_zero0", "nan_zero1", "spike_zero2", "nan_pp2"])
+def test_one_bad_rank_skips_the_step_everywhere(results, check):
+    values = assert_check(results, check)
+    for value in values:  # both ranks: the rank that saw the bad loss and the one that did not
+        assert value["unchanged"], "the bad step must not change any weight"
+        assert value["skipped"] == 1
+        assert value["moved_later"], "training goes on after the skipped step"
+        assert all(math.isfinite(x) for i, x in enumerate(value["losses"]) if i != 3)
+
+
+def test_consecutive_bad_steps_roll_back_without_replaying_data(results):
+    for value in assert_check(results, "rollback"):
+        assert value["rollbacks"] == 1
+        assert value["step"] == 8
+        # steps 1-4, two bad ones (5, 6), then rollback to step 4 and steps 5-8 again: 10 batches read
+        assert value["consumed"] == 10 * value["global_batch"]
+        assert len(value["losses"]) == 10

@@ -1,0 +1,71 @@
+"""Bad steps on 2 real ranks: a NaN or a spike on ONE rank skips the step on both; K bad steps in a
+row roll back to the last checkpoint without replaying the data."""
+
+from pathlib import Path
+
+import torch
+
+from ascender_dist.config.resolve import config_from_dict
+from tests.helpers.data import tiny_run_config
+from tests.helpers.multiproc import run_checks
+
+
+def _trainer(args, name: str, **sections):
+    from ascender_dist.training.trainer import Trainer
+
+    cfg = config_from_dict(tiny_run_config(args["data"], Path(args["root"]) / name, **sections))
+    return Trainer(cfg)
+
+
+def _inject(trainer, steps: set, ranks: set, how: str) -> None:
+    """Corrupt the loss of this rank at the given (0-based) steps: 'nan' or 'spike' (x 100)."""
+    import torch.distributed as dist
+
+    module = trainer.engine.module
+    forward = module.forward
+
+    def corrupted(*a, **k):
+        loss = forward(*a, **k)
+        if trainer.step in steps and dist.get_rank() in ranks and trainer.rollbacks == 0:
+            return loss * float("nan") if how == "nan" else loss * 100.0
+        return loss
+
+    module.forward = corrupted
+
+
+def _params(trainer) -> list:
+    return [p.detach().clone() for p in trainer.engine.module.parameters()]
+
+
+def _skip_check(args, name: str, how: str, **sections) -> dict:
+    trainer = _trainer(args, name, train={"train_steps": 6, "loss_spike_factor": 3.0}, **sections)
+    trainer.guard.warmup_steps = 2
+    _inject(trainer, steps={3}, ranks={1}, how=how)
+    trainer.fit(stop_at=3)
+    before = _params(trainer)
+    trainer.fit(stop_at=4)  # the corrupted step
+    after_bad = _params(trainer)
+    trainer.fit()
+    return {"unchanged": all(torch.equal(a, b) for a, b in zip(before, after_bad)),
+            "skipped": trainer.engine.skipped_steps, "losses": trainer.losses,
+            "moved_later": not all(torch.equal(a, b) for a, b in zip(after_bad, _params(trainer)))}
+
+
+def _rollback_check(args) -> dict:
+    trainer = _trainer(args, "rollback", train={"train_steps": 8, "max_consecutive_bad_steps": 2},
+                       checkpoint={"save_interval": 2})
+    _inject(trainer, steps={4, 5}, ranks={0}, how="nan")
+    trainer.fit()
+    return {"rollbacks": trainer.rollbacks, "step": trainer.step, "losses": trainer.losses,
+            "consumed": trainer.loader.state_dict()["consumed_samples"],
+            "global_batch": trainer.cfg.train.global_batch_size}
+
+
+def main(args):
+    return run_checks({
+        "nan_zero0": lambda: _skip_check(args, "nan0", "nan", parallel={"zero_stage": 0}),
+        "nan_zero1": lambda: _skip_check(args, "nan1", "nan", parallel={"zero_stage": 1}),
+        "spike_zero2": lambda: _skip_check(args, "spike2", "spike", parallel={"zero_stage": 2}),
+        "nan_pp2": lambda: _skip_check(args, "nanpp", "nan", parallel={"pipeline_model_parallel_size": 2}),
+        "rollback": lambda: _rollback_check(args),
+    })
