@@ -144,3 +144,53 @@ def load_checkpoint(engine, checkpoint_dir: Path, tag: Optional[str] = None) -> 
     else:
         log.warning("%s: no RNG state for this rank (world size changed?); continuing with fresh RNG", rng_file)
     return client_state
+
+
+def read_meta(checkpoint_dir: Path, tag: str) -> dict:
+    import json
+
+    path = Path(checkpoint_dir) / tag / "meta.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _universal_input_view(tag_dir: Path, view: Path) -> None:
+    """DeepSpeed's ds_to_universal fails on the ``None`` entries megatron puts in a module state
+    dict (``*._extra_state``). Give it a view of the tag: links to every file, except model-state
+    files rewritten without those entries. The checkpoint itself is never modified."""
+    view.mkdir(parents=True)
+    for item in tag_dir.iterdir():
+        if item.name.endswith("model_states.pt"):
+            state = torch.load(item, map_location="cpu", weights_only=False)
+            if isinstance(state.get("module"), dict):
+                state["module"] = {k: v for k, v in state["module"].items() if v is not None}
+            torch.save(state, view / item.name)
+        else:
+            (view / item.name).symlink_to(item.resolve())
+
+
+def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
+    """Collective. A DeepSpeed *universal* copy of ``tag`` (optimizer state independent of the
+    data-parallel size), made once by rank 0 next to it as ``<tag>-universal``; returns its tag."""
+    import subprocess
+    import sys
+
+    checkpoint_dir = Path(checkpoint_dir)
+    universal = f"{tag}-universal"
+    if dist.get_rank() == 0 and not (checkpoint_dir / universal / COMPLETE).is_file():
+        work = checkpoint_dir / f".{universal}.tmp"
+        shutil.rmtree(work, ignore_errors=True)
+        _universal_input_view(checkpoint_dir / tag, work / tag)
+        result = subprocess.run(
+            [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(work / tag),
+             "--output_folder", str(work / universal), "--inject_missing_state", "--num_extract_workers", "1",
+             "--num_merge_workers", "1"], capture_output=True, text=True)
+        if result.returncode:
+            tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["?"]
+            raise CheckpointError(f"{checkpoint_dir / tag}: conversion to a universal checkpoint failed: {tail[0]}")
+        atomic_write_text(work / universal / COMPLETE, "universal\n")
+        shutil.rmtree(checkpoint_dir / universal, ignore_errors=True)
+        (work / universal).rename(checkpoint_dir / universal)
+        shutil.rmtree(work, ignore_errors=True)
+        log.info("converted %s to a universal checkpoint for a new data-parallel size", checkpoint_dir / tag)
+    dist.barrier()
+    return universal

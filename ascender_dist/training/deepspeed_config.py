@@ -20,7 +20,7 @@ def _scheduler(cfg: RunConfig) -> dict:
         "warmup_num_steps": o.warmup_steps, "warmup_min_lr": 0.0, "warmup_max_lr": o.lr, "warmup_type": "linear"}}
 
 
-def to_deepspeed_config(cfg: RunConfig, derived: Derived) -> dict:
+def to_deepspeed_config(cfg: RunConfig, derived: Derived, load_universal: bool = False) -> dict:
     o, t, p = cfg.optimizer, cfg.train, cfg.parallel
     bf16 = t.precision == "bf16"
     ds = {
@@ -39,6 +39,8 @@ def to_deepspeed_config(cfg: RunConfig, derived: Derived) -> dict:
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
     }
+    if load_universal:  # resuming at another data-parallel size (see training.checkpoint.ensure_universal)
+        ds["checkpoint"] = {"load_universal": True}
     if bf16:
         # bf16 ZeRO-0 would otherwise accumulate gradients in bf16 across micro-batches
         ds["data_types"] = {"grad_accum_dtype": "fp32"}

@@ -38,7 +38,8 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = None, guard=None):
+def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = None, guard=None,
+                 load_universal: bool = False):
     """PP=1: megatron's GPTModel in DeepSpeed's engine (ZeRO 0-3). PP>1: the same layers in
     DeepSpeed's pipeline engine (ZeRO 0-1), see :mod:`ascender_dist.models.pipeline`."""
     import deepspeed
@@ -56,7 +57,7 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
     engine, _, _, _ = deepspeed.initialize(
         model=module,
         model_parameters=weight_decay_groups(module, cfg.optimizer.weight_decay),
-        config=to_deepspeed_config(cfg, derived),
+        config=to_deepspeed_config(cfg, derived, load_universal),
         mpu=mpu,
     )
     if cfg.parallel.zero_stage == 0:

@@ -85,7 +85,9 @@ class Trainer:
         if init_state is not None:
             init_state = pad_vocab(init_state, self.derived.padded_vocab_size)
         self.guard = LossGuard(spike_factor=cfg.train.loss_spike_factor)
-        self.engine = build_engine(cfg, self.derived, init_state, self.guard)
+        self.resume_tag = self._resume_tag_for_this_layout() if resuming else None
+        universal = self.resume_tag is not None and self.resume_tag.endswith("-universal")
+        self.engine = build_engine(cfg, self.derived, init_state, self.guard, load_universal=universal)
         self.pipelined = p.pipeline_model_parallel_size > 1
         self.step = 0
         self.consecutive_bad = 0
@@ -100,16 +102,43 @@ class Trainer:
             self.resume()
 
     # ---------------------------------------------------------------- checkpoints
+    def _resume_tag_for_this_layout(self) -> str:
+        """The latest tag, or its universal copy when the data-parallel size changed since it was saved
+        (tensor and pipeline sizes must match; change those with consolidate + reshard)."""
+        directory = self.derived.checkpoint_dir
+        tag = ckpt.latest_tag(directory)
+        meta = ckpt.read_meta(directory, tag)
+        saved_dp = meta.get("data_parallel_size", self.pstate.dp_size)
+        if saved_dp == self.pstate.dp_size:
+            return tag
+        saved = (meta.get("tensor_model_parallel_size"), meta.get("pipeline_model_parallel_size"))
+        if saved != (self.pstate.tp_size, self.pstate.pp_size):
+            from ascender_dist.config.errors import ConfigError
+
+            raise ConfigError("parallel", f"{directory / tag} was saved at tp x pp = {saved[0]} x {saved[1]}; resuming "
+                              f"at {self.pstate.tp_size} x {self.pstate.pp_size} needs `ascender-dist consolidate` "
+                              f"then `reshard`")
+        if self.pstate.is_logging_rank:
+            log.info("data-parallel size changed %d -> %d: resuming through a universal checkpoint",
+                     saved_dp, self.pstate.dp_size)
+        return ckpt.ensure_universal(directory, tag)
+
     def resume(self, tag: Optional[str] = None) -> bool:
+        tag = tag or self.resume_tag
+        self.resume_tag = None  # a universal copy is read once; later rollbacks use our own checkpoints
         client_state = ckpt.load_checkpoint(self.engine, self.derived.checkpoint_dir, tag)
         if client_state is None:
             return False
+        self.engine._config.load_universal_checkpoint = False
+        if "step" not in client_state:  # a universal copy may not carry our client state
+            client_state = ckpt.read_meta(self.derived.checkpoint_dir, tag.removesuffix("-universal"))
         self.step = int(client_state["step"])
         self.loader.load_state_dict(client_state["data"])
         if "guard" in client_state:
             self.guard.load_state_dict(client_state["guard"])
         if self.pstate.is_logging_rank:
-            log.info("resumed from %s at step %d", self.derived.checkpoint_dir / ckpt.tag_for_step(self.step), self.step)
+            log.info("resumed from %s at step %d", self.derived.checkpoint_dir / tag if tag else
+                     self.derived.checkpoint_dir / ckpt.tag_for_step(self.step), self.step)
         return True
 
     def checkpoint_meta(self) -> dict:

@@ -731,6 +731,8 @@ class _FusedChunks(torch.autograd.Function):
         d_rows = dict(zip(spec.row_keys, d_rows))
         # one full-size gradient buffer per per-position input, filled chunk by chunk in place
         gbuf = {key: torch.zeros_like(t[key]) for key in ("q", "u", "gate_a", "khat", "zy", "k_aug", "v_aug") if key in t}
+        gk3 = gbuf["k_aug"].view(B, n, -1)  # key-side gradients accumulate in place (baddbmm_)
+        gv3 = gbuf["v_aug"].view(B, n, -1)
         tiled = call.use_sep or hp.use_coh
         if tiled:
             gZL, gZR = torch.zeros_like(t["ZL"]), torch.zeros_like(t["ZR"])
@@ -780,12 +782,12 @@ class _FusedChunks(torch.autograd.Function):
             if call.want_lsep and g_lsep is not None:
                 gl = g_lsep[..., c0:c1].reshape(B, C)
                 dP.addcmul_(tiles["r"] * tiles["w_sep"], gl[..., None])  # + dL_sep/dA = g phi
-            gbuf["v_aug"][..., :L, :] += torch.bmm(P.transpose(1, 2), dO3).view(b, nh, L, -1)
+            gv3[:, :L].baddbmm_(P.transpose(1, 2), dO3)  # in place: no [L, e] temporary per chunk
             # A * (dA - sum_j A dA), one row-wise kernel; a row with one visible key gets exactly 0
             dS = torch._softmax_backward_data(dP, P, -1, dtype)
             del dP
             d_q_aug = torch.bmm(dS, t["k_aug3"][:, :L]).view(b, nh, C, -1)
-            gbuf["k_aug"][..., :L, :] += torch.bmm(dS.transpose(1, 2), q3).view(b, nh, L, -1)
+            gk3[:, :L].baddbmm_(dS.transpose(1, 2), q3)
             if hp.other_bias == "alibi":
                 alibi = _alibi_tile(c0, c1, L, dtype, dev_)
                 g_tau_alibi += torch.linalg.vecdot(dS.view(B, -1), alibi.reshape(1, -1).expand(B, -1))
@@ -839,8 +841,8 @@ class _FusedChunks(torch.autograd.Function):
                     dphi.addcmul_(P, gl[..., None])
                 r, w_sep = tiles["r"], tiles["w_sep"]
                 da = torch.ops.aten.threshold_backward(dphi * w_sep, r, 0)  # d(a - delta)
-                gHL[:, c0:c1] += torch.bmm(da, t["HR"][:, :L])
-                gHR[:, :L] += torch.bmm(da.transpose(1, 2), t["HL"][:, c0:c1])
+                gHL[:, c0:c1].baddbmm_(da, t["HR"][:, :L])
+                gHR[:, :L].baddbmm_(da.transpose(1, 2), t["HL"][:, c0:c1])
                 del da
                 dw = dphi.mul_(r)
                 grho = gx.get("rho")
@@ -851,7 +853,7 @@ class _FusedChunks(torch.autograd.Function):
             gmom = gx.get("mom")
             if hp.use_coh and gmom is not None:
                 gmom3 = gmom.reshape(B, C, -1)
-                gZL[:, :L] += torch.bmm(w_coh.transpose(1, 2), gmom3)
+                gZL[:, :L].baddbmm_(w_coh.transpose(1, 2), gmom3)
             else:
                 gmom3 = None
             same = not call.use_sep or not hp.use_coh or w_coh is tiles["w_sep"]
@@ -874,8 +876,8 @@ class _FusedChunks(torch.autograd.Function):
                     dx.add_(dwc.mul_(w_coh), alpha=t["ratio"])
             dx.masked_fill_(tiles["clamped"], 0.0)
             dx[:, :, c0:c1].diagonal(dim1=1, dim2=2).fill_(0.0)
-            gZL[:, c0:c1] += torch.bmm(dx, t["ZR"][:, :L])
-            gZR[:, :L] += torch.bmm(dx.transpose(1, 2), t["ZL"][:, c0:c1])
+            gZL[:, c0:c1].baddbmm_(dx, t["ZR"][:, :L])
+            gZR[:, :L].baddbmm_(dx.transpose(1, 2), t["ZL"][:, c0:c1])
             del dx, dw, tiles
         # ---- assemble input gradients
         result = {key: gbuf[key] for key in gbuf}

@@ -25,9 +25,34 @@ def resume_matches_straight_run(data, root: Path, zero_stage: int, n: int = 3) -
     return {"straight": straight, "first_leg": first_leg, "second_leg": second_leg, "start_step": start_step}
 
 
+def dp2_leg(data, root: Path, zero_stage: int, n: int = 3) -> dict:
+    """Straight 2N steps at DP=2, and an N-step run whose checkpoint a DP=1 job will resume."""
+    sections = {"parallel": {"zero_stage": zero_stage}, "train": {"train_steps": 2 * n}}
+    straight = _trainer(data, root / f"dpchange_straight_z{zero_stage}", **sections).fit()
+    _trainer(data, root / f"dpchange_z{zero_stage}", **sections).fit(stop_at=n)
+    return {"straight": straight}
+
+
+DP_CHANGE_STAGES = (1, 2)
+
+
 def main(args):
     data, root = args["data"], Path(args["root"])
-    return run_checks({
-        f"resume_zero{stage}": (lambda stage=stage: resume_matches_straight_run(data, root, stage))
-        for stage in (0, 1, 2, 3)
-    })
+    checks = {f"resume_zero{stage}": (lambda stage=stage: resume_matches_straight_run(data, root, stage))
+              for stage in (0, 1, 2, 3)}
+    checks.update({f"dp2_leg_zero{stage}": (lambda stage=stage: dp2_leg(data, root, stage))
+                   for stage in DP_CHANGE_STAGES})
+    return run_checks(checks)
+
+
+def resume_at_dp1(args):
+    """World size 1: resume the DP=2 checkpoints and finish the run."""
+    data, root = args["data"], Path(args["root"])
+
+    def leg(stage):
+        trainer = _trainer(data, root / f"dpchange_z{stage}", parallel={"zero_stage": stage},
+                           train={"train_steps": 6})
+        start = trainer.step
+        return {"start": start, "losses": trainer.fit()}
+
+    return run_checks({f"resume_dp1_zero{stage}": (lambda stage=stage: leg(stage)) for stage in DP_CHANGE_STAGES})
