@@ -41,6 +41,7 @@ from .ascender_dist_kernels import (
     AscenderHParams,
     ConnectionHParams,
     ConnectionLayer,
+    alibi_slopes,
     ascender_attention,
     make_fixed_slots,
 )
@@ -136,6 +137,14 @@ class AscenderCore(nn.Module):
     def __init__(self, config: AscenderDistConfig, hp: AscenderHParams):
         super().__init__()
         self.params = AscenderHeadParams(hp, config.num_attention_heads)
+        self.buffers_ready = False
+
+    def refresh_derived_buffers(self) -> None:
+        """ALiBi slopes are a non-persistent buffer: ``from_pretrained`` (meta-device init) leaves
+        it uninitialised, so it is recomputed before the first forward."""
+        slope = self.params.alibi_slope
+        self.params.alibi_slope = alibi_slopes(self.params.num_heads).to(slope.device, slope.dtype)
+        self.buffers_ready = True
 
 
 class AscenderAttention(SoftmaxAttention):
@@ -149,6 +158,8 @@ class AscenderAttention(SoftmaxAttention):
         self.impl = config.ascender_impl
 
     def forward(self, hidden: torch.Tensor, rotary) -> torch.Tensor:
+        if not self.core_attention.buffers_ready:
+            self.core_attention.refresh_derived_buffers()
         q, k, v, (z, h) = self.split_qkv(hidden, (self.hp.d_z, self.hp.d_a))
         if rotary is not None:  # megatron rotates the first head_dim channels of [q | z | h]: q only
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
@@ -169,8 +180,20 @@ class ConnectionAttention(nn.Module):
         super().__init__()
         self.hp = _hparams(ConnectionHParams, config.connection)
         self.layer = ConnectionLayer(self.hp, config.hidden_size)
+        self.buffers_ready = False
+
+    def refresh_derived_buffers(self) -> None:
+        """The off-diagonal mask of the bilinear connection is a non-persistent buffer: recomputed
+        before the first forward (``from_pretrained`` builds the model on the meta device)."""
+        if hasattr(self.layer, "offdiag"):
+            mask = self.layer.offdiag
+            n = self.hp.num_slots
+            self.layer.offdiag = 1.0 - torch.eye(n, dtype=mask.dtype, device=mask.device)
+        self.buffers_ready = True
 
     def forward(self, hidden: torch.Tensor, rotary) -> torch.Tensor:
+        if not self.buffers_ready:
+            self.refresh_derived_buffers()
         return self.layer(hidden)
 
 
@@ -248,9 +271,11 @@ class AscenderDistPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         """Random init of what a checkpoint did not hold, and the tensors that follow from the config.
 
-        ``from_pretrained`` builds the model on the meta device, so buffers computed in ``__init__``
-        (ALiBi slopes, the Connection layer's fixed slots and off-diagonal mask) are recomputed here;
-        loaded tensors (flagged ``_is_hf_initialized``) are never touched.
+        ``from_pretrained`` builds the model on the meta device; persistent tensors an export holds
+        are loaded (flagged ``_is_hf_initialized``, never touched here), missing ones are recomputed
+        from the config (fixed slots, fixed per-head tensors) or drawn. Non-persistent buffers are
+        recomputed by the layers before their first forward (``refresh_derived_buffers``), since
+        transformers may skip this method for modules whose saved tensors all loaded.
         """
         std = self.config.initializer_range
 
@@ -263,14 +288,12 @@ class AscenderDistPreTrainedModel(PreTrainedModel):
             fresh_state = {**dict(fresh.named_parameters()), **dict(fresh.named_buffers())}
             for name, value in fresh_state.items():
                 target = getattr(module, name)
-                if missing(target) or name == "alibi_slope":
+                if missing(target) and name != "alibi_slope":  # the slopes: AscenderCore.refresh_derived_buffers
                     target.copy_(value.to(target.device, target.dtype))
         elif isinstance(module, ConnectionLayer):
             hp, d, n = module.hp, module.hidden_size, module.hp.num_slots
             if missing(module.slots):
                 module.slots.copy_(make_fixed_slots(n, d, hp.slot_seed, module.slots.dtype).to(module.slots.device))
-            if hasattr(module, "offdiag"):
-                module.offdiag.copy_(1.0 - torch.eye(n, dtype=module.offdiag.dtype, device=module.offdiag.device))
             for name, param in module.named_parameters(recurse=False):
                 if missing(param):
                     param.normal_(0.0, hp.init_std)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ascender_dist.config.resolve import Derived
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.specs.block import block_spec
+from ascender_dist.models.specs.norm import reduce_sequence_parallel_grads
 from ascender_dist.parallel.megatron_config import to_transformer_config
 
 
@@ -17,7 +18,7 @@ def build_model(cfg: RunConfig, derived: Derived, pre_process: bool = True, post
 
     transformer_config = to_transformer_config(cfg, derived)
     spec = block_spec(cfg, transformer_config)
-    return GPTModel(
+    model = GPTModel(
         config=transformer_config,
         transformer_layer_spec=spec,
         vocab_size=derived.padded_vocab_size,
@@ -29,6 +30,9 @@ def build_model(cfg: RunConfig, derived: Derived, pre_process: bool = True, post
         position_embedding_type=cfg.model.position_embedding_type,
         rotary_base=cfg.model.rotary_base,
     )
+    if cfg.parallel.sequence_parallel:
+        reduce_sequence_parallel_grads(model)
+    return model
 
 
 def lm_loss(model, tokens):

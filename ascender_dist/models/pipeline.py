@@ -91,12 +91,9 @@ class TransformerLayerPipe(nn.Module):
 class FinalNormPipe(nn.Module):
     def __init__(self, cfg: RunConfig, config):
         super().__init__()
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from megatron.core.transformer.spec_utils import build_module
+        from ascender_dist.models.specs.norm import TPSafeNorm
 
-        norm = get_gpt_layer_local_spec(normalization=cfg.model.normalization).submodules.input_layernorm
-        self.final_layernorm = build_module(norm, config=config, hidden_size=config.hidden_size,
-                                            eps=config.layernorm_epsilon)
+        self.final_layernorm = TPSafeNorm(config, config.hidden_size, eps=config.layernorm_epsilon)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.final_layernorm(hidden)
@@ -157,11 +154,16 @@ def build_pipeline_module(cfg: RunConfig, derived: Derived, guard=None):
     topology = PipeModelDataParallelTopology(num_pp=p.pipeline_model_parallel_size,
                                              num_mp=p.tensor_model_parallel_size,
                                              num_dp=derived.data_parallel_size)
-    return PipelineModule(
+    module = PipelineModule(
         layers=specs, topology=topology, loss_fn=GuardedPipelineLoss(guard), partition_method="type:TransformerLayerPipe",
         activation_checkpoint_interval=1 if p.activation_checkpointing else 0,
         checkpointable_layers=["TransformerLayerPipe"],
     )
+    if p.sequence_parallel:
+        from ascender_dist.models.specs.norm import reduce_sequence_parallel_grads
+
+        reduce_sequence_parallel_grads(module)
+    return module
 
 
 _LAYER_RE = re.compile(r"^(\d+)\.(.*)$")

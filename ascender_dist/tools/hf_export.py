@@ -5,7 +5,11 @@ Two standard architectures express it without custom code:
   * GPT-NeoX: LayerNorm, GELU, biases, multi-head attention (QKV laid out per head as [q, k, v],
     which is megatron's per-group layout when every head is its own group), sequential residual;
   * Llama: RMSNorm, SwiGLU, no biases, grouped-query attention allowed (q/k/v split per group).
-Anything else is refused with the reason.
+Everything else (ascender, connection, mixed ``model.layer_pattern``, or a gpt neither expresses,
+e.g. LayerNorm + swiglu or learned absolute positions) is written for ``trust_remote_code``: the
+plain-torch model of :mod:`ascender_dist.hf` (copied into the directory with vendored copies of
+the ASCender / Connection math, see :mod:`ascender_dist.hf.vendor`) under parameter names that are
+``model.`` + our canonical names.
 """
 
 from __future__ import annotations
@@ -106,31 +110,180 @@ def llama_config(cfg, vocab_size: int, tied: bool):
     )
 
 
-def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = None) -> Path:
-    """Write ``out_dir`` (config.json + model.safetensors [+ tokenizer.model]) for ``from_pretrained``."""
+# ----------------------------------------------------------------------------- remote code
+REMOTE_CODE_ARCHITECTURE = "ascender_dist"
+AUTO_MAP = {"AutoConfig": "configuration_ascender_dist.AscenderDistConfig",
+            "AutoModelForCausalLM": "modeling_ascender_dist.AscenderDistForCausalLM"}
+TOKENIZER_AUTO_MAP = {"AutoTokenizer": ["tokenization_ascender_dist.AscenderDistTokenizer", None]}
+
+
+def standard_architecture(cfg) -> str | None:
+    """gpt_neox / llama when a standard transformers class expresses the model, else None."""
+    if cfg.model.architecture != "gpt":
+        return None
+    from ascender_dist.models.registry import expand_layer_pattern
+
+    if set(expand_layer_pattern(cfg)) != {"A"}:
+        return None
+    try:
+        return pick_hf_architecture(cfg)
+    except ConversionError:
+        return None
+
+
+def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool):
+    """The :class:`AscenderDistConfig` of a consolidated run (every field from the run config)."""
+    from dataclasses import asdict
+
+    from ascender_dist.hf.configuration_ascender_dist import AscenderDistConfig
+    from ascender_dist.models.registry import expand_layer_pattern
+
+    m = cfg.model
+    config = AscenderDistConfig(
+        vocab_size=vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups or m.num_attention_heads,
+        ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size, max_position_embeddings=m.seq_length,
+        layer_pattern=expand_layer_pattern(cfg), normalization=m.normalization, activation=m.activation,
+        add_bias_linear=m.add_bias_linear, layernorm_epsilon=m.layernorm_epsilon,
+        position_embedding_type=m.position_embedding_type, rotary_base=float(m.rotary_base),
+        ascender=asdict(m.ascender), connection=asdict(m.connection), ascender_step=int(meta.get("step") or 0),
+        initializer_range=m.init_method_std, tie_word_embeddings=tied,
+        architectures=["AscenderDistForCausalLM"], auto_map=dict(AUTO_MAP),
+    )
+    config.ascender_dist = {"architecture": meta.get("architecture"), "step": meta.get("step"),
+                            "preset": m.preset, "run_name": cfg.name}
+    return config
+
+
+def remote_code_state(state: dict, config) -> dict:
+    """Canonical names -> ``model.`` + name (``lm_head.weight`` for the output layer), plus the
+    persistent buffers our checkpoints do not hold because they follow from the config (ASCender's
+    fixed per-head tensors, the Connection layers' fixed slots)."""
+    from ascender_dist.hf.modeling_ascender_dist import _hparams
+    from ascender_dist.models.ascender import AscenderHeadParams, AscenderHParams
+    from ascender_dist.models.connection import ConnectionHParams, make_fixed_slots
+
+    out = {("lm_head.weight" if name == "output_layer.weight" else f"model.{name}"): t for name, t in state.items()}
+    if config.tie_word_embeddings:
+        out.pop("lm_head.weight", None)
+    for i, letter in enumerate(config.layer_pattern):
+        prefix = f"model.decoder.layers.{i}.self_attention"
+        if letter == "S":
+            fixed = AscenderHeadParams(_hparams(AscenderHParams, config.ascender), config.num_attention_heads)
+            for name, buf in fixed.state_dict().items():  # persistent buffers only (lambdas, ...)
+                out.setdefault(f"{prefix}.core_attention.params.{name}", buf.float())
+        elif letter == "C":
+            hp = _hparams(ConnectionHParams, config.connection)
+            out.setdefault(f"{prefix}.layer.slots", make_fixed_slots(hp.num_slots, config.hidden_size, hp.slot_seed))
+    return out
+
+
+def _check_against_model(hf_state: dict, config, where) -> None:
+    """Every tensor the Hugging Face model has, with its shape, and nothing else (built on meta)."""
+    from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
+
+    with torch.device("meta"):
+        model = AscenderDistForCausalLM(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(hf_state))
+    extra = sorted(set(hf_state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(hf_state) if tuple(hf_state[k].shape) != expected[k])
+    if missing or extra or wrong:
+        problems = [f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else "",
+                    f"shape of {wrong[0]} {tuple(hf_state[wrong[0]].shape)} != {expected[wrong[0]]}" if wrong else ""]
+        raise ConversionError(where, "weights do not fit the Hugging Face model: " + "; ".join(p for p in problems if p))
+
+
+def _write_tokenizer(tokenizer: Path, out: Path, seq_length: int) -> None:
+    """tokenizer.model + tokenizer_config.json whose auto_map names the remote tokenizer class."""
+    from ascender_dist.hf.tokenization_ascender_dist import AscenderDistTokenizer
+
+    tok = AscenderDistTokenizer(vocab_file=str(tokenizer), model_max_length=seq_length)
+    tok.save_pretrained(str(out))
+    config_file = out / "tokenizer_config.json"
+    data = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    data.update(tokenizer_class="AscenderDistTokenizer", auto_map=TOKENIZER_AUTO_MAP)
+    config_file.write_text(json.dumps(data, indent=2))
+
+
+def write_remote_code(state: dict, cfg, meta: dict, out: Path, tokenizer: Path | None, where) -> str:
+    """Fill ``out`` with a trust_remote_code model directory; returns the architecture name."""
     import shutil
 
     from safetensors.torch import save_file
 
-    state, cfg, meta = read_consolidated(consolidated_dir, expect_architecture="gpt")
-    kind = pick_hf_architecture(cfg)
+    import ascender_dist.hf as hf_package
+    from ascender_dist.hf.vendor import VendorError, vendor_kernels
+
     tied = not cfg.model.untie_embeddings_and_output_weights
     vocab = state["embedding.word_embeddings.weight"].shape[0]
-    hf_state = neox_state(state, cfg) if kind == "gpt_neox" else llama_state(state, cfg)
-    config = (neox_config if kind == "gpt_neox" else llama_config)(cfg, vocab, tied)
-    if tied:  # transformers re-ties on load; storing the head twice would fail its shared-tensor check
-        hf_state.pop("embed_out.weight" if kind == "gpt_neox" else "lm_head.weight")
+    config = remote_code_config(cfg, meta, vocab, tied)
+    hf_state = remote_code_state(state, config)
+    _check_against_model(hf_state, config, where)
+    source = Path(hf_package.__file__).parent
+    for name in hf_package.REMOTE_CODE_FILES:
+        shutil.copyfile(source / name, out / name)
+    try:
+        vendor_kernels(out)
+    except VendorError as exc:
+        raise ConversionError(where, f"cannot vendor the layer math: {exc}") from None
+    config.save_pretrained(out)
+    save_file({k: v.contiguous() for k, v in hf_state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer:
+        _write_tokenizer(Path(tokenizer), out, cfg.model.seq_length)
+    return REMOTE_CODE_ARCHITECTURE
+
+
+def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = None,
+              remote_code: bool | None = None) -> Path:
+    """Write ``out_dir`` (config.json + model.safetensors [+ tokenizer]) for ``from_pretrained``.
+
+    ``remote_code=None``: a gpt that GPT-NeoX or Llama expresses is written as that (loads without
+    remote code, the tokenizer is copied as ``tokenizer.model`` only when given); everything else
+    as the trust_remote_code model of :mod:`ascender_dist.hf` (tokenizer: the argument, else the
+    run's ``data.tokenizer`` when that file exists, with an AutoTokenizer config). ``True`` forces
+    the remote-code model for a gpt too; ``False`` refuses what the standard classes cannot hold.
+    """
+    import shutil
+
+    from safetensors.torch import save_file
+
+    state, cfg, meta = read_consolidated(consolidated_dir)
+    kind = standard_architecture(cfg)
+    if remote_code is False and kind is None:
+        if cfg.model.architecture != "gpt":
+            raise ConversionError(Path(consolidated_dir) / "meta.json", f"architecture is {meta['architecture']!r}: "
+                                  "no standard Hugging Face class; export it with remote code")
+        pick_hf_architecture(cfg)  # raises with the reason
+    use_remote = remote_code is True or kind is None
+    if use_remote and not tokenizer and cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file():
+        tokenizer = cfg.data.tokenizer
+    if tokenizer and not Path(tokenizer).is_file():
+        raise ConversionError(tokenizer, "tokenizer model not found")
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    config.save_pretrained(tmp)
-    save_file({k: v.contiguous() for k, v in hf_state.items()}, str(tmp / "model.safetensors"),
-              metadata={"format": "pt"})
-    if tokenizer:
-        shutil.copy(tokenizer, tmp / "tokenizer.model")
-    (tmp / "ascender_dist.json").write_text(json.dumps({"source": str(consolidated_dir), "architecture": kind,
-                                                        "step": meta.get("step")}, indent=1))
+    if use_remote:
+        kind = write_remote_code(state, cfg, meta, tmp, tokenizer, Path(consolidated_dir))
+    else:
+        tied = not cfg.model.untie_embeddings_and_output_weights
+        vocab = state["embedding.word_embeddings.weight"].shape[0]
+        hf_state = neox_state(state, cfg) if kind == "gpt_neox" else llama_state(state, cfg)
+        config = (neox_config if kind == "gpt_neox" else llama_config)(cfg, vocab, tied)
+        if tied:  # transformers re-ties on load; storing the head twice would fail its shared-tensor check
+            hf_state.pop("embed_out.weight" if kind == "gpt_neox" else "lm_head.weight")
+        config.save_pretrained(tmp)
+        save_file({k: v.contiguous() for k, v in hf_state.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
+        if tokenizer:
+            shutil.copy(tokenizer, tmp / "tokenizer.model")
+    (tmp / "ascender_dist.json").write_text(json.dumps({
+        "source": str(consolidated_dir), "architecture": kind, "model_architecture": meta.get("architecture"),
+        "trust_remote_code": kind == REMOTE_CODE_ARCHITECTURE, "step": meta.get("step"),
+        "vocab_size": meta.get("vocab_size"), "preset": cfg.model.preset, "run_name": cfg.name}, indent=1))
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)

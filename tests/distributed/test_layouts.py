@@ -1,9 +1,10 @@
-"""Parity matrix: TP2, PP2, DP2 x ZeRO-1/2/3 and TP2xPP2 give the single-process losses and weights
+"""Parity matrix: TP2, PP2, DP2 x ZeRO-1/2/3, sequence parallel, activation recompute and TP2xPP2 give the single-process losses and weights
 for gpt, ascender and connection, a few AdamW steps from the same initial weights on the same data."""
 
 import pytest
 
-from tests.distributed.workers.layouts import ARCHS, LAYOUTS
+from ascender_dist.config.errors import ConfigError
+from tests.distributed.workers.layouts import LAYOUTS, UNSUPPORTED, _config, matrix
 from tests.helpers.data import make_tiny_dataset
 from tests.helpers.multiproc import assert_check, run_ranks
 
@@ -37,11 +38,18 @@ def _check(results, name):
     assert value["param_diff"] < PARAM_TOL, value
 
 
-@pytest.mark.parametrize("name", [f"{a}_{l}" for a in ARCHS for l in LAYOUTS[2]])
+@pytest.mark.parametrize("name", [f"{a}_{l}" for a, l in matrix(2)])
 def test_two_rank_layouts_match_single_process(two_ranks, name):
     _check(two_ranks, name)
 
 
-@pytest.mark.parametrize("name", [f"{a}_{l}" for a in ARCHS for l in LAYOUTS[4]])
+@pytest.mark.parametrize("arch,layout", sorted(UNSUPPORTED))
+def test_unsupported_layouts_are_refused_at_config_load(tmp_path, arch, layout):
+    args = {"data": {"manifest": "m.json", "tokenizer": ""}, "root": str(tmp_path)}
+    with pytest.raises(ConfigError, match="parallel.sequence_parallel: not supported with Connection layers"):
+        _config(args, arch, layout, LAYOUTS[2][layout])
+
+
+@pytest.mark.parametrize("name", [f"{a}_{l}" for a, l in matrix(4)])
 def test_tp2_pp2_matches_single_process(four_ranks, name):
     _check(four_ranks, name)

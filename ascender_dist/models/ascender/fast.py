@@ -730,7 +730,8 @@ class _FusedChunks(torch.autograd.Function):
         need = dict(zip(spec.names, ctx.needs_input_grad[1:]))
         d_rows = dict(zip(spec.row_keys, d_rows))
         # one full-size gradient buffer per per-position input, filled chunk by chunk in place
-        gbuf = {key: torch.zeros_like(t[key]) for key in ("q", "u", "gate_a", "khat", "zy", "k_aug", "v_aug") if key in t}
+        gbuf = {key: torch.zeros(t[key].shape, dtype=dtype, device=dev_)
+                for key in ("q", "u", "gate_a", "khat", "zy", "k_aug", "v_aug") if key in t}  # fmt: skip
         gk3 = gbuf["k_aug"].view(B, n, -1)  # key-side gradients accumulate in place (baddbmm_)
         gv3 = gbuf["v_aug"].view(B, n, -1)
         tiled = call.use_sep or hp.use_coh
@@ -839,16 +840,20 @@ class _FusedChunks(torch.autograd.Function):
                     dphi.add_((gmu.reshape(B, C) / count)[..., None])
                 if gl is not None:
                     dphi.addcmul_(P, gl[..., None])
-                r, w_sep = tiles["r"], tiles["w_sep"]
-                da = torch.ops.aten.threshold_backward(dphi * w_sep, r, 0)  # d(a - delta)
+                if gl is None:
+                    del P
+                r, w_sep = tiles.pop("r"), tiles["w_sep"]
+                da = dphi * w_sep
+                dw = dphi.mul_(r)
+                da.mul_(r.sign_())  # relu'(a - delta) = [r > 0], r >= 0; r is not needed after
+                del r
                 gHL[:, c0:c1].baddbmm_(da, t["HR"][:, :L])
                 gHR[:, :L].baddbmm_(da.transpose(1, 2), t["HL"][:, c0:c1])
                 del da
-                dw = dphi.mul_(r)
                 grho = gx.get("rho")
                 if grho is not None:  # also hits the diagonal: zeroed in dx below
                     g_mass = grho.reshape(B, C, 1)
-            del P, dS
+            P = dS = None
             w_coh = tiles["w_coh"]
             gmom = gx.get("mom")
             if hp.use_coh and gmom is not None:
@@ -879,6 +884,7 @@ class _FusedChunks(torch.autograd.Function):
             gZL[:, c0:c1].baddbmm_(dx, t["ZR"][:, :L])
             gZR[:, :L].baddbmm_(dx.transpose(1, 2), t["ZL"][:, c0:c1])
             del dx, dw, tiles
+            dev = None
         # ---- assemble input gradients
         result = {key: gbuf[key] for key in gbuf}
         for key in small:

@@ -21,7 +21,6 @@ from typing import Optional
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel import ColumnParallelLinear
 from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 from megatron.core.transformer.attention import SelfAttention
@@ -31,6 +30,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ascender_dist.models.ascender import AscenderHParams, AscenderHeadParams, ascender_attention
+from ascender_dist.models.specs.norm import local_layer_spec
 
 
 class AscenderQKVLinear(ColumnParallelLinear):
@@ -132,7 +132,7 @@ class AscenderCoreAttention(MegatronModule):
 
 def ascender_layer_spec(hp: AscenderHParams, normalization: str, impl: str = "auto") -> ModuleSpec:
     """megatron's local GPT layer with its self-attention swapped for ASCender."""
-    spec = get_gpt_layer_local_spec(normalization=normalization)
+    spec = local_layer_spec(normalization)
     attention = spec.submodules.self_attention
     attention.module = AscenderSelfAttention
     attention.params = {**attention.params, "extra_dims": (hp.d_z, hp.d_a)}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 from megatron.core import parallel_state
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 from megatron.core.transformer.module import MegatronModule
@@ -22,6 +21,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ascender_dist.models.connection import TP_SHARD_DIM, ConnectionHParams, ConnectionLayer, shard_state_dict
+from ascender_dist.models.specs.norm import local_layer_spec
 from ascender_dist.parallel.mappings import copy_to_tp, reduce_from_tp
 
 
@@ -76,7 +76,7 @@ class ConnectionSelfAttention(MegatronModule):
 
 def connection_layer_spec(hp: ConnectionHParams, normalization: str, init_seed: int) -> ModuleSpec:
     """megatron's local GPT layer with self-attention replaced by the Connection layer."""
-    spec = get_gpt_layer_local_spec(normalization=normalization)
+    spec = local_layer_spec(normalization)
     spec.submodules.self_attention = ModuleSpec(module=ConnectionSelfAttention,
                                                 params={"hp": hp, "init_seed": init_seed})
     return spec

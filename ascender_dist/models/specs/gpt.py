@@ -7,9 +7,9 @@ from ascender_dist.models.registry import ArchitectureEntry, LayerKind, register
 
 
 def gpt_layer_spec(cfg, layer_number: int):
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from ascender_dist.models.specs.norm import local_layer_spec
 
-    return get_gpt_layer_local_spec(normalization=cfg.model.normalization)
+    return local_layer_spec(cfg.model.normalization)
 
 
 register_layer_kind(LayerKind(letter="A", description="softmax attention", spec=gpt_layer_spec))
