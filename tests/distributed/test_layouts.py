@@ -51,5 +51,5 @@ def test_unsupported_layouts_are_refused_at_config_load(tmp_path, arch, layout):
 
 
 @pytest.mark.parametrize("name", [f"{a}_{l}" for a, l in matrix(4)])
-def test_tp2_pp2_matches_single_process(four_ranks, name):
+def test_four_rank_layouts_match_single_process(four_ranks, name):
     _check(four_ranks, name)

@@ -39,7 +39,8 @@ LAYOUTS = {
         "tp2_sequence_parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
         "dp2_recompute": {"zero_stage": 1, "activation_checkpointing": True},
         "pp2_recompute": {"pipeline_model_parallel_size": 2, "activation_checkpointing": True}},
-    4: {"tp2_pp2": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}},
+    4: {"tp2_pp2": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
+        "tp2_dp2_zero3": {"tensor_model_parallel_size": 2, "zero_stage": 3}},
 }
 
 

@@ -1,0 +1,160 @@
+"""ascender / connection (mixed pattern) checkpoints -> Hugging Face trust_remote_code directories.
+
+Tiny models trained on 2 ranks (ascender at TP=2; connection with the pattern SCA, RMSNorm, swiglu,
+untied head), consolidated and exported through the CLI, loaded with ``AutoModelForCausalLM``:
+logits match our megatron model (TP=1, consolidated weights) within 1e-4, also in a Python that
+cannot import ascender_dist (the export carries its own copy of the layer math).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.distributed.workers.export_sources import ensure_sources
+from tests.helpers.multiproc import REPO_ROOT
+from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
+from tests.integration.test_conversion import cli
+
+pytestmark = pytest.mark.slow
+
+TOKENS = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    return ensure_sources(tmp_path_factory.getbasetemp() / "export_sources")
+
+
+@pytest.fixture(scope="module")
+def exports(sources, tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    out = {}
+    for name in ("ascender-tiny", "connection-tiny"):
+        proc = cli("export-hf", "--consolidated", sources["consolidated"][name], "--out", str(root / name))
+        assert "wrote" in proc.stdout
+        out[name] = root / name
+    return out
+
+
+def _megatron_logits(consolidated: str, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """As test_conversion's _our_logits (megatron TP=1, consolidated weights), at step 0 (a freshly
+    built model) and at the checkpoint's step (ASCender's Separation warm-up reads the step)."""
+    from ascender_dist.config.resolve import derive
+    from ascender_dist.models.build import build_model
+    from ascender_dist.parallel.setup import init_model_parallel
+    from ascender_dist.tools.convert import read_consolidated
+    from ascender_dist.training.layer_stats import set_training_step
+    from ascender_dist.training.weights import load_canonical_state, pad_vocab
+
+    state, cfg, meta = read_consolidated(Path(consolidated))
+    init_model_parallel(1, 1, seed=0)
+    derived = derive(cfg, 1, meta["vocab_size"])
+    model = build_model(cfg, derived).eval()
+    load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size))
+    positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+    with torch.no_grad():
+        plain = model(tokens, positions, None)[..., : meta["vocab_size"]]
+        set_training_step(model, meta["step"])
+        stepped = model(tokens, positions, None)[..., : meta["vocab_size"]]
+    return plain, stepped
+
+
+@pytest.mark.parametrize("name", ["ascender-tiny", "connection-tiny"])
+def test_remote_code_export_logits_match_megatron(sources, exports, single_rank_group, name):
+    from transformers import AutoModelForCausalLM
+
+    out = exports[name]
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_ascender_dist.AscenderDistForCausalLM"
+    assert config["layer_pattern"] == {"ascender-tiny": "SS", "connection-tiny": "SCA"}[name]
+    for file in ("configuration_ascender_dist.py", "modeling_ascender_dist.py", "ascender_dist_kernels.py",
+                 "asd_ascender_attention.py", "asd_connection_layer.py", "model.safetensors", "tokenizer.model"):
+        assert (out / file).is_file(), file
+    assert "ascender_dist." not in (out / "ascender_dist_kernels.py").read_text().replace("ascender_dist_kernels", "")
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
+    assert type(hf).__name__ == "AscenderDistForCausalLM"
+    with torch.no_grad():
+        theirs = hf(TOKENS).logits
+    plain, stepped = _megatron_logits(sources["consolidated"][name], TOKENS)
+    assert theirs.shape == stepped.shape == (2, 24, 500)
+    assert (theirs - stepped).abs().max().item() < 1e-4
+    assert (theirs - plain).abs().max().item() < 1e-4  # Separation on from step 0: the step does not matter here
+
+
+def test_export_loads_without_ascender_dist_installed(exports):
+    """A fresh interpreter in which `import ascender_dist` fails: model, tokenizer and generate()."""
+    script = f"""
+import sys, json
+sys.modules["ascender_dist"] = None
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+out = {{}}
+for name, path in {{k: str(v) for k, v in {dict(exports)!r}.items()}}.items():
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, dtype=torch.float32).eval()
+    ids = tok("def main():\\n    return 1\\n", return_tensors="pt")["input_ids"]
+    gen = model.generate(ids, max_new_tokens=3, do_sample=False)
+    tokens = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(tokens).logits
+    out[name] = {{"roundtrip": tok.decode(ids[0]), "new": gen.shape[1] - ids.shape[1], "sum": float(logits.double().sum())}}
+print(json.dumps(out))
+"""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    from transformers import AutoModelForCausalLM
+
+    for name, value in result.items():
+        assert value["roundtrip"] == "def main():\n    return 1\n" and value["new"] == 3
+        model = AutoModelForCausalLM.from_pretrained(exports[name], trust_remote_code=True,
+                                                     dtype=torch.float32).eval()
+        with torch.no_grad():
+            assert abs(model(TOKENS).logits.double().sum().item() - value["sum"]) < 1e-3
+
+
+def test_tokenizer_matches_training_tokenizer(sources, exports):
+    from transformers import AutoTokenizer
+
+    from data_pipeline.tokenizer import Tokenizer
+
+    ours = Tokenizer.load(Path(sources["data"]["tokenizer"]))
+    tok = AutoTokenizer.from_pretrained(exports["ascender-tiny"], trust_remote_code=True)
+    for text in ("x = [i ** 2 for i in range(10)]\n", "\tindent  two  spaces\n\n", "unicode: é ✓ 漢字"):
+        assert tok(text)["input_ids"] == ours.encode(text)
+        assert tok.decode(ours.encode(text)) == text
+    assert (tok.eos_token_id, tok.pad_token_id) == (ours.eos_id, ours.pad_id)
+
+
+def test_gpt_keeps_the_standard_export_and_can_be_forced_to_remote_code(sources, tmp_path, single_rank_group):
+    from transformers import AutoModelForCausalLM
+
+    from ascender_dist.tools.hf_export import export_hf
+
+    gpt = sources["consolidated"]["gpt-tiny"]
+    standard = export_hf(gpt, tmp_path / "neox")
+    assert json.loads((standard / "config.json").read_text())["architectures"] == ["GPTNeoXForCausalLM"]
+    assert not (standard / "modeling_ascender_dist.py").exists()
+    remote = export_hf(gpt, tmp_path / "remote", remote_code=True)
+    a = AutoModelForCausalLM.from_pretrained(standard, dtype=torch.float32).eval()
+    b = AutoModelForCausalLM.from_pretrained(remote, trust_remote_code=True, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (a(TOKENS).logits - b(TOKENS).logits).abs().max().item() < 1e-4
+
+
+def test_bad_inputs_fail_in_one_line(sources, tmp_path):
+    from ascender_dist.tools.convert import ConversionError
+    from ascender_dist.tools.hf_export import export_hf
+
+    proc = cli("export-hf", "--consolidated", str(tmp_path / "missing"), "--out", str(tmp_path / "x"), check=False)
+    assert proc.returncode == 2 and "not a consolidated directory" in proc.stderr.strip().splitlines()[-1]
+    with pytest.raises(ConversionError, match="no standard Hugging Face class"):
+        export_hf(sources["consolidated"]["ascender-tiny"], tmp_path / "y", remote_code=False)
+    assert not (tmp_path / "y").exists()
