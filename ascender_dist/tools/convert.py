@@ -113,7 +113,7 @@ def consolidate(checkpoint_dir: Path, out_dir: Path, tag: Optional[str] = None,
                                        f"{dist.get_world_size()}")
     engine = build_engine(cfg, derived)
     ckpt.load_checkpoint(engine, Path(checkpoint_dir), tag_dir.name)
-    state = gather_canonical_state(engine.module, cfg)
+    state = gather_canonical_state(engine.module, cfg, progress=True)
     if dist.get_rank() == 0:
         state = strip_vocab_padding(state, meta["vocab_size"])
         write_consolidated(out_dir, state, cfg, {**meta, "source": str(tag_dir)})

@@ -59,14 +59,16 @@ def _gathered(params: list, zero_stage: int):
 
 
 @torch.no_grad()
-def gather_canonical_state(module: nn.Module, cfg: RunConfig) -> Optional[dict[str, torch.Tensor]]:
+def gather_canonical_state(module: nn.Module, cfg: RunConfig, progress: bool = False) -> Optional[dict[str, torch.Tensor]]:
     """Full fp32 tensors by canonical name on global rank 0 (None elsewhere). Collective on all ranks."""
     from megatron.core import parallel_state as mps
+    from tqdm import tqdm
 
     named = list(canonical_parameters(module, cfg))
     local: dict[str, torch.Tensor] = {}
     with _gathered([p for _, p in named], cfg.parallel.zero_stage):
-        for name, param in named:
+        for name, param in tqdm(named, desc="gather weights", unit="tensor",
+                                disable=not progress or dist.get_rank() != 0):
             full = gather_tp_tensor(param.data, param, mps.get_tensor_model_parallel_group())
             local[name] = full.float().cpu()
     contributes = mps.get_data_parallel_rank() == 0 and mps.get_tensor_model_parallel_rank() == 0
