@@ -37,6 +37,10 @@ def throughput(flops_per_token: float, tokens_per_s: float, world_size: int, pea
     return values
 
 
+# counters that would only clutter the console line while they are zero
+_QUIET_UNLESS_NONZERO = {"train/skipped_steps", "train/step_skipped", "data/skipped_shards"}
+
+
 class MetricLogger:
     def __init__(self, tensorboard_dir: Optional[Path], enabled: bool):
         self.enabled = enabled
@@ -59,7 +63,7 @@ class MetricLogger:
             return
         parts = [f"step {step}/{total}"]
         for name, value in values.items():
-            if value is None:
+            if value is None or name in _QUIET_UNLESS_NONZERO and not value:
                 continue
             short = name.removeprefix("train/").replace("/", "_")
             parts.append(f"{short} {value:.4g}" if isinstance(value, float) else f"{short} {value}")

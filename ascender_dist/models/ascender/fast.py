@@ -160,7 +160,8 @@ class PrefixMoments:
             self.states.append((count, mean, scatter))
             yb = y[..., c0:c1, :]
             mb = yb.mean(-2, keepdim=True)  # [b, np, 1, e]
-            sb = (yb - mb).transpose(-1, -2) @ (yb - mb)  # [b, np, e, e]
+            yc = yb - mb
+            sb = yc.transpose(-1, -2) @ yc  # [b, np, e, e]
             nb = c1 - c0
             if count == 0:
                 mean, scatter = mb, sb
@@ -372,7 +373,7 @@ def _needs_checkpoint(tensors: dict) -> bool:
 
 
 def prepare(q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
-            with_aux: bool, with_stats: bool):  # fmt: skip
+            with_aux: bool, with_stats: bool, moment_chunks=None):  # fmt: skip
     """Whole-sequence O(s) work: neighbours, headings, gates, moment states, k_aug / v_aug.
 
     Returns (call, t, chunks, rows) where t holds the tensors every chunk reads."""
@@ -390,12 +391,12 @@ def prepare(q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, u
         u, spread, _ = headings(khat, idx, valid, hp)  # [b, np, s, hd], [b, np, s]
         t["u"], t["gate_a"] = u, torch.sigmoid(-hp.alpha_align * spread)
         rows["u"], rows["gate_align"] = u, t["gate_a"]
-        call.align_moments = PrefixMoments(khat, hp.causal, chunks)
+        call.align_moments = PrefixMoments(khat, hp.causal, moment_chunks or chunks)
         k_parts.append(khat)
     if hp.use_coh:
         zy = torch.cat([z, -0.5 * (z * z).sum(-1, keepdim=True)], -1)  # [b, np, s, dz + 1]
         t["zy"] = zy
-        call.coh_moments = PrefixMoments(zy, hp.causal, chunks)
+        call.coh_moments = PrefixMoments(zy, hp.causal, moment_chunks or chunks)
         k_parts.append(zy)
     t["k_aug"] = torch.cat(k_parts, -1)  # [b, np, s, hd (+ hd) (+ dz + 1)]
     t["v_aug"] = torch.cat([v, z, (z * z).sum(-1, keepdim=True)], -1) if call.want_lcoh else v
@@ -433,7 +434,8 @@ def fast_attention(
     (out [b, np, s, hd]; rows: per-row statistics; stats: per-head mass moved; aux losses), no maps."""
     n = q.shape[-2]
     call, t, chunks, rows = prepare(
-        q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux, with_stats=with_stats
+        q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux, with_stats=with_stats,
+        moment_chunks=moment_chunks(n),
     )
     out, chunk_rows, stats = fused_chunks(call, t, chunks)
     rows.update(chunk_rows)
@@ -484,23 +486,33 @@ def _count_denom(c0: int, c1: int, L: int, hp: AscenderHParams, dtype, device):
     return count, variance_denominator(count, hp)
 
 
-def _row_moments_chunk(causal: bool, x, state, yb, n: int):
-    """PrefixMoments.row_moments for one chunk, with the chunk's own keys yb = y[c0:c1]
-    passed in (so that they can be autograd leaves). Returns (mean, var_pop), [b, np, C]."""
+def _row_moments_chunk(causal: bool, x, state, yb, c0: int, s0: int):
+    """PrefixMoments.row_moments for query rows [c0, c1) given the running state of the keys
+    j < s0 (s0 <= c0: states are kept every MOMENT_STRIDE rows only, so their number, each
+    e x e, stays small at long s) and the keys yb = y[s0:c1] themselves (passed in so that they
+    can be autograd leaves). Returns (mean, var_pop), [b, np, C]."""
     if not causal:
         mean, cov = state
         return (x * mean).sum(-1), ((x @ cov) * x).sum(-1)
     C = x.shape[-2]
     shift = state[0] if state else yb[..., :1, :]
-    tri = torch.ones(C, C, dtype=torch.bool, device=x.device).tril()
-    p = (x @ (yb - shift).transpose(-1, -2)) * tri  # [b, np, C, C]
+    keys = torch.arange(s0, s0 + yb.shape[-2], device=x.device)
+    vis = keys[None, :] <= torch.arange(c0, c0 + C, device=x.device)[:, None]  # [C, c1 - s0]
+    p = (x @ (yb - shift).transpose(-1, -2)) * vis
     t1, t2 = p.sum(-1), (p * p).sum(-1)
     if state:
         t2 = t2 + ((x @ state[1]) * x).sum(-1)
-    count = n + torch.arange(1, C + 1, dtype=x.dtype, device=x.device)  # n = c0 here
+    count = c0 + torch.arange(1, C + 1, dtype=x.dtype, device=x.device)
     m = t1 / count
     var = (t2 / count - m * m).clamp(min=0)
     return m + (x * shift).sum(-1), var
+
+
+MOMENT_STRIDE = 256  # rows between two causal moment states of the fused path
+
+
+def moment_chunks(n: int) -> list[tuple[int, int]]:
+    return [(s0, min(s0 + MOMENT_STRIDE, n)) for s0 in range(0, n, MOMENT_STRIDE)]
 
 
 class _Spec:
@@ -599,7 +611,7 @@ def _rows(call: _Call, c0: int, c1: int, L: int, x: dict):
     if hp.use_align:
         uq = x["u"]
         g = lambdas[:, ALIGN].view(1, -1, 1) * x["gate_a"]
-        mean, var = _row_moments_chunk(hp.causal, uq, x["align_state"], x["khat"], c0)
+        mean, var = _row_moments_chunk(hp.causal, uq, x["align_state"], x["khat"], c0, x["s0"])
         s = row_scale(g, safe_sqrt(var * count / denom), hp)
         rows["align_mean"], rows["align_scale"] = mean, s
         parts.append(omega[:, ALIGN].view(1, -1, 1, 1) * s[..., None] * uq)
@@ -611,7 +623,7 @@ def _rows(call: _Call, c0: int, c1: int, L: int, x: dict):
         gate = torch.sigmoid(-hp.alpha_coh * (ez2 - c2).clamp(min=0))
         g = lambdas[:, COH].view(1, -1, 1) * gate / hp.tau_coh
         xc = torch.cat([c, torch.ones_like(c[..., :1])], -1)
-        mean_p, var_p = _row_moments_chunk(hp.causal, xc, x["coh_state"], x["zy"], c0)
+        mean_p, var_p = _row_moments_chunk(hp.causal, xc, x["coh_state"], x["zy"], c0, x["s0"])
         s = row_scale(g, safe_sqrt(4 * var_p * count / denom), hp)
         rows["centroid"], rows["gate_coh"], rows["coh_mean"], rows["coh_scale"] = c, gate, 2 * mean_p - c2, s
         parts.append(omega[:, COH].view(1, -1, 1, 1) * 2 * s[..., None] * xc)
@@ -650,23 +662,26 @@ def _scores(call: _Call, c0, c1, L, t, q_aug3, factor, dev, keep_dev: bool):
 def _row_inputs(call: _Call, c0: int, c1: int, t: dict, stats: dict, ci: int, leaf: bool):
     """Inputs of _rows for one chunk; with leaf, detached copies that require grad."""
     hp = call.hp
+    si = c0 // MOMENT_STRIDE if hp.causal else 0  # moment state index, keys j < s0 in it
+    s0 = si * MOMENT_STRIDE if hp.causal else c0
     x = {"q": t["q"][..., c0:c1, :]}
     for key in ("omega", "lambdas", "kappa", "tau"):
         x[key] = t["leaf_" + key] if leaf else t[key]
     if hp.use_align:
-        x["u"], x["gate_a"], x["khat"] = t["u"][..., c0:c1, :], t["gate_a"][..., c0:c1], t["khat"][..., c0:c1, :]
-        x["align_state"] = t["align_states"][ci]
+        x["u"], x["gate_a"], x["khat"] = t["u"][..., c0:c1, :], t["gate_a"][..., c0:c1], t["khat"][..., s0:c1, :]
+        x["align_state"] = t["align_states"][si]
     if hp.use_coh:
-        x["zy"] = t["zy"][..., c0:c1, :]
-        x["coh_state"] = t["coh_states"][ci]
+        x["zy"] = t["zy"][..., s0:c1, :]
+        x["coh_state"] = t["coh_states"][si]
     x.update(stats)
+    x["s0"], x["si"] = s0, si
     if leaf:
         for key, val in list(x.items()):
             if key.startswith(("omega", "lambdas", "kappa", "tau")):
                 continue
             if isinstance(val, tuple):
                 x[key] = tuple(v_.detach().requires_grad_() for v_ in val)
-            else:
+            elif isinstance(val, torch.Tensor):
                 x[key] = val.detach().requires_grad_()
     return x
 
@@ -805,19 +820,25 @@ class _FusedChunks(torch.autograd.Function):
                     outs.append(rows[key])
                     gouts.append(g[..., c0:c1])
             leaves = [(k_, v_) for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad]
-            leaves += [(f"{k_[: -len('_state')]}s#{ci}#{i}", v_)
+            leaves += [(f"{k_[: -len('_state')]}s#{x['si']}#{i}", v_)
                        for k_, val in x.items() if isinstance(val, tuple) for i, v_ in enumerate(val)]  # fmt: skip
             grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
             gx = {}
             for (name, _), g in zip(leaves, grads):
                 if g is not None:
-                    (g_states if "#" in name else gx)[name] = g
+                    if "#" in name:
+                        g_states[name] = g_states[name] + g if name in g_states else g
+                    else:
+                        gx[name] = g
             for key in small:
                 if key in gx:
                     g_small[key] += gx[key]
-            for key in ("q", "u", "khat", "zy"):
+            for key in ("q", "u"):
                 if key in gx:
                     gbuf[key][..., c0:c1, :] += gx[key]
+            for key in ("khat", "zy"):  # keys [s0, c1) of the in-chunk moments
+                if key in gx:
+                    gbuf[key][..., x["s0"] : c1, :] += gx[key]
             if "gate_a" in gx:
                 gbuf["gate_a"][..., c0:c1] += gx["gate_a"]
             if not tiled:
@@ -992,7 +1013,7 @@ def fused_chunks(call: _Call, t: dict, chunks):
         if moments is None:
             continue
         slots[key] = []
-        for ci in range(len(chunks)):
+        for ci in range(len(moments.states) if hp.causal else 1):
             state = moments.state(ci)
             slots[key].append(len(state))
             for i, s_ in enumerate(state):
