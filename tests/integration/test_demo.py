@@ -62,3 +62,23 @@ def test_demo_rerun_resumes_from_latest_and_continues(demo_run):
     assert proc.returncode == 0, out[-3000:]
     assert "resumed from" in out and "step_00000030 at step 30" in out
     assert "from step 30 to 35" in out
+
+
+def test_demo_mixed_ascender_connection_logs_layer_statistics(tmp_path_factory):
+    """`architecture: connection` with an ASCender + Connection pattern through the same launcher:
+    per-head omega / moved attention mass and Connection reasoning steps reach TensorBoard."""
+    demo_dir = tmp_path_factory.mktemp("demo_mixed")
+    proc = _run_demo(demo_dir, "--set", "model.architecture=connection", "--set", "model.layer_pattern=SC",
+                     "--set", "model.ascender.d_z=8", "--set", "model.ascender.d_a=8", "--set", "model.ascender.k=4",
+                     "--set", "model.ascender.window=16", "--set", "model.ascender.num_global=2",
+                     "--set", "model.connection.num_slots=8", "--set", "model.connection.rank=4",
+                     "--set", "model.connection.causal_chunk_size=16", "--set", "train.train_steps=10",
+                     "--set", "train.eval_interval=0", "--set", "checkpoint.save_interval=0")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    scalars = read_scalars(demo_dir / "tensorboard")
+    assert len(scalars["train/loss"]) == 10
+    for tag in ("ascender/omega_align/layer01/head00", "ascender/mass_moved_all/layer01",
+                "connection/steps_mean/layer02", "connection/steps_max/layer02"):
+        assert scalars[tag], tag
+    steps = [v for _, v in scalars["connection/steps_max/layer02"]]
+    assert all(1 <= s <= 3 for s in steps)  # the debug preset's max_steps is 3
