@@ -102,6 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--micro-batches", type=int, default=400, help="loader batches timed per setting")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median reported)")
     p.add_argument("--train-tokens-per-s", type=float, help="trainer consumption rate for the ratio row")
+    p.add_argument("--train-rate-source", default="", help="how the trainer rate was measured (printed under the table)")
     p.add_argument("--work-dir", type=Path, help="keep intermediate files here (default: a temp dir)")
     args = p.parse_args(argv)
 
@@ -138,7 +139,10 @@ def main(argv=None) -> int:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "data.json").write_text(json.dumps(res, indent=2) + "\n")
-    (RESULTS / "data.md").write_text(render(res, args.train_tokens_per_s))
+    text = render(res, args.train_tokens_per_s)
+    if args.train_rate_source:
+        text += f"\nTrainer rate: {args.train_rate_source}\n"
+    (RESULTS / "data.md").write_text(text)
     print((RESULTS / "data.md").read_text())
     return 0
 
