@@ -12,9 +12,14 @@ h: [b, np, s, d_a]) and the same math, rearranged (docs/ascender.md, "Fast path"
   (bidirectional) or running per-chunk states plus an in-chunk triangle (causal), see
   PrefixMoments. No statistic of row i ever reads a key j > i in causal mode.
 * Separation (not low-rank), the densities rho_i, the centroids c_i and the row statistics of
-  Separation are built per query chunk on a [chunk, keys] tile; the tile is the float
-  ``attn_mask`` of scaled_dot_product_attention for that chunk. Each chunk runs under
-  activation checkpointing, so backward holds one tile at a time, not all of them.
+  Separation are built per query chunk on a [chunk, keys] tile (causal: keys up to the chunk's
+  last row), added to the folded scores of that chunk. One autograd.Function (_FusedChunks)
+  runs all chunks: forward keeps no tile (only the output and O(s) row statistics), backward
+  recomputes one chunk's tiles at a time and differentiates the tile math by hand (softmax,
+  Separation bias and its row mean/std, kernels, affinity), while the O(chunk) per-row algebra
+  in between (row scales, gates, eta, centroids, folded queries) is re-run under autograd.
+  Gradients of whole-sequence tensors accumulate in place (one buffer each), so backward does
+  not allocate a full-size gradient per chunk.
 * Neighbourhoods (no gradient flows through the choice of neighbours) are found chunk by
   chunk over a band of +-window keys plus the globals (O(s * window)), or over all visible
   keys when window == 0 (O(s * chunk) memory). Headings u_i sum k neighbours with k gathers of
@@ -335,35 +340,6 @@ def _chunk_queries(call: _Call, c0: int, c1: int, t: dict):
         bias = neg if bias is None else bias + neg  # -inf only after / tau: no inf * 0 in grads
     q_aug = torch.cat(parts, -1) / tau  # [b, np, C, hd + extra]
     return q_aug, bias, vis, rows, terms
-
-
-def _chunk(call: _Call, c0: int, c1: int, t: dict):
-    """Output rows [c0, c1) ([b, np, C, hd]), their row statistics, and (with_stats) the
-    per-head sums over rows of the mass each bias moves."""
-    q_aug, mask, vis, rows, terms = _chunk_queries(call, c0, c1, t)
-    L = vis.shape[-1]
-    ka, va = t["k_aug"][..., :L, :], t["v_aug"][..., :L, :]
-    phi = rows.pop("phi", None)
-    if call.want_lsep:  # the crowding loss needs the attention probabilities themselves
-        A = torch.softmax(q_aug @ ka.transpose(-1, -2) + mask, -1)  # [b, np, C, L]
-        out = A @ va
-        rows["lsep"] = (A * phi).sum(-1)
-    else:
-        out = F.scaled_dot_product_attention(q_aug, ka, va, attn_mask=mask, scale=1.0)
-    if call.want_lcoh:  # E_{j~A_i}|z_j - c_i|^2 from the value columns [z, |z|^2]
-        c, ez, ez2 = rows["centroid"], out[..., call.hd : -1], out[..., -1]
-        rows["lcoh"] = ez2 - 2 * (c * ez).sum(-1) + (c * c).sum(-1)
-    moved = {}
-    if call.with_stats:
-        with torch.no_grad():
-            tau = t["tau"].view(1, -1, 1, 1)
-            q_c = t["q"][..., c0:c1, :]
-            S = q_c @ t["k_aug"][..., :L, : call.hd].transpose(-1, -2) / math.sqrt(call.hd)
-            S = S + sum(terms.values())
-            terms.pop("other", None)  # part of the base for "all", not a moved bias
-            moved = mass_moved(S, {k_: v_.detach() for k_, v_ in terms.items()}, vis, tau)
-            moved = {k_: v_ * (c1 - c0) for k_, v_ in moved.items()}
-    return out[..., : call.hd], rows, moved
 
 
 def _needs_checkpoint(tensors: dict) -> bool:
@@ -800,7 +776,9 @@ class _FusedChunks(torch.autograd.Function):
                 dP.addcmul_(tiles["r"] * tiles["w_sep"], gl[..., None])  # + dL_sep/dA = g phi
             gv3[:, :L].baddbmm_(P.transpose(1, 2), dO3)  # in place: no [L, e] temporary per chunk
             # A * (dA - sum_j A dA), one row-wise kernel; a row with one visible key gets exactly 0
-            dS = torch._softmax_backward_data(dP, P, -1, dtype)
+            # in place into dP (the row kernel reduces each row before writing it; checked
+            # bit-identical to the out-of-place call): one tile less at the backward peak
+            dS = torch.ops.aten._softmax_backward_data.out(dP, P, -1, dtype, grad_input=dP)
             del dP
             d_q_aug = torch.bmm(dS, t["k_aug3"][:, :L]).view(b, nh, C, -1)
             gk3[:, :L].baddbmm_(dS.transpose(1, 2), q3)
