@@ -16,6 +16,8 @@ def params_dtype(cfg: RunConfig) -> torch.dtype:
 def to_transformer_config(cfg: RunConfig, derived: Derived):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from ascender_dist.models.registry import expand_layer_pattern
+
     m, p = cfg.model, cfg.parallel
     swiglu = m.activation == "swiglu"
     bf16 = cfg.train.precision == "bf16"
@@ -50,6 +52,9 @@ def to_transformer_config(cfg: RunConfig, derived: Derived):
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         use_cpu_initialization=not torch.cuda.is_available(),
+        # mixed layer kinds (e.g. "SC") cannot be stacked into one [num_layers, ...] tensor per key
+        # in dist-checkpointing: give each layer its own keys then
+        hetereogenous_dist_checkpoint=len(set(expand_layer_pattern(cfg))) > 1,
         perform_initialization=True,
         **recompute,
     )

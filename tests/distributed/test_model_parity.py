@@ -9,8 +9,9 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def results():
-    return run_ranks("tests.distributed.workers.model_parity:main", world_size=2, timeout=400)
+def results(tmp_path_factory):
+    return run_ranks("tests.distributed.workers.model_parity:main", world_size=2, timeout=400,
+                     args={"root": str(tmp_path_factory.mktemp("dist_ckpt"))})
 
 
 @pytest.mark.parametrize("check", ["gpt_tp2", "gpt_swiglu_rmsnorm_gqa_tp2", "gpt_learned_pos_untied_tp2",
@@ -31,3 +32,10 @@ def test_connection_adaptive_stop_is_identical_on_tp_ranks(results):
         assert value["peer_steps"][0] == value["peer_steps"][1]
         assert value["steps"] == value["unsharded_steps"]
         assert value["out_diff"] < 1e-5
+
+
+@pytest.mark.parametrize("check", ["dist_ckpt_ascender", "dist_ckpt_connection"])
+def test_dist_checkpoint_reshards_custom_layers_tp2_to_tp1(results, check):
+    for value in assert_check(results, check):
+        assert value["same_names"] and value["num"] > 20
+        assert value["max_diff"] == 0.0

@@ -1,5 +1,7 @@
 """Checks run on 2 ranks: tensor-parallel layouts vs TP=1 with the same weights."""
 
+from pathlib import Path
+
 from tests.helpers.multiproc import run_checks
 from tests.helpers.parity import tp_parity
 
@@ -27,6 +29,11 @@ def main(args):
         "mixed_ascender_connection_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN}}),
         "connection_stop_under_tp": connection_stop_under_tp,
+        "dist_ckpt_ascender": lambda: dist_checkpoint_reshard(
+            {"model": {**DEBUG, "architecture": "ascender", "ascender": ASC}}, args["root"]),
+        "dist_ckpt_connection": lambda: dist_checkpoint_reshard(
+            {"model": {**DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC,
+                       "connection": CONN}}, args["root"]),
     })
 
 
@@ -62,3 +69,36 @@ def connection_stop_under_tp() -> dict:
     return {"steps": steps.tolist(), "peer_steps": [p.tolist() for p in peers],
             "unsharded_steps": full.last_stats.steps.tolist(), "out_diff": (out - expected).abs().max().item(),
             "iterations": sharded.last_stats.iterations}
+
+
+def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
+    """megatron dist-checkpointing: save at TP=2, load at TP=1; every tensor (per-head ASCender
+    parameters, sharded Connection weights included) must come back whole."""
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    from megatron.core import parallel_state as mps
+
+    from ascender_dist.config.resolve import config_from_dict, derive
+    from ascender_dist.models.build import build_model
+    from ascender_dist.parallel.consolidate import gather_full_state
+    from ascender_dist.parallel.setup import init_model_parallel, init_process_group
+
+    init_process_group()
+    cfg = config_from_dict(raw_cfg)
+    path = Path(root) / f"dist_ckpt_{cfg.model.architecture}"
+    if dist.get_rank() == 0:
+        path.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    saved = {}
+    for tp in (2, 1):
+        cfg.parallel.tensor_model_parallel_size = tp
+        init_model_parallel(tp, 1, seed=11 + tp)  # different seeds: loading must overwrite everything
+        model = build_model(cfg, derive(cfg, dist.get_world_size(), 256))
+        if tp == 2:
+            dist_checkpointing.save(model.sharded_state_dict(), str(path))
+            saved = gather_full_state(model, mps.get_tensor_model_parallel_group())
+        else:
+            dist_checkpointing.load(model.sharded_state_dict(), str(path))
+    loaded = gather_full_state(model, mps.get_tensor_model_parallel_group())
+    diffs = {name: (loaded[name] - value).abs().max().item() for name, value in saved.items()}
+    return {"max_diff": max(diffs.values()), "num": len(diffs), "same_names": sorted(saved) == sorted(loaded)}
