@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.workers.export_sources import ensure_sources
+from tests.distributed.workers.export_sources import ensure_sources, source_dir
 from tests.helpers.multiproc import REPO_ROOT
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
 from tests.integration.test_conversion import cli
@@ -27,7 +27,7 @@ TOKENS = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    return ensure_sources(tmp_path_factory.getbasetemp() / "export_sources")
+    return ensure_sources(source_dir(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ sys.modules["ascender_dist"] = None
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 out = {{}}
-for name, path in {{k: str(v) for k, v in {dict(exports)!r}.items()}}.items():
+for name, path in { {k: str(v) for k, v in exports.items()}!r}.items():
     tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
     model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, dtype=torch.float32).eval()
     ids = tok("def main():\\n    return 1\\n", return_tensors="pt")["input_ids"]
@@ -140,11 +140,12 @@ def test_gpt_keeps_the_standard_export_and_can_be_forced_to_remote_code(sources,
 
     gpt = sources["consolidated"]["gpt-tiny"]
     standard = export_hf(gpt, tmp_path / "neox")
-    assert json.loads((standard / "config.json").read_text())["architectures"] == ["GPTNeoXForCausalLM"]
+    assert json.loads((standard / "config.json").read_text())["model_type"] == "gpt_neox"
     assert not (standard / "modeling_ascender_dist.py").exists()
     remote = export_hf(gpt, tmp_path / "remote", remote_code=True)
     a = AutoModelForCausalLM.from_pretrained(standard, dtype=torch.float32).eval()
     b = AutoModelForCausalLM.from_pretrained(remote, trust_remote_code=True, dtype=torch.float32).eval()
+    assert type(a).__name__ == "GPTNeoXForCausalLM" and type(b).__name__ == "AscenderDistForCausalLM"
     with torch.no_grad():
         assert (a(TOKENS).logits - b(TOKENS).logits).abs().max().item() < 1e-4
 

@@ -45,6 +45,13 @@ def train_sources(args):
     return run_checks({name: (lambda name=name: _train(args, name)) for name in RUNS})
 
 
+def source_dir(tmp_path_factory) -> Path:
+    """One directory per pytest session (``ASCENDER_TEST_SOURCES`` to keep them across sessions)."""
+    import os
+
+    return Path(os.environ.get("ASCENDER_TEST_SOURCES") or tmp_path_factory.getbasetemp() / "export_sources")
+
+
 def ensure_sources(base: Path) -> dict:
     """Data + trained + consolidated runs under ``base`` (made once; later callers reuse them).
 
