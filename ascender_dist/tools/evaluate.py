@@ -1,0 +1,423 @@
+"""``ascender-dist evaluate``: validation loss / perplexity and lm-evaluation-harness tasks of
+several runs, side by side, grouped by model size.
+
+    ascender-dist evaluate exports/gpt-small exports/ascender-small exports/connection-small \\
+        --tasks hellaswag,arc_easy --out eval/small
+
+Each RUN is ``DIR`` or ``NAME=DIR``; DIR is a consolidated directory (``ascender-dist consolidate``)
+or a Hugging Face export (``ascender-dist export-hf``). NAME defaults to the directory name
+(``gpt-small``...). For every run:
+
+* validation loss: mean next-token cross entropy over every sample of the val split of the data
+  (the run's ``data.manifest`` / ``data.mixture``, or ``--manifest``), read by
+  ``data_pipeline.loader.StreamingLoader(split="val")`` in stored order, exactly as training's
+  ``val/loss`` (inputs ``tokens[:, :-1]``, labels ``tokens[:, 1:]``), averaged over all tokens;
+  perplexity = exp(val loss). The softmax is over the tokenizer's vocabulary (consolidation drops
+  the vocab padding rows, as every export does), so it can differ slightly from training's
+  ``val/loss``, whose softmax also covers the padding ids. The model runs single-process in plain torch: the Hugging Face
+  model of :mod:`ascender_dist.hf` (what ``export-hf`` writes, tested to match our megatron model
+  at TP=1 within 1e-4) built from the consolidated weights, no megatron, no process group; an
+  export directory is loaded with ``AutoModelForCausalLM`` (remote code on).
+* lm-eval tasks (``--tasks``): a consolidated run is exported into ``OUT/hf/NAME`` first, then
+  lm-eval's HFLM runs it through the ``ascender-dist`` model of
+  :mod:`ascender_dist.tools.lm_eval_adapter` (``--include-path`` adds task YAML directories).
+
+Writes ``OUT/results.json`` (every number, per run, plus the settings) and ``OUT/results.md``
+(one table per size: rows = runs, columns = val loss, perplexity, each task metric) and prints
+the markdown. A bad directory or an unknown task is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+log = logging.getLogger("ascender_dist")
+
+SIZE_ORDER = ("debug", "tiny", "small", "medium", "large", "xl")
+ARCH_ORDER = ("gpt", "ascender", "connection")
+
+
+class EvaluationError(ValueError):
+    """Bad input for ``evaluate``; ``str(e)`` is one line naming the run, directory or task."""
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    kind: str  # "consolidated" | "hf"
+    architecture: str = "?"
+    size: str = "unknown"
+    parameters: Optional[int] = None
+    step: Optional[int] = None
+    seq_length: Optional[int] = None
+    vocab_size: Optional[int] = None
+    manifest: object = None  # what StreamingLoader reads (path or [(path, weight), ...])
+    tokenizer: Optional[str] = None
+    results: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- runs
+def _size_of(preset: Optional[str], *names: str) -> str:
+    if preset:
+        return preset
+    for name in names:
+        suffix = (name or "").rsplit("-", 1)[-1].lower()
+        if suffix in SIZE_ORDER:
+            return suffix
+    return "unknown"
+
+
+def parse_run(text: str, manifest: Optional[str]) -> Run:
+    """``DIR`` or ``NAME=DIR`` -> a described :class:`Run` (one-line EvaluationError otherwise)."""
+    from ascender_dist.tools.lm_eval_adapter import is_consolidated, is_hf_export
+
+    name, sep, directory = text.partition("=")
+    if not sep:
+        name, directory = "", text
+    path = Path(directory)
+    if not path.is_dir():
+        raise EvaluationError(f"{path}: run directory not found")
+    name = name or path.resolve().name
+    if is_consolidated(path):
+        import yaml
+
+        meta = json.loads((path / "meta.json").read_text())
+        raw = yaml.safe_load((path / "config.yaml").read_text()) or {}
+        model, data = raw.get("model", {}), raw.get("data", {})
+        mixture = [(m["manifest"], float(m.get("weight", 1.0))) for m in data.get("mixture") or []]
+        run = Run(name, path, "consolidated", architecture=meta.get("architecture", "?"),
+                  size=_size_of(model.get("preset"), name, raw.get("name")), step=meta.get("step"),
+                  seq_length=model.get("seq_length"), vocab_size=meta.get("vocab_size"),
+                  manifest=manifest or mixture or data.get("manifest") or None,
+                  tokenizer=data.get("tokenizer") or None)
+        from safetensors import safe_open
+
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            run.parameters = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        return run
+    if is_hf_export(path):
+        config = json.loads((path / "config.json").read_text())
+        info = json.loads((path / "ascender_dist.json").read_text()) if (path / "ascender_dist.json").is_file() else {}
+        seq = config.get("max_position_embeddings") or config.get("n_positions")
+        return Run(name, path, "hf", architecture=info.get("model_architecture") or config.get("model_type", "?"),
+                   size=_size_of(info.get("preset"), name, info.get("run_name")), step=info.get("step"),
+                   seq_length=seq, vocab_size=config.get("vocab_size"), manifest=manifest)
+    raise EvaluationError(f"{path}: not a consolidated directory (model.safetensors + meta.json + config.yaml) "
+                          "nor a Hugging Face export (config.json + *.safetensors)")
+
+
+# ----------------------------------------------------------------------------- models
+def load_model(run: Run, device: str = "cpu"):
+    """The plain-torch model of a run in eval mode (fp32)."""
+    import torch
+
+    if run.kind == "consolidated":
+        from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
+        from ascender_dist.tools.convert import read_consolidated
+        from ascender_dist.tools.hf_export import remote_code_config, remote_code_state
+
+        state, cfg, meta = read_consolidated(run.path)
+        tied = not cfg.model.untie_embeddings_and_output_weights
+        config = remote_code_config(cfg, meta, state["embedding.word_embeddings.weight"].shape[0], tied)
+        model = AscenderDistForCausalLM(config)
+        missing, unexpected = model.load_state_dict(remote_code_state(state, config), strict=False)
+        missing = [k for k in missing if not (tied and k == "lm_head.weight")]
+        if missing or unexpected:
+            raise EvaluationError(f"{run.path}: weights do not fit the model (missing {missing[:3]}, "
+                                  f"unexpected {unexpected[:3]})")
+        if tied:
+            model.tie_weights()
+        run.parameters = sum(p.numel() for p in model.parameters())
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(run.path), trust_remote_code=True, dtype=torch.float32)
+        run.parameters = sum(p.numel() for p in model.parameters())
+    return model.to(device).eval()
+
+
+def validation_loss(run: Run, model, batch_size: int = 8, max_samples: Optional[int] = None,
+                    device: str = "cpu") -> dict:
+    """Token-mean cross entropy over the val split (every sample, stored order) and its exp."""
+    import torch
+    import torch.nn.functional as F
+
+    from data_pipeline.loader import StreamingLoader
+
+    if not run.manifest:
+        raise EvaluationError(f"{run.name}: no validation data (the run names no data.manifest; pass --manifest)")
+    if not run.seq_length:
+        raise EvaluationError(f"{run.name}: unknown sequence length")
+    sha = None
+    if run.tokenizer and Path(run.tokenizer).is_file():
+        from data_pipeline.tokenizer import tokenizer_sha256
+
+        sha = tokenizer_sha256(Path(run.tokenizer))
+    loader = StreamingLoader(run.manifest, seq_length=run.seq_length, micro_batch_size=1, global_batch_size=1,
+                             dp_rank=0, dp_size=1, seed=0, split="val", tokenizer_sha256=sha,
+                             vocab_size=run.vocab_size)
+    total = min(len(loader), max_samples) if max_samples else len(loader)
+    if total == 0:
+        raise EvaluationError(f"{run.name}: the validation split is empty")
+    loss_sum, tokens, samples = 0.0, 0, 0
+    pending = []
+
+    def flush():
+        nonlocal loss_sum, tokens
+        batch = torch.cat(pending).to(device)  # [b, s + 1]
+        pending.clear()
+        with torch.no_grad():
+            logits = model(batch[:, :-1]).logits.float()
+        labels = batch[:, 1:]
+        loss_sum += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                          reduction="sum").double())
+        tokens += labels.numel()
+
+    started = time.monotonic()
+    for batch in loader:
+        pending.append(batch["tokens"].long())
+        samples += 1
+        if len(pending) == batch_size:
+            flush()
+        if samples == total:
+            break
+    if pending:
+        flush()
+    loss = loss_sum / tokens
+    return {"val_loss": loss, "perplexity": math.exp(loss), "val_samples": samples, "val_tokens": tokens,
+            "val_seconds": round(time.monotonic() - started, 2)}
+
+
+# ----------------------------------------------------------------------------- lm-eval
+def task_manager(include_path: Optional[list[str]]):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=include_path or None)
+
+
+def check_tasks(tasks: list[str], manager) -> None:
+    known = set(manager.all_tasks)
+    for task in tasks:
+        if task not in known and not manager.match_tasks([task]):
+            raise EvaluationError(f"unknown lm-eval task {task!r} (see `lm-eval ls tasks`; "
+                                  "--include-path DIR adds task YAMLs)")
+
+
+def hf_dir_for(run: Run, out: Path) -> Path:
+    if run.kind == "hf":
+        return run.path
+    from ascender_dist.tools.hf_export import export_hf
+
+    tokenizer = run.tokenizer if run.tokenizer and Path(run.tokenizer).is_file() else None
+    if tokenizer is None:
+        raise EvaluationError(f"{run.name}: lm-eval needs the tokenizer, and the run's data.tokenizer "
+                              f"({run.tokenizer!r}) is not a file")
+    return export_hf(run.path, out / "hf" / run.name, tokenizer=tokenizer)
+
+
+def lm_eval_tasks(run: Run, hf_dir: Path, tasks: list[str], manager, *, batch_size, device: str,
+                  limit: Optional[float], num_fewshot: Optional[int]) -> dict:
+    """{task: {metric: value}} (stderr as ``<metric>_stderr``) from lm_eval.simple_evaluate."""
+    import lm_eval
+
+    from ascender_dist.tools.lm_eval_adapter import register
+
+    register()
+    result = lm_eval.simple_evaluate(
+        model="ascender-dist", model_args={"pretrained": str(hf_dir), "dtype": "float32"}, tasks=tasks,
+        task_manager=manager, batch_size=batch_size, device=device, limit=limit, num_fewshot=num_fewshot,
+        log_samples=False, bootstrap_iters=1000)
+    out: dict = {}
+    for task, metrics in (result or {}).get("results", {}).items():
+        values = {}
+        for key, value in metrics.items():
+            if key == "alias" or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            metric, _, filt = key.partition(",")
+            if metric == "sample_len":  # examples scored, not a metric
+                values["samples"] = int(value)
+                continue
+            name = metric if filt in ("", "none") else f"{metric}[{filt}]"
+            values[name] = float(value)
+        out[task] = values
+    return out
+
+
+# ----------------------------------------------------------------------------- tables
+def _order(run: dict):
+    size = run["size"]
+    arch = run["architecture"]
+    return (SIZE_ORDER.index(size) if size in SIZE_ORDER else len(SIZE_ORDER), size,
+            ARCH_ORDER.index(arch) if arch in ARCH_ORDER else len(ARCH_ORDER), run["name"])
+
+
+def columns(runs: list[dict]) -> list[str]:
+    """Metric columns: val loss, perplexity, then ``task metric`` in first-seen order (no stderr)."""
+    cols = []
+    if any("val_loss" in r for r in runs):
+        cols += ["val_loss", "perplexity"]
+    for r in runs:
+        for task, metrics in r.get("tasks", {}).items():
+            for metric in metrics:
+                col = f"{task} {metric}"
+                if not metric.endswith("_stderr") and metric != "samples" and col not in cols:
+                    cols.append(col)
+    return cols
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4f}" if abs(value) < 1e4 else f"{value:.4g}"
+    return str(value)
+
+
+def _params(n: Optional[int]) -> str:
+    if not n:
+        return ""
+    return f"{n / 1e6:.1f} M" if n >= 1e5 else f"{n / 1e3:.1f} K"
+
+
+def cell(run: dict, col: str):
+    if col in ("val_loss", "perplexity"):
+        return run.get(col)
+    task, _, metric = col.partition(" ")
+    return run.get("tasks", {}).get(task, {}).get(metric)
+
+
+def markdown(runs: list[dict]) -> str:
+    """One table per size group; columns: run, architecture, parameters, step, metrics."""
+    cols = columns(runs)
+    if not runs:
+        return "# Evaluation\n\nno runs\n"
+    names = {"val_loss": "val loss", "perplexity": "perplexity"}
+    headers = ["run", "architecture", "parameters", "step"] + [names.get(c, c) for c in cols]
+    lines = ["# Evaluation", ""]
+    groups: dict[str, list[dict]] = {}
+    for run in sorted(runs, key=_order):
+        groups.setdefault(run["size"], []).append(run)
+    for size, members in groups.items():
+        lines += [f"## {size}", "", "| " + " | ".join(headers) + " |",
+                  "| " + " | ".join(["---", "---", "---:", "---:"] + ["---:"] * len(cols)) + " |"]
+        for run in members:
+            row = [run["name"], run["architecture"], _params(run.get("parameters")), _fmt(run.get("step"))]
+            row += [_fmt(cell(run, c)) for c in cols]
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- command
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ascender-dist evaluate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", metavar="RUN", help="DIR or NAME=DIR (consolidated or Hugging Face export)")
+    p.add_argument("--out", default="eval", help="directory for results.json / results.md (default: eval)")
+    p.add_argument("--manifest", default=None, help="data_pipeline manifest whose val split to use "
+                                                    "(default: each run's data.manifest / data.mixture)")
+    p.add_argument("--no-val", action="store_true", help="skip the validation loss")
+    p.add_argument("--val-samples", type=int, default=None, help="at most this many val samples per run")
+    p.add_argument("--batch-size", type=int, default=8, help="val loss batch size (samples)")
+    p.add_argument("--tasks", default="", help="comma-separated lm-eval tasks (default: none)")
+    p.add_argument("--include-path", action="append", default=[], help="extra lm-eval task YAML directory")
+    p.add_argument("--limit", type=float, default=None, help="lm-eval: examples per task (or a fraction)")
+    p.add_argument("--num-fewshot", type=int, default=None)
+    p.add_argument("--eval-batch-size", default="1", help="lm-eval batch size (an int or 'auto')")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    return p
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    runs = [parse_run(text, args.manifest) for text in args.runs]
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        raise EvaluationError(f"run names must differ (got {names}); use NAME=DIR")
+    for include in args.include_path:
+        if not Path(include).is_dir():
+            raise EvaluationError(f"{include}: --include-path directory not found")
+    manager = None
+    if tasks:
+        manager = task_manager(args.include_path)
+        check_tasks(tasks, manager)  # before any model runs
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for run in runs:
+        log.info("evaluating %s (%s, %s)", run.name, run.architecture, run.path)
+        row = {"name": run.name, "path": str(run.path), "kind": run.kind, "architecture": run.architecture,
+               "size": run.size, "step": run.step}
+        if not args.no_val:
+            model = load_model(run, device)
+            row.update(validation_loss(run, model, args.batch_size, args.val_samples, device))
+            del model
+        row["parameters"] = run.parameters
+        if tasks:
+            batch = args.eval_batch_size if args.eval_batch_size == "auto" else int(args.eval_batch_size)
+            row["tasks"] = lm_eval_tasks(run, hf_dir_for(run, out), tasks, manager, batch_size=batch, device=device,
+                                         limit=args.limit, num_fewshot=args.num_fewshot)
+        rows.append(row)
+    rows.sort(key=_order)
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for package in ("ascender-dist", "torch", "transformers", "lm_eval"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    report = {"runs": rows, "columns": columns(rows), "tasks": tasks,
+              "settings": {"manifest": args.manifest, "val_samples": args.val_samples, "limit": args.limit,
+                           "num_fewshot": args.num_fewshot, "device": device},
+              "versions": versions}
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    (out / "results.md").write_text(markdown(rows))
+    return report
+
+
+def _user_errors() -> tuple:
+    from ascender_dist.config.errors import ConfigError
+    from ascender_dist.tools.convert import ConversionError
+    from ascender_dist.tools.lm_eval_adapter import AdapterError
+
+    errors = [EvaluationError, ConfigError, ConversionError, AdapterError]
+    try:
+        from data_pipeline.errors import DataError
+
+        errors.append(DataError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def evaluate_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``ascender-dist evaluate ...``: exit 0, or 2 with one line on stderr for bad input."""
+    args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        report = evaluate(args)
+    except _user_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        print(f"error: {exc.name or exc}: not installed (pip install lm-eval for --tasks)", file=sys.stderr)
+        return 2
+    print(Path(args.out, "results.md").read_text())
+    print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'results.md'}")
+    return 0 if report["runs"] else 2
+
+
+if __name__ == "__main__":
+    sys.exit(evaluate_main())

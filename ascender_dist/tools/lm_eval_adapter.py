@@ -1,0 +1,139 @@
+"""lm-evaluation-harness model ``ascender-dist``: lm-eval's HFLM over our exports, remote code on.
+
+Use it from the command line (this module registers the model, then runs lm-eval's own CLI with
+the remaining arguments, so every lm-eval option works)::
+
+    python -m ascender_dist.tools.lm_eval_adapter --model ascender-dist \\
+        --model_args pretrained=exports/ascender-small-hf --tasks hellaswag,arc_easy --device cuda
+
+or from Python (``import ascender_dist.tools.lm_eval_adapter`` registers it)::
+
+    import lm_eval, ascender_dist.tools.lm_eval_adapter  # noqa: F401
+    lm_eval.simple_evaluate(model="ascender-dist", model_args={"pretrained": "exports/x-hf"}, tasks=[...])
+
+``pretrained`` is either a directory written by ``ascender-dist export-hf`` (remote-code model, or
+GPT-NeoX / Llama for gpt) or a consolidated directory (``ascender-dist consolidate``), which is
+exported on the fly into ``<dir>/.hf-export`` (re-used while it is newer than the weights).
+The tokenizer is the directory's AutoTokenizer when it has a ``tokenizer_config.json``, else our
+sentencepiece wrapper over its ``tokenizer.model`` (gpt exports only copy that file).
+Every other model argument is HFLM's (``batch_size``, ``dtype``, ``max_length``, ...);
+``trust_remote_code`` is always on and ``device`` defaults to cuda when available, else cpu.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+MODEL_NAME = "ascender-dist"
+EXPORT_SUBDIR = ".hf-export"
+
+
+class AdapterError(ValueError):
+    """A model directory lm-eval cannot use; ``str(e)`` is one line."""
+
+
+def is_consolidated(path: Path) -> bool:
+    path = Path(path)
+    return (path / "meta.json").is_file() and (path / "model.safetensors").is_file() and \
+        (path / "config.yaml").is_file()
+
+
+def is_hf_export(path: Path) -> bool:
+    path = Path(path)
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def hf_directory(path: str | Path) -> Path:
+    """The Hugging Face directory for ``path`` (a consolidated one is exported next to itself)."""
+    path = Path(path)
+    if is_hf_export(path):
+        return path
+    if is_consolidated(path):
+        from ascender_dist.tools.hf_export import export_hf
+
+        out = path / EXPORT_SUBDIR
+        weights = path / "model.safetensors"
+        if not (out / "model.safetensors").is_file() or (out / "model.safetensors").stat().st_mtime < \
+                weights.stat().st_mtime:
+            import yaml
+
+            data = (yaml.safe_load((path / "config.yaml").read_text()) or {}).get("data") or {}
+            tokenizer = data.get("tokenizer")
+            export_hf(path, out, tokenizer=tokenizer if tokenizer and Path(tokenizer).is_file() else None)
+        return out
+    raise AdapterError(f"{path}: neither a Hugging Face export (config.json + *.safetensors) nor a consolidated "
+                       "directory (model.safetensors + meta.json + config.yaml)")
+
+
+def load_tokenizer(path: Path):
+    """AutoTokenizer of an export, else our sentencepiece tokenizer over its tokenizer.model."""
+    path = Path(path)
+    if (path / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=True)
+    if (path / "tokenizer.model").is_file():
+        from ascender_dist.hf.tokenization_ascender_dist import AscenderDistTokenizer
+
+        return AscenderDistTokenizer(vocab_file=str(path / "tokenizer.model"))
+    raise AdapterError(f"{path}: no tokenizer (export with --tokenizer, or set data.tokenizer in the run)")
+
+
+def _model_class():
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    class AscenderDistLM(HFLM):
+        """HFLM with trust_remote_code, our tokenizer and consolidated-directory support."""
+
+        def __init__(self, pretrained, tokenizer=None, device: Optional[str] = None, **kwargs):
+            if isinstance(pretrained, (str, Path)):
+                pretrained = hf_directory(pretrained)
+                if tokenizer is None:
+                    tokenizer = load_tokenizer(pretrained)
+                pretrained = str(pretrained)
+            kwargs["trust_remote_code"] = True
+            if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            super().__init__(pretrained=pretrained, tokenizer=tokenizer, device=device, **kwargs)
+
+    AscenderDistLM.__name__ = AscenderDistLM.__qualname__ = "AscenderDistLM"
+    return AscenderDistLM
+
+
+def register() -> type:
+    """Register ``ascender-dist`` with lm-eval's model registry (idempotent); returns the class."""
+    import lm_eval.models  # noqa: F401  (registers lm-eval's own models first: the registry is filled once)
+    from lm_eval.api.registry import model_registry
+
+    if MODEL_NAME in model_registry:
+        return model_registry.get(MODEL_NAME)
+    cls = _model_class()
+    model_registry.register(MODEL_NAME)(cls)
+    return cls
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m ascender_dist.tools.lm_eval_adapter <lm-eval arguments>``."""
+    from lm_eval.__main__ import cli_evaluate
+
+    register()
+    sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else list(argv))]
+    try:
+        cli_evaluate()
+    except AdapterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+# importing this module is enough for lm_eval.simple_evaluate(model="ascender-dist", ...)
+try:
+    AscenderDistLM = register()
+except ImportError:  # lm-eval not installed: the helpers above still work
+    AscenderDistLM = None
+
+if __name__ == "__main__":
+    sys.exit(main())
