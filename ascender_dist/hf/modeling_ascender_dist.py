@@ -21,8 +21,9 @@ MLP: ``linear_fc1`` -> gelu (exact) or swiglu (``linear_fc1 = [gate; up]``, ``si
 -> ``linear_fc2``. Parameter names are ``model.`` + megatron's canonical names (``lm_head.weight``
 for ``output_layer.weight``), so an export is a renaming, never a reshuffle of the weights.
 
-No KV cache: generation recomputes the prefix every step. Padding must be on the right (every
-layer is causal, so right padding never changes the logits of real tokens).
+No KV cache: generation recomputes the prefix every step. Right padding needs nothing (every
+layer is causal); rows with left padding (batched generation) run one by one on their real tokens,
+since ASCender and Connection layers take no padding mask.
 """
 
 from __future__ import annotations
@@ -372,9 +373,10 @@ class AscenderDistForCausalLM(AscenderDistPreTrainedModel, GenerationMixin):
         if input_ids is None:
             raise ValueError("input_ids is required (inputs_embeds is not supported)")
         if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
-            raise ValueError("only right padding is supported (ASCender and Connection layers take no padding mask)")
-        hidden = self.model(input_ids, position_ids)
-        logits = _linear(hidden, self.lm_head)
+            logits = self._unpadded_logits(input_ids, attention_mask)
+        else:  # no padding, or right padding: every layer is causal, real tokens never see the pads
+            hidden = self.model(input_ids, position_ids)
+            logits = _linear(hidden, self.lm_head)
         loss = None
         if labels is not None:
             shift_logits = logits[:, :-1].float().reshape(-1, logits.shape[-1])
@@ -383,6 +385,26 @@ class AscenderDistForCausalLM(AscenderDistPreTrainedModel, GenerationMixin):
         if return_dict is False:
             return (loss, logits) if loss is not None else (logits,)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=None)
+
+    def _unpadded_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Left-padded rows (batched generation): each row's real tokens on their own, positions from
+        0, logits scattered back (zeros at the pads). ASCender and Connection layers have no padding
+        mask, so this is what keeps a batched result equal to the unbatched one."""
+        mask = attention_mask.bool()
+        logits = None
+        for row in range(input_ids.shape[0]):
+            real = mask[row].nonzero().flatten()
+            if real.numel() == 0:
+                continue
+            if int(real[-1] - real[0]) + 1 != real.numel():
+                raise ValueError("attention_mask must be one contiguous run of ones per row (left or right padding)")
+            row_logits = _linear(self.model(input_ids[row:row + 1, real]), self.lm_head)[0]
+            if logits is None:
+                logits = row_logits.new_zeros(*input_ids.shape, row_logits.shape[-1])
+            logits[row, real] = row_logits
+        if logits is None:
+            raise ValueError("attention_mask has no real token")
+        return logits
 
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
         """No cache: the whole prefix every step."""

@@ -159,3 +159,24 @@ def test_bad_inputs_fail_in_one_line(sources, tmp_path):
     with pytest.raises(ConversionError, match="no standard Hugging Face class"):
         export_hf(sources["consolidated"]["ascender-tiny"], tmp_path / "y", remote_code=False)
     assert not (tmp_path / "y").exists()
+
+
+def test_left_padded_batch_equals_each_row_alone(exports):
+    """Batched generation pads on the left: rows then run on their own tokens (no padding mask in S/C)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = exports["connection-tiny"]
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, dtype=torch.float32).eval()
+    texts = ["def main(argv):\n    return 0\n", "import os"]
+    batch = tok(texts, return_tensors="pt", padding=True)
+    assert batch["attention_mask"][1, 0] == 0  # really left padded
+    with torch.no_grad():
+        batched = model(**batch).logits
+        generated = model.generate(**batch, max_new_tokens=3, do_sample=False)
+        for row, text in enumerate(texts):
+            ids = tok(text, return_tensors="pt")["input_ids"]
+            alone = model(ids).logits[0]
+            assert (batched[row, -ids.shape[1]:] - alone).abs().max().item() < 1e-5
+            single = model.generate(ids, max_new_tokens=3, do_sample=False)
+            assert generated[row, -3:].tolist() == single[0, -3:].tolist()
