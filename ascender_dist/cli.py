@@ -212,6 +212,10 @@ def _parser() -> argparse.ArgumentParser:
 # subcommands that parse their own arguments: name -> (module, function(argv) -> exit status)
 _DELEGATED = {
     "plan": ("ascender_dist.tools.plan", "plan_main"),
+    "evaluate": ("ascender_dist.tools.evaluate", "evaluate_main"),
+    "ablate": ("ascender_dist.research.ablate", "ablate_main"),
+    "figures": ("ascender_dist.research.figures", "figures_main"),
+    "efficiency": ("ascender_dist.research.efficiency", "efficiency_main"),
 }
 
 
