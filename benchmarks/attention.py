@@ -206,11 +206,13 @@ def write_results(points: list[dict], lengths: list[int], args) -> None:
                 lines.append(f"| {n} | {impl} | {p['status']} | | | | |")
                 continue
             mem_ratio = p["peak_mib"] / sdpa_mem[n] if sdpa_mem.get(n) else float("nan")
-            load = f"{p['load_1m']:.1f}" if "load_1m" in p else "?"
+            load = f"{p['load_1m']:.1f}" if "load_1m" in p else "earlier run"
             lines.append(
                 f"| {n} | {impl} | {p['time_s']:.3f} | {p['time_ratio']:.1f} | {p['peak_mib']:.0f} | {mem_ratio:.1f} "
                 f"| {load} |"
             )
+    for note in args.note or []:
+        lines += ["", note]
     lines += ["", "Forward attention GFLOPs (analytic, see `attention_gflops`): full = top-k over all j < i,",
               "windowed = top-k over the +-window band plus globals.", "",
               "| n | SDPA | ASCender, full neighbourhoods | ASCender, windowed | neighbour search full / windowed |",
@@ -263,8 +265,14 @@ def main() -> None:
     ap.add_argument("--mem-cap-gb", type=float, default=6.0, help="skip dense points estimated above this")
     ap.add_argument("--quick", action="store_true", help="n = 256, 512 only")
     ap.add_argument("--merge", action="store_true", help="keep other points of the existing attention.json")
+    ap.add_argument("--note", action="append", help="a paragraph to print under the table (repeatable)")
+    ap.add_argument("--rewrite", action="store_true", help="only re-render md/png from attention.json")
     args = ap.parse_args()
     lengths = [256, 512] if args.quick else args.lengths
+    if args.rewrite:
+        points = json.loads((RESULTS / "attention.json").read_text())["points"]
+        write_results(points, sorted({p["n"] for p in points}), args)
+        return
     points = []
     for n in lengths:
         for impl in ["sdpa"] + [i for i in args.impls if i != "sdpa"]:
