@@ -193,7 +193,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="target layout, e.g. --set parallel.tensor_model_parallel_size=2")
     p_resh.add_argument("--data-parallel", type=int, default=1, help="data-parallel size of the target run")
     p_resh.set_defaults(fn=reshard_cmd)
-    p_hf = sub.add_parser("export-hf", help="consolidated gpt -> Hugging Face directory (GPT-NeoX or Llama)")
+    p_hf = sub.add_parser("export-hf", help="consolidated -> Hugging Face directory (GPT-NeoX/Llama for standard gpt, else trust_remote_code)")
     p_hf.add_argument("--consolidated", required=True)
     p_hf.add_argument("--out", required=True)
     p_hf.add_argument("--tokenizer", default=None, help="sentencepiece .model to copy alongside")
