@@ -7,7 +7,8 @@
 A grid file (``configs/ablations/*.yaml``)::
 
     name: bias                        # names the default output directories
-    base: ../demo.yaml                # run config: a path (relative to this file) or an inline mapping
+    base: ../demo.yaml                # run config: inline mapping, a run-config YAML (relative to this
+                                      #   file), or another grid file (its base + set + dataset)
     set: {train.train_steps: 300}     # dotted overrides applied to ``base`` for every run
     dataset:                          # optional: build corpus + tokenizer + shards once, point data.* at them
       {root: runs/ablations/data, corpus_bytes: 3000000, vocab_size: 2048, seq_length: 128}
@@ -21,6 +22,8 @@ A grid file (``configs/ablations/*.yaml``)::
       model.ascender.k: [4, 8]        #   list: a dotted path and its values (name "k=4")
       taus:                           #   mapping: a named axis, option -> dotted overrides
         tau0.5: {model.ascender.tau_sep: 0.5, model.ascender.tau_coh: 0.5}
+    standalone:                       # extra variants NOT crossed with the axes (e.g. a GPT baseline
+      gpt: {model.architecture: gpt}  #   next to a grid over ASCender options)
     eval_iters: 32                    # validation micro-batches of the final val loss ("all": whole split)
     runs_dir: runs/ablations/bias     # run directories (checkpoints, logs): large, not committed
     report_dir: runs/ablations/bias/report   # results.{json,md} and the figures
@@ -76,7 +79,7 @@ import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union, get_args, get_origin, get_type_hints
+from typing import Optional, Sequence, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 import yaml
@@ -86,7 +89,7 @@ from ascender_dist.config.errors import ConfigError
 log = logging.getLogger("ascender_dist")
 
 GRID_KEYS = ("name", "description", "base", "set", "dataset", "seeds", "baseline", "compare_to", "metric",
-             "variants", "axes", "eval_iters", "runs_dir", "report_dir", "keep_checkpoints", "jobs", "threads")
+             "variants", "axes", "standalone", "eval_iters", "runs_dir", "report_dir", "keep_checkpoints", "jobs", "threads")
 DATASET_KEYS = ("root", "corpus_bytes", "vocab_size", "seq_length", "val_fraction", "samples_per_shard")
 # override paths that change what data a seed reads: variants differing here are not paired on data
 DATA_ORDER_PATHS = ("data.", "model.seq_length", "train.global_batch_size")
@@ -260,18 +263,33 @@ def expand_variants(variants: Optional[dict], axes: Optional[dict], source: str 
     return out
 
 
-def _read_base(base, grid_path: Path) -> dict:
-    from ascender_dist.config.loader import read_yaml_file
+_GRID_ONLY = ("base", "set", "seeds", "variants", "axes", "standalone", "baseline", "dataset")
+
+
+def _read_base(base, grid_path: Path, depth: int = 0) -> dict:
+    """``base``: inline run config, a run-config YAML, or another grid file (its base + set + dataset)."""
+    from ascender_dist.config.loader import deep_merge, read_yaml_file
 
     if base is None:
         return {}
-    if isinstance(base, str):
-        path = Path(base)
-        if not path.is_absolute():
-            candidate = grid_path.parent / path
-            path = candidate if candidate.exists() else path
-        return read_yaml_file(path)
-    return _mapping(base, f"{grid_path}: base")
+    if not isinstance(base, str):
+        return _mapping(base, f"{grid_path}: base")
+    path = Path(base)
+    if not path.is_absolute():
+        candidate = grid_path.parent / path
+        path = candidate if candidate.exists() else path
+    data = read_yaml_file(path)
+    if not any(key in data for key in _GRID_ONLY):
+        return data
+    if depth > 4:
+        raise ConfigError(f"{grid_path}: base", "grid files refer to each other in a loop")
+    inner = _read_base(data.get("base"), path, depth + 1)
+    inner = deep_merge(inner, dotted_to_tree(_mapping(data.get("set") or {}, f"{path}: set")))
+    if isinstance(data.get("dataset"), dict) and "root" in data["dataset"]:
+        root = Path(data["dataset"]["root"])
+        inner = deep_merge(inner, {"data": {"manifest": str(root / "shards" / "manifest.json"),
+                                            "tokenizer": str(root / "tokenizer.model")}})
+    return inner
 
 
 def _parse_seeds(value, where: str) -> list[int]:
@@ -318,6 +336,17 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
         base = deep_merge(base, {"data": {"manifest": str(root / "shards" / "manifest.json"),
                                           "tokenizer": str(root / "tokenizer.model")}})
     variants = expand_variants(raw.get("variants"), raw.get("axes"), src)
+    if raw.get("variants") is None and raw.get("axes") is None and raw.get("standalone"):
+        variants = []  # only standalone variants
+    standalone = _mapping(raw.get("standalone") or {}, f"{src}: standalone")
+    for label, overrides in standalone.items():  # not crossed with the axes
+        overrides = _mapping(overrides if overrides is not None else {}, f"{src}: standalone.{label}")
+        for dotted in overrides:
+            check_config_path(str(dotted), f"{src}: standalone.{label}.{dotted}")
+        if str(label) in {v.name for v in variants}:
+            raise ConfigError(f"{src}: standalone.{label}", "a variant of the grid already has this name")
+        variants.append(Variant(name=str(label), overrides={str(k): v for k, v in overrides.items()},
+                                labels=(str(label),)))
     if only:
         names = {v.name for v in variants}
         missing = [o for o in only if o not in names]
@@ -634,6 +663,10 @@ def _fmt(x, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def _num(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.0f}"
+
+
 def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: int = 10_000,
                       n_permutations: int = 10_000, seed: int = 0, digits: int = 4) -> tuple[str, dict]:
     """Each config vs ``reference`` with validation sequences as the unit (losses averaged over shared seeds)."""
@@ -692,7 +725,7 @@ def cost_table(records: Sequence[dict], order: Sequence[str]) -> tuple[str, dict
              "peak_rss_mib_mean": float(rss.mean())}
         entries.append(e)
         lines.append(f"| {cfg} | {e['params']:,} | {e['flops_per_token']:.4g} | {e['training_flops']:.3g} | "
-                     f"{_fmt(e['tokens_per_s_mean'], 4)} ± {_fmt(e['tokens_per_s_std'], 2)} | "
+                     f"{_num(e['tokens_per_s_mean'])} ± {_num(e['tokens_per_s_std'])} | "
                      f"{_fmt(e['median_step_time_s'], 3)} | {e['peak_rss_mib_mean']:.0f} |")
     return "\n".join(lines) + "\n", {"configs": entries}
 
@@ -793,6 +826,9 @@ def plot_pareto(records: Sequence[dict], out: Path, metric: str = "val_loss") ->
                         xerr=np.nanstd(c, ddof=1) if c.size > 1 else None, fmt="o", color=color, capsize=3,
                         label=cfg)
             points.append((q.mean(), np.nanmean(c)))
+            if math.isfinite(points[-1][1]):
+                ax.annotate(cfg, (points[-1][1], points[-1][0]), fontsize=7, xytext=(4, 4),
+                            textcoords="offset points")
         finite = [i for i, p in enumerate(points) if all(math.isfinite(v) for v in p)]
         front = [finite[j] for j in pareto_front([points[i] for i in finite])] if finite else []
         if front:
@@ -850,11 +886,14 @@ def plot_ablation(obj: dict, records: Sequence[dict], out: Path) -> None:
     plt.close(fig)
 
 
-def plot_curves(records: Sequence[dict], out: Path) -> None:
-    """Unsmoothed training loss per step, mean over seeds (the checklist's learning curves)."""
+def plot_curves(records: Sequence[dict], out: Path, baseline: Optional[str] = None) -> None:
+    """Unsmoothed training loss per step, mean over seeds (the checklist's learning curves), and each
+    config's per-step difference to ``baseline`` paired by seed (the curves themselves overlap)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for cfg in dict.fromkeys(r["config"] for r in records):
+    fig, axes = plt.subplots(1, 2 if baseline else 1, figsize=(13 if baseline else 7, 4), squeeze=False)
+    ax = axes[0][0]
+    configs = list(dict.fromkeys(r["config"] for r in records))
+    for cfg in configs:
         curves = [r["train_losses"] for r in records if r["config"] == cfg and r.get("train_losses")]
         if not curves:
             continue
@@ -866,6 +905,25 @@ def plot_curves(records: Sequence[dict], out: Path) -> None:
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    if baseline:
+        ax = axes[0][1]
+        base = {r["seed"]: r["train_losses"] for r in records if r["config"] == baseline and r.get("train_losses")}
+        for cfg in configs:
+            if cfg == baseline:
+                continue
+            diffs = [np.asarray(r["train_losses"][:len(base[r["seed"]])]) -
+                     np.asarray(base[r["seed"]][:len(r["train_losses"])])
+                     for r in records if r["config"] == cfg and r["seed"] in base and r.get("train_losses")]
+            if not diffs:
+                continue
+            n = min(len(d) for d in diffs)
+            ax.plot(np.arange(1, n + 1), np.mean([d[:n] for d in diffs], axis=0), lw=0.8,
+                    label=f"{cfg} (n={len(diffs)})")
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"train loss − {baseline} (same seed, mean over seeds)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=130)
     plt.close(fig)
@@ -893,7 +951,7 @@ def write_report(grid: Grid, records: Sequence[dict], *, n_resamples: int = 10_0
                         n_permutations=n_permutations)
     fronts = plot_pareto(records, out / "pareto.png", grid.metric)
     plot_ablation(obj, records, out / "ablation.png")
-    plot_curves(records, out / "curves.png")
+    plot_curves(records, out / "curves.png", grid.baseline)
     missing = [f"{v.name} seed {s}" for s in grid.seeds for v in grid.variants
                if not any(r["config"] == v.name and r["seed"] == s for r in records)]
     pairing = obj["data_pairing"]
@@ -922,8 +980,8 @@ def write_report(grid: Grid, records: Sequence[dict], *, n_resamples: int = 10_0
     if missing:
         header += [f"Missing runs (not in the tables): {', '.join(missing)}", ""]
     figures = ["", "Figures: `pareto.png` (Fig. 2, quality vs cost), `ablation.png` (Fig. 3, differences with CIs), "
-               "`curves.png` (train loss per step).", ""]
-    (out / "results.md").write_text("\n".join(header) + md + "\n".join(figures))
+               "`curves.png` (train loss per step, and its per-step difference to the baseline).", ""]
+    (out / "results.md").write_text("\n".join(header) + "\n" + md + "\n".join(figures))
     grid_info = {"name": grid.name, "path": grid.path, "seeds": grid.seeds, "baseline": grid.baseline,
                  "compare_to": grid.compare_to, "metric": grid.metric,
                  "variants": [{"name": v.name, "overrides": v.overrides} for v in grid.variants],

@@ -1,0 +1,371 @@
+"""Table 2 (efficiency): attention FLOPs, peak memory, training throughput and latency at equal settings.
+
+    ascender-dist efficiency --out benchmarks/results/research/efficiency [--preset debug] [--batch 8]
+                             [--rows gpt,ascender,ascender-dense,connection] [--set model.seq_length=256]
+                             [--from-ablation benchmarks/results/research/bias/results.json]
+    python -m ascender_dist.research.efficiency ...                     (the same)
+
+Every row is the same backbone (``--preset``, the same batch, context, vocabulary and ``--set``
+overrides) with a different mixing layer, measured in its own fresh process on one rank, one after
+the other, with ``--threads`` torch threads:
+
+* ``gpt``: megatron-core's softmax attention (local spec);
+* ``ascender``: ASCender attention, the default path on this device (chunked ``fast`` on CPU,
+  FlexAttention on CUDA);
+* ``ascender-dense``: ASCender through the dense O(s^2) reference (the interpretable path);
+* ``connection``: the Connection Transformer (``AC`` pattern).
+
+Columns:
+
+* **attention FLOPs/token**: forward FLOPs per token of all token-mixing blocks (QKV/output projections,
+  scores and weighted values over the full s x s square as ``models/counting.py`` counts them, plus
+  each layer kind's own extra terms from the registry), analytic; and the same counted by
+  ``torch.utils.flop_counter.FlopCounterMode`` on one real forward (matmul-type ops only; elementwise
+  work such as ASCender's kernels and normalisations is not counted by torch);
+* **training FLOPs/token**: ``count_model`` (what MFU uses);
+* **peak memory**: resident-memory high-water mark above the level before one training step (CPU,
+  ``/proc/self/status`` VmHWM after resetting it) or ``torch.cuda.max_memory_allocated`` (GPU), MiB;
+* **tokens/s**: training step (forward + backward + AdamW) on ``batch x seq`` tokens, median of
+  ``--repeats`` steps after two warm-ups;
+* **latency**: one forward of one sequence of ``seq`` tokens, no gradients, median of ``--repeats``.
+
+``--from-ablation`` adds the throughput and peak RSS measured during the real training runs of an
+ablation report (``ascender-dist ablate``), per variant. The paper asks for this table "at equal
+quality"; at this scale no variant reaches a quality the others do not, so it is reported at equal
+settings (same shape, batch and tokens) and the parameter counts are listed beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+log = logging.getLogger("ascender_dist")
+
+ROWS = {
+    "gpt": ({"model": {"architecture": "gpt"}}, None),
+    "ascender": ({"model": {"architecture": "ascender"}}, None),
+    "ascender-dense": ({"model": {"architecture": "ascender"}}, "reference"),
+    "connection": ({"model": {"architecture": "connection"}}, None),
+}
+
+
+# ============================================================================ analytic
+
+def attention_params_per_layer(cfg) -> int:
+    m = cfg.model
+    h = m.hidden_size
+    kv = (m.num_query_groups or m.num_attention_heads) * (h // m.num_attention_heads)
+    bias = 1 if m.add_bias_linear else 0
+    return h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h
+
+
+def attention_flops_per_token(cfg) -> float:
+    """Forward FLOPs per token of the token-mixing blocks (attention, ASCender or Connection) of all layers."""
+    from ascender_dist.models.registry import expand_layer_pattern, get_layer_kind
+
+    m = cfg.model
+    softmax_block = 2 * attention_params_per_layer(cfg) + 2 * 2 * m.seq_length * m.hidden_size
+    return float(sum(softmax_block + get_layer_kind(letter).extra_flops(cfg) for letter in expand_layer_pattern(cfg)))
+
+
+# ============================================================================ one measurement (child)
+
+def _status_kib(name: str) -> Optional[int]:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(name + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _peak_mib(fn) -> Optional[float]:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        fn()
+        return None
+    before = _status_kib("VmRSS")
+    fn()
+    after = _status_kib("VmHWM")
+    return (after - before) / 1024 if before is not None and after is not None else None
+
+
+def _median_time(fn, repeats: int) -> float:
+    import torch
+
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def measure_one(spec: dict) -> dict:
+    """Build the row's model on this process (rank 0 of 1) and measure it."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ascender_dist.config.resolve import config_from_dict, derive
+    from ascender_dist.models.build import build_model, lm_loss
+    from ascender_dist.models.counting import count_model
+    from ascender_dist.parallel.setup import init_model_parallel, init_process_group
+
+    glibc_trim()
+    init_process_group()
+    cfg = config_from_dict(spec["config"])
+    init_model_parallel(1, 1, cfg.train.seed)
+    derived = derive(cfg, 1)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    model = build_model(cfg, derived).to(device)
+    if spec.get("impl"):
+        for module in model.modules():
+            if type(module).__name__ == "AscenderCoreAttention":
+                module.impl = spec["impl"]
+    impls = sorted({getattr(m, "impl", "") for m in model.modules() if type(m).__name__ == "AscenderCoreAttention"})
+    b, s, vocab = spec["batch"], cfg.model.seq_length, cfg.model.vocab_size
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (b, s + 1), generator=g).to(device)
+    one = tokens[:1, :-1]
+    positions = torch.arange(s, device=device).unsqueeze(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def train_step():
+        loss = lm_loss(model, tokens)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def forward_one():
+        model(one, positions, None)
+
+    model.train()
+    for _ in range(2):
+        train_step()
+    step_peak = _peak_mib(train_step)
+    step_time = _median_time(train_step, spec["repeats"])
+    model.eval()
+    forward_one()
+    forward_peak = _peak_mib(forward_one)
+    latency = _median_time(forward_one, spec["repeats"])
+    with FlopCounterMode(display=False) as counter:
+        forward_one()
+    counts = counter.get_flop_counts()
+    total_counted = counter.get_total_flops()
+    mixing = 0
+    for name, ops in counts.items():  # e.g. "GPTModel.decoder.layers.0.self_attention"
+        if name.rsplit(".", 1)[-1] == "self_attention":
+            mixing += sum(ops.values())
+    counts_model = count_model(cfg, vocab)
+    params = sum(p.numel() for p in model.parameters())
+    return {
+        "architecture": cfg.model.architecture, "impl": spec.get("impl") or (impls[0] if impls else None),
+        "layer_pattern": cfg.model.layer_pattern, "params": int(params),
+        "attention_flops_per_token": attention_flops_per_token(cfg),
+        "attention_flops_per_token_counted": mixing / s,
+        "forward_flops_per_token_counted": total_counted / s,
+        "training_flops_per_token": float(counts_model.flops_per_token),
+        "train_step_s": step_time, "tokens_per_s": b * s / step_time,
+        "train_step_peak_mib": step_peak, "latency_ms": latency * 1e3, "forward_peak_mib": forward_peak,
+        "batch": b, "seq_length": s, "threads": torch.get_num_threads(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else _cpu_name(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores visible)"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def glibc_trim() -> None:
+    """Ask glibc to return large freed blocks to the OS, so RSS high-water marks measure the step."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD: 1 MiB
+    except OSError:
+        pass
+
+
+# ============================================================================ driver
+
+def row_config(row: str, preset: str, batch: int, vocab: int, overrides: Sequence[str], seed: int = 1234) -> tuple[dict, Optional[str]]:
+    from ascender_dist.config.loader import deep_merge, parse_override
+
+    if row not in ROWS:
+        from ascender_dist.config.errors import ConfigError
+
+        raise ConfigError("--rows", f"unknown row {row!r}; known: {', '.join(ROWS)}")
+    extra, impl = ROWS[row]
+    raw = {"model": {"preset": preset, "vocab_size": vocab},
+           "train": {"micro_batch_size": batch, "global_batch_size": batch, "seed": seed}}
+    raw = deep_merge(raw, extra)
+    for text in overrides:
+        raw = deep_merge(raw, parse_override(text))
+    return raw, impl
+
+
+def _run_child(spec: dict, threads: int, timeout: float) -> dict:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(threads)}
+    env.setdefault("DS_ACCELERATOR", "cuda" if _cuda() else "cpu")
+    proc = subprocess.run([sys.executable, "-m", "ascender_dist.research.efficiency", "--measure-one",
+                           json.dumps(spec)], env=env, capture_output=True, text=True, timeout=timeout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+    raise RuntimeError(f"measurement of {spec['row']} failed (exit {proc.returncode}): {tail[0][:300]}")
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def _f(x, fmt: str) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+def render(rows: list[dict], ablation: Optional[dict], settings: dict) -> str:
+    lines = [
+        "# Table 2: efficiency at equal settings", "",
+        f"Generated by `ascender-dist efficiency` (`ascender_dist/research/efficiency.py`). Preset "
+        f"`{settings['preset']}`, batch {settings['batch']} × context {rows[0]['seq_length'] if rows else '?'}, "
+        f"vocabulary {settings['vocab']}, fp32, {settings['threads']} torch thread(s), device: "
+        f"{rows[0]['device'] if rows else '?'}; each row measured alone in a fresh process, one after the other.",
+        "",
+        "| model | params | attention FLOPs/token (fwd, analytic) | counted by torch (matmuls) "
+        "| training FLOPs/token | peak memory, train step (MiB) | tokens/s (train) | latency, 1 seq fwd (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['row']} | {r['params']:,} | {r['attention_flops_per_token']:.4g} | "
+                     f"{r['attention_flops_per_token_counted']:.4g} | {r['training_flops_per_token']:.4g} | "
+                     f"{_f(r['train_step_peak_mib'], '.1f')} | {r['tokens_per_s']:.0f} | {r['latency_ms']:.1f} |")
+    loads = [r["load_average"][0] for r in rows if r.get("load_average")]
+    lines += ["", "Peak memory is the resident-set high-water mark above the level before one training step "
+              "(weights, gradients and AdamW state created earlier are not in it); counted FLOPs include only "
+              "matmul-type ops, so ASCender's elementwise kernels are missing from that column.",
+              f"1-minute load average while measuring: {min(loads):.1f}-{max(loads):.1f} on "
+              f"{os.cpu_count()} cores (shared machine: absolute times are inflated and noisy)." if loads else ""]
+    if ablation:
+        lines += ["", f"## Measured during the training runs of `{ablation['source']}`", "",
+                  "| variant | runs | tokens/s mean ± std | median step time (s) | peak RSS of the run (MiB) |",
+                  "|---|---:|---:|---:|---:|"]
+        for e in ablation["configs"]:
+            lines.append(f"| {e['config']} | {e['n']} | {_f(e.get('tokens_per_s_mean'), '.0f')} ± "
+                         f"{_f(e.get('tokens_per_s_std'), '.0f')} | {_f(e.get('median_step_time_s'), '.3f')} | "
+                         f"{_f(e.get('peak_rss_mib_mean'), '.0f')} |")
+        lines += ["", "Runs of an ablation may have run two at a time (`jobs`), so they competed for the cores."]
+    return "\n".join(lines) + "\n"
+
+
+def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``ascender-dist efficiency``: Table 2 as markdown + JSON. Exit 2 on a user error."""
+    p = argparse.ArgumentParser(prog="ascender-dist efficiency", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None, help="output directory (table2.md, table2.json)")
+    p.add_argument("--preset", default="debug")
+    p.add_argument("--rows", default="gpt,ascender,ascender-dense,connection")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--from-ablation", default=None, help="an ablation report's results.json")
+    p.add_argument("--measure-one", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    from ascender_dist.cli import _quiet_libraries, _user_errors
+
+    _quiet_libraries()
+    if args.measure_one:
+        print("RESULT " + json.dumps(measure_one(json.loads(args.measure_one))), flush=True)
+        return 0
+    if not args.out:
+        print("error: --out is required", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    from ascender_dist.config.resolve import config_from_dict
+
+    try:
+        specs = []
+        for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
+            raw, impl = row_config(row, args.preset, args.batch, args.vocab, args.overrides)
+            config_from_dict(raw)  # fail here, in one line, on a bad override
+            specs.append({"row": row, "config": raw, "impl": impl, "batch": args.batch, "repeats": args.repeats})
+        ablation = None
+        if args.from_ablation:
+            path = Path(args.from_ablation)
+            if not path.is_file():
+                from ascender_dist.config.errors import ConfigError
+
+                raise ConfigError("--from-ablation", f"{path}: not found (an `ascender-dist ablate` results.json)")
+            report = json.loads(path.read_text())
+            ablation = {"source": str(path), "configs": report["tables"]["cost"]["configs"]}
+    except _user_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    rows = []
+    for spec in tqdm(specs, desc="efficiency", unit="row"):
+        result = _run_child(spec, args.threads, args.timeout)
+        rows.append({"row": spec["row"], **result})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"preset": args.preset, "batch": args.batch, "vocab": args.vocab, "repeats": args.repeats,
+                "threads": args.threads, "overrides": args.overrides}
+    (out / "table2.md").write_text(render(rows, ablation, settings))
+    (out / "table2.json").write_text(json.dumps({"settings": settings, "rows": rows, "ablation": ablation,
+                                                 "python": platform.python_version()}, indent=1))
+    print(f"wrote {out / 'table2.md'} and table2.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(efficiency_main())

@@ -1,0 +1,299 @@
+"""Ablation grids: expansion into variants, one-line errors for bad paths, aggregation of run records.
+
+No training here (tests/integration/test_research_figures.py runs a real grid end to end).
+"""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.loader import to_dict
+from ascender_dist.research import ablate
+from ascender_dist.research.ablate import aggregate, expand_variants, load_grid
+
+REPO = Path(__file__).resolve().parents[2]
+
+BASE = {"model": {"architecture": "gpt", "preset": "debug", "vocab_size": 512},
+        "train": {"micro_batch_size": 2, "global_batch_size": 4, "train_steps": 5},
+        "optimizer": {"warmup_steps": 1},
+        "data": {"manifest": "data/manifest.json", "tokenizer": "data/tok.model"}}
+
+
+def _write_grid(tmp_path, **grid) -> Path:
+    import yaml
+
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "g", "base": BASE, **grid}, sort_keys=False))
+    return path
+
+
+# --------------------------------------------------------------------------------------- expansion
+
+
+def test_all_combinations_of_three_boolean_axes():
+    axes = {f"model.ascender.use_{b}": [True, False] for b in ("align", "sep", "coh")}
+    variants = expand_variants({"asc": {"model.architecture": "ascender"}}, axes)
+    assert len(variants) == 8
+    names = [v.name for v in variants]
+    assert len(set(names)) == 8
+    assert names[0] == "asc,use_align=true,use_sep=true,use_coh=true"
+    assert names[-1] == "asc,use_align=false,use_sep=false,use_coh=false"
+    combos = {tuple(v.overrides[f"model.ascender.use_{b}"] for b in ("align", "sep", "coh")) for v in variants}
+    assert combos == {(a, s, c) for a in (True, False) for s in (True, False) for c in (True, False)}
+    assert all(v.overrides["model.architecture"] == "ascender" for v in variants)
+
+
+def test_named_variants_alone_keep_their_names_and_order():
+    variants = expand_variants({"gpt": {"model.architecture": "gpt"}, "asc": {"model.architecture": "ascender"},
+                                "no_sep": {"model.architecture": "ascender", "model.ascender.use_sep": False}}, None)
+    assert [v.name for v in variants] == ["gpt", "asc", "no_sep"]
+    assert variants[2].overrides == {"model.architecture": "ascender", "model.ascender.use_sep": False}
+
+
+def test_named_axis_and_value_axis_cross_with_variants():
+    variants = expand_variants(
+        {"gpt": {}, "asc": {"model.architecture": "ascender"}},
+        {"model.ascender.k": [4, 8], "taus": {"t0.5": {"model.ascender.tau_sep": 0.5, "model.ascender.tau_coh": 0.5},
+                                              "t2": {"model.ascender.tau_sep": 2.0, "model.ascender.tau_coh": 2.0}}})
+    assert [v.name for v in variants][:4] == ["gpt,k=4,t0.5", "gpt,k=4,t2", "gpt,k=8,t0.5", "gpt,k=8,t2"]
+    assert len(variants) == 8
+    last = variants[-1]
+    assert last.name == "asc,k=8,t2"
+    assert last.overrides == {"model.architecture": "ascender", "model.ascender.k": 8,
+                              "model.ascender.tau_sep": 2.0, "model.ascender.tau_coh": 2.0}
+
+
+def test_axes_sharing_a_last_component_are_named_by_full_path():
+    variants = expand_variants(None, {"model.ascender.causal": [True], "model.connection.causal": [True, False]})
+    assert [v.name for v in variants] == ["model.ascender.causal=true,model.connection.causal=true",
+                                          "model.ascender.causal=true,model.connection.causal=false"]
+
+
+def test_no_variants_and_no_axes_is_one_base_variant():
+    assert [v.name for v in expand_variants(None, None)] == ["base"]
+
+
+@pytest.mark.parametrize("variants,axes,where,field", [
+    (None, {"model.ascender.use_algn": [True, False]}, "g.yaml: axes.model.ascender.use_algn", "use_algn"),
+    ({"a": {"model.ascendr.k": 4}}, None, "g.yaml: variants.a.model.ascendr.k", "ascendr"),
+    (None, {"taus": {"t1": {"model.ascender.tau_sepp": 1.0}}}, "g.yaml: axes.taus.t1.model.ascender.tau_sepp",
+     "tau_sepp"),
+    (None, {"train.seed.x": [1]}, "g.yaml: axes.train.seed.x", None),
+])
+def test_invalid_axis_path_is_one_line_config_error_naming_it(variants, axes, where, field):
+    with pytest.raises(ConfigError) as info:
+        expand_variants(variants, axes, "g.yaml")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(where + ": ")
+    if field:
+        assert f"unknown config field {field!r}" in message
+
+
+def test_typo_hint_names_the_intended_field():
+    with pytest.raises(ConfigError, match=r"did you mean 'use_align'\?"):
+        expand_variants(None, {"model.ascender.use_algn": [True]}, "g.yaml")
+
+
+# ------------------------------------------------------------------------------------ grid files
+
+
+def test_load_grid_checks_every_variant_config(tmp_path):
+    path = _write_grid(tmp_path, seeds=[1, 2, 3], baseline="gpt", compare_to=["asc"],
+                       variants={"gpt": {"model.architecture": "gpt"}, "asc": {"model.architecture": "ascender"}},
+                       axes={"optimizer.lr": [1e-3, 2e-3]})
+    # the baseline must be an expanded name
+    with pytest.raises(ConfigError, match=r"baseline: 'gpt' is not a variant"):
+        load_grid(path)
+    path = _write_grid(tmp_path, seeds=[1, 2, 3], baseline="gpt,lr=0.001",
+                       variants={"gpt": {"model.architecture": "gpt"}, "asc": {"model.architecture": "ascender"}},
+                       axes={"optimizer.lr": [1e-3, 2e-3]})
+    grid = load_grid(path)
+    assert [v.name for v in grid.variants] == ["gpt,lr=0.001", "gpt,lr=0.002", "asc,lr=0.001", "asc,lr=0.002"]
+    assert grid.seeds == [1, 2, 3] and grid.data_order_axes == []
+    assert grid.runs_dir == Path("runs/ablations/g")
+
+
+def test_bad_value_names_grid_variant_and_field(tmp_path):
+    path = _write_grid(tmp_path, variants={"asc": {"model.architecture": "ascender", "model.ascender.k": 99}})
+    with pytest.raises(ConfigError) as info:
+        load_grid(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: variant asc: model.ascender.k: must be <= window")
+
+
+def test_unknown_grid_key_and_bad_seeds(tmp_path):
+    with pytest.raises(ConfigError, match=r"grid.yaml: seed: unknown grid key"):
+        load_grid(_write_grid(tmp_path, seed=[1]))
+    with pytest.raises(ConfigError, match=r"seeds: duplicate seeds"):
+        load_grid(_write_grid(tmp_path, seeds=[1, 1]))
+
+
+def test_same_seed_means_same_data_settings_for_every_variant(tmp_path):
+    """The loader is seeded by train.seed: for one seed, all variants share seed and data section."""
+    path = _write_grid(tmp_path, seeds=[1, 2], variants={"gpt": {}, "asc": {"model.architecture": "ascender"}},
+                       axes={"model.ascender.use_sep": [True, False]})
+    grid = load_grid(path)
+    for seed in grid.seeds:
+        cfgs = [ablate.run_config(grid, v, seed) for v in grid.variants]
+        assert {c.train.seed for c in cfgs} == {seed}
+        assert len({json.dumps(to_dict(c.data)) for c in cfgs}) == 1
+        assert len({(c.model.seq_length, c.train.global_batch_size, c.train.micro_batch_size) for c in cfgs}) == 1
+        assert len({c.output_dir for c in cfgs}) == len(cfgs)  # one directory per run
+
+
+def test_axis_over_data_settings_is_flagged(tmp_path):
+    grid = load_grid(_write_grid(tmp_path, axes={"train.global_batch_size": [4, 8]}))
+    assert grid.data_order_axes == ["train.global_batch_size"]
+
+
+def test_dataset_section_points_data_at_the_built_files(tmp_path):
+    grid = load_grid(_write_grid(tmp_path, dataset={"root": "runs/x/data", "vocab_size": 512}))
+    cfg = ablate.run_config(grid, grid.variants[0], 1)
+    assert cfg.data.manifest == "runs/x/data/shards/manifest.json"
+    assert cfg.data.tokenizer == "runs/x/data/tokenizer.model"
+
+
+def test_base_may_be_a_path_relative_to_the_grid(tmp_path):
+    import yaml
+
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"base": "base.yaml", "set": {"train.train_steps": 7}}))
+    grid = load_grid(path, overrides=["optimizer.lr=5e-4"])
+    cfg = ablate.run_config(grid, grid.variants[0], 3)
+    assert cfg.train.train_steps == 7 and cfg.optimizer.lr == 5e-4 and cfg.train.seed == 3
+
+
+def test_standalone_variants_are_not_crossed_and_base_can_be_another_grid(tmp_path):
+    import yaml
+
+    (tmp_path / "inner.yaml").write_text(yaml.safe_dump(
+        {"name": "inner", "base": BASE, "set": {"train.train_steps": 9}, "seeds": [1], "variants": {"a": {}}}))
+    outer = tmp_path / "outer.yaml"
+    outer.write_text(yaml.safe_dump({"base": "inner.yaml", "set": {"model.architecture": "ascender"},
+                                     "axes": {"model.ascender.use_sep": [True, False]},
+                                     "standalone": {"gpt": {"model.architecture": "gpt"}}, "baseline": "gpt"}))
+    grid = load_grid(outer)
+    assert [v.name for v in grid.variants] == ["use_sep=true", "use_sep=false", "gpt"]
+    cfgs = {v.name: ablate.run_config(grid, v, 1) for v in grid.variants}
+    assert cfgs["gpt"].model.architecture == "gpt" and cfgs["use_sep=false"].model.architecture == "ascender"
+    assert cfgs["use_sep=false"].model.ascender.use_sep is False
+    assert {c.train.train_steps for c in cfgs.values()} == {9}
+    outer.write_text(yaml.safe_dump({"base": "inner.yaml", "standalone": {"gpt": {"model.archtecture": "gpt"}}}))
+    with pytest.raises(ConfigError, match=r"standalone.gpt.model.archtecture: unknown config field"):
+        load_grid(outer)
+
+
+@pytest.mark.parametrize("grid_file", sorted((REPO / "configs" / "ablations").glob("*.yaml")), ids=lambda p: p.name)
+def test_committed_grids_load(grid_file):
+    grid = load_grid(grid_file)
+    assert grid.variants and grid.seeds
+    assert grid.baseline in [v.name for v in grid.variants]
+
+
+def test_cli_bad_path_exits_2_with_one_line(tmp_path, capsys):
+    path = _write_grid(tmp_path, axes={"model.ascender.kk": [4]})
+    assert ablate.ablate_main([str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "axes.model.ascender.kk" in err and err.startswith("error: ")
+
+
+def test_cli_dry_run_lists_every_run(tmp_path, capsys):
+    path = _write_grid(tmp_path, seeds=[1, 2], variants={"gpt": {}, "asc": {"model.architecture": "ascender"}})
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [tuple(line.split("\t")[:2]) for line in lines] == [("gpt", "seed 1"), ("asc", "seed 1"),
+                                                               ("gpt", "seed 2"), ("asc", "seed 2")]
+    assert all("pending" in line for line in lines)
+
+
+# ---------------------------------------------------------------------------------- aggregation
+
+
+def _records():
+    """3 configs x 3 seeds; 'asc' is 0.1 lower than 'gpt' on every seed, 'noisy' differs by seed."""
+    rng = np.random.default_rng(0)
+    examples = {s: rng.normal(5.0, 0.3, 40) for s in (1, 2, 3)}
+    shift = {"gpt": {1: 0.0, 2: 0.0, 3: 0.0}, "asc": {1: -0.1, 2: -0.1, 3: -0.1}, "noisy": {1: 0.2, 2: -0.3, 3: 0.05}}
+    out = []
+    for cfg in ("gpt", "asc", "noisy"):
+        for s in (1, 2, 3):
+            ex = examples[s] + shift[cfg][s] + 0.01 * s
+            out.append({"config": cfg, "seed": s, "val_loss": float(ex.mean()), "val_example_losses": ex.tolist(),
+                        "final_train_loss": float(ex.mean()) + 0.5, "train_losses": [7.0, 6.0, float(ex.mean())],
+                        "params": 1000 + (100 if cfg != "gpt" else 0), "flops_per_token": 6000.0,
+                        "training_flops": 6000.0 * 300, "tokens_per_s": 100.0 * s, "median_step_time_s": 0.1 * s,
+                        "peak_rss_mib": 500.0, "data_sha256": f"seed{s}",
+                        "omega": {"1": [[0.1, 0.2, 0.3], [0.1, 0.2, 0.3]]} if cfg != "gpt" else {}})
+    return out
+
+
+def test_aggregate_means_and_paired_differences():
+    md, obj = aggregate(_records(), "gpt", ["asc"], n_resamples=2000, n_permutations=2000)
+    main = {e["config"]: e for e in obj["main"]["configs"]}
+    recs = _records()
+    for cfg in ("gpt", "asc", "noisy"):
+        vals = [r["val_loss"] for r in recs if r["config"] == cfg]
+        assert main[cfg]["mean"] == pytest.approx(np.mean(vals))
+        assert main[cfg]["std"] == pytest.approx(np.std(vals, ddof=1))
+    asc = main["asc"]["comparison"]
+    assert asc["mean_diff"] == pytest.approx(-0.1)
+    assert asc["ci_low"] == pytest.approx(-0.1) and asc["ci_high"] == pytest.approx(-0.1)  # constant differences
+    assert asc["p_value"] == pytest.approx(0.25)  # exact test, 3 pairs: the floor 2 / 2^3
+    assert obj["exact_p_floor"] == pytest.approx(0.25)
+    assert main["noisy"]["comparison"]["mean_diff"] == pytest.approx((0.2 - 0.3 + 0.05) / 3)
+    # vs the second reference, the baseline appears as a treatment with the opposite sign
+    vs_asc = {e["config"]: e for e in obj["vs"]["asc"]["configs"]}
+    assert vs_asc["gpt"]["comparison"]["mean_diff"] == pytest.approx(0.1)
+    assert "### val_loss vs gpt" in md and "### val_loss vs asc" in md
+
+
+def test_aggregate_per_example_cost_omega_and_pairing():
+    md, obj = aggregate(_records(), "gpt", ["asc"], n_resamples=2000, n_permutations=2000)
+    per = {e["config"]: e for e in obj["per_example"]["gpt"]["configs"]}
+    assert per["asc"]["n_sequences"] == 40 and per["asc"]["paired_seeds"] == [1, 2, 3]
+    assert per["asc"]["comparison"]["mean_diff"] == pytest.approx(-0.1)
+    assert per["asc"]["comparison"]["p_value"] < 0.01  # 40 sequences, every one 0.1 lower
+    cost = {e["config"]: e for e in obj["cost"]["configs"]}
+    assert cost["gpt"]["tokens_per_s_mean"] == pytest.approx(200.0) and cost["asc"]["params"] == 1100
+    omega = {e["config"]: e for e in obj["omega"]["configs"]}
+    assert set(omega) == {"asc", "noisy"} and omega["asc"]["mean"] == pytest.approx([0.1, 0.2, 0.3])
+    assert obj["data_pairing"] == {str(s): {"identical": True, "configs": ["asc", "gpt", "noisy"]} for s in (1, 2, 3)}
+    train = {e["config"]: e for e in obj["final_train_loss"]["configs"]}
+    assert train["asc"]["comparison"]["mean_diff"] == pytest.approx(-0.1)
+    json.dumps(ablate._json_safe(obj), allow_nan=False)
+
+
+def test_aggregate_flags_differing_data_and_missing_seeds():
+    recs = _records()
+    recs[1]["data_sha256"] = "other"  # gpt seed 2 read other data
+    recs = [r for r in recs if not (r["config"] == "noisy" and r["seed"] == 3)]
+    md, obj = aggregate(recs, "gpt", n_resamples=500, n_permutations=500)
+    assert obj["data_pairing"]["2"]["identical"] is False and obj["data_pairing"]["1"]["identical"] is True
+    noisy = {e["config"]: e for e in obj["main"]["configs"]}["noisy"]
+    assert noisy["n"] == 2 and noisy["comparison"]["paired_seeds"] == [1, 2]
+
+
+def test_write_report_from_synthetic_records(tmp_path):
+    grid = ablate.Grid(name="syn", path="syn.yaml", base={}, seeds=[1, 2, 3], baseline="gpt",
+                       variants=[ablate.Variant(n, {}) for n in ("gpt", "asc", "noisy")], compare_to=["asc"],
+                       report_dir=tmp_path / "report")
+    recs = [{**r, "steps": 3, "tokens": 300, "val_sequences": 40} for r in _records()]
+    full = ablate.write_report(grid, recs, n_resamples=500, n_permutations=500)
+    for name in ("pareto.png", "ablation.png", "curves.png"):
+        assert (tmp_path / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert "| asc | 3 |" in md and "2/2^3 = 0.25" in md
+    saved = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert saved["missing_runs"] == [] and len(saved["records"]) == 9
+    assert "val_example_losses" not in saved["records"][0]
+    front = {p["cost"]: p["front"] for p in full["pareto"]}
+    # equal FLOPs for all: only the lowest loss is on the FLOPs front
+    assert front["training_flops"] == ["asc"]
+    assert all(math.isfinite(v["quality"]) for v in full["pareto"][0]["points"].values())
