@@ -297,3 +297,36 @@ def test_write_report_from_synthetic_records(tmp_path):
     # equal FLOPs for all: only the lowest loss is on the FLOPs front
     assert front["training_flops"] == ["asc"]
     assert all(math.isfinite(v["quality"]) for v in full["pareto"][0]["points"].values())
+
+
+# ------------------------------------------------------------------------------- efficiency (Table 2)
+
+
+def test_attention_flops_are_softmax_blocks_plus_registered_extras():
+    from ascender_dist.config.resolve import config_from_dict
+    from ascender_dist.models.specs.ascender_arch import ascender_extra_layer_flops
+    from ascender_dist.research import efficiency
+
+    raw = {"model": {"preset": "debug", "vocab_size": 512}}
+    gpt = config_from_dict({**raw, "model": {**raw["model"], "architecture": "gpt"}})
+    asc = config_from_dict({**raw, "model": {**raw["model"], "architecture": "ascender"}})
+    h, s, layers = 64, 128, 2
+    per_layer = 2 * (4 * h * h + 4 * h) + 4 * s * h  # QKV + output projections with biases, scores + values
+    assert efficiency.attention_flops_per_token(gpt) == per_layer * layers
+    assert efficiency.attention_flops_per_token(asc) == (per_layer + ascender_extra_layer_flops(asc)) * layers
+    with pytest.raises(ConfigError, match=r"--rows: unknown row 'flash'"):
+        efficiency.row_config("flash", "debug", 8, 512, [])
+
+
+def test_efficiency_table_renders_rows_and_ablation_throughput():
+    from ascender_dist.research import efficiency
+
+    row = {"row": "gpt", "params": 1000, "attention_flops_per_token": 1.0e5, "attention_flops_per_token_counted": 9e4,
+           "training_flops_per_token": 1e6, "train_step_peak_mib": 12.5, "tokens_per_s": 1000.0, "latency_ms": 4.0,
+           "seq_length": 128, "device": "cpu", "load_average": [1.0, 1.0, 1.0]}
+    ablation = {"source": "x.json", "configs": [{"config": "gpt", "n": 3, "tokens_per_s_mean": 900.0,
+                                                 "tokens_per_s_std": 10.0, "median_step_time_s": 0.2,
+                                                 "peak_rss_mib_mean": 600.0}]}
+    md = efficiency.render([row], ablation, {"preset": "debug", "batch": 8, "vocab": 512, "threads": 1})
+    assert "| gpt | 1,000 | 1e+05 | 9e+04 | 1e+06 | 12.5 | 1000 | 4.0 |" in md
+    assert "| gpt | 3 | 900 ± 10 | 0.200 | 600 |" in md
