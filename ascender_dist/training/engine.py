@@ -29,12 +29,15 @@ class LanguageModel(nn.Module):
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """No decay for biases, norms and other 1-D parameters (GPT-2/Megatron convention)."""
+    """No decay for biases, norms and other 1-D parameters (GPT-2/Megatron convention), nor for
+    parameters tagged ``no_weight_decay`` (ASCender's per-head mixing weights and temperatures,
+    which are [heads, 3] but are gains, not matrices)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        (no_decay if param.ndim < 2 or name.endswith(".bias") else decay).append(param)
+        exempt = param.ndim < 2 or name.endswith(".bias") or getattr(param, "no_weight_decay", False)
+        (no_decay if exempt else decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

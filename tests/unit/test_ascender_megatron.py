@@ -66,3 +66,14 @@ def test_zero_omega_reproduces_megatron_attention(single_rank_group):
 def test_ascender_param_count_matches_built_model(single_rank_group):
     cfg, model = _build({"model": {**MODEL, "architecture": "ascender", "ascender": ASC}})
     assert count_model(cfg, VOCAB).total_params == sum(p.numel() for p in model.parameters())
+
+
+def test_per_head_gains_are_not_weight_decayed(single_rank_group):
+    from ascender_dist.training.engine import weight_decay_groups
+
+    _, model = _build({"model": {**MODEL, "architecture": "ascender", "ascender": ASC}})
+    decay, no_decay = weight_decay_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert not any("core_attention.params" in names[id(p)] for p in decay["params"])
+    assert any(names[id(p)].endswith("params.omega") for p in no_decay["params"])
+    assert any(names[id(p)].endswith("linear_qkv.weight") for p in decay["params"])

@@ -95,6 +95,7 @@ class AscenderCoreAttention(MegatronModule):
                                          head_offset=tp_rank * self.num_heads, dtype=config.params_dtype)
         for param in self.params.parameters():
             set_tensor_model_parallel_attributes(param, is_parallel=True, dim=0, stride=1)
+            param.no_weight_decay = True  # gains per head, not matrices
         # protocol of ascender_dist.training.layer_stats (set by the trainer)
         self.training_step = 0  # Separation joins after its warm-up step
         self.collect_stats = False  # on logging steps: omega and attention mass moved per head
