@@ -1,0 +1,1 @@
+"""Benchmark scripts (importable so multi-rank workers can be named as ``benchmarks.<module>:<fn>``)."""
