@@ -46,8 +46,22 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 
 def run_ranks(target: str, world_size: int, *, timeout: float = 300.0, args: dict | None = None,
-              env: dict | None = None) -> list[dict]:
-    """Run ``module:function(args) -> dict`` on ``world_size`` ranks; return each rank's dict."""
+              env: dict | None = None, attempts: int = 3) -> list[dict]:
+    """Run ``module:function(args) -> dict`` on ``world_size`` ranks; return each rank's dict.
+
+    The rendezvous port is picked free but can be taken by another process before rank 0 binds
+    it (EADDRINUSE): such a launch is retried with a new port."""
+    for attempt in range(attempts):
+        try:
+            return _run_ranks_once(target, world_size, timeout=timeout, args=args, env=env)
+        except RankFailure as exc:
+            if "EADDRINUSE" not in str(exc) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _run_ranks_once(target: str, world_size: int, *, timeout: float, args: dict | None,
+                    env: dict | None) -> list[dict]:
     workdir = Path(tempfile.mkdtemp(prefix="ranks_"))
     port = free_port()
     base_env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),

@@ -20,8 +20,11 @@ def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)  # as a user's shell: the command launches its own ranks
-    proc = subprocess.run([sys.executable, "-m", "ascender_dist.cli", *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=400)
+    for _ in range(3):  # the launcher's rendezvous port can be taken between picking and binding it
+        proc = subprocess.run([sys.executable, "-m", "ascender_dist.cli", *args], cwd=REPO_ROOT, env=env,
+                              capture_output=True, text=True, timeout=400)
+        if "EADDRINUSE" not in proc.stderr + proc.stdout:
+            break
     if check:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc

@@ -9,7 +9,9 @@ from ascender_dist.config.loader import parse_yaml_text
 from ascender_dist.config.presets import MODEL_PRESETS
 from ascender_dist.config.resolve import config_from_dict, derive, pad_vocab_size
 
-CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml"))
+CONFIG_ROOT = Path(__file__).resolve().parents[2] / "configs"
+GRIDS = sorted((CONFIG_ROOT / "ablations").glob("*.yaml"))  # ablation grids, not run configs
+CONFIGS = sorted(p for p in CONFIG_ROOT.rglob("*.yaml") if p not in GRIDS)
 
 
 def _write(tmp_path, text: str) -> Path:
@@ -33,7 +35,17 @@ def test_every_shipped_config_loads_and_validates(path):
 
 
 def test_configs_directory_is_not_empty():
-    assert len(CONFIGS) >= 1
+    assert len(CONFIGS) >= 10 and len(GRIDS) >= 1
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=[p.name for p in GRIDS])
+def test_every_ablation_grid_loads_and_every_run_validates(path):
+    from ascender_dist.research.ablate import load_grid, run_config
+
+    grid = load_grid(path)  # checks every override path and variant config
+    assert grid.variants and grid.seeds
+    for variant in grid.variants:
+        run_config(grid, variant, grid.seeds[0])
 
 
 def test_scientific_notation_is_a_float(tmp_path):
