@@ -151,18 +151,11 @@ def export_hf_cmd(args: argparse.Namespace) -> None:
 
 
 def inspect_connection_cmd(args: argparse.Namespace) -> None:
-    import os
-
     from ascender_dist.tools.inspect_connection import inspect_connection
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        import socket
+    from ascender_dist.parallel.setup import init_single_process
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    init_single_process()
     summary = inspect_connection(Path(args.consolidated), Path(args.out), args.text, args.max_tokens)
     for number, layer in summary["layers"].items():
         print(f"layer {number}: steps mean {layer['steps_mean']:.2f} max {layer['steps_max']:.0f} "

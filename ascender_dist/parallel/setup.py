@@ -68,6 +68,23 @@ def init_process_group() -> None:
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
 
 
+def init_single_process() -> None:
+    """A private 1-rank gloo group for single-process tools (inspection, figures). A fresh port is
+    picked every time: an inherited MASTER_PORT may belong to another live group."""
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    init_process_group()
+
+
 def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int) -> ParallelState:
     """megatron-core's TP/PP/DP groups plus its model-parallel RNG tracker (same init on every DP replica)."""
     import torch.distributed as dist

@@ -34,8 +34,6 @@ import argparse
 import json
 import logging
 import math
-import os
-import socket
 import sys
 import warnings
 from pathlib import Path
@@ -54,16 +52,9 @@ PANELS = ("S_base", "align", "sep", "coh", "S", "A")
 
 def init_single_process() -> None:
     """A 1-rank gloo process group (what ``inspect-connection`` does)."""
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from ascender_dist.parallel.setup import init_process_group
+    from ascender_dist.parallel.setup import init_single_process
 
-    init_process_group()
+    init_single_process()
 
 
 class LoadedModel:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)  # as a user's shell: the command launches its own ranks
     for _ in range(3):  # the launcher's rendezvous port can be taken between picking and binding it
         proc = subprocess.run([sys.executable, "-m", "ascender_dist.cli", *args], cwd=REPO_ROOT, env=env,
