@@ -61,13 +61,8 @@ ROWS = {
 
 # ============================================================================ analytic
 
-def attention_params_per_layer(cfg) -> int:
-    m = cfg.model
-    h = m.hidden_size
-    kv = (m.num_query_groups or m.num_attention_heads) * (h // m.num_attention_heads)
-    bias = 1 if m.add_bias_linear else 0
-    return h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h
-
+from ascender_dist.models.specs.connection_arch import attention_params_per_layer  # noqa: E402
+from ascender_dist.research.ablate import _status_kib  # noqa: E402
 
 def attention_flops_per_token(cfg) -> float:
     """Forward FLOPs per token of the token-mixing blocks (attention, ASCender or Connection) of all layers."""
@@ -80,14 +75,6 @@ def attention_flops_per_token(cfg) -> float:
 
 # ============================================================================ one measurement (child)
 
-def _status_kib(name: str) -> Optional[int]:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(name + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 def _peak_mib(fn) -> Optional[float]:

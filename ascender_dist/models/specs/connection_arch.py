@@ -20,7 +20,8 @@ def check_connection_hparams(cfg) -> None:
         raise ConfigError("parallel.sequence_parallel", "not supported with Connection layers ('C' in the pattern)")
 
 
-def _attention_params(cfg) -> int:
+def attention_params_per_layer(cfg) -> int:
+    """QKV + output projection parameters of one softmax-attention block."""
     m = cfg.model
     h = m.hidden_size
     kv = (m.num_query_groups or m.num_attention_heads) * (h // m.num_attention_heads)
@@ -30,7 +31,7 @@ def _attention_params(cfg) -> int:
 
 def connection_extra_layer_params(cfg) -> int:
     """The Connection layer replaces the attention projections (QKV and output)."""
-    return connection_param_count(cfg.model.connection, cfg.model.hidden_size) - _attention_params(cfg)
+    return connection_param_count(cfg.model.connection, cfg.model.hidden_size) - attention_params_per_layer(cfg)
 
 
 def connection_extra_layer_flops(cfg) -> float:
@@ -42,7 +43,7 @@ def connection_extra_layer_flops(cfg) -> float:
     d, n, c = m.hidden_size, hp.num_slots, min(hp.causal_chunk_size, m.seq_length)
     step = 2 * n * n * d if hp.connection == "linear" else 2 * 2 * n * (n - 1) * d * hp.rank
     connection = 2 * 6 * d * d + 4 * 2 * n * d + 2 * 2 * c * (n + d) + hp.max_steps * step / c
-    attention = 2 * _attention_params(cfg) + 2 * 2 * m.seq_length * d
+    attention = 2 * attention_params_per_layer(cfg) + 2 * 2 * m.seq_length * d
     return connection - attention
 
 
