@@ -82,3 +82,63 @@ def test_alibi_slopes_shard_by_global_head():
     assert torch.equal(full[4:], half)
     assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
     assert alibi_slopes(6).shape == (6,)
+
+
+def test_shared_omega_is_one_vector_seen_by_every_head():
+    hp = AscenderHParams(omega_init=0.25, share_omega_across_heads=True)
+    p = AscenderHeadParams(hp, num_heads=4)
+    params = dict(p.named_parameters())
+    assert "omega" not in params and params["omega_shared"].shape == (1, 3)
+    assert torch.all(params["omega_shared"] == 0.25)
+    with torch.no_grad():
+        params["omega_shared"].copy_(torch.tensor([[0.1, 0.2, 0.3]]))
+    assert p.omega.shape == (4, 3)  # the per-head view the attention math reads
+    assert torch.equal(p.omega, torch.tensor([[0.1, 0.2, 0.3]]).expand(4, 3))
+    # not a per-head tensor: never partitioned over tensor-parallel ranks
+    assert AscenderHeadParams.per_head_parameter_names(p) == ["delta", "kappa", "tau_score"]
+    assert "omega_shared" in AscenderHeadParams.SHARED_TENSORS and "omega_shared" not in p.PER_HEAD_TENSORS
+    assert set(p.state_dict()) == {"omega_shared", "lambdas", "delta", "kappa", "tau_score"}
+    with pytest.raises(RuntimeError):  # a view of one vector: writing per head must not silently do nothing
+        with torch.no_grad():
+            p.omega.copy_(torch.zeros(4, 3))
+    # gradients of every head sum into the shared gains
+    weights = torch.arange(12, dtype=torch.float32).view(4, 3)
+    (p.omega * weights).sum().backward()
+    assert torch.equal(params["omega_shared"].grad, weights.sum(0, keepdim=True))
+
+
+def test_per_head_omega_keeps_its_name_and_shape():
+    p = AscenderHeadParams(AscenderHParams(), num_heads=4)
+    assert isinstance(p.omega, torch.nn.Parameter) and p.omega.shape == (4, 3)
+    assert "omega" in p.state_dict() and "omega_shared" not in p.state_dict() and not p.shares_omega
+
+
+@pytest.mark.parametrize("impl", ["reference", "fast"])
+@pytest.mark.parametrize("extra", [{}, {"window": 4, "num_global": 2, "other_bias": "alibi"}])
+def test_shared_omega_equals_per_head_with_equal_gains(impl, extra):
+    """Same output as per-head omega holding the shared values in every head; its gradient is the
+    sum of the per-head gradients; the other per-head parameters get the same gradients."""
+    from ascender_dist.models.ascender import ascender_attention
+
+    f64 = torch.float64
+    hp = dataclasses.replace(AscenderHParams(d_z=4, d_a=5, k=3, window=0, num_global=0, chunk_size=8), **extra)
+    b, nh, n = 2, 3, 21
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(b, nh, n, d, generator=g, dtype=f64) for d in (8, 8, 8, 4, 5)]
+    weights = torch.randn(b, nh, n, 8, generator=g, dtype=f64)
+    gains = torch.tensor([[0.7, 0.4, 1.3]], dtype=f64)
+    per_head = AscenderHeadParams(hp, nh).to(f64)
+    shared = AscenderHeadParams(dataclasses.replace(hp, share_omega_across_heads=True), nh).to(f64)
+    with torch.no_grad():
+        per_head.omega.copy_(gains.expand(nh, 3))
+        shared.omega_shared.copy_(gains)
+    outs = []
+    for p in (per_head, shared):
+        out = ascender_attention(*inputs, p, hp, step=0, impl=impl)
+        (out * weights).sum().backward()
+        outs.append(out.detach())
+    assert torch.allclose(outs[0], outs[1], atol=1e-12)
+    assert torch.allclose(shared.omega_shared.grad, per_head.omega.grad.sum(0, keepdim=True), atol=1e-10)
+    assert shared.omega_shared.grad.abs().min() > 0
+    for name in ("delta", "kappa", "tau_score"):
+        assert torch.allclose(getattr(shared, name).grad, getattr(per_head, name).grad, atol=1e-10), name

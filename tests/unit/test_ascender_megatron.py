@@ -77,3 +77,34 @@ def test_per_head_gains_are_not_weight_decayed(single_rank_group):
     assert not any("core_attention.params" in names[id(p)] for p in decay["params"])
     assert any(names[id(p)].endswith("params.omega") for p in no_decay["params"])
     assert any(names[id(p)].endswith("linear_qkv.weight") for p in decay["params"])
+
+
+def test_shared_omega_in_megatron_counts_no_decay_and_replicated(single_rank_group):
+    """share_omega_across_heads: one [1, 3] omega per layer, counted as 3, not weight decayed, not
+    tagged as tensor-parallel (replicated) and with its gradient summed over the TP group."""
+    from ascender_dist.training.engine import weight_decay_groups
+
+    raw = {"model": {**MODEL, "architecture": "ascender", "ascender": {**ASC, "share_omega_across_heads": True}}}
+    cfg, model = _build(raw)
+    shared = {n: p for n, p in model.named_parameters() if n.endswith("params.omega_shared")}
+    assert len(shared) == MODEL["num_layers"] and not any(n.endswith("params.omega") for n, _ in model.named_parameters())
+    for param in shared.values():
+        assert param.shape == (1, 3)
+        assert not getattr(param, "tensor_model_parallel", False) and getattr(param, "_tp_grad_hooked", False)
+    delta = next(p for n, p in model.named_parameters() if n.endswith("params.delta"))
+    assert delta.tensor_model_parallel and delta.partition_dim == 0  # the rest stays per head
+    assert count_model(cfg, VOCAB).total_params == sum(p.numel() for p in model.parameters())
+    per_head_cfg, _ = _build({"model": {**MODEL, "architecture": "ascender", "ascender": ASC}})
+    heads, layers = MODEL["num_attention_heads"], MODEL["num_layers"]
+    assert count_model(per_head_cfg, VOCAB).total_params - count_model(cfg, VOCAB).total_params == layers * 3 * (heads - 1)
+    _, no_decay = weight_decay_groups(model, 0.1)
+    assert {id(p) for p in shared.values()} <= {id(p) for p in no_decay["params"]}
+    # gradients reach it through the whole model; dist-checkpointing saves [1, 3] per layer (the
+    # TP=2 -> TP=1 reshard is in tests/distributed/test_model_parity.py)
+    tokens = torch.randint(0, VOCAB, (2, MODEL["seq_length"] + 1), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(MODEL["seq_length"]).unsqueeze(0).expand(2, -1)
+    model(tokens[:, :-1], positions, None, labels=tokens[:, 1:]).mean().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in shared.values())
+    sharded = model.sharded_state_dict()
+    key = next(k for k in sharded if k.endswith("params.omega_shared"))
+    assert sharded[key].global_shape == (layers, 1, 3)  # [layers (stacked by megatron), 1, 3]

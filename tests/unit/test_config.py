@@ -158,3 +158,14 @@ def test_mixture_entry_unknown_key(tmp_path):
 def test_mixture_and_manifest_are_exclusive(tmp_path):
     text = "data:\n  manifest: m.json\n  mixture:\n    - {manifest: a/manifest.json}\n"
     assert "data.mixture: set either data.manifest or data.mixture" in _error(tmp_path, text)
+
+
+def test_share_omega_across_heads_is_a_strict_bool(tmp_path):
+    head = "model:\n  architecture: ascender\n  preset: debug\n"
+    text = head + "  ascender:\n    share_omega_across_heads: {}\n"
+    assert load_config(_write(tmp_path, text.format("true"))).model.ascender.share_omega_across_heads is True
+    assert load_config(_write(tmp_path, head)).model.ascender.share_omega_across_heads is False
+    message = _error(tmp_path, text.format("1"))
+    assert "model.ascender.share_omega_across_heads: expected bool" in message
+    message = _error(tmp_path, text.format("shared"))
+    assert "model.ascender.share_omega_across_heads: expected bool" in message

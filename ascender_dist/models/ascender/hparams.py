@@ -59,8 +59,11 @@ class AscenderHParams:
     kappa_init: float = 32.0  # density scale, eta_i = min(1, rho_i / kappa)
     trainable_delta_kappa_temp: bool = True  # delta, kappa, tau_score learned (seed code) or fixed
 
-    # --- mixing weights omega_* (learned, per head) ---
+    # --- mixing weights omega_* (learned, per head or shared by the heads of a layer) ---
     omega_init: float = 0.1
+    # true: ONE omega vector [align, sep, coh] per layer, shared by all its heads (the "shared vs
+    # per-head" ablation); lambdas, delta, kappa and tau_score stay per head either way
+    share_omega_across_heads: bool = False
 
     # --- which biases exist, and when ---
     use_align: bool = True

@@ -4,6 +4,13 @@ Tensor parallelism shards whole heads, so every tensor here has a leading head d
 (partition dim 0) of size ``num_heads`` = local heads. The megatron wiring tags the names in
 ``PER_HEAD_TENSORS`` with ``set_tensor_model_parallel_attributes(partition_dim=0)``.
 Column 0/1/2 of the ``[num_heads, 3]`` tensors is align/sep/coh.
+
+``share_omega_across_heads`` (the shared vs per-head ablation axis) replaces the per-head
+``omega`` parameter by one ``omega_shared`` ``[1, 3]`` parameter for all heads of the layer; the
+attention math still reads ``params.omega`` as ``[num_heads, 3]`` (an expanded view, so the
+gradient of every head sums into the shared gains). ``omega_shared`` is not per head: it is
+replicated on every tensor-parallel rank, not in ``PER_HEAD_TENSORS``, and its gradient (a partial
+sum over this rank's heads) is summed over the TP group by the megatron wiring.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ class AscenderHeadParams(nn.Module):
 
     # names of tensors whose dim 0 is the head dim (parameters or buffers, see is_trainable)
     PER_HEAD_TENSORS = ("omega", "lambdas", "delta", "kappa", "tau_score", "alibi_slope")
+    # names of parameters shared by all heads of the layer (replicated over TP, never sharded)
+    SHARED_TENSORS = ("omega_shared",)
 
     def __init__(
         self,
@@ -60,7 +69,10 @@ class AscenderHeadParams(nn.Module):
         self.num_heads = num_heads
         full = lambda *shape, v: torch.full(shape, float(v), dtype=dtype)  # noqa: E731
         lambdas = torch.tensor([hp.lambda_align, hp.lambda_sep, hp.lambda_coh], dtype=dtype)
-        self.omega = nn.Parameter(full(num_heads, 3, v=hp.omega_init))
+        if hp.share_omega_across_heads:  # one [align, sep, coh] gain vector for the whole layer
+            self.omega_shared = nn.Parameter(full(1, 3, v=hp.omega_init))
+        else:
+            self.omega = nn.Parameter(full(num_heads, 3, v=hp.omega_init))
         self._register("lambdas", lambdas.repeat(num_heads, 1), hp.trainable_lambdas)
         learn = hp.trainable_delta_kappa_temp
         self._register("delta", full(num_heads, v=hp.delta_init), learn)
@@ -77,10 +89,23 @@ class AscenderHeadParams(nn.Module):
         else:
             self.register_buffer(name, value, persistent=True)
 
+    def __getattr__(self, name: str):
+        # only reached when normal lookup fails: ``omega`` is then the shared gains seen per head
+        # (an expanded view: writing into it raises instead of silently changing a copy)
+        if name == "omega":
+            shared = self._parameters.get("omega_shared")
+            if shared is not None:
+                return shared.expand(self.num_heads, 3)
+        return super().__getattr__(name)
+
+    @property
+    def shares_omega(self) -> bool:
+        return "omega_shared" in self._parameters
+
     @classmethod
     def per_head_parameter_names(cls, module: "AscenderHeadParams") -> list[str]:
         """Names of the trainable per-head parameters (partition dim 0) of ``module``."""
         return [n for n, _ in module.named_parameters(recurse=False) if n in cls.PER_HEAD_TENSORS]
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}"
+        return f"num_heads={self.num_heads}" + (", shared omega" if self.shares_omega else "")

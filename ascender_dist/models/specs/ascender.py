@@ -11,7 +11,8 @@ Three pieces, each replacing one submodule of megatron's SelfAttention:
   passes the rest through, so z and h reach the core attention unrotated.
 * :class:`AscenderCoreAttention` - the pure-torch ASCender math
   (:func:`ascender_dist.models.ascender.ascender_attention`) on the TP-local heads, owning the
-  per-head learned parameters (tagged for TP and sharded in dist-checkpointing along the head dim).
+  per-head learned parameters (tagged for TP and sharded in dist-checkpointing along the head dim;
+  a shared omega is replicated instead, its gradient summed over TP).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ascender_dist.models.ascender import AscenderHParams, AscenderHeadParams, ascender_attention
-from ascender_dist.models.specs.norm import local_layer_spec
+from ascender_dist.models.specs.norm import local_layer_spec, sum_grad_over_tp
 
 
 class AscenderQKVLinear(ColumnParallelLinear):
@@ -93,9 +94,14 @@ class AscenderCoreAttention(MegatronModule):
             raise ValueError("ASCender attention scales scores by 1/sqrt(head_dim)")
         self.params = AscenderHeadParams(hp, self.num_heads, global_num_heads=config.num_attention_heads,
                                          head_offset=tp_rank * self.num_heads, dtype=config.params_dtype)
-        for param in self.params.parameters():
-            set_tensor_model_parallel_attributes(param, is_parallel=True, dim=0, stride=1)
-            param.no_weight_decay = True  # gains per head, not matrices
+        for name, param in self.params.named_parameters():
+            param.no_weight_decay = True  # gains per head (or per layer), not matrices
+            if name in AscenderHeadParams.SHARED_TENSORS:
+                # shared omega [1, 3]: the same tensor on every TP rank (not partitioned: checkpoint
+                # consolidation copies it once), each rank's gradient covers only its own heads
+                sum_grad_over_tp(param)
+            else:
+                set_tensor_model_parallel_attributes(param, is_parallel=True, dim=0, stride=1)
         # protocol of ascender_dist.training.layer_stats (set by the trainer)
         self.training_step = 0  # Separation joins after its warm-up step
         self.collect_stats = False  # on logging steps: omega and attention mass moved per head
@@ -128,7 +134,9 @@ class AscenderCoreAttention(MegatronModule):
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):
         state = self.state_dict(prefix="", keep_vars=True)
-        return make_sharded_tensors_for_checkpoint(state, prefix, {name: 0 for name in state}, sharded_offsets)
+        # per-head tensors are split along the head dim; a shared omega is replicated over TP
+        per_head = {name: 0 for name in state if name.rsplit(".", 1)[-1] not in AscenderHeadParams.SHARED_TENSORS}
+        return make_sharded_tensors_for_checkpoint(state, prefix, per_head, sharded_offsets)
 
 
 def ascender_layer_spec(hp: AscenderHParams, normalization: str, impl: str = "auto") -> ModuleSpec:

@@ -20,11 +20,15 @@ def check_ascender_hparams(cfg) -> None:
 
 
 def ascender_extra_layer_params(cfg) -> int:
-    """U and P rows in the fused QKV projection (+ their biases) and the per-head learned tensors."""
+    """U and P rows in the fused QKV projection (+ their biases) and the per-head learned tensors
+    (omega: 3 per head, or 3 per layer when shared across heads)."""
     m, hp = cfg.model, cfg.model.ascender
     extra_out = m.num_attention_heads * (hp.d_z + hp.d_a)
-    per_head = 3 + (3 if hp.trainable_lambdas else 0) + (3 if hp.trainable_delta_kappa_temp else 0)
-    return m.hidden_size * extra_out + (extra_out if m.add_bias_linear else 0) + m.num_attention_heads * per_head
+    per_head = (0 if hp.share_omega_across_heads else 3) + (3 if hp.trainable_lambdas else 0) \
+        + (3 if hp.trainable_delta_kappa_temp else 0)
+    shared = 3 if hp.share_omega_across_heads else 0  # one omega for the whole layer
+    return (m.hidden_size * extra_out + (extra_out if m.add_bias_linear else 0)
+            + m.num_attention_heads * per_head + shared)
 
 
 def ascender_extra_layer_flops(cfg) -> float:

@@ -5,7 +5,8 @@ different slice of the sequence, so those parameters' gradients are partial sums
 added up over the TP group. megatron tags them ``sequence_parallel=True`` and sums them in
 ``finalize_model_grads``, which DeepSpeed never calls. :func:`reduce_sequence_parallel_grads`
 registers a gradient hook on every tagged parameter that all-reduces it over TP as it is produced,
-before DeepSpeed's accumulation hooks see it. megatron's local ``WrappedTorchNorm`` refuses
+before DeepSpeed's accumulation hooks see it (:func:`sum_grad_over_tp`, also used by ASCender's
+omega when it is shared across heads). megatron's local ``WrappedTorchNorm`` refuses
 sequence parallelism outright; :class:`TPSafeNorm` is the same torch norm, tagged.
 """
 
@@ -28,13 +29,22 @@ class TPSafeNorm:
         return norm
 
 
+def sum_grad_over_tp(param: torch.nn.Parameter) -> bool:
+    """Make ``param``'s gradient the sum over the TP group as it is produced (a hook that runs before
+    DeepSpeed's accumulation hooks). For a parameter replicated on every TP rank whose gradient is a
+    partial sum per rank (sequence-parallel norms, ASCender's shared omega). False if already hooked."""
+    if getattr(param, "_tp_grad_hooked", False):
+        return False
+    param.register_hook(all_reduce_tp)
+    param._tp_grad_hooked = True
+    return True
+
+
 def reduce_sequence_parallel_grads(model: torch.nn.Module) -> int:
     """Hook every ``sequence_parallel``-tagged parameter; returns how many were hooked."""
     hooked = 0
     for param in model.parameters():
-        if getattr(param, "sequence_parallel", False) and not getattr(param, "_tp_grad_hooked", False):
-            param.register_hook(all_reduce_tp)
-            param._tp_grad_hooked = True
+        if getattr(param, "sequence_parallel", False) and sum_grad_over_tp(param):
             hooked += 1
     return hooked
 
