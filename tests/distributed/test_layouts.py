@@ -1,5 +1,7 @@
 """Parity matrix: TP2, PP2, DP2 x ZeRO-1/2/3, sequence parallel, activation recompute and TP2xPP2 give the single-process losses and weights
-for gpt, ascender and connection, a few AdamW steps from the same initial weights on the same data."""
+for gpt, ascender and connection, a few AdamW steps from the same initial weights on the same data (and
+ASCender with omega shared across heads under the TP2 layouts); TP-replicated parameters stay identical
+on every TP rank."""
 
 import pytest
 
@@ -36,6 +38,10 @@ def _check(results, name):
     assert len(value["losses"]) == len(value["reference_losses"]) > 0
     assert value["loss_diff"] < LOSS_TOL, value
     assert value["param_diff"] < PARAM_TOL, value
+    assert value["replica_diff"] == 0.0, value  # TP-replicated parameters identical on every TP rank
+    if name.startswith("ascender_shared_omega_"):  # one omega per layer, trained under TP like TP=1
+        shared = value["shared_omega"]
+        assert shared["count"] == 2 and shared["moved"] > 1e-4 and shared["diff"] < PARAM_TOL, value
 
 
 @pytest.mark.parametrize("name", [f"{a}_{l}" for a, l in matrix(2)])

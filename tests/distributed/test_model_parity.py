@@ -15,14 +15,25 @@ def results(tmp_path_factory):
 
 
 @pytest.mark.parametrize("check", ["gpt_tp2", "gpt_swiglu_rmsnorm_gqa_tp2", "gpt_learned_pos_untied_tp2",
-                                   "ascender_tp2", "ascender_gqa_swiglu_tp2", "connection_bilinear_tp2",
-                                   "connection_linear_tp2", "mixed_ascender_connection_tp2"])
+                                   "ascender_tp2", "ascender_gqa_swiglu_tp2", "ascender_shared_omega_tp2",
+                                   "connection_bilinear_tp2", "connection_linear_tp2",
+                                   "mixed_ascender_connection_tp2"])
 def test_tensor_parallel_matches_single_rank(results, check):
     for diffs in assert_check(results, check):
         assert diffs["num_params"] > 0
         assert diffs["loss"] < TOL, diffs
         assert diffs["logits"] < TOL, diffs
         assert diffs["max_grad"] < TOL, diffs
+
+
+def test_shared_omega_gradient_is_summed_over_tp_ranks(results):
+    """Each TP rank holds the whole [1, 3] omega and sees only its heads: its gradient must be the sum
+    over both ranks (one rank's share would be about half of TP=1's gradient)."""
+    for diffs in assert_check(results, "ascender_shared_omega_tp2"):  # every rank's own copy
+        grads = {name: g for name, g in diffs["reported"].items() if name.endswith("params.omega_shared")}
+        assert len(grads) == 2, diffs
+        for g in grads.values():
+            assert g["shape"] == [1, 3] and g["reference_abs"] > 1e-3 and g["diff"] < TOL, diffs
 
 
 def test_connection_adaptive_stop_is_identical_on_tp_ranks(results):
@@ -34,7 +45,7 @@ def test_connection_adaptive_stop_is_identical_on_tp_ranks(results):
         assert value["out_diff"] < 1e-5
 
 
-@pytest.mark.parametrize("check", ["dist_ckpt_ascender", "dist_ckpt_connection"])
+@pytest.mark.parametrize("check", ["dist_ckpt_ascender", "dist_ckpt_ascender_shared_omega", "dist_ckpt_connection"])
 def test_dist_checkpoint_reshards_custom_layers_tp2_to_tp1(results, check):
     for value in assert_check(results, check):
         assert value["same_names"] and value["num"] > 20

@@ -48,8 +48,11 @@ def _forward_backward(cfg, tp: int, full_state=None):
     }
 
 
-def tp_parity(raw_cfg: dict, tp: int = 2) -> dict:
-    """Max abs differences (loss, logits, every grad) between TP=tp and TP=1 runs with the same weights."""
+def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = ()) -> dict:
+    """Max abs differences (loss, logits, every grad) between TP=tp and TP=1 runs with the same weights.
+
+    ``report``: name suffixes whose gradients are also listed one by one under ``"reported"``
+    (``{name: {"diff", "reference_abs", "shape"}}``), with this rank's own local gradient."""
     init_process_group()
     cfg = config_from_dict(raw_cfg)
     sharded = _forward_backward(cfg, tp)
@@ -64,4 +67,7 @@ def tp_parity(raw_cfg: dict, tp: int = 2) -> dict:
         "max_grad": max(grad_diffs.values()),
         "worst_grad": max(grad_diffs, key=grad_diffs.get),
         "num_params": len(grad_diffs),
+        "reported": {name: {"diff": grad_diffs[name], "reference_abs": reference["grads"][name].abs().max().item(),
+                            "shape": list(sharded["grads"][name].shape)}
+                     for name in grad_diffs if name.endswith(report) and report},
     }

@@ -30,6 +30,12 @@ ARCHS = {
     "connection": {"architecture": "connection",
                    "connection": {"num_slots": 4, "rank": 4, "max_steps": 2, "causal_chunk_size": 8}},
 }
+# share_omega_across_heads (one omega [1, 3] per layer, replicated over TP, gradient all-reduced over
+# TP): the same tie-free ASCender as above. Only the TP layouts change anything for it (elsewhere it
+# is one more replicated parameter), so it runs there only.
+ARCHS["ascender_shared_omega"] = {**ARCHS["ascender"],
+                                  "ascender": {**ARCHS["ascender"]["ascender"], "share_omega_across_heads": True}}
+ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel")}
 LAYOUTS = {
     2: {"tp2": {"tensor_model_parallel_size": 2},
         "pp2": {"pipeline_model_parallel_size": 2},
@@ -49,7 +55,8 @@ UNSUPPORTED = {("connection", "tp2_sequence_parallel")}
 
 
 def matrix(world: int) -> list[tuple[str, str]]:
-    return [(arch, name) for arch in ARCHS for name in LAYOUTS[world] if (arch, name) not in UNSUPPORTED]
+    return [(arch, name) for arch in ARCHS for name in LAYOUTS[world]
+            if (arch, name) not in UNSUPPORTED and name in ONLY_LAYOUTS.get(arch, (name,))]
 
 
 def _config(args, arch: str, name: str, parallel: dict, init_from=None):
@@ -86,6 +93,30 @@ def reference(args):
     return out
 
 
+def _tp_replica_diff(trainer) -> float:
+    """Max difference between the TP ranks' copies of every parameter NOT partitioned over TP (norms,
+    row-parallel biases, ASCender's shared omega): replicas must stay identical, while the consolidated
+    weights read only TP rank 0's copy. 0 at TP=1. Collective on all ranks."""
+    import torch
+    from megatron.core import parallel_state as mps
+
+    from ascender_dist.parallel.consolidate import tp_partition
+    from ascender_dist.training.weights import _gathered, canonical_parameters
+
+    group = mps.get_tensor_model_parallel_group()
+    world = dist.get_world_size(group)
+    worst = torch.zeros(1)
+    if world > 1:
+        named = [p for _, p in canonical_parameters(trainer.engine.module, trainer.cfg) if not tp_partition(p)[0]]
+        with _gathered(named, trainer.cfg.parallel.zero_stage):
+            for param in named:
+                parts = [torch.empty_like(param.data) for _ in range(world)]
+                dist.all_gather(parts, param.data.contiguous(), group=group)
+                worst = torch.maximum(worst, max((x - parts[0]).abs().max() for x in parts).float().cpu().view(1))
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return worst.item()
+
+
 def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     from ascender_dist.training.trainer import Trainer
     from ascender_dist.training.weights import gather_canonical_state, read_weights_file
@@ -94,6 +125,7 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     trainer = Trainer(_config(args, arch, name, parallel, init_from=str(files["init"])))
     losses = trainer.fit()
     final = gather_canonical_state(trainer.engine.module, trainer.cfg)
+    replica_diff = _tp_replica_diff(trainer)
     if dist.get_rank() != 0:
         return {}
     ref_losses = json.loads(files["losses"].read_text())
@@ -103,9 +135,13 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
         raise AssertionError(f"parameters present in only one layout: {missing}")
     param_diff = {k: (final[k] - v).abs().max().item() for k, v in ref_final.items()}
     worst = max(param_diff, key=param_diff.get)
+    shared = [k for k in ref_final if k.endswith("omega_shared")]
+    init = read_weights_file(files["init"]) if shared else {}
     return {"losses": losses, "reference_losses": ref_losses,
             "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
-            "param_diff": param_diff[worst], "worst_param": worst}
+            "param_diff": param_diff[worst], "worst_param": worst, "replica_diff": replica_diff,
+            "shared_omega": {"count": len(shared), "diff": max((param_diff[k] for k in shared), default=0.0),
+                             "moved": max(((final[k] - init[k]).abs().max().item() for k in shared), default=0.0)}}
 
 
 def layouts(args):

@@ -26,11 +26,18 @@ def main(args):
                                                                 "connection": CONN}}),
         "connection_linear_tp2": lambda: tp_parity({"model": {**DEBUG, "architecture": "connection",
                                                               "connection": {**CONN, "connection": "linear"}}}),
+        # omega shared across heads: replicated over TP, its per-rank gradient all-reduced over TP
+        "ascender_shared_omega_tp2": lambda: tp_parity({"model": {
+            **DEBUG, "architecture": "ascender", "ascender": {**ASC, "share_omega_across_heads": True}}},
+            report=("omega_shared",)),
         "mixed_ascender_connection_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN}}),
         "connection_stop_under_tp": connection_stop_under_tp,
         "dist_ckpt_ascender": lambda: dist_checkpoint_reshard(
             {"model": {**DEBUG, "architecture": "ascender", "ascender": ASC}}, args["root"]),
+        "dist_ckpt_ascender_shared_omega": lambda: dist_checkpoint_reshard(
+            {"model": {**DEBUG, "architecture": "ascender",
+                       "ascender": {**ASC, "share_omega_across_heads": True}}}, args["root"]),
         "dist_ckpt_connection": lambda: dist_checkpoint_reshard(
             {"model": {**DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC,
                        "connection": CONN}}, args["root"]),
@@ -85,7 +92,8 @@ def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
 
     init_process_group()
     cfg = config_from_dict(raw_cfg)
-    path = Path(root) / f"dist_ckpt_{cfg.model.architecture}"
+    shared = cfg.model.ascender.share_omega_across_heads
+    path = Path(root) / f"dist_ckpt_{cfg.model.architecture}{'_shared_omega' if shared else ''}"
     if dist.get_rank() == 0:
         path.mkdir(parents=True, exist_ok=True)
     dist.barrier()
@@ -95,6 +103,8 @@ def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
         init_model_parallel(tp, 1, seed=11 + tp)  # different seeds: loading must overwrite everything
         model = build_model(cfg, derive(cfg, dist.get_world_size(), 256))
         if tp == 2:
+            for i, param in enumerate(p for n, p in model.named_parameters() if n.endswith("omega_shared")):
+                param.data.add_(0.1 * (i + 1))  # shared omega is a constant at init: make the load visible
             dist_checkpointing.save(model.sharded_state_dict(), str(path))
             saved = gather_full_state(model, mps.get_tensor_model_parallel_group())
         else:
