@@ -142,3 +142,7 @@ def test_shared_omega_equals_per_head_with_equal_gains(impl, extra):
     assert shared.omega_shared.grad.abs().min() > 0
     for name in ("delta", "kappa", "tau_score"):
         assert torch.allclose(getattr(shared, name).grad, getattr(per_head, name).grad, atol=1e-10), name
+    # logged per head (TensorBoard ascender/omega_*/layerNN/headMM): the shared value in every head
+    _, info = ascender_attention(*inputs, shared, hp, step=0, impl=impl, return_decomposition=True)
+    for col, name in enumerate(("align", "sep", "coh")):
+        assert torch.equal(info["stats"][f"omega_{name}"], gains[0, col].expand(nh)), name

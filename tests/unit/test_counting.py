@@ -19,6 +19,9 @@ CASES = {
                               "connection": {"connection": "linear"}},
     "mixed_ascender_connection": {"preset": "debug", "architecture": "connection", "layer_pattern": "SC",
                                   "ascender": {"d_z": 8, "d_a": 8, "k": 4, "window": 16, "num_global": 2}},
+    "ascender_shared_omega_trainable_lambdas": {
+        "preset": "debug", "architecture": "ascender",
+        "ascender": {"share_omega_across_heads": True, "trainable_lambdas": True}},
 }
 
 
