@@ -92,10 +92,10 @@ class AscenderHeadParams(nn.Module):
     def __getattr__(self, name: str):
         # only reached when normal lookup fails: ``omega`` is then the shared gains seen per head
         # (an expanded view: writing into it raises instead of silently changing a copy)
-        if name == "omega":
-            shared = self._parameters.get("omega_shared")
-            if shared is not None:
-                return shared.expand(self.num_heads, 3)
+        # (indexing, not .get: DeepSpeed ZeRO-3's _parameters dict gathers a partitioned parameter
+        # in __getitem__ only)
+        if name == "omega" and "omega_shared" in self._parameters:
+            return self._parameters["omega_shared"].expand(self.num_heads, 3)
         return super().__getattr__(name)
 
     @property

@@ -35,7 +35,7 @@ ARCHS = {
 # is one more replicated parameter), so it runs there only.
 ARCHS["ascender_shared_omega"] = {**ARCHS["ascender"],
                                   "ascender": {**ARCHS["ascender"]["ascender"], "share_omega_across_heads": True}}
-ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel")}
+ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_dp2_zero3")}
 LAYOUTS = {
     2: {"tp2": {"tensor_model_parallel_size": 2},
         "pp2": {"pipeline_model_parallel_size": 2},
