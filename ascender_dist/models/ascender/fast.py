@@ -402,23 +402,6 @@ def merge_rows(rows: dict, chunk_rows: list[dict]) -> dict:
     return rows
 
 
-def fast_attention(
-    q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
-    with_aux: bool = False, with_stats: bool = False,
-) -> AscenderResult:  # fmt: skip
-    """ASCender attention in O(s * (window + chunk)) memory. Same result as reference_attention
-    (out [b, np, s, hd]; rows: per-row statistics; stats: per-head mass moved; aux losses), no maps."""
-    n = q.shape[-2]
-    call, t, chunks, rows = prepare(
-        q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux, with_stats=with_stats,
-        moment_chunks=moment_chunks(n),
-    )
-    out, chunk_rows, stats = fused_chunks(call, t, chunks)
-    rows.update(chunk_rows)
-    aux = _aux(rows, t.get("u"), rows["neighbour_idx"], rows["neighbour_valid"], hp, call) if with_aux else {}
-    return AscenderResult(out=out, rows=rows, stats=stats, aux=aux)
-
-
 def _aux(rows, u, idx, valid, hp: AscenderHParams, call: _Call):
     """Section 8 losses from the streamed per-row pieces (same definitions as the reference)."""
     aux = {}
@@ -440,17 +423,52 @@ def _aux(rows, u, idx, valid, hp: AscenderHParams, call: _Call):
 
 
 # ----------------------------------------------------------------------------- fused path
-# One autograd.Function runs every query chunk. Forward keeps no tile: it saves the inputs,
-# the (augmented) output and the per-row log-sum-exp. Backward recomputes one chunk's tiles
-# at a time and back-propagates through them by hand (the Separation tile, the kernels and
-# the attention, FlashAttention-style), while the O(chunk) per-row algebra between them
-# (row scales, gates, eta, centroids, the folded queries) is re-run under autograd. Gradients
-# of the whole-sequence inputs are accumulated in place into one buffer each (slicing a
-# full-size tensor per chunk would allocate a full-size gradient per chunk: O(s^2 / chunk)).
+# One autograd.Function runs every query chunk from the raw inputs (q, k, v, z, h and the
+# per-head parameters): it derives the key-side operands itself, keeps no tile and no derived
+# whole-sequence tensor for backward (only the inputs, the output, the neighbour indices and
+# O(s) row statistics), and backward derives the operands again, recomputes one chunk's tiles
+# at a time and back-propagates through them by hand (the Separation tile, the kernels and the
+# attention, FlashAttention-style). The O(chunk) per-row algebra between them (headings from the
+# gathered neighbours, row scales, gates, eta, centroids, the folded queries) is re-run under
+# autograd. Gradients of whole-sequence operands accumulate in place into one buffer each
+# (slicing a full-size tensor per chunk would allocate a full-size gradient per chunk).
+#
+# The folded scores are never formed from a concatenated [s, hd + hd + dz + 2] key tensor:
+# S accumulates q'_i . k_j, (w_a s_a u_i) . khat_j and (2 w_c s_c y_i) . Zr_j with one GEMM
+# each into the same tile, so the only key-side operands are khat and Zr (below), which the
+# Separation tile needs anyway.
+#
+# Geometry operands, one row per key, shared by the folds and the tiles:
+#     Zr_j = [s z_j, 1, -a |z_j|^2],  Zl_i = perm(Zr_i) = [s z_i, -a |z_i|^2, 1]   (s^2 = 2a)
+#         Zl_i . Zr_j = -a |z_i - z_j|^2           (a = 1 / kernel denominator)
+#     Hr_j = [hhat_j, 1, -delta / 2],  Hl_i = perm(Hr_i)
+#         Hl_i . Hr_j = hhat_i . hhat_j - delta    (the thresholded affinity before relu)
+# perm swaps the last two columns, so a gradient with respect to the right factor, written as
+# sum_i g_ij perm(left_i) = sum_i g_ij right_i, lands in the left factor's layout: both sides
+# of a tile accumulate into one buffer per operand, using the right factor only.
 #
 # Tiles are [B, C, L] with B = b * np, C query rows [c0, c1) and L keys [0, L). Every key
 # j < c0 is visible to every row of a causal chunk, so the only masked / diagonal entries lie
 # in the [C, C] block of columns [c0, c1): masks never touch the rest of the tile.
+
+MOMENT_STRIDE = 256  # rows between two causal moment states of the fused path
+
+
+def moment_chunks(n: int) -> list[tuple[int, int]]:
+    return [(s0, min(s0 + MOMENT_STRIDE, n)) for s0 in range(0, n, MOMENT_STRIDE)]
+
+
+def _swap_last_two(x: torch.Tensor) -> torch.Tensor:
+    """perm above: the last two columns exchanged (a copy of an O(chunk) operand)."""
+    return torch.cat([x[..., :-2], x[..., -1:], x[..., -2:-1]], -1)
+
+
+def _normalize_backward_(x: torch.Tensor, xhat: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gradient with respect to x of xhat = x / max(|x|, eps) given g = dL/dxhat (F.normalize),
+    computed in place into g (a whole-sequence buffer: no full-size temporary)."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    radial = torch.linalg.vecdot(xhat, g)[..., None].masked_fill_(norm <= eps, 0.0)
+    return g.addcmul_(xhat, radial, value=-1.0).div_(norm.clamp_(min=eps))
 
 
 def _count_denom(c0: int, c1: int, L: int, hp: AscenderHParams, dtype, device):
@@ -462,11 +480,81 @@ def _count_denom(c0: int, c1: int, L: int, hp: AscenderHParams, dtype, device):
     return count, variance_denominator(count, hp)
 
 
+@torch.no_grad()
+def _moment_states(y3: torch.Tensor, causal: bool) -> list[tuple]:
+    """Moment states of the keys y3 [B, s, e] for _row_moments_chunk.
+
+    Causal: entry si holds (mean [B, 1, e], centred scatter [B, e, e]) of the keys
+    j < si * MOMENT_STRIDE (() for si = 0), merged stride by stride (Chan et al.).
+    Bidirectional: one entry, (mean, covariance) over all keys. No gradient is recorded:
+    _moment_states_backward differentiates them in closed form."""
+    n = y3.shape[1]
+    if not causal:
+        mean = y3.mean(1, keepdim=True)
+        yc = y3 - mean
+        return [(mean, yc.transpose(1, 2) @ yc / n)]
+    states, count, mean, scatter = [()], 0, None, None
+    for s0, s1 in moment_chunks(n)[:-1]:
+        yb = y3[:, s0:s1]
+        mb = yb.mean(1, keepdim=True)
+        yc = yb - mb
+        sb = yc.transpose(1, 2) @ yc
+        nb = s1 - s0
+        if count == 0:
+            mean, scatter = mb, sb
+        else:
+            delta = mb - mean
+            tot = count + nb
+            scatter = scatter + sb + delta.transpose(1, 2) @ delta * (count * nb / tot)
+            mean = mean + delta * (nb / tot)
+        count += nb
+        states.append((mean, scatter))
+    return states
+
+
+def _moment_states_backward(y3, states, grads: dict, causal: bool, gy3: torch.Tensor, swap: bool = False) -> None:
+    """Add to gy3 [B, s, e] the gradient reaching the keys through the moment states.
+
+    For a state over keys j < c with mean m and scatter M = sum_j (y_j - m)(y_j - m)^T:
+    dL/dy_j = (G + G^T)(y_j - m) + g_m / c, with G = dL/dM, g_m = dL/dm (the path through m
+    inside M vanishes: sum_j (y_j - m) = 0). Key block r feeds every state si > r, so the
+    (G + G^T) and the offsets are summed from the last stride backwards: O(s e^2). swap: gy3 is
+    kept in the left layout of Zr (_swap_last_two), one block at a time."""
+    n = y3.shape[1]
+    if not grads:
+        return
+    if not causal:
+        g_mean, g_cov = grads[0]
+        mean = states[0][0]
+        grad = torch.zeros_like(mean) if g_mean is None else g_mean / n
+        if g_cov is not None:
+            grad = torch.baddbmm(grad, y3 - mean, g_cov + g_cov.transpose(1, 2), alpha=1.0 / n)
+        gy3.add_(_swap_last_two(grad) if swap else grad)
+        return
+    acc = offset = None
+    blocks = moment_chunks(n)
+    for r in reversed(range(len(blocks))):
+        if r + 1 in grads:
+            g_mean, g_scatter = grads[r + 1]
+            mean = states[r + 1][0]
+            sym = g_scatter + g_scatter.transpose(1, 2) if g_scatter is not None else torch.zeros_like(states[r + 1][1])
+            off = mean @ sym
+            if g_mean is not None:
+                off = off - g_mean / ((r + 1) * MOMENT_STRIDE)
+            acc = sym if acc is None else acc + sym
+            offset = off if offset is None else offset + off
+        if acc is not None:
+            s0, s1 = blocks[r]
+            grad = torch.baddbmm(-offset, y3[:, s0:s1], acc)
+            gy3[:, s0:s1] += _swap_last_two(grad) if swap else grad
+
+
 def _row_moments_chunk(causal: bool, x, state, yb, c0: int, s0: int):
-    """PrefixMoments.row_moments for query rows [c0, c1) given the running state of the keys
-    j < s0 (s0 <= c0: states are kept every MOMENT_STRIDE rows only, so their number, each
-    e x e, stays small at long s) and the keys yb = y[s0:c1] themselves (passed in so that they
-    can be autograd leaves). Returns (mean, var_pop), [b, np, C]."""
+    """Mean and population variance over visible keys j of p_ij = x_i . y_j for query rows
+    [c0, c1), without the [C, s] p: from the state of the keys j < s0 (s0 <= c0: states are
+    kept every MOMENT_STRIDE rows only, so their number, each e x e, stays small at long s)
+    plus the keys yb = y[s0:c1] themselves (an autograd leaf in backward); the p are shifted by
+    the state mean so that E[p^2] - E[p]^2 does not cancel. Returns (mean, var_pop), [b, np, C]."""
     if not causal:
         mean, cov = state
         return (x * mean).sum(-1), ((x @ cov) * x).sum(-1)
@@ -484,44 +572,68 @@ def _row_moments_chunk(causal: bool, x, state, yb, c0: int, s0: int):
     return m + (x * shift).sum(-1), var
 
 
-MOMENT_STRIDE = 256  # rows between two causal moment states of the fused path
-
-
-def moment_chunks(n: int) -> list[tuple[int, int]]:
-    return [(s0, min(s0 + MOMENT_STRIDE, n)) for s0 in range(0, n, MOMENT_STRIDE)]
-
-
 class _Spec:
-    """Static description of one fused call (names of the flat inputs, chunks, row keys)."""
+    """Static description of one fused call (chunks, names of the row outputs and statistics)."""
 
-    def __init__(self, call: _Call, chunks, names, state_slots):
-        self.call, self.chunks, self.names, self.state_slots = call, chunks, names, state_slots
+    def __init__(self, call: _Call, chunks):
+        self.call, self.chunks = call, chunks
         self.row_keys: list[str] = []
-        self.moved: dict = {}
         self.stat_keys: list[str] = []
+        self.moved: dict = {}
+
+
+def _operands(call: _Call, q, k, v, z, h, delta, tau, slope) -> dict:
+    """The whole-sequence operands every chunk reads, O(s) each, derived from the inputs in
+    forward and again in backward (nothing derived is kept in between): 4-d views of the
+    inputs, [B, s, e] GEMM operands (k3, khat3, Zr, Hr, v_aug3) and the moment states."""
+    hp = call.hp
+    b, nh, n, hd = q.shape
+    B = b * nh
+    t = dict(q=q, z=z, h=h, k=k, k3=k.reshape(B, n, hd))
+    if call.want_lcoh:  # the value columns of L_coh: sum_j A_ij [z_j, |z_j|^2]
+        t["v_aug3"] = torch.cat([v, z, (z * z).sum(-1, keepdim=True)], -1).reshape(B, n, -1)
+    else:
+        t["v_aug3"] = v.reshape(B, n, hd)
+    if hp.use_align:
+        t["khat3"] = F.normalize(t["k3"], dim=-1, eps=hp.eps)
+        t["align_states"] = _moment_states(t["khat3"], hp.causal)
+    if call.use_sep or hp.use_coh:
+        ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
+        k_main = ks if call.use_sep else kc
+        t["a"] = a = 1.0 / k_main
+        t["s"] = math.sqrt(2 * a)
+        t["ratio"] = k_main / kc if (call.use_sep and hp.use_coh and kc != ks) else 1.0
+        z3 = z.reshape(B, n, -1)
+        t["Zr"] = torch.cat([t["s"] * z3, torch.ones_like(z3[..., :1]), -a * (z3 * z3).sum(-1, keepdim=True)], -1)
+    if hp.use_coh:
+        t["coh_states"] = _moment_states(t["Zr"], hp.causal)
+    if call.use_sep:
+        h3 = h.reshape(B, n, -1)
+        hhat = F.normalize(h3, dim=-1, eps=hp.eps)  # kept only inside Hr
+        half = (-0.5 * delta).repeat(b).view(B, 1, 1).expand(B, n, 1)
+        t["Hr"] = torch.cat([hhat, torch.ones_like(hhat[..., :1]), half], -1)
+    if hp.other_bias == "alibi":
+        t["slope_tau_b"] = (slope / tau).repeat(b)
+    return t
 
 
 def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool, saved: dict | None = None):
     """Kernel / Separation tiles of rows [c0, c1) x keys [0, L) and their row statistics.
 
     Returns (stats, tiles). stats (per row, [b, np, C(, e)]; only when saved is None):
-    rho, mu, var (Separation), mom = sum_l w_il [z_l, |z_l|^2, 1] (Cohesion, l = i included;
-    the last column is the kernel mass). tiles: dev = phi - mu on visible entries (0 elsewhere)
-    and, with keep, what backward needs. saved: the stats of the forward pass (backward).
-
-    Both the scaled squared distance and the thresholded affinity are single GEMMs over
-    augmented vectors (no broadcast pass):
-        x_ij = -|z_i - z_j|^2 / k = [z_i, |z_i|^2, 1] . [2 z_j, -1, -|z_j|^2] / k
-        a_ij - delta = [hhat_i, 1] . [hhat_j, -delta]
-    """
+    rho, mu, var (Separation), mom = sum_l w_il Zr_l = [s sum w z, sum w, -a sum w |z|^2]
+    (Cohesion, l = i included). tiles: dev = phi - mu on visible entries (0 elsewhere) and,
+    with keep, what backward needs. saved: the stats of the forward pass (backward).
+    The scaled squared distance and the thresholded affinity are one GEMM each (see above)."""
     hp = call.hp
     if not (call.use_sep or hp.use_coh):
         return {}, {}
-    b, nh, n, dz = t["z"].shape
+    b, nh = t["q"].shape[:2]
     B, C = b * nh, c1 - c0
+    Zr = t["Zr"]
     use_coh = hp.use_coh
     ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
-    x = torch.bmm(t["ZL"][:, c0:c1], t["ZR"][:, :L].transpose(1, 2))  # -d2 / k_main
+    x = torch.bmm(_swap_last_two(Zr[:, c0:c1]), Zr[:, :L].transpose(1, 2))  # -|z_i - z_j|^2 / k_main
     clamped = (x > 0) if keep else None  # |z_i - z_j|^2 < 0 by rounding: clamped, no gradient
     ratio = t["ratio"]
     # Lower clamp: exp of arguments in [-104, -87] (float32) lands in the denormals and is ~30x
@@ -545,15 +657,16 @@ def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool, saved: di
     else:
         w_coh = w
     stats, tiles = {}, {}
-    if saved is None and use_coh:
-        stats["mom"] = torch.bmm(w_coh, t["ZL"][:, :L]).view(b, nh, C, dz + 2)
+    if use_coh and (saved is None or "mom" not in saved):  # not kept for backward: one GEMM again
+        stats["mom"] = torch.bmm(w_coh, Zr[:, :L]).view(b, nh, C, -1)
     if call.use_sep:
         if saved is None:
             dg = w_sep[:, :, c0:c1].diagonal(dim1=1, dim2=2)
             dg.fill_(0.0)
             stats["rho"] = w_sep.sum(-1).view(b, nh, C)  # sum over visible l != i (no 1 - 1 cancelling)
             dg.fill_(1.0)
-        r = torch.bmm(t["HL"][:, c0:c1], t["HR"][:, :L].transpose(1, 2))
+        Hr = t["Hr"]
+        r = torch.bmm(_swap_last_two(Hr[:, c0:c1]), Hr[:, :L].transpose(1, 2))
         r.clamp_(min=0)  # relu(a - delta)
         phi = r * w_sep if keep else r.mul_(w_sep)
         if saved is None:
@@ -575,58 +688,87 @@ def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool, saved: di
     return stats, tiles
 
 
+def _gather_neighbours(khat3: torch.Tensor, idx, c0: int, c1: int) -> torch.Tensor:
+    """khat of the k neighbours of rows [c0, c1): [b, np, C, k, hd] (invalid slots read row 0 of
+    their head; _rows masks them). One index_select; backward is one index_add_ (_index_rows)."""
+    b, nh, _, kk = idx.shape
+    return khat3.reshape(-1, khat3.shape[-1]).index_select(0, _index_rows(idx, c0, c1, khat3.shape[1]).reshape(-1)).view(
+        b, nh, c1 - c0, kk, -1
+    )
+
+
+def _index_rows(idx, c0: int, c1: int, n: int) -> torch.Tensor:
+    """Rows of the flattened [B * s, e] operand that the neighbour slots of rows [c0, c1) read."""
+    b, nh = idx.shape[:2]
+    base = (torch.arange(b * nh, device=idx.device) * n).view(b, nh, 1, 1)
+    return idx[..., c0:c1, :] + base  # [b, np, C, k]
+
+
 def _rows(call: _Call, c0: int, c1: int, L: int, x: dict):
-    """Per-row algebra of one chunk ([b, np, C] tensors only): folded queries q_aug
-    [b, np, C, e], the Separation row factor omega_s s_i / tau (or None) and row statistics."""
+    """Per-row algebra of one chunk ([b, np, C]-sized tensors only): the folded query parts
+    [(key operand name, [B, C, e] already / tau_score)], the Separation row factor
+    omega_s s_i / tau (or None) and the row statistics."""
     hp = call.hp
+    b, nh, C, _ = x["q"].shape
+    B = b * nh
     count, denom = _count_denom(c0, c1, L, hp, x["q"].dtype, x["q"].device)
-    tau = x["tau"].view(1, -1, 1)
+    tau = x["tau"].view(1, -1, 1, 1)
     omega, lambdas = x["omega"], x["lambdas"]
     rows = {}
-    parts = [x["q"] / math.sqrt(call.hd)]
+    parts = [("k3", x["q"] / (math.sqrt(call.hd) * tau))]
     if hp.use_align:
-        uq = x["u"]
-        g = lambdas[:, ALIGN].view(1, -1, 1) * x["gate_a"]
+        valid = x["nvalid"]  # [b, np, C, k]
+        kn = x["kn"] * valid[..., None].to(x["kn"].dtype)  # [b, np, C, k, hd]
+        total = kn.sum(-2)
+        sq = (kn * kn).sum((-1, -2))
+        nk = valid.sum(-1).to(kn.dtype).clamp(min=1)
+        spread = (sq / nk - (total * total).sum(-1) / (nk * nk)).clamp(min=0)  # total variance
+        uq = F.normalize(total, dim=-1, eps=hp.eps)
+        gate_a = torch.sigmoid(-hp.alpha_align * spread)
+        g = lambdas[:, ALIGN].view(1, -1, 1) * gate_a
         mean, var = _row_moments_chunk(hp.causal, uq, x["align_state"], x["khat"], c0, x["s0"])
         s = row_scale(g, safe_sqrt(var * count / denom), hp)
-        rows["align_mean"], rows["align_scale"] = mean, s
-        parts.append(omega[:, ALIGN].view(1, -1, 1, 1) * s[..., None] * uq)
+        rows["u"], rows["gate_align"], rows["align_mean"], rows["align_scale"] = uq, gate_a, mean, s
+        parts.append(("khat3", omega[:, ALIGN].view(1, -1, 1, 1) * s[..., None] * uq / tau))
     if hp.use_coh:
-        mom = x["mom"]
-        moments = mom[..., :-1] / mom[..., -1:]  # weights >= 1 (w_ii = 1)
-        c, ez2 = moments[..., :-1], moments[..., -1]
+        sz, a = x["s_z"], x["a"]
+        mom = x["mom"]  # [s sum w z, sum w, -a sum w |z|^2]
+        mass = mom[..., -2:-1]  # >= 1 (w_ii = 1)
+        c = mom[..., :-2] / (sz * mass)
+        ez2 = -mom[..., -1] / (a * mass[..., 0])
         c2 = (c * c).sum(-1)
         gate = torch.sigmoid(-hp.alpha_coh * (ez2 - c2).clamp(min=0))
         g = lambdas[:, COH].view(1, -1, 1) * gate / hp.tau_coh
-        xc = torch.cat([c, torch.ones_like(c[..., :1])], -1)
-        mean_p, var_p = _row_moments_chunk(hp.causal, xc, x["coh_state"], x["zy"], c0, x["s0"])
+        # y_i . Zr_j = c_i . z_j - |z_j|^2 / 2 =: p_ij, and r_coh_ij = 2 p_ij - |c_i|^2
+        y = torch.cat([c / sz, torch.zeros_like(c[..., :1]), torch.full_like(c[..., :1], 0.5 / a)], -1)
+        mean_p, var_p = _row_moments_chunk(hp.causal, y, x["coh_state"], x["Zr"], c0, x["s0"])
         s = row_scale(g, safe_sqrt(4 * var_p * count / denom), hp)
         rows["centroid"], rows["gate_coh"], rows["coh_mean"], rows["coh_scale"] = c, gate, 2 * mean_p - c2, s
-        parts.append(omega[:, COH].view(1, -1, 1, 1) * 2 * s[..., None] * xc)
+        parts.append(("Zr", omega[:, COH].view(1, -1, 1, 1) * 2 * s[..., None] * y / tau))
     factor = None
     if call.use_sep:
         eta = torch.clamp(x["rho"] / x["kappa"].view(1, -1, 1), max=1.0)
         s = row_scale(-lambdas[:, SEP].view(1, -1, 1) * eta, safe_sqrt(x["var"]), hp)
         rows["rho"], rows["eta"], rows["sep_mean"], rows["sep_scale"] = x["rho"], eta, x["mu"], s
-        factor = omega[:, SEP].view(1, -1, 1) * s / tau
-    q_aug = torch.cat(parts, -1) / tau[..., None]
-    return q_aug, factor, rows
+        factor = omega[:, SEP].view(1, -1, 1) * s / tau[..., 0]
+    return [(key, p.reshape(B, C, -1)) for key, p in parts], factor, rows
 
 
 def _alibi_tile(c0: int, c1: int, L: int, dtype, device):
     return (torch.arange(c0, c1, device=device)[:, None] - torch.arange(L, device=device)).abs().to(dtype)
 
 
-def _scores(call: _Call, c0, c1, L, t, q_aug3, factor, dev, keep_dev: bool):
-    """S = q_aug k_aug^T + omega_s s_i dev_ij / tau (+ ALiBi / tau), -inf where invisible."""
+def _scores(call: _Call, c0, c1, L, t, parts, factor, dev, keep_dev: bool):
+    """S = sum over parts of q_part k_part^T + omega_s s_i dev_ij / tau (+ ALiBi / tau), -inf
+    where invisible; one GEMM per folded part, accumulated in place."""
     hp = call.hp
-    ka = t["k_aug3"][:, :L]
+    S = None
     if factor is not None:
         f = factor.reshape(-1, c1 - c0, 1)
         S = dev * f if keep_dev else dev.mul_(f)
-        S.baddbmm_(q_aug3, ka.transpose(1, 2))
-    else:
-        S = torch.bmm(q_aug3, ka.transpose(1, 2))
+    for key, qp in parts:
+        kT = t[key][:, :L].transpose(1, 2)
+        S = torch.bmm(qp, kT) if S is None else S.baddbmm_(qp, kT)
     if hp.other_bias == "alibi":
         S.sub_(_alibi_tile(c0, c1, L, S.dtype, S.device) * t["slope_tau_b"][:, None, None])
     if hp.causal and c1 - c0 > 1:
@@ -635,56 +777,76 @@ def _scores(call: _Call, c0, c1, L, t, q_aug3, factor, dev, keep_dev: bool):
     return S
 
 
-def _row_inputs(call: _Call, c0: int, c1: int, t: dict, stats: dict, ci: int, leaf: bool):
-    """Inputs of _rows for one chunk; with leaf, detached copies that require grad."""
+SMALL = ("omega", "lambdas", "kappa", "tau")
+
+
+def _row_inputs(call: _Call, c0: int, c1: int, t: dict, stats: dict, leaf: bool):
+    """Inputs of _rows for one chunk; with leaf, detached copies that require grad (the
+    per-head parameters: the shared leaves t['leaf_*'])."""
     hp = call.hp
+    b, nh = t["q"].shape[:2]
     si = c0 // MOMENT_STRIDE if hp.causal else 0  # moment state index, keys j < s0 in it
     s0 = si * MOMENT_STRIDE if hp.causal else c0
     x = {"q": t["q"][..., c0:c1, :]}
-    for key in ("omega", "lambdas", "kappa", "tau"):
+    for key in SMALL:
         x[key] = t["leaf_" + key] if leaf else t[key]
+    as4 = lambda y: y.view(b, nh, *y.shape[1:])  # noqa: E731  [B, ...] -> [b, np, ...]
     if hp.use_align:
-        x["u"], x["gate_a"], x["khat"] = t["u"][..., c0:c1, :], t["gate_a"][..., c0:c1], t["khat"][..., s0:c1, :]
-        x["align_state"] = t["align_states"][si]
+        x["kn"] = _gather_neighbours(t["khat3"], t["idx"], c0, c1)
+        x["nvalid"] = t["valid"][..., c0:c1, :]
+        x["khat"] = as4(t["khat3"][:, s0:c1])
+        x["align_state"] = tuple(as4(s_) for s_ in t["align_states"][si])
     if hp.use_coh:
-        x["zy"] = t["zy"][..., s0:c1, :]
-        x["coh_state"] = t["coh_states"][si]
+        x["Zr"] = as4(t["Zr"][:, s0:c1])
+        x["coh_state"] = tuple(as4(s_) for s_ in t["coh_states"][si])
+        x["s_z"], x["a"] = t["s"], t["a"]
     x.update(stats)
     x["s0"], x["si"] = s0, si
     if leaf:
         for key, val in list(x.items()):
-            if key.startswith(("omega", "lambdas", "kappa", "tau")):
+            if key in SMALL:
                 continue
             if isinstance(val, tuple):
                 x[key] = tuple(v_.detach().requires_grad_() for v_ in val)
-            elif isinstance(val, torch.Tensor):
+            elif isinstance(val, torch.Tensor) and val.is_floating_point():
                 x[key] = val.detach().requires_grad_()
     return x
+
+
+def _store_rows(full: dict, rows: dict, c0: int, c1: int, n: int) -> None:
+    """Write one chunk's per-row tensors [b, np, C, ...] into full-length [b, np, s, ...] ones."""
+    for key, val in rows.items():
+        if key not in full:
+            full[key] = val.new_empty(*val.shape[:2], n, *val.shape[3:])
+        full[key][:, :, c0:c1] = val
 
 
 class _FusedChunks(torch.autograd.Function):
     """All query chunks of one call; see the comment at the top of this section."""
 
     @staticmethod
-    def forward(ctx, spec: _Spec, *tensors):
+    def forward(ctx, spec: _Spec, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid):
         call, hp = spec.call, spec.call.hp
-        t = _unflatten(spec, tensors)
-        b, nh, n, hd = t["q"].shape
+        t = _operands(call, q, k, v, z, h, delta, tau, slope)
+        t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
+        b, nh, n, hd = q.shape
         B = b * nh
-        ve = t["v_aug"].shape[-1]
-        out_aug = t["q"].new_empty(b, nh, n, ve)
-        chunk_rows, chunk_stats, moved = [], [], {}
-        for ci, (c0, c1) in enumerate(spec.chunks):
+        ve = t["v_aug3"].shape[-1]
+        out_aug = q.new_empty(b, nh, n, ve)
+        # row outputs and statistics go straight into full-length tensors: per-chunk pieces kept
+        # until one cat at the end would double them and fragment the heap at long s
+        row_out, stats_full, moved = {}, {}, {}
+        for c0, c1 in spec.chunks:
             L = c1 if hp.causal else n
             C = c1 - c0
             stats, tiles = _tiles(call, c0, c1, L, t, keep=call.want_lsep)
-            x = _row_inputs(call, c0, c1, t, stats, ci, leaf=False)
-            q_aug, factor, rows = _rows(call, c0, c1, L, x)
+            x = _row_inputs(call, c0, c1, t, stats, leaf=False)
+            parts, factor, rows = _rows(call, c0, c1, L, x)
             dev = tiles.get("dev")
             if call.with_stats:
-                for key, val in _moved_stats(call, c0, c1, L, t, x, rows, factor, dev).items():
+                for key, val in _moved_stats(call, c0, c1, L, t, rows, factor, dev).items():
                     moved[key] = moved.get(key, 0) + val
-            S = _scores(call, c0, c1, L, t, q_aug.reshape(B, C, -1), factor, dev, keep_dev=False)
+            S = _scores(call, c0, c1, L, t, parts, factor, dev, keep_dev=False)
             P = torch.softmax(S, -1)  # one row-wise kernel (rows stay in cache)
             del S
             out_aug[..., c0:c1, :] = torch.bmm(P, t["v_aug3"][:, :L]).view(b, nh, C, ve)
@@ -693,58 +855,48 @@ class _FusedChunks(torch.autograd.Function):
             if call.want_lcoh:
                 c, oc = rows["centroid"], out_aug[..., c0:c1, hd:]
                 rows["lcoh"] = oc[..., -1] - 2 * (c * oc[..., :-1]).sum(-1) + (c * c).sum(-1)
-            chunk_rows.append(rows)
-            chunk_stats.append(stats)
-        spec.row_keys = list(chunk_rows[0])
-        spec.stat_keys = list(chunk_stats[0])
+            _store_rows(row_out, rows, c0, c1, n)
+            _store_rows(stats_full, {k_: v_ for k_, v_ in stats.items() if k_ != "mom"}, c0, c1, n)
+        spec.row_keys = list(row_out)
+        spec.stat_keys = list(stats_full)
         spec.moved = {k_: v_ / n for k_, v_ in moved.items()}
-        row_out = [torch.cat([r[k_] for r in chunk_rows], dim=2) for k_ in spec.row_keys]
-        stats_full = [torch.cat([st[k_] for st in chunk_stats], dim=2) for k_ in spec.stat_keys]
         out = out_aug if ve == hd else out_aug[..., :hd].contiguous()
         ctx.spec = spec
-        ctx.save_for_backward(*tensors, out_aug, *stats_full)
+        ctx.save_for_backward(q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug,
+                              *stats_full.values())  # fmt: skip
         ctx.set_materialize_grads(False)
-        return (out, *row_out)
+        return (out, *row_out.values())
 
     @staticmethod
     def backward(ctx, d_out, *d_rows):
         spec = ctx.spec
         call, hp = spec.call, spec.call.hp
-        saved = ctx.saved_tensors
-        nn_ = len(spec.names)
-        tensors, out_aug = saved[:nn_], saved[nn_]
-        stats_full = dict(zip(spec.stat_keys, saved[nn_ + 1 :]))
-        t = _unflatten(spec, tensors)
-        b, nh, n, hd = t["q"].shape
+        q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug, *saved = ctx.saved_tensors
+        stats_full = dict(zip(spec.stat_keys, saved))
+        t = _operands(call, q, k, v, z, h, delta, tau, slope)
+        t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
+        b, nh, n, hd = q.shape
         B = b * nh
-        dtype, dev_ = t["q"].dtype, t["q"].device
-        need = dict(zip(spec.names, ctx.needs_input_grad[1:]))
+        dtype, dev_ = q.dtype, q.device
         d_rows = dict(zip(spec.row_keys, d_rows))
-        # one full-size gradient buffer per per-position input, filled chunk by chunk in place
-        gbuf = {key: torch.zeros(t[key].shape, dtype=dtype, device=dev_)
-                for key in ("q", "u", "gate_a", "khat", "zy", "k_aug", "v_aug") if key in t}  # fmt: skip
-        gk3 = gbuf["k_aug"].view(B, n, -1)  # key-side gradients accumulate in place (baddbmm_)
-        gv3 = gbuf["v_aug"].view(B, n, -1)
-        tiled = call.use_sep or hp.use_coh
-        if tiled:
-            gZL, gZR = torch.zeros_like(t["ZL"]), torch.zeros_like(t["ZR"])
-        if call.use_sep:
-            gHL, gHR = torch.zeros_like(t["HL"]), torch.zeros_like(t["HR"])
+        # one full-size gradient buffer per whole-sequence operand, filled chunk by chunk in place
+        gq = torch.zeros_like(q)
+        gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "Zr", "Hr") if key in t}
+        gv3 = torch.zeros_like(t["v_aug3"])
         g_tau_alibi = torch.zeros(B, dtype=dtype, device=dev_)
-        small = ("omega", "lambdas", "kappa", "tau")
-        for key in small:
+        for key in SMALL:
             t["leaf_" + key] = t[key].detach().requires_grad_()
-        g_small = {key: torch.zeros_like(t[key]) for key in small}
-        g_states = {}
-        for ci, (c0, c1) in enumerate(spec.chunks):
+        g_small = {key: torch.zeros_like(t[key]) for key in SMALL}
+        g_states = {"align": {}, "coh": {}}
+        for c0, c1 in spec.chunks:
             L = c1 if hp.causal else n
             C = c1 - c0
             stats = {k_: v_[:, :, c0:c1] for k_, v_ in stats_full.items()}
-            _, tiles = _tiles(call, c0, c1, L, t, keep=True, saved=stats)
+            fresh, tiles = _tiles(call, c0, c1, L, t, keep=True, saved=stats)
+            stats.update(fresh)
             with torch.enable_grad():
-                x = _row_inputs(call, c0, c1, t, stats, ci, leaf=True)
-                q_aug, factor, rows = _rows(call, c0, c1, L, x)
-            q3 = q_aug.detach().reshape(B, C, -1)
+                x = _row_inputs(call, c0, c1, t, stats, leaf=True)
+                parts, factor, rows = _rows(call, c0, c1, L, x)
             dev = tiles.get("dev")
             # ---- gradient of the augmented output rows (task output, L_coh value columns)
             o = out_aug[..., c0:c1, :]
@@ -765,7 +917,8 @@ class _FusedChunks(torch.autograd.Function):
             dO3 = dO.view(B, C, -1)
             # ---- attention backward on the tile
             f_det = factor.detach() if factor is not None else None
-            S = _scores(call, c0, c1, L, t, q3, f_det, dev, keep_dev=True)
+            parts_det = [(key, p.detach()) for key, p in parts]
+            S = _scores(call, c0, c1, L, t, parts_det, f_det, dev, keep_dev=True)
             P = torch.softmax(S, -1)
             del S
             dP = torch.bmm(dO3, t["v_aug3"][:, :L].transpose(1, 2))
@@ -780,13 +933,18 @@ class _FusedChunks(torch.autograd.Function):
             # bit-identical to the out-of-place call): one tile less at the backward peak
             dS = torch.ops.aten._softmax_backward_data.out(dP, P, -1, dtype, grad_input=dP)
             del dP
-            d_q_aug = torch.bmm(dS, t["k_aug3"][:, :L]).view(b, nh, C, -1)
-            gk3[:, :L].baddbmm_(dS.transpose(1, 2), q3)
+            if gl is None:
+                del P  # one tile less for the rest of the chunk
+            outs, gouts = [], []
+            for (key, qp), (_, qd) in zip(parts, parts_det):
+                outs.append(qp)
+                gouts.append(torch.bmm(dS, t[key][:, :L]))
+                # key side; Zr's gradient is kept in the left layout (see the section comment)
+                gbuf[key][:, :L].baddbmm_(dS.transpose(1, 2), _swap_last_two(qd) if key == "Zr" else qd)
             if hp.other_bias == "alibi":
                 alibi = _alibi_tile(c0, c1, L, dtype, dev_)
                 g_tau_alibi += torch.linalg.vecdot(dS.view(B, -1), alibi.reshape(1, -1).expand(B, -1))
             # ---- per-row algebra under autograd (O(C) tensors)
-            outs, gouts = [q_aug], [d_q_aug]
             if factor is not None:
                 outs.append(factor)
                 gouts.append(torch.linalg.vecdot(dS, dev).view(b, nh, C))
@@ -796,30 +954,14 @@ class _FusedChunks(torch.autograd.Function):
             for key, g in d_rows.items():
                 if g is not None and key in rows:
                     outs.append(rows[key])
-                    gouts.append(g[..., c0:c1])
+                    gouts.append(g[:, :, c0:c1])
             leaves = [(k_, v_) for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad]
-            leaves += [(f"{k_[: -len('_state')]}s#{x['si']}#{i}", v_)
-                       for k_, val in x.items() if isinstance(val, tuple) for i, v_ in enumerate(val)]  # fmt: skip
+            leaves += [(f"{k_}#{i}", v_) for k_, val in x.items() if isinstance(val, tuple)
+                       for i, v_ in enumerate(val)]  # fmt: skip
             grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
-            gx = {}
-            for (name, _), g in zip(leaves, grads):
-                if g is not None:
-                    if "#" in name:
-                        g_states[name] = g_states[name] + g if name in g_states else g
-                    else:
-                        gx[name] = g
-            for key in small:
-                if key in gx:
-                    g_small[key] += gx[key]
-            for key in ("q", "u"):
-                if key in gx:
-                    gbuf[key][..., c0:c1, :] += gx[key]
-            for key in ("khat", "zy"):  # keys [s0, c1) of the in-chunk moments
-                if key in gx:
-                    gbuf[key][..., x["s0"] : c1, :] += gx[key]
-            if "gate_a" in gx:
-                gbuf["gate_a"][..., c0:c1] += gx["gate_a"]
-            if not tiled:
+            gx = {name: g for (name, _), g in zip(leaves, grads) if g is not None}
+            _scatter_row_grads(call, c0, c1, x, gx, t, gbuf, gq, g_small, g_states)
+            if not (call.use_sep or hp.use_coh):
                 continue
             # ---- tile backward: Separation statistics and bias, kernels, affinity
             g_mass = 0
@@ -839,35 +981,34 @@ class _FusedChunks(torch.autograd.Function):
                     dphi.add_((gmu.reshape(B, C) / count)[..., None])
                 if gl is not None:
                     dphi.addcmul_(P, gl[..., None])
-                if gl is None:
-                    del P
                 r, w_sep = tiles.pop("r"), tiles["w_sep"]
                 da = dphi * w_sep
                 dw = dphi.mul_(r)
                 da.mul_(r.sign_())  # relu'(a - delta) = [r > 0], r >= 0; r is not needed after
                 del r
-                gHL[:, c0:c1].baddbmm_(da, t["HR"][:, :L])
-                gHR[:, :L].baddbmm_(da.transpose(1, 2), t["HL"][:, c0:c1])
+                Hr, gH = t["Hr"], gbuf["Hr"]
+                gH[:, c0:c1].baddbmm_(da, Hr[:, :L])
+                gH[:, :L].baddbmm_(da.transpose(1, 2), Hr[:, c0:c1])
                 del da
                 grho = gx.get("rho")
                 if grho is not None:  # also hits the diagonal: zeroed in dx below
                     g_mass = grho.reshape(B, C, 1)
-            P = dS = None
+            P = dS = dphi = None
+            Zr, gZ = t["Zr"], gbuf["Zr"]
             w_coh = tiles["w_coh"]
             gmom = gx.get("mom")
+            gmom3 = None
             if hp.use_coh and gmom is not None:
                 gmom3 = gmom.reshape(B, C, -1)
-                gZL[:, :L].baddbmm_(w_coh.transpose(1, 2), gmom3)
-            else:
-                gmom3 = None
+                gZ[:, :L].baddbmm_(w_coh.transpose(1, 2), _swap_last_two(gmom3))
             same = not call.use_sep or not hp.use_coh or w_coh is tiles["w_sep"]
             if same:
                 if dw is None:
                     dw = torch.zeros_like(w_coh)
                 if gmom3 is not None:
                     gm = gmom3.clone()
-                    gm[..., -1:] += g_mass
-                    dw.baddbmm_(gm, t["ZL"][:, :L].transpose(1, 2))
+                    gm[..., -2:-1] += g_mass  # the kernel-mass column of Zr is 1
+                    dw.baddbmm_(gm, Zr[:, :L].transpose(1, 2))
                 elif isinstance(g_mass, torch.Tensor):
                     dw.add_(g_mass)
                 dx = dw.mul_(w_coh if w_coh is not None else tiles["w_sep"])
@@ -876,95 +1017,117 @@ class _FusedChunks(torch.autograd.Function):
                     dw.add_(g_mass)
                 dx = dw.mul_(tiles["w_sep"])
                 if gmom3 is not None:
-                    dwc = torch.bmm(gmom3, t["ZL"][:, :L].transpose(1, 2))
+                    dwc = torch.bmm(gmom3, Zr[:, :L].transpose(1, 2))
                     dx.add_(dwc.mul_(w_coh), alpha=t["ratio"])
             dx.masked_fill_(tiles["clamped"], 0.0)
             dx[:, :, c0:c1].diagonal(dim1=1, dim2=2).fill_(0.0)
-            gZL[:, c0:c1].baddbmm_(dx, t["ZR"][:, :L])
-            gZR[:, :L].baddbmm_(dx.transpose(1, 2), t["ZL"][:, c0:c1])
+            gZ[:, c0:c1].baddbmm_(dx, Zr[:, :L])
+            gZ[:, :L].baddbmm_(dx.transpose(1, 2), Zr[:, c0:c1])
+            # drop every tile before the next chunk builds its own (else two chunks' tiles coexist)
             del dx, dw, tiles
-            dev = None
-        # ---- assemble input gradients
-        result = {key: gbuf[key] for key in gbuf}
-        for key in small:
-            result[key] = g_small[key]
-        if hp.other_bias == "alibi":
-            result["tau"] = g_small["tau"] + g_tau_alibi.view(b, nh).sum(0) * t["slope"] / (t["tau"] * t["tau"])
-        z = t["z"]
-        dz = z.shape[-1]
-        if tiled:
-            z3 = z.reshape(B, n, dz)
-            a_main = t["a_main"]
-            # ZL = [z, |z|^2, 1], ZR = a [2 z, -1, -|z|^2]
-            gz = gZL[..., :dz] + 2 * z3 * gZL[..., dz : dz + 1]
-            gz += 2 * a_main * gZR[..., :dz] - 2 * a_main * z3 * gZR[..., dz + 1 : dz + 2]
-            result["z"] = gz.view_as(z)
-        else:
-            result["z"] = torch.zeros_like(z)
-        if call.use_sep:
-            da_ = t["hhat"].shape[-1]
-            result["hhat"] = (gHL[..., :da_] + gHR[..., :da_]).view_as(t["hhat"])
-            result["delta"] = -gHR[..., da_].sum(-1).view(b, nh).sum(0)  # HR = [hhat, -delta]
-        else:
-            result["hhat"] = torch.zeros_like(t["hhat"])
-            result["delta"] = torch.zeros_like(t["delta"])
-        result.update(g_states)
-        grads = [result.get(name) if need.get(name) else None for name in spec.names]
-        return (None, *grads)
+            dev = w_sep = w_coh = gm = dwc = None
+        Zr = gZ = Hr = gH = None  # the buffers are released one by one in _input_grads
+        return (None, *_input_grads(call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ctx.needs_input_grad))
 
 
-def _unflatten(spec: _Spec, tensors) -> dict:
-    """Flat Function inputs -> the dict the chunk code reads, plus [B, n, e] views and the
-    augmented GEMM operands of the tiles (O(s) each)."""
-    call, hp = spec.call, spec.call.hp
-    t = dict(zip(spec.names, tensors))
-    b, nh, n, _ = t["q"].shape
+def _scatter_row_grads(call: _Call, c0, c1, x, gx, t, gbuf, gq, g_small, g_states) -> None:
+    """Add one chunk's gradients of the _rows leaves into the whole-sequence buffers."""
+    hp = call.hp
+    for key in SMALL:
+        if key in gx:
+            g_small[key] += gx[key]
+    if "q" in gx:
+        gq[..., c0:c1, :] += gx["q"]
+    B = gq.shape[0] * gq.shape[1]
+    s0 = x["s0"]
+    if "kn" in gx:  # headings: back to the neighbours' rows
+        gk = gx["kn"]
+        gbuf["khat3"].view(-1, gk.shape[-1]).index_add_(
+            0, _index_rows(t["idx"], c0, c1, t["khat3"].shape[1]).reshape(-1), gk.reshape(-1, gk.shape[-1])
+        )
+    if "khat" in gx:  # keys [s0, c1) of the in-chunk moments
+        gbuf["khat3"][:, s0:c1] += gx["khat"].reshape(B, c1 - s0, -1)
+    if "Zr" in gx:
+        gbuf["Zr"][:, s0:c1] += _swap_last_two(gx["Zr"].reshape(B, c1 - s0, -1))
+    for name, store in (("align_state", g_states["align"]), ("coh_state", g_states["coh"])):
+        pieces = [gx.get(f"{name}#{i}") for i in range(len(x.get(name, ())))]
+        if any(p is not None for p in pieces):
+            si = x["si"]
+            old = store.get(si, (None,) * len(pieces))
+            store[si] = tuple(
+                None if p is None else (p.reshape(B, *p.shape[2:]) if o is None else o + p.reshape(B, *p.shape[2:]))
+                for o, p in zip(old, pieces)
+            )  # fmt: skip
+    del hp
+
+
+def _input_grads(call: _Call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, needs) -> list:
+    """Gradients of the Function's inputs from the whole-sequence buffers: states and the
+    normalisations differentiated in closed form, Hr / khat / Zr mapped back to h, delta, k
+    and z; each operand and its buffer is released as soon as it is mapped (backward's peak)."""
+    hp = call.hp
+    q, z, h, k = t["q"], t["z"], t["h"], t["k"]
+    b, nh, n, hd = q.shape
     B = b * nh
-    t["k_aug3"] = t["k_aug"].reshape(B, n, -1)
-    t["v_aug3"] = t["v_aug"].reshape(B, n, -1)
-    if call.use_sep or hp.use_coh:
-        ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
-        k_main = ks if call.use_sep else kc
-        t["a_main"] = a = 1.0 / k_main
-        t["ratio"] = k_main / kc if (call.use_sep and hp.use_coh and kc != ks) else 1.0
-        z3 = t["z"].reshape(B, n, -1)
-        z2 = (z3 * z3).sum(-1, keepdim=True)
-        one = torch.ones_like(z2)
-        t["ZL"] = torch.cat([z3, z2, one], -1)  # [B, n, dz + 2]
-        t["ZR"] = torch.cat([(2 * a) * z3, -a * one, -a * z2], -1)
-    if call.use_sep:
-        h3 = t["hhat"].reshape(B, n, -1)
-        t["HL"] = torch.cat([h3, torch.ones_like(h3[..., :1])], -1)  # [B, n, da + 1]
-        t["HR"] = torch.cat([h3, -t["delta"].repeat(b).view(B, 1, 1).expand(B, n, 1)], -1)
+    gh, g_delta = None, None
+    if "Hr" in gbuf:
+        gH, da = gbuf.pop("Hr"), h.shape[-1]
+        g_delta = -0.5 * gH[..., da].reshape(b, nh, n).sum((0, 2))
+        gh = _normalize_backward_(h.reshape(B, n, da), t.pop("Hr")[..., :da], gH[..., :da], hp.eps).reshape(h.shape)
+        del gH
+    gk = gbuf.pop("k3")
+    if hp.use_align:
+        g_khat = gbuf.pop("khat3")
+        _moment_states_backward(t["khat3"], t["align_states"], g_states["align"], hp.causal, g_khat)
+        gk += _normalize_backward_(t["k3"], t.pop("khat3"), g_khat, hp.eps)
+        del g_khat
+    dz = z.shape[-1]
+    z3 = z.reshape(B, n, dz)
+    gz = None
+    if "Zr" in gbuf:  # left layout [s z, -a |z|^2, 1]
+        gZ = gbuf.pop("Zr")
+        if hp.use_coh:
+            _moment_states_backward(t["Zr"], t["coh_states"], g_states["coh"], hp.causal, gZ, swap=True)
+        gz = gZ[..., :dz] * t["s"]
+        gz.addcmul_(z3, gZ[..., dz : dz + 1], value=-2 * t["a"])
+        del gZ
+    gv3_out = gv3
+    if call.want_lcoh:  # v_aug = [v, z, |z|^2]
+        g_lcoh = gv3[..., hd : hd + dz] + 2 * z3 * gv3[..., hd + dz :]
+        gz = g_lcoh if gz is None else gz.add_(g_lcoh)
+        gv3_out = gv3[..., :hd]
+    gz = torch.zeros_like(z) if gz is None else gz.view_as(z)
+    gh = torch.zeros_like(h) if gh is None else gh
+    g_delta = torch.zeros_like(t["delta"]) if g_delta is None else g_delta
+    g_tau = g_small["tau"]
     if hp.other_bias == "alibi":
-        t["slope_tau_b"] = (t["slope"] / t["tau"]).repeat(b)
-    for key in ("align", "coh"):
-        slots = spec.state_slots.get(key)
-        if slots is not None:
-            t[key + "_states"] = [tuple(t[f"{key}s#{ci}#{i}"] for i in range(k_)) for ci, k_ in enumerate(slots)]
-    return t
+        g_tau = g_tau + g_tau_alibi.view(b, nh).sum(0) * t["slope"] / (t["tau"] * t["tau"])
+    grads = [gq, gk.view_as(k), gv3_out.reshape(b, nh, n, hd), gz, gh,
+             g_small["omega"], g_small["lambdas"], g_delta, g_small["kappa"], g_tau, None, None, None]  # fmt: skip
+    return [g if need else None for g, need in zip(grads, needs[1:])]
 
 
-def _moved_stats(call: _Call, c0, c1, L, t, x, rows, factor, dev):
+def _moved_stats(call: _Call, c0, c1, L, t, rows, factor, dev):
     """Per-head sums over rows of the mass each bias moves (no grad, explicit tiles)."""
     hp = call.hp
     b, nh, n, hd = t["q"].shape
     C = c1 - c0
     tau = t["tau"].view(1, -1, 1, 1)
     vis = tile_visibility(c0, c1, L, hp.causal, t["q"].device)
+    as4 = lambda y: y.view(b, nh, *y.shape[1:])  # noqa: E731
     terms = {}
     if hp.use_align:
-        r = x["u"] @ t["khat"][..., :L, :].transpose(-1, -2)
+        r = rows["u"] @ as4(t["khat3"][:, :L]).transpose(-1, -2)
         s, mean = rows["align_scale"], rows["align_mean"]
         terms["align"] = t["omega"][:, ALIGN].view(1, -1, 1, 1) * s[..., None] * (r - mean[..., None])
     if call.use_sep:
         terms["sep"] = (dev.view(b, nh, C, L) * factor[..., None]) * tau
     if hp.use_coh:
         c, s, mean = rows["centroid"], rows["coh_scale"], rows["coh_mean"]
-        zk, z2 = t["z"][..., :L, :], (t["z"][..., :L, :] ** 2).sum(-1)
-        r = -(z2[..., None, :] - 2 * c @ zk.transpose(-1, -2) + (c * c).sum(-1)[..., None])
+        zk = t["z"][..., :L, :]
+        r = -((zk * zk).sum(-1)[..., None, :] - 2 * c @ zk.transpose(-1, -2) + (c * c).sum(-1)[..., None])
         terms["coh"] = t["omega"][:, COH].view(1, -1, 1, 1) * s[..., None] * (r - mean[..., None])
-    S = x["q"] @ t["k_aug"][..., :L, :hd].transpose(-1, -2) / math.sqrt(hd)
+    S = t["q"][..., c0:c1, :] @ t["k"][..., :L, :].transpose(-1, -2) / math.sqrt(hd)
     if hp.other_bias == "alibi":
         S = S - t["slope"].view(1, -1, 1, 1) * _alibi_tile(c0, c1, L, S.dtype, S.device)
     S = S + sum(terms.values()) if terms else S
@@ -972,33 +1135,22 @@ def _moved_stats(call: _Call, c0, c1, L, t, x, rows, factor, dev):
     return {k_: v_ * C for k_, v_ in moved.items()}
 
 
-def fused_chunks(call: _Call, t: dict, chunks):
-    """Run _FusedChunks over prepare()'s tensors. Returns out [b, np, s, hd], rows, moved."""
-    hp = call.hp
-    names = ["q", "z", "hhat", "k_aug", "v_aug", "omega", "lambdas", "delta", "kappa", "tau", "slope"]
-    flat = {key: t[key] for key in names}
-    flat["q"] = flat["q"].contiguous()
-    flat["z"] = flat["z"].contiguous()
-    if hp.use_align:
-        for key in ("u", "gate_a", "khat"):
-            names.append(key)
-            flat[key] = t[key]
-    if hp.use_coh:
-        names.append("zy")
-        flat["zy"] = t["zy"]
-    slots = {}
-    for key, moments in (("align", call.align_moments), ("coh", call.coh_moments)):
-        if moments is None:
-            continue
-        slots[key] = []
-        for ci in range(len(moments.states) if hp.causal else 1):
-            state = moments.state(ci)
-            slots[key].append(len(state))
-            for i, s_ in enumerate(state):
-                name = f"{key}s#{ci}#{i}"
-                names.append(name)
-                flat[name] = s_
-    spec = _Spec(call, chunks, names, slots)
-    outs = _FusedChunks.apply(spec, *[flat[k_] for k_ in names])
-    rows = dict(zip(spec.row_keys, outs[1:]))
-    return outs[0], rows, spec.moved
+def fast_attention(
+    q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
+    with_aux: bool = False, with_stats: bool = False,
+) -> AscenderResult:  # fmt: skip
+    """ASCender attention in O(s * (window + chunk)) memory. Same result as reference_attention
+    (out [b, np, s, hd]; rows: per-row statistics; stats: per-head mass moved; aux losses), no maps."""
+    b, nh, n, hd = q.shape
+    chunks = chunk_bounds(n, b * nh, hp)
+    call = _Call(hp, n, hd, use_sep, with_aux, with_stats)
+    idx, valid = neighbours(F.normalize(h.detach(), dim=-1, eps=hp.eps), hp, chunks)  # [b, np, s, k]
+    spec = _Spec(call, chunks)
+    outs = _FusedChunks.apply(
+        spec, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(), params.omega,
+        params.lambdas, params.delta, params.kappa, params.tau_score, params.alibi_slope,
+        idx.to(torch.int32), valid,  # int32: half the bytes kept for backward
+    )  # fmt: skip
+    rows = {"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}
+    aux = _aux(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
+    return AscenderResult(out=outs[0], rows=rows, stats=spec.moved, aux=aux)

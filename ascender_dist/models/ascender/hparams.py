@@ -87,7 +87,7 @@ class AscenderHParams:
 
     # --- fast path ---
     chunk_size: int = 128  # query rows per tile in the chunked CPU path
-    max_tile_elems: int = 2**21  # cap on b*heads*rows*keys per tile; shrinks the chunk at long n
+    max_tile_elems: int = 2**20  # cap on b*heads*rows*keys per tile; shrinks the chunk at long n (memory)
 
     def validate(self, prefix: str, head_dim: int) -> None:
         """Raise ConfigError naming the first inconsistent field (``f"{prefix}.field"``)."""
