@@ -8,12 +8,14 @@ defaults of AscenderHParams). Implementations:
     reference  our dense reference (reference.py), causal statistics
     fast       our chunked fast path (fast.py), causal statistics, the default path on CPU
 
-Each (impl, n) point runs in a fresh subprocess with one torch thread. After one warm-up
-fwd+bwd it resets the kernel's peak-RSS counter (/proc/self/clear_refs), runs one fwd+bwd and
-reads VmHWM - VmRSS(before) (glibc is told to mmap large blocks so freed memory really leaves
-the process); time is the best of a few fwd+bwd runs, and SDPA is timed in the same process
-for the ratio. Points whose
-estimated memory exceeds --mem-cap-gb or whose run exceeds --timeout are reported as such.
+Each (impl, n) point runs in two fresh subprocesses with one torch thread. Memory: after one
+warm-up fwd+bwd it resets the kernel's peak-RSS counter (/proc/self/clear_refs), runs one
+fwd+bwd and reads VmHWM - VmRSS(before); glibc is told to mmap every block above 1 MiB, so that
+freed memory really leaves the process and the high-water mark is the true peak. Time: a second
+process with glibc's default allocator (the mmap setting makes every large temporary a fresh
+mapping whose pages fault on first touch: it slowed the tiled fast path 1.7x and SDPA not at
+all), the best of a few fwd+bwd runs, with SDPA timed in the same process for the ratio. Points
+whose estimated memory exceeds --mem-cap-gb or whose run exceeds --timeout are reported as such.
 
     .venv/bin/python benchmarks/attention.py           # ~10 min on a 2-core CPU
     .venv/bin/python benchmarks/attention.py --quick   # smoke run
@@ -94,16 +96,17 @@ def _best_time(fn, reps: int) -> float:
     return best
 
 
-def worker(impl: str, n: int, reps: int) -> dict:
-    """One warm-up fwd+bwd (first calls allocate one-time workspaces, ~75 MiB here), then the
-    peak-memory run (also timed), then reps - 1 more timed runs; SDPA likewise for the ratio."""
+def worker(impl: str, n: int, reps: int, measure: str) -> dict:
+    """One warm-up fwd+bwd (first calls allocate one-time workspaces, ~75 MiB here), then either
+    the peak-memory run (measure == "memory") or reps timed runs with SDPA timed alongside."""
     import torch
 
     torch.set_num_threads(1)
-    try:  # M_MMAP_THRESHOLD: big blocks via mmap, so free() returns them to the OS
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)
-    except OSError:
-        pass
+    if measure == "memory":
+        try:  # M_MMAP_THRESHOLD: big blocks via mmap, so free() returns them to the OS
+            ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)
+        except OSError:
+            pass
     if n > 2048:  # warm up on a small problem: one-time workspaces without a second long run
         for name in ("sdpa", impl):
             _layer(name, 512)()
@@ -112,12 +115,11 @@ def worker(impl: str, n: int, reps: int) -> dict:
     sdpa()
     if n <= 2048:
         run()
-    t0 = time.perf_counter()
-    peak = _peak_delta_mib(run)
-    t = min(time.perf_counter() - t0, _best_time(run, reps - 1) if reps > 1 else float("inf"))
+    if measure == "memory":
+        return dict(peak_mib=_peak_delta_mib(run))
+    t = _best_time(run, reps)
     t_sdpa = t if impl == "sdpa" else _best_time(sdpa, max(reps, 3))
-    return dict(impl=impl, n=n, status="ok", time_s=t, peak_mib=peak, sdpa_time_s=t_sdpa, time_ratio=t / t_sdpa,
-                load_1m=os.getloadavg()[0])  # fmt: skip
+    return dict(time_s=t, sdpa_time_s=t_sdpa, time_ratio=t / t_sdpa, load_1m=os.getloadavg()[0])
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -135,14 +137,14 @@ def attention_gflops(n: int, windowed: bool) -> dict:
     """Forward FLOPs of the 8-head causal layer (multiply-add = 2), analytic.
 
     sdpa: QK^T and AV on the causal half. ascender (fast path): the folded QK^T over
-    hd + hd + d_z + 1 dims, AV, the Separation/Cohesion tile (z.z, h.h, centroid w@z,
+    hd + hd + d_z + 2 dims, AV, the Separation/Cohesion tile (z.z, h.h, centroid w@z,
     ~25 elementwise ops per entry) and the neighbourhood search: all j < i (full) or the
     +-window band plus globals (windowed).
     """
     half = n * n / 2
     sdpa = 2 * half * 2 * HEAD_DIM
-    fold = 2 * half * (2 * HEAD_DIM + D_Z + 1) + 2 * half * HEAD_DIM
-    tile = 2 * half * (D_Z + D_A + D_Z) + 25 * half
+    fold = 2 * half * (2 * HEAD_DIM + D_Z + 2) + 2 * half * HEAD_DIM
+    tile = 2 * half * (D_Z + 2 + D_A + 2 + D_Z + 2) + 25 * half
     search = 2 * n * (WINDOW + GLOBALS) * D_A if windowed else 2 * half * D_A
     return {"sdpa": HEADS * sdpa / 1e9, "ascender": HEADS * (fold + tile + search) / 1e9,
             "neighbour_search": HEADS * search / 1e9}  # fmt: skip
@@ -153,16 +155,19 @@ def run_point(impl: str, n: int, args) -> dict:
     if est > args.mem_cap_gb:
         return dict(impl=impl, n=n, status=f"skipped: est. {est:.0f} GiB > {args.mem_cap_gb:g} GiB cap")
     reps = 3 if n <= 1024 else (2 if n <= 4096 else 1)
-    cmd = [sys.executable, __file__, "--worker", impl, str(n), str(reps)]
+    point = dict(impl=impl, n=n, status="ok")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return dict(impl=impl, n=n, status=f"timeout > {args.timeout:g} s")
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-        return dict(impl=impl, n=n, status=f"failed (rc {proc.returncode}): {tail[:80]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    for measure in ("memory", "time"):
+        cmd = [sys.executable, __file__, "--worker", impl, str(n), str(reps), measure]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=ROOT)
+        except subprocess.TimeoutExpired:
+            return dict(impl=impl, n=n, status=f"timeout > {args.timeout:g} s ({measure})")
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+            return dict(impl=impl, n=n, status=f"failed (rc {proc.returncode}, {measure}): {tail[:80]}")
+        point.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return point
 
 
 def machine() -> str:
@@ -256,7 +261,7 @@ def plot(points: list[dict], lengths: list[int]) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        print(json.dumps(worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+        print(json.dumps(worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
