@@ -141,9 +141,10 @@ def _layer_activation_bytes(cfg: RunConfig, letter: str, micro_batch: int, act_b
         par_tensor = h + 2 * kv + h + mlp + 2 * a * s
         par_mask = a * s  # attention dropout mask
         if letter == "S":
-            # ASCender: the fast (CPU) and flex (GPU) paths never keep an s x s tensor (per-chunk
-            # checkpointing), so no score terms; the query carries z and h (d_z + d_a per head) and
-            # the folded q_aug, k_aug are hd + d_z + 1 wider per head than q, k (docs/ascender.md).
+            # ASCender: the fast (CPU) and flex (GPU) paths never keep an s x s tensor, so no score
+            # terms; the query carries z and h (d_z + d_a per head), and the flex path (the one a
+            # GPU cluster runs) keeps the folded q_aug, k_aug, hd + d_z + 1 wider per head than q, k
+            # (the CPU fast path keeps less: no folded tensors, docs/ascender.md).
             hp = m.ascender
             par_tensor += a * (hp.d_z + hp.d_a) + 2 * a * (head_dim + hp.d_z + 1) - 2 * a * s
             par_mask = 0

@@ -4,29 +4,25 @@ Same inputs and outputs as ``reference.py`` (q, k, v: [b, np, s, hd]; z: [b, np,
 h: [b, np, s, d_a]) and the same math, rearranged (docs/ascender.md, "Fast path"):
 
 * Alignment and Cohesion are bilinear in a per-query and a per-key vector, so they fold into
-  one dot product with an augmented head dim (shared/design/ascender-math.md section 2):
-      q_aug_i = [q_i / sqrt(hd), w_a s_a(i) u_i, 2 w_c s_c(i) [c_i, 1]] / tau_score
-      k_aug_j = [k_j,            khat_j,         [z_j, -|z_j|^2 / 2]]
-  Their row means are row constants (softmax ignores them) and their row stds come from the
-  covariance of khat_j (resp. [z_j, -|z_j|^2/2]) over the visible keys: a global covariance
-  (bidirectional) or running per-chunk states plus an in-chunk triangle (causal), see
-  PrefixMoments. No statistic of row i ever reads a key j > i in causal mode.
+  the attention scores (shared/design/ascender-math.md section 2): one GEMM per folded part,
+  q_i . k_j, (w_a s_a(i) u_i) . khat_j and (2 w_c s_c(i) y_i) . Zr_j, accumulated into one
+  tile; no concatenated key tensor is ever built. Their row means are row constants (softmax
+  ignores them) and their row stds come from the covariance of the keys over the visible
+  positions: a global covariance (bidirectional) or running states every MOMENT_STRIDE rows
+  plus the keys since the last state (causal). No statistic of row i reads a key j > i.
 * Separation (not low-rank), the densities rho_i, the centroids c_i and the row statistics of
-  Separation are built per query chunk on a [chunk, keys] tile (causal: keys up to the chunk's
-  last row), added to the folded scores of that chunk. One autograd.Function (_FusedChunks)
-  runs all chunks: forward keeps no tile (only the output and O(s) row statistics), backward
-  recomputes one chunk's tiles at a time and differentiates the tile math by hand (softmax,
-  Separation bias and its row mean/std, kernels, affinity), while the O(chunk) per-row algebra
-  in between (row scales, gates, eta, centroids, folded queries) is re-run under autograd.
-  Gradients of whole-sequence tensors accumulate in place (one buffer each), so backward does
-  not allocate a full-size gradient per chunk.
+  Separation are built per query chunk on a [chunk, keys] tile from two augmented operands
+  (Zr, Hr: a distance and a thresholded affinity are one GEMM each). One autograd.Function
+  (_FusedChunks) takes the raw inputs, derives every whole-sequence operand itself in forward
+  and again in backward, keeps no tile and nothing derived, and differentiates the tile math by
+  hand, one chunk at a time, with the O(chunk) per-row algebra re-run under autograd.
 * Neighbourhoods (no gradient flows through the choice of neighbours) are found chunk by
   chunk over a band of +-window keys plus the globals (O(s * window)), or over all visible
-  keys when window == 0 (O(s * chunk) memory). Headings u_i sum k neighbours with k gathers of
-  [s, hd] instead of one [s, k, hd] tensor.
+  keys when window == 0 (O(s * chunk) memory).
 
-``flex_attention_path`` is the GPU variant (FlexAttention score_mod for Separation). It only
-runs when CUDA is available; on CPU torch 2.13 has no FlexAttention backward.
+``prepare`` / ``run_chunks`` / ``_chunk_queries`` are the unfused form (folded k_aug, per-chunk
+checkpointing) that the GPU variant ``flex.py`` builds on: FlexAttention computes Separation in
+a score_mod. It only runs when CUDA is available; on CPU torch 2.13 has no FlexAttention backward.
 """
 
 from __future__ import annotations
