@@ -1,8 +1,10 @@
 """GPU variant: FlexAttention computes the Separation bias inside the attention kernel.
 
-Only runs on CUDA (torch 2.13 has no FlexAttention backward on CPU) and has NOT been run in
-this repository's CI, which has no GPU: treat it as unverified until tests/unit/
-test_ascender_fast.py::test_flex_matches_reference passes on a CUDA machine.
+Training needs CUDA (torch 2.13 has no FlexAttention backward on CPU). On CPU the forward runs
+through FlexAttention's eager (unfused) implementation, which is how CI checks the score_mod
+math against the reference (test_flex_forward_matches_reference_on_cpu); the compiled kernel,
+its backward and bf16 have NOT been run here (no GPU was lent): treat them as unverified until
+tests/unit/test_ascender_fast.py::test_flex_matches_reference passes on a CUDA machine.
 
 Plan: the same whole-sequence preparation as fast.py; one chunked, checkpointed pass computes
 the folded queries (Alignment, Cohesion) and the per-row statistics of Separation (eta_i,
@@ -19,6 +21,22 @@ from .fast import _chunk_queries, _Call, merge_rows, prepare, run_chunks
 from .hparams import AscenderHParams
 from .params import SEP, AscenderHeadParams
 from .reference import AscenderResult
+
+
+_COMPILED_FLEX = None
+
+
+def _flex_kernel(device: torch.device):
+    """torch.compile'd flex_attention on CUDA (the fused kernel; eager flex_attention
+    materialises the s x s scores), the eager one elsewhere (CPU parity tests)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _COMPILED_FLEX
+    if device.type != "cuda":
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
 
 
 def flex_available() -> bool:
@@ -44,7 +62,7 @@ def flex_attention_path(
     with_aux: bool = False,
 ) -> AscenderResult:  # fmt: skip
     """ASCender attention with FlexAttention (CUDA). Aux losses are not supported here."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import create_block_mask
 
     if with_aux:
         raise NotImplementedError("aux losses need impl='fast' (the flex path has no probabilities)")
@@ -77,5 +95,5 @@ def flex_attention_path(
     block_mask = None
     if hp.causal:
         block_mask = create_block_mask(lambda b_, h_, qi, ki: qi >= ki, None, None, n, n, device=q.device)
-    out = flex_attention(q_aug, t["k_aug"], v, score_mod=score_mod, block_mask=block_mask, scale=1.0)
+    out = _flex_kernel(q.device)(q_aug, t["k_aug"], v, score_mod=score_mod, block_mask=block_mask, scale=1.0)
     return AscenderResult(out=out, rows=rows)
