@@ -592,6 +592,7 @@ def _operands(call: _Call, q, k, v, z, h, delta, tau, slope) -> dict:
         t["v_aug3"] = v.reshape(B, n, hd)
     if hp.use_align:
         t["khat3"] = F.normalize(t["k3"], dim=-1, eps=hp.eps)
+        t["khat_sq"] = (t["khat3"] * t["khat3"]).sum(-1)  # [B, s]: 1 unless |k| < eps
         t["align_states"] = _moment_states(t["khat3"], hp.causal)
     if call.use_sep or hp.use_coh:
         ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
@@ -684,13 +685,18 @@ def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool, saved: di
     return stats, tiles
 
 
-def _gather_neighbours(khat3: torch.Tensor, idx, c0: int, c1: int) -> torch.Tensor:
-    """khat of the k neighbours of rows [c0, c1): [b, np, C, k, hd] (invalid slots read row 0 of
-    their head; _rows masks them). One index_select; backward is one index_add_ (_index_rows)."""
+def _neighbour_sums(t: dict, c0: int, c1: int):
+    """For rows [c0, c1): sum of the valid neighbours' khat [b, np, C, hd] and of their |khat|^2
+    [b, np, C] (embedding_bag with 0/1 weights: the [C, k, hd] gather is never formed), plus the
+    flat row positions [b, np, C, k] and weights that backward scatters through."""
+    idx, valid, khat3 = t["idx"], t["valid"][..., c0:c1, :], t["khat3"]
     b, nh, _, kk = idx.shape
-    return khat3.reshape(-1, khat3.shape[-1]).index_select(0, _index_rows(idx, c0, c1, khat3.shape[1]).reshape(-1)).view(
-        b, nh, c1 - c0, kk, -1
-    )
+    pos = _index_rows(idx, c0, c1, khat3.shape[1])  # [b, np, C, k]
+    weight = valid.to(khat3.dtype)
+    total = F.embedding_bag(pos.reshape(-1, kk), khat3.reshape(-1, khat3.shape[-1]), mode="sum",
+                            per_sample_weights=weight.reshape(-1, kk))  # fmt: skip
+    sq = (t["khat_sq"].reshape(-1)[pos] * weight).sum(-1)
+    return total.view(b, nh, c1 - c0, -1), sq, pos, weight
 
 
 def _index_rows(idx, c0: int, c1: int, n: int) -> torch.Tensor:
@@ -713,11 +719,8 @@ def _rows(call: _Call, c0: int, c1: int, L: int, x: dict):
     rows = {}
     parts = [("k3", x["q"] / (math.sqrt(call.hd) * tau))]
     if hp.use_align:
-        valid = x["nvalid"]  # [b, np, C, k]
-        kn = x["kn"] * valid[..., None].to(x["kn"].dtype)  # [b, np, C, k, hd]
-        total = kn.sum(-2)
-        sq = (kn * kn).sum((-1, -2))
-        nk = valid.sum(-1).to(kn.dtype).clamp(min=1)
+        total, sq = x["ktot"], x["ksq"]  # sums over the valid neighbours of khat, |khat|^2
+        nk = x["nweight"].sum(-1).clamp(min=1)
         spread = (sq / nk - (total * total).sum(-1) / (nk * nk)).clamp(min=0)  # total variance
         uq = F.normalize(total, dim=-1, eps=hp.eps)
         gate_a = torch.sigmoid(-hp.alpha_align * spread)
@@ -788,8 +791,7 @@ def _row_inputs(call: _Call, c0: int, c1: int, t: dict, stats: dict, leaf: bool)
         x[key] = t["leaf_" + key] if leaf else t[key]
     as4 = lambda y: y.view(b, nh, *y.shape[1:])  # noqa: E731  [B, ...] -> [b, np, ...]
     if hp.use_align:
-        x["kn"] = _gather_neighbours(t["khat3"], t["idx"], c0, c1)
-        x["nvalid"] = t["valid"][..., c0:c1, :]
+        x["ktot"], x["ksq"], x["npos"], x["nweight"] = _neighbour_sums(t, c0, c1)
         x["khat"] = as4(t["khat3"][:, s0:c1])
         x["align_state"] = tuple(as4(s_) for s_ in t["align_states"][si])
     if hp.use_coh:
@@ -877,7 +879,7 @@ class _FusedChunks(torch.autograd.Function):
         d_rows = dict(zip(spec.row_keys, d_rows))
         # one full-size gradient buffer per whole-sequence operand, filled chunk by chunk in place
         gq = torch.zeros_like(q)
-        gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "Zr", "Hr") if key in t}
+        gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t}
         gv3 = torch.zeros_like(t["v_aug3"])
         g_tau_alibi = torch.zeros(B, dtype=dtype, device=dev_)
         for key in SMALL:
@@ -1036,11 +1038,14 @@ def _scatter_row_grads(call: _Call, c0, c1, x, gx, t, gbuf, gq, g_small, g_state
         gq[..., c0:c1, :] += gx["q"]
     B = gq.shape[0] * gq.shape[1]
     s0 = x["s0"]
-    if "kn" in gx:  # headings: back to the neighbours' rows
-        gk = gx["kn"]
-        gbuf["khat3"].view(-1, gk.shape[-1]).index_add_(
-            0, _index_rows(t["idx"], c0, c1, t["khat3"].shape[1]).reshape(-1), gk.reshape(-1, gk.shape[-1])
-        )
+    if "ktot" in gx or "ksq" in gx:  # headings: back to the neighbours' rows
+        pos, weight = x["npos"].reshape(-1), x["nweight"]
+        if "ktot" in gx:
+            g = gx["ktot"]
+            per_slot = (g[..., None, :] * weight[..., None]).reshape(-1, g.shape[-1])  # [b*np*C*k, hd]
+            gbuf["khat3"].view(-1, g.shape[-1]).index_add_(0, pos, per_slot)
+        if "ksq" in gx:  # d|khat_l|^2 = 2 khat_l: applied once per key at the end (_input_grads)
+            gbuf["khat_sq"].view(-1).index_add_(0, pos, (gx["ksq"][..., None] * weight).reshape(-1))
     if "khat" in gx:  # keys [s0, c1) of the in-chunk moments
         gbuf["khat3"][:, s0:c1] += gx["khat"].reshape(B, c1 - s0, -1)
     if "Zr" in gx:
@@ -1074,6 +1079,7 @@ def _input_grads(call: _Call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, 
     gk = gbuf.pop("k3")
     if hp.use_align:
         g_khat = gbuf.pop("khat3")
+        g_khat.addcmul_(t["khat3"], gbuf.pop("khat_sq")[..., None], value=2.0)
         _moment_states_backward(t["khat3"], t["align_states"], g_states["align"], hp.causal, g_khat)
         gk += _normalize_backward_(t["k3"], t.pop("khat3"), g_khat, hp.eps)
         del g_khat
