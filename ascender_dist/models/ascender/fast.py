@@ -132,72 +132,36 @@ def headings(khat, idx, valid, hp: AscenderHParams):
     count = valid.sum(-1).to(khat.dtype)  # [b, np, s]
     total = gather_sum(khat, idx, valid)  # [b, np, s, hd]
     sq = gather_sum((khat * khat).sum(-1, keepdim=True), idx, valid)[..., 0]  # [b, np, s]
+    return (*heading_from_sums(total, sq, count, hp), count)
+
+
+def heading_from_sums(total, sq, count, hp: AscenderHParams):
+    """u = normalise(total) and the total variance of the neighbours' unit keys, from their
+    sum ``total`` [.., hd], the sum of their squared norms ``sq`` and their number ``count``."""
     c1 = count.clamp(min=1)
     spread = (sq / c1 - (total * total).sum(-1) / (c1 * c1)).clamp(min=0)
-    return F.normalize(total, dim=-1, eps=hp.eps), spread, count
+    return F.normalize(total, dim=-1, eps=hp.eps), spread
 
 
 # ----------------------------------------------------------------------------- moments
 class PrefixMoments:
-    """Mean and population variance over visible j of p_ij = x_i . y_j, without the n x n p.
-
-    Bidirectional: var = x^T Cov(y) x with the global (centred) covariance. Causal: for the
-    chunk [c0, c1), the keys j < c0 enter through a running (count, mean, centred scatter)
-    state merged chunk by chunk (Chan et al.), the keys c0 <= j <= i through the in-chunk
-    triangle; p is shifted by x . s with s the running mean (or y_0 in chunk 0) so that
-    E[p^2] - E[p]^2 does not cancel catastrophically. y: [b, np, s, e].
-    """
+    """Mean and population variance over visible j of p_ij = x_i . y_j, without the n x n p, for
+    the unfused path (flex.py): the states of _moment_states at every chunk start (under
+    autograd), the rows of a chunk by _row_moments_chunk. y: [b, np, s, e]."""
 
     def __init__(self, y: torch.Tensor, causal: bool, chunks):
-        self.y, self.causal = y, causal
-        if not causal:
-            self.mean = y.mean(-2, keepdim=True)  # [b, np, 1, e]
-            yc = y - self.mean
-            self.cov = yc.transpose(-1, -2) @ yc / y.shape[-2]  # [b, np, e, e]
-            return
-        self.states = []
-        count, mean, scatter = 0, None, None
-        for c0, c1 in chunks:
-            self.states.append((count, mean, scatter))
-            yb = y[..., c0:c1, :]
-            mb = yb.mean(-2, keepdim=True)  # [b, np, 1, e]
-            yc = yb - mb
-            sb = yc.transpose(-1, -2) @ yc  # [b, np, e, e]
-            nb = c1 - c0
-            if count == 0:
-                mean, scatter = mb, sb
-            else:
-                delta = mb - mean
-                tot = count + nb
-                scatter = scatter + sb + delta.transpose(-1, -2) @ delta * (count * nb / tot)
-                mean = mean + delta * (nb / tot)
-            count += nb
+        b, nh, n, e = y.shape
+        self.causal = causal
+        states = _moment_states(y.reshape(b * nh, n, e), causal, [c0 for c0, _ in chunks])
+        self.states = [tuple(s_.view(b, nh, *s_.shape[1:]) for s_ in st) for st in states]
 
     def state(self, ci: int):
         """Tensors a chunk needs (passed explicitly through checkpoint)."""
-        if not self.causal:
-            return (self.mean, self.cov)
-        count, mean, scatter = self.states[ci]
-        return (mean, scatter) if count > 0 else ()
+        return self.states[ci if self.causal else 0]
 
     def row_moments(self, x, state, c0: int, c1: int, y):
-        """x: [b, np, C, e] for rows c0..c1-1. Returns mean, var_pop [b, np, C], count [C]."""
-        if not self.causal:
-            mean, cov = state
-            n = y.shape[-2]
-            count = torch.full((c1 - c0,), float(n), dtype=x.dtype, device=x.device)
-            return (x * mean).sum(-1), ((x @ cov) * x).sum(-1), count
-        yb = y[..., c0:c1, :]
-        shift = state[0] if state else yb[..., :1, :]  # [b, np, 1, e], causal-safe
-        tri = torch.ones(c1 - c0, c1 - c0, dtype=torch.bool, device=x.device).tril()
-        p = (x @ (yb - shift).transpose(-1, -2)) * tri  # [b, np, C, C]
-        t1, t2 = p.sum(-1), (p * p).sum(-1)
-        if state:
-            t2 = t2 + ((x @ state[1]) * x).sum(-1)
-        count = c0 + torch.arange(1, c1 - c0 + 1, dtype=x.dtype, device=x.device)
-        m = t1 / count
-        var = (t2 / count - m * m).clamp(min=0)
-        return m + (x * shift).sum(-1), var, count
+        """x: [b, np, C, e] for rows c0..c1-1. Returns mean, var_pop [b, np, C]."""
+        return _row_moments_chunk(self.causal, x, state, y[..., c0:c1, :], c0, c0)
 
 
 # ----------------------------------------------------------------------------- one chunk
@@ -243,7 +207,7 @@ def _align_part(call: _Call, c0, c1, L, t, count, denom, terms, rows):
     head = t["omega"][:, ALIGN].view(1, -1, 1, 1)
     uq = t["u"][..., c0:c1, :]  # [b, np, C, hd]
     g = t["lambdas"][:, ALIGN].view(1, -1, 1) * t["gate_a"][..., c0:c1]
-    mean, var, _ = call.align_moments.row_moments(uq, t["align_state"], c0, c1, t["khat"])
+    mean, var = call.align_moments.row_moments(uq, t["align_state"], c0, c1, t["khat"])
     s = row_scale(g, safe_sqrt(var * count / denom), hp)  # [b, np, C]
     rows["align_mean"], rows["align_scale"] = mean, s
     if call.with_stats:
@@ -267,7 +231,7 @@ def _coh_part(call: _Call, c0, c1, L, t, w, count, denom, terms, rows):
     gate = torch.sigmoid(-hp.alpha_coh * (ez2 - c2).clamp(min=0))
     g = t["lambdas"][:, COH].view(1, -1, 1) * gate / hp.tau_coh
     x = torch.cat([c, torch.ones_like(c[..., :1])], -1)  # r_ij = 2 x_i . zy_j - |c_i|^2
-    mean_p, var_p, _ = call.coh_moments.row_moments(x, t["coh_state"], c0, c1, t["zy"])
+    mean_p, var_p = call.coh_moments.row_moments(x, t["coh_state"], c0, c1, t["zy"])
     s = row_scale(g, safe_sqrt(4 * var_p * count / denom), hp)
     mean = 2 * mean_p - c2
     rows["centroid"], rows["gate_coh"], rows["coh_mean"], rows["coh_scale"] = c, gate, mean, s
@@ -345,7 +309,7 @@ def _needs_checkpoint(tensors: dict) -> bool:
 
 
 def prepare(q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
-            with_aux: bool, with_stats: bool, moment_chunks=None):  # fmt: skip
+            with_aux: bool, with_stats: bool):  # fmt: skip
     """Whole-sequence O(s) work: neighbours, headings, gates, moment states, k_aug / v_aug.
 
     Returns (call, t, chunks, rows) where t holds the tensors every chunk reads."""
@@ -363,12 +327,12 @@ def prepare(q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, u
         u, spread, _ = headings(khat, idx, valid, hp)  # [b, np, s, hd], [b, np, s]
         t["u"], t["gate_a"] = u, torch.sigmoid(-hp.alpha_align * spread)
         rows["u"], rows["gate_align"] = u, t["gate_a"]
-        call.align_moments = PrefixMoments(khat, hp.causal, moment_chunks or chunks)
+        call.align_moments = PrefixMoments(khat, hp.causal, chunks)
         k_parts.append(khat)
     if hp.use_coh:
         zy = torch.cat([z, -0.5 * (z * z).sum(-1, keepdim=True)], -1)  # [b, np, s, dz + 1]
         t["zy"] = zy
-        call.coh_moments = PrefixMoments(zy, hp.causal, moment_chunks or chunks)
+        call.coh_moments = PrefixMoments(zy, hp.causal, chunks)
         k_parts.append(zy)
     t["k_aug"] = torch.cat(k_parts, -1)  # [b, np, s, hd (+ hd) (+ dz + 1)]
     t["v_aug"] = torch.cat([v, z, (z * z).sum(-1, keepdim=True)], -1) if call.want_lcoh else v
@@ -476,21 +440,23 @@ def _count_denom(c0: int, c1: int, L: int, hp: AscenderHParams, dtype, device):
     return count, variance_denominator(count, hp)
 
 
-@torch.no_grad()
-def _moment_states(y3: torch.Tensor, causal: bool) -> list[tuple]:
+def _moment_states(y3: torch.Tensor, causal: bool, starts: list[int]) -> list[tuple]:
     """Moment states of the keys y3 [B, s, e] for _row_moments_chunk.
 
-    Causal: entry si holds (mean [B, 1, e], centred scatter [B, e, e]) of the keys
-    j < si * MOMENT_STRIDE (() for si = 0), merged stride by stride (Chan et al.).
-    Bidirectional: one entry, (mean, covariance) over all keys. No gradient is recorded:
-    _moment_states_backward differentiates them in closed form."""
+    Causal: entry i holds (mean [B, 1, e], centred scatter [B, e, e]) of the keys
+    j < starts[i] (() when starts[i] == 0), merged block by block (Chan et al.).
+    Bidirectional: one entry, (mean, covariance) over all keys. The fused path calls it without
+    autograd and differentiates it in closed form (_moment_states_backward)."""
     n = y3.shape[1]
     if not causal:
         mean = y3.mean(1, keepdim=True)
         yc = y3 - mean
         return [(mean, yc.transpose(1, 2) @ yc / n)]
-    states, count, mean, scatter = [()], 0, None, None
-    for s0, s1 in moment_chunks(n)[:-1]:
+    states, count, mean, scatter = [], 0, None, None
+    for s0, s1 in zip(starts, list(starts[1:]) + [n]):
+        states.append((mean, scatter) if count else ())
+        if s1 == n:
+            break  # the last block feeds no state
         yb = y3[:, s0:s1]
         mb = yb.mean(1, keepdim=True)
         yc = yb - mb
@@ -504,7 +470,6 @@ def _moment_states(y3: torch.Tensor, causal: bool) -> list[tuple]:
             scatter = scatter + sb + delta.transpose(1, 2) @ delta * (count * nb / tot)
             mean = mean + delta * (nb / tot)
         count += nb
-        states.append((mean, scatter))
     return states
 
 
@@ -586,6 +551,7 @@ def _operands(call: _Call, q, k, v, z, h, delta, tau, slope) -> dict:
     b, nh, n, hd = q.shape
     B = b * nh
     t = dict(q=q, z=z, h=h, k=k, k3=k.reshape(B, n, hd))
+    starts = [s0 for s0, _ in moment_chunks(n)]
     if call.want_lcoh:  # the value columns of L_coh: sum_j A_ij [z_j, |z_j|^2]
         t["v_aug3"] = torch.cat([v, z, (z * z).sum(-1, keepdim=True)], -1).reshape(B, n, -1)
     else:
@@ -593,7 +559,7 @@ def _operands(call: _Call, q, k, v, z, h, delta, tau, slope) -> dict:
     if hp.use_align:
         t["khat3"] = F.normalize(t["k3"], dim=-1, eps=hp.eps)
         t["khat_sq"] = (t["khat3"] * t["khat3"]).sum(-1)  # [B, s]: 1 unless |k| < eps
-        t["align_states"] = _moment_states(t["khat3"], hp.causal)
+        t["align_states"] = _moment_states(t["khat3"], hp.causal, starts)
     if call.use_sep or hp.use_coh:
         ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
         k_main = ks if call.use_sep else kc
@@ -603,7 +569,7 @@ def _operands(call: _Call, q, k, v, z, h, delta, tau, slope) -> dict:
         z3 = z.reshape(B, n, -1)
         t["Zr"] = torch.cat([t["s"] * z3, torch.ones_like(z3[..., :1]), -a * (z3 * z3).sum(-1, keepdim=True)], -1)
     if hp.use_coh:
-        t["coh_states"] = _moment_states(t["Zr"], hp.causal)
+        t["coh_states"] = _moment_states(t["Zr"], hp.causal, starts)
     if call.use_sep:
         h3 = h.reshape(B, n, -1)
         hhat = F.normalize(h3, dim=-1, eps=hp.eps)  # kept only inside Hr
@@ -719,10 +685,7 @@ def _rows(call: _Call, c0: int, c1: int, L: int, x: dict):
     rows = {}
     parts = [("k3", x["q"] / (math.sqrt(call.hd) * tau))]
     if hp.use_align:
-        total, sq = x["ktot"], x["ksq"]  # sums over the valid neighbours of khat, |khat|^2
-        nk = x["nweight"].sum(-1).clamp(min=1)
-        spread = (sq / nk - (total * total).sum(-1) / (nk * nk)).clamp(min=0)  # total variance
-        uq = F.normalize(total, dim=-1, eps=hp.eps)
+        uq, spread = heading_from_sums(x["ktot"], x["ksq"], x["nweight"].sum(-1), hp)
         gate_a = torch.sigmoid(-hp.alpha_align * spread)
         g = lambdas[:, ALIGN].view(1, -1, 1) * gate_a
         mean, var = _row_moments_chunk(hp.causal, uq, x["align_state"], x["khat"], c0, x["s0"])
