@@ -70,6 +70,9 @@ CASES = {
         hp=dict(causal=False, window=4, num_global=1, aux_compactness_weight=0.3, aux_crowding_weight=0.5,
                 aux_alignment_weight=0.2), n=22, aux=True),  # fmt: skip
     "only_sep": dict(hp=dict(use_align=False, use_coh=False), n=21),
+    "causal_base_scores": dict(hp=dict(causal=True, neighbour_source="base_scores"), n=37),
+    "bidir_window_base_scores": dict(hp=dict(causal=False, window=4, num_global=1, neighbour_source="base_scores"),
+                                     n=22),  # fmt: skip
     "only_align": dict(hp=dict(use_sep=False, use_coh=False), n=21),
     "only_coh": dict(hp=dict(use_sep=False, use_align=False), n=21),
 }

@@ -33,6 +33,7 @@ def test_defaults_are_valid_for_head_dim_64():
         (dict(std_form="biased"), "model.ascender.std_form", "population, sample"),
         (dict(other_bias="rope"), "model.ascender.other_bias", "none, alibi"),
         (dict(gate_placement="x"), "model.ascender.gate_placement", "pre_norm, post_norm"),
+        (dict(neighbour_source="keys"), "model.ascender.neighbour_source", "affinity, base_scores"),
         (dict(chunk_size=0), "model.ascender.chunk_size", ">= 1"),
         (dict(aux_crowding_weight=-1.0), "model.ascender.aux_crowding_weight", ">= 0"),
     ],

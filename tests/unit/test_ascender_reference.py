@@ -185,6 +185,22 @@ def test_top_k_excludes_self_and_respects_window():
     assert torch.any(((idx - i).abs() > 3) & (idx == 0))  # the global token is used from afar
 
 
+@pytest.mark.parametrize("source", ["affinity", "base_scores"])
+def test_neighbours_rank_what_neighbour_source_names(source):
+    """N_k(i) is the top-k of the cosine affinity (section 2) or of the base scores q.k/sqrt(d)
+    (section 9's reuse), over the same candidates (visible, not i)."""
+    hp = AscenderHParams(d_z=3, d_a=4, k=3, window=0, num_global=0, causal=True, neighbour_source=source)
+    q, k, v, z, h = make_inputs(n=10)
+    res = reference_attention(q, k, v, z, h, make_params(hp, 2), hp, use_sep=True)
+    hhat = F.normalize(h, dim=-1, eps=hp.eps)
+    ranked = hhat @ hhat.transpose(-1, -2) if source == "affinity" else q @ k.transpose(-1, -2) / math.sqrt(6)
+    cand = torch.ones(10, 10, dtype=torch.bool).tril(-1)  # causal, j != i
+    for i in range(3, 10):  # rows with at least k candidates
+        expect = torch.topk(ranked[..., i, :].masked_fill(~cand[i], float("-inf")), 3, dim=-1).indices
+        got = res.rows["neighbour_idx"][..., i, :]
+        assert torch.equal(got.sort(-1).values, expect.sort(-1).values), (source, i)
+
+
 def test_gates_weaken_with_variance():
     """Paper text: higher neighbourhood variance -> weaker alignment (sigmoid(-alpha Var))."""
     hp = AscenderHParams(d_z=3, d_a=4, k=3, window=0, num_global=0, causal=False)

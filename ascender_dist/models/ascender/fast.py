@@ -70,22 +70,33 @@ def _topk_masked(scores, cand, cols, k: int):
 
 
 @torch.no_grad()
-def neighbours(hhat: torch.Tensor, hp: AscenderHParams, chunks) -> tuple[torch.Tensor, torch.Tensor]:
-    """Semantic top-k N_k(i), j != i, j visible (and in window or global), chunk by chunk.
+def search_vectors(q, k, h, hp: AscenderHParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query-side, key-side) vectors whose dot products N_k(i) ranks, detached: unit h for
+    the affinity, (q / sqrt(d), k) for the base scores (hp.neighbour_source)."""
+    if hp.neighbour_source == "affinity":
+        hhat = F.normalize(h.detach(), dim=-1, eps=hp.eps)
+        return hhat, hhat
+    return q.detach() / math.sqrt(q.shape[-1]), k.detach()
 
-    hhat: unit h [b, np, s, d_a]. Returns idx [b, np, s, k] (long), valid [b, np, s, k].
+
+@torch.no_grad()
+def neighbours(xq: torch.Tensor, xk: torch.Tensor, hp: AscenderHParams, chunks) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k N_k(i) of xq_i . xk_j over j != i, j visible (and in window or global), chunk by
+    chunk (search_vectors gives xq, xk).
+
+    xq, xk: [b, np, s, e]. Returns idx [b, np, s, k] (long), valid [b, np, s, k].
     Windowed: each chunk scores a band of keys [c0 - w, c1 + w) plus the globals, O(s * w).
     """
-    n, dev = hhat.shape[-2], hhat.device
+    n, dev = xk.shape[-2], xk.device
     out_idx, out_valid = [], []
     for c0, c1 in chunks:
-        hq = hhat[..., c0:c1, :]  # [b, np, C, da]
+        hq = xq[..., c0:c1, :]  # [b, np, C, e]
         i = torch.arange(c0, c1, device=dev)[:, None]
         if hp.window == 0:
             hi = c1 if hp.causal else n
             cols = torch.arange(hi, device=dev)
             cand = (cols[None, :] != i) & ((cols[None, :] < i) if hp.causal else True)
-            scores = hq @ hhat[..., :hi, :].transpose(-1, -2)
+            scores = hq @ xk[..., :hi, :].transpose(-1, -2)
         else:
             lo, hi = max(0, c0 - hp.window), (c1 if hp.causal else min(n, c1 + hp.window))
             band = torch.arange(lo, hi, device=dev)
@@ -97,7 +108,7 @@ def neighbours(hhat: torch.Tensor, hp: AscenderHParams, chunks) -> tuple[torch.T
                  torch.ones(len(i), len(glob), dtype=torch.bool, device=dev)], dim=1)  # fmt: skip
             cand = in_band & (j != i) & ((j < i) if hp.causal else True)
             scores = torch.cat(
-                [hq @ hhat[..., lo:hi, :].transpose(-1, -2), hq @ hhat[..., glob, :].transpose(-1, -2)],
+                [hq @ xk[..., lo:hi, :].transpose(-1, -2), hq @ xk[..., glob, :].transpose(-1, -2)],
                 dim=-1,
             )  # [b, np, C, band + g]
         idx, valid = _topk_masked(scores, cand, cols, hp.k)
@@ -318,7 +329,7 @@ def prepare(q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, u
     call = _Call(hp, n, hd, use_sep, with_aux, with_stats)
     hhat = F.normalize(h, dim=-1, eps=hp.eps)
     khat = F.normalize(k, dim=-1, eps=hp.eps)
-    idx, valid = neighbours(hhat.detach(), hp, chunks)  # [b, np, s, k]
+    idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
     rows = {"neighbour_idx": idx, "neighbour_valid": valid}
     t = dict(q=q, z=z, z2=(z * z).sum(-1), hhat=hhat, khat=khat, omega=params.omega, lambdas=params.lambdas,
              delta=params.delta, kappa=params.kappa, tau=params.tau_score, slope=params.alibi_slope)  # fmt: skip
@@ -1109,7 +1120,7 @@ def fast_attention(
     b, nh, n, hd = q.shape
     chunks = chunk_bounds(n, b * nh, hp)
     call = _Call(hp, n, hd, use_sep, with_aux, with_stats)
-    idx, valid = neighbours(F.normalize(h.detach(), dim=-1, eps=hp.eps), hp, chunks)  # [b, np, s, k]
+    idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
     spec = _Spec(call, chunks)
     outs = _FusedChunks.apply(
         spec, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(), params.omega,

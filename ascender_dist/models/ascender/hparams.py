@@ -14,6 +14,7 @@ KERNEL_TAU_FORMS = ("tau", "tau2")
 STD_FORMS = ("population", "sample")
 OTHER_BIASES = ("none", "alibi")
 GATE_PLACEMENTS = ("pre_norm", "post_norm")
+NEIGHBOUR_SOURCES = ("affinity", "base_scores")
 
 
 @dataclass
@@ -34,6 +35,10 @@ class AscenderHParams:
     k: int = 16  # semantic top-k neighbours N_k(i), j != i
     window: int = 128  # 0: candidates are all (visible) j; >0: |i-j| <= window, plus globals
     num_global: int = 4  # positions 0..g-1 are candidates for every row (windowed mode only)
+    # what N_k(i) ranks: "affinity" the cosine a_ij = hhat_i . hhat_j (section 2, pseudocode);
+    # "base_scores" the base attention scores q_i . k_j / sqrt(d), i.e. the neighbours are reused
+    # from the attention itself (section 9 "reuse top-k neighbours", section 12, ablation (v))
+    neighbour_source: str = "affinity"
 
     # --- kernels and score temperature ---
     tau_sep: float = 1.0
@@ -125,6 +130,7 @@ class AscenderHParams:
             "std_form": STD_FORMS,
             "other_bias": OTHER_BIASES,
             "gate_placement": GATE_PLACEMENTS,
+            "neighbour_source": NEIGHBOUR_SOURCES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -221,7 +221,8 @@ def reference_attention(
     terms, rows, maps = {}, {}, {"S_base": S_base}
     hhat = F.normalize(h, dim=-1, eps=hp.eps)
     a = hhat @ hhat.transpose(-1, -2)  # cosine affinity, [b, np, s, s]
-    idx, valid = dense_neighbours(a, candidate_mask(n, hp, q.device), hp.k)
+    ranked = a if hp.neighbour_source == "affinity" else S_base  # what N_k(i) is the top-k of
+    idx, valid = dense_neighbours(ranked, candidate_mask(n, hp, q.device), hp.k)
     rows["neighbour_idx"], rows["neighbour_valid"] = idx, valid
     u = phi = c = None
     if hp.use_align:

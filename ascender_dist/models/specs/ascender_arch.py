@@ -35,13 +35,15 @@ def ascender_extra_layer_flops(cfg) -> float:
     """Forward FLOPs per token per layer on top of softmax attention (documented in docs/ascender.md):
     U/P projections; the folded Alignment+Cohesion dot product widens each score by d + d_z + 1
     channels over the s keys; Separation's per-pair kernel on d_z + d_a dims; neighbourhood
-    affinities over the window (or all keys when window == 0)."""
+    search over the window (or all keys when window == 0): affinities on d_a dims, or base scores
+    on head_dim dims when the neighbours are reused from them (neighbour_source)."""
     m, hp = cfg.model, cfg.model.ascender
     heads, s, head_dim = m.num_attention_heads, m.seq_length, m.hidden_size // m.num_attention_heads
     projections = 2 * m.hidden_size * heads * (hp.d_z + hp.d_a)
     folded = 2 * s * heads * (head_dim + hp.d_z + 1) if (hp.use_align or hp.use_coh) else 0
     separation = 2 * s * heads * (hp.d_z + hp.d_a) if hp.use_sep else 0
-    neighbours = 2 * heads * hp.d_a * ((2 * hp.window + hp.num_global) if hp.window else s)
+    search_dim = hp.d_a if hp.neighbour_source == "affinity" else head_dim
+    neighbours = 2 * heads * search_dim * ((2 * hp.window + hp.num_global) if hp.window else s)
     return projections + folded + separation + neighbours
 
 
