@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .common import row_scale, safe_sqrt, total_variation, variance_denominator
+from .common import row_scale, safe_sqrt, variance_denominator
 from .hparams import AscenderHParams
 from .params import ALIGN, COH, SEP, AscenderHeadParams
 from .reference import AscenderResult, mass_moved
@@ -802,7 +802,6 @@ class _FusedChunks(torch.autograd.Function):
         t = _operands(call, q, k, v, z, h, delta, tau, slope)
         t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
         b, nh, n, hd = q.shape
-        B = b * nh
         ve = t["v_aug3"].shape[-1]
         out_aug = q.new_empty(b, nh, n, ve)
         # row outputs and statistics go straight into full-length tensors: per-chunk pieces kept
@@ -932,7 +931,7 @@ class _FusedChunks(torch.autograd.Function):
                        for i, v_ in enumerate(val)]  # fmt: skip
             grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
             gx = {name: g for (name, _), g in zip(leaves, grads) if g is not None}
-            _scatter_row_grads(call, c0, c1, x, gx, t, gbuf, gq, g_small, g_states)
+            _scatter_row_grads(c0, c1, x, gx, gbuf, gq, g_small, g_states)
             if not (call.use_sep or hp.use_coh):
                 continue
             # ---- tile backward: Separation statistics and bias, kernels, affinity
@@ -1002,9 +1001,8 @@ class _FusedChunks(torch.autograd.Function):
         return (None, *_input_grads(call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ctx.needs_input_grad))
 
 
-def _scatter_row_grads(call: _Call, c0, c1, x, gx, t, gbuf, gq, g_small, g_states) -> None:
+def _scatter_row_grads(c0: int, c1: int, x: dict, gx: dict, gbuf: dict, gq, g_small: dict, g_states: dict) -> None:
     """Add one chunk's gradients of the _rows leaves into the whole-sequence buffers."""
-    hp = call.hp
     for key in SMALL:
         if key in gx:
             g_small[key] += gx[key]
@@ -1029,11 +1027,8 @@ def _scatter_row_grads(call: _Call, c0, c1, x, gx, t, gbuf, gq, g_small, g_state
         if any(p is not None for p in pieces):
             si = x["si"]
             old = store.get(si, (None,) * len(pieces))
-            store[si] = tuple(
-                None if p is None else (p.reshape(B, *p.shape[2:]) if o is None else o + p.reshape(B, *p.shape[2:]))
-                for o, p in zip(old, pieces)
-            )  # fmt: skip
-    del hp
+            pieces = [None if p is None else p.reshape(B, *p.shape[2:]) for p in pieces]
+            store[si] = tuple(p if o is None else (o if p is None else o + p) for o, p in zip(old, pieces))
 
 
 def _input_grads(call: _Call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, needs) -> list:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .common import row_scale, safe_sqrt, total_variation, variance_denominator
+from .common import safe_sqrt, total_variation, variance_denominator
 from .hparams import AscenderHParams
 from .params import ALIGN, COH, SEP, AscenderHeadParams
 
