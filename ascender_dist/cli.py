@@ -13,17 +13,14 @@ import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ascender_dist.logs import setup_cli_logging
+
 
 def _quiet_libraries() -> None:
     """megatron-core warns about missing Apex/Transformer Engine on every import: expected here."""
     warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*not installed.*")
     warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
     warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
-
-
-def _setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -214,7 +211,7 @@ _DELEGATED = {
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     _quiet_libraries()
-    _setup_logging()
+    setup_cli_logging()
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
     if argv and argv[0] in _DELEGATED:
         import importlib

@@ -85,6 +85,7 @@ import numpy as np
 import yaml
 
 from ascender_dist.config.errors import ConfigError
+from ascender_dist.logs import setup_cli_logging
 
 log = logging.getLogger("ascender_dist")
 
@@ -1049,8 +1050,7 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.grid:
         print("error: a grid file is required (configs/ablations/*.yaml)", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    setup_cli_logging()
     try:
         from data_pipeline.errors import DataError
     except ImportError:  # pragma: no cover

@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ascender_dist.logs import setup_cli_logging
+
 log = logging.getLogger("ascender_dist")
 
 ROWS = {
@@ -315,8 +317,7 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.out:
         print("error: --out is required", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    setup_cli_logging()
     from ascender_dist.config.resolve import config_from_dict
 
     try:

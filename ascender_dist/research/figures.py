@@ -42,6 +42,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ascender_dist.logs import setup_cli_logging
+
 log = logging.getLogger("ascender_dist")
 
 BIASES = ("align", "sep", "coh")
@@ -537,8 +539,7 @@ def figures_main(argv: Optional[Sequence[str]] = None) -> int:
     from ascender_dist.cli import _quiet_libraries, _user_errors
 
     _quiet_libraries()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    setup_cli_logging()
     models = [(None, Path(d)) for d in args.dirs] + _parse_models(args.model)
     if not models:
         print("error: give consolidated directories (positional or --model LABEL=DIR)", file=sys.stderr)
