@@ -1031,10 +1031,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _child_main(args) -> int:
-    from ascender_dist.cli import _quiet_libraries, _setup_logging
+    from ascender_dist.cli import _quiet_libraries
 
     _quiet_libraries()
-    _setup_logging()
+    setup_cli_logging()
     eval_iters = args.eval_iters
     if eval_iters is not None and eval_iters != "all":
         eval_iters = int(eval_iters)
