@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.data import make_tiny_dataset, tiny_run_config
+from tests.helpers.data import make_tiny_dataset
 from tests.helpers.multiproc import REPO_ROOT, assert_check, run_ranks
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.workers.export_sources import ensure_sources, source_dir
 from tests.helpers.multiproc import REPO_ROOT
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
 
@@ -80,11 +79,6 @@ def run_module(module: str, *args: str, tmp: Path, check: bool = True) -> subpro
     if check:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
-
-
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    return ensure_sources(source_dir(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.workers.export_sources import ensure_sources, source_dir
 from tests.helpers.multiproc import REPO_ROOT
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
 from tests.integration.test_conversion import cli
@@ -23,11 +22,6 @@ from tests.integration.test_conversion import cli
 pytestmark = pytest.mark.slow
 
 TOKENS = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
-
-
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    return ensure_sources(source_dir(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

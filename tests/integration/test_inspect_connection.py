@@ -1,7 +1,6 @@
 """A trained Connection model's checkpoint -> consolidated -> heatmaps a person can look at."""
 
 import json
-from pathlib import Path
 
 import pytest
 

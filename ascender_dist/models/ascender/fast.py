@@ -569,7 +569,7 @@ def _operands(call: _Call, q, k, v, z, h, delta, tau, slope) -> dict:
         t["v_aug3"] = v.reshape(B, n, hd)
     if hp.use_align:
         t["khat3"] = F.normalize(t["k3"], dim=-1, eps=hp.eps)
-        t["khat_sq"] = (t["khat3"] * t["khat3"]).sum(-1)  # [B, s]: 1 unless |k| < eps
+        t["khat_sq"] = torch.linalg.vecdot(t["khat3"], t["khat3"])  # [B, s]: 1 unless |k| < eps
         t["align_states"] = _moment_states(t["khat3"], hp.causal, starts)
     if call.use_sep or hp.use_coh:
         ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
