@@ -10,7 +10,7 @@ model code runs on CPU and GPU. It is installed only when no CUDA device is pres
 (:func:`install_if_needed`), and refuses a megatron-core version it was not written for, because
 the call sites it covers were audited for exactly that version.
 
-Patches (process-global):
+Patches (process-global; device contexts such as ``with torch.device("meta")`` keep working):
   1. ``torch.cuda.current_device()`` -> ``"cpu"``
   2. CUDA RNG state (megatron's tensor-parallel RNG tracker, activation recompute) -> the CPU generator
   3. ``torch.cuda.synchronize`` -> no-op
@@ -121,6 +121,14 @@ def _patch_rng() -> None:
 
 
 def _patch_factories() -> None:
+    # `with torch.device(...)` and torch.set_default_device recognise factories by identity, in a
+    # set torch builds once (lru_cache) on first use. Build it now, from the original functions:
+    # built after the swap it would hold our wrappers, never the originals they call, and every
+    # later device context would silently be ignored (measured: Hugging Face models loaded after
+    # megatron got uninitialised RoPE buffers from transformers' meta-device init).
+    from torch.utils._device import _device_constructors
+
+    _device_constructors()
     for name in _FACTORIES:
         fn = getattr(torch, name)
         if not getattr(fn, "__ascender_cpu_compat__", False):

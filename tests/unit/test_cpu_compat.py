@@ -1,5 +1,8 @@
 """The megatron-core CPU layer refuses versions it was not written for and keeps megatron on the CPU."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -18,8 +21,8 @@ def test_installed_only_without_cuda(monkeypatch):
     assert megatron_cpu.install_if_needed() is False
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the layer is installed only where CUDA is absent")
 def test_cuda_requests_land_on_cpu():
-    assert not torch.cuda.is_available(), "this test documents the CPU-only path"
     megatron_cpu.install_if_needed()
     assert megatron_cpu.is_installed()
     assert torch.zeros(3, device="cuda").device.type == "cpu"
@@ -29,3 +32,23 @@ def test_cuda_requests_land_on_cpu():
     a = torch.rand(3)
     torch.cuda.set_rng_state(state)
     assert torch.equal(a, torch.rand(3))
+
+
+def test_device_contexts_still_work_when_installed_first():
+    """In a fresh process (torch caches the set of factories a device context intercepts on first
+    use): install the layer, then build tensors under torch.device("meta") and the default-device
+    setting, as transformers does while loading a model. They must land on the meta device."""
+    code = (
+        "import torch\n"
+        "from ascender_dist.compat import megatron_cpu\n"
+        "megatron_cpu.install()\n"
+        "with torch.device('meta'):\n"
+        "    made = [torch.arange(4), torch.zeros(2), torch.empty(3), torch.full((2,), 1.0)]\n"
+        "torch.set_default_device('meta')\n"
+        "made.append(torch.ones(2))\n"
+        "torch.set_default_device('cpu')\n"
+        "print(','.join(t.device.type for t in made), torch.zeros(1, device='cuda').device.type)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["meta,meta,meta,meta,meta", "cpu"]
