@@ -1,18 +1,27 @@
 """Crash-safe checkpoints on top of DeepSpeed's save/load.
 
 DeepSpeed writes one directory per tag; it moves its own ``latest`` file as it goes, so a crash
-mid-save can leave ``latest`` naming a half-written tag. We never let DeepSpeed touch ``latest``:
-every rank writes its shard into ``<dir>/<tag>/``, all ranks meet at a barrier, rank 0 drops a
-``COMPLETE`` marker into the tag and only then replaces ``<dir>/latest`` atomically (write a
-temporary file, ``os.replace``). A crash at any moment therefore leaves ``latest`` naming a
-complete checkpoint. Per-rank RNG states are saved next to DeepSpeed's files so a resumed run
-draws the same random numbers (dropout) as an uninterrupted one.
+mid-save can leave ``latest`` naming a half-written tag. We never let DeepSpeed touch ``latest``,
+and never write into a directory a complete checkpoint lives in:
+
+1. every rank writes its shard into a staging directory ``<dir>/<tag>.partial/``;
+2. all ranks meet at a barrier; rank 0 drops a ``COMPLETE`` marker into the staging directory
+   and renames it to ``<dir>/<tag>`` (a complete checkpoint of the same step, left by an earlier
+   run into the same directory, is first renamed aside to ``<tag>.replaced``, removed last);
+3. only then rank 0 replaces ``<dir>/latest`` atomically (temporary file + ``os.replace``).
+
+A crash at any moment therefore leaves ``latest`` naming a complete checkpoint; in the one window
+where it names a tag just renamed aside, ``latest_tag`` reads the ``.replaced`` copy, which is
+complete. Per-rank RNG states are saved next to DeepSpeed's files so a resumed run draws the same
+random numbers (dropout) as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -26,6 +35,8 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1  # of the files we add next to DeepSpeed's (COMPLETE, meta.json, config.yaml, rng/)
 LATEST = "latest"
 COMPLETE = "COMPLETE"
+PARTIAL = ".partial"  # suffix of a tag being written
+REPLACED = ".replaced"  # suffix of a complete tag moved aside by a save of the same step
 _TAG_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -54,14 +65,25 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def latest_tag(checkpoint_dir: Path) -> Optional[str]:
-    """The tag ``latest`` names, if it is complete; None when there is no checkpoint yet."""
+    """The tag ``latest`` names, if it is complete; None when there is no checkpoint yet.
+
+    Refuses a directory that holds complete checkpoints but no ``latest`` (deleted by hand?):
+    starting from step 0 there would silently orphan them, and later saves could replace them."""
     pointer = Path(checkpoint_dir) / LATEST
     if not pointer.is_file():
+        found = complete_tags(checkpoint_dir)
+        if found:
+            raise CheckpointError(f"{pointer}: missing, but the directory holds complete checkpoints (newest "
+                                  f"{found[-1]}); restore it (`echo {found[-1]} > {pointer}`) or use a new "
+                                  f"checkpoint.dir")
         return None
     tag = pointer.read_text(encoding="utf-8").strip()
-    if not (Path(checkpoint_dir) / tag / COMPLETE).is_file():
-        raise CheckpointError(f"{pointer}: names {tag!r}, which has no {COMPLETE} marker (corrupt checkpoint dir)")
-    return tag
+    if (Path(checkpoint_dir) / tag / COMPLETE).is_file():
+        return tag
+    if (Path(checkpoint_dir) / (tag + REPLACED) / COMPLETE).is_file():  # a save crashed mid-swap
+        log.warning("%s: %s is being replaced; reading the complete copy %s%s", pointer, tag, tag, REPLACED)
+        return tag + REPLACED
+    raise CheckpointError(f"{pointer}: names {tag!r}, which has no {COMPLETE} marker (corrupt checkpoint dir)")
 
 
 def complete_tags(checkpoint_dir: Path) -> list[str]:
@@ -92,14 +114,34 @@ def _set_rng_state(state: dict) -> None:
 
 
 def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
-    """Delete complete checkpoints beyond the newest ``keep_last`` and incomplete ones older than latest."""
+    """Delete complete checkpoints beyond the newest ``keep_last``, incomplete ones older than
+    latest, and what crashed saves left behind (staging and moved-aside directories)."""
     keep = set(complete_tags(checkpoint_dir)[-keep_last:]) | {latest}
     latest_step = step_of_tag(latest)
-    for path in Path(checkpoint_dir).iterdir():
-        if not path.is_dir() or not _TAG_RE.match(path.name) or path.name in keep:
+    for path in list(Path(checkpoint_dir).iterdir()):
+        if not path.is_dir() or path.name in keep:
             continue
-        if (path / COMPLETE).is_file() or step_of_tag(path.name) < latest_step:
+        base = path.with_name(path.name.rsplit(".", 1)[0])
+        if path.name.endswith(REPLACED) and not base.exists() and (path / COMPLETE).is_file():
+            os.replace(path, base)  # a save crashed mid-swap: this is still that step's checkpoint
+        elif path.name.endswith((PARTIAL, REPLACED)) and _TAG_RE.match(base.name):
             shutil.rmtree(path, ignore_errors=True)
+        elif _TAG_RE.match(path.name) and ((path / COMPLETE).is_file() or step_of_tag(path.name) < latest_step):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _publish(checkpoint_dir: Path, tag: str) -> None:
+    """Rename the finished staging directory to ``tag``; a complete tag of the same name is moved
+    aside first (both renames are atomic) and deleted only after ``latest`` has moved (_prune)."""
+    final, staged = checkpoint_dir / tag, checkpoint_dir / (tag + PARTIAL)
+    if final.exists():
+        aside = checkpoint_dir / (tag + REPLACED)
+        shutil.rmtree(aside, ignore_errors=True)
+        if (final / COMPLETE).is_file():
+            os.replace(final, aside)
+        else:  # an incomplete directory of that name (written by an older version): nothing to keep
+            shutil.rmtree(final)
+    os.replace(staged, final)
 
 
 def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict, keep_last: int,
@@ -107,22 +149,22 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
     """Collective: every rank must call it. Returns the tag written."""
     checkpoint_dir = Path(checkpoint_dir)
     tag = tag_for_step(step)
+    staged = tag + PARTIAL
     rank = dist.get_rank()
     if rank == 0:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        stale = checkpoint_dir / tag
-        if stale.exists():  # a crash left a half-written tag of the same step behind
-            shutil.rmtree(stale)
+        shutil.rmtree(checkpoint_dir / staged, ignore_errors=True)  # a crash left a half-written save
     dist.barrier()
-    engine.save_checkpoint(str(checkpoint_dir), tag=tag, client_state=client_state, save_latest=False)
-    rng_dir = checkpoint_dir / tag / "rng"
+    engine.save_checkpoint(str(checkpoint_dir), tag=staged, client_state=client_state, save_latest=False)
+    rng_dir = checkpoint_dir / staged / "rng"
     rng_dir.mkdir(parents=True, exist_ok=True)
     torch.save(_rng_state(), rng_dir / f"rank_{rank:05d}.pt")
     dist.barrier()
     if rank == 0:
         for name, text in (extra_files or {}).items():
-            atomic_write_text(checkpoint_dir / tag / name, text)
-        atomic_write_text(checkpoint_dir / tag / COMPLETE, f"{step}\n")
+            atomic_write_text(checkpoint_dir / staged / name, text)
+        atomic_write_text(checkpoint_dir / staged / COMPLETE, f"{step}\n")
+        _publish(checkpoint_dir, tag)
         atomic_write_text(checkpoint_dir / LATEST, tag)
         _prune(checkpoint_dir, keep_last, tag)
     dist.barrier()
@@ -135,22 +177,42 @@ def load_checkpoint(engine, checkpoint_dir: Path, tag: Optional[str] = None) -> 
     tag = tag or latest_tag(checkpoint_dir)
     if tag is None:
         return None
-    path, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
+    try:
+        path, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
+    except (RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"{checkpoint_dir / tag}: unreadable on rank {dist.get_rank()} "
+                              f"({_first_line(exc)})") from exc
     if path is None:
         raise CheckpointError(f"{checkpoint_dir / tag}: DeepSpeed could not load this checkpoint")
     rng_file = checkpoint_dir / tag / "rng" / f"rank_{dist.get_rank():05d}.pt"
     if rng_file.is_file():
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+        try:
+            _set_rng_state(torch.load(rng_file, weights_only=False))
+        except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as exc:
+            raise CheckpointError(f"{rng_file}: unreadable ({_first_line(exc)})") from exc
     else:
         log.warning("%s: no RNG state for this rank (world size changed?); continuing with fresh RNG", rng_file)
     return client_state
 
 
-def read_meta(checkpoint_dir: Path, tag: str) -> dict:
-    import json
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
 
+
+def read_meta(checkpoint_dir: Path, tag: str) -> dict:
+    """meta.json of a tag (step, layout, data state), which every save writes: resuming without
+    it would have to guess the data-parallel size the optimizer state was sharded for."""
     path = Path(checkpoint_dir) / tag / "meta.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (every save writes it; checkpoint from another tool?)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: unreadable ({_first_line(exc)})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+    return meta
 
 
 def _universal_input_view(tag_dir: Path, view: Path) -> None:

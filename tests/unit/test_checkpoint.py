@@ -1,0 +1,144 @@
+"""Crash windows of ``training/checkpoint.py``, one at a time, with a stand-in for DeepSpeed's
+engine (it writes one file per save, like a real shard): a crash at any moment leaves ``latest``
+naming a complete, loadable checkpoint, also when a save replaces a complete checkpoint of the
+same step (a second run into the same directory). The random-SIGKILL test through the real
+launcher (tests/integration/test_fault_tolerance.py) covers DeepSpeed's own files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ascender_dist.training import checkpoint as ckpt
+from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
+
+
+class Crash(Exception):
+    pass
+
+
+class FakeEngine:
+    """save_checkpoint writes ``<dir>/<tag>/weights.txt``; load_checkpoint reads it back."""
+
+    def __init__(self, value: str, crash_in_save: bool = False):
+        self.value, self.crash_in_save, self.loaded = value, crash_in_save, None
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        assert save_latest is False
+        (Path(save_dir) / tag).mkdir(parents=True, exist_ok=True)
+        (Path(save_dir) / tag / "weights.txt").write_text(self.value)
+        if self.crash_in_save:
+            raise Crash("killed while DeepSpeed writes")
+
+    def load_checkpoint(self, load_dir, tag):
+        self.loaded = (Path(load_dir) / tag / "weights.txt").read_text()
+        return str(Path(load_dir) / tag), {"step": 1}
+
+
+def _save(directory: Path, step: int, value: str, **engine_kwargs) -> str:
+    return ckpt.save_checkpoint(FakeEngine(value, **engine_kwargs), directory, step, client_state={}, keep_last=3,
+                                extra_files={"meta.json": '{"step": %d}' % step})
+
+
+def _load(directory: Path) -> str:
+    engine = FakeEngine("")
+    ckpt.load_checkpoint(engine, directory)
+    return engine.loaded
+
+
+def test_crash_while_writing_keeps_the_complete_checkpoint_of_the_same_step(single_rank_group, tmp_path):
+    _save(tmp_path, 1, "first run")
+    with pytest.raises(Crash):
+        _save(tmp_path, 1, "second run", crash_in_save=True)
+    assert ckpt.latest_tag(tmp_path) == "step_00000001"
+    assert _load(tmp_path) == "first run"
+    _save(tmp_path, 1, "second run")  # the next save cleans the staging directory up and replaces it
+    assert _load(tmp_path) == "second run"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_00000001"]
+
+
+def test_crash_between_the_two_renames_reads_the_copy_moved_aside(single_rank_group, tmp_path, monkeypatch):
+    _save(tmp_path, 1, "first run")
+    real_replace, calls = os.replace, []
+
+    def replace_then_die(src, dst):
+        if Path(src).is_dir():  # (files are replaced too: atomic_write_text)
+            calls.append((Path(src).name, Path(dst).name))
+            if len(calls) == 2:  # 1: step_1 -> step_1.replaced, 2: step_1.partial -> step_1
+                raise Crash("killed between the renames")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "replace", replace_then_die)
+    with pytest.raises(Crash):
+        _save(tmp_path, 1, "second run")
+    monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    assert calls[0] == ("step_00000001", "step_00000001.replaced")
+    assert not (tmp_path / "step_00000001").exists()
+    assert ckpt.latest_tag(tmp_path) == "step_00000001.replaced"
+    assert _load(tmp_path) == "first run"
+    _save(tmp_path, 2, "resumed")  # pruning puts the moved-aside step back under its own name
+    assert (tmp_path / "step_00000001" / "weights.txt").read_text() == "first run"
+    assert not (tmp_path / "step_00000001.replaced").exists()
+    assert _load(tmp_path) == "resumed"
+
+
+def test_crash_after_publishing_before_latest_moves(single_rank_group, tmp_path, monkeypatch):
+    _save(tmp_path, 1, "one")
+    real_write = ckpt.atomic_write_text
+
+    def write_but_not_latest(path, text):
+        if Path(path).name == ckpt.LATEST:
+            raise Crash("killed before latest moved")
+        real_write(path, text)
+
+    monkeypatch.setattr(ckpt, "atomic_write_text", write_but_not_latest)
+    with pytest.raises(Crash):
+        _save(tmp_path, 2, "two")
+    monkeypatch.setattr(ckpt, "atomic_write_text", real_write)
+    assert ckpt.latest_tag(tmp_path) == "step_00000001"
+    assert _load(tmp_path) == "one"
+    assert (tmp_path / "step_00000002" / ckpt.COMPLETE).is_file()  # complete, just not named yet
+
+
+def test_missing_latest_next_to_complete_checkpoints_is_refused(single_rank_group, tmp_path):
+    _save(tmp_path, 1, "one")
+    _save(tmp_path, 2, "two")
+    (tmp_path / ckpt.LATEST).unlink()
+    with pytest.raises(ckpt.CheckpointError, match=r"latest: missing, but the directory holds complete checkpoints "
+                                                     r"\(newest step_00000002\)"):
+        ckpt.latest_tag(tmp_path)
+    assert ckpt.latest_tag(tmp_path / "fresh") is None  # no checkpoint at all: a fresh start
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "meta.json: missing"),
+    ('{"step": ', "meta.json: unreadable (JSONDecodeError"),
+    ("[1, 2]", "meta.json: expected a JSON object, got list"),
+    (b"\xff\xfe\x00", "meta.json: unreadable (UnicodeDecodeError"),
+])
+def test_bad_meta_json_is_one_line(tmp_path, content, message):
+    tag = tmp_path / "step_00000001"
+    tag.mkdir()
+    if isinstance(content, bytes):
+        (tag / "meta.json").write_bytes(content)
+    elif content is not None:
+        (tag / "meta.json").write_text(content)
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.read_meta(tmp_path, "step_00000001")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unreadable_shard_names_the_tag_and_rank(single_rank_group, tmp_path):
+    _save(tmp_path, 1, "one")
+
+    class Truncated(FakeEngine):
+        def load_checkpoint(self, load_dir, tag):
+            raise RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory\n"
+                               "  more detail")
+
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.load_checkpoint(Truncated(""), tmp_path)
+    assert str(info.value) == (f"{tmp_path / 'step_00000001'}: unreadable on rank 0 (RuntimeError: "
+                               f"PytorchStreamReader failed reading zip archive: failed finding central directory)")
