@@ -248,13 +248,37 @@ def test_flex_forward_matches_reference_on_cpu(causal, other_bias):
         torch.testing.assert_close(flex.rows[name], ref.rows[name], rtol=1e-5, atol=1e-5, msg=name)
 
 
+def _compare_forward_and_grads(path, device, hp, n, out_tol, grad_tol):
+    """``path`` (same signature as reference_attention) against the reference on ``device``:
+    output and the gradient of every input and learned per-head tensor."""
+    inputs = [x.detach().to(device).requires_grad_() for x in make_inputs(n=n, dtype=F32)]
+    params = make_params(hp, 2, dtype=F32).to(device)
+    ref = reference_attention(*inputs, params, hp, use_sep=True)
+    got = path(*inputs, params, hp, use_sep=True)
+    torch.testing.assert_close(got.out, ref.out, rtol=out_tol, atol=out_tol)
+    w = torch.randn(ref.out.shape, generator=torch.Generator().manual_seed(7), dtype=F32).to(device)
+    tensors = inputs + list(params.parameters())
+    names = ["q", "k", "v", "z", "h"] + [name for name, _ in params.named_parameters()]
+    g_ref = torch.autograd.grad((ref.out * w).sum(), tensors, allow_unused=True, materialize_grads=True)
+    g_got = torch.autograd.grad((got.out * w).sum(), tensors, allow_unused=True, materialize_grads=True)
+    for name, a, b in zip(names, g_got, g_ref):
+        assert b.abs().max() > 0, f"reference grad {name} is zero: the comparison would be vacuous"
+        torch.testing.assert_close(a, b, rtol=grad_tol, atol=grad_tol, msg=lambda m: f"grad {name}: {m}")
+
+
+def test_grad_comparison_helper_on_the_fast_path():
+    """The helper the CUDA test below uses, exercised on CPU with the fast path (so its own
+    plumbing is checked here even where no GPU is available)."""
+    hp = base_hp(causal=True, window=4, num_global=1)
+    _compare_forward_and_grads(fast_attention, "cpu", hp, n=33, out_tol=1e-5, grad_tol=1e-5)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention path needs CUDA")
-def test_flex_matches_reference():
+@pytest.mark.parametrize("other_bias", ["none", "alibi"])
+def test_flex_matches_reference(other_bias):
+    """The compiled kernel on CUDA: forward AND backward (flex is what impl='auto' trains with
+    on CUDA, and flex.py names this test as the check of its backward)."""
     from ascender_dist.models.ascender.flex import flex_attention_path
 
-    hp = base_hp(causal=True, window=4, num_global=1)
-    inputs = [x.detach().cuda().requires_grad_() for x in make_inputs(n=64, dtype=F32)]
-    params = make_params(hp, 2, dtype=F32).cuda()
-    ref = reference_attention(*inputs, params, hp, use_sep=True)
-    flex = flex_attention_path(*inputs, params, hp, use_sep=True)
-    torch.testing.assert_close(flex.out, ref.out, rtol=1e-4, atol=1e-4)
+    hp = base_hp(causal=True, window=4, num_global=1, other_bias=other_bias)
+    _compare_forward_and_grads(flex_attention_path, "cuda", hp, n=64, out_tol=1e-4, grad_tol=1e-3)

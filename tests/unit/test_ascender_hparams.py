@@ -82,7 +82,12 @@ def test_alibi_slopes_shard_by_global_head():
     half = AscenderHeadParams(AscenderHParams(), 4, global_num_heads=8, head_offset=4).alibi_slope
     assert torch.equal(full[4:], half)
     assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
-    assert alibi_slopes(6).shape == (6,)
+    # non-power-of-two head counts (GPT-small has 12): the ALiBi paper's get_slopes, written out by
+    # hand: the slopes of the lower power of two, then every other slope of the next power of two
+    expected_6 = [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8, 2.0 ** -1, 2.0 ** -3]
+    assert torch.equal(alibi_slopes(6), torch.tensor(expected_6))
+    expected_12 = [2.0 ** -(i + 1) for i in range(8)] + [2.0 ** -0.5, 2.0 ** -1.5, 2.0 ** -2.5, 2.0 ** -3.5]
+    assert torch.allclose(alibi_slopes(12), torch.tensor(expected_12), rtol=1e-6, atol=0)
 
 
 def test_shared_omega_is_one_vector_seen_by_every_head():

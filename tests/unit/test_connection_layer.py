@@ -158,6 +158,29 @@ def test_no_future_leak_bit_for_bit(connection, normalize, t):
     assert not torch.equal(y[t + 1 :], y2[t + 1 :])  # the changed future does matter
 
 
+@pytest.mark.parametrize("granularity", ["sample", "slot"])
+@pytest.mark.parametrize("connection, t", [("bilinear", 0), ("bilinear", 2), ("bilinear", 3), ("bilinear", 5),
+                                           ("linear", 0), ("linear", 2)])
+def test_no_future_leak_through_the_adaptive_stop(connection, t, granularity):
+    """The test above runs every chunk to max_steps (the stop never fires there). Here the visible
+    chunks stop after 1 step while the rewritten future keeps the batched loop going to max_steps:
+    the past must stay frozen bit for bit and its stop decisions must not depend on the future."""
+    layer, hp = make(dtype=torch.float32, causal=True, connection=connection,
+                     normalize_compression=connection == "bilinear", stop_granularity=granularity, max_steps=8,
+                     threshold=0.3, connection_init_scale=0.05)
+    x = inputs(s=11, dtype=torch.float32)
+    x2 = x.clone()
+    x2[t + 1 :] = torch.randn(x2[t + 1 :].shape, generator=torch.Generator().manual_seed(4)) * 10
+    y, steps = layer(x), layer.last_stats.steps.clone()
+    y2, steps2, iterations2 = layer(x2), layer.last_stats.steps.clone(), layer.last_stats.iterations
+    visible = t // hp.causal_chunk_size + 1  # chunks whose prefix state tokens <= t read
+    assert torch.equal(y[: t + 1], y2[: t + 1])
+    assert torch.equal(steps[:, :visible], steps2[:, :visible])
+    # not vacuous: the visible chunks stopped early while the loop ran on for the changed future
+    assert int(steps2[:, :visible].max()) < iterations2 == hp.max_steps, (steps2, iterations2)
+    assert not torch.equal(steps, steps2)
+
+
 def test_causal_handles_length_not_multiple_of_chunk_and_chunk_longer_than_sequence():
     for s, c in [(5, 3), (4, 16)]:
         layer, hp = make(causal=True, causal_chunk_size=c)

@@ -1,0 +1,133 @@
+"""Whole decoders leak nothing from the future.
+
+The layer tests (test_ascender_fast, test_ascender_reference, test_connection_layer) check the
+pure-torch math with ``causal=True``. The megatron wiring around it ignores ``attention_mask``
+(AscenderCoreAttention and ConnectionSelfAttention rely on ``hp.causal`` and on the [s, b, ...]
+layout being permuted correctly), and the Hugging Face export re-implements the decoder. So here:
+changing every token after position t must leave the logits at positions <= t unchanged to the
+last bit, for the megatron model of every architecture and for the HF model; a non-causal layer
+smuggled past the config check must be caught by the same comparison; and the config refuses
+``causal: false`` for both custom layers.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.resolve import config_from_dict, derive
+from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
+
+VOCAB = 300
+SEQ = 24
+BASE = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 128, "seq_length": SEQ}
+# omega != 0 so the ASCender biases act; window/globals/alibi so every mask path is used; chunks of 8
+ASC = {"d_z": 8, "d_a": 8, "k": 3, "window": 6, "num_global": 1, "chunk_size": 8, "omega_init": 0.5,
+       "other_bias": "alibi"}
+CONN = {"num_slots": 4, "rank": 4, "max_steps": 2, "causal_chunk_size": 8, "threshold": 0.0}
+MODELS = {
+    "gpt": {},
+    "gpt_learned_pos_gqa_swiglu": {"position_embedding_type": "learned_absolute", "num_query_groups": 2,
+                                   "activation": "swiglu"},
+    "ascender": {"architecture": "ascender", "ascender": ASC},
+    "ascender_gqa": {"architecture": "ascender", "ascender": ASC, "num_query_groups": 2},
+    "connection": {"architecture": "connection", "connection": CONN},  # pattern AC
+    "mixed_SC": {"architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN},
+}
+POSITIONS = [5, 13]  # inside the first and the second chunk of 8
+
+
+def _build(model_cfg):
+    from ascender_dist.models.build import build_model
+    from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel
+
+    cfg = config_from_dict({"model": {**BASE, **model_cfg}})
+    destroy_model_parallel()
+    init_model_parallel(1, 1, seed=5)
+    model = build_model(cfg, derive(cfg, 1, VOCAB))
+    model.eval()
+    return model
+
+
+def _token_pair(t: int):
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (2, SEQ), generator=g)
+    changed = tokens.clone()
+    changed[:, t + 1:] = (tokens[:, t + 1:] + 1 + torch.randint(0, VOCAB - 1, changed[:, t + 1:].shape,
+                                                                  generator=g)) % VOCAB  # every one differs
+    assert torch.all(changed[:, t + 1:] != tokens[:, t + 1:])
+    return tokens, changed
+
+
+def _megatron_logits(model, tokens):
+    positions = torch.arange(SEQ).unsqueeze(0).expand_as(tokens)
+    with torch.no_grad():
+        return model(tokens, positions, None)  # [b, s, vocab]
+
+
+def _assert_causal(logits_fn, t: int):
+    tokens, changed = _token_pair(t)
+    a, b = logits_fn(tokens), logits_fn(changed)
+    assert a.shape[:2] == (2, SEQ)
+    assert torch.equal(a[:, : t + 1], b[:, : t + 1]), (a[:, : t + 1] - b[:, : t + 1]).abs().max()
+    assert not torch.equal(a[:, t + 1:], b[:, t + 1:])  # the changed future does matter
+
+
+@pytest.mark.parametrize("t", POSITIONS)
+@pytest.mark.parametrize("name", list(MODELS))
+def test_megatron_model_has_no_future_leak(single_rank_group, name, t):
+    model = _build(MODELS[name])
+    _assert_causal(lambda x: _megatron_logits(model, x), t)
+
+
+def _make_bidirectional(model) -> int:
+    """Swap every custom layer's hparams for causal=False (what the config check refuses)."""
+    from ascender_dist.models.specs.ascender import AscenderCoreAttention
+    from ascender_dist.models.specs.connection import ConnectionSelfAttention
+
+    swapped = 0
+    for module in model.modules():
+        if isinstance(module, AscenderCoreAttention):
+            module.hp = dataclasses.replace(module.hp, causal=False)
+            swapped += 1
+        elif isinstance(module, ConnectionSelfAttention):
+            module.layer.hp = dataclasses.replace(module.layer.hp, causal=False)
+            swapped += 1
+    return swapped
+
+
+@pytest.mark.parametrize("name", ["ascender", "connection"])
+def test_the_leak_check_catches_a_bidirectional_layer(single_rank_group, name):
+    """The comparison above is not vacuous: with one layer kind made bidirectional it fails."""
+    model = _build(MODELS[name])
+    assert _make_bidirectional(model) > 0
+    with pytest.raises(AssertionError):
+        _assert_causal(lambda x: _megatron_logits(model, x), POSITIONS[0])
+
+
+@pytest.mark.parametrize("section", ["ascender", "connection"])
+def test_non_causal_custom_layers_are_refused_at_config_load(section):
+    model = {**BASE, **MODELS["mixed_SC"]}
+    model[section] = {**model[section], "causal": False}
+    with pytest.raises(ConfigError, match=rf"model\.{section}\.causal: must be true"):
+        config_from_dict({"model": model})
+
+
+@pytest.mark.parametrize("t", POSITIONS)
+def test_hf_model_has_no_future_leak(t):
+    """The Hugging Face decoder (all three layer kinds) is causal too; right padding relies on it."""
+    from ascender_dist.hf.configuration_ascender_dist import AscenderDistConfig
+    from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
+
+    torch.manual_seed(0)
+    config = AscenderDistConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                num_query_groups=2, ffn_hidden_size=128, max_position_embeddings=SEQ,
+                                layer_pattern="ASC", ascender=ASC, connection=CONN, ascender_impl="fast")
+    model = AscenderDistForCausalLM(config).eval()
+
+    def logits(x):
+        with torch.no_grad():
+            return model(input_ids=x).logits
+
+    _assert_causal(logits, t)
