@@ -40,11 +40,15 @@ def _forward_backward(cfg, tp: int, full_state=None):
         logits = model(inputs, position_ids, None)  # [b, s, vocab/tp]
     output_weight = model.output_layer.weight if model.output_layer.weight is not None else model.embedding.word_embeddings.weight
     full_logits = gather_tp_tensor(logits.transpose(0, 2), output_weight, group).transpose(0, 2)
+    params = gather_full_state(model, group)
+    local_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     return {
         "loss": loss.detach(),
         "logits": full_logits,
-        "params": gather_full_state(model, group),
+        "params": params,
         "grads": gather_full_state(model, group, grads=True),
+        # parameters this rank holds only a shard of: > 0 proves the layout really is tensor parallel
+        "num_sharded": sum(tuple(full.shape) != local_shapes[name] for name, full in params.items()),
     }
 
 
@@ -58,6 +62,8 @@ def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = ()) -> dict:
     sharded = _forward_backward(cfg, tp)
     reference = _forward_backward(cfg, 1, full_state=sharded["params"])
     grad_diffs = {name: (sharded["grads"][name] - g).abs().max().item() for name, g in reference["grads"].items()}
+    if tp > 1 and sharded["num_sharded"] == 0:
+        raise AssertionError(f"TP={tp} run holds no sharded parameter: the layout silently ran unsharded")
     missing = set(reference["grads"]) ^ set(sharded["grads"])
     if missing:
         raise AssertionError(f"gradients present in only one layout: {sorted(missing)}")
@@ -67,6 +73,7 @@ def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = ()) -> dict:
         "max_grad": max(grad_diffs.values()),
         "worst_grad": max(grad_diffs, key=grad_diffs.get),
         "num_params": len(grad_diffs),
+        "num_sharded": sharded["num_sharded"],
         "reported": {name: {"diff": grad_diffs[name], "reference_abs": reference["grads"][name].abs().max().item(),
                             "shape": list(sharded["grads"][name].shape)}
                      for name in grad_diffs if name.endswith(report) and report},

@@ -80,7 +80,7 @@ def test_remote_code_export_logits_match_megatron(sources, exports, single_rank_
     assert (theirs - plain).abs().max().item() < 1e-4  # Separation on from step 0: the step does not matter here
 
 
-def test_export_loads_without_ascender_dist_installed(exports):
+def test_export_loads_without_ascender_dist_installed(exports, tmp_path):
     """A fresh interpreter in which `import ascender_dist` fails: model, tokenizer and generate()."""
     script = f"""
 import sys, json
@@ -96,7 +96,8 @@ for name, path in { {k: str(v) for k, v in exports.items()}!r}.items():
     tokens = torch.randint(0, 500, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         logits = model(tokens).logits
-    out[name] = {{"roundtrip": tok.decode(ids[0]), "new": gen.shape[1] - ids.shape[1], "sum": float(logits.double().sum())}}
+    torch.save(logits, {str(tmp_path)!r} + f"/{{name}}.pt")
+    out[name] = {{"roundtrip": tok.decode(ids[0]), "new": gen.shape[1] - ids.shape[1]}}
 print(json.dumps(out))
 """
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -110,8 +111,8 @@ print(json.dumps(out))
         assert value["roundtrip"] == "def main():\n    return 1\n" and value["new"] == 3
         model = AutoModelForCausalLM.from_pretrained(exports[name], trust_remote_code=True,
                                                      dtype=torch.float32).eval()
-        with torch.no_grad():
-            assert abs(model(TOKENS).logits.double().sum().item() - value["sum"]) < 1e-3
+        with torch.no_grad():  # every logit, not a sum in which errors could cancel
+            torch.testing.assert_close(torch.load(tmp_path / f"{name}.pt"), model(TOKENS).logits, rtol=0, atol=1e-5)
 
 
 def test_tokenizer_matches_training_tokenizer(sources, exports):
