@@ -125,16 +125,15 @@ def consolidate_cmd(args: argparse.Namespace) -> None:
 
 
 def reshard_cmd(args: argparse.Namespace) -> None:
-    from ascender_dist.config.loader import deep_merge, parse_override
-    from ascender_dist.tools.convert import read_consolidated, reshard
+    from ascender_dist.tools.convert import read_consolidated, reshard, reshard_config
 
     if not _under_launcher():
-        read_consolidated(Path(args.consolidated))  # fail early, in one line, on a bad directory
-        raw = {}
-        for text in args.overrides:
-            raw = deep_merge(raw, parse_override(text))
-        p = raw.get("parallel", {})
-        world = p.get("tensor_model_parallel_size", 1) * p.get("pipeline_model_parallel_size", 1) * args.data_parallel
+        # fail early, in one line, on a bad directory, a bad --set or a layout that does not fit
+        _, cfg, _ = read_consolidated(Path(args.consolidated))
+        cfg = reshard_config(cfg, Path(args.out), args.overrides, Path(args.consolidated) / "config.yaml",
+                             data_parallel=args.data_parallel)
+        p = cfg.parallel
+        world = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * args.data_parallel
         _relaunch(world, ["reshard", *args.argv])
         return
     reshard(Path(args.consolidated), Path(args.out), args.overrides)

@@ -86,10 +86,13 @@ def _read_yaml(path: Path) -> dict:
         raise DataError(str(path), f"unreadable YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise DataError(str(path), "expected a mapping of tokenizer settings")
-    raw = raw.get("tokenizer", raw)
+    if "tokenizer" in raw:
+        raw = raw["tokenizer"]
+        if not isinstance(raw, dict):
+            raise DataError(f"{path}:tokenizer", f"expected a mapping of tokenizer settings (got {raw!r})")
     unknown = set(raw) - set(_TOKENIZER_KEYS) - {"special_tokens"}
     if unknown:
-        raise DataError(str(path), f"unknown keys {sorted(unknown)} (known: {sorted(_TOKENIZER_KEYS)})")
+        raise DataError(str(path), f"unknown keys {sorted(map(str, unknown))} (known: {sorted(_TOKENIZER_KEYS)})")
     if "special_tokens" in raw:
         raw["user_defined_symbols"] = raw.pop("special_tokens")
     out = {}
@@ -99,13 +102,17 @@ def _read_yaml(path: Path) -> dict:
             if kind is list:
                 out[key] = [str(value)] if isinstance(value, str) else [str(v) for v in value]
             elif kind is int:
+                if isinstance(value, bool):
+                    raise ValueError(value)
                 number = float(value)
                 if not number.is_integer():
                     raise ValueError(value)
                 out[key] = int(number)
+            elif not isinstance(value, str):
+                raise TypeError(value)
             else:
-                out[key] = kind(value)
-        except (TypeError, ValueError):
+                out[key] = value
+        except (TypeError, ValueError, OverflowError):
             raise DataError(f"{path}:{key}", f"expected {kind.__name__} (got {value!r})") from None
     return out
 

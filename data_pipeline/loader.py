@@ -155,13 +155,20 @@ def _check_meta(url: str, raw: bytes, checks: ShardChecks) -> dict:
         meta = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise _CorruptShard(url, "unreadable meta.json") from None
+    if not isinstance(meta, dict):
+        raise _CorruptShard(url, f"meta.json must be a JSON object, got {type(meta).__name__}")
+    for key, kind in (("tokenizer_sha256", str), ("seq_length", int), ("vocab_size", int)):
+        value = meta.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise _CorruptShard(url, f"meta.json {key}: expected {'an integer' if kind is int else 'a string'}, "
+                                     f"got {type(value).__name__} {value!r}")
     sha = meta.get("tokenizer_sha256")
     if checks.tokenizer_sha256 and sha and sha != checks.tokenizer_sha256:
         raise DataError(url, f"tokenizer mismatch: shard made with {sha[:12]}..., run uses "
                              f"{checks.tokenizer_sha256[:12]}...")
     if meta.get("seq_length") not in (None, checks.seq_length):
         raise DataError(url, f"seq_length {meta['seq_length']} != run's {checks.seq_length}")
-    return meta if isinstance(meta, dict) else {}
+    return meta
 
 
 def _decode_tokens(url: str, sample: dict, seq_length: int) -> np.ndarray:
@@ -184,6 +191,8 @@ def _decode_tokens(url: str, sample: dict, seq_length: int) -> np.ndarray:
 def _resolve_source(src, *, seq_length: int, tokenizer_sha256: str | None, vocab_size: int | None,
                     split: str, url_template: str | None):
     """(name, shard specs, checks) from a Manifest, a manifest path/dir, a URL pattern or a list of URLs."""
+    if isinstance(src, (str, Path)) and not str(src).strip() or isinstance(src, (list, tuple)) and not src:
+        raise DataError("data.manifest", "not set (set it to a manifest.json, or use data.mixture)")
     if isinstance(src, (str, Path)) and (str(src).endswith(".json") or Path(src).is_dir()):
         src = load_manifest(src)
     if isinstance(src, Manifest):

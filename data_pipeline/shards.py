@@ -88,6 +88,7 @@ class Manifest:
         """URL of a shard: a local path next to the manifest, or ``url_template.format(name=...)``
         (e.g. ``"pipe:aws s3 cp s3://bucket/data/{name} -"``) for object stores."""
         if url_template:
+            check_url_template(url_template)
             return url_template.format(name=shard.name)
         return str(self.base_dir() / shard.name)
 
@@ -107,6 +108,37 @@ class Manifest:
         return path
 
 
+def check_url_template(template: str) -> None:
+    """A shard URL template must be a ``str.format`` template whose only field is ``{name}``."""
+    import string
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise DataError("url_template", f"{e} in {template!r}") from None
+    if "name" not in fields or any(f != "name" for f in fields):
+        raise DataError("url_template", f"must contain {{name}} (the shard file name) and no other field "
+                                        f"(got {template!r})")
+
+
+# field -> expected JSON type(s); ints must not be bools, floats are not accepted for counts
+_MANIFEST_TYPES = {"seq_length": int, "tokenizer_sha256": str, "vocab_size": int, "padded_vocab_size": int,
+                   "eos_id": int, "pad_id": int, "dtype": str, "num_documents": int, "dropped_tokens": int,
+                   "version": int}
+_SHARD_TYPES = {"name": str, "split": str, "num_samples": int, "num_tokens": int, "sha256": str, "bytes": int}
+_NULLABLE = {"sha256", "bytes"}  # unknown checksum / size: the shard is read without those checks
+
+
+def _check_types(where: str, record: dict, types: dict, prefix: str = "") -> None:
+    """Every known field present in ``record`` has its JSON type (a one-line DataError naming it otherwise)."""
+    for key, kind in types.items():
+        if key not in record or record[key] is None and key in _NULLABLE:
+            continue
+        value = record[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise DataError(where, f"{prefix}{key}: expected {'an integer' if kind is int else 'a string'}, "
+                                   f"got {type(value).__name__} {value!r}")
+
+
 def load_manifest(path) -> Manifest:
     """Read a manifest (a ``manifest.json`` or the directory holding it); problems are one-line DataErrors."""
     path = Path(path)
@@ -118,6 +150,15 @@ def load_manifest(path) -> Manifest:
         raise DataError(str(path), "manifest not found") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(str(path), f"unreadable manifest ({e})") from None
+    if not isinstance(raw, dict):
+        raise DataError(str(path), f"manifest must be a JSON object, got {type(raw).__name__}")
+    _check_types(str(path), raw, _MANIFEST_TYPES)
+    if "shards" in raw and not isinstance(raw["shards"], list):
+        raise DataError(str(path), f"shards: expected a list, got {type(raw['shards']).__name__}")
+    for i, s in enumerate(raw.get("shards") or []):
+        if not isinstance(s, dict):
+            raise DataError(str(path), f"shards[{i}]: expected an object, got {type(s).__name__} {s!r}")
+        _check_types(str(path), s, _SHARD_TYPES, prefix=f"shards[{i}].")
     try:
         shards = [ShardInfo(**s) for s in raw.pop("shards")]
         known = {f.name for f in dataclasses.fields(Manifest)}
@@ -267,7 +308,12 @@ def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, ou
     if not 0 <= val_fraction < 1:
         raise DataError("write_shards", f"val_fraction must be in [0, 1) (got {val_fraction})")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(str(out_dir), "output directory is an existing file")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(str(out_dir), f"cannot create output directory ({e.strerror or e})") from None
     dtype = token_dtype(tokenizer.padded_vocab_size)
     sample_len = seq_length + 1
     capacity = _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len, dtype)

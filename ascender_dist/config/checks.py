@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import math
+import string
+
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.schema import RunConfig
 
@@ -22,6 +25,42 @@ def check_positive_sizes(cfg: RunConfig) -> None:
     ]:
         if value < 1:
             raise ConfigError(path, f"must be >= 1 (got {value})")
+
+
+def _require_finite(path: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ConfigError(path, f"must be a finite number (got {value})")
+
+
+def check_model_numbers(cfg: RunConfig) -> None:
+    m = cfg.model
+    if m.vocab_size is not None and m.vocab_size < 0:
+        raise ConfigError("model.vocab_size", f"must be >= 1, or null/0 to take it from the tokenizer (got {m.vocab_size})")
+    if m.ffn_hidden_size is not None and m.ffn_hidden_size < 1:
+        raise ConfigError("model.ffn_hidden_size", f"must be >= 1, or null for 4 x hidden_size (got {m.ffn_hidden_size})")
+    if m.rotary_base < 1:
+        raise ConfigError("model.rotary_base", f"must be >= 1 (got {m.rotary_base})")
+    for name in ("init_method_std", "layernorm_epsilon"):
+        value = getattr(m, name)
+        _require_finite(f"model.{name}", value)
+        if value <= 0:
+            raise ConfigError(f"model.{name}", f"must be > 0 (got {value})")
+
+
+def check_intervals(cfg: RunConfig) -> None:
+    """0 turns periodic validation / saving off; how much to validate and keep must be positive."""
+    t, c = cfg.train, cfg.checkpoint
+    for path, value in (("train.eval_interval", t.eval_interval), ("checkpoint.save_interval", c.save_interval)):
+        if value < 0:
+            raise ConfigError(path, f"must be >= 0 (0: off) (got {value})")
+    if t.eval_iters < 1:
+        raise ConfigError("train.eval_iters",
+                          f"must be >= 1 (got {t.eval_iters}); to turn validation off set train.eval_interval: 0")
+    if c.keep_last < 1:
+        raise ConfigError("checkpoint.keep_last", f"must be >= 1 (got {c.keep_last})")
+    peak = cfg.logging.peak_tflops_per_device
+    if peak is not None and not (math.isfinite(peak) and peak > 0):
+        raise ConfigError("logging.peak_tflops_per_device", f"must be > 0, or null to look it up (got {peak})")
 
 
 def check_heads_divide_hidden(cfg: RunConfig) -> None:
@@ -81,13 +120,23 @@ def check_batch_divisibility(cfg: RunConfig) -> None:
 
 def check_optimizer(cfg: RunConfig) -> None:
     o = cfg.optimizer
+    for name in ("lr", "min_lr", "weight_decay", "eps", "grad_clip", "beta1", "beta2"):
+        _require_finite(f"optimizer.{name}", getattr(o, name))
     if o.lr <= 0:
         raise ConfigError("optimizer.lr", f"must be > 0 (got {o.lr})")
+    for name, meaning in (("weight_decay", ""), ("eps", ""), ("grad_clip", " (0: no clipping)")):
+        if getattr(o, name) < 0:
+            raise ConfigError(f"optimizer.{name}", f"must be >= 0{meaning} (got {getattr(o, name)})")
     if not 0 <= o.min_lr <= o.lr:
         raise ConfigError("optimizer.min_lr", f"must be in [0, optimizer.lr={o.lr}] (got {o.min_lr})")
     if o.warmup_steps < 0 or o.warmup_steps > cfg.train.train_steps:
         raise ConfigError("optimizer.warmup_steps",
-                          f"must be in [0, train.train_steps={cfg.train.train_steps}] (got {o.warmup_steps})")
+                          f"must be in [0, train.train_steps={cfg.train.train_steps}] (0: no warmup) "
+                          f"(got {o.warmup_steps})")
+    if o.warmup_steps == 0 and o.lr_schedule == "linear":
+        raise ConfigError("optimizer.warmup_steps", "must be >= 1 with optimizer.lr_schedule linear "
+                                                    "(DeepSpeed's WarmupDecayLR has no zero-warmup setting); "
+                                                    "0 works with cosine and constant")
     for name in ("beta1", "beta2"):
         if not 0 <= getattr(o, name) < 1:
             raise ConfigError(f"optimizer.{name}", f"must be in [0, 1) (got {getattr(o, name)})")
@@ -115,6 +164,7 @@ def check_world_size_layout(cfg: RunConfig, world_size: int) -> None:
 
 def check_bad_step_policy(cfg: RunConfig) -> None:
     t = cfg.train
+    _require_finite("train.loss_spike_factor", t.loss_spike_factor)
     if t.loss_spike_factor != 0 and t.loss_spike_factor <= 1:
         raise ConfigError("train.loss_spike_factor", f"must be 0 (off) or > 1 (got {t.loss_spike_factor})")
     if t.max_consecutive_bad_steps < 0:
@@ -126,16 +176,34 @@ def check_data_sources(cfg: RunConfig) -> None:
     if d.mixture and d.manifest:
         raise ConfigError("data.mixture", "set either data.manifest or data.mixture, not both")
     for i, source in enumerate(d.mixture):
+        if not source.manifest:
+            raise ConfigError(f"data.mixture[{i}].manifest", "must name a manifest.json")
+        _require_finite(f"data.mixture[{i}].weight", source.weight)
         if not source.weight > 0:
             raise ConfigError(f"data.mixture[{i}].weight", f"must be > 0 (got {source.weight})")
     if d.num_workers < 0:
         raise ConfigError("data.num_workers", f"must be >= 0 (got {d.num_workers})")
     if d.shuffle_buffer < 1:
         raise ConfigError("data.shuffle_buffer", f"must be >= 1 (got {d.shuffle_buffer})")
+    if d.url_template is not None:
+        check_url_template(d.url_template)
+
+
+def check_url_template(template: str) -> None:
+    """``data.url_template`` is a str.format template whose only field is ``{name}`` (the shard file name)."""
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+    except ValueError as exc:
+        raise ConfigError("data.url_template", f"{exc} in {template!r} (write literal braces as {{{{ }}}})") from None
+    if "name" not in fields or any(field != "name" for field in fields):
+        raise ConfigError("data.url_template",
+                          f"must contain {{name}} (the shard file name) and no other field (got {template!r})")
 
 
 STATIC_CHECKS = [
     check_positive_sizes,
+    check_model_numbers,
+    check_intervals,
     check_heads_divide_hidden,
     check_tensor_parallel_divides_heads,
     check_pipeline_divides_layers,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import types
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -25,6 +26,9 @@ class _StrictLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                raise ConfigError(f"line {key_node.start_mark.line + 1}",
+                                  f"mapping keys must be plain names, got a {key_node.id} as a key")
             if key in seen:
                 raise ConfigError(str(key), f"duplicate key (line {key_node.start_mark.line + 1})")
             seen.add(key)
@@ -55,7 +59,13 @@ def read_yaml_file(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(str(path), "config file not found")
-    data = parse_yaml_text(path.read_text(encoding="utf-8"), source=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"not a UTF-8 text file (byte {exc.start}: {exc.reason})") from None
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read ({exc.strerror or exc})") from None
+    data = parse_yaml_text(text, source=str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -147,6 +157,10 @@ def from_dict(cls, data: Any, path: str = ""):
     for name, value in data.items():
         dotted = f"{path}.{name}" if path else name
         kwargs[name] = _coerce(value, hints[name], dotted)
+    for name, f in fields.items():
+        if name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            dotted = f"{path}.{name}" if path else name
+            raise ConfigError(dotted, "required field missing")
     return cls(**kwargs)
 
 
@@ -175,19 +189,26 @@ def deep_merge(base: dict, override: dict) -> dict:
 def parse_override(text: str) -> dict:
     """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}`` with the value parsed as YAML (so 1e-3 is a float)."""
     if "=" not in text:
-        raise ConfigError(text, "override must look like dotted.key=value")
+        raise ConfigError(f"--set {text}", "override must look like dotted.key=value")
     dotted, raw = text.split("=", 1)
-    value = parse_yaml_text(raw, source=f"--set {dotted}") if raw.strip() else ""
+    keys = dotted.strip().split(".")
+    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) for key in keys):
+        raise ConfigError(f"--set {text}", "override must look like dotted.key=value")
+    value = parse_yaml_text(raw, source=f"--set {text}") if raw.strip() else ""
     tree: dict = {}
     node = tree
-    keys = dotted.strip().split(".")
     for key in keys[:-1]:
         node = node.setdefault(key, {})
     node[keys[-1]] = value
     return tree
 
 
+def override_key(text: str) -> str:
+    """The dotted key an override sets (``a.b=1`` -> ``a.b``)."""
+    return text.split("=", 1)[0].strip()
+
+
 __all__ = [
-    "ConfigError", "from_dict", "to_dict", "deep_merge", "parse_override", "parse_yaml_text",
+    "ConfigError", "from_dict", "to_dict", "deep_merge", "override_key", "parse_override", "parse_yaml_text",
     "read_yaml_file",
 ]

@@ -36,6 +36,9 @@ def preset_model_fields(preset: str, architecture: str, path: str = "model.prese
     """Model fields a preset sets for an architecture (the YAML's own fields are merged over these)."""
     from ascender_dist.models.registry import get_architecture
 
+    for where, value in ((path, preset), ("model.architecture", architecture)):
+        if not isinstance(value, str):  # a YAML list or mapping would be unhashable in the lookups below
+            raise ConfigError(where, f"expected str, got {type(value).__name__} {value!r}")
     get_architecture(architecture)  # loads every architecture's presets; unknown name -> ConfigError
     if preset not in MODEL_PRESETS:
         raise ConfigError(path, f"unknown preset {preset!r}; known: {', '.join(MODEL_PRESETS)}")

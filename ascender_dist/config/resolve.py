@@ -9,7 +9,7 @@ from typing import Iterable, Optional
 
 from ascender_dist.config.checks import STATIC_CHECKS, check_world_size_layout
 from ascender_dist.config.errors import ConfigError
-from ascender_dist.config.loader import deep_merge, from_dict, parse_override, read_yaml_file
+from ascender_dist.config.loader import deep_merge, from_dict, override_key, parse_override, read_yaml_file
 from ascender_dist.config.presets import preset_model_fields
 from ascender_dist.config.schema import RunConfig
 
@@ -19,6 +19,9 @@ def _apply_preset(raw: dict) -> dict:
     if not isinstance(model, dict) or model.get("preset") is None:
         return raw
     architecture = model.get("architecture", "gpt")
+    for name, value in (("preset", model["preset"]), ("architecture", architecture)):
+        if not isinstance(value, str):
+            raise ConfigError(f"model.{name}", f"expected str, got {type(value).__name__} {value!r}")
     base = preset_model_fields(model["preset"], architecture)
     return {**raw, "model": deep_merge(base, model)}
 
@@ -29,15 +32,38 @@ def config_from_dict(raw: dict) -> RunConfig:
     return cfg
 
 
-def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
-    """YAML file + ``dotted.key=value`` overrides -> validated RunConfig (ConfigError on any problem)."""
-    raw = read_yaml_file(path)
+def _blame(error_path: str, overrides: list[str]) -> Optional[str]:
+    """The last ``--set`` override that set the field an error is about (or a section holding it)."""
+    for text in reversed(overrides):
+        key = override_key(text)
+        if error_path == key or error_path.startswith((f"{key}.", f"{key}[")) or key.startswith(f"{error_path}."):
+            return text
+    return None
+
+
+def config_with_overrides(raw: dict, overrides: Iterable[str], source: str, fixed: Optional[dict] = None) -> RunConfig:
+    """``raw`` (read from ``source``) + ``dotted.key=value`` overrides (+ ``fixed`` values a command
+    imposes, merged last) -> validated RunConfig.
+
+    An error about a field an override set names the override (``--set optimizer.lr=0: optimizer.lr: ...``),
+    any other error names ``source``.
+    """
+    overrides = list(overrides)
     for text in overrides:
         raw = deep_merge(raw, parse_override(text))
+    if fixed:
+        raw = deep_merge(raw, fixed)
     try:
         return config_from_dict(raw)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc.path}", exc.message) from None
+        culprit = _blame(exc.path, overrides)
+        where = f"--set {culprit}" if culprit is not None else source
+        raise ConfigError(f"{where}: {exc.path}" if exc.path else where, exc.message) from None
+
+
+def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
+    """YAML file + ``dotted.key=value`` overrides -> validated RunConfig (ConfigError on any problem)."""
+    return config_with_overrides(read_yaml_file(path), overrides, str(path))
 
 
 def validate(cfg: RunConfig, world_size: Optional[int] = None) -> None:

@@ -31,7 +31,7 @@ class ModelConfig:
     ffn_hidden_size: Optional[int] = None  # None: 4 * hidden_size
     seq_length: int = 128
     # None: taken from the tokenizer and padded so that every TP size of the run divides it
-    vocab_size: Optional[int] = None
+    vocab_size: Optional[int] = None  # 0 acts like None
     make_vocab_size_divisible_by: int = 128
     position_embedding_type: Literal["rope", "learned_absolute"] = "rope"
     rotary_base: int = 10000
@@ -66,7 +66,7 @@ class OptimizerConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
-    warmup_steps: int = 10
+    warmup_steps: int = 10  # 0: no warmup (cosine / constant schedules; linear needs >= 1)
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
 
 
@@ -78,7 +78,7 @@ class TrainConfig:
     seed: int = 1234
     precision: Literal["fp32", "bf16"] = "fp32"
     eval_interval: int = 0  # 0: no periodic validation
-    eval_iters: int = 4
+    eval_iters: int = 4  # >= 1; validation is turned off with eval_interval: 0
     # skip a step whose loss exceeds this factor x the running mean (0: only non-finite losses skip)
     loss_spike_factor: float = 0.0
     # after this many consecutive skipped steps, roll back to the last checkpoint (0: never)
@@ -108,7 +108,7 @@ class DataConfig:
 class CheckpointConfig:
     dir: Optional[str] = None  # None: <output_dir>/checkpoints
     save_interval: int = 0  # 0: only at the end of training
-    keep_last: int = 3
+    keep_last: int = 3  # >= 1 (the newest checkpoint is always kept)
     auto_resume: bool = True
     # start from a consolidated weights file (safetensors, canonical names) instead of random init;
     # ignored when a checkpoint to resume from exists

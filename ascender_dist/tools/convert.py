@@ -21,8 +21,9 @@ from typing import Optional
 
 import torch
 
-from ascender_dist.config.loader import to_dict
-from ascender_dist.config.resolve import config_from_dict
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.loader import read_yaml_file, to_dict
+from ascender_dist.config.resolve import config_from_dict, config_with_overrides
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.weights import strip_vocab_padding
 
@@ -36,6 +37,49 @@ class ConversionError(ValueError):
 
     def __init__(self, where, problem: str):
         super().__init__(f"{where}: {problem}")
+
+
+# ----------------------------------------------------------------------------- metadata files
+def read_json_file(path: Path) -> dict:
+    """A JSON metadata file (meta.json, config.json) as a dict; problems are one-line ConversionErrors."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConversionError(path, "missing") from None
+    except UnicodeDecodeError as exc:
+        raise ConversionError(path, f"not UTF-8 text (byte {exc.start}): corrupt file") from None
+    except json.JSONDecodeError as exc:
+        raise ConversionError(path, f"invalid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}): "
+                                    "truncated or corrupt") from None
+    except OSError as exc:
+        raise ConversionError(path, f"cannot read ({exc.strerror or exc})") from None
+    if not isinstance(data, dict):
+        raise ConversionError(path, f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_config_file(path: Path) -> dict:
+    """A run's config.yaml as a raw mapping, read by the strict config loader (YAML 1.2 floats such as
+    ``1e-4``, no duplicate keys); problems are one-line ConversionErrors naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConversionError(path, "missing")
+    try:
+        return read_yaml_file(path)
+    except ConfigError as exc:
+        raise ConversionError(path, str(exc).removeprefix(f"{path}: ")) from None
+
+
+def require_fields(meta: dict, meta_file: Path, fields: dict) -> None:
+    """Each ``name: type`` of ``fields`` is present in ``meta`` with that type (bools are not ints)."""
+    for name, kind in fields.items():
+        if name not in meta:
+            raise ConversionError(meta_file, f"no {name!r} field (truncated or written by another tool)")
+        value = meta[name]
+        if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+            raise ConversionError(meta_file, f"{name}: expected {getattr(kind, '__name__', kind)}, "
+                                             f"got {type(value).__name__} {value!r}")
 
 
 # ----------------------------------------------------------------------------- reading checkpoints
@@ -60,12 +104,15 @@ def read_meta(tag_dir: Path, expect_architecture: Optional[str] = None) -> dict:
     meta_file = Path(tag_dir) / "meta.json"
     if not meta_file.is_file():
         raise ConversionError(meta_file, "missing (checkpoint written by an older ascender-dist or another tool)")
-    meta = json.loads(meta_file.read_text())
+    meta = read_json_file(meta_file)
     if meta.get("format") != ckpt.FORMAT_VERSION:
         raise ConversionError(meta_file, f"checkpoint format {meta.get('format')!r}, this converter reads "
                                          f"{ckpt.FORMAT_VERSION}")
+    require_fields(meta, meta_file, {"versions": dict, "architecture": str, "world_size": int, "vocab_size": int})
+    if meta["world_size"] < 1:
+        raise ConversionError(meta_file, f"world_size: must be >= 1 (got {meta['world_size']})")
     for package, known in SUPPORTED_VERSIONS.items():
-        found = meta.get("versions", {}).get(package)
+        found = meta["versions"].get(package)
         if found not in known:
             raise ConversionError(meta_file, f"written with {package} {found}, the converter knows {', '.join(known)}")
     if expect_architecture and meta["architecture"] != expect_architecture:
@@ -74,12 +121,12 @@ def read_meta(tag_dir: Path, expect_architecture: Optional[str] = None) -> dict:
 
 
 def read_config(directory: Path):
-    import yaml
-
     config_file = Path(directory) / "config.yaml"
-    if not config_file.is_file():
-        raise ConversionError(config_file, "missing")
-    return config_from_dict(yaml.safe_load(config_file.read_text()))
+    raw = read_config_file(config_file)
+    try:
+        return config_from_dict(raw)
+    except ConfigError as exc:
+        raise ConversionError(config_file, str(exc)) from None
 
 
 # ----------------------------------------------------------------------------- collective steps
@@ -102,7 +149,7 @@ def consolidate(checkpoint_dir: Path, out_dir: Path, tag: Optional[str] = None,
     import torch.distributed as dist
 
     from ascender_dist.training.engine import build_engine
-    from ascender_dist.training.weights import gather_canonical_state, write_weights_file
+    from ascender_dist.training.weights import gather_canonical_state
 
     tag_dir = resolve_tag(checkpoint_dir, tag)
     meta = read_meta(tag_dir, expect_architecture)
@@ -153,25 +200,42 @@ def read_consolidated(directory: Path, expect_architecture: Optional[str] = None
     for required in (weights, meta_file):
         if not required.is_file():
             raise ConversionError(required, "missing: not a consolidated directory (run `ascender-dist consolidate`)")
-    meta = json.loads(meta_file.read_text())
+    meta = read_json_file(meta_file)
+    require_fields(meta, meta_file, {"architecture": str})
     if expect_architecture and meta["architecture"] != expect_architecture:
         raise ConversionError(meta_file, f"architecture is {meta['architecture']!r}, expected {expect_architecture!r}")
-    return read_weights_file(weights), read_config(directory), meta
+    cfg = read_config(directory)
+    try:
+        state = read_weights_file(weights, field=None)
+    except ConfigError as exc:
+        raise ConversionError(weights, exc.message) from None
+    return state, cfg, meta
+
+
+def reshard_config(cfg, checkpoint_dir: Path, overrides: list[str], source: Path, data_parallel: Optional[int] = None):
+    """The run config of a reshard: the consolidated run's config + ``--set`` overrides, validated
+    like any run config (and against the target world size when ``data_parallel`` is given)."""
+    from ascender_dist.config.resolve import validate
+
+    fixed = {"checkpoint": {"dir": str(checkpoint_dir), "auto_resume": False, "init_from": None}}
+    cfg = config_with_overrides(to_dict(cfg), overrides, str(source), fixed)
+    if data_parallel is not None:
+        if data_parallel < 1:
+            raise ConfigError("--data-parallel", f"must be >= 1 (got {data_parallel})")
+        p = cfg.parallel
+        validate(cfg, p.tensor_model_parallel_size * p.pipeline_model_parallel_size * data_parallel)
+    return cfg
 
 
 def reshard(consolidated_dir: Path, checkpoint_dir: Path, overrides: list[str]) -> None:
     """Collective: write a training checkpoint of the layout in ``overrides`` (e.g.
     parallel.tensor_model_parallel_size=2) from consolidated weights; ``train`` resumes from it.
     Weights, step, LR schedule position and data position carry over; AdamW moments start at zero."""
-    from ascender_dist.config.loader import deep_merge, parse_override
     from ascender_dist.training.trainer import Trainer
 
     state, cfg, meta = read_consolidated(consolidated_dir)
-    raw = to_dict(cfg)
-    for text in overrides:
-        raw = deep_merge(raw, parse_override(text))
-    raw["checkpoint"].update(dir=str(checkpoint_dir), auto_resume=False, init_from=None)
-    cfg = config_from_dict(raw)
+    require_fields(meta, Path(consolidated_dir) / "meta.json", {"step": int, "data": dict})
+    cfg = reshard_config(cfg, checkpoint_dir, overrides, Path(consolidated_dir) / "config.yaml")
     trainer = Trainer(cfg, init_state=state)
     trainer.step = int(meta["step"])
     trainer.loader.load_state_dict(meta["data"])

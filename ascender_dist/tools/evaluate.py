@@ -88,25 +88,31 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
         raise EvaluationError(f"{path}: run directory not found")
     name = name or path.resolve().name
     if is_consolidated(path):
-        import yaml
+        from safetensors import SafetensorError, safe_open
 
-        meta = json.loads((path / "meta.json").read_text())
-        raw = yaml.safe_load((path / "config.yaml").read_text()) or {}
-        model, data = raw.get("model", {}), raw.get("data", {})
-        mixture = [(m["manifest"], float(m.get("weight", 1.0))) for m in data.get("mixture") or []]
+        from ascender_dist.tools.convert import read_config, read_json_file
+
+        meta = read_json_file(path / "meta.json")
+        cfg = read_config(path)  # the strict loader: one-line errors naming config.yaml
+        model, data = cfg.model, cfg.data
+        mixture = [(m.manifest, float(m.weight)) for m in data.mixture]
         run = Run(name, path, "consolidated", architecture=meta.get("architecture", "?"),
-                  size=_size_of(model.get("preset"), name, raw.get("name")), step=meta.get("step"),
-                  seq_length=model.get("seq_length"), vocab_size=meta.get("vocab_size"),
-                  manifest=manifest or mixture or data.get("manifest") or None,
-                  tokenizer=data.get("tokenizer") or None)
-        from safetensors import safe_open
-
-        with safe_open(str(path / "model.safetensors"), "pt") as f:
-            run.parameters = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+                  size=_size_of(model.preset, name, cfg.name), step=meta.get("step"),
+                  seq_length=model.seq_length, vocab_size=meta.get("vocab_size"),
+                  manifest=manifest or mixture or data.manifest or None,
+                  tokenizer=data.tokenizer or None)
+        try:
+            with safe_open(str(path / "model.safetensors"), "pt") as f:
+                run.parameters = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        except (SafetensorError, OSError) as exc:
+            raise EvaluationError(f"{path / 'model.safetensors'}: unreadable safetensors file, truncated or "
+                                  f"corrupt ({' '.join(str(exc).split())})") from None
         return run
     if is_hf_export(path):
-        config = json.loads((path / "config.json").read_text())
-        info = json.loads((path / "ascender_dist.json").read_text()) if (path / "ascender_dist.json").is_file() else {}
+        from ascender_dist.tools.convert import read_json_file
+
+        config = read_json_file(path / "config.json")
+        info = read_json_file(path / "ascender_dist.json") if (path / "ascender_dist.json").is_file() else {}
         seq = config.get("max_position_embeddings") or config.get("n_positions")
         return Run(name, path, "hf", architecture=info.get("model_architecture") or config.get("model_type", "?"),
                    size=_size_of(info.get("preset"), name, info.get("run_name")), step=info.get("step"),

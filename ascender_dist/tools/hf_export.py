@@ -236,6 +236,27 @@ def write_remote_code(state: dict, cfg, meta: dict, out: Path, tokenizer: Path |
     return REMOTE_CODE_ARCHITECTURE
 
 
+def check_tokenizer(tokenizer: Path, cfg, meta: dict) -> None:
+    """``tokenizer`` is a sentencepiece model (loaded by the project's loader, so a ``.vocab`` or any other
+    file is refused) whose vocabulary fits the model: equal to meta.json's vocab_size when the run took
+    its vocabulary from the tokenizer, never larger."""
+    from data_pipeline.errors import DataError
+    from data_pipeline.tokenizer import Tokenizer
+
+    if not tokenizer.is_file():
+        raise ConversionError(tokenizer, "tokenizer model not found")
+    try:
+        tok = Tokenizer.load(tokenizer)
+    except DataError as exc:
+        raise ConversionError(tokenizer, f"{exc.problem} (pass the sentencepiece .model file)") from None
+    vocab = meta.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        return
+    if tok.vocab_size > vocab or (not cfg.model.vocab_size and tok.vocab_size != vocab):
+        raise ConversionError(tokenizer, f"vocab size {tok.vocab_size} does not match the model's {vocab} "
+                                         "(meta.json vocab_size): not the tokenizer this model was trained with")
+
+
 def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = None,
               remote_code: bool | None = None) -> Path:
     """Write ``out_dir`` (config.json + model.safetensors [+ tokenizer]) for ``from_pretrained``.
@@ -260,12 +281,17 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
     use_remote = remote_code is True or kind is None
     if use_remote and not tokenizer and cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file():
         tokenizer = cfg.data.tokenizer
-    if tokenizer and not Path(tokenizer).is_file():
-        raise ConversionError(tokenizer, "tokenizer model not found")
+    if tokenizer:
+        check_tokenizer(Path(tokenizer), cfg, meta)
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConversionError(out_dir, "output path is an existing file, not a directory")
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise ConversionError(out_dir, f"cannot create the output directory ({exc.strerror or exc})") from None
     if use_remote:
         kind = write_remote_code(state, cfg, meta, tmp, tokenizer, Path(consolidated_dir))
     else:

@@ -99,16 +99,29 @@ def load_canonical_state(module: nn.Module, cfg: RunConfig, full: dict[str, torc
         param.copy_(value.to(param.dtype))
 
 
-def read_weights_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """A consolidated weights file (safetensors, canonical names)."""
+def read_weights_file(path: str | Path, field: Optional[str] = "checkpoint.init_from") -> dict[str, torch.Tensor]:
+    """A consolidated weights file (safetensors, canonical names).
+
+    Problems are a one-line ConfigError: ``field: path: problem``, or ``path: problem`` when
+    ``field`` is None (the file is not named by a config field).
+    """
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    path = Path(path)
-    if not path.is_file():
-        from ascender_dist.config.errors import ConfigError
+    from ascender_dist.config.errors import ConfigError
 
-        raise ConfigError("checkpoint.init_from", f"{path}: weights file not found")
-    return load_file(str(path))
+    path = Path(path)
+
+    def error(problem: str) -> ConfigError:
+        return ConfigError(field, f"{path}: {problem}") if field else ConfigError(str(path), problem)
+
+    if not path.is_file():
+        raise error("weights file not found")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise error(f"unreadable safetensors file, truncated or corrupt ({detail})") from None
 
 
 def write_weights_file(state: dict[str, torch.Tensor], path: str | Path, metadata: Optional[dict] = None) -> None:

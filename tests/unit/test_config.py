@@ -169,3 +169,98 @@ def test_share_omega_across_heads_is_a_strict_bool(tmp_path):
     assert "model.ascender.share_omega_across_heads: expected bool" in message
     message = _error(tmp_path, text.format("shared"))
     assert "model.ascender.share_omega_across_heads: expected bool" in message
+
+
+# ----------------------------------------------------------------------------- bad input (audit B)
+def test_list_valued_preset_and_architecture_are_one_line(tmp_path):
+    assert "model.preset: expected str, got list ['small']" in _error(tmp_path, "model:\n  preset: [small]\n")
+    message = _error(tmp_path, "model:\n  architecture: [gpt]\n  preset: small\n")
+    assert "model.architecture: expected str, got list ['gpt']" in message
+    message = _error(tmp_path, "name: x\n", ["model.preset=[a]"])
+    assert message.startswith("--set model.preset=[a]: model.preset: expected str")
+
+
+def test_mixture_entry_without_manifest_names_the_field(tmp_path):
+    message = _error(tmp_path, "data:\n  mixture:\n    - weight: 1.0\n")
+    assert message.endswith("data.mixture[0].manifest: required field missing")
+    assert "data.mixture[0].manifest: must name" in _error(tmp_path, "data:\n  mixture:\n    - {manifest: ''}\n")
+
+
+def test_complex_yaml_key_and_non_utf8_file(tmp_path):
+    assert "line 1: mapping keys must be plain names" in _error(tmp_path, "? [a, b]\n: 1\n")
+    path = tmp_path / "latin.yaml"
+    path.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: not a UTF-8 text file")
+
+
+def test_override_errors_name_the_override(tmp_path):
+    message = _error(tmp_path, "name: x\n", ["optimizer.lr=-1"])
+    assert message == "--set optimizer.lr=-1: optimizer.lr: must be > 0 (got -1.0)"
+    assert _error(tmp_path, "name: x\n", ["parallel=5"]).startswith("--set parallel=5: parallel: expected a mapping")
+    assert "override must look like dotted.key=value" in _error(tmp_path, "name: x\n", ["a..b=1"])
+    # an error about a field the YAML set still names the YAML file
+    message = _error(tmp_path, "optimizer:\n  min_lr: 5.0\n", ["train.train_steps=20"])
+    assert message.startswith(str(tmp_path / "run.yaml") + ": optimizer.min_lr")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("model:\n  vocab_size: -5\n", "model.vocab_size: must be >= 1, or null/0"),
+    ("model:\n  ffn_hidden_size: -4\n", "model.ffn_hidden_size: must be >= 1"),
+    ("model:\n  init_method_std: .nan\n", "model.init_method_std: must be a finite number"),
+    ("model:\n  init_method_std: -0.1\n", "model.init_method_std: must be > 0"),
+    ("model:\n  layernorm_epsilon: 0\n", "model.layernorm_epsilon: must be > 0"),
+    ("model:\n  rotary_base: -1\n", "model.rotary_base: must be >= 1"),
+    ("optimizer:\n  weight_decay: -1\n", "optimizer.weight_decay: must be >= 0"),
+    ("optimizer:\n  eps: -1e-8\n", "optimizer.eps: must be >= 0"),
+    ("optimizer:\n  grad_clip: -5\n", "optimizer.grad_clip: must be >= 0"),
+    ("optimizer:\n  grad_clip: .nan\n", "optimizer.grad_clip: must be a finite number"),
+    ("optimizer:\n  lr: .inf\n", "optimizer.lr: must be a finite number"),
+    ("optimizer:\n  lr: .nan\n", "optimizer.lr: must be a finite number"),
+    ("train:\n  loss_spike_factor: .nan\n", "train.loss_spike_factor: must be a finite number"),
+    ("train:\n  eval_iters: 0\n  eval_interval: 5\n", "train.eval_iters: must be >= 1"),
+    ("train:\n  eval_interval: -1\n", "train.eval_interval: must be >= 0"),
+    ("checkpoint:\n  keep_last: -1\n", "checkpoint.keep_last: must be >= 1"),
+    ("checkpoint:\n  keep_last: 0\n", "checkpoint.keep_last: must be >= 1"),
+    ("checkpoint:\n  save_interval: -5\n", "checkpoint.save_interval: must be >= 0"),
+    ("logging:\n  peak_tflops_per_device: 0\n", "logging.peak_tflops_per_device: must be > 0"),
+    ("data:\n  mixture:\n    - {manifest: a.json, weight: .inf}\n", "data.mixture[0].weight: must be a finite"),
+    ("data:\n  url_template: 'pipe:cat {nam}'\n", "data.url_template: must contain {name}"),
+    ("data:\n  url_template: 'pipe:cat {name'\n", "data.url_template:"),
+    ("data:\n  url_template: 'pipe:cat data.tar'\n", "data.url_template: must contain {name}"),
+], ids=lambda v: v.split(":")[0] if v.startswith(("model.", "optimizer.", "train.", "checkpoint.", "logging.", "data.")) else None)
+def test_numeric_ranges_are_named_checks(tmp_path, text, expected):
+    assert expected in _error(tmp_path, text)
+
+
+def test_zero_means_off_or_from_tokenizer(tmp_path):
+    cfg = load_config(_write(tmp_path, "model:\n  vocab_size: 0\ntrain:\n  eval_interval: 0\ncheckpoint:\n"
+                                       "  save_interval: 0\noptimizer:\n  grad_clip: 0\n  weight_decay: 0\n"
+                                       "data:\n  url_template: 'pipe:cat s3/{name} -'\n"))
+    assert derive(cfg, 1, tokenizer_vocab_size=100).padded_vocab_size == 128  # 0 acts like null
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])
+def test_zero_warmup_is_no_warmup_in_deepspeed(schedule):
+    import torch
+    from deepspeed.runtime import lr_schedules
+
+    from ascender_dist.training.deepspeed_config import _scheduler
+
+    cfg = config_from_dict({"optimizer": {"warmup_steps": 0, "lr_schedule": schedule, "lr": 1.0, "min_lr": 0.1},
+                            "train": {"train_steps": 10}})
+    spec = _scheduler(cfg)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = getattr(lr_schedules, spec["type"])(optimizer, **spec["params"])  # DeepSpeed accepts it
+    lrs = []
+    for _ in range(10):
+        scheduler.step()
+        lrs.append(optimizer.param_groups[0]["lr"])
+    assert lrs[0] == pytest.approx(1.0)  # the first step trains at the peak LR
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] == pytest.approx(0.1 if schedule == "cosine" else 1.0)
+
+
+def test_zero_warmup_with_linear_schedule_is_refused(tmp_path):
+    message = _error(tmp_path, "optimizer:\n  warmup_steps: 0\n  lr_schedule: linear\n")
+    assert "optimizer.warmup_steps: must be >= 1 with optimizer.lr_schedule linear" in message

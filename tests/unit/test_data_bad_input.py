@@ -210,3 +210,81 @@ def test_not_a_tokenizer_model(tmp_path):
     with pytest.raises(DataError) as e:
         Tokenizer.load(tmp_path / "x.model")
     one_line_error(e, "x.model", "not a sentencepiece model")
+
+
+def _edit_manifest(ds, edit):
+    path = ds / "manifest.json"
+    raw = json.loads(path.read_text())
+    raw = edit(raw)
+    path.write_text(json.dumps(raw))
+    return path
+
+
+@pytest.mark.parametrize("edit,needles", [
+    (lambda m: {**m, "version": "1"}, ["version: expected an integer", "'1'"]),
+    (lambda m: {**m, "seq_length": "8"}, ["seq_length: expected an integer"]),
+    (lambda m: {**m, "tokenizer_sha256": 5}, ["tokenizer_sha256: expected a string"]),
+    (lambda m: {**m, "shards": [{**m["shards"][0], "num_samples": "8"}] + m["shards"][1:]},
+     ["shards[0].num_samples: expected an integer"]),
+    (lambda m: {**m, "shards": ["syn-train-000000.tar"]}, ["shards[0]: expected an object"]),
+    (lambda m: {**m, "shards": 3}, ["shards: expected a list"]),
+    (lambda m: [m], ["manifest must be a JSON object"]),
+], ids=["version-str", "seq_length-str", "sha-int", "num_samples-str", "shard-str", "shards-int", "list"])
+def test_manifest_field_types(ds, edit, needles):
+    path = _edit_manifest(ds, edit)
+    with pytest.raises(DataError) as e:
+        load_manifest(path)
+    one_line_error(e, str(path), *needles)
+
+
+def _rewrite_shard_meta(ds, meta):
+    """Replace train shard 0 by one whose meta.json record is ``meta`` (manifest checksum updated)."""
+    import numpy as np
+
+    from data_pipeline._io import sha256_bytes
+    from data_pipeline.shards import encode_shard
+
+    from .data_fixtures import SEQ, sample_tokens
+    shard = ds / "syn-train-000000.tar"
+    data = encode_shard([sample_tokens(k, SEQ) for k in range(8)], np.dtype(np.uint16), meta)
+    shard.write_bytes(data)
+    _edit_manifest(ds, lambda m: {**m, "shards": [{**m["shards"][0], "sha256": sha256_bytes(data),
+                                                   "bytes": len(data)}] + m["shards"][1:]})
+    return shard
+
+
+@pytest.mark.parametrize("meta,needle", [
+    ([1, 2], "meta.json must be a JSON object, got list"),
+    ("hello", "meta.json must be a JSON object, got str"),
+    ({"seq_length": "8"}, "meta.json seq_length: expected an integer"),
+    ({"vocab_size": "4096"}, "meta.json vocab_size: expected an integer"),
+], ids=["list", "str", "seq_length-str", "vocab-str"])
+def test_shard_meta_json_types(ds, meta, needle):
+    shard = _rewrite_shard_meta(ds, meta)
+    with pytest.raises(DataError) as e:
+        drain(loader(ds, shuffle_buffer=64))
+    one_line_error(e, shard.name, needle)
+
+
+@pytest.mark.parametrize("src", ["", []])
+def test_unset_manifest_names_the_setting(src):
+    with pytest.raises(DataError) as e:
+        loader(src)
+    msg = one_line_error(e, "data.manifest: not set", "data.mixture")  # not "manifest.json: not found"
+    assert not msg.startswith("manifest.json")
+
+
+@pytest.mark.parametrize("template", ["pipe:cat {nam}", "pipe:cat {name", "pipe:cat data.tar"])
+def test_bad_url_template(ds, template):
+    with pytest.raises(DataError) as e:
+        loader(ds, url_template=template)
+    one_line_error(e, "url_template")
+
+
+def test_shard_out_dir_is_a_file(tmp_path, tiny_tokenizer, text_file):
+    target = tmp_path / "afile"
+    target.write_text("x")
+    with pytest.raises(DataError) as e:
+        write_shards([text_file], tiny_tokenizer, target, 16, progress=False)
+    one_line_error(e, str(target), "existing file")
+    assert target.read_text() == "x"

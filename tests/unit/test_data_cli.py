@@ -54,3 +54,37 @@ def test_python_dash_m_entry_point():
     out = subprocess.run([sys.executable, "-m", "data_pipeline", "--help"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "build-corpus" in out.stdout and "inspect" in out.stdout
+
+
+def test_tokenizer_settings_yaml_is_type_checked(tmp_path, text_file, capsys):
+    for i, (text, needle) in enumerate([("tokenizer: 5\n", ":tokenizer: expected a mapping"),
+                                        ("tokenizer:\n", ":tokenizer: expected a mapping"),
+                                        ("vocab_size: .inf\n", ":vocab_size: expected int"),
+                                        ("vocab_size: true\n", ":vocab_size: expected int"),
+                                        ("vocab_size: 300\nmodel_type: [bpe]\n", ":model_type: expected str"),
+                                        ("1: 2\nfoo: 3\n", "unknown keys")]):
+        cfg = tmp_path / f"tok{i}.yaml"
+        cfg.write_text(text)
+        assert main(["--quiet", "train-tokenizer", "--input", str(text_file), "--out-prefix", str(tmp_path / "t"),
+                     "--config", str(cfg)]) == 2, text
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {cfg}") and needle in err and "\n" not in err, err
+
+
+def test_shard_out_dir_that_is_a_file(tmp_path, text_file, capsys):
+    from data_pipeline.tokenizer import train_tokenizer
+
+    model = train_tokenizer([text_file], tmp_path / "tok", 400, progress=False)
+    target = tmp_path / "afile"
+    target.write_text("x")
+    assert main(["--quiet", "shard", "--input", str(text_file), "--tokenizer", str(model), "--out-dir", str(target),
+                 "--seq-length", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {target}: output directory is an existing file"
+
+
+def test_inspect_malformed_manifest_is_one_line(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text(json.dumps({"version": "1", "shards": []}))
+    assert main(["inspect", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "manifest.json: version: expected an integer" in err and "\n" not in err

@@ -1,0 +1,214 @@
+"""Conversion commands (consolidate, reshard, export-hf, evaluate) on bad input: one line naming the file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from ascender_dist.cli import main
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.loader import to_dict
+from ascender_dist.config.resolve import config_from_dict
+from ascender_dist.tools.convert import (ConversionError, read_config, read_consolidated, read_meta,
+                                         reshard_config)
+from ascender_dist.training.weights import read_weights_file
+
+from .data_fixtures import text_file, tiny_tokenizer  # noqa: F401
+
+GOOD_META = {"format": 1, "step": 3, "architecture": "gpt", "world_size": 1, "vocab_size": 96,
+             "padded_vocab_size": 128, "data": {"consumed_samples": 8, "seed": 1},
+             "versions": {"megatron-core": "0.16.1", "deepspeed": "0.19.8"}}
+
+
+def _one_line(exc: BaseException, *needles: str) -> str:
+    message = str(exc)
+    assert "\n" not in message, message
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+@pytest.fixture
+def consolidated(tmp_path):
+    """A tiny fake consolidated directory (the weights do not fit any model: only reading is tested)."""
+    out = tmp_path / "cons"
+    out.mkdir()
+    save_file({"embedding.word_embeddings.weight": torch.zeros(96, 4)}, str(out / "model.safetensors"))
+    raw = to_dict(config_from_dict({"name": "tiny"}))
+    (out / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (out / "meta.json").write_text(json.dumps(GOOD_META))
+    return out
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A training checkpoint directory with one complete tag (meta.json only: read_meta is tested)."""
+    ck = tmp_path / "ck"
+    tag = ck / "step_00000003"
+    tag.mkdir(parents=True)
+    (tag / "COMPLETE").write_text("3\n")
+    (ck / "latest").write_text("step_00000003")
+    (tag / "meta.json").write_text(json.dumps(GOOD_META))
+    return ck
+
+
+def test_good_fixtures_read(consolidated, checkpoint):
+    state, cfg, meta = read_consolidated(consolidated)
+    assert cfg.name == "tiny" and meta["step"] == 3 and "embedding.word_embeddings.weight" in state
+    assert read_meta(checkpoint / "step_00000003", "gpt")["world_size"] == 1
+
+
+BAD_META = [
+    ('{"format": 1, "archi', "invalid JSON"),
+    ("[1, 2]", "expected a JSON object, got list"),
+    ('{"format": 1}', "no 'versions' field"),
+    (json.dumps({k: v for k, v in GOOD_META.items() if k != "architecture"}), "no 'architecture' field"),
+    (json.dumps({k: v for k, v in GOOD_META.items() if k != "world_size"}), "no 'world_size' field"),
+    (json.dumps({**GOOD_META, "world_size": "2"}), "world_size: expected int"),
+    (json.dumps({**GOOD_META, "world_size": 0}), "world_size: must be >= 1"),
+    (json.dumps({**GOOD_META, "versions": ["x"]}), "versions: expected dict"),
+]
+
+
+@pytest.mark.parametrize("text,needle", BAD_META, ids=[n for _, n in BAD_META])
+def test_checkpoint_meta_json_is_checked(checkpoint, text, needle):
+    meta_file = checkpoint / "step_00000003" / "meta.json"
+    meta_file.write_text(text)
+    with pytest.raises(ConversionError) as info:
+        read_meta(meta_file.parent, "gpt")
+    _one_line(info.value, str(meta_file), needle)
+
+
+def test_binary_meta_json(checkpoint):
+    meta_file = checkpoint / "step_00000003" / "meta.json"
+    meta_file.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConversionError) as info:
+        read_meta(meta_file.parent)
+    _one_line(info.value, str(meta_file), "not UTF-8")
+
+
+def test_consolidate_command_with_keyless_meta_is_one_line(checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    (checkpoint / "step_00000003" / "meta.json").write_text('{"format": 1, "versions": {}}')
+    assert main(["consolidate", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "meta.json" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("text,needle", [("{", "invalid JSON"), ('"gpt"', "expected a JSON object"),
+                                         ("{}", "no 'architecture' field")])
+def test_consolidated_meta_json_is_checked(consolidated, text, needle):
+    (consolidated / "meta.json").write_text(text)
+    with pytest.raises(ConversionError) as info:
+        read_consolidated(consolidated)
+    _one_line(info.value, str(consolidated / "meta.json"), needle)
+
+
+def test_config_yaml_is_read_by_the_strict_loader(consolidated):
+    path = consolidated / "config.yaml"
+    path.write_text("name: tiny\noptimizer:\n  lr: 1e-4\n  min_lr: 1e-5\n")
+    assert read_config(consolidated).optimizer.lr == pytest.approx(1e-4)  # a float, not the string '1e-4'
+    path.write_text("model: [unclosed\n")
+    with pytest.raises(ConversionError) as info:
+        read_config(consolidated)
+    _one_line(info.value, str(path), "invalid YAML")
+    path.write_text("optimizer:\n  lr: -1\n")
+    with pytest.raises(ConversionError) as info:
+        read_config(consolidated)
+    _one_line(info.value, str(path), "optimizer.lr: must be > 0")
+    path.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(ConversionError) as info:
+        read_config(consolidated)
+    _one_line(info.value, str(path), "UTF-8")
+
+
+def test_truncated_weights_file(consolidated):
+    weights = consolidated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:20])
+    with pytest.raises(ConversionError) as info:
+        read_consolidated(consolidated)
+    _one_line(info.value, str(weights), "truncated or corrupt")
+    with pytest.raises(ConfigError) as info:  # the same file as checkpoint.init_from
+        read_weights_file(weights)
+    _one_line(info.value, "checkpoint.init_from", str(weights), "truncated or corrupt")
+
+
+def test_reshard_overrides_go_through_the_config_checks(consolidated, tmp_path):
+    _, cfg, _ = read_consolidated(consolidated)
+    source = consolidated / "config.yaml"
+    for overrides, data_parallel, needle in [
+        (["parallel=5"], 1, "--set parallel=5: parallel: expected a mapping"),
+        (["parallel.tensor_model_parallel_size=abc"], 1, "parallel.tensor_model_parallel_size: expected int"),
+        (["parallel.tensor_model_parallel_size=3"], 1, "does not divide model.num_attention_heads"),
+        ([], 0, "--data-parallel: must be >= 1"),
+        ([], 3, "train.global_batch_size"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            reshard_config(cfg, tmp_path / "out", overrides, source, data_parallel=data_parallel)
+        _one_line(info.value, needle)
+    good = reshard_config(cfg, tmp_path / "out", ["parallel.tensor_model_parallel_size=2"], source, data_parallel=2)
+    assert good.parallel.tensor_model_parallel_size == 2 and good.checkpoint.dir == str(tmp_path / "out")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "parallel=5"], "parallel: expected a mapping"),
+    (["--set", "parallel.tensor_model_parallel_size=abc"], "expected int"),
+    (["--data-parallel", "0"], "--data-parallel: must be >= 1"),
+])
+def test_reshard_command_refuses_bad_layout_before_launching(consolidated, tmp_path, capsys, monkeypatch, args, needle):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr("ascender_dist.cli._relaunch", lambda *a: pytest.fail("launched"))
+    assert main(["reshard", "--consolidated", str(consolidated), "--out", str(tmp_path / "o"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and needle in err and "\n" not in err
+
+
+def test_export_hf_out_is_an_existing_file(consolidated, tmp_path):
+    from ascender_dist.tools.hf_export import export_hf
+
+    target = tmp_path / "afile"
+    target.write_text("x")
+    with pytest.raises(ConversionError) as info:
+        export_hf(consolidated, target)
+    _one_line(info.value, str(target), "existing file")
+    assert target.read_text() == "x"
+
+
+def test_export_hf_tokenizer_must_be_the_models_sentencepiece_model(consolidated, tmp_path, tiny_tokenizer):
+    from ascender_dist.tools.hf_export import export_hf
+
+    model = tiny_tokenizer.model_path  # 400 pieces
+    vocab_file = model.with_suffix(".vocab")
+    with pytest.raises(ConversionError) as info:
+        export_hf(consolidated, tmp_path / "hf", tokenizer=str(vocab_file))
+    _one_line(info.value, str(vocab_file), "not a sentencepiece model")
+    with pytest.raises(ConversionError) as info:  # meta.json says 96
+        export_hf(consolidated, tmp_path / "hf", tokenizer=str(model))
+    _one_line(info.value, str(model), "vocab size", "96")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_evaluate_reads_metadata_in_one_line(consolidated, tmp_path):
+    from ascender_dist.tools.evaluate import parse_run
+
+    assert parse_run(str(consolidated), None).parameters == 96 * 4
+    (consolidated / "meta.json").write_text('{"step": ')
+    with pytest.raises(ConversionError) as info:
+        parse_run(str(consolidated), None)
+    _one_line(info.value, "meta.json", "invalid JSON")
+    (consolidated / "meta.json").write_text(json.dumps(GOOD_META))
+    (consolidated / "model.safetensors").write_bytes(b"\x08\x00")
+    with pytest.raises(Exception) as info:
+        parse_run(str(consolidated), None)
+    _one_line(info.value, "model.safetensors", "truncated or corrupt")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{not json")
+    save_file({"w": torch.zeros(1)}, str(hf / "model.safetensors"))
+    with pytest.raises(ConversionError) as info:
+        parse_run(str(hf), None)
+    _one_line(info.value, "config.json", "invalid JSON")
