@@ -19,8 +19,6 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.loader import read_yaml_file, to_dict
 from ascender_dist.config.resolve import config_from_dict, config_with_overrides
