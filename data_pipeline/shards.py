@@ -108,16 +108,23 @@ class Manifest:
         return path
 
 
-def check_url_template(template: str) -> None:
-    """A shard URL template must be a ``str.format`` template whose only field is ``{name}``."""
+def url_template_problem(template: str) -> str | None:
+    """What is wrong with a shard URL template (a ``str.format`` template whose only field is
+    ``{name}``, the shard file name), or None. Shared by the loader and the config checks."""
     import string
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as e:
-        raise DataError("url_template", f"{e} in {template!r}") from None
+        return f"{e} in {template!r} (write literal braces as {{{{ }}}})"
     if "name" not in fields or any(f != "name" for f in fields):
-        raise DataError("url_template", f"must contain {{name}} (the shard file name) and no other field "
-                                        f"(got {template!r})")
+        return f"must contain {{name}} (the shard file name) and no other field (got {template!r})"
+    return None
+
+
+def check_url_template(template: str) -> None:
+    problem = url_template_problem(template)
+    if problem:
+        raise DataError("url_template", problem)
 
 
 # field -> expected JSON type(s); ints must not be bools, floats are not accepted for counts

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import math
-import string
 
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.schema import RunConfig
@@ -186,18 +185,11 @@ def check_data_sources(cfg: RunConfig) -> None:
     if d.shuffle_buffer < 1:
         raise ConfigError("data.shuffle_buffer", f"must be >= 1 (got {d.shuffle_buffer})")
     if d.url_template is not None:
-        check_url_template(d.url_template)
+        from data_pipeline.shards import url_template_problem
 
-
-def check_url_template(template: str) -> None:
-    """``data.url_template`` is a str.format template whose only field is ``{name}`` (the shard file name)."""
-    try:
-        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
-    except ValueError as exc:
-        raise ConfigError("data.url_template", f"{exc} in {template!r} (write literal braces as {{{{ }}}})") from None
-    if "name" not in fields or any(field != "name" for field in fields):
-        raise ConfigError("data.url_template",
-                          f"must contain {{name}} (the shard file name) and no other field (got {template!r})")
+        problem = url_template_problem(d.url_template)
+        if problem:
+            raise ConfigError("data.url_template", problem)
 
 
 STATIC_CHECKS = [
