@@ -1,4 +1,4 @@
-"""Parity matrix: TP2, PP2, DP2 x ZeRO-1/2/3, sequence parallel, activation recompute and TP2xPP2 give the single-process losses and weights
+"""Parity matrix: TP2, PP2, DP2 x ZeRO-0/1/2/3, sequence parallel, activation recompute, TP2xPP2 and PP2xDP2 give the single-process losses and weights
 for gpt, ascender and connection, a few AdamW steps from the same initial weights on the same data (and
 ASCender with omega shared across heads under the TP2 layouts); TP-replicated parameters stay identical
 on every TP rank."""

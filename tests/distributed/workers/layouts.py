@@ -39,6 +39,7 @@ ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_d
 LAYOUTS = {
     2: {"tp2": {"tensor_model_parallel_size": 2},
         "pp2": {"pipeline_model_parallel_size": 2},
+        "dp2_zero0": {"zero_stage": 0},  # plain data parallelism: gradients all-reduced, no sharding
         "dp2_zero1": {"zero_stage": 1},
         "dp2_zero2": {"zero_stage": 2},
         "dp2_zero3": {"zero_stage": 3},
@@ -46,6 +47,7 @@ LAYOUTS = {
         "dp2_recompute": {"zero_stage": 1, "activation_checkpointing": True},
         "pp2_recompute": {"pipeline_model_parallel_size": 2, "activation_checkpointing": True}},
     4: {"tp2_pp2": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
+        "pp2_dp2": {"pipeline_model_parallel_size": 2},  # ZeRO-1 over the data-parallel pairs of each stage
         "tp2_dp2_zero3": {"tensor_model_parallel_size": 2, "zero_stage": 3}},
 }
 
