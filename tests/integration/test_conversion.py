@@ -87,19 +87,43 @@ def test_hugging_face_export_logits_match(runs, single_rank_group, tmp_path, nam
     assert (theirs - ours).abs().max().item() < 1e-4
 
 
-def test_reshard_to_another_layout_resumes_training(runs, tmp_path):
-    resharded = tmp_path / "resharded"
-    cli("reshard", "--consolidated", str(runs["exports"] / "gpt_tp2"), "--out", str(resharded),
+@pytest.fixture(scope="module")
+def resharded(runs, tmp_path_factory):
+    """The TP2 run's consolidated weights resharded to TP1 x PP2 (a training checkpoint)."""
+    out = tmp_path_factory.mktemp("resharded") / "checkpoints"
+    cli("reshard", "--consolidated", str(runs["exports"] / "gpt_tp2"), "--out", str(out),
         "--set", "parallel.tensor_model_parallel_size=1", "--set", "parallel.pipeline_model_parallel_size=2")
+    return out
+
+
+def test_reshard_to_another_layout_resumes_training(runs, resharded):
     meta = json.loads((resharded / "step_00000003" / "meta.json").read_text())
     assert meta["pipeline_model_parallel_size"] == 2 and meta["tensor_model_parallel_size"] == 1
     results = run_ranks("tests.distributed.workers.conversion:continue_resharded", world_size=2, timeout=300,
                         args={**runs["args"], "resharded": str(resharded)})
     value = assert_check(results, "resume_resharded")[0]
-    assert value["start"] == 3 and len(value["losses"]) == 2
-    original = runs["losses"][0]["gpt_tp2"]["value"]
-    # same weights, data position and LR schedule; only AdamW's moments restart
-    assert abs(value["losses"][0] - original[-1]) < 0.5
+    original = assert_check(results, "resume_original")[0]
+    assert value["start"] == original["start"] == 3 and len(value["losses"]) == len(original["losses"]) == 2
+    # The first loss after resuming comes before any optimizer step: the same weights on the same batch
+    # (data position carried over) in another layout. The one difference: consolidation drops the 12
+    # vocab padding rows, which megatron's loss normalises over, and reshard puts zeros back (measured
+    # 1.4e-4 apart). The weights themselves are checked exactly below.
+    assert abs(value["losses"][0] - original["losses"][0]) < 1e-3, (value, original)
+
+
+def test_reshard_then_consolidate_gives_back_every_weight(runs, resharded, tmp_path):
+    """Round trip TP2 -> consolidated -> TP1 x PP2 -> consolidated: every tensor bit for bit, so the
+    reshard put every shard where the new layout reads it."""
+    from ascender_dist.tools.convert import read_consolidated
+
+    again = tmp_path / "again"
+    cli("consolidate", "--checkpoint", str(resharded), "--tag", "step_00000003", "--out", str(again))  # resumed since
+    source, _, meta = read_consolidated(runs["exports"] / "gpt_tp2")
+    back, _, meta_back = read_consolidated(again)
+    assert meta_back["pipeline_model_parallel_size"] == 2 and meta_back["step"] == meta["step"] == 3
+    assert back.keys() == source.keys() and len(source) > 10
+    for name, tensor in source.items():
+        assert torch.equal(back[name], tensor), name
 
 
 def test_bad_checkpoints_fail_in_one_line(runs, tmp_path):

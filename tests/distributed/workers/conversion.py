@@ -33,12 +33,26 @@ def continue_resharded(args):
         args["data"], Path(args["root"]) / "resharded_run", train={"train_steps": 5},
         parallel={"pipeline_model_parallel_size": 2}, checkpoint={"dir": args["resharded"]}))
 
-    def run():
+    def run(cfg):
         trainer = Trainer(cfg)
         start = trainer.step
         return {"start": start, "losses": trainer.fit()}
 
-    return run_checks({"resume_resharded": run})
+    def run_original():
+        """The source run (TP=2) resumed from a copy of its own checkpoint: its first loss is that of
+        the same weights on the same batch, the number the resharded run's first loss must equal."""
+        import shutil
+
+        import torch.distributed as dist
+
+        copy = Path(args["root"]) / "gpt_tp2_continued"
+        if dist.get_rank() == 0:
+            shutil.copytree(Path(args["root"]) / "gpt_tp2" / "checkpoints", copy / "checkpoints")
+        dist.barrier()
+        return run(config_from_dict(tiny_run_config(args["data"], copy, train={"train_steps": 5},
+                                                    parallel={"tensor_model_parallel_size": 2})))
+
+    return run_checks({"resume_resharded": lambda: run(cfg), "resume_original": run_original})
 
 
 def train_connection(args):
