@@ -64,6 +64,21 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def prepare_checkpoint_dir(checkpoint_dir: Path) -> None:
+    """Create the checkpoint directory at start-up (every rank; shared storage), so that a path that
+    is a file or not writable stops the run before it trains, not at its first save."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if checkpoint_dir.exists() and not checkpoint_dir.is_dir():
+        raise CheckpointError(f"{checkpoint_dir}: checkpoint directory is an existing file")
+    try:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"{checkpoint_dir}: cannot create the checkpoint directory "
+                              f"({exc.strerror or exc})") from None
+    if not os.access(checkpoint_dir, os.W_OK):
+        raise CheckpointError(f"{checkpoint_dir}: checkpoint directory is not writable")
+
+
 def latest_tag(checkpoint_dir: Path) -> Optional[str]:
     """The tag ``latest`` names, if it is complete; None when there is no checkpoint yet.
 

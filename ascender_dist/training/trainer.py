@@ -79,6 +79,7 @@ class Trainer:
         self.pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed)
         self.loader = build_loader(cfg, self.tokenizer, self.pstate)
         self.val_loader = build_loader(cfg, self.tokenizer, self.pstate, split="val") if cfg.train.eval_interval else None
+        ckpt.prepare_checkpoint_dir(self.derived.checkpoint_dir)
         resuming = cfg.checkpoint.auto_resume and ckpt.latest_tag(self.derived.checkpoint_dir) is not None
         if init_state is None and cfg.checkpoint.init_from and not resuming:
             init_state = read_weights_file(cfg.checkpoint.init_from)

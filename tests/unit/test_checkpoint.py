@@ -142,3 +142,14 @@ def test_unreadable_shard_names_the_tag_and_rank(single_rank_group, tmp_path):
         ckpt.load_checkpoint(Truncated(""), tmp_path)
     assert str(info.value) == (f"{tmp_path / 'step_00000001'}: unreadable on rank 0 (RuntimeError: "
                                f"PytorchStreamReader failed reading zip archive: failed finding central directory)")
+
+
+def test_checkpoint_dir_that_is_a_file_stops_the_run_at_start(tmp_path):
+    ckpt.prepare_checkpoint_dir(tmp_path / "new" / "checkpoints")  # created, parents included
+    assert (tmp_path / "new" / "checkpoints").is_dir()
+    (tmp_path / "file").write_text("not a directory")
+    for path, message in ((tmp_path / "file", "checkpoint directory is an existing file"),
+                          (tmp_path / "file" / "below", "cannot create the checkpoint directory")):
+        with pytest.raises(ckpt.CheckpointError) as info:
+            ckpt.prepare_checkpoint_dir(path)
+        assert str(info.value).startswith(f"{path}: {message}")
