@@ -17,6 +17,7 @@
 #   --node_rank R        NODE_RANK      no-ssh mode: start only this node's ranks
 #   --num_nodes N        NUM_NODES      use only the first N hostfile hosts (default: all)
 #   --gpus_per_node N    GPUS_PER_NODE  ranks on every node (default: each host's slots)
+#   --ssh_port PORT      SSH_PORT       ssh mode: the port of the sshd on every host (default: ssh's)
 #   DEEPSPEED      the launcher command (default: deepspeed, from .venv/bin if there, else PATH)
 # ssh mode forwards NCCL_*, PYTHON*, OMP_NUM_THREADS, DS_ACCELERATOR, GLOO_SOCKET_IFNAME,
 # TORCH_NCCL_ASYNC_ERROR_HANDLING, CUDA_DEVICE_MAX_CONNECTIONS and the names in FORWARD_ENV.
@@ -36,12 +37,13 @@ MASTER_PORT=${MASTER_PORT:-29500}
 NODE_RANK=${NODE_RANK:-}
 NUM_NODES=${NUM_NODES:-}
 GPUS_PER_NODE=${GPUS_PER_NODE:-}
+SSH_PORT=${SSH_PORT:-}
 CONFIG=""
 TRAIN_ARGS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
-    --hostfile|--master_addr|--master_port|--node_rank|--num_nodes|--gpus_per_node|--config)
+    --hostfile|--master_addr|--master_port|--node_rank|--num_nodes|--gpus_per_node|--ssh_port|--config)
       [ $# -ge 2 ] || die "$1 needs a value"
       case "$1" in
         --hostfile) HOSTFILE=$2 ;;
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
         --node_rank) NODE_RANK=$2 ;;
         --num_nodes) NUM_NODES=$2 ;;
         --gpus_per_node) GPUS_PER_NODE=$2 ;;
+        --ssh_port) SSH_PORT=$2 ;;
         --config) CONFIG=$2 ;;
       esac
       shift 2 ;;
@@ -62,7 +65,7 @@ done
 [ -f "$HOSTFILE" ] || die "hostfile $HOSTFILE does not exist"
 [ -n "$CONFIG" ] || die "no config: pass --config FILE (a YAML run config, e.g. configs/demo.yaml)"
 [ -f "$CONFIG" ] || die "config $CONFIG does not exist"
-for n in MASTER_PORT NODE_RANK NUM_NODES GPUS_PER_NODE; do
+for n in MASTER_PORT NODE_RANK NUM_NODES GPUS_PER_NODE SSH_PORT; do
   case "${!n}" in *[!0-9]*) die "$n must be a non-negative integer, got '${!n}'" ;; esac
 done
 HOSTFILE=$(cd "$(dirname "$HOSTFILE")" && pwd)/$(basename "$HOSTFILE")
@@ -87,6 +90,7 @@ command -v "$DEEPSPEED" >/dev/null || die "launcher $DEEPSPEED not found (run la
 cmd=("$DEEPSPEED" --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 [ -z "$NUM_NODES" ] || cmd+=(--num_nodes "$NUM_NODES")
 [ -z "$GPUS_PER_NODE" ] || cmd+=(--num_accelerators "$GPUS_PER_NODE")
+[ -z "$SSH_PORT" ] || [ -n "$NODE_RANK" ] || cmd+=(--ssh_port "$SSH_PORT")
 if [ -n "$NODE_RANK" ]; then
   [ "$NODE_RANK" -lt ${#HOSTS[@]} ] || die "--node_rank $NODE_RANK but the hostfile lists ${#HOSTS[@]} hosts"
   local_host=${HOSTS[$NODE_RANK]}

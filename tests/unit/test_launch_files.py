@@ -160,6 +160,7 @@ STUB_SRUN = """#!/usr/bin/env bash
 opts=()
 while [ "${1#--}" != "$1" ]; do opts+=("$1"); shift; done
 printf '%s\\n' "${opts[@]}" > "$STUB_OUT/srun.opts"
+for o in "${opts[@]}"; do case "$o" in --container-workdir=*) cd "${o#*=}" ;; esac; done  # as pyxis does
 for ((node = 0; node < SLURM_JOB_NUM_NODES; node++)); do SLURM_NODEID=$node "$@" & done
 wait
 """
@@ -198,6 +199,7 @@ def _after(args: list[str], flag: str) -> str:
 
 def test_multi_node_no_ssh_mode_command(stubs, tmp_path):
     env, _, calls = stubs
+    env.update(SSH_PORT="2222")  # ssh mode only: no-ssh mode starts no ssh
     hosts = tmp_path / "hosts"
     hosts.write_text("# two nodes\nnode-a slots=4\n\nnode-b slots=4\n")
     proc = _run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "1",
@@ -210,7 +212,7 @@ def test_multi_node_no_ssh_mode_command(stubs, tmp_path):
     assert args[args.index("launch/train.py"):] == [
         "launch/train.py", "--config", str(REPO_ROOT / "configs" / "demo.yaml"),
         "--set", "train.train_steps=3", "--set", "name=x y"]
-    assert "--num_accelerators" not in args  # the hostfile's slots decide
+    assert "--num_accelerators" not in args and "--ssh_port" not in args  # the hostfile's slots decide
     threads = int(call["env"].strip().split("=")[1])
     assert threads == max(1, len(os.sched_getaffinity(0)) // 4)
     assert call["dsenv"] is None
@@ -220,12 +222,13 @@ def test_multi_node_ssh_mode_forwards_environment(stubs):
     env, _, calls = stubs
     env.update(GLOO_SOCKET_IFNAME="eth7", MY_SETTING="v 1", FORWARD_ENV="MY_SETTING", OMP_NUM_THREADS="3")
     proc = _run(["bash", "launch/multi_node.sh", "--hostfile", "launch/hostfile.example", "--master_port", "1234",
-                 "--gpus_per_node", "2", "--config=configs/demo.yaml"], env=env)
+                 "--gpus_per_node", "2", "--ssh_port", "2222", "--config=configs/demo.yaml"], env=env)
     assert proc.returncode == 0, proc.stderr
     (call,) = calls()
     args = call["args"]
     assert "--no_ssh" not in args and _after(args, "--master_addr") == "node-001"
     assert _after(args, "--num_accelerators") == "2" and _after(args, "--master_port") == "1234"
+    assert _after(args, "--ssh_port") == "2222"  # an sshd on another port (containers)
     assert _after(args, "--hostfile") == str(REPO_ROOT / "launch" / "hostfile.example")
     forwarded = call["dsenv"].splitlines()
     for line in ("OMP_NUM_THREADS=3", "GLOO_SOCKET_IFNAME=eth7", "MY_SETTING=v 1"):
@@ -236,7 +239,11 @@ def test_slurm_runs_one_no_ssh_launcher_per_node(stubs, tmp_path):
     env, out, calls = stubs
     env.update(SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(REPO_ROOT), SLURM_JOB_NODELIST="gpu-[07-08]",
                SLURM_JOB_NUM_NODES="2", SLURM_GPUS_ON_NODE="4", SLURM_CPUS_ON_NODE="16",
-               SLURM_RUN_DIR=str(tmp_path / "job"), SRUN_ARGS="--container-image=img:1 --container-mounts=/s:/s")
+               # relative (to the repository): the tasks must still get an absolute hostfile path, as
+               # they may start in another directory (a container's workdir)
+               SLURM_RUN_DIR=os.path.relpath(tmp_path / "job", REPO_ROOT),
+               SRUN_ARGS=f"--container-image=img:1 --container-mounts=/s:/s --container-workdir={tmp_path / 'image'}")
+    (tmp_path / "image").symlink_to(REPO_ROOT)  # the repository as the image holds it, at another path
     spool = tmp_path / "slurm_script"  # sbatch runs a copy of the script from its spool directory
     shutil.copy(LAUNCH / "slurm.sbatch", spool)
     proc = _run(["bash", str(spool), "--config", "configs/demo.yaml", "--set", "x=1"], env=env, cwd=tmp_path)
@@ -254,4 +261,4 @@ def test_slurm_runs_one_no_ssh_launcher_per_node(stubs, tmp_path):
         assert _after(args, "--hostfile") == str(hostfile)
         assert _after(args, "--master_addr") == "gpu-07" and _after(args, "--master_port") == str(20000 + 4242)
         assert _after(args, "--num_accelerators") == "4"
-        assert args[-4:] == ["--config", str(REPO_ROOT / "configs" / "demo.yaml"), "--set", "x=1"]
+        assert args[-4:] == ["--config", str(tmp_path / "image" / "configs" / "demo.yaml"), "--set", "x=1"]
