@@ -103,6 +103,10 @@ def check_zero_stage(cfg: RunConfig) -> None:
         raise ConfigError("parallel.zero_stage",
                           f"ZeRO-{stage} cannot shard gradients across pipeline stages (DeepSpeed refuses it); "
                           "use zero_stage 0 or 1 with pipeline_model_parallel_size > 1")
+    if stage == 0 and cfg.train.precision == "bf16":
+        raise ConfigError("parallel.zero_stage",
+                          "0 with train.precision bf16: DeepSpeed's ZeRO-0 has no fp32 gradient accumulation "
+                          "for bf16 (it would train on bf16 weights and sums); use zero_stage 1")
 
 
 def check_sequence_parallel(cfg: RunConfig) -> None:

@@ -123,7 +123,9 @@ def pipeline_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 class GuardedPipelineLoss:
     """The pipeline's loss function; a bad micro-batch loss (``guard.is_bad``) is poisoned so the
-    optimizer skips the step on every rank (see :mod:`ascender_dist.training.guard`)."""
+    optimizer skips the step on every rank (see :mod:`ascender_dist.training.guard`). Only in
+    training: DeepSpeed's eval_batch runs the same function under no_grad, and a validation loss is
+    reported as it is."""
 
     def __init__(self, guard=None):
         self.guard = guard
@@ -132,7 +134,7 @@ class GuardedPipelineLoss:
         from ascender_dist.training.guard import poison
 
         loss = pipeline_loss(logits, labels)
-        if self.guard is not None and self.guard.is_bad(loss.item()):
+        if self.guard is not None and torch.is_grad_enabled() and self.guard.is_bad(loss.item()):
             return poison(loss)
         return loss
 

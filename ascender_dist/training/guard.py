@@ -60,8 +60,16 @@ def poison(loss: torch.Tensor) -> torch.Tensor:
     return loss * float("nan")
 
 
+def collective_device(group=None) -> torch.device:
+    """Where a tensor made for a collective must live: NCCL groups take CUDA tensors only (a CPU
+    tensor raises "No backend type associated with device type cpu"), gloo groups CPU ones."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def any_rank(flag: bool, group=None) -> bool:
-    value = torch.tensor([1.0 if flag else 0.0])
+    value = torch.tensor([1.0 if flag else 0.0], device=collective_device(group))
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return bool(value.item())
 

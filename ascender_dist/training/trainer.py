@@ -23,6 +23,7 @@ from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.engine import build_engine, pipeline_batches
 from ascender_dist.training.guard import LossGuard, any_rank, poison
 from ascender_dist.training.layer_stats import gather_layer_stats, set_collect_stats, set_training_step
+from ascender_dist.models.ascender.common import set_aux_loss_scale
 from ascender_dist.models.counting import count_model
 from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, throughput
 from ascender_dist.training.weights import pad_vocab, read_weights_file
@@ -66,6 +67,14 @@ def _mean_over(group, value: torch.Tensor) -> float:
     return value.item() / dist.get_world_size(group)
 
 
+def aux_loss_gradient_scale(gradient_accumulation_steps: int, tensor_parallel: int) -> float:
+    """Gradient of ASCender's auxiliary losses relative to a task loss of 1: DeepSpeed divides the
+    task loss of every micro-batch by the accumulation steps, and each tensor-parallel rank's aux
+    loss is a mean over its own heads only, so summed over TP ranks it would count tp times
+    (measured: 2x at TP=2 before this scale; tests/distributed/test_model_parity.py)."""
+    return 1.0 / (gradient_accumulation_steps * tensor_parallel)
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, init_state: Optional[dict] = None):
         """``init_state``: canonical full weights to start from (else ``checkpoint.init_from``, else
@@ -75,6 +84,8 @@ class Trainer:
         self.tokenizer = _tokenizer(cfg)
         self.derived: Derived = derive(cfg, dist.get_world_size(),
                                        self.tokenizer.vocab_size if self.tokenizer else None)
+        set_aux_loss_scale(aux_loss_gradient_scale(self.derived.gradient_accumulation_steps,
+                                                   cfg.parallel.tensor_model_parallel_size))
         p = cfg.parallel
         self.pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed)
         self.loader = build_loader(cfg, self.tokenizer, self.pstate)

@@ -15,7 +15,8 @@ def results(tmp_path_factory):
 
 
 @pytest.mark.parametrize("check", ["gpt_tp2", "gpt_swiglu_rmsnorm_gqa_tp2", "gpt_learned_pos_untied_tp2",
-                                   "ascender_tp2", "ascender_gqa_swiglu_tp2", "ascender_shared_omega_tp2",
+                                   "ascender_tp2", "ascender_aux_losses_tp2", "ascender_gqa_swiglu_tp2",
+                                   "ascender_shared_omega_tp2",
                                    "connection_bilinear_tp2", "connection_linear_tp2",
                                    "mixed_ascender_connection_tp2"])
 def test_tensor_parallel_matches_single_rank(results, check):

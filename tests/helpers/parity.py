@@ -6,8 +6,10 @@ import torch
 import torch.distributed as dist
 
 from ascender_dist.config.resolve import config_from_dict, derive
+from ascender_dist.models.ascender.common import set_aux_loss_scale
 from ascender_dist.parallel.consolidate import gather_full_state, gather_tp_tensor, load_full_state
 from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel, init_process_group
+from ascender_dist.training.trainer import aux_loss_gradient_scale
 
 VOCAB = 256
 
@@ -28,6 +30,7 @@ def _forward_backward(cfg, tp: int, full_state=None):
     derived = derive(cfg, dist.get_world_size(), VOCAB)
     init_model_parallel(tp, 1, cfg.train.seed)
     model = build_model(cfg, derived)
+    set_aux_loss_scale(aux_loss_gradient_scale(1, tp))  # as the trainer does, for one micro-batch
     group = mps.get_tensor_model_parallel_group()
     if full_state is not None:
         load_full_state(model, full_state, tp, mps.get_tensor_model_parallel_rank())

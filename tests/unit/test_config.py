@@ -93,6 +93,14 @@ def test_zero_2_and_3_refused_with_pipeline_parallel(tmp_path):
         assert message.split(": ", 1)[1].startswith("parallel.zero_stage: ZeRO-")
 
 
+def test_bf16_needs_zero_1_or_more(tmp_path):
+    """DeepSpeed's ZeRO-0 has no fp32 gradient accumulation for bf16 (its sanity check raises at
+    start-up); refused at load instead, ZeRO-1 with bf16 is fine."""
+    message = _error(tmp_path, "train:\n  precision: bf16\nparallel:\n  zero_stage: 0\n")
+    assert message.split(": ", 1)[1].startswith("parallel.zero_stage: 0 with train.precision bf16")
+    config_from_dict({"train": {"precision": "bf16"}, "parallel": {"zero_stage": 1}})
+
+
 def test_batch_arithmetic_checked_against_world_size():
     cfg = config_from_dict({"train": {"micro_batch_size": 4, "global_batch_size": 8}})
     assert derive(cfg, world_size=2, tokenizer_vocab_size=100).gradient_accumulation_steps == 1

@@ -19,6 +19,9 @@ def main(args):
         "gpt_learned_pos_untied_tp2": lambda: tp_parity({"model": {
             **DEBUG, "position_embedding_type": "learned_absolute", "untie_embeddings_and_output_weights": True}}),
         "ascender_tp2": lambda: tp_parity({"model": {**DEBUG, "architecture": "ascender", "ascender": ASC}}),
+        # the three auxiliary losses on: each TP rank's is a mean over its own heads (gradient scale 1/tp)
+        "ascender_aux_losses_tp2": lambda: tp_parity({"model": {**DEBUG, "architecture": "ascender", "ascender": {
+            **ASC, "aux_compactness_weight": 0.5, "aux_crowding_weight": 0.5, "aux_alignment_weight": 0.5}}}),
         "ascender_gqa_swiglu_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "ascender", "ascender": {**ASC, "other_bias": "alibi"},
             "num_query_groups": 2, "activation": "swiglu"}}),
