@@ -10,7 +10,9 @@ log = logging.getLogger("ascender_dist")
 
 
 # dense bf16 tensor-core peaks (vendor datasheets), matched against torch.cuda.get_device_name()
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+# dense bf16 datasheet peaks, matched in this order against torch.cuda.get_device_name() (so the
+# PCIe H100, 756, is found before the SXM one)
+PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
 
 
 def peak_tflops_per_device(configured):

@@ -16,3 +16,14 @@ def test_no_mfu_without_a_peak():
     assert "train/mfu" not in throughput(6e9, 1e5, 2, None)
     assert peak_tflops_per_device(None) is None  # CPU machine: nothing to compare against
     assert peak_tflops_per_device(400.0) == 400.0
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                        ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                        ("Tesla V100-SXM2-32GB", None)])
+def test_peak_by_device_name(monkeypatch, name, peak):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+    assert peak_tflops_per_device(None) == peak
