@@ -262,3 +262,16 @@ def test_slurm_runs_one_no_ssh_launcher_per_node(stubs, tmp_path):
         assert _after(args, "--master_addr") == "gpu-07" and _after(args, "--master_port") == str(20000 + 4242)
         assert _after(args, "--num_accelerators") == "4"
         assert args[-4:] == ["--config", str(tmp_path / "image" / "configs" / "demo.yaml"), "--set", "x=1"]
+
+
+def test_relaunched_conversion_ranks_never_see_gpus():
+    """consolidate / reshard re-launch themselves on CPU ranks; on a GPU host DeepSpeed's CPU
+    accelerator sets CUDA_VISIBLE_DEVICES=0..N-1, which would make torch pick NCCL and a GPU per rank."""
+    from ascender_dist.launch_entry import hide_gpus_for_cpu_ranks
+
+    env = {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    hide_gpus_for_cpu_ranks(env)
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    env = {"DS_ACCELERATOR": "cuda", "CUDA_VISIBLE_DEVICES": "0,1"}
+    hide_gpus_for_cpu_ranks(env)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"  # a user who chose GPU ranks keeps them
