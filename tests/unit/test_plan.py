@@ -62,15 +62,22 @@ def test_gpt_on_8_gpus_tp2_zero1_matches_hand_computation():
     assert "| fits" in table and "yes" in table and "4.34" in table  # total GiB/GPU
 
 
+def _memory(precision: str, zero_stage: int):
+    cfg = config_from_dict({"model": MODEL, "train": {**TRAIN, "precision": precision},
+                            "parallel": {"tensor_model_parallel_size": 1, "zero_stage": zero_stage}})
+    return plan(cfg, EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None).memory
+
+
 def test_zero_stages_order_memory():
-    totals = [plan(make_cfg(tensor_model_parallel_size=1, zero_stage=z), EIGHT_GPUS, vocab_size=V,
-                   mfu=0.4, tokens=None).memory for z in range(4)]
-    assert totals[3].total < totals[2].total < totals[1].total < totals[0].total
+    totals = {z: _memory("bf16", z) for z in (1, 2, 3)}  # bf16 needs ZeRO >= 1 (config check)
+    assert totals[3].total < totals[2].total < totals[1].total
     # only the ZeRO-sharded state shrinks; activations are the same at every stage
-    assert len({m.activations for m in totals}) == 1
-    assert totals[0].optimizer_states == 8 * totals[1].optimizer_states  # DP 8
-    assert totals[1].gradients == 8 * totals[2].gradients
+    assert len({m.activations for m in totals.values()}) == 1
+    assert totals[1].gradients == 8 * totals[2].gradients  # DP 8
     assert totals[2].parameters == 8 * totals[3].parameters
+    fp32 = {z: _memory("fp32", z) for z in (0, 1)}
+    assert fp32[1].total < fp32[0].total
+    assert fp32[0].optimizer_states == 8 * fp32[1].optimizer_states
 
 
 def test_sequence_parallel_and_checkpointing_reduce_activations():
