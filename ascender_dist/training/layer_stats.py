@@ -40,8 +40,19 @@ def _gather_heads(values: torch.Tensor, tp_group) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def gather_layer_stats(model: nn.Module, tp_group=None) -> dict[str, float]:
-    """``{"<prefix>/<stat>/layer03": mean, "<prefix>/<stat>/layer03/head05": value}``. Collective over TP."""
+def gather_layer_stats(model: nn.Module, tp_group=None, pp_group=None) -> dict[str, float]:
+    """``{"<prefix>/<stat>/layer03": mean, "<prefix>/<stat>/layer03/head05": value}``. Collective over
+    TP (heads) and over the pipeline stages (each holds its own layers; the logging rank sits on the
+    last stage and would otherwise see only that stage's layers)."""
+    scalars = _local_layer_stats(model, tp_group)
+    if pp_group is not None and dist.get_world_size(pp_group) > 1:
+        stages = [None] * dist.get_world_size(pp_group)
+        dist.all_gather_object(stages, scalars, group=pp_group)
+        scalars = {key: value for stage in stages for key, value in stage.items()}
+    return scalars
+
+
+def _local_layer_stats(model: nn.Module, tp_group=None) -> dict[str, float]:
     scalars: dict[str, float] = {}
     for module in _participants(model):
         layer = f"layer{int(getattr(module, 'layer_number', 0)):02d}"

@@ -195,6 +195,7 @@ class Trainer:
         model = self.engine.module
         set_training_step(model, self.step)
         set_collect_stats(model, log_layers)
+        lr = float(self.engine.get_lr()[0])  # the rate this step uses (the scheduler moves on in step())
         skipped_before = self.engine.skipped_steps
         if self.pipelined:  # DeepSpeed's pipeline schedule runs all micro-batches and the step
             step_loss = float(self.engine.train_batch(data_iter=batches))
@@ -214,11 +215,12 @@ class Trainer:
         skipped = self.engine.skipped_steps > skipped_before
         set_collect_stats(model, False)
         grad_norm = self.engine.get_global_grad_norm()
-        values = {"train/loss": step_loss, "train/lr": float(self.engine.get_lr()[0]),
+        values = {"train/loss": step_loss, "train/lr": lr,
                   "train/grad_norm": float(grad_norm) if grad_norm is not None and not skipped else None,
                   "train/skipped_steps": float(self.engine.skipped_steps), "train/step_skipped": float(skipped)}
         if log_layers:
-            values.update(gather_layer_stats(model, mps.get_tensor_model_parallel_group()))
+            values.update(gather_layer_stats(model, mps.get_tensor_model_parallel_group(),
+                                             mps.get_pipeline_model_parallel_group()))
         return values
 
     @torch.no_grad()

@@ -65,15 +65,17 @@ def test_demo_rerun_resumes_from_latest_and_continues(demo_run):
 
 
 def test_demo_mixed_ascender_connection_logs_layer_statistics(tmp_path_factory):
-    """`architecture: connection` with an ASCender + Connection pattern through the same launcher:
-    per-head omega / moved attention mass and Connection reasoning steps reach TensorBoard."""
+    """`architecture: connection` with an ASCender + Connection pattern through the same launcher, on
+    two pipeline stages (layer 1 on the first, layer 2 on the last, where the logging rank is): per-head
+    omega / moved attention mass and Connection reasoning steps of both stages reach TensorBoard."""
     demo_dir = tmp_path_factory.mktemp("demo_mixed")
     proc = _run_demo(demo_dir, "--set", "model.architecture=connection", "--set", "model.layer_pattern=SC",
                      "--set", "model.ascender.d_z=8", "--set", "model.ascender.d_a=8", "--set", "model.ascender.k=4",
                      "--set", "model.ascender.window=16", "--set", "model.ascender.num_global=2",
                      "--set", "model.connection.num_slots=8", "--set", "model.connection.rank=4",
                      "--set", "model.connection.causal_chunk_size=16", "--set", "train.train_steps=10",
-                     "--set", "train.eval_interval=0", "--set", "checkpoint.save_interval=0")
+                     "--set", "train.eval_interval=0", "--set", "checkpoint.save_interval=0",
+                     "--set", "parallel.pipeline_model_parallel_size=2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     scalars = read_scalars(demo_dir / "tensorboard")
     assert len(scalars["train/loss"]) == 10
