@@ -47,7 +47,7 @@ from webdataset.shardlists import expand_urls
 
 from ._io import sha256_bytes
 from .errors import DataError
-from .shards import Manifest, load_manifest
+from .shards import Manifest, check_field_types, load_manifest
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,9 @@ class ShardSpec:
         if ":" in self.url.split("/")[0] and not self.url.startswith("/"):
             return None
         return Path(self.url)
+
+
+_META_TYPES = {"tokenizer_sha256": str, "seq_length": int, "vocab_size": int}  # a shard's meta.json
 
 
 class _CorruptShard(DataError):
@@ -157,11 +160,7 @@ def _check_meta(url: str, raw: bytes, checks: ShardChecks) -> dict:
         raise _CorruptShard(url, "unreadable meta.json") from None
     if not isinstance(meta, dict):
         raise _CorruptShard(url, f"meta.json must be a JSON object, got {type(meta).__name__}")
-    for key, kind in (("tokenizer_sha256", str), ("seq_length", int), ("vocab_size", int)):
-        value = meta.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
-            raise _CorruptShard(url, f"meta.json {key}: expected {'an integer' if kind is int else 'a string'}, "
-                                     f"got {type(value).__name__} {value!r}")
+    check_field_types(url, meta, _META_TYPES, prefix="meta.json ", error=_CorruptShard, nullable=set(_META_TYPES))
     sha = meta.get("tokenizer_sha256")
     if checks.tokenizer_sha256 and sha and sha != checks.tokenizer_sha256:
         raise DataError(url, f"tokenizer mismatch: shard made with {sha[:12]}..., run uses "

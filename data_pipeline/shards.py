@@ -135,15 +135,18 @@ _SHARD_TYPES = {"name": str, "split": str, "num_samples": int, "num_tokens": int
 _NULLABLE = {"sha256", "bytes"}  # unknown checksum / size: the shard is read without those checks
 
 
-def _check_types(where: str, record: dict, types: dict, prefix: str = "") -> None:
-    """Every known field present in ``record`` has its JSON type (a one-line DataError naming it otherwise)."""
+def check_field_types(where: str, record: dict, types: dict, prefix: str = "", error=None,
+                      nullable=_NULLABLE) -> None:
+    """Every known field present in ``record`` has its JSON type (bools are not integers); a
+    one-line ``error(where, message)`` naming the field otherwise (default DataError). Null is
+    allowed for the fields in ``nullable``. Shared by the manifest and the shards' meta.json."""
     for key, kind in types.items():
-        if key not in record or record[key] is None and key in _NULLABLE:
+        if key not in record or record[key] is None and key in nullable:
             continue
         value = record[key]
         if isinstance(value, bool) or not isinstance(value, kind):
-            raise DataError(where, f"{prefix}{key}: expected {'an integer' if kind is int else 'a string'}, "
-                                   f"got {type(value).__name__} {value!r}")
+            raise (error or DataError)(where, f"{prefix}{key}: expected {'an integer' if kind is int else 'a string'}, "
+                                              f"got {type(value).__name__} {value!r}")
 
 
 def load_manifest(path) -> Manifest:
@@ -159,13 +162,13 @@ def load_manifest(path) -> Manifest:
         raise DataError(str(path), f"unreadable manifest ({e})") from None
     if not isinstance(raw, dict):
         raise DataError(str(path), f"manifest must be a JSON object, got {type(raw).__name__}")
-    _check_types(str(path), raw, _MANIFEST_TYPES)
+    check_field_types(str(path), raw, _MANIFEST_TYPES)
     if "shards" in raw and not isinstance(raw["shards"], list):
         raise DataError(str(path), f"shards: expected a list, got {type(raw['shards']).__name__}")
     for i, s in enumerate(raw.get("shards") or []):
         if not isinstance(s, dict):
             raise DataError(str(path), f"shards[{i}]: expected an object, got {type(s).__name__} {s!r}")
-        _check_types(str(path), s, _SHARD_TYPES, prefix=f"shards[{i}].")
+        check_field_types(str(path), s, _SHARD_TYPES, prefix=f"shards[{i}].")
     try:
         shards = [ShardInfo(**s) for s in raw.pop("shards")]
         known = {f.name for f in dataclasses.fields(Manifest)}
