@@ -58,7 +58,9 @@ def neox_state(state: dict, cfg) -> dict:
     return out
 
 
-def neox_config(cfg, vocab_size: int, tied: bool):
+def neox_config(cfg, vocab_size: int, tied: bool, special_ids: dict | None = None):
+    """``special_ids``: bos/eos/pad token ids of the tokenizer (None each without one, never
+    transformers' defaults, which are another tokenizer's)."""
     from transformers import GPTNeoXConfig
 
     m = cfg.model
@@ -67,8 +69,12 @@ def neox_config(cfg, vocab_size: int, tied: bool):
         num_attention_heads=m.num_attention_heads, intermediate_size=m.ffn_hidden_size or 4 * m.hidden_size,
         hidden_act="gelu", rotary_pct=1.0, rope_theta=float(m.rotary_base), max_position_embeddings=m.seq_length,
         layer_norm_eps=m.layernorm_epsilon, use_parallel_residual=False, tie_word_embeddings=tied,
-        attention_bias=True, hidden_dropout=0.0, attention_dropout=0.0,
+        attention_bias=True, hidden_dropout=0.0, attention_dropout=0.0, **_special_ids(special_ids),
     )
+
+
+def _special_ids(special_ids: dict | None) -> dict:
+    return {name: (special_ids or {}).get(name) for name in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
 def llama_state(state: dict, cfg) -> dict:
@@ -97,7 +103,8 @@ def llama_state(state: dict, cfg) -> dict:
     return out
 
 
-def llama_config(cfg, vocab_size: int, tied: bool):
+def llama_config(cfg, vocab_size: int, tied: bool, special_ids: dict | None = None):
+    """``special_ids`` as in :func:`neox_config`."""
     from transformers import LlamaConfig
 
     m = cfg.model
@@ -106,7 +113,7 @@ def llama_config(cfg, vocab_size: int, tied: bool):
         num_attention_heads=m.num_attention_heads, num_key_value_heads=m.num_query_groups or m.num_attention_heads,
         intermediate_size=m.ffn_hidden_size or 4 * m.hidden_size, hidden_act="silu", rms_norm_eps=m.layernorm_epsilon,
         rope_theta=float(m.rotary_base), max_position_embeddings=m.seq_length, tie_word_embeddings=tied,
-        attention_bias=False, mlp_bias=False,
+        attention_bias=False, mlp_bias=False, **_special_ids(special_ids),
     )
 
 
@@ -114,7 +121,6 @@ def llama_config(cfg, vocab_size: int, tied: bool):
 REMOTE_CODE_ARCHITECTURE = "ascender_dist"
 AUTO_MAP = {"AutoConfig": "configuration_ascender_dist.AscenderDistConfig",
             "AutoModelForCausalLM": "modeling_ascender_dist.AscenderDistForCausalLM"}
-TOKENIZER_AUTO_MAP = {"AutoTokenizer": ["tokenization_ascender_dist.AscenderDistTokenizer", None]}
 
 
 def standard_architecture(cfg) -> str | None:
@@ -131,8 +137,9 @@ def standard_architecture(cfg) -> str | None:
         return None
 
 
-def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool):
-    """The :class:`AscenderDistConfig` of a consolidated run (every field from the run config)."""
+def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool, special_ids: dict | None = None):
+    """The :class:`AscenderDistConfig` of a consolidated run (every field from the run config;
+    bos/eos/pad ids from ``special_ids``, the tokenizer's)."""
     from dataclasses import asdict
 
     from ascender_dist.hf.configuration_ascender_dist import AscenderDistConfig
@@ -148,7 +155,7 @@ def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool):
         position_embedding_type=m.position_embedding_type, rotary_base=float(m.rotary_base),
         ascender=asdict(m.ascender), connection=asdict(m.connection), ascender_step=int(meta.get("step") or 0),
         initializer_range=m.init_method_std, tie_word_embeddings=tied,
-        architectures=["AscenderDistForCausalLM"], auto_map=dict(AUTO_MAP),
+        architectures=["AscenderDistForCausalLM"], auto_map=dict(AUTO_MAP), **_special_ids(special_ids),
     )
     config.ascender_dist = {"architecture": meta.get("architecture"), "step": meta.get("step"),
                             "preset": m.preset, "run_name": cfg.name}
@@ -196,20 +203,9 @@ def _check_against_model(hf_state: dict, config, where) -> None:
         raise ConversionError(where, "weights do not fit the Hugging Face model: " + "; ".join(p for p in problems if p))
 
 
-def _write_tokenizer(tokenizer: Path, out: Path, seq_length: int) -> None:
-    """tokenizer.model + tokenizer_config.json whose auto_map names the remote tokenizer class."""
-    from ascender_dist.hf.tokenization_ascender_dist import AscenderDistTokenizer
-
-    tok = AscenderDistTokenizer(vocab_file=str(tokenizer), model_max_length=seq_length)
-    tok.save_pretrained(str(out))
-    config_file = out / "tokenizer_config.json"
-    data = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    data.update(tokenizer_class="AscenderDistTokenizer", auto_map=TOKENIZER_AUTO_MAP)
-    config_file.write_text(json.dumps(data, indent=2))
-
-
-def write_remote_code(state: dict, cfg, meta: dict, out: Path, tokenizer: Path | None, where) -> str:
-    """Fill ``out`` with a trust_remote_code model directory; returns the architecture name."""
+def write_remote_code(state: dict, cfg, meta: dict, out: Path, special_ids: dict | None, where) -> str:
+    """Fill ``out`` with a trust_remote_code model directory (weights, config, code; the tokenizer
+    is written by :func:`export_hf`); returns the architecture name."""
     import shutil
 
     from safetensors.torch import save_file
@@ -219,7 +215,7 @@ def write_remote_code(state: dict, cfg, meta: dict, out: Path, tokenizer: Path |
 
     tied = not cfg.model.untie_embeddings_and_output_weights
     vocab = state["embedding.word_embeddings.weight"].shape[0]
-    config = remote_code_config(cfg, meta, vocab, tied)
+    config = remote_code_config(cfg, meta, vocab, tied, special_ids)
     hf_state = remote_code_state(state, config)
     _check_against_model(hf_state, config, where)
     source = Path(hf_package.__file__).parent
@@ -231,8 +227,6 @@ def write_remote_code(state: dict, cfg, meta: dict, out: Path, tokenizer: Path |
         raise ConversionError(where, f"cannot vendor the layer math: {exc}") from None
     config.save_pretrained(out)
     save_file({k: v.contiguous() for k, v in hf_state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    if tokenizer:
-        _write_tokenizer(Path(tokenizer), out, cfg.model.seq_length)
     return REMOTE_CODE_ARCHITECTURE
 
 
@@ -262,10 +256,12 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
     """Write ``out_dir`` (config.json + model.safetensors [+ tokenizer]) for ``from_pretrained``.
 
     ``remote_code=None``: a gpt that GPT-NeoX or Llama expresses is written as that (loads without
-    remote code, the tokenizer is copied as ``tokenizer.model`` only when given); everything else
-    as the trust_remote_code model of :mod:`ascender_dist.hf` (tokenizer: the argument, else the
-    run's ``data.tokenizer`` when that file exists, with an AutoTokenizer config). ``True`` forces
-    the remote-code model for a gpt too; ``False`` refuses what the standard classes cannot hold.
+    remote code); everything else as the trust_remote_code model of :mod:`ascender_dist.hf`.
+    ``True`` forces the remote-code model for a gpt too; ``False`` refuses what the standard classes
+    cannot hold. The tokenizer (the argument, else the run's ``data.tokenizer`` when that file
+    exists) is written as a fast tokenizer that gives sentencepiece's ids
+    (:mod:`ascender_dist.tools.hf_tokenizer`), and config.json takes its bos/eos/pad ids; without
+    one those ids are left unset.
     """
     import shutil
 
@@ -279,10 +275,14 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
                                   "no standard Hugging Face class; export it with remote code")
         pick_hf_architecture(cfg)  # raises with the reason
     use_remote = remote_code is True or kind is None
-    if use_remote and not tokenizer and cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file():
+    if not tokenizer and cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file():
         tokenizer = cfg.data.tokenizer
+    special_ids = None
     if tokenizer:
         check_tokenizer(Path(tokenizer), cfg, meta)
+        from ascender_dist.tools.hf_tokenizer import load_proto, special_tokens
+
+        special_ids = special_tokens(load_proto(Path(tokenizer))).config_ids()
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConversionError(out_dir, "output path is an existing file, not a directory")
@@ -293,19 +293,21 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
     except OSError as exc:
         raise ConversionError(out_dir, f"cannot create the output directory ({exc.strerror or exc})") from None
     if use_remote:
-        kind = write_remote_code(state, cfg, meta, tmp, tokenizer, Path(consolidated_dir))
+        kind = write_remote_code(state, cfg, meta, tmp, special_ids, Path(consolidated_dir))
     else:
         tied = not cfg.model.untie_embeddings_and_output_weights
         vocab = state["embedding.word_embeddings.weight"].shape[0]
         hf_state = neox_state(state, cfg) if kind == "gpt_neox" else llama_state(state, cfg)
-        config = (neox_config if kind == "gpt_neox" else llama_config)(cfg, vocab, tied)
+        config = (neox_config if kind == "gpt_neox" else llama_config)(cfg, vocab, tied, special_ids)
         if tied:  # transformers re-ties on load; storing the head twice would fail its shared-tensor check
             hf_state.pop("embed_out.weight" if kind == "gpt_neox" else "lm_head.weight")
         config.save_pretrained(tmp)
         save_file({k: v.contiguous() for k, v in hf_state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
-        if tokenizer:
-            shutil.copy(tokenizer, tmp / "tokenizer.model")
+    if tokenizer:
+        from ascender_dist.tools.hf_tokenizer import write_hf_tokenizer
+
+        write_hf_tokenizer(Path(tokenizer), tmp, cfg.model.seq_length)
     (tmp / "ascender_dist.json").write_text(json.dumps({
         "source": str(consolidated_dir), "architecture": kind, "model_architecture": meta.get("architecture"),
         "trust_remote_code": kind == REMOTE_CODE_ARCHITECTURE, "step": meta.get("step"),
