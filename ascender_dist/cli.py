@@ -74,16 +74,16 @@ def print_config(args: argparse.Namespace) -> None:
     from ascender_dist.config import load_config, to_dict
     from ascender_dist.models.counting import count_model
 
-    cfg = load_config(args.config, args.overrides)
-    vocab = cfg.model.vocab_size or args.vocab_size
-    if vocab is None and cfg.data.tokenizer:
-        from data_pipeline.tokenizer import Tokenizer
+    from ascender_dist.tools.run_vocab import run_vocab
 
-        vocab = Tokenizer.load(cfg.data.tokenizer).vocab_size
-    vocab = vocab or 32000
+    cfg = load_config(args.config, args.overrides)
+    run = run_vocab(cfg, args.vocab_size, default=32000)
+    vocab = run.size
     counts = count_model(cfg, vocab)
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
-    print(f"# vocab size (before padding): {vocab}")
+    print(f"# vocab size (before padding): {vocab} ({run.source})")
+    if run.hint:
+        print(f"# {run.hint}")
     print(f"# parameters: {counts.total_params:,} total, {counts.non_embedding_params:,} non-embedding")
     print(f"# training FLOPs per token: {counts.flops_per_token:.4g}")
 
@@ -167,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     p_train.set_defaults(fn=train)
     p_print = sub.add_parser("print-config", help="print the resolved config, parameter count and FLOPs/token")
     _config_args(p_print)
-    p_print.add_argument("--vocab-size", type=int, default=None, help="vocab size when no tokenizer is set")
+    p_print.add_argument("--vocab-size", type=int, default=None, help="vocab size when the config has no model.vocab_size and its tokenizer file is not there")
     p_print.set_defaults(fn=print_config)
     p_cons = sub.add_parser("consolidate", help="training checkpoint (any layout) -> consolidated safetensors")
     p_cons.add_argument("--checkpoint", required=True, help="checkpoint directory (holds 'latest')")

@@ -32,5 +32,6 @@ deepspeed --num_accelerators "$NUM_RANKS" --master_port "$PORT" launch/train.py 
   --set "output_dir=$DEMO_DIR" \
   --set "data.manifest=$DATA/shards/manifest.json" \
   --set "data.tokenizer=$DATA/tokenizer.model" \
+  --set "model.vocab_size=${DEMO_VOCAB:-4096}" \
   "$@"
 echo "TensorBoard: .venv/bin/tensorboard --logdir $DEMO_DIR/tensorboard"

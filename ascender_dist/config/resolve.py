@@ -61,9 +61,17 @@ def config_with_overrides(raw: dict, overrides: Iterable[str], source: str, fixe
         raise ConfigError(f"{where}: {exc.path}" if exc.path else where, exc.message) from None
 
 
+ABLATION_GRID_KEYS = ("variants", "axes", "standalone")  # with "base": an `ascender-dist ablate` grid
+
+
 def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
-    """YAML file + ``dotted.key=value`` overrides -> validated RunConfig (ConfigError on any problem)."""
-    return config_with_overrides(read_yaml_file(path), overrides, str(path))
+    """YAML file + ``dotted.key=value`` overrides -> validated RunConfig (ConfigError on any problem;
+    an ablation grid, which holds many runs, is named as such and pointed to ``ablate``)."""
+    raw = read_yaml_file(path)
+    if isinstance(raw, dict) and "base" in raw and any(key in raw for key in ABLATION_GRID_KEYS):
+        raise ConfigError(str(path), f"an ablation grid (base + variants/axes), not a run config: run it with "
+                                     f"`ascender-dist ablate {path}`")
+    return config_with_overrides(raw, overrides, str(path))
 
 
 def validate(cfg: RunConfig, world_size: Optional[int] = None) -> None:
@@ -105,6 +113,9 @@ def derive(cfg: RunConfig, world_size: int, tokenizer_vocab_size: Optional[int] 
     vocab = m.vocab_size or tokenizer_vocab_size
     if vocab is None:
         raise ConfigError("model.vocab_size", "not set and no tokenizer given (set data.tokenizer)")
+    if m.vocab_size and tokenizer_vocab_size and tokenizer_vocab_size > m.vocab_size:
+        raise ConfigError("model.vocab_size", f"{m.vocab_size} is smaller than the tokenizer's {tokenizer_vocab_size} "
+                                              f"pieces ({cfg.data.tokenizer}): set it to {tokenizer_vocab_size} or more")
     output_dir = Path(cfg.output_dir or f"runs/{cfg.name}")
     return Derived(
         world_size=world_size,

@@ -363,20 +363,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _vocab(cfg: RunConfig, explicit: Optional[int]) -> tuple[int, Optional[str]]:
-    """vocab size and a note on where it came from (config, --vocab-size, tokenizer, default)."""
-    if cfg.model.vocab_size:
-        return cfg.model.vocab_size, None
-    if explicit is not None:
-        if explicit < 1:
-            raise ConfigError("--vocab-size", f"must be >= 1 (got {explicit})")
-        return explicit, None
-    if cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file():
-        from data_pipeline.tokenizer import Tokenizer
+def _vocab(cfg: RunConfig, explicit: Optional[int]) -> tuple[int, list[str]]:
+    """vocab size and the notes saying where it came from (and which command makes a missing tokenizer)."""
+    from ascender_dist.tools.run_vocab import run_vocab
 
-        return Tokenizer.load(Path(cfg.data.tokenizer)).vocab_size, None
-    reason = f"tokenizer {cfg.data.tokenizer} not found" if cfg.data.tokenizer else "no tokenizer set"
-    return DEFAULT_VOCAB_SIZE, f"vocab size {DEFAULT_VOCAB_SIZE} assumed ({reason}; set --vocab-size)"
+    run = run_vocab(cfg, explicit, DEFAULT_VOCAB_SIZE)
+    return run.size, [f"vocab size {run.size} ({run.source})"] + ([run.hint] if run.hint else [])
 
 
 def _user_errors() -> tuple[type, ...]:
@@ -398,11 +390,10 @@ def plan_main(argv: Optional[Sequence[str]] = None) -> int:
         from ascender_dist.config import load_config
 
         cfg = load_config(args.config, args.overrides)
-        vocab, vocab_note = _vocab(cfg, args.vocab_size)
+        vocab, vocab_notes = _vocab(cfg, args.vocab_size)
         cluster = ClusterShape(args.nodes, args.gpus_per_node, args.gpu_memory_gib, args.peak_tflops)
         result = plan(cfg, cluster, vocab_size=vocab, mfu=args.mfu, tokens=args.tokens, headroom=args.headroom)
-        if vocab_note:
-            result = replace(result, notes=(vocab_note, *result.notes))
+        result = replace(result, notes=(*vocab_notes, *result.notes))
         print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
         sys.stdout.flush()
         check_fits(result)

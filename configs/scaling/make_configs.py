@@ -5,7 +5,9 @@ tests/unit/test_scaling_configs.py checks the committed YAMLs equal this script'
 
 The rule (Hoffmann et al. 2022 for the budget, Brown et al. 2020 for batch and learning rate):
   * tokens = 20 x parameters (Chinchilla-optimal), parameters counted by print-config with a
-    32,000-token vocabulary;
+    32,000-token vocabulary, stated as ``model.vocab_size`` (so print-config and plan give these
+    numbers before data/tokenizer.model exists; train that tokenizer with --vocab-size 32000; a
+    tokenizer with more pieces is refused, one with fewer leaves some embedding rows unused);
   * global batch = 0.5 M tokens (GPT-3 Small/Medium/Large), i.e. 512 x 1024 or 256 x 2048;
   * peak LR: GPT-3's for that size (6e-4, 3e-4, 2.5e-4), cosine to 10 %, warm-up 1 % of steps;
   * AdamW (0.9, 0.95), weight decay 0.1, clip 1.0, bf16;
@@ -39,7 +41,7 @@ def run_config(architecture: str, size: str) -> dict:
     from ascender_dist.models.counting import count_model
 
     s = SIZES[size]
-    model = {"architecture": architecture, "preset": size}
+    model = {"architecture": architecture, "preset": size, "vocab_size": VOCAB}
     params = count_model(config_from_dict({"model": model, "parallel": s["parallel"]}), VOCAB).total_params
     seq = config_from_dict({"model": model}).model.seq_length
     steps = -(-TOKENS_PER_PARAM * params // (s["global_batch_size"] * seq))
