@@ -14,8 +14,10 @@ or from Python (``import ascender_dist.tools.lm_eval_adapter`` registers it)::
 ``pretrained`` is either a directory written by ``ascender-dist export-hf`` (remote-code model, or
 GPT-NeoX / Llama for gpt) or a consolidated directory (``ascender-dist consolidate``), which is
 exported on the fly into ``<dir>/.hf-export`` (re-used while it is newer than the weights).
-The tokenizer is the directory's AutoTokenizer when it has a ``tokenizer_config.json``, else our
-sentencepiece wrapper over its ``tokenizer.model`` (gpt exports only copy that file).
+The tokenizer is the directory's AutoTokenizer when it has a ``tokenizer_config.json`` (every export
+now ships a fast ``tokenizer.json`` with sentencepiece's ids), else our sentencepiece wrapper over its
+``tokenizer.model`` (exports written before that). An empty context is scored after EOS
+(``prefix_token_id``), as our documents are separated by EOS and never start with BOS.
 Every other model argument is HFLM's (``batch_size``, ``dtype``, ``max_length``, ...);
 ``trust_remote_code`` is always on and ``device`` defaults to cuda when available, else cpu.
 """
@@ -95,6 +97,9 @@ def _model_class():
                     tokenizer = load_tokenizer(pretrained)
                 pretrained = str(pretrained)
             kwargs["trust_remote_code"] = True
+            if getattr(tokenizer, "eos_token_id", None) is not None:
+                # our documents end with EOS and never start with BOS: score an empty context after EOS
+                kwargs.setdefault("prefix_token_id", tokenizer.eos_token_id)
             if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
                 device = "cuda" if torch.cuda.is_available() else "cpu"
             super().__init__(pretrained=pretrained, tokenizer=tokenizer, device=device, **kwargs)

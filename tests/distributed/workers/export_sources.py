@@ -1,7 +1,8 @@
 """Tiny trained gpt / ascender / connection runs, consolidated, for the export and evaluation tests.
 
-``train_sources`` runs on 2 ranks (one launch trains all three, in different layouts: gpt DP2,
-ascender TP2, connection DP2 with the mixed pattern ``SCA``); :func:`ensure_sources` (pytest side)
+``train_sources`` runs on 2 ranks (one launch trains all four, in different layouts: gpt DP2,
+a Llama-shaped gpt (RMSNorm, swiglu, no biases, GQA) DP2, ascender TP2, connection DP2 with the
+mixed pattern ``SCA``); :func:`ensure_sources` (pytest side)
 builds the data, trains, and consolidates each run through ``ascender-dist consolidate`` once per
 pytest session, so test_hf_remote_code and test_evaluate share one set of checkpoints.
 """
@@ -23,8 +24,10 @@ CONNECTION = {"architecture": "connection", "num_layers": 3, "layer_pattern": "S
               "untie_embeddings_and_output_weights": True,
               "ascender": {"d_z": 4, "d_a": 4, "k": 4, "window": 8, "num_global": 2, "chunk_size": 8},
               "connection": {"num_slots": 4, "rank": 4, "max_steps": 3, "causal_chunk_size": 8}}
+LLAMA = {"normalization": "RMSNorm", "activation": "swiglu", "add_bias_linear": False, "num_query_groups": 2}
 RUNS = {  # run name (architecture-size, as the scaling runs) -> (model, parallel)
     "gpt-tiny": ({}, {}),
+    "llama-tiny": (LLAMA, {}),
     "ascender-tiny": (ASCENDER, {"tensor_model_parallel_size": 2}),
     "connection-tiny": (CONNECTION, {}),
 }
