@@ -277,11 +277,12 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
     use_remote = remote_code is True or kind is None
     if not tokenizer and cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file():
         tokenizer = cfg.data.tokenizer
-    special_ids = None
-    if tokenizer:
+    special_ids = fast = None
+    if tokenizer:  # converted before anything is written: a model with no exact fast tokenizer fails here
         check_tokenizer(Path(tokenizer), cfg, meta)
-        from ascender_dist.tools.hf_tokenizer import load_proto, special_tokens
+        from ascender_dist.tools.hf_tokenizer import fast_tokenizer, load_proto, special_tokens
 
+        fast = fast_tokenizer(Path(tokenizer))
         special_ids = special_tokens(load_proto(Path(tokenizer))).config_ids()
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
@@ -307,7 +308,7 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
     if tokenizer:
         from ascender_dist.tools.hf_tokenizer import write_hf_tokenizer
 
-        write_hf_tokenizer(Path(tokenizer), tmp, cfg.model.seq_length)
+        write_hf_tokenizer(Path(tokenizer), tmp, cfg.model.seq_length, fast)
     (tmp / "ascender_dist.json").write_text(json.dumps({
         "source": str(consolidated_dir), "architecture": kind, "model_architecture": meta.get("architecture"),
         "trust_remote_code": kind == REMOTE_CODE_ARCHITECTURE, "step": meta.get("step"),

@@ -95,3 +95,28 @@ def test_unconvertible_model_is_one_line(tmp_path):
     unigram = train_tokenizer([corpus], tmp_path / "uni", 400, model_type="unigram", progress=False)
     with pytest.raises(ConversionError, match="unigram model without the characters '[^']*<"):
         fast_tokenizer(unigram)
+
+
+def test_normalising_models_are_refused_not_approximated(tmp_path):
+    """nfkc / extra-whitespace removal: no exact conversion here (measured: hundreds of random strings
+    differ), so the export refuses in one line instead of shipping a tokenizer with other ids."""
+    import io
+
+    import sentencepiece as spm
+
+    from ascender_dist.tools.convert import ConversionError
+    from ascender_dist.tools.hf_tokenizer import fast_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT * 20, encoding="utf-8")
+    for rule, collapse, message in (("nmt_nfkc", True, "normalization 'nmt_nfkc', remove_extra_whitespaces"),
+                                    ("identity", True, "remove_extra_whitespaces")):
+        buf = io.BytesIO()
+        spm.SentencePieceTrainer.train(input=str(corpus), model_writer=buf, vocab_size=400, model_type="bpe",
+                                       byte_fallback=True,
+                                       normalization_rule_name=rule, remove_extra_whitespaces=collapse,
+                                       minloglevel=2, hard_vocab_limit=False)
+        model = tmp_path / f"{rule}.model"
+        model.write_bytes(buf.getvalue())
+        with pytest.raises(ConversionError, match=f"{model.name}: {message}: no exact fast tokenizer"):
+            fast_tokenizer(model)
