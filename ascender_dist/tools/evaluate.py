@@ -218,6 +218,56 @@ def check_tasks(tasks: list[str], manager) -> None:
                                   "--include-path DIR adds task YAMLs)")
 
 
+class TaskDataError(EvaluationError):
+    """An lm-eval task whose dataset cannot be loaded (offline and not cached, ...); one line."""
+
+
+def _task_dataset(manager, task: str) -> tuple[Optional[str], Optional[str]]:
+    """(dataset_path, dataset_name) of ``task`` from lm-eval's task index (None for a group or tag)."""
+    entry = getattr(manager, "task_index", {}).get(task)
+    cfg = getattr(entry, "cfg", None) if entry is not None else None
+    if not isinstance(cfg, dict) and isinstance(entry, dict):
+        cfg = entry
+    cfg = cfg if isinstance(cfg, dict) else {}
+    path, name = cfg.get("dataset_path"), cfg.get("dataset_name")
+    return (path if isinstance(path, str) else None), (name if isinstance(name, str) else None)
+
+
+def fetch_hint(task: str, manager) -> str:
+    """How to put ``task``'s dataset into the local cache (on a machine that reaches the Hub)."""
+    import os
+
+    path, name = _task_dataset(manager, task)
+    offline = [k for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE") if os.environ.get(k, "").lower() in ("1", "true")]
+    where = f" with {'/'.join(offline)} unset" if offline else ""
+    if path:
+        args = f"{path!r}" + (f", {name!r}" if name else "")
+        return (f"fetch it{where} where the Hub is reachable: python -c \"import datasets; "
+                f"datasets.load_dataset({args})\" (same HF_HOME / HF_DATASETS_CACHE as here)")
+    return f"run `lm-eval run --tasks {task} --limit 1`{where} where the Hub is reachable to cache its data"
+
+
+def check_task_data(tasks: list[str], manager) -> None:
+    """Load every task's dataset now (from the cache when offline); the first that fails is a
+    one-line TaskDataError naming the task, its dataset and how to fetch it."""
+    for task in tasks:
+        try:
+            if hasattr(manager, "load"):
+                manager.load([task])
+            else:  # lm-eval before TaskManager.load
+                from lm_eval.tasks import get_task_dict
+
+                get_task_dict([task], manager)
+        except ImportError:
+            raise
+        except Exception as exc:  # datasets / huggingface_hub raise many types here; all mean "no data"
+            path, name = _task_dataset(manager, task)
+            dataset = f" (dataset {path}{'/' + name if name else ''})" if path else ""
+            reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise TaskDataError(f"lm-eval task {task!r}{dataset}: data not available ({reason}); "
+                                f"{fetch_hint(task, manager)}") from None
+
+
 def hf_dir_for(run: Run, out: Path) -> Path:
     if run.kind == "hf":
         return run.path
@@ -371,12 +421,24 @@ def evaluate(args: argparse.Namespace) -> dict:
             row.update(validation_loss(run, model, args.batch_size, args.val_samples, device))
             del model
         row["parameters"] = run.parameters
-        if tasks:
-            batch = args.eval_batch_size if args.eval_batch_size == "auto" else int(args.eval_batch_size)
+        rows.append(row)
+    if tasks:
+        try:  # the validation numbers are written even when a task's data is missing
+            check_task_data(tasks, manager)
+        except TaskDataError as exc:
+            write_report(out, rows, tasks, args, device, error=str(exc))
+            raise
+        batch = args.eval_batch_size if args.eval_batch_size == "auto" else int(args.eval_batch_size)
+        for run, row in zip(runs, rows):
             row["tasks"] = lm_eval_tasks(run, hf_dir_for(run, out), tasks, manager, batch_size=batch, device=device,
                                          limit=args.limit, num_fewshot=args.num_fewshot)
-        rows.append(row)
-    rows.sort(key=_order)
+    return write_report(out, rows, tasks, args, device)
+
+
+def write_report(out: Path, rows: list[dict], tasks: list[str], args: argparse.Namespace, device: str,
+                 error: Optional[str] = None) -> dict:
+    """Write ``results.json`` / ``results.md`` for ``rows`` (``error``: why the tasks are missing)."""
+    rows = sorted(rows, key=_order)
     from importlib.metadata import PackageNotFoundError, version
 
     versions = {}
@@ -389,6 +451,8 @@ def evaluate(args: argparse.Namespace) -> dict:
               "settings": {"manifest": args.manifest, "val_samples": args.val_samples, "limit": args.limit,
                            "num_fewshot": args.num_fewshot, "device": device},
               "versions": versions}
+    if error:
+        report["error"] = error
     (out / "results.json").write_text(json.dumps(report, indent=1))
     (out / "results.md").write_text(markdown(rows))
     return report
@@ -414,6 +478,11 @@ def evaluate_main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         report = evaluate(args)
+    except TaskDataError as exc:
+        print(Path(args.out, "results.md").read_text())
+        print(f"wrote {Path(args.out) / 'results.json'} (validation only)", flush=True)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except _user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -225,3 +225,27 @@ def test_bad_input_is_one_line_exit_2(sources, evaluated, tmp_path):
         assert lines[-1].startswith("error: ") and message in lines[-1], lines[-1]
         assert "Traceback" not in proc.stderr
     assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_missing_task_data_offline_is_one_line_and_keeps_the_val_result(sources, evaluated, tmp_path):
+    """`--tasks arc_easy` offline with an empty datasets cache: one error line naming the task and the
+    command that fetches its data, exit 2, and results.json still holds the validation loss."""
+    out = tmp_path / "o"
+    env_home = tmp_path / "hf-home"  # nothing cached here
+    proc = subprocess.run([sys.executable, "-m", "ascender_dist.tools.evaluate", sources["consolidated"]["gpt-tiny"],
+                           "--tasks", "arc_easy", "--out", str(out)], cwd=REPO_ROOT,
+                          env={**_env(tmp_path), "HF_HOME": str(env_home)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and proc.stderr.strip().splitlines()[-1] == errors[0], proc.stderr[-3000:]
+    assert errors[0].startswith("error: lm-eval task 'arc_easy' (dataset allenai/ai2_arc/ARC-Easy): data not available")
+    assert "datasets.load_dataset('allenai/ai2_arc', 'ARC-Easy')" in errors[0]
+    assert "HF_DATASETS_OFFLINE/HF_HUB_OFFLINE unset" in errors[0]
+    report = json.loads((out / "results.json").read_text())
+    assert report["error"] == errors[0][len("error: "):]
+    run = report["runs"][0]
+    assert "tasks" not in run and math.isfinite(run["val_loss"])
+    full = next(r for r in evaluated["report"]["runs"] if r["name"] == "gpt-tiny")
+    assert run["val_loss"] == pytest.approx(full["val_loss"], abs=1e-9) and run["val_samples"] == full["val_samples"]
+    assert "| gpt-tiny |" in (out / "results.md").read_text() and "| gpt-tiny |" in proc.stdout
