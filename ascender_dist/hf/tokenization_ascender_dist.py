@@ -1,7 +1,9 @@
-"""Hugging Face tokenizer over the project's sentencepiece model (``tokenizer.model``).
+"""Slow Hugging Face tokenizer over the project's sentencepiece model (``tokenizer.model``).
 
-Copied into remote-code exports so ``AutoTokenizer.from_pretrained(dir, trust_remote_code=True)``
-encodes exactly as training did (``data_pipeline.tokenizer.Tokenizer.encode``: the raw
+Exports load the fast ``tokenizer.json`` (:mod:`ascender_dist.tools.hf_tokenizer`) with
+``AutoTokenizer``; this class is still copied into remote-code exports and wraps the
+``tokenizer.model`` of exports written before that (lm_eval_adapter.load_tokenizer). It encodes
+exactly as training did (``data_pipeline.tokenizer.Tokenizer.encode``: the raw
 sentencepiece ids, no BOS/EOS added; byte fallback, so decode(encode(s)) == s). Needs only
 ``sentencepiece`` and ``transformers``.
 """
