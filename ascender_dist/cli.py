@@ -185,7 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     p_hf = sub.add_parser("export-hf", help="consolidated -> Hugging Face directory (GPT-NeoX/Llama for standard gpt, else trust_remote_code)")
     p_hf.add_argument("--consolidated", required=True)
     p_hf.add_argument("--out", required=True)
-    p_hf.add_argument("--tokenizer", default=None, help="sentencepiece .model to copy alongside")
+    p_hf.add_argument("--tokenizer", default=None, help="sentencepiece .model (default: the run's data.tokenizer), "
+                      "written as tokenizer.json (fast, the same ids) + tokenizer.model")
     p_hf.set_defaults(fn=export_hf_cmd)
     p_insp = sub.add_parser("inspect-connection", help="PNG heatmaps of a Connection model's slots and connection")
     p_insp.add_argument("--consolidated", required=True, help="output of `ascender-dist consolidate`")
