@@ -144,6 +144,9 @@ def export_hf_cmd(args: argparse.Namespace) -> None:
 
     out = export_hf(Path(args.consolidated), Path(args.out), args.tokenizer)
     print(f"wrote {out} (load with transformers.AutoModelForCausalLM.from_pretrained)")
+    if not (out / "tokenizer.json").is_file():
+        print("warning: no tokenizer in the export (the run's data.tokenizer is not a file here): "
+              "pass --tokenizer PATH/tokenizer.model", file=sys.stderr)
 
 
 def inspect_connection_cmd(args: argparse.Namespace) -> None:
