@@ -127,3 +127,22 @@ def test_lm_eval_sees_our_ids(sources, exports):
                 assert context_ids == ours.encode(context.rstrip()), (name, context)
         # our model scores an empty context after EOS, as our documents end (lm-eval's `hf` would take BOS)
         assert models[0].prefix_token_id == ours.eos_id
+
+
+def test_export_without_a_tokenizer_says_so_and_sets_no_foreign_ids(sources, tmp_path):
+    """No --tokenizer and the run's data.tokenizer gone: a one-line warning, and config.json carries no
+    special ids at all rather than transformers' defaults (another tokenizer's)."""
+    import shutil
+
+    import yaml
+
+    source = tmp_path / "consolidated"
+    shutil.copytree(sources["consolidated"]["gpt-tiny"], source)
+    config = yaml.safe_load((source / "config.yaml").read_text())
+    config["data"]["tokenizer"] = str(tmp_path / "gone.model")
+    (source / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = cli("export-hf", "--consolidated", str(source), "--out", str(tmp_path / "hf"))
+    assert proc.stderr.strip().splitlines()[-1].startswith("warning: no tokenizer in the export")
+    assert not (tmp_path / "hf" / "tokenizer.json").exists()
+    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert all(exported.get(key) is None for key in ("bos_token_id", "eos_token_id", "pad_token_id")), exported
