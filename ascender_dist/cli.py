@@ -170,7 +170,8 @@ def _parser() -> argparse.ArgumentParser:
     p_train.set_defaults(fn=train)
     p_print = sub.add_parser("print-config", help="print the resolved config, parameter count and FLOPs/token")
     _config_args(p_print)
-    p_print.add_argument("--vocab-size", type=int, default=None, help="vocab size when the config has no model.vocab_size and its tokenizer file is not there")
+    p_print.add_argument("--vocab-size", type=int, default=None,
+                         help="vocab size when the config has no model.vocab_size and its tokenizer file is not there")
     p_print.set_defaults(fn=print_config)
     p_cons = sub.add_parser("consolidate", help="training checkpoint (any layout) -> consolidated safetensors")
     p_cons.add_argument("--checkpoint", required=True, help="checkpoint directory (holds 'latest')")
