@@ -16,6 +16,8 @@ import numpy as np
 
 from .errors import DataError
 
+_INPUT_HELP = (".txt, .jsonl[.gz|.zst], .parquet, .tar, datasets.save_to_disk directories; directories and "
+               "quoted globs of them")
 _TOKENIZER_KEYS = {"vocab_size": int, "model_type": str, "pad_vocab_to_multiple_of": int,
                    "user_defined_symbols": list, "input_sentence_size": int}
 
@@ -31,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--max-bytes", type=int, default=6_000_000)
 
     t = sub.add_parser("train-tokenizer", help="train a sentencepiece tokenizer")
-    t.add_argument("--input", type=Path, nargs="+", required=True, help=".txt / .jsonl / .tar inputs")
+    t.add_argument("--input", type=Path, nargs="+", required=True, help=_INPUT_HELP)
+    t.add_argument("--text-field", default="text", help="JSON field / parquet or datasets column holding the text")
     t.add_argument("--out-prefix", type=Path, required=True, help="writes PREFIX.model, .vocab, .json")
     t.add_argument("--config", type=Path, help="YAML with vocab_size, model_type, pad_vocab_to_multiple_of, "
                                                 "user_defined_symbols, input_sentence_size (flags win)")
@@ -43,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--input-sentence-size", type=int)
 
     s = sub.add_parser("shard", help="tokenize, pack and write webdataset shards + manifest.json")
-    s.add_argument("--input", type=Path, nargs="+", required=True, help=".txt / .jsonl / .tar inputs")
+    s.add_argument("--input", type=Path, nargs="+", required=True, help=_INPUT_HELP)
+    s.add_argument("--text-field", default="text", help="JSON field / parquet or datasets column holding the text")
     s.add_argument("--tokenizer", type=Path, required=True, help="the .model file")
     s.add_argument("--out-dir", type=Path, required=True)
     s.add_argument("--seq-length", type=int, required=True)
@@ -127,7 +131,8 @@ def _cmd_build_corpus(args) -> int:
 
 def _cmd_train_tokenizer(args) -> int:
     from .tokenizer import Tokenizer, train_tokenizer
-    model = train_tokenizer(args.input, args.out_prefix, progress=not args.quiet, **_tokenizer_settings(args))
+    model = train_tokenizer(args.input, args.out_prefix, progress=not args.quiet, text_field=args.text_field,
+                            **_tokenizer_settings(args))
     tok = Tokenizer.load(model)
     print(f"wrote {model} (vocab {tok.vocab_size}, padded {tok.padded_vocab_size}, sha256 {tok.sha256[:12]}...)")
     return 0
@@ -139,7 +144,7 @@ def _cmd_shard(args) -> int:
     tok = Tokenizer.load(args.tokenizer, args.pad_multiple)
     m = write_shards(list(args.input), tok, args.out_dir, args.seq_length, samples_per_shard=args.samples_per_shard,
                      shard_max_bytes=args.shard_max_bytes, val_fraction=args.val_fraction, prefix=args.prefix,
-                     progress=not args.quiet)
+                     progress=not args.quiet, text_field=args.text_field)
     for split in ("train", "val"):
         shards = m.split_shards(split)
         print(f"{split}: {len(shards)} shards, {m.num_samples(split):,} samples, "
