@@ -31,7 +31,8 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -227,7 +228,7 @@ class _Dataset:
     """One dataset: its shards, its deterministic sample order and a small cache of decoded shards."""
 
     def __init__(self, name: str, specs: list[ShardSpec], checks: ShardChecks, *, seed: int, stream_id: int,
-                 shuffle: bool, shuffle_buffer: int, on_corrupt: str, pool: ThreadPoolExecutor | None,
+                 shuffle: bool, shuffle_buffer: int, on_corrupt: str, pool: Executor | None,
                  prefetch: int, progress: bool = False):
         self.name, self.checks, self.seed, self.stream_id = name, checks, seed, stream_id
         self.shuffle, self.on_corrupt, self.pool, self.prefetch = shuffle, on_corrupt, pool, prefetch
@@ -377,7 +378,7 @@ class _Dataset:
             raise
 
     def _submit(self, idx: int) -> Future:
-        """Start reading shard ``idx`` (in a worker thread when there are workers, else right now)."""
+        """Start reading shard ``idx`` (in a worker process when there are workers, else right now)."""
         self.shards_read += 1
         if self.pool is not None:
             fut = self.pool.submit(read_shard, self.specs[idx], self.checks)
@@ -501,7 +502,10 @@ class StreamingLoader:
         self.seq_length, self.micro_batch_size, self.global_batch_size = seq_length, micro_batch_size, global_batch_size
         self.dp_rank, self.dp_size, self.seed, self.split = dp_rank, dp_size, int(seed), split
         self.num_workers, self.with_index = num_workers, with_index
-        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="data-loader") if num_workers > 0 else None
+        # worker PROCESSES read and decode shards (threads would share the trainer's GIL); started
+        # fresh (spawn), so they are safe next to CUDA, NCCL and DeepSpeed's threads
+        self._pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn")) \
+            if num_workers > 0 else None
         sources = self._as_weighted(manifest_or_urls)
         self.datasets = [
             _Dataset(*_resolve_source(src, seq_length=seq_length, tokenizer_sha256=tokenizer_sha256,
@@ -658,7 +662,7 @@ class StreamingLoader:
             d._blocks.clear()
 
     def close(self) -> None:
-        """Stop worker threads (pending prefetches are abandoned)."""
+        """Stop the worker processes (pending prefetches are abandoned)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
