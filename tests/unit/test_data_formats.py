@@ -219,3 +219,22 @@ def test_cli_text_field_and_one_line_error(tmp_path, corpus_files, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and 'no column "text"' in err and "\n" not in err
     assert not (tmp_path / "ds2" / "manifest.json").exists()
+
+
+def test_tokenizer_reads_text_files_line_by_line(tmp_path):
+    """A .txt is streamed to the trainer a line at a time (never whole), with the same result as the
+    same text given as one JSON document."""
+    from data_pipeline.tokenizer import iter_training_texts
+    text = (TEXT * 30).replace("class", "cl\u00e4ss")
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "t.jsonl").write_text(json.dumps({"text": text}) + "\n")
+    stream = iter_training_texts([tmp_path / "t.txt"])
+    assert next(stream) == text.splitlines(keepends=True)[0]
+    assert "".join(iter_training_texts([tmp_path / "t.txt"])) == text
+    a = train_tokenizer([tmp_path / "t.txt"], tmp_path / "a", 400, progress=False)
+    b = train_tokenizer([tmp_path / "t.jsonl"], tmp_path / "b", 400, progress=False)
+    assert a.read_bytes() == b.read_bytes()
+    (tmp_path / "bad.txt").write_bytes(b"fine\nalso fine\ncaf\xe9\n")
+    with pytest.raises(DataError) as e:
+        list(iter_training_texts([tmp_path / "bad.txt"]))
+    one_line(e, "bad.txt:3", "not valid UTF-8")
