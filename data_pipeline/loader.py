@@ -48,6 +48,7 @@ from webdataset.shardlists import expand_urls
 
 from ._io import sha256_bytes
 from .errors import DataError
+from .fast_shard import decode_regular_shard
 from .shards import Manifest, check_field_types, load_manifest
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,11 @@ def read_shard(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = Tru
     if verify_checksum and spec.sha256 and sha256_bytes(data) != spec.sha256:
         raise _CorruptShard(spec.url, f"sha256 mismatch (corrupt or modified shard; {len(data)} bytes, "
                                       f"manifest says {spec.bytes})")
-    samples = _parse_tar(spec.url, data)
+    fast = decode_regular_shard(data, checks.seq_length)  # the layout encode_shard writes, vectorised
+    if fast is not None:
+        arr, meta = fast
+        return _check_rows(spec, arr, _check_meta(spec.url, meta, checks) if meta is not None else {}, checks)
+    samples = _parse_tar(spec.url, data)  # anything else: webdataset's parser and its precise errors
     return _decode_samples(spec, samples, checks)
 
 
@@ -140,7 +145,11 @@ def _decode_samples(spec: ShardSpec, samples: list[dict], checks: ShardChecks) -
         raise _CorruptShard(spec.url, "empty shard (no samples)")
     meta = _check_meta(spec.url, samples[0]["meta.json"], checks) if "meta.json" in samples[0] else {}
     rows = [_decode_tokens(spec.url, s, checks.seq_length) for s in samples]
-    arr = np.stack(rows)
+    return _check_rows(spec, np.stack(rows), meta, checks)
+
+
+def _check_rows(spec: ShardSpec, arr: np.ndarray, meta: dict, checks: ShardChecks) -> np.ndarray:
+    """Sample count against the manifest and the id range of a decoded ``[n, seq_length + 1]`` shard."""
     if spec.num_samples >= 0 and len(arr) != spec.num_samples:
         raise _CorruptShard(spec.url, f"holds {len(arr)} samples, manifest says {spec.num_samples}")
     limit = checks.vocab_size if checks.vocab_size is not None else meta.get("vocab_size")
