@@ -27,6 +27,7 @@ import os
 import shutil
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,10 +140,12 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 
 def run_job(inputs, tokenizer: Tokenizer, parts_dir: Path, settings: dict, *, job_index: int = 0,
-            job_count: int = 1, workers: int = 1, text_field: str = DEFAULT_TEXT_FIELD) -> Path:
+            job_count: int = 1, workers: int = 1, text_field: str = DEFAULT_TEXT_FIELD,
+            pool: ProcessPoolExecutor | None = None) -> Path:
     """Tokenize part ``job_index`` of ``job_count`` of ``inputs`` with ``workers`` processes into
     ``parts_dir``; write the completion mark ``job-I-of-J.json`` last and return its path.
-    ``settings`` (seq_length, shard sizes, val_fraction, prefix) travel with it to the merge."""
+    ``settings`` (seq_length, shard sizes, val_fraction, prefix) travel with it to the merge.
+    ``pool``: processes to use instead of starting ``workers`` new ones."""
     if not (job_count >= 1 and 0 <= job_index < job_count):
         raise DataError("shard", f"--job-index must be in [0, --job-count) (got {job_index} of {job_count})")
     if workers < 1:
@@ -159,8 +162,8 @@ def run_job(inputs, tokenizer: Tokenizer, parts_dir: Path, settings: dict, *, jo
         dtype = token_dtype(tokenizer.padded_vocab_size).name
         args = [(pieces, str(tokenizer.model_path), dtype, text_field, str(tmp / f"{stem}.{k:03d}.bin"))
                 for k, pieces in enumerate(sub)]
-        with _pool(workers) as pool:
-            futures = [pool.submit(_tokenize_part, *a) for a in args]
+        with _pool(workers) if pool is None else nullcontext(pool) as p:
+            futures = [p.submit(_tokenize_part, *a) for a in args]
             results = [f.result() for f in futures]
         parts = []
         for (_, _, _, _, path), res in zip(args, results):
@@ -234,7 +237,8 @@ def _read_marks(parts_dir: Path) -> list[dict]:
     return sorted(marks, key=lambda m: m["job_index"])
 
 
-def merge(out_dir: Path, *, parts_dir: Path | None = None, workers: int = 1, keep_parts: bool = False) -> Manifest:
+def merge(out_dir: Path, *, parts_dir: Path | None = None, workers: int = 1, keep_parts: bool = False,
+          pool: ProcessPoolExecutor | None = None) -> Manifest:
     """Cut the finished jobs' token streams into shards and write the manifest (see module docstring)."""
     out_dir = Path(out_dir)
     parts_dir = Path(parts_dir) if parts_dir is not None else out_dir / PARTS_DIR
@@ -258,9 +262,9 @@ def merge(out_dir: Path, *, parts_dir: Path | None = None, workers: int = 1, kee
     try:
         jobs = [(files, counts, dtype.name, meta, i, min(capacity, n_samples - i), sample_len,
                  str(tmp_dir / f"{i // capacity:06d}.tar")) for i in range(0, n_samples, capacity)]
-        if workers > 1:
-            with _pool(workers) as pool:
-                results = list(pool.map(_write_shard, *zip(*jobs)))
+        if pool is not None or workers > 1:
+            with _pool(workers) if pool is None else nullcontext(pool) as p:
+                results = list(p.map(_write_shard, *zip(*jobs)))
         else:
             results = [_write_shard(*j) for j in jobs]
         written = [(Path(p), ShardInfo(name="", split="", **info)) for p, info in results]
@@ -287,10 +291,11 @@ def write_shards_parallel(inputs, tokenizer: Tokenizer, out_dir: Path, seq_lengt
     check_shard_settings(out_dir, seq_length, val_fraction)
     parts_dir = Path(tempfile.mkdtemp(prefix=".parts-tmp-", dir=out_dir))
     try:
-        run_job(inputs, tokenizer, parts_dir, shard_settings(seq_length, samples_per_shard, shard_max_bytes,
-                                                              val_fraction, prefix),
-                workers=workers, text_field=text_field)
-        return merge(out_dir, parts_dir=parts_dir, workers=workers)
+        with _pool(workers) as pool:  # one set of processes for both phases
+            run_job(inputs, tokenizer, parts_dir, shard_settings(seq_length, samples_per_shard, shard_max_bytes,
+                                                                  val_fraction, prefix),
+                    workers=workers, text_field=text_field, pool=pool)
+            return merge(out_dir, parts_dir=parts_dir, workers=workers, pool=pool)
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
 
