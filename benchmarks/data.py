@@ -367,8 +367,8 @@ def render(r: dict) -> str:
               "Loader memory per rank (2 workers, 200 micro-batches, peak RSS): "
               + "; ".join(f"{p} {row['rss_main'] / 2**20:.0f} MiB peak in the training process + "
                           f"{row['rss_worker'] / 2**20:.0f} MiB per worker (at the end)" for p, row in r["presets"].items())
-              + ". Bounded by design: (workers + 2) decoded shards + two shuffle blocks + one batch beyond the "
-              "imports (torch is most of each figure).", "",
+              + ". Bounded by design: (workers + 2) decoded shards + the shards one shuffle block spans + two "
+              "shuffle blocks + one batch beyond the imports (torch and webdataset are most of each figure).", "",
               "## Resume", "",
               "| Measurement | Result |", "|---|---|",
               f"| Resume at 10% of an epoch (construct + load_state_dict + first batch), shuffle buffer "

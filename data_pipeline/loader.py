@@ -251,6 +251,8 @@ class _Dataset:
         self.counts = np.array([s.num_samples for s in self.specs], dtype=np.int64)
         self.num_samples = int(self.counts.sum())
         self.block = max(1, int(shuffle_buffer))  # also bounds memory when not shuffling (val)
+        # decoded shards kept: the prefetched ones, the ones one block spans, and two in use
+        self.max_cached = self.prefetch + 2 + min(len(self.specs), -(-self.block // int(self.counts.min())) + 1)
 
     # ---------------------------------------------------------------- setup checks
     def _usable_specs(self, specs: list[ShardSpec], progress: bool) -> list[ShardSpec]:
@@ -333,6 +335,7 @@ class _Dataset:
         if key not in self._blocks:
             start = block * self.block
             length = min(self.block, self.num_samples - start)
+            self._submit_block(epoch, start, start + length)
             stream = self._stream_slice(epoch, start, start + length)
             self._blocks[key] = stream[self.block_perm(epoch, block, length)]
             while len(self._blocks) > 2:
@@ -398,9 +401,21 @@ class _Dataset:
             except Exception as e:  # delivered through .result() like a worker's exception
                 fut.set_exception(e)
         self._futures[idx] = fut
-        while len(self._futures) > self.prefetch + 2:
+        while len(self._futures) > self.max_cached:
             self._futures.popitem(last=False)
         return fut
+
+    def _submit_block(self, epoch: int, lo: int, hi: int) -> None:
+        """Hand every shard of stream samples ``[lo, hi)`` to the workers at once, so they decode in
+        parallel instead of one after another as the block is assembled."""
+        if self.pool is None:
+            return
+        order, starts = self.epoch_order(epoch)
+        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        last = int(np.searchsorted(starts, hi, side="left"))
+        for idx in order[first:last].tolist():
+            if idx not in self._futures and idx not in self.bad:
+                self._submit(idx)
 
     def _schedule_prefetch(self, epoch: int, stream_pos: int) -> None:
         """Queue reads of the shards the next block(s) will need, so workers overlap I/O and decoding."""
