@@ -369,7 +369,13 @@ def render(r: dict) -> str:
               "dp-invariant order), so the rate a rank delivers falls with DP, and larger data-parallel groups "
               "need proportionally more decoding per rank (decoding is vectorised for that reason). 'workers for "
               "20x' extrapolates the node-DP rate linearly from 2 workers (each worker adding half the 2-worker "
-              "rate); the training process still assembles every shuffle block, which caps that scaling.", "",
+              "rate); the training process still assembles every shuffle block, which caps that scaling. "
+              "Projected to DP 64 (8 nodes), where each rank decodes 64x what it yields: "
+              + "; ".join(f"{p} {row['w2_node_dp'] * row['node_dp'] / 64 / 1e6:.1f} M "
+                          f"({row['w2_node_dp'] * row['node_dp'] / 64 / row['rank_needs_tokens_per_s']:.0f}x)"
+                          for p, row in r["presets"].items())
+              + " with 2 workers: beyond a node the dp-fold decoding, not the GPU, sets the worker count "
+              "(decoding only a rank's own rows would remove it; not done).", "",
               "Loader memory per rank (2 workers, 200 micro-batches, peak RSS): "
               + "; ".join(f"{p} {row['rss_main'] / 2**20:.0f} MiB peak in the training process + "
                           f"{row['rss_worker'] / 2**20:.0f} MiB per worker (at the end)" for p, row in r["presets"].items())
