@@ -16,6 +16,8 @@ import numpy as np
 
 from .errors import DataError
 
+_INPUT_HELP = (".txt, .jsonl[.gz|.zst], .parquet, .tar, datasets.save_to_disk directories; directories and "
+               "quoted globs of them")
 _TOKENIZER_KEYS = {"vocab_size": int, "model_type": str, "pad_vocab_to_multiple_of": int,
                    "user_defined_symbols": list, "input_sentence_size": int}
 
@@ -31,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--max-bytes", type=int, default=6_000_000)
 
     t = sub.add_parser("train-tokenizer", help="train a sentencepiece tokenizer")
-    t.add_argument("--input", type=Path, nargs="+", required=True, help=".txt / .jsonl / .tar inputs")
+    t.add_argument("--input", type=Path, nargs="+", required=True, help=_INPUT_HELP)
+    t.add_argument("--text-field", default="text", help="JSON field / parquet or datasets column holding the text")
     t.add_argument("--out-prefix", type=Path, required=True, help="writes PREFIX.model, .vocab, .json")
     t.add_argument("--config", type=Path, help="YAML with vocab_size, model_type, pad_vocab_to_multiple_of, "
                                                 "user_defined_symbols, input_sentence_size (flags win)")
@@ -43,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--input-sentence-size", type=int)
 
     s = sub.add_parser("shard", help="tokenize, pack and write webdataset shards + manifest.json")
-    s.add_argument("--input", type=Path, nargs="+", required=True, help=".txt / .jsonl / .tar inputs")
+    s.add_argument("--input", type=Path, nargs="+", required=True, help=_INPUT_HELP)
+    s.add_argument("--text-field", default="text", help="JSON field / parquet or datasets column holding the text")
     s.add_argument("--tokenizer", type=Path, required=True, help="the .model file")
     s.add_argument("--out-dir", type=Path, required=True)
     s.add_argument("--seq-length", type=int, required=True)
@@ -52,6 +56,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--val-fraction", type=float, default=0.05)
     s.add_argument("--prefix", default="shard")
     s.add_argument("--pad-multiple", type=int, help="override the tokenizer sidecar's padding multiple")
+    s.add_argument("--workers", type=int, default=1, help="tokenizing / shard-writing processes (same output)")
+    s.add_argument("--job-index", type=int, help="this job's part of the input (with --job-count; then `merge`)")
+    s.add_argument("--job-count", type=int, help="number of disjoint jobs (SLURM array tasks, nodes)")
+
+    g = sub.add_parser("merge", help="write the shards + manifest of finished `shard --job-index` jobs")
+    g.add_argument("out_dir", type=Path, help="the --out-dir every job was given")
+    g.add_argument("--workers", type=int, default=1, help="shard-writing processes")
+    g.add_argument("--keep-parts", action="store_true", help="keep OUT_DIR/.parts (token streams) after merging")
 
     i = sub.add_parser("inspect", help="counts, token histogram and a decoded sample of a sharded dataset")
     i.add_argument("dataset", type=Path, help="manifest.json or its directory")
@@ -127,25 +139,55 @@ def _cmd_build_corpus(args) -> int:
 
 def _cmd_train_tokenizer(args) -> int:
     from .tokenizer import Tokenizer, train_tokenizer
-    model = train_tokenizer(args.input, args.out_prefix, progress=not args.quiet, **_tokenizer_settings(args))
+    model = train_tokenizer(args.input, args.out_prefix, progress=not args.quiet, text_field=args.text_field,
+                            **_tokenizer_settings(args))
     tok = Tokenizer.load(model)
     print(f"wrote {model} (vocab {tok.vocab_size}, padded {tok.padded_vocab_size}, sha256 {tok.sha256[:12]}...)")
     return 0
 
 
 def _cmd_shard(args) -> int:
+    from . import parallel
     from .shards import write_shards
     from .tokenizer import Tokenizer
     tok = Tokenizer.load(args.tokenizer, args.pad_multiple)
-    m = write_shards(list(args.input), tok, args.out_dir, args.seq_length, samples_per_shard=args.samples_per_shard,
-                     shard_max_bytes=args.shard_max_bytes, val_fraction=args.val_fraction, prefix=args.prefix,
-                     progress=not args.quiet)
+    if (args.job_index is None) != (args.job_count is None):
+        raise DataError("shard", "--job-index and --job-count go together")
+    if args.job_count is not None:
+        parallel.check_shard_settings(args.out_dir, args.seq_length, args.val_fraction)
+        settings = parallel.shard_settings(args.seq_length, args.samples_per_shard, args.shard_max_bytes,
+                                           args.val_fraction, args.prefix)
+        mark = parallel.run_job(list(args.input), tok, args.out_dir / parallel.PARTS_DIR, settings,
+                                job_index=args.job_index, job_count=args.job_count, workers=args.workers,
+                                text_field=args.text_field)
+        print(f"wrote {mark}; when all {args.job_count} jobs are done: data-pipeline merge {args.out_dir}")
+        return 0
+    if args.workers > 1:
+        m = parallel.write_shards_parallel(list(args.input), tok, args.out_dir, args.seq_length, workers=args.workers,
+                                           samples_per_shard=args.samples_per_shard,
+                                           shard_max_bytes=args.shard_max_bytes, val_fraction=args.val_fraction,
+                                           prefix=args.prefix, text_field=args.text_field)
+    else:
+        m = write_shards(list(args.input), tok, args.out_dir, args.seq_length,
+                         samples_per_shard=args.samples_per_shard, shard_max_bytes=args.shard_max_bytes,
+                         val_fraction=args.val_fraction, prefix=args.prefix, progress=not args.quiet,
+                         text_field=args.text_field)
+    _print_manifest(m)
+    return 0
+
+
+def _cmd_merge(args) -> int:
+    from .parallel import merge
+    _print_manifest(merge(args.out_dir, workers=args.workers, keep_parts=args.keep_parts))
+    return 0
+
+
+def _print_manifest(m) -> None:
     for split in ("train", "val"):
         shards = m.split_shards(split)
         print(f"{split}: {len(shards)} shards, {m.num_samples(split):,} samples, "
               f"{sum(s.num_tokens for s in shards):,} tokens")
     print(f"wrote {m.path}")
-    return 0
 
 
 def _cmd_inspect(args) -> int:
@@ -215,7 +257,7 @@ def inspect_dataset(dataset: Path, tokenizer: Path | None = None, split: str = "
 
 
 _COMMANDS = {"build-corpus": _cmd_build_corpus, "train-tokenizer": _cmd_train_tokenizer,
-             "shard": _cmd_shard, "inspect": _cmd_inspect}
+             "shard": _cmd_shard, "merge": _cmd_merge, "inspect": _cmd_inspect}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,3 +13,7 @@ class DataError(ValueError):
         self.where = str(where)
         self.problem = " ".join(str(problem).split())  # one line, whatever the cause text held
         super().__init__(f"{self.where}: {self.problem}" if self.where else self.problem)
+
+    def __reduce__(self):
+        """Pickle as (where, problem), so an error raised in a worker process arrives intact."""
+        return type(self), (self.where, self.problem)

@@ -31,7 +31,8 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -47,6 +48,7 @@ from webdataset.shardlists import expand_urls
 
 from ._io import sha256_bytes
 from .errors import DataError
+from .fast_shard import decode_regular_shard
 from .shards import Manifest, check_field_types, load_manifest
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,11 @@ def read_shard(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = Tru
     if verify_checksum and spec.sha256 and sha256_bytes(data) != spec.sha256:
         raise _CorruptShard(spec.url, f"sha256 mismatch (corrupt or modified shard; {len(data)} bytes, "
                                       f"manifest says {spec.bytes})")
-    samples = _parse_tar(spec.url, data)
+    fast = decode_regular_shard(data, checks.seq_length)  # the layout encode_shard writes, vectorised
+    if fast is not None:
+        arr, meta = fast
+        return _check_rows(spec, arr, _check_meta(spec.url, meta, checks) if meta is not None else {}, checks)
+    samples = _parse_tar(spec.url, data)  # anything else: webdataset's parser and its precise errors
     return _decode_samples(spec, samples, checks)
 
 
@@ -139,7 +145,11 @@ def _decode_samples(spec: ShardSpec, samples: list[dict], checks: ShardChecks) -
         raise _CorruptShard(spec.url, "empty shard (no samples)")
     meta = _check_meta(spec.url, samples[0]["meta.json"], checks) if "meta.json" in samples[0] else {}
     rows = [_decode_tokens(spec.url, s, checks.seq_length) for s in samples]
-    arr = np.stack(rows)
+    return _check_rows(spec, np.stack(rows), meta, checks)
+
+
+def _check_rows(spec: ShardSpec, arr: np.ndarray, meta: dict, checks: ShardChecks) -> np.ndarray:
+    """Sample count against the manifest and the id range of a decoded ``[n, seq_length + 1]`` shard."""
     if spec.num_samples >= 0 and len(arr) != spec.num_samples:
         raise _CorruptShard(spec.url, f"holds {len(arr)} samples, manifest says {spec.num_samples}")
     limit = checks.vocab_size if checks.vocab_size is not None else meta.get("vocab_size")
@@ -227,7 +237,7 @@ class _Dataset:
     """One dataset: its shards, its deterministic sample order and a small cache of decoded shards."""
 
     def __init__(self, name: str, specs: list[ShardSpec], checks: ShardChecks, *, seed: int, stream_id: int,
-                 shuffle: bool, shuffle_buffer: int, on_corrupt: str, pool: ThreadPoolExecutor | None,
+                 shuffle: bool, shuffle_buffer: int, on_corrupt: str, pool: Executor | None,
                  prefetch: int, progress: bool = False):
         self.name, self.checks, self.seed, self.stream_id = name, checks, seed, stream_id
         self.shuffle, self.on_corrupt, self.pool, self.prefetch = shuffle, on_corrupt, pool, prefetch
@@ -241,6 +251,8 @@ class _Dataset:
         self.counts = np.array([s.num_samples for s in self.specs], dtype=np.int64)
         self.num_samples = int(self.counts.sum())
         self.block = max(1, int(shuffle_buffer))  # also bounds memory when not shuffling (val)
+        # decoded shards kept: the prefetched ones, the ones one block spans, and two in use
+        self.max_cached = self.prefetch + 2 + min(len(self.specs), -(-self.block // int(self.counts.min())) + 1)
 
     # ---------------------------------------------------------------- setup checks
     def _usable_specs(self, specs: list[ShardSpec], progress: bool) -> list[ShardSpec]:
@@ -323,6 +335,7 @@ class _Dataset:
         if key not in self._blocks:
             start = block * self.block
             length = min(self.block, self.num_samples - start)
+            self._submit_block(epoch, start, start + length)
             stream = self._stream_slice(epoch, start, start + length)
             self._blocks[key] = stream[self.block_perm(epoch, block, length)]
             while len(self._blocks) > 2:
@@ -377,7 +390,7 @@ class _Dataset:
             raise
 
     def _submit(self, idx: int) -> Future:
-        """Start reading shard ``idx`` (in a worker thread when there are workers, else right now)."""
+        """Start reading shard ``idx`` (in a worker process when there are workers, else right now)."""
         self.shards_read += 1
         if self.pool is not None:
             fut = self.pool.submit(read_shard, self.specs[idx], self.checks)
@@ -388,9 +401,21 @@ class _Dataset:
             except Exception as e:  # delivered through .result() like a worker's exception
                 fut.set_exception(e)
         self._futures[idx] = fut
-        while len(self._futures) > self.prefetch + 2:
+        while len(self._futures) > self.max_cached:
             self._futures.popitem(last=False)
         return fut
+
+    def _submit_block(self, epoch: int, lo: int, hi: int) -> None:
+        """Hand every shard of stream samples ``[lo, hi)`` to the workers at once, so they decode in
+        parallel instead of one after another as the block is assembled."""
+        if self.pool is None:
+            return
+        order, starts = self.epoch_order(epoch)
+        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        last = int(np.searchsorted(starts, hi, side="left"))
+        for idx in order[first:last].tolist():
+            if idx not in self._futures and idx not in self.bad:
+                self._submit(idx)
 
     def _schedule_prefetch(self, epoch: int, stream_pos: int) -> None:
         """Queue reads of the shards the next block(s) will need, so workers overlap I/O and decoding."""
@@ -501,7 +526,10 @@ class StreamingLoader:
         self.seq_length, self.micro_batch_size, self.global_batch_size = seq_length, micro_batch_size, global_batch_size
         self.dp_rank, self.dp_size, self.seed, self.split = dp_rank, dp_size, int(seed), split
         self.num_workers, self.with_index = num_workers, with_index
-        self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="data-loader") if num_workers > 0 else None
+        # worker PROCESSES read and decode shards (threads would share the trainer's GIL); started
+        # fresh (spawn), so they are safe next to CUDA, NCCL and DeepSpeed's threads
+        self._pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn")) \
+            if num_workers > 0 else None
         sources = self._as_weighted(manifest_or_urls)
         self.datasets = [
             _Dataset(*_resolve_source(src, seq_length=seq_length, tokenizer_sha256=tokenizer_sha256,
@@ -658,7 +686,7 @@ class StreamingLoader:
             d._blocks.clear()
 
     def close(self) -> None:
-        """Stop worker threads (pending prefetches are abandoned)."""
+        """Stop the worker processes (pending prefetches are abandoned)."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

@@ -35,7 +35,8 @@ from tqdm import tqdm
 
 from ._io import atomic_write_json, sha256_bytes
 from .errors import DataError
-from .tokenizer import Tokenizer, iter_documents
+from .formats import DEFAULT_TEXT_FIELD, iter_documents
+from .tokenizer import Tokenizer
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -253,14 +254,14 @@ def encode_shard(samples: list[np.ndarray], dtype: np.dtype, meta: dict) -> byte
 
 
 # --------------------------------------------------------------------------- writing
-def _documents(documents) -> Iterator[str]:
-    """Accept texts or file paths (txt/jsonl/tar, see :func:`iter_documents`), in the given order.
+def _documents(documents, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
+    """Accept texts or file paths (any format of :mod:`data_pipeline.formats`), in the given order.
     A lone str or Path is one item (iterating a str would yield its characters)."""
     if isinstance(documents, (str, Path)):
         documents = [documents]
     for item in documents:
         if isinstance(item, Path):
-            yield from iter_documents([item])
+            yield from iter_documents([item], text_field)
         elif isinstance(item, str):
             yield item
         else:
@@ -305,7 +306,7 @@ def val_shard_indices(num_shards: int, val_fraction: float) -> set[int]:
 def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, out_dir: Path, seq_length: int,
                  samples_per_shard: int | None = None, shard_max_bytes: int | None = None,
                  val_fraction: float = 0.05, prefix: str = "shard", *, num_threads: int = 1,
-                 progress: bool = True) -> Manifest:
+                 progress: bool = True, text_field: str = DEFAULT_TEXT_FIELD) -> Manifest:
     """Tokenize ``documents``, pack into ``seq_length + 1``-token samples, write train/val shards and
     ``out_dir/manifest.json``; return the manifest.
 
@@ -332,7 +333,7 @@ def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, ou
     tmp_dir = Path(tempfile.mkdtemp(prefix=".shards-tmp-", dir=out_dir))
     try:
         written, n_docs, dropped = _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len,
-                                                     dtype, meta, num_threads, progress)
+                                                     dtype, meta, num_threads, progress, text_field)
         if not written:
             raise DataError(str(out_dir), f"documents gave fewer than {sample_len} tokens: not one sample to write")
         shard_infos = _finalize(written, tmp_dir, out_dir, prefix, val_fraction)
@@ -346,7 +347,8 @@ def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, ou
     return manifest
 
 
-def _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len, dtype, meta, num_threads, progress):
+def _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len, dtype, meta, num_threads, progress,
+                      text_field=DEFAULT_TEXT_FIELD):
     """Stream documents through the tokenizer and packer; write each full shard to ``tmp_dir``.
 
     Returns (list of (tmp_path, ShardInfo without name/split), documents seen, dropped tokens).
@@ -356,7 +358,7 @@ def _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len, dtype
     written = []
     n_docs = 0
     bar = tqdm(desc="shard: tokenizing", unit="B", unit_scale=True, disable=not progress)
-    for batch in _batched(_documents(documents), _ENCODE_BATCH):
+    for batch in _batched(_documents(documents, text_field), _ENCODE_BATCH):
         n_docs += len(batch)
         bar.update(sum(len(t.encode("utf-8")) for t in batch))
         for ids in tokenizer.encode_batch(batch, num_threads=num_threads):

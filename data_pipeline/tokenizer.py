@@ -18,9 +18,8 @@ from __future__ import annotations
 import io
 import json
 import logging
-import tarfile
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import sentencepiece as spm
 from tqdm import tqdm
@@ -43,82 +42,26 @@ def padded_size(vocab_size: int, multiple: int | None) -> int:
 
 
 # --------------------------------------------------------------------------- input reading
-def read_text_file(path: Path) -> str:
-    """A whole text file as str; a file that is not UTF-8 is a one-line DataError naming it."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(str(path), f"not valid UTF-8 (byte {e.start}: {e.reason})") from None
-    except OSError as e:
-        raise DataError(str(path), f"cannot read ({e.strerror or e})") from None
+# The readers live in formats.py; these names stay importable from here.
+from .formats import (DEFAULT_TEXT_FIELD, expand_inputs, iter_documents, iter_jsonl_texts,  # noqa: E402,F401
+                      iter_piece, iter_tar_texts, iter_text_lines, kind_of, Piece, read_text_file)
 
 
-def iter_jsonl_texts(path: Path, field: str = "text") -> Iterator[str]:
-    """The ``field`` of every JSON line; malformed lines and encodings are DataErrors naming file and line."""
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise DataError(str(path), f"cannot read ({e.strerror or e})") from None
-    with f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}", f"not valid UTF-8 (byte {e.start}: {e.reason})") from None
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}", f"invalid JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
-                raise DataError(f"{path}:{lineno}", f'expected an object with a string field "{field}"')
-            yield obj[field]
-
-
-def iter_tar_texts(path: Path) -> Iterator[str]:
-    """Texts of a webdataset-style text shard: members ``*.txt``/``*.text`` or ``*.json`` with a "text" field."""
-    try:
-        with tarfile.open(path, "r:*") as tf:
-            for member in tf:
-                if not member.isreg():
-                    continue
-                ext = member.name.rsplit(".", 1)[-1].lower()
-                if ext not in ("txt", "text", "json"):
-                    continue
-                data = tf.extractfile(member).read()
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}:{member.name}", f"not valid UTF-8 (byte {e.start})") from None
-                if ext == "json":
-                    try:
-                        text = json.loads(text).get("text", "")
-                    except (json.JSONDecodeError, AttributeError):
-                        raise DataError(f"{path}:{member.name}", 'invalid JSON or no "text" field') from None
-                yield text
-    except (tarfile.TarError, EOFError, OSError) as e:
-        raise DataError(str(path), f"truncated or corrupt tar ({e})") from None
-
-
-def iter_documents(inputs: Iterable[Path | str]) -> Iterator[str]:
-    """Documents from files: a ``.txt`` is one document, a ``.jsonl`` one per line, a ``.tar`` one per member."""
-    for path in inputs:
-        path = Path(path)
-        suffix = path.suffix.lower()
-        if not path.exists():
-            raise DataError(str(path), "input file does not exist")
-        if suffix in (".jsonl", ".json"):
-            yield from iter_jsonl_texts(path)
-        elif suffix == ".tar" or path.name.endswith((".tar.gz", ".tgz")):
-            yield from iter_tar_texts(path)
+def iter_training_texts(inputs: Sequence[Path], text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
+    """What the trainer reads, streamed: plain text files line by line (a 20 GB ``.txt`` is never
+    held whole), every other format document by document (one record at a time)."""
+    for path in expand_inputs(inputs):
+        if kind_of(path) == "text":
+            yield from iter_text_lines(path)
         else:
-            yield read_text_file(path)
+            yield from iter_piece(Piece(str(path)), text_field)
 
 
-def _training_lines(inputs: Sequence[Path], progress: bool) -> Iterator[str]:
-    """Lines (newline kept) for sentencepiece; over-long lines are cut so none is silently dropped."""
-    for doc in tqdm(iter_documents(inputs), desc="train-tokenizer: reading", unit="doc", disable=not progress):
+def _training_lines(inputs: Sequence[Path], progress: bool, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
+    """Lines (newline kept) for sentencepiece; over-long lines are cut so none is silently dropped.
+    Streamed: sentencepiece keeps only its ``input_sentence_size`` reservoir sample of them."""
+    texts = iter_training_texts(inputs, text_field)
+    for doc in tqdm(texts, desc="train-tokenizer: reading", unit="text", disable=not progress):
         for line in doc.splitlines(keepends=True):
             while len(line.encode("utf-8")) > _MAX_LINE_BYTES:
                 cut = _MAX_LINE_BYTES // 4  # 4 bytes per char at most: the head is surely short enough
@@ -133,7 +76,7 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
                     pad_vocab_to_multiple_of: int = 128, user_defined_symbols: Sequence[str] = (),
                     input_sentence_size: int = DEFAULT_INPUT_SENTENCE_SIZE, *, character_coverage: float = 0.9995,
                     byte_fallback: bool = True, seed: int = 1234, num_threads: int = 1,
-                    progress: bool = True) -> Path:
+                    progress: bool = True, text_field: str = DEFAULT_TEXT_FIELD) -> Path:
     """Train a sentencepiece model on ``inputs`` and write ``out_prefix.model``, ``.vocab`` and ``.json``.
 
     The ``.json`` sidecar records vocab size, padded vocab size, the sha256 of the ``.model`` file
@@ -153,7 +96,7 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_training_lines(inputs, progress), model_writer=model_buf,
+            sentence_iterator=_training_lines(inputs, progress, text_field), model_writer=model_buf,
             vocab_size=vocab_size, model_type=model_type, byte_fallback=byte_fallback,
             character_coverage=character_coverage, normalization_rule_name="identity",
             remove_extra_whitespaces=False, split_digits=True, allow_whitespace_only_pieces=True,

@@ -1,14 +1,39 @@
 #!/usr/bin/env bash
-# One-time set-up of a fresh machine: a virtualenv in .venv with torch installed FIRST and pinned
-# (an unpinned torch pulled in by megatron-core/deepspeed would fetch a multi-GB CUDA build), then
-# this project and its pinned dependencies. Idempotent: re-running only checks what is there.
+# One-time set-up of a machine: a virtualenv in .venv, torch FIRST, then this project and its pinned
+# dependencies (megatron-core, deepspeed, ...) under a constraint that keeps that torch.
+# Which torch (launch/torch_plan.py decides; `--dry-run` prints the decision and stops):
+#   TORCH_SPEC set -> exactly that; a torch in pyproject.toml's range already installed (in .venv, or
+#   in $PYTHON, e.g. an NGC container's build: the venv then sees $PYTHON's packages) -> kept, never
+#   replaced; no CUDA device -> the CPU build of the tested version; a CUDA device -> its CUDA build
+#   (TORCH_CUDA_INDEX, default the PyTorch cu126 index). Idempotent: re-running only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+DRY_RUN=0
+if [ "${1:-}" = "--dry-run" ]; then DRY_RUN=1; fi
 
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+ACTION="" SPEC="" INDEX_URL="" SYSTEM_SITE="" REASON=""
+PLAN=$("$PYTHON" launch/torch_plan.py .venv/bin/python "$PYTHON")
+eval "$PLAN"
+echo "setup: torch: $ACTION $SPEC${INDEX_URL:+ (index $INDEX_URL)}: $REASON"
+if [ "$DRY_RUN" = 1 ]; then exit 0; fi
+
+if [ "$SYSTEM_SITE" = 1 ]; then
+    "$PYTHON" -m venv --system-site-packages .venv   # (re)writes pyvenv.cfg; installed packages stay
+elif [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet "$TORCH_SPEC"
-.venv/bin/python -m pip install --quiet -e ".[dev]"
+if [ "$ACTION" = install ]; then
+    .venv/bin/python -m pip install --quiet ${INDEX_URL:+--index-url "$INDEX_URL"} "$SPEC"
+fi
+TORCH_VERSION=$(.venv/bin/python -c 'from importlib.metadata import version; print(version("torch"))')
+if [[ "$REASON" == *CUDA\ build* ]] && ! .venv/bin/python -c 'import sys, torch; sys.exit(torch.version.cuda is None)'; then
+    echo "setup: error: a CUDA device is present but torch $TORCH_VERSION has no CUDA; set TORCH_CUDA_INDEX or TORCH_SPEC" >&2
+    exit 2
+fi
+CONSTRAINT=$(mktemp)
+trap 'rm -f "$CONSTRAINT"' EXIT
+echo "torch==$TORCH_VERSION" > "$CONSTRAINT"   # the project's install must never swap torch
+.venv/bin/python -m pip install --quiet --constraint "$CONSTRAINT" -e ".[dev]"
 .venv/bin/python -c 'from importlib.metadata import version as v; print("setup: torch", v("torch"), "| megatron-core", v("megatron-core"), "| deepspeed", v("deepspeed"))'

@@ -196,6 +196,12 @@ def check_data_sources(cfg: RunConfig) -> None:
             raise ConfigError("data.url_template", problem)
 
 
+def check_wandb(cfg: RunConfig) -> None:
+    w = cfg.logging.wandb
+    if w.entity and not w.project:
+        raise ConfigError("logging.wandb.project", f"must be set when logging.wandb.entity is ({w.entity!r})")
+
+
 STATIC_CHECKS = [
     check_positive_sizes,
     check_model_numbers,
@@ -210,4 +216,5 @@ STATIC_CHECKS = [
     check_dropout,
     check_data_sources,
     check_bad_step_policy,
+    check_wandb,
 ]

@@ -116,9 +116,18 @@ class CheckpointConfig:
 
 
 @dataclass
+class WandbConfig:
+    project: str = ""  # "": no Weights & Biases logging
+    entity: Optional[str] = None  # team or user; None: the account's default
+    mode: Literal["online", "offline", "disabled"] = "online"  # offline: no network, `wandb sync` later
+
+
+@dataclass
 class LoggingConfig:
     log_interval: int = 1
     tensorboard: bool = True
+    # Weights & Biases beside TensorBoard (same scalars and steps), off unless wandb.project is set
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     # dense bf16 peak of one device for MFU; None: looked up from the GPU name (no MFU on CPU)
     peak_tflops_per_device: Optional[float] = None
 

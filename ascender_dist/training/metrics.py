@@ -44,16 +44,27 @@ _QUIET_UNLESS_NONZERO = {"train/skipped_steps", "train/step_skipped", "data/skip
 
 
 class MetricLogger:
-    def __init__(self, tensorboard_dir: Optional[Path], enabled: bool):
+    """Scalars to TensorBoard and, when ``wandb.project`` is set, to Weights & Biases (same names,
+    same steps); console lines. Only the logging rank (``enabled``) writes anything."""
+
+    def __init__(self, tensorboard_dir: Optional[Path], enabled: bool, wandb=None, run_dir: Optional[Path] = None,
+                 run_name: str = "run", run_config: Optional[dict] = None):
         self.enabled = enabled
         self.writer = None
+        self.wandb = None
         if enabled and tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
             Path(tensorboard_dir).mkdir(parents=True, exist_ok=True)
             self.writer = SummaryWriter(log_dir=str(tensorboard_dir))
+        if enabled and wandb is not None and wandb.project:
+            from ascender_dist.training.wandb_sink import WandbSink
+
+            self.wandb = WandbSink(wandb, Path(run_dir or "."), run_name, run_config)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.wandb is not None:
+            self.wandb.log(step, values)
         if self.writer is None:
             return
         for name, value in values.items():
@@ -78,3 +89,5 @@ class MetricLogger:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.close()

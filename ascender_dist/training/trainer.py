@@ -109,7 +109,8 @@ class Trainer:
         self.flops_per_token = count_model(cfg, vocab).flops_per_token
         self.peak_tflops = peak_tflops_per_device(cfg.logging.peak_tflops_per_device)
         self.metrics = MetricLogger(self.derived.tensorboard_dir if cfg.logging.tensorboard else None,
-                                    enabled=self.pstate.is_logging_rank)
+                                    enabled=self.pstate.is_logging_rank, wandb=cfg.logging.wandb,
+                                    run_dir=self.derived.output_dir, run_name=cfg.name, run_config=to_dict(cfg))
         if cfg.checkpoint.auto_resume:
             self.resume()
 

@@ -288,3 +288,17 @@ def test_shard_out_dir_is_a_file(tmp_path, tiny_tokenizer, text_file):
         write_shards([text_file], tiny_tokenizer, target, 16, progress=False)
     one_line_error(e, str(target), "existing file")
     assert target.read_text() == "x"
+
+
+def test_corrupt_shard_through_worker_processes(ds):
+    """Errors raised in a loader worker process arrive as the same one-line DataError / skip."""
+    shard = ds / "syn-train-000001.tar"
+    data = bytearray(shard.read_bytes())
+    data[600:900] = b"\xff" * 300
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DataError) as e:
+        drain(loader(ds, num_workers=2))
+    one_line_error(e, "syn-train-000001.tar", "sha256 mismatch")
+    ref, _ = run_global(functools.partial(loader, ds, on_corrupt="skip"), 1, 12)
+    got, _ = run_global(functools.partial(loader, ds, on_corrupt="skip", num_workers=2), 2, 12)
+    assert got == ref

@@ -1,0 +1,430 @@
+"""Reading documents out of every corpus format the pipeline accepts, streamed.
+
+Formats (chosen by file name; a directory or glob expands to the files below it, sorted):
+
+* ``.txt`` / ``.text`` / ``.md`` (and any unknown suffix given explicitly): one document per file;
+* ``.jsonl`` / ``.json`` (one JSON object per line), also ``.jsonl.gz`` and ``.jsonl.zst``
+  (decompressed as a stream, never whole in memory): the string field ``text_field`` per line;
+* ``.parquet`` (pyarrow, read one record batch at a time): the column ``text_field`` per row;
+* a directory written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``: every split, in
+  the order ``dataset_dict.json`` lists them): the column ``text_field`` per row;
+* ``.tar`` / ``.tar.gz`` / ``.tgz`` text shards: members ``*.txt`` or ``*.json`` with ``"text"``.
+
+Every problem is a one-line :class:`DataError` naming the file and the line (``path:17``) or row
+(``path:row 17``), so a bad record in a 20 GB corpus is found without a traceback.
+
+A file can also be read from a *part* of it, so several processes or nodes can share one big
+file (see :mod:`data_pipeline.parallel`): a ``.jsonl`` by byte range (a line belongs to the range
+holding its first byte), a ``.parquet`` by row-group range. Other formats are read whole.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import io
+import json
+import os
+import tarfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from .errors import DataError
+
+DEFAULT_TEXT_FIELD = "text"
+_JSONL = (".jsonl", ".json", ".ndjson")
+_TEXT = (".txt", ".text", ".md")
+_TAR = (".tar", ".tar.gz", ".tgz")
+_READ_CHUNK = 1 << 20
+_PARQUET_BATCH_ROWS = 1024
+
+
+# --------------------------------------------------------------------------- what a path is
+def kind_of(path: Path) -> str:
+    """The format of one input: jsonl, jsonl.gz, jsonl.zst, parquet, tar, datasets or text."""
+    name = path.name.lower()
+    if path.is_dir():
+        return "datasets" if is_datasets_dir(path) else "dir"
+    for ext in _JSONL:
+        if name.endswith(ext):
+            return "jsonl"
+        if name.endswith(ext + ".gz"):
+            return "jsonl.gz"
+        if name.endswith(ext + ".zst"):
+            return "jsonl.zst"
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith(_TAR):
+        return "tar"
+    return "text"
+
+
+def is_datasets_dir(path: Path) -> bool:
+    """A directory written by ``datasets``' ``save_to_disk`` (a Dataset or a DatasetDict)."""
+    return (path / "state.json").is_file() and (path / "dataset_info.json").is_file() \
+        or (path / "dataset_dict.json").is_file()
+
+
+def _known_in_directory(path: Path) -> bool:
+    """Files a directory walk picks up (explicitly named files of any suffix are read as text)."""
+    return kind_of(path) != "text" or path.name.lower().endswith(_TEXT)
+
+
+def expand_inputs(inputs: Iterable[Path | str]) -> list[Path]:
+    """Files (and ``datasets`` directories) named by ``inputs``, in order: a glob expands to its
+    sorted matches, a plain directory to the known-format files below it (sorted by relative path,
+    hidden entries skipped). A missing path or a glob matching nothing is a DataError."""
+    out: list[Path] = []
+    for item in inputs:
+        text = str(item)
+        if any(c in text for c in "*?[") and not Path(text).exists():
+            matches = sorted(glob.glob(text, recursive=True))
+            if not matches:
+                raise DataError(text, "no input files match this pattern")
+            out.extend(_expand_one(Path(m)) for m in matches)
+        else:
+            out.append(_expand_one(Path(text)))
+    return [p for group in out for p in group]
+
+
+def _expand_one(path: Path) -> list[Path]:
+    """One existing path as a list of readable inputs."""
+    if not path.exists():
+        raise DataError(str(path), "input file does not exist")
+    if not path.is_dir() or is_datasets_dir(path):
+        return [path]
+    found: list[Path] = []
+    for root, dirs, files in os.walk(path):
+        root_path = Path(root)
+        keep = []
+        for d in sorted(dirs):
+            if d.startswith("."):
+                continue
+            if is_datasets_dir(root_path / d):
+                found.append(root_path / d)
+            else:
+                keep.append(d)
+        dirs[:] = keep
+        found.extend(root_path / f for f in files if not f.startswith(".") and _known_in_directory(root_path / f))
+    found.sort(key=lambda p: p.relative_to(path).as_posix())
+    if not found:
+        raise DataError(str(path), "directory holds no input files of a known format")
+    return found
+
+
+# --------------------------------------------------------------------------- a piece of an input
+@dataclass(frozen=True)
+class Piece:
+    """An input file, or the part of it one worker reads: bytes ``[lo, hi)`` of a ``.jsonl``, row
+    groups ``[lo, hi)`` of a ``.parquet`` (``hi = -1``: to the end)."""
+
+    path: str
+    lo: int = 0
+    hi: int = -1
+
+    @property
+    def whole(self) -> bool:
+        return self.lo == 0 and self.hi == -1
+
+
+def iter_piece(piece: Piece, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
+    """Documents of one piece, streamed."""
+    path = Path(piece.path)
+    kind = kind_of(path)
+    if kind == "jsonl":
+        return iter_jsonl_texts(path, text_field, piece.lo, piece.hi)
+    if kind in ("jsonl.gz", "jsonl.zst"):
+        return _iter_json_lines(path, _open_compressed(path, kind), text_field)
+    if kind == "parquet":
+        return iter_parquet_texts(path, text_field, piece.lo, piece.hi)
+    if kind == "datasets":
+        return iter_datasets_texts(path, text_field)
+    if kind == "tar":
+        return iter_tar_texts(path, text_field)
+    if kind == "dir":
+        raise DataError(str(path), "a directory must be expanded first (expand_inputs)")
+    return iter([read_text_file(path)])
+
+
+def iter_documents(inputs: Iterable[Path | str], text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
+    """Every document of ``inputs`` (files, directories, globs), in order."""
+    for path in expand_inputs(inputs):
+        yield from iter_piece(Piece(str(path)), text_field)
+
+
+# --------------------------------------------------------------------------- plain text
+def read_text_file(path: Path) -> str:
+    """A whole text file as str; a file that is not UTF-8 is a one-line DataError naming it."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(str(path), f"not valid UTF-8 (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise DataError(str(path), f"cannot read ({e.strerror or e})") from None
+
+
+def iter_text_lines(path: Path) -> Iterator[str]:
+    """A text file line by line (newlines kept), for consumers that do not need whole documents."""
+    f = _open_binary(path)
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}", f"not valid UTF-8 (byte {e.start}: {e.reason})") from None
+
+
+def _open_binary(path: Path):
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise DataError(str(path), f"cannot read ({e.strerror or e})") from None
+
+
+# --------------------------------------------------------------------------- JSON lines
+class _BadRecord(Exception):
+    """A JSON line that is not an object with the text field (the caller adds file and line)."""
+
+
+def _parse_json_line(raw: bytes, field: str) -> str | None:
+    """The string ``field`` of one JSON line (None for a blank line); _BadRecord says what is wrong."""
+    if not raw.strip():
+        return None
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _BadRecord(f"not valid UTF-8 (byte {e.start}: {e.reason})") from None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _BadRecord(f"invalid JSON ({e.msg})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
+        raise _BadRecord(f'expected an object with a string field "{field}"')
+    return obj[field]
+
+
+def iter_jsonl_texts(path: Path, field: str = DEFAULT_TEXT_FIELD, lo: int = 0, hi: int = -1) -> Iterator[str]:
+    """The ``field`` of every JSON line whose first byte lies in ``[lo, hi)`` (``hi=-1``: end of file).
+
+    Line numbers in errors count from the file's start (counted only when an error is reported)."""
+    f = _open_binary(path)
+    with f:
+        if lo > 0:
+            f.seek(lo - 1)
+            if f.read(1) != b"\n":  # lo is inside a line: that line belongs to the previous range
+                f.readline()
+        start = pos = f.tell()
+        index = 0  # lines read in this range
+        while hi < 0 or pos < hi:
+            raw = f.readline()
+            if not raw:
+                break
+            pos += len(raw)
+            try:
+                text = _parse_json_line(raw, field)
+            except _BadRecord as e:
+                raise DataError(f"{path}:{_count_newlines(f, start) + 1 + index}", str(e)) from None
+            index += 1
+            if text is not None:
+                yield text
+
+
+def _count_newlines(f, end: int) -> int:
+    """Newlines in the first ``end`` bytes of ``f`` (line numbers of a range that starts mid-file)."""
+    f.seek(0)
+    count, left = 0, end
+    while left > 0:
+        block = f.read(min(_READ_CHUNK, left))
+        if not block:
+            break
+        count += block.count(b"\n")
+        left -= len(block)
+    return count
+
+
+def _open_compressed(path: Path, kind: str):
+    """A binary line-iterable stream of a ``.gz`` / ``.zst`` file."""
+    f = _open_binary(path)
+    if kind == "jsonl.gz":
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    return io.BufferedReader(_ZstdStream(f, str(path)), buffer_size=_READ_CHUNK)
+
+
+def _iter_json_lines(path: Path, stream, field: str) -> Iterator[str]:
+    """JSON lines of a decompressing stream; a truncated or corrupt stream names the file and line."""
+    lineno = 0
+    with stream:
+        try:
+            for lineno, raw in enumerate(stream, 1):
+                try:
+                    text = _parse_json_line(raw, field)
+                except _BadRecord as e:
+                    raise DataError(f"{path}:{lineno}", str(e)) from None
+                if text is not None:
+                    yield text
+        except (EOFError, OSError, zlib.error, _ZstdCorrupt) as e:
+            problem = str(e) or type(e).__name__
+            raise DataError(f"{path}:{lineno + 1}", f"truncated or corrupt compressed stream ({problem})") from None
+
+
+class _ZstdCorrupt(Exception):
+    """A zstd stream that ends inside a frame or does not decode."""
+
+
+class _ZstdStream(io.RawIOBase):
+    """Raw stream of the decompressed bytes of a (multi-frame) zstd file, read in chunks.
+
+    zstandard's own stream reader returns a short read at a truncated end without complaint; here
+    each frame's decompressor must reach its end marker, else the read raises, so a cut-off
+    download is an error instead of a silently shorter corpus.
+    """
+
+    def __init__(self, raw, name: str):
+        try:
+            import zstandard
+        except ImportError:
+            raise DataError(name, "reading .zst needs the zstandard package (pip install 'ascender-dist[data]')") \
+                from None
+        self._zstd = zstandard
+        self._raw = raw
+        self._dobj = zstandard.ZstdDecompressor().decompressobj()
+        self._started = False  # current frame has received input
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        while not self._pending:
+            chunk = self._raw.read(_READ_CHUNK)
+            if not chunk:
+                if self._started and not self._dobj.eof:
+                    raise _ZstdCorrupt("stream ends inside a zstd frame")
+                return 0
+            self._pending = self._feed(chunk)
+        n = min(len(buf), len(self._pending))
+        buf[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def _feed(self, chunk: bytes) -> bytes:
+        """Decompress ``chunk``, starting a new frame decompressor after each frame's end."""
+        out = []
+        while chunk:
+            try:
+                out.append(self._dobj.decompress(chunk))
+            except self._zstd.ZstdError as e:
+                raise _ZstdCorrupt(str(e)) from None
+            self._started = True
+            if not self._dobj.eof:
+                break
+            chunk = self._dobj.unused_data
+            self._dobj = self._zstd.ZstdDecompressor().decompressobj()
+            self._started = False
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+# --------------------------------------------------------------------------- parquet
+def parquet_file(path: Path):
+    """An open ``pyarrow.parquet.ParquetFile``; unreadable files are one-line DataErrors."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(str(path), "reading .parquet needs pyarrow (pip install 'ascender-dist[data]')") from None
+    try:
+        return pq.ParquetFile(path)
+    except Exception as e:  # ArrowInvalid, OSError ...
+        raise DataError(str(path), f"unreadable parquet file ({type(e).__name__}: {_first_line(e)})") from None
+
+
+def iter_parquet_texts(path: Path, field: str = DEFAULT_TEXT_FIELD, lo: int = 0, hi: int = -1) -> Iterator[str]:
+    """The string column ``field`` of row groups ``[lo, hi)``, one record batch in memory at a time."""
+    pf = parquet_file(path)
+    names = pf.schema_arrow.names
+    if field not in names:
+        raise DataError(str(path), f'no column "{field}" (columns: {names}; choose one with --text-field)')
+    groups = list(range(pf.num_row_groups))[lo:None if hi < 0 else hi]
+    if not groups:
+        return
+    row = sum(pf.metadata.row_group(g).num_rows for g in range(groups[0]))
+    try:
+        batches = pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, row_groups=groups, columns=[field])
+        for batch in batches:
+            yield from _column_texts(path, batch.column(0).to_pylist(), row)
+            row += batch.num_rows
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(f"{path}:row {row}", f"unreadable parquet data ({type(e).__name__}: {_first_line(e)})") \
+            from None
+
+
+def _column_texts(path, values: list, first_row: int) -> Iterator[str]:
+    """Values of a text column; a null or a non-string names the row."""
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise DataError(f"{path}:row {first_row + i}", f"text value must be a string (got {type(value).__name__})")
+        yield value
+
+
+# --------------------------------------------------------------------------- datasets.save_to_disk
+def iter_datasets_texts(path: Path, field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
+    """The column ``field`` of a ``datasets`` directory (memory-mapped Arrow, read in batches)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(str(path), "reading a datasets directory needs `datasets` (pip install 'ascender-dist[data]')") \
+            from None
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise DataError(str(path), f"unreadable datasets directory ({type(e).__name__}: {_first_line(e)})") from None
+    parts = list(loaded.items()) if isinstance(loaded, datasets.DatasetDict) else [("", loaded)]
+    for split, ds in parts:
+        where = f"{path}[{split}]" if split else str(path)
+        if field not in ds.column_names:
+            raise DataError(where, f'no column "{field}" (columns: {ds.column_names}; choose one with --text-field)')
+        column = ds.select_columns([field])
+        for start in range(0, len(column), _PARQUET_BATCH_ROWS):
+            values = column[start:start + _PARQUET_BATCH_ROWS][field]
+            yield from _column_texts(where, values, start)
+
+
+# --------------------------------------------------------------------------- tar text shards
+def iter_tar_texts(path: Path, field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
+    """Texts of a webdataset-style text shard: members ``*.txt``/``*.text`` or ``*.json`` with ``field``."""
+    try:
+        with tarfile.open(path, "r:*") as tf:
+            for member in tf:
+                if not member.isreg():
+                    continue
+                ext = member.name.rsplit(".", 1)[-1].lower()
+                if ext not in ("txt", "text", "json"):
+                    continue
+                data = tf.extractfile(member).read()
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}:{member.name}", f"not valid UTF-8 (byte {e.start})") from None
+                if ext == "json":
+                    try:
+                        text = json.loads(text)[field]
+                        if not isinstance(text, str):
+                            raise TypeError(text)
+                    except (json.JSONDecodeError, KeyError, TypeError):
+                        raise DataError(f"{path}:{member.name}", f'invalid JSON or no string "{field}" field') \
+                            from None
+                yield text
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+        raise DataError(str(path), f"truncated or corrupt tar ({e})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -1,0 +1,320 @@
+"""Sharding in parallel: worker processes on one machine, disjoint jobs across nodes, one merge.
+
+Why two phases: a sample is cut from the *concatenated* token stream of the whole corpus (each
+document + EOS), so where part j's samples begin depends on how many tokens parts 0..j-1 gave,
+which nobody knows until they are tokenized. So
+
+1. **tokenize** (parallel, the expensive part): the ordered inputs are split into contiguous parts
+   (whole files, byte ranges of ``.jsonl``, row-group ranges of ``.parquet``; balanced by bytes);
+   each process writes its part's token stream (document tokens + EOS, in the dataset's dtype) to
+   ``OUT/.parts/``. A job ``--job-index I --job-count J`` does part I of J (split again over its
+   ``--workers``) and writes ``job-I-of-J.json`` last, as its completion mark.
+2. **merge** (parallel over shards): the part streams, concatenated in order, are exactly the
+   single-process stream, cut into the same samples and shards; each shard is written from
+   memory-mapped parts, then the manifest. The result is byte-identical to a one-process run.
+
+Nothing is visible in ``OUT`` before merge succeeds (shards in a temporary directory, manifest
+last, atomically); a failed job leaves no part file and no completion mark; merge removes the
+parts only after the manifest is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ._io import atomic_write_json, sha256_bytes
+from .errors import DataError
+from .formats import DEFAULT_TEXT_FIELD, Piece, expand_inputs, iter_piece, kind_of, parquet_file
+from .shards import (MANIFEST_NAME, Manifest, ShardInfo, _ENCODE_BATCH, _batched, _finalize, _samples_per_shard,
+                     encode_shard, token_dtype)
+from .tokenizer import Tokenizer
+
+PARTS_DIR = ".parts"
+
+
+# =========================================================================== splitting the input
+@dataclass
+class _Unit:
+    """A piece of input and how it may be cut: anywhere ("bytes"), at row groups ("groups"), or not."""
+
+    piece: Piece
+    size: int
+    kind: str
+    group_sizes: tuple[int, ...] = ()
+
+
+def _units(pieces: list[Piece]) -> list[_Unit]:
+    """Sizes and cut rules of the pieces (parquet row-group sizes come from the file footer)."""
+    out = []
+    for piece in pieces:
+        path = Path(piece.path)
+        kind = kind_of(path)
+        if kind == "jsonl":
+            hi = path.stat().st_size if piece.hi < 0 else piece.hi
+            out.append(_Unit(Piece(piece.path, piece.lo, hi), hi - piece.lo, "bytes"))
+        elif kind == "parquet":
+            meta = parquet_file(path).metadata
+            hi = meta.num_row_groups if piece.hi < 0 else piece.hi
+            sizes = tuple(max(1, meta.row_group(g).total_byte_size) for g in range(piece.lo, hi))
+            out.append(_Unit(Piece(piece.path, piece.lo, hi), sum(sizes), "groups", sizes))
+        else:
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() \
+                else path.stat().st_size
+            out.append(_Unit(piece, size, "whole"))
+    return out
+
+
+def partition(pieces: list[Piece], n: int) -> list[list[Piece]]:
+    """``n`` contiguous, order-preserving parts of ``pieces`` of about equal bytes: concatenating
+    the parts' documents gives the documents of ``pieces``. A piece goes to the part that holds its
+    first byte; ``.jsonl`` pieces are cut at the part boundaries, ``.parquet`` at row groups."""
+    units = _units(pieces)
+    total = sum(u.size for u in units)
+    parts: list[list[Piece]] = [[] for _ in range(n)]
+
+    def part_of(offset: int) -> int:
+        return min(n - 1, offset * n // total) if total else 0
+
+    offset = 0
+    for u in units:
+        if u.kind == "whole":
+            parts[part_of(offset)].append(u.piece)
+        elif u.kind == "bytes":
+            cuts = [u.piece.lo] + [u.piece.lo + (-(-k * total // n) - offset) for k in range(1, n)
+                                   if offset < -(-k * total // n) < offset + u.size] + [u.piece.hi]
+            for lo, hi in zip(cuts, cuts[1:]):
+                if hi > lo:
+                    parts[part_of(offset + lo - u.piece.lo)].append(Piece(u.piece.path, lo, hi))
+        else:
+            start, group_offset = u.piece.lo, offset
+            for g, size in enumerate(u.group_sizes):
+                p = part_of(group_offset)
+                group_offset += size
+                if g + 1 == len(u.group_sizes) or part_of(group_offset) != p:  # next group starts elsewhere
+                    parts[p].append(Piece(u.piece.path, start, u.piece.lo + g + 1))
+                    start = u.piece.lo + g + 1
+        offset += u.size
+    return parts
+
+
+def plan_fingerprint(files: list[Path], text_field: str) -> str:
+    """Identity of a job plan (inputs, their sizes, text field): every job of one merge must agree."""
+    desc = [[str(p.resolve()), p.stat().st_size if p.is_file() else -1] for p in files] + [text_field]
+    return hashlib.sha256(json.dumps(desc).encode()).hexdigest()
+
+
+# =========================================================================== phase 1: tokenize
+def _tokenize_part(pieces: list[Piece], model_path: str, dtype_name: str, text_field: str, out_path: str) -> dict:
+    """(Worker process.) Token stream of ``pieces`` (each document + EOS) written to ``out_path``."""
+    tok = Tokenizer.load(Path(model_path))
+    dtype = np.dtype(dtype_name)
+    n_docs = n_tokens = n_bytes = 0
+    docs = (text for piece in pieces for text in iter_piece(piece, text_field))
+    with open(out_path, "wb") as f:
+        for batch in _batched(docs, _ENCODE_BATCH):
+            n_docs += len(batch)
+            n_bytes += sum(len(t.encode("utf-8")) for t in batch)
+            for ids in tok.encode_batch(batch):
+                arr = np.empty(len(ids) + 1, dtype=dtype)
+                arr[:-1] = ids
+                arr[-1] = tok.eos_id
+                f.write(arr.tobytes())
+                n_tokens += len(arr)
+    return {"num_documents": n_docs, "num_tokens": n_tokens, "text_bytes": n_bytes}
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """Worker processes started fresh (spawn): safe from any parent, threads or torch included."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def run_job(inputs, tokenizer: Tokenizer, parts_dir: Path, settings: dict, *, job_index: int = 0,
+            job_count: int = 1, workers: int = 1, text_field: str = DEFAULT_TEXT_FIELD,
+            pool: ProcessPoolExecutor | None = None) -> Path:
+    """Tokenize part ``job_index`` of ``job_count`` of ``inputs`` with ``workers`` processes into
+    ``parts_dir``; write the completion mark ``job-I-of-J.json`` last and return its path.
+    ``settings`` (seq_length, shard sizes, val_fraction, prefix) travel with it to the merge.
+    ``pool``: processes to use instead of starting ``workers`` new ones."""
+    if not (job_count >= 1 and 0 <= job_index < job_count):
+        raise DataError("shard", f"--job-index must be in [0, --job-count) (got {job_index} of {job_count})")
+    if workers < 1:
+        raise DataError("shard", f"--workers must be >= 1 (got {workers})")
+    if tokenizer.model_path is None:
+        raise DataError("shard", "parallel sharding needs a tokenizer loaded from a .model file")
+    files = expand_inputs(inputs)
+    mine = partition([Piece(str(p)) for p in files], job_count)[job_index]
+    sub = partition(mine, workers) if mine else [[] for _ in range(workers)]
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"job-{job_index:05d}-of-{job_count:05d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{stem}-tmp-", dir=parts_dir))
+    try:
+        dtype = token_dtype(tokenizer.padded_vocab_size).name
+        args = [(pieces, str(tokenizer.model_path), dtype, text_field, str(tmp / f"{stem}.{k:03d}.bin"))
+                for k, pieces in enumerate(sub)]
+        with _pool(workers) if pool is None else nullcontext(pool) as p:
+            futures = [p.submit(_tokenize_part, *a) for a in args]
+            results = [f.result() for f in futures]
+        parts = []
+        for (_, _, _, _, path), res in zip(args, results):
+            final = parts_dir / Path(path).name
+            os.replace(path, final)
+            parts.append({"file": final.name, **res})
+        mark = parts_dir / f"{stem}.json"
+        atomic_write_json(mark, {"job_index": job_index, "job_count": job_count,
+                                 "plan": plan_fingerprint(files, text_field), "tokenizer": tokenizer.describe(),
+                                 "settings": settings, "parts": parts})
+        return mark
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# =========================================================================== phase 2: merge
+class _TokenStream:
+    """The concatenated token streams of the parts, read through memory maps."""
+
+    def __init__(self, files: list[Path], counts: list[int], dtype: np.dtype):
+        self.maps = [np.memmap(f, dtype=dtype, mode="r") if n else np.empty(0, dtype) for f, n in zip(files, counts)]
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def slice(self, lo: int, hi: int) -> np.ndarray:
+        """Tokens ``[lo, hi)`` of the whole stream."""
+        out = []
+        k = int(np.searchsorted(self.starts, lo, side="right")) - 1
+        while lo < hi:
+            a = lo - int(self.starts[k])
+            take = min(hi - lo, len(self.maps[k]) - a)
+            if take > 0:
+                out.append(np.asarray(self.maps[k][a:a + take]))
+                lo += take
+            k += 1
+        return np.concatenate(out) if len(out) != 1 else out[0]
+
+
+def _write_shard(files, counts, dtype_name: str, meta: dict, first: int, count: int, sample_len: int,
+                 path: str) -> tuple[str, dict]:
+    """(Worker process.) Shard of samples ``[first, first + count)`` written to ``path``."""
+    stream = _TokenStream([Path(f) for f in files], counts, np.dtype(dtype_name))
+    rows = stream.slice(first * sample_len, (first + count) * sample_len).reshape(count, sample_len)
+    data = encode_shard(list(rows), np.dtype(dtype_name), meta)
+    Path(path).write_bytes(data)
+    return path, {"num_samples": count, "num_tokens": count * sample_len, "sha256": sha256_bytes(data),
+                  "bytes": len(data)}
+
+
+def _read_marks(parts_dir: Path) -> list[dict]:
+    """Completion marks of every job, checked to belong to one plan with every job present."""
+    marks = []
+    for path in sorted(parts_dir.glob("job-*-of-*.json")):
+        try:
+            marks.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            raise DataError(str(path), f"unreadable job mark ({e})") from None
+    if not marks:
+        raise DataError(str(parts_dir), "no finished shard jobs to merge (run `shard --job-index I --job-count J`)")
+    count = marks[0]["job_count"]
+    for m in marks:
+        for key in ("job_count", "plan", "tokenizer", "settings"):
+            if m[key] != marks[0][key]:
+                raise DataError(str(parts_dir / f"job-{m['job_index']:05d}-of-{m['job_count']:05d}.json"),
+                                f"{key} differs from job {marks[0]['job_index']}'s: jobs of different runs")
+    missing = sorted(set(range(count)) - {m["job_index"] for m in marks})
+    if missing:
+        raise DataError(str(parts_dir), f"jobs {missing} of {count} have not finished")
+    return sorted(marks, key=lambda m: m["job_index"])
+
+
+def merge(out_dir: Path, *, parts_dir: Path | None = None, workers: int = 1, keep_parts: bool = False,
+          pool: ProcessPoolExecutor | None = None) -> Manifest:
+    """Cut the finished jobs' token streams into shards and write the manifest (see module docstring)."""
+    out_dir = Path(out_dir)
+    parts_dir = Path(parts_dir) if parts_dir is not None else out_dir / PARTS_DIR
+    marks = _read_marks(parts_dir)
+    tok, settings = marks[0]["tokenizer"], marks[0]["settings"]
+    parts = [p for m in marks for p in m["parts"]]
+    files, counts = [str(parts_dir / p["file"]) for p in parts], [int(p["num_tokens"]) for p in parts]
+    for f, n in zip(files, counts):
+        if not Path(f).is_file() or Path(f).stat().st_size != n * token_dtype(tok["padded_vocab_size"]).itemsize:
+            raise DataError(f, f"missing or wrong-size part file (expected {n} tokens)")
+    dtype = token_dtype(tok["padded_vocab_size"])
+    sample_len = settings["seq_length"] + 1
+    capacity = _samples_per_shard(settings["samples_per_shard"], settings["shard_max_bytes"], sample_len, dtype)
+    n_tokens = sum(counts)
+    n_samples = n_tokens // sample_len
+    if n_samples == 0:
+        raise DataError(str(out_dir), f"documents gave fewer than {sample_len} tokens: not one sample to write")
+    meta = {"tokenizer_sha256": tok["tokenizer_sha256"], "seq_length": settings["seq_length"], "dtype": dtype.name,
+            "vocab_size": tok["vocab_size"]}
+    tmp_dir = Path(tempfile.mkdtemp(prefix=".shards-tmp-", dir=out_dir))
+    try:
+        jobs = [(files, counts, dtype.name, meta, i, min(capacity, n_samples - i), sample_len,
+                 str(tmp_dir / f"{i // capacity:06d}.tar")) for i in range(0, n_samples, capacity)]
+        if pool is not None or workers > 1:
+            with _pool(workers) if pool is None else nullcontext(pool) as p:
+                results = list(p.map(_write_shard, *zip(*jobs)))
+        else:
+            results = [_write_shard(*j) for j in jobs]
+        written = [(Path(p), ShardInfo(name="", split="", **info)) for p, info in results]
+        shard_infos = _finalize(written, tmp_dir, out_dir, settings["prefix"], settings["val_fraction"])
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    manifest = Manifest(seq_length=settings["seq_length"], tokenizer_sha256=tok["tokenizer_sha256"],
+                        vocab_size=tok["vocab_size"], padded_vocab_size=tok["padded_vocab_size"],
+                        eos_id=tok["eos_id"], pad_id=tok["pad_id"], dtype=dtype.name, shards=shard_infos,
+                        num_documents=sum(p["num_documents"] for p in parts),
+                        dropped_tokens=n_tokens - n_samples * sample_len)
+    manifest.save(out_dir / MANIFEST_NAME)
+    if not keep_parts:
+        shutil.rmtree(parts_dir, ignore_errors=True)
+    return manifest
+
+
+def write_shards_parallel(inputs, tokenizer: Tokenizer, out_dir: Path, seq_length: int, *, workers: int,
+                          samples_per_shard: int | None = None, shard_max_bytes: int | None = None,
+                          val_fraction: float = 0.05, prefix: str = "shard",
+                          text_field: str = DEFAULT_TEXT_FIELD) -> Manifest:
+    """:func:`data_pipeline.shards.write_shards` with ``workers`` processes: same bytes, same manifest."""
+    out_dir = Path(out_dir)
+    check_shard_settings(out_dir, seq_length, val_fraction)
+    parts_dir = Path(tempfile.mkdtemp(prefix=".parts-tmp-", dir=out_dir))
+    try:
+        with _pool(workers) as pool:  # one set of processes for both phases
+            run_job(inputs, tokenizer, parts_dir, shard_settings(seq_length, samples_per_shard, shard_max_bytes,
+                                                                  val_fraction, prefix),
+                    workers=workers, text_field=text_field, pool=pool)
+            return merge(out_dir, parts_dir=parts_dir, workers=workers, pool=pool)
+    finally:
+        shutil.rmtree(parts_dir, ignore_errors=True)
+
+
+def shard_settings(seq_length, samples_per_shard, shard_max_bytes, val_fraction, prefix) -> dict:
+    """What the merge needs besides the tokens (recorded in every job's mark)."""
+    return {"seq_length": seq_length, "samples_per_shard": samples_per_shard, "shard_max_bytes": shard_max_bytes,
+            "val_fraction": val_fraction, "prefix": prefix}
+
+
+def check_shard_settings(out_dir: Path, seq_length: int, val_fraction: float) -> None:
+    """The checks :func:`write_shards` makes before reading anything, plus creating ``out_dir``."""
+    if seq_length < 1:
+        raise DataError("write_shards", f"seq_length must be >= 1 (got {seq_length})")
+    if not 0 <= val_fraction < 1:
+        raise DataError("write_shards", f"val_fraction must be in [0, 1) (got {val_fraction})")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(str(out_dir), "output directory is an existing file")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(str(out_dir), f"cannot create output directory ({e.strerror or e})") from None

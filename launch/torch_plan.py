@@ -1,0 +1,124 @@
+"""Which torch `launch/setup.sh` installs, decided before anything is installed.
+
+Rules, in order (why: a cluster's CUDA torch, e.g. an NGC container's ``2.13.0a0+nv...`` build,
+must never be replaced by a pip resolve, and a CPU-only machine must not download a multi-GB
+CUDA build):
+
+1. ``TORCH_SPEC`` set: install exactly that (the user knows best).
+2. a torch inside the project's range (``pyproject.toml``) is already installed, in ``.venv`` or
+   in the Python that creates it: keep it (the venv then sees the base Python's packages).
+3. no CUDA device (probe ``nvidia-smi -L``, else ``/proc/driver/nvidia/gpus``): the CPU build,
+   ``torch==<tested version>`` with ``TORCH_CPU_INDEX`` as the index when set.
+4. a CUDA device: ``torch==<tested version>`` from ``TORCH_CUDA_INDEX`` (default the PyTorch CUDA
+   12.6 wheel index; set it empty for the default index, whose Linux wheels are CUDA builds).
+
+Probes can be replaced for tests and odd sites: ``ASCENDER_CUDA_PROBE`` is a shell command whose
+exit status says whether a CUDA device is present, ``ASCENDER_TORCH_PROBE`` one that prints the
+installed torch version (nothing: none installed).
+
+Prints one line of shell assignments for setup.sh to ``eval``: ACTION (keep|install), SPEC,
+INDEX_URL, SYSTEM_SITE (1: create the venv with --system-site-packages), REASON.
+Standard library only (it runs before the virtualenv exists).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+TESTED_TORCH = "2.13.0"  # the version CI installs and the README's tested combinations name
+DEFAULT_CUDA_INDEX = "https://download.pytorch.org/whl/cu126"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def torch_range(pyproject: Path = REPO_ROOT / "pyproject.toml") -> str:
+    """The torch requirement's version range from ``pyproject.toml`` (e.g. ``>=2.13.0a0,<2.14``)."""
+    m = re.search(r'^\s*"torch\s*([<>=!~][^";]*)"', pyproject.read_text(), re.M)
+    if m is None:
+        sys.exit(f"error: {pyproject}: no torch requirement in dependencies")
+    return m.group(1).replace(" ", "")
+
+
+def in_range(version: str, spec: str) -> bool:
+    """pip's own rule for an installed version: pre-releases (2.13.0a0+nv...) count as in range."""
+    try:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+    except ImportError:  # a bare interpreter: pip always carries packaging
+        from pip._vendor.packaging.specifiers import SpecifierSet
+        from pip._vendor.packaging.version import InvalidVersion, Version
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def has_cuda_device() -> bool:
+    """A CUDA device is visible: the probe command succeeds (default: nvidia-smi lists a GPU, or the
+    NVIDIA driver lists one under /proc)."""
+    probe = os.environ.get("ASCENDER_CUDA_PROBE")
+    if probe is not None:
+        return subprocess.run(probe, shell=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and "GPU" in out.stdout:
+            return True
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
+
+
+def installed_torch(python: str) -> str | None:
+    """Version of torch installed for ``python`` (or what ASCENDER_TORCH_PROBE prints), else None."""
+    probe = os.environ.get("ASCENDER_TORCH_PROBE")
+    if probe is not None:
+        out = subprocess.run(probe, shell=True, capture_output=True, text=True).stdout.strip()
+        return out or None
+    if not python or not Path(python).exists() and not shutil.which(python):
+        return None
+    code = "from importlib.metadata import version; print(version('torch'))"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def decide(venv_python: str, base_python: str) -> dict:
+    """The plan as a dict of ACTION, SPEC, INDEX_URL, SYSTEM_SITE, REASON (see module docstring)."""
+    spec_env = os.environ.get("TORCH_SPEC", "")
+    rng = torch_range()
+    if spec_env:
+        return dict(ACTION="install", SPEC=spec_env, INDEX_URL="", SYSTEM_SITE="0", REASON="TORCH_SPEC is set")
+    for python, system_site in ((venv_python, "0"), (base_python, "1")):
+        version = installed_torch(python)
+        if version and in_range(version, rng):
+            return dict(ACTION="keep", SPEC=f"torch=={version}", INDEX_URL="", SYSTEM_SITE=system_site,
+                        REASON=f"torch {version} is installed and in range {rng}")
+        if version:
+            print(f"setup: torch {version} for {python} is outside {rng}: not used", file=sys.stderr)
+        if os.environ.get("ASCENDER_TORCH_PROBE") is not None:
+            break  # a stubbed probe answers for both interpreters
+    if has_cuda_device():
+        index = os.environ.get("TORCH_CUDA_INDEX", DEFAULT_CUDA_INDEX)
+        return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=index, SYSTEM_SITE="0",
+                    REASON="a CUDA device is present: CUDA build")
+    return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=os.environ.get("TORCH_CPU_INDEX", ""),
+                SYSTEM_SITE="0", REASON="no CUDA device: CPU build")
+
+
+def main(argv: list[str]) -> int:
+    venv_python = argv[1] if len(argv) > 1 else ".venv/bin/python"
+    base_python = argv[2] if len(argv) > 2 else sys.executable
+    plan = decide(venv_python, base_python)
+    print(" ".join(f"{k}={shlex.quote(v)}" for k, v in plan.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

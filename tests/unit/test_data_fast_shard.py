@@ -1,0 +1,61 @@
+"""The vectorised shard decoder against webdataset's general parser (the reference), and its
+refusal (None -> general path) of anything outside the exact layout encode_shard writes."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+import pytest
+
+from data_pipeline.fast_shard import decode_regular_shard
+from data_pipeline.loader import ShardChecks, ShardSpec, _decode_samples, _parse_tar
+from data_pipeline.shards import encode_shard, npy_bytes
+
+META = {"tokenizer_sha256": "f" * 64, "seq_length": 9, "dtype": "uint16", "vocab_size": 70000}
+
+
+def reference(data: bytes, seq: int) -> np.ndarray:
+    return _decode_samples(ShardSpec("x.tar", -1), _parse_tar("x.tar", data), ShardChecks(seq))
+
+
+@pytest.mark.parametrize("dtype,n", [(np.uint16, 1), (np.uint16, 37), (np.int32, 5)])
+def test_fast_decoder_equals_webdataset_parser(dtype, n):
+    rng = np.random.default_rng(n)
+    rows = [rng.integers(0, 60000, 10) for _ in range(n)]
+    data = encode_shard(rows, np.dtype(dtype), META)
+    arr, meta = decode_regular_shard(data, 9)
+    ref = reference(data, 9)
+    assert arr.dtype == ref.dtype and np.array_equal(arr, ref) and np.array_equal(arr, np.stack(rows))
+    assert meta is not None and b'"seq_length": 9' in meta
+
+
+def tar_of(members) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tf.addfile(info, io.BytesIO(payload))
+    return buf.getvalue()
+
+
+def test_anything_irregular_goes_to_the_general_parser():
+    good = encode_shard([np.arange(10)] * 4, np.dtype(np.uint16), META)
+    row = npy_bytes(np.arange(10, dtype=np.uint16))
+    cases = {
+        "truncated": good[:5632],  # 4 samples + meta end at 5120; half of the end-of-archive blocks left
+        "cut-in-member": good[:1500],
+        "wrong-seq": encode_shard([np.arange(12)] * 3, np.dtype(np.uint16), META),
+        "other-member": tar_of([("000000.tokens.npy", row), ("000000.txt", b"hi")]),
+        "duplicate-key": tar_of([("000000.tokens.npy", row), ("000000.tokens.npy", row)]),
+        "mixed-dtype": tar_of([("000000.tokens.npy", row),
+                               ("000001.tokens.npy", npy_bytes(np.arange(10, dtype=np.int16)))]),
+        "float": tar_of([("000000.tokens.npy", npy_bytes(np.arange(10, dtype=np.float32)))]),
+        "empty": tar_of([]),
+        "garbage": b"not a tar" * 200,
+    }
+    assert decode_regular_shard(good[:6144], 9) is not None  # record padding after the end blocks is optional
+    for name, data in cases.items():
+        assert decode_regular_shard(data, 9) is None, name

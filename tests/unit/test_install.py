@@ -1,0 +1,90 @@
+"""What launch/setup.sh would install (stubbed CUDA and torch probes, `--dry-run`), the torch range
+of pyproject.toml, and the Docker image's extras against pyproject.toml."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from tests.helpers.multiproc import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "launch"))
+from torch_plan import DEFAULT_CUDA_INDEX, TESTED_TORCH, in_range, torch_range  # noqa: E402
+
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+DOCKERFILE = (REPO_ROOT / "docker" / "Dockerfile").read_text()
+
+
+def dry_run(gpu: bool, installed: str | None, **env: str) -> str:
+    """setup.sh's decision line with a stubbed CUDA probe and installed torch version."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "TORCH_CUDA_INDEX", "TORCH_CPU_INDEX")}
+    clean.update(ASCENDER_CUDA_PROBE="true" if gpu else "false",
+                 ASCENDER_TORCH_PROBE=f"echo {installed}" if installed else "true", **env)
+    proc = subprocess.run(["bash", "launch/setup.sh", "--dry-run"], cwd=REPO_ROOT, env=clean, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("setup: torch: ")]
+    assert len(lines) == 1, proc.stdout
+    return lines[0].removeprefix("setup: torch: ")
+
+
+@pytest.mark.parametrize("gpu,installed,expected", [
+    (False, None, f"install torch=={TESTED_TORCH}: no CUDA device"),
+    (True, None, f"install torch=={TESTED_TORCH} (index {DEFAULT_CUDA_INDEX}): a CUDA device is present"),
+    (True, "2.13.0a0+nv25.02", "keep torch==2.13.0a0+nv25.02:"),     # an NGC container's build stays
+    (True, "2.13.0+cu126", "keep torch==2.13.0+cu126:"),
+    (False, "2.13.0+cpu", "keep torch==2.13.0+cpu:"),
+    (True, "2.13.1", "keep torch==2.13.1:"),
+    (True, "2.9.1", f"install torch=={TESTED_TORCH} (index {DEFAULT_CUDA_INDEX})"),  # out of range: replaced
+    (False, "2.14.0", f"install torch=={TESTED_TORCH}: no CUDA device"),
+], ids=["cpu-fresh", "gpu-fresh", "gpu-ngc", "gpu-cuda", "cpu-kept", "gpu-patch", "gpu-old", "cpu-newer"])
+def test_setup_torch_decision(gpu, installed, expected):
+    assert dry_run(gpu, installed).startswith(expected)
+
+
+def test_torch_spec_overrides_and_indexes_are_settable():
+    assert dry_run(True, "2.13.0+cu126", TORCH_SPEC="torch==2.13.0+cpu").startswith(
+        "install torch==2.13.0+cpu: TORCH_SPEC is set")
+    assert dry_run(True, None, TORCH_CUDA_INDEX="") == f"install torch=={TESTED_TORCH}: a CUDA device is present: " \
+                                                         "CUDA build"
+    assert "(index file:///x)" in dry_run(False, None, TORCH_CPU_INDEX="file:///x")
+
+
+def test_torch_range_is_pips_rule():
+    rng = torch_range()
+    assert [d for d in PYPROJECT["dependencies"] if d.startswith("torch")] == [f"torch{rng}"]
+    assert in_range(TESTED_TORCH, rng) and in_range("2.13.0+cpu", rng) and in_range("2.13.0a0+nv25.02", rng)
+    assert not in_range("2.12.1", rng) and not in_range("2.14.0", rng) and not in_range("2.14.0a0", rng)
+    assert not in_range("garbage", rng)
+
+
+def test_docker_installs_every_runtime_extra():
+    extras = re.search(r'^ARG EXTRAS="([^"]*)"$', DOCKERFILE, re.M).group(1).split()
+    assert sorted(extras) == sorted(set(PYPROJECT["optional-dependencies"]) - {"dev"})
+    assert "hf" in extras
+
+
+def test_docker_requirement_list_has_the_extras_and_no_torch(tmp_path):
+    """Run the Dockerfile's own requirements one-liner here and check what it would install."""
+    cmd = re.search(r'(EXTRAS="\$\{EXTRAS\}" python -c ".*?") > /tmp/requirements.txt', DOCKERFILE).group(1)
+    extras = re.search(r'^ARG EXTRAS="([^"]*)"$', DOCKERFILE, re.M).group(1)
+    proc = subprocess.run(["bash", "-c", cmd.replace("python -c", f"{sys.executable} -c")], cwd=REPO_ROOT,
+                          env={**os.environ, "EXTRAS": extras}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    reqs = proc.stdout.split("\n")
+    names = {re.split(r"[\s<>=!~;\[]", r)[0] for r in reqs if r}
+    assert "torch" not in names
+    for extra in extras.split():
+        for dep in PYPROJECT["optional-dependencies"][extra]:
+            assert dep in reqs, dep
+    assert {"megatron-core", "deepspeed", "transformers", "pyarrow", "wandb"} <= names
+
+
+def test_dev_extra_carries_the_optional_format_and_logging_packages():
+    dev = {re.split(r"[\s<>=!~;\[]", d)[0] for d in PYPROJECT["optional-dependencies"]["dev"]}
+    assert {"pyarrow", "zstandard", "datasets", "wandb"} <= dev
