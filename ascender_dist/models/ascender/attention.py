@@ -9,8 +9,7 @@ params: AscenderHeadParams for those np heads; hp: AscenderHParams; step: the op
 (Separation and the aux losses join after their warm-up steps). Returns out [b, np, s, hd].
 
 impl: "reference" (dense, O(s^2), for tests and small-n visualisation), "fast" (chunked,
-O(s * (window + chunk)) memory, any device), "flex" (FlexAttention score_mod, CUDA only) or
-"auto" (flex on CUDA when available, else fast).
+O(s * (window + chunk)) memory, any device) or "auto" (fast).
 
 Aux losses (section 8, when a weight > 0 and step >= aux_start_step) do not change what is
 returned: their weighted sum is attached to ``out`` so that backward adds its gradient
@@ -33,21 +32,19 @@ from .hparams import AscenderHParams
 from .params import ALIGN, COH, SEP, AscenderHeadParams
 from .reference import reference_attention
 
-IMPLS = ("auto", "fast", "reference", "flex")
+IMPLS = ("auto", "fast", "reference")
 
 
 def _pick_impl(impl: str, q: torch.Tensor) -> str:
-    """auto -> flex on CUDA (if this torch has FlexAttention), else the chunked fast path."""
+    """auto -> the chunked fast path (every device)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS} (got {impl!r})")
-    if impl != "auto":
-        return impl
-    if q.is_cuda:
-        from .flex import flex_available
+    return "fast" if impl == "auto" else impl
 
-        if flex_available():
-            return "flex"
-    return "fast"
+
+def attention_paths(head_dim: int, impl: str = "auto") -> str:
+    """The path ``impl`` takes per device, one line for print-config."""
+    return f"ascender attention (impl {impl}): CUDA -> fast, CPU -> fast"
 
 
 def _touch_unused(out: torch.Tensor, params: AscenderHeadParams, hp, use_sep: bool) -> torch.Tensor:
@@ -95,10 +92,6 @@ def ascender_attention(
     kind = _pick_impl(impl, q)
     if kind == "reference":
         result = reference_attention(q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux)
-    elif kind == "flex":
-        from .flex import flex_attention_path
-
-        result = flex_attention_path(q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux)
     else:
         result = fast_attention(
             q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux, with_stats=return_decomposition
