@@ -12,8 +12,11 @@
   blocks that see it.
 """
 
-import triton
-import triton.language as tl
+try:  # (a try block also keeps Hugging Face remote-code loading from requiring triton)
+    import triton
+    import triton.language as tl
+except ImportError as e:
+    raise ImportError("the ASCender Triton kernels need triton (pip install triton)") from e
 
 from .tiles import geometry_grads, load_rows, load_vec, mm, score_tile, softmax_grads, store_rows, store_vec, to_acc
 

@@ -5,8 +5,11 @@ the block's last row). Lengths are runtime arguments (``n`` is not specialised):
 kernel serves every sequence length.
 """
 
-import triton
-import triton.language as tl
+try:  # (a try block also keeps Hugging Face remote-code loading from requiring triton)
+    import triton
+    import triton.language as tl
+except ImportError as e:
+    raise ImportError("the ASCender Triton kernels need triton (pip install triton)") from e
 
 from .tiles import geometry, load_rows, load_vec, mm, score_tile, store_rows, store_vec, to_acc, visibility
 

@@ -1,53 +1,49 @@
 """ASCender attention through the Triton kernels: the fast path's math with the tile work in
-kernels and the per-row algebra in torch, reused from fast.py.
+kernels and the per-row algebra in torch, reused from py.
 
 Forward (one autograd.Function, inputs q, k, v, z, h and the per-head parameters):
-1. whole-sequence operands (fast._operands: khat, Zr, Hr, moment states), neighbours (torch);
+1. whole-sequence operands (_operands: khat, Zr, Hr, moment states), neighbours (torch);
 2. K1: per-row statistics of the kernel tiles (rho, Separation mean / centred squares, Cohesion
    moments);
-3. the per-row algebra of fast._rows, chunk by chunk (headings, gates, row scales, centroids):
+3. the per-row algebra of _rows, chunk by chunk (headings, gates, row scales, centroids):
    the folded query parts qk, qa, qc and the Separation row factor;
 4. K2: attention over the folded scores with the Separation tile rebuilt per block; log-sum-exp.
 Backward: K3 (gradients of the folded query parts and of the row factor), the per-row algebra
 re-run under autograd to turn them into gradients of the row statistics, K4 / K5 (geometry
-gradients by query row and by key row), then fast._input_grads maps the operand gradients back
+gradients by query row and by key row), then _input_grads maps the operand gradients back
 to the inputs. Nothing n x n is stored; kept for backward: inputs, out, lse, row statistics.
 """
 
 from __future__ import annotations
 
-import math
 
 import torch
 
-from .. import fast
-from ..common import variance_denominator
+from ..fast import (
+    SMALL, _aux, _Call, _count_denom, _input_grads, _moved_stats, _operands, _row_inputs, _rows, _scatter_row_grads,
+    _Spec, _store_rows, _swap_last_two, _tiles, chunk_bounds, neighbours, search_vectors,
+)
 from ..hparams import AscenderHParams
 from ..params import AscenderHeadParams
 from ..reference import AscenderResult
-from . import launch
-
-
-def _is_interpreted() -> bool:
-    import triton
-
-    return bool(getattr(triton.knobs.runtime, "interpret", False))
+from .launch import Ops, attention_col_grads, attention_forward, attention_row_grads, kernel_arg_floor, row_stats
+from .tiles import interpreting
 
 
 def _swap(x: torch.Tensor) -> torch.Tensor:
-    return fast._swap_last_two(x).contiguous()
+    return _swap_last_two(x).contiguous()
 
 
-def _counts(call: fast._Call, n: int, dtype, device):
+def _counts(call: _Call, n: int, dtype, device):
     """Visible keys per row [n] and the variance denominator [n]."""
-    return fast._count_denom(0, n, n, call.hp, dtype, device)
+    return _count_denom(0, n, n, call.hp, dtype, device)
 
 
-def _make_ops(call: fast._Call, t: dict, ieee: bool) -> launch.Ops:
+def _make_ops(call: _Call, t: dict, ieee: bool) -> Ops:
     """Kernel operands that do not depend on the per-row algebra (query parts come later)."""
     hp = call.hp
     B, n, hd = t["k3"].shape
-    ops = launch.Ops(qk=t["k3"], k=t["k3"].contiguous(), v=t["v_aug3"].contiguous(), interpreted=_is_interpreted())
+    ops = Ops(qk=t["k3"], k=t["k3"].contiguous(), v=t["v_aug3"].contiguous(), interpreted=interpreting())
     dtype = t["k3"].dtype
     if hp.use_align:
         ops.ka = t["khat3"].contiguous()
@@ -61,7 +57,7 @@ def _make_ops(call: fast._Call, t: dict, ieee: bool) -> launch.Ops:
         ops.hl = _swap(t["Hr"])
     if hp.other_bias == "alibi":
         ops.slope = t["slope_tau_b"].to(dtype).contiguous()
-    lo = launch.kernel_arg_floor(dtype, ratio)
+    lo = kernel_arg_floor(dtype, ratio)
     ops.consts = torch.tensor([lo, ratio], dtype=dtype, device=t["k3"].device)
     ops.flags = dict(CAUSAL=hp.causal, ALIGN=hp.use_align, COH=hp.use_coh, SEP=call.use_sep,
                      ALIBI=hp.other_bias == "alibi", LSEP=call.want_lsep, RATIO_ONE=ratio == 1.0,
@@ -69,9 +65,9 @@ def _make_ops(call: fast._Call, t: dict, ieee: bool) -> launch.Ops:
     return ops
 
 
-def _stats(call: fast._Call, ops: launch.Ops, b: int, nh: int) -> dict:
-    """K1 row statistics as fast._rows reads them ([b, np, s(, e)])."""
-    (rho, mu, m2), mom = launch.row_stats(ops)
+def _stats(call: _Call, ops: Ops, b: int, nh: int) -> dict:
+    """K1 row statistics as _rows reads them ([b, np, s(, e)])."""
+    (rho, mu, m2), mom = row_stats(ops)
     n = ops.qk.shape[1]
     stats = {}
     if rho is not None:
@@ -86,7 +82,7 @@ def _slice(stats: dict, c0: int, c1: int) -> dict:
     return {k_: v_[:, :, c0:c1] for k_, v_ in stats.items()}
 
 
-def _row_parts(spec: fast._Spec, t: dict, stats: dict, ops: launch.Ops, with_rows: bool):
+def _row_parts(spec: _Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
     """Per-row algebra of every chunk without autograd: fills ops.qk / qa / qc / fac / mu and
     returns the row outputs [b, np, s, ...] (and the mass-moved sums when stats are wanted)."""
     call, hp = spec.call, spec.call.hp
@@ -101,18 +97,18 @@ def _row_parts(spec: fast._Spec, t: dict, stats: dict, ops: launch.Ops, with_row
     row_out, moved = {}, {}
     for c0, c1 in spec.chunks:
         L = c1 if hp.causal else n
-        x = fast._row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=False)
-        parts, factor, rows = fast._rows(call, c0, c1, L, x)
+        x = _row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=False)
+        parts, factor, rows = _rows(call, c0, c1, L, x)
         for key, p in parts:
             q3[key][:, c0:c1] = p
         if factor is not None:
             fac[:, c0:c1] = factor.reshape(B, c1 - c0)
         if call.with_stats:  # diagnostics: the fast path's explicit no-grad tiles
-            _, tiles = fast._tiles(call, c0, c1, L, t, keep=False)
-            for key, val in fast._moved_stats(call, c0, c1, L, t, rows, factor, tiles.get("dev")).items():
+            _, tiles = _tiles(call, c0, c1, L, t, keep=False)
+            for key, val in _moved_stats(call, c0, c1, L, t, rows, factor, tiles.get("dev")).items():
                 moved[key] = moved.get(key, 0) + val
         if with_rows:
-            fast._store_rows(row_out, rows, c0, c1, n)
+            _store_rows(row_out, rows, c0, c1, n)
     ops.qk = q3["k3"]
     ops.qa = q3.get("khat3")
     ops.qc = q3.get("Zr")
@@ -126,16 +122,16 @@ class _TritonAttention(torch.autograd.Function):
     """All rows of one call through the kernels; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, spec: fast._Spec, ieee: bool, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx,
+    def forward(ctx, spec: _Spec, ieee: bool, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx,
                 valid):  # fmt: skip
         call, hp = spec.call, spec.call.hp
-        t = fast._operands(call, q, k, v, z, h, delta, tau, slope)
+        t = _operands(call, q, k, v, z, h, delta, tau, slope)
         t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
         b, nh, n, hd = q.shape
         ops = _make_ops(call, t, ieee)
         stats = _stats(call, ops, b, nh) if (call.use_sep or hp.use_coh) else {}
         row_out, moved = _row_parts(spec, t, stats, ops, with_rows=True)
-        out3, lse, lsep = launch.attention_forward(ops)
+        out3, lse, lsep = attention_forward(ops)
         out_aug = out3.view(b, nh, n, -1)
         if lsep is not None:
             row_out["lsep"] = lsep.view(b, nh, n)
@@ -160,7 +156,7 @@ class _TritonAttention(torch.autograd.Function):
         q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug, lse, *rest = ctx.saved_tensors
         lsep = rest.pop(0) if call.want_lsep else None
         stats = dict(zip(spec.stat_keys, rest))
-        t = fast._operands(call, q, k, v, z, h, delta, tau, slope)
+        t = _operands(call, q, k, v, z, h, delta, tau, slope)
         t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
         b, nh, n, hd = q.shape
         B = b * nh
@@ -187,14 +183,14 @@ class _TritonAttention(torch.autograd.Function):
             gl = torch.zeros(B, n, dtype=dtype, device=dev_) if g is None else g.reshape(B, n).contiguous()
             dd = dd + gl * lsep.view(B, n)
         # ---- K3: folded query parts and the Separation row factor
-        gqk, gqa, gqc, gfac, galibi = launch.attention_row_grads(ops, dO3, lse, dd, gl, None)
+        gqk, gqa, gqc, gfac, galibi = attention_row_grads(ops, dO3, lse, dd, gl, None)
         g_parts = {"k3": gqk, "khat3": gqa, "Zr": gqc}
-        # ---- per-row algebra under autograd, chunk by chunk (fast.py's leaves and scatter)
+        # ---- per-row algebra under autograd, chunk by chunk (py's leaves and scatter)
         gq = torch.zeros_like(q)
         gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t}
-        for key in fast.SMALL:
+        for key in SMALL:
             t["leaf_" + key] = t[key].detach().requires_grad_()
-        g_small = {key: torch.zeros_like(t[key]) for key in fast.SMALL}
+        g_small = {key: torch.zeros_like(t[key]) for key in SMALL}
         g_states = {"align": {}, "coh": {}}
         count, denom = _counts(call, n, dtype, dev_)
         row_g = {key: torch.zeros(B, n, dtype=dtype, device=dev_) for key in ("var", "mu", "rho")}
@@ -203,8 +199,8 @@ class _TritonAttention(torch.autograd.Function):
             L = c1 if hp.causal else n
             C = c1 - c0
             with torch.enable_grad():
-                x = fast._row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=True)
-                parts, factor, rows = fast._rows(call, c0, c1, L, x)
+                x = _row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=True)
+                parts, factor, rows = _rows(call, c0, c1, L, x)
             outs, gouts = [], []
             for key, qp in parts:
                 outs.append(qp)
@@ -224,7 +220,7 @@ class _TritonAttention(torch.autograd.Function):
                        for i, v_ in enumerate(val)]  # fmt: skip
             grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
             gx = {name: g for (name, _), g in zip(leaves, grads) if g is not None}
-            fast._scatter_row_grads(c0, c1, x, gx, gbuf, gq, g_small, g_states)
+            _scatter_row_grads(c0, c1, x, gx, gbuf, gq, g_small, g_states)
             for key in row_g:
                 if key in gx:
                     row_g[key][:, c0:c1] = gx[key].reshape(B, C)
@@ -238,7 +234,7 @@ class _TritonAttention(torch.autograd.Function):
                         cmu=(row_g["mu"] / count).contiguous() if call.use_sep else None,
                         grho=row_g["rho"] if call.use_sep else None,
                         gmom=gmom.contiguous() if gmom is not None else None)  # fmt: skip
-            gzl, ghl = launch.attention_row_grads(ops, dO3, lse, dd, gl, geom)
+            gzl, ghl = attention_row_grads(ops, dO3, lse, dd, gl, geom)
             gbuf["Zr"] += gzl
             if ghl is not None:
                 gbuf["Hr"] += ghl
@@ -246,7 +242,7 @@ class _TritonAttention(torch.autograd.Function):
         else:
             geom = dict(cvar=None, cmu=None, grho=None, gmom=None, gmoml=None)
         qcl = _swap(ops.qc) if ops.qc is not None else None
-        gk, gka, gz, gh, gv3 = launch.attention_col_grads(ops, qcl, dO3, lse, dd, gl, geom)
+        gk, gka, gz, gh, gv3 = attention_col_grads(ops, qcl, dO3, lse, dd, gl, geom)
         gbuf["k3"] += gk
         if gka is not None:
             gbuf["khat3"] += gka
@@ -254,7 +250,7 @@ class _TritonAttention(torch.autograd.Function):
             gbuf["Zr"] += gz
         if gh is not None:
             gbuf["Hr"] += gh
-        grads = fast._input_grads(call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ctx.needs_input_grad[1:])
+        grads = _input_grads(call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ctx.needs_input_grad[1:])
         return (None, None, *grads)
 
 
@@ -262,7 +258,7 @@ def triton_attention(
     q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
     with_aux: bool = False, with_stats: bool = False,
 ) -> AscenderResult:  # fmt: skip
-    """fast.fast_attention's contract (same arguments, same result) through the Triton kernels.
+    """fast_attention's contract (same arguments, same result) through the Triton kernels.
     bf16 / fp16 inputs run in fp32 (kernels accumulate in fp32; the output is cast back), fp64
     in fp64."""
     in_dtype = q.dtype
@@ -270,10 +266,10 @@ def triton_attention(
     if low:
         q, k, v, z, h = (x.float() for x in (q, k, v, z, h))
     b, nh, n, hd = q.shape
-    chunks = fast.chunk_bounds(n, b * nh, hp)
-    call = fast._Call(hp, n, hd, use_sep, with_aux, with_stats)
-    idx, valid = fast.neighbours(*fast.search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
-    spec = fast._Spec(call, chunks)
+    chunks = chunk_bounds(n, b * nh, hp)
+    call = _Call(hp, n, hd, use_sep, with_aux, with_stats)
+    idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
+    spec = _Spec(call, chunks)
     dt = q.dtype
     outs = _TritonAttention.apply(
         spec, not low, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(),
@@ -281,6 +277,6 @@ def triton_attention(
         params.tau_score.to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
     )  # fmt: skip
     rows = {"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}
-    aux = fast._aux(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
+    aux = _aux(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
     out = outs[0].to(in_dtype) if low else outs[0]
     return AscenderResult(out=out, rows=rows, stats=spec.moved, aux=aux)

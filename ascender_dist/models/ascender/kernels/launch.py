@@ -11,7 +11,11 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import triton
+
+try:  # (a try block also keeps Hugging Face remote-code loading from requiring triton)
+    import triton
+except ImportError as e:
+    raise ImportError("the ASCender Triton kernels need triton (pip install triton)") from e
 
 from .backward import col_grad_kernel, row_grad_kernel
 from .forward import forward_kernel, stats_kernel

@@ -13,11 +13,15 @@ w_ij = exp(clamp(Zl_i . Zr_j, lo, 0)) (w_ii = 1, 0 where invisible), and S = -in
 invisible (causal: j > i) or j >= n.
 """
 
-import triton
-import triton.language as tl
+try:  # (a try block also keeps Hugging Face remote-code loading from requiring triton)
+    import triton
+    import triton.language as tl
+except ImportError as e:  # only imported once triton_supported() said yes
+    raise ImportError("the ASCender Triton kernels need triton (pip install triton)") from e
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Kernels run by the Triton interpreter (TRITON_INTERPRET=1 when triton was imported)."""
     return bool(getattr(triton.knobs.runtime, "interpret", False))
 
 
@@ -26,7 +30,7 @@ def device(fn):
     The interpreter re-patches triton.language on every call of a nested jit function (~3 ms,
     most of a test's time); the launching kernel has patched it already, so the plain function
     runs the same operations."""
-    return fn if _interpreting() else triton.jit(fn)
+    return fn if interpreting() else triton.jit(fn)
 
 
 @device
