@@ -107,6 +107,31 @@ def test_kernels_options_float64(changes, n):
     compare(hp, n, use_sep=hp.use_sep, with_aux=hp.aux_compactness_weight > 0, b=2)
 
 
+@pytest.mark.parametrize("hd", [32, 96])
+def test_kernels_other_head_dims_float64(hd):
+    """96 is not a power of two: the kernels pad it to 128 and mask the extra columns."""
+    compare(base_hp(causal=True, d_z=6, d_a=9, **AUX), 17, with_aux=True, hd=hd)
+
+
+def test_kernels_do_not_leak_future_tokens():
+    """Changing every input after position t leaves rows <= t unchanged to the last bit (t in
+    the middle of a 16-row block, so masking inside a block is what is checked)."""
+    hp = base_hp(causal=True, window=4, num_global=2, other_bias="alibi", **AUX)
+    inputs = [x.detach().to(DEVICE) for x in make_inputs(b=1, n=40, hd=16, dtype=F32)]
+    params = make_params(hp, 2, dtype=F32).to(DEVICE)
+    t = 20
+    changed = [x.clone() for x in inputs]
+    g = torch.Generator().manual_seed(3)
+    for x in changed:
+        x[..., t + 1 :, :] = 5 * torch.randn(x[..., t + 1 :, :].shape, generator=g).to(x.device)
+    a = triton_attention(*inputs, params, hp, use_sep=True, with_aux=True)
+    b = triton_attention(*changed, params, hp, use_sep=True, with_aux=True)
+    assert torch.equal(a.out[..., : t + 1, :], b.out[..., : t + 1, :])
+    assert not torch.equal(a.out[..., t + 1 :, :], b.out[..., t + 1 :, :])
+    for name, ra in a.rows.items():
+        assert torch.equal(ra[:, :, : t + 1], b.rows[name][:, :, : t + 1]), name
+
+
 @pytest.mark.parametrize("n, causal", [(33, True), (17, False)])
 def test_kernels_float32_within_1e5_of_float64_reference(n, causal):
     """fp32 kernels (fp32 accumulation) against the fp64 reference, row 0's single key included."""

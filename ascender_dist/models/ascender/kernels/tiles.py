@@ -36,18 +36,20 @@ def device(fn):
 @device
 def to_acc(x, F64: tl.constexpr):
     if F64:
-        return x.to(tl.float64)
+        y = x.to(tl.float64)
     else:
-        return x.to(tl.float32)
+        y = x.to(tl.float32)
+    return y
 
 
 @device
 def mm(a, b, IEEE: tl.constexpr):
     """a @ b; IEEE: exact fp32 products (no TF32), used unless the caller's inputs were bf16/fp16."""
     if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
+        c = tl.dot(a, b, input_precision="ieee")
     else:
-        return tl.dot(a, b)
+        c = tl.dot(a, b)
+    return c
 
 
 @device
@@ -177,5 +179,6 @@ def geometry_grads(ds, p, fac, cvar, cmu, grho, gl, gmom, zr, dev, r, w, wc, cla
         dx = (dphi * r + grho[:, None]) * w
     if COH:
         dx += ratio * mm(gmom, tl.trans(zr), IEEE) * wc
-    dx = tl.where(clamped | diag | (vis == 0), 0.0, dx)
+    dx = tl.where(clamped | diag, 0.0, dx)
+    dx = tl.where(vis, dx, 0.0)
     return da, dx
