@@ -26,13 +26,30 @@ def _pad(width: int) -> int:
     return max(16, triton.next_power_of_2(max(1, width)))
 
 
-def block_size(width: int, interpreted: bool) -> int:
+def block_size(width: int, interpreted: bool, kernel: str = "forward", f64: bool = False) -> int:
     """Rows per block. Under the interpreter cost follows the number of (query, key) block pairs,
     so small blocks only waste little; 16 keeps test lengths off the block multiples. On a GPU
-    the widest operand sets the register budget."""
+    shared memory bounds it. Compiled for sm_90 with num_stages=1 (triton reports the shared
+    bytes without a device; H100 limit 227 KiB), fp32: the key-block backward (K5) needs 152 KiB
+    at 32 rows and head dim 64, 224 KiB at 32 rows and head dim 96 or 128, 136 KiB at 16 rows,
+    head dim 128 with the L_coh value columns; the row backward 144 KiB at 32 rows (head dim
+    128, L_coh); the forward 144 KiB at 64 rows (head dim 64), 93 KiB at 32 rows (head dim 128,
+    L_coh). fp64 (tests) doubles the bytes: half the rows. ``width``: widest padded operand."""
     if interpreted:
         return 16
-    return 64 if width <= 64 else 32
+    if kernel == "col":
+        rows = 32 if width <= 64 else 16
+    elif kernel == "row":
+        rows = 32
+    else:
+        rows = 64 if width <= 64 else 32
+    return max(16, rows // 2) if f64 else rows
+
+
+def launch_options(interpreted: bool) -> dict:
+    """Compiler options of every launch: no software pipelining (it multiplies the shared
+    memory of the many operands per iteration); the interpreter takes none."""
+    return {} if interpreted else {"num_warps": 4, "num_stages": 1}
 
 
 @dataclass
@@ -63,15 +80,18 @@ class Ops:
         val = getattr(self, name)
         return self.dummy() if val is None else val
 
-    def meta(self) -> dict:
+    def meta(self, kernel: str = "forward") -> dict:
         B, n, hd = self.qk.shape
         zd = self.zr.shape[-1] if self.zr is not None else 1
         hd2 = self.hr.shape[-1] if self.hr is not None else 1
         vd = self.v.shape[-1]
         widest = max(_pad(hd), _pad(zd), _pad(hd2), _pad(vd))
-        bm = block_size(widest, self.interpreted)
+        bm = block_size(widest, self.interpreted, kernel, self.flags.get("F64", False))
         return dict(n=n, HD=hd, ZD=zd, HD2=hd2, VD=vd, HDP=_pad(hd), ZP=_pad(zd), HP=_pad(hd2), VP=_pad(vd),
                     BM=bm, BN=bm, **self.flags)
+
+    def options(self) -> dict:
+        return launch_options(self.interpreted)
 
 
 def row_stats(ops: Ops):
@@ -85,7 +105,7 @@ def row_stats(ops: Ops):
     stats_kernel[grid](ops.zl, ops.zr, ops.get("hl"), ops.get("hr"), ops.consts, rho, mu, m2, mom,
                        n, m["ZD"], m["HD2"], ZP=m["ZP"], HP=m["HP"], BM=m["BM"], BN=m["BN"],
                        CAUSAL=m["CAUSAL"], SEP=sep, COH=coh, RATIO_ONE=m["RATIO_ONE"], F64=m["F64"],
-                       IEEE=m["IEEE"])  # fmt: skip
+                       IEEE=m["IEEE"], **ops.options())  # fmt: skip
     return (rho, mu, m2) if sep else (None, None, None), (mom if coh else None)
 
 
@@ -109,14 +129,14 @@ def attention_forward(ops: Ops):
     grid = (triton.cdiv(n, m["BM"]), B)
     forward_kernel[grid](*_common(ops), ops.get("zl"), ops.get("zr"), ops.get("hl"), ops.get("hr"),
                          ops.get("fac"), ops.get("mu"), ops.get("slope"), ops.consts, ops.v, out, lse, lsep,
-                         n, m["HD"], m["ZD"], m["HD2"], m["VD"], **_consts(m))  # fmt: skip
+                         n, m["HD"], m["ZD"], m["HD2"], m["VD"], **_consts(m), **ops.options())  # fmt: skip
     return out, lse, (lsep if m["LSEP"] else None)
 
 
 def attention_row_grads(ops: Ops, do, lse, dd, gl, geom: dict | None):
     """K3 (geom None): (gqk, gqa, gqc, gfac, galibi); K4 (geom = dict cvar, cmu, grho, gmom):
     (gzl, ghl). Absent outputs are None."""
-    m = ops.meta()
+    m = ops.meta("row")
     B, n = ops.qk.shape[:2]
     new = ops.qk.new_zeros
     d = ops.dummy()
@@ -133,14 +153,15 @@ def attention_row_grads(ops: Ops, do, lse, dd, gl, geom: dict | None):
     row_grad_kernel[grid](*_common(ops), ops.get("zl"), ops.get("zr"), ops.get("hl"), ops.get("hr"),
                           ops.get("fac"), ops.get("mu"), ops.get("slope"), ops.consts, ops.v, do, lse, dd,
                           d if gl is None else gl, g["cvar"], g["cmu"], g["grho"], g["gmom"], *outs,
-                          n, m["HD"], m["ZD"], m["HD2"], m["VD"], **_consts(m), GEOM=geom_on)  # fmt: skip
+                          n, m["HD"], m["ZD"], m["HD2"], m["VD"], **_consts(m), GEOM=geom_on,
+                          **ops.options())  # fmt: skip
     outs = [None if o is d else o for o in outs]
     return tuple(outs[5:]) if geom_on else tuple(outs[:5])
 
 
 def attention_col_grads(ops: Ops, qcl, do, lse, dd, gl, geom: dict):
     """K5: (gk, gka, gz, gh, gv) for the key rows; gz / gh in the left layout."""
-    m = ops.meta()
+    m = ops.meta("col")
     B, n = ops.qk.shape[:2]
     new = ops.qk.new_zeros
     d = ops.dummy()
@@ -154,7 +175,7 @@ def attention_col_grads(ops: Ops, qcl, do, lse, dd, gl, geom: dict):
                           ops.get("hr"), ops.get("fac"), ops.get("mu"), ops.get("slope"), ops.consts, ops.v, do,
                           lse, dd, d if gl is None else gl, g["cvar"], g["cmu"], g["grho"], g["gmom"],
                           g["gmoml"], gk, gka, gz, gh, gv,
-                          n, m["HD"], m["ZD"], m["HD2"], m["VD"], **_consts(m))  # fmt: skip
+                          n, m["HD"], m["ZD"], m["HD2"], m["VD"], **_consts(m), **ops.options())  # fmt: skip
     return tuple(None if o is d else o for o in (gk, gka, gz, gh, gv))
 
 
