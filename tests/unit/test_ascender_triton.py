@@ -107,6 +107,34 @@ def test_kernels_options_float64(changes, n):
     compare(hp, n, use_sep=hp.use_sep, with_aux=hp.aux_compactness_weight > 0, b=2)
 
 
+def test_kernels_with_several_causal_moment_states_float64(monkeypatch):
+    """Row scales of Alignment / Cohesion from causal moment states every MOMENT_STRIDE rows
+    (shrunk from 256 to 8 so that a short sequence has several)."""
+    from ascender_dist.models.ascender import fast
+
+    monkeypatch.setattr(fast, "MOMENT_STRIDE", 8)
+    compare(base_hp(causal=True, chunk_size=4, **AUX), 37, with_aux=True)
+
+
+def test_kernels_shared_omega_float64():
+    """share_omega_across_heads: params.omega is an expanded view; every head's gradient sums
+    into the one shared parameter."""
+    from ascender_dist.models.ascender import AscenderHeadParams
+
+    hp = base_hp(causal=True, share_omega_across_heads=True)
+    params = AscenderHeadParams(hp, 2).double()
+    with torch.no_grad():
+        params.omega_shared.copy_(torch.tensor([[0.7, 0.4, 1.3]], dtype=F64))
+    inputs = make_inputs(b=1, n=21, hd=16)
+    grads = []
+    for path in (reference_attention, triton_attention):
+        out = path(*inputs, params, hp, use_sep=True).out
+        grads.append(torch.autograd.grad((out * out).sum(), [params.omega_shared, inputs[3]]))
+    for a, b_ in zip(*grads):
+        assert b_.abs().max() > 0
+        torch.testing.assert_close(a, b_, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("hd", [32, 96])
 def test_kernels_other_head_dims_float64(hd):
     """96 is not a power of two: the kernels pad it to 128 and mask the extra columns."""
