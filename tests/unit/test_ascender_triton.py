@@ -196,6 +196,17 @@ def test_auto_resolves_to_fast_on_cpu_tensors():
     assert entry._pick_impl("auto", make_inputs(b=1, n=3, hd=16)[0].detach(), hp) == "fast"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_check runs it)")
+def test_auto_resolves_to_triton_on_cuda_and_matches_reference():
+    hp = base_hp(causal=True)
+    inputs = [x.detach().cuda().requires_grad_() for x in make_inputs(b=1, n=70, hd=64)]
+    assert entry._pick_impl("auto", inputs[0], hp) == "triton"
+    params = make_params(hp, 2).cuda()
+    out = ascender_attention(*inputs, params, hp, step=0, impl="auto")
+    ref = ascender_attention(*inputs, params, hp, step=0, impl="reference")
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+
+
 def test_impl_triton_runs_on_cpu_tensors_under_the_interpreter():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
