@@ -6,7 +6,7 @@ step's last micro-batch (PP=1; the decision is all-reduced first) or of the bad 
 reach every rank through the gradient all-reduce, and the optimizer's non-finite-gradient check
 skips the update everywhere: DeepSpeed's own check for ZeRO-1/2/3 (gradient norm is NaN ->
 "overflow"), and :func:`skip_nonfinite_steps` for ZeRO-0, whose plain torch optimizer has none.
-DeepSpeed then counts ``engine.skipped_steps`` and does not advance the LR schedule.
+DeepSpeed then counts ``engine.skipped_steps``.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.engine import build_engine, pipeline_batches
 from ascender_dist.training.guard import LossGuard, any_rank, poison
 from ascender_dist.training.layer_stats import gather_layer_stats, set_collect_stats, set_training_step
+from ascender_dist.training.lr_schedule import lr_at, set_lr
 from ascender_dist.models.ascender.common import set_aux_loss_scale
 from ascender_dist.models.counting import count_model
 from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, throughput
@@ -195,7 +196,8 @@ class Trainer:
         model = self.engine.module
         set_training_step(model, self.step)
         set_collect_stats(model, log_layers)
-        lr = float(self.engine.get_lr()[0])  # the rate this step uses (the scheduler moves on in step())
+        lr = lr_at(self.step + 1, self.cfg.optimizer, self.cfg.train.train_steps)
+        set_lr(self.engine.optimizer, lr)  # the rate this step uses and logs (DeepSpeed owns no scheduler)
         skipped_before = self.engine.skipped_steps
         if self.pipelined:  # DeepSpeed's pipeline schedule runs all micro-batches and the step
             step_loss = float(self.engine.train_batch(data_iter=batches))
