@@ -168,6 +168,8 @@ def check_bad_step_policy(cfg: RunConfig) -> None:
         raise ConfigError("train.loss_spike_factor", f"must be 0 (off) or > 1 (got {t.loss_spike_factor})")
     if t.max_consecutive_bad_steps < 0:
         raise ConfigError("train.max_consecutive_bad_steps", f"must be >= 0 (got {t.max_consecutive_bad_steps})")
+    if t.max_rollbacks < 0:
+        raise ConfigError("train.max_rollbacks", f"must be >= 0 (got {t.max_rollbacks})")
 
 
 def check_data_sources(cfg: RunConfig) -> None:

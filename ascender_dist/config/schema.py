@@ -84,6 +84,9 @@ class TrainConfig:
     loss_spike_factor: float = 0.0
     # after this many consecutive skipped steps, roll back to the last checkpoint (0: never)
     max_consecutive_bad_steps: int = 0
+    # stop the job (one line: step, loss, last good checkpoint) instead of a rollback beyond this many
+    # in a row; a row ends when a checkpoint is saved past the step that triggered its last rollback
+    max_rollbacks: int = 3
 
 
 @dataclass

@@ -229,6 +229,7 @@ def test_override_errors_name_the_override(tmp_path):
     ("train:\n  loss_spike_factor: .nan\n", "train.loss_spike_factor: must be a finite number"),
     ("train:\n  eval_iters: 0\n  eval_interval: 5\n", "train.eval_iters: must be >= 1"),
     ("train:\n  eval_interval: -1\n", "train.eval_interval: must be >= 0"),
+    ("train:\n  max_rollbacks: -1\n", "train.max_rollbacks: must be >= 0"),
     ("checkpoint:\n  keep_last: -1\n", "checkpoint.keep_last: must be >= 1"),
     ("checkpoint:\n  keep_last: 0\n", "checkpoint.keep_last: must be >= 1"),
     ("checkpoint:\n  save_interval: -5\n", "checkpoint.save_interval: must be >= 0"),
