@@ -100,7 +100,7 @@ class Trainer:
         if init_state is not None:
             init_state = pad_vocab(init_state, self.derived.padded_vocab_size)
         self.guard = LossGuard(spike_factor=cfg.train.loss_spike_factor,
-                               initial_loss=math.log(self.derived.padded_vocab_size))
+                               initial_loss=math.log(self.derived.vocab_size))
         self.rollback_policy = RollbackPolicy(cfg.train.max_rollbacks)
         self.resume_tag = self._resume_tag_for_this_layout() if resuming else None
         universal = self.resume_tag is not None and self.resume_tag.endswith("-universal")
