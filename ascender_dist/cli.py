@@ -43,6 +43,9 @@ def _user_errors():
     from ascender_dist.training.checkpoint import CheckpointError
 
     errors += [CheckpointError, ConversionError]
+    from ascender_dist.training.rollback import DivergenceError  # a run that keeps diverging
+
+    errors.append(DivergenceError)
     return tuple(errors)
 
 

@@ -136,10 +136,6 @@ def check_optimizer(cfg: RunConfig) -> None:
         raise ConfigError("optimizer.warmup_steps",
                           f"must be in [0, train.train_steps={cfg.train.train_steps}] (0: no warmup) "
                           f"(got {o.warmup_steps})")
-    if o.warmup_steps == 0 and o.lr_schedule == "linear":
-        raise ConfigError("optimizer.warmup_steps", "must be >= 1 with optimizer.lr_schedule linear "
-                                                    "(DeepSpeed's WarmupDecayLR has no zero-warmup setting); "
-                                                    "0 works with cosine and constant")
     for name in ("beta1", "beta2"):
         if not 0 <= getattr(o, name) < 1:
             raise ConfigError(f"optimizer.{name}", f"must be in [0, 1) (got {getattr(o, name)})")
@@ -172,6 +168,8 @@ def check_bad_step_policy(cfg: RunConfig) -> None:
         raise ConfigError("train.loss_spike_factor", f"must be 0 (off) or > 1 (got {t.loss_spike_factor})")
     if t.max_consecutive_bad_steps < 0:
         raise ConfigError("train.max_consecutive_bad_steps", f"must be >= 0 (got {t.max_consecutive_bad_steps})")
+    if t.max_rollbacks < 0:
+        raise ConfigError("train.max_rollbacks", f"must be >= 0 (got {t.max_rollbacks})")
 
 
 def check_data_sources(cfg: RunConfig) -> None:

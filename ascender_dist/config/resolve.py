@@ -98,6 +98,7 @@ class Derived:
     output_dir: Path
     checkpoint_dir: Path
     tensorboard_dir: Path
+    vocab_size: int  # the tokenizer's (or model.vocab_size); ids from here to padded_vocab_size are padding
 
 
 def pad_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
@@ -127,4 +128,5 @@ def derive(cfg: RunConfig, world_size: int, tokenizer_vocab_size: Optional[int] 
         output_dir=output_dir,
         checkpoint_dir=Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else output_dir / "checkpoints",
         tensorboard_dir=output_dir / "tensorboard",
+        vocab_size=vocab,
     )

@@ -66,7 +66,8 @@ class OptimizerConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
-    warmup_steps: int = 10  # 0: no warmup (cosine / constant schedules; linear needs >= 1)
+    warmup_steps: int = 10  # step s <= warmup_steps runs at lr * s / warmup_steps; 0: step 1 runs at lr
+    # after warmup: cosine / linear decay to min_lr at train.train_steps, or constant lr
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
 
 
@@ -83,6 +84,9 @@ class TrainConfig:
     loss_spike_factor: float = 0.0
     # after this many consecutive skipped steps, roll back to the last checkpoint (0: never)
     max_consecutive_bad_steps: int = 0
+    # stop the job (one line: step, loss, last good checkpoint) instead of a rollback beyond this many
+    # in a row; a row ends when a checkpoint is saved past the step that triggered its last rollback
+    max_rollbacks: int = 3
 
 
 @dataclass

@@ -35,13 +35,35 @@ def build_model(cfg: RunConfig, derived: Derived, pre_process: bool = True, post
     return model
 
 
-def lm_loss(model, tokens):
-    """Mean next-token cross entropy of ``tokens`` [b, s+1] (inputs and shifted labels from one sample)."""
+def vocab_cross_entropy(logits, labels, vocab_size: int):
+    """Per-token cross entropy [...] of vocab-parallel ``logits`` [..., v/tp] (this TP rank's slice of
+    the padded vocabulary) against ``labels`` [...], normalised over the first ``vocab_size`` ids only.
+
+    Megatron's loss would normalise over the padding ids too, so the loss would depend on the
+    padding rows of the output layer: rows the tokenizer never emits, which exports strip and which
+    a reshard to another padded size cannot carry. Their logits are set to -inf instead (zero
+    probability, zero gradient), so training, exports and resharded runs compute one function."""
+    import torch
+    from megatron.core import parallel_state as mps
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    logits = logits.float()
+    local = logits.shape[-1]
+    first = mps.get_tensor_model_parallel_rank() * local  # global id of this slice's first column
+    if first + local > vocab_size:
+        padding = torch.arange(first, first + local, device=logits.device) >= vocab_size  # [v/tp]
+        logits = logits.masked_fill(padding, float("-inf"))
+    return vocab_parallel_cross_entropy(logits.contiguous(), labels.contiguous())
+
+
+def lm_loss(model, tokens, vocab_size: int):
+    """Mean next-token cross entropy of ``tokens`` [b, s+1] (inputs and shifted labels from one
+    sample) over the first ``vocab_size`` ids (see :func:`vocab_cross_entropy`)."""
     import torch
 
     inputs = tokens[:, :-1].contiguous()  # [b, s]
     labels = tokens[:, 1:].contiguous()  # [b, s]
     b, s = inputs.shape
     position_ids = torch.arange(s, device=inputs.device).unsqueeze(0).expand(b, s)
-    per_token = model(inputs, position_ids, attention_mask=None, labels=labels)  # [b, s]
-    return per_token.float().mean()
+    logits = model(inputs, position_ids, attention_mask=None)  # [b, s, v/tp]
+    return vocab_cross_entropy(logits, labels, vocab_size).mean()

@@ -114,11 +114,12 @@ class LMHeadPipe(nn.Module):
         return logits
 
 
-def pipeline_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy over the vocab-parallel logits [s, b, v/tp]; labels [b, s]."""
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+def pipeline_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Mean next-token cross entropy over the vocab-parallel logits [s, b, v/tp]; labels [b, s];
+    normalised over the first ``vocab_size`` ids like :func:`ascender_dist.models.build.lm_loss`."""
+    from ascender_dist.models.build import vocab_cross_entropy
 
-    return vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous()).mean()
+    return vocab_cross_entropy(logits, labels.transpose(0, 1), vocab_size).mean()
 
 
 class GuardedPipelineLoss:
@@ -127,13 +128,14 @@ class GuardedPipelineLoss:
     training: DeepSpeed's eval_batch runs the same function under no_grad, and a validation loss is
     reported as it is."""
 
-    def __init__(self, guard=None):
+    def __init__(self, vocab_size: int, guard=None):
+        self.vocab_size = vocab_size
         self.guard = guard
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         from ascender_dist.training.guard import poison
 
-        loss = pipeline_loss(logits, labels)
+        loss = pipeline_loss(logits, labels, self.vocab_size)
         if self.guard is not None and torch.is_grad_enabled() and self.guard.is_bad(loss.item()):
             return poison(loss)
         return loss
@@ -157,7 +159,7 @@ def build_pipeline_module(cfg: RunConfig, derived: Derived, guard=None):
                                              num_mp=p.tensor_model_parallel_size,
                                              num_dp=derived.data_parallel_size)
     module = PipelineModule(
-        layers=specs, topology=topology, loss_fn=GuardedPipelineLoss(guard), partition_method="type:TransformerLayerPipe",
+        layers=specs, topology=topology, loss_fn=GuardedPipelineLoss(derived.vocab_size, guard), partition_method="type:TransformerLayerPipe",
         activation_checkpoint_interval=1 if p.activation_checkpointing else 0,
         checkpointable_layers=["TransformerLayerPipe"],
     )

@@ -146,7 +146,7 @@ def measure_one(spec: dict) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def train_step():
-        loss = lm_loss(model, tokens)
+        loss = lm_loss(model, tokens, derived.vocab_size)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -236,7 +236,5 @@ def reshard(consolidated_dir: Path, checkpoint_dir: Path, overrides: list[str]) 
     cfg = reshard_config(cfg, checkpoint_dir, overrides, Path(consolidated_dir) / "config.yaml")
     trainer = Trainer(cfg, init_state=state)
     trainer.step = int(meta["step"])
-    trainer.loader.load_state_dict(meta["data"])
-    if trainer.engine.lr_scheduler is not None:
-        trainer.engine.lr_scheduler.step(trainer.step)
+    trainer.loader.load_state_dict(meta["data"])  # the LR follows from the step (training.lr_schedule)
     trainer.save()

@@ -18,14 +18,16 @@ from ascender_dist.training.weights import load_canonical_state
 
 
 class LanguageModel(nn.Module):
-    """``forward(tokens [b, s+1]) -> mean LM loss``: the shape DeepSpeed's engine expects."""
+    """``forward(tokens [b, s+1]) -> mean LM loss`` over the ``vocab_size`` real ids: the shape
+    DeepSpeed's engine expects."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, vocab_size: int):
         super().__init__()
         self.model = model
+        self.vocab_size = vocab_size
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return lm_loss(self.model, tokens)
+        return lm_loss(self.model, tokens, self.vocab_size)
 
 
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -53,7 +55,7 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
         module = build_pipeline_module(cfg, derived, guard)
         mpu = None  # the PipelineModule's topology carries the (megatron-ordered) groups
     else:
-        module = LanguageModel(build_model(cfg, derived))
+        module = LanguageModel(build_model(cfg, derived), derived.vocab_size)
         mpu = MegatronMPU()
     if init_state is not None:  # before DeepSpeed wraps (and, under ZeRO-3, partitions) the weights
         load_canonical_state(module, cfg, init_state, source=cfg.checkpoint.init_from or "")

@@ -8,6 +8,7 @@ Order of set-up (each a separate step): process group, megatron model-parallel g
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Optional
@@ -23,9 +24,11 @@ from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.engine import build_engine, pipeline_batches
 from ascender_dist.training.guard import LossGuard, any_rank, poison
 from ascender_dist.training.layer_stats import gather_layer_stats, set_collect_stats, set_training_step
+from ascender_dist.training.lr_schedule import lr_at, set_lr
 from ascender_dist.models.ascender.common import set_aux_loss_scale
 from ascender_dist.models.counting import count_model
 from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, throughput
+from ascender_dist.training.rollback import DivergenceError, RollbackPolicy
 from ascender_dist.training.weights import pad_vocab, read_weights_file
 
 log = logging.getLogger("ascender_dist")
@@ -96,7 +99,9 @@ class Trainer:
             init_state = read_weights_file(cfg.checkpoint.init_from)
         if init_state is not None:
             init_state = pad_vocab(init_state, self.derived.padded_vocab_size)
-        self.guard = LossGuard(spike_factor=cfg.train.loss_spike_factor)
+        self.guard = LossGuard(spike_factor=cfg.train.loss_spike_factor,
+                               initial_loss=math.log(self.derived.vocab_size))
+        self.rollback_policy = RollbackPolicy(cfg.train.max_rollbacks)
         self.resume_tag = self._resume_tag_for_this_layout() if resuming else None
         universal = self.resume_tag is not None and self.resume_tag.endswith("-universal")
         self.engine = build_engine(cfg, self.derived, init_state, self.guard, load_universal=universal)
@@ -184,6 +189,7 @@ class Trainer:
             extra_files={"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
                          "meta.json": json.dumps(self.checkpoint_meta(), indent=1)},
         )
+        self.rollback_policy.saved(self.step)
         if self.pstate.is_logging_rank:
             log.info("saved checkpoint %s", self.derived.checkpoint_dir / tag)
         return tag
@@ -196,7 +202,8 @@ class Trainer:
         model = self.engine.module
         set_training_step(model, self.step)
         set_collect_stats(model, log_layers)
-        lr = float(self.engine.get_lr()[0])  # the rate this step uses (the scheduler moves on in step())
+        lr = lr_at(self.step + 1, self.cfg.optimizer, self.cfg.train.train_steps)
+        set_lr(self.engine.optimizer, lr)  # the rate this step uses and logs (DeepSpeed owns no scheduler)
         skipped_before = self.engine.skipped_steps
         if self.pipelined:  # DeepSpeed's pipeline schedule runs all micro-batches and the step
             step_loss = float(self.engine.train_batch(data_iter=batches))
@@ -244,9 +251,8 @@ class Trainer:
         return _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
 
     def _after_step(self, values: dict, batches):
-        """Bad-step bookkeeping; after ``max_consecutive_bad_steps`` skips, roll back to the last
-        checkpoint (weights, optimizer, step) but keep the data position, so the offending batches
-        are not replayed. Returns the batch iterator to continue with."""
+        """Bad-step bookkeeping; after ``max_consecutive_bad_steps`` skips, roll back (see
+        :mod:`ascender_dist.training.rollback`). Returns the batch iterator to continue with."""
         t = self.cfg.train
         if not values["train/step_skipped"]:
             self.consecutive_bad = 0
@@ -258,24 +264,40 @@ class Trainer:
                         values["train/loss"], self.guard.threshold)
         limit = t.max_consecutive_bad_steps
         if limit and self.consecutive_bad >= limit:
-            return self.rollback()
+            return self.rollback(values["train/loss"])
         if not limit and self.consecutive_bad >= 10:
-            raise FloatingPointError(f"step {self.step}: {self.consecutive_bad} consecutive bad steps (loss "
-                                     f"{values['train/loss']}); set train.max_consecutive_bad_steps to roll back")
+            raise DivergenceError(f"step {self.step}: {self.consecutive_bad} bad steps in a row (loss "
+                                  f"{values['train/loss']:.4g}); set train.max_consecutive_bad_steps to roll back")
         return batches
 
-    def rollback(self):
+    def _complete_checkpoint_steps(self) -> list[int]:
+        """Steps of the complete checkpoints, as rank 0 sees them (every rank must load the same one)."""
+        steps = [[ckpt.step_of_tag(tag) for tag in ckpt.complete_tags(self.derived.checkpoint_dir)]]
+        dist.broadcast_object_list(steps, src=0)
+        return steps[0]
+
+    def rollback(self, loss: float):
+        """Load an earlier checkpoint (weights, optimizer, step, guard) but keep the data position, so
+        the batches that failed are not replayed; or stop the job when the run keeps diverging."""
+        bad_step, bad_start = self.step, self.step - self.consecutive_bad + 1
+        good = [step for step in self._complete_checkpoint_steps() if step < bad_start]
+        target = self.rollback_policy.next_target(bad_step, good)
+        if target is None:
+            last_good = (f"last good checkpoint {self.derived.checkpoint_dir / ckpt.tag_for_step(good[-1])}"
+                         if good else f"no checkpoint from before step {bad_start} to roll back to")
+            raise DivergenceError(
+                f"step {bad_step}: loss {loss:.4g}, {self.consecutive_bad} bad steps in a row after "
+                f"{self.rollback_policy.in_a_row} rollbacks in a row (train.max_rollbacks: "
+                f"{self.cfg.train.max_rollbacks}); {last_good}")
         data_state = self.loader.state_dict()
-        bad_step = self.step
-        if not self.resume():
-            raise FloatingPointError(f"step {bad_step}: {self.consecutive_bad} consecutive bad steps and no "
-                                     f"checkpoint to roll back to")
+        self.resume(ckpt.tag_for_step(target))
         self.loader.load_state_dict(data_state)
         self.consecutive_bad = 0
         self.rollbacks += 1
         if self.pstate.is_logging_rank:
-            log.warning("rolled back from step %d to the checkpoint of step %d; data continues where it was",
-                        bad_step, self.step)
+            log.warning("rolled back from step %d to the checkpoint of step %d (rollback %d in a row of at most "
+                        "%d); data continues where it was", bad_step, self.step, self.rollback_policy.in_a_row,
+                        self.cfg.train.max_rollbacks)
         return self._batches()
 
     def _batches(self):
@@ -307,7 +329,12 @@ class Trainer:
             values["data/skipped_shards"] = float(self.loader.skipped_shards)
             self.losses.append(values["train/loss"])
             rollbacks = self.rollbacks
-            batches = self._after_step(values, batches)
+            try:
+                batches = self._after_step(values, batches)
+            except DivergenceError:
+                self.metrics.scalars(self.step, values)  # the losses that ended the run stay readable
+                self.metrics.flush()
+                raise
             if self.rollbacks != rollbacks:
                 self.metrics.scalars(self.step, {"train/rollbacks": float(self.rollbacks)})
                 saved_at = self.step
@@ -317,7 +344,10 @@ class Trainer:
             self.metrics.scalars(self.step, values)
             if log_now or self.step == t.train_steps:
                 self.metrics.line(self.step, t.train_steps, {k: v for k, v in values.items() if "/layer" not in k})
-            if cfg.checkpoint.save_interval and self.step % cfg.checkpoint.save_interval == 0:
+            # never in a row of skipped steps: the weights may be diverged, and the save could replace a
+            # good checkpoint of the same step that a rollback would need
+            interval = cfg.checkpoint.save_interval
+            if interval and self.step % interval == 0 and not self.consecutive_bad:
                 self.save()
                 saved_at = self.step
         if saved_at != self.step:

@@ -33,3 +33,14 @@ def test_consecutive_bad_steps_roll_back_without_replaying_data(results):
         # steps 1-4, two bad ones (5, 6), then rollback to step 4 and steps 5-8 again: 10 batches read
         assert value["consumed"] == 10 * value["global_batch"]
         assert len(value["losses"]) == 10
+
+
+def test_a_diverging_run_rolls_back_to_older_checkpoints_then_stops_in_one_line(results):
+    for value in assert_check(results, "diverging"):
+        # steps 7, 8 bad -> back to step 6; again -> a repeat goes older, to step 4; steps 5, 6 are fine
+        # and 7, 8 bad again: the third rollback in a row is beyond train.max_rollbacks = 2
+        assert value["resumed"] == ["step_00000006", "step_00000004"]
+        assert value["rollbacks"] == 2 and value["step"] == 8
+        last_good = f"{value['checkpoint_dir']}/step_00000006"
+        assert value["error"] == (f"step 8: loss nan, 2 bad steps in a row after 2 rollbacks in a row "
+                                  f"(train.max_rollbacks: 2); last good checkpoint {last_good}")

@@ -14,6 +14,11 @@ pytestmark = pytest.mark.distributed
 
 LOSS_TOL = 1e-5
 PARAM_TOL = 1e-5
+# ASCender under TP: the z projection (QKV rows of z) has a loss invariant to translating z, so its
+# gradient along that direction is rounding noise that Adam scales up. Measured after 3 steps at
+# the schedule's rates (the first at lr/2): 1.2e-5 in layer 0's rows of head 0's z, 4e-8 for the
+# median QKV row; 2.3e-6 when the first step still ran at LR 0.
+ASCENDER_TP_PARAM_TOL = 3e-5
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +42,8 @@ def _check(results, name):
     value = assert_check(results, name)[0]  # rank 0 holds the comparison
     assert len(value["losses"]) == len(value["reference_losses"]) > 0
     assert value["loss_diff"] < LOSS_TOL, value
-    assert value["param_diff"] < PARAM_TOL, value
+    tolerance = ASCENDER_TP_PARAM_TOL if name.startswith("ascender") and "tp2" in name else PARAM_TOL
+    assert value["param_diff"] < tolerance, value
     assert value["replica_diff"] == 0.0, value  # TP-replicated parameters identical on every TP rank
     if name.startswith("ascender_shared_omega_"):  # one omega per layer, trained under TP like TP=1
         shared = value["shared_omega"]

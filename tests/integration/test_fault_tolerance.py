@@ -4,6 +4,7 @@ the whole job with a non-zero status instead of hanging."""
 
 import os
 import random
+import re
 import signal
 import subprocess
 import time
@@ -20,8 +21,9 @@ pytestmark = pytest.mark.slow
 STEPS = 30
 
 
-def _config(tmp_path: Path, data: dict, name: str, steps: int = STEPS, **sections) -> Path:
-    raw = tiny_run_config(data, tmp_path / name, train={"train_steps": steps},
+def _config(tmp_path: Path, data: dict, name: str, steps: int = STEPS, train: dict | None = None,
+            **sections) -> Path:
+    raw = tiny_run_config(data, tmp_path / name, train={"train_steps": steps, **(train or {})},
                           checkpoint={"save_interval": 2, "keep_last": 2}, **sections)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -119,3 +121,30 @@ def test_a_dying_rank_ends_the_job(data, tmp_path):
     status = _wait(proc, 60)
     assert status != 0
     assert time.monotonic() - started < 60
+
+
+def test_a_diverging_run_ends_in_bounded_time_with_one_line(data, tmp_path):
+    """A healthy start (checkpoints at steps 2 and 4), then the same run resumed at a far too high LR:
+    each rollback diverges again, and after train.max_rollbacks the job exits non-zero, naming the
+    step, the loss and the last good checkpoint, instead of rolling back forever."""
+    guard = {"loss_spike_factor": 3.0, "max_consecutive_bad_steps": 2, "max_rollbacks": 2}
+    healthy = _config(tmp_path, data, "diverging", steps=4, train=guard)
+    assert _wait(_start(healthy, tmp_path / "healthy.log"), 300) == 0
+    diverging = _config(tmp_path, data, "diverging", steps=1000, train=guard,
+                        optimizer={"lr": 50.0, "min_lr": 0.0, "warmup_steps": 0, "lr_schedule": "constant"})
+    log = tmp_path / "diverging.log"
+    started = time.monotonic()
+    status = _wait(_start(diverging, log), 300)
+    elapsed = time.monotonic() - started
+    text = log.read_text()
+    assert status != 0 and elapsed < 240, text[-3000:]
+    checkpoints = tmp_path / "diverging" / "checkpoints"
+    line = re.compile(r"error: step (\d+): loss (\S+), 2 bad steps in a row after 2 rollbacks in a row "
+                      r"\(train\.max_rollbacks: 2\); last good checkpoint (\S+)$", re.MULTILINE)
+    found = line.findall(text)
+    assert found, text[-3000:]
+    step, loss, last_good = found[0]
+    assert Path(last_good).parent == checkpoints and (Path(last_good) / "COMPLETE").is_file()
+    assert int(last_good.rsplit("_", 1)[1]) < int(step)
+    assert text.count("rolled back from step") == 2
+    assert "Traceback" not in text, text[-3000:]

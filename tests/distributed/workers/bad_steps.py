@@ -17,8 +17,9 @@ def _trainer(args, name: str, **sections):
     return Trainer(cfg)
 
 
-def _inject(trainer, steps: set, ranks: set, how: str) -> None:
-    """Corrupt the loss of this rank at the given (0-based) steps: 'nan' or 'spike' (x 100)."""
+def _inject(trainer, steps, ranks: set, how: str, after_rollbacks: bool = False) -> None:
+    """Corrupt the loss of this rank at the given (0-based) steps: 'nan' or 'spike' (x 100); only
+    before the first rollback unless ``after_rollbacks``."""
     import torch.distributed as dist
 
     module = trainer.engine.module
@@ -26,7 +27,7 @@ def _inject(trainer, steps: set, ranks: set, how: str) -> None:
 
     def corrupted(*a, **k):
         loss = forward(*a, **k)
-        if trainer.step in steps and dist.get_rank() in ranks and trainer.rollbacks == 0:
+        if trainer.step in steps and dist.get_rank() in ranks and (after_rollbacks or trainer.rollbacks == 0):
             return loss * float("nan") if how == "nan" else loss * 100.0
         return loss
 
@@ -39,7 +40,6 @@ def _params(trainer) -> list:
 
 def _skip_check(args, name: str, how: str, **sections) -> dict:
     trainer = _trainer(args, name, train={"train_steps": 6, "loss_spike_factor": 3.0}, **sections)
-    trainer.guard.warmup_steps = 2
     _inject(trainer, steps={3}, ranks={1}, how=how)
     trainer.fit(stop_at=3)
     before = _params(trainer)
@@ -61,6 +61,31 @@ def _rollback_check(args) -> dict:
             "global_batch": trainer.cfg.train.global_batch_size}
 
 
+def _diverging_check(args) -> dict:
+    """Every step from 7 on is bad, however often the run rolls back: the rollbacks go to older
+    checkpoints, then the run stops with one line."""
+    from ascender_dist.training.rollback import DivergenceError
+
+    trainer = _trainer(args, "diverging", train={"train_steps": 12, "max_consecutive_bad_steps": 2,
+                                                 "max_rollbacks": 2},
+                       checkpoint={"save_interval": 2, "keep_last": 10})
+    _inject(trainer, steps=range(6, 100), ranks={1}, how="nan", after_rollbacks=True)
+    resumed, resume = [], trainer.resume
+
+    def recording(tag=None):
+        resumed.append(tag)
+        return resume(tag)
+
+    trainer.resume = recording
+    try:
+        trainer.fit()
+        error = None
+    except DivergenceError as exc:
+        error = str(exc)
+    return {"error": error, "resumed": resumed, "step": trainer.step, "rollbacks": trainer.rollbacks,
+            "checkpoint_dir": str(trainer.derived.checkpoint_dir)}
+
+
 def main(args):
     return run_checks({
         "nan_zero0": lambda: _skip_check(args, "nan0", "nan", parallel={"zero_stage": 0}),
@@ -68,4 +93,5 @@ def main(args):
         "spike_zero2": lambda: _skip_check(args, "spike2", "spike", parallel={"zero_stage": 2}),
         "nan_pp2": lambda: _skip_check(args, "nanpp", "nan", parallel={"pipeline_model_parallel_size": 2}),
         "rollback": lambda: _rollback_check(args),
+        "diverging": lambda: _diverging_check(args),
     })

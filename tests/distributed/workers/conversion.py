@@ -34,9 +34,12 @@ def continue_resharded(args):
         parallel={"pipeline_model_parallel_size": 2}, checkpoint={"dir": args["resharded"]}))
 
     def run(cfg):
+        from tests.distributed.workers.lr_schedule import _record_lrs
+
         trainer = Trainer(cfg)
-        start = trainer.step
-        return {"start": start, "losses": trainer.fit()}
+        start, used = trainer.step, _record_lrs(trainer)
+        losses = trainer.fit()
+        return {"start": start, "losses": losses, "lrs": sorted({(step, lrs[0]) for step, lrs in used})}
 
     def run_original():
         """The source run (TP=2) resumed from a copy of its own checkpoint: its first loss is that of

@@ -1,0 +1,29 @@
+"""The LM loss normalises over the tokenizer's vocabulary only: padding ids (added so TP splits the
+embedding evenly) get zero probability and zero gradient, so the loss does not depend on their rows."""
+
+import torch
+
+from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
+
+
+def test_padding_ids_take_no_probability_mass(single_rank_group):
+    from ascender_dist.models.build import vocab_cross_entropy
+    from ascender_dist.parallel.setup import init_model_parallel
+
+    init_model_parallel(1, 1, seed=0)
+    vocab, padded = 500, 512
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, padded, generator=g, dtype=torch.float64).float().requires_grad_()  # [b, s, v]
+    labels = torch.randint(0, vocab, (3, 5), generator=g)
+    loss = vocab_cross_entropy(logits, labels, vocab)  # [b, s]
+    reference = torch.nn.functional.cross_entropy(logits.detach().double()[..., :vocab].reshape(-1, vocab),
+                                                  labels.reshape(-1), reduction="none").view(3, 5)
+    assert (loss.double() - reference).abs().max().item() < 1e-5
+    loss.sum().backward()
+    assert torch.all(logits.grad[..., vocab:] == 0)
+    assert logits.grad[..., :vocab].abs().sum() > 0
+    shifted = logits.detach().clone()
+    shifted[..., vocab:] = 1e4  # trained, zeroed or huge padding rows: the same loss
+    assert torch.equal(vocab_cross_entropy(shifted, labels, vocab), loss.detach())
+    unpadded = vocab_cross_entropy(logits.detach(), labels, padded)  # no padding: megatron's loss
+    assert not torch.allclose(unpadded, loss.detach())
