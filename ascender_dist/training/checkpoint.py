@@ -312,30 +312,68 @@ def _check_file(path: Path, record: dict) -> Optional[str]:
     if size != record["size"]:
         return f"{path}: wrong size ({size} bytes, {record['size']} saved)"
     if _sha256(path) != record["sha256"]:
-        return f"{path}: checksum mismatch (sha256 differs from the one saved in meta.json)"
+        return f"{path}: checksum mismatch, sha256 differs from the saved one"
     return None
 
 
+_RNG_FILE = re.compile(r"^rng/rank_(\d+)\.pt$")
+_OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+
+
+def _layouts() -> Optional[list[tuple[int, int]]]:
+    """Collective: (data-parallel rank, model-parallel rank) of every rank, as DeepSpeed names its
+    files; None without megatron's model-parallel groups."""
+    from megatron.core import parallel_state as mps
+
+    if not mps.model_parallel_is_initialized():
+        return None
+    mine = (mps.get_data_parallel_rank(), mps.get_tensor_model_parallel_rank()
+            + mps.get_pipeline_model_parallel_rank() * mps.get_tensor_model_parallel_world_size())
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return [tuple(item) for item in gathered]
+
+
+def reader_ranks(names: list[str], world: int, layouts: Optional[list[tuple[int, int]]]) -> dict[str, int]:
+    """The rank that reads each file on load (its RNG state, its ZeRO shard, dp-rank 0 of its model
+    shard); files of no known owner (pipeline layer files, ...) go round-robin over the ranks."""
+    owners = {}
+    for index, name in enumerate(names):
+        owner = None
+        if match := _RNG_FILE.match(name):
+            owner = int(match.group(1))
+        elif layouts and (match := _OPTIM_FILE.match(name)):
+            key = (int(match.group(1)), int(match.group(2)))
+            owner = layouts.index(key) if key in layouts else None
+        elif layouts and (match := _MODEL_FILE.match(name)):
+            key = (0, int(match.group(1)))
+            owner = layouts.index(key) if key in layouts else None
+        owners[name] = owner if owner is not None and owner < world else index % world
+    return owners
+
+
 def verify_files(checkpoint_dir: Path, tag: str) -> None:
-    """Collective, before anything is loaded: every file recorded in the tag's meta.json is checked
-    (size, then sha256; each rank checks every world-size-th file, in parallel); if any rank finds a
-    problem, every rank raises the same CheckpointError naming the file, that rank and the problem."""
+    """Collective, before anything is loaded: each rank checks the files of the tag it will read
+    (size, then sha256, against meta.json's ``files``); if any rank finds a problem, every rank
+    raises the same one-line CheckpointError naming the file, its rank and what is wrong."""
     tag_dir = Path(checkpoint_dir) / tag
     records = read_meta(checkpoint_dir, tag).get("files")
     rank, world = dist.get_rank(), dist.get_world_size()
+    layouts = _layouts()
     problem = None
     if records is None:
         if rank == 0:
             log.warning("%s: meta.json records no file checksums (older checkpoint): files not verified", tag_dir)
     else:
-        for name in sorted(records)[rank::world]:
-            problem = _check_file(tag_dir / name, records[name])
-            if problem:
+        owners = reader_ranks(sorted(records), world, layouts)
+        for name in sorted(records):
+            if owners[name] == rank and (problem := _check_file(tag_dir / name, records[name])):
                 break
     failure = first_failure(problem)
     if failure:
-        raise CheckpointError(f"{failure[1]} (checkpoint files are checked before loading; found on rank "
-                              f"{failure[0]})", rank=failure[0])
+        raise CheckpointError(f"{failure[1]} (rank {failure[0]}'s file, checked before anything was loaded)",
+                              rank=failure[0])
 
 
 def load_checkpoint(engine, checkpoint_dir: Path, tag: Optional[str] = None) -> Optional[dict]:

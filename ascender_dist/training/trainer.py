@@ -80,7 +80,7 @@ class Trainer:
         """``init_state``: canonical full weights to start from (else ``checkpoint.init_from``, else
         random init); ignored when a checkpoint to resume from exists."""
         self.cfg = cfg
-        init_process_group()
+        init_process_group(cfg.parallel.distributed_timeout_minutes)
         self.tokenizer = _tokenizer(cfg)
         self.derived: Derived = derive(cfg, dist.get_world_size(),
                                        self.tokenizer.vocab_size if self.tokenizer else None)

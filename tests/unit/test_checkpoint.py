@@ -172,7 +172,7 @@ def test_save_records_every_file_size_and_sha256_in_meta(single_rank_group, tmp_
 
 @pytest.mark.parametrize("damage, what", [
     (lambda f: f.write_bytes(f.read_bytes()[:-3]), r"truncated \(6 of 9 bytes\)"),
-    (lambda f: f.write_bytes(b"X" + f.read_bytes()[1:]), r"checksum mismatch"),
+    (lambda f: f.write_bytes(b"X" + f.read_bytes()[1:]), r"checksum mismatch, sha256 differs from the saved one"),
     (lambda f: f.unlink(), r"missing"),
 ])
 def test_a_damaged_file_is_named_before_anything_is_loaded(single_rank_group, tmp_path, damage, what):
@@ -180,7 +180,7 @@ def test_a_damaged_file_is_named_before_anything_is_loaded(single_rank_group, tm
     damage(tmp_path / "step_00000001" / "weights.txt")
     engine = FakeEngine("")
     with pytest.raises(ckpt.CheckpointError, match=rf"^{tmp_path / 'step_00000001' / 'weights.txt'}: {what} "
-                                                   r"\(.*found on rank 0\)$") as info:
+                                                   r"\(rank 0's file, checked before anything was loaded\)$") as info:
         ckpt.load_checkpoint(engine, tmp_path)
     assert engine.loaded is None and info.value.rank == 0 and "\n" not in str(info.value)
 
@@ -208,3 +208,16 @@ def test_a_failed_save_is_one_line_removes_its_partial_directory_and_keeps_lates
     assert re.search(r"; \d+\.\d (GiB|MiB) free there", message) and "\n" not in message
     assert not (tmp_path / "step_00000002.partial").exists() and not (tmp_path / "step_00000002").exists()
     assert ckpt.latest_tag(tmp_path) == "step_00000001" and _load(tmp_path) == "one"
+
+
+def test_each_file_is_checked_by_the_rank_that_reads_it():
+    names = sorted(["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt", "rng/rank_00000.pt",
+                    "rng/rank_00003.pt", "zero_pp_rank_0_mp_rank_01_optim_states.pt",
+                    "zero_pp_rank_1_mp_rank_00_optim_states.pt", "layer_01-model_00-model_states.pt"])
+    layouts = [(0, 0), (0, 1), (1, 0), (1, 1)]  # (dp rank, mp rank) of ranks 0..3: tp 2 x dp 2
+    owners = ckpt.reader_ranks(names, 4, layouts)
+    assert owners["rng/rank_00003.pt"] == 3 and owners["rng/rank_00000.pt"] == 0
+    assert owners["zero_pp_rank_1_mp_rank_00_optim_states.pt"] == 2
+    assert owners["zero_pp_rank_0_mp_rank_01_optim_states.pt"] == 1
+    assert owners["mp_rank_01_model_states.pt"] == 1 and owners["mp_rank_00_model_states.pt"] == 0
+    assert owners["layer_01-model_00-model_states.pt"] == names.index("layer_01-model_00-model_states.pt") % 4
