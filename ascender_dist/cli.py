@@ -55,7 +55,7 @@ def _run(fn, *args) -> int:
     try:
         fn(*args)
     except _user_errors() as exc:
-        job_errors.report(str(exc))
+        job_errors.report(str(exc), getattr(exc, "rank", None))
         return 2
     except Exception as exc:  # noqa: BLE001 (reported once per job below, with its traceback)
         if not job_errors.multi_rank_launch():

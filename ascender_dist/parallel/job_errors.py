@@ -126,12 +126,14 @@ def _release_peers(store, world: int) -> None:
         pass
 
 
-def report(message: str) -> None:
-    """Report a user error: one ``error:`` line for the whole job."""
+def report(message: str, about_rank: Optional[int] = None) -> None:
+    """Report a user error: one ``error:`` line for the whole job, naming ``about_rank`` (the rank
+    a collective check found the problem on) or else the reporting rank."""
     rank, world = _rank_and_world()
     store = _store()
     if _claim(store, rank):
-        write_line(f"error: rank {rank}: {message}" if world > 1 else f"error: {message}")
+        named = rank if about_rank is None else about_rank
+        write_line(f"error: rank {named}: {message}" if world > 1 else f"error: {message}")
     _release_peers(store, world)
 
 
