@@ -202,7 +202,7 @@ def _write_failure(exc: BaseException) -> str:
     reason = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
               errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EROFS: "read-only file system",
               errno.EFBIG: "file too large"}.get(getattr(exc, "errno", None))
-    return f"{reason} ({_first_line(exc)})" if reason else _first_line(exc)
+    return f"{reason or 'write failed'} ({_first_line(exc)})"
 
 
 def _save_failed(checkpoint_dir: Path, tag: str, failure: tuple[int, str]) -> CheckpointError:
@@ -214,19 +214,19 @@ def _save_failed(checkpoint_dir: Path, tag: str, failure: tuple[int, str]) -> Ch
     latest = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
     rank, message = failure
     return CheckpointError(
-        f"{checkpoint_dir}: saving {tag} failed on rank {rank}: {message}; {_free_space(checkpoint_dir)} free there; "
-        f"removed {staged.name}, " + (f"latest still names {latest}" if latest else "no checkpoint was written yet"),
-        rank=rank)
+        f"{checkpoint_dir}: saving {tag} failed on rank {rank}: {message}; removed {staged.name}, "
+        + (f"latest still names {latest}" if latest else "no checkpoint was written yet"), rank=rank)
 
 
-def _writing(fn) -> Optional[str]:
-    """Run a write step; its failure (disk full, permission, torch's stream writer) as one line."""
+def _writing(fn, checkpoint_dir: Path) -> Optional[str]:
+    """Run a write step; its failure (disk full, permission, torch's stream writer) as one line,
+    with the free space the failing rank saw."""
     try:
         fn()
     except (OSError, RuntimeError) as exc:
         if isinstance(exc, dist.DistError):  # a peer is gone: not a write problem of ours
             raise
-        return _write_failure(exc)
+        return f"{_write_failure(exc)}; {_free_space(checkpoint_dir)} free there"
     return None
 
 
@@ -266,7 +266,7 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
         shutil.rmtree(checkpoint_dir / staged, ignore_errors=True)  # a crash left a half-written save
         (checkpoint_dir / staged).mkdir()
 
-    failure = first_failure(_writing(prepare) if rank == 0 else None)
+    failure = first_failure(_writing(prepare, checkpoint_dir) if rank == 0 else None)
     if failure:
         raise _save_failed(checkpoint_dir, tag, failure)
 
@@ -283,7 +283,7 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
         rng_dir.mkdir(parents=True, exist_ok=True)
         torch.save(_rng_state(), rng_dir / f"rank_{rank:05d}.pt")
 
-    failure = first_failure(_writing(write_shards))
+    failure = first_failure(_writing(write_shards, checkpoint_dir))
     if failure:
         raise _save_failed(checkpoint_dir, tag, failure)
     records = _hash_share(checkpoint_dir / staged)
@@ -296,7 +296,7 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
         atomic_write_text(checkpoint_dir / LATEST, tag)
         _prune(checkpoint_dir, keep_last, tag)
 
-    failure = first_failure(_writing(publish) if rank == 0 else None)
+    failure = first_failure(_writing(publish, checkpoint_dir) if rank == 0 else None)
     if failure:
         raise _save_failed(checkpoint_dir, tag, failure)
     return tag

@@ -26,6 +26,7 @@ from ascender_dist.training.layer_stats import gather_layer_stats, set_collect_s
 from ascender_dist.models.ascender.common import set_aux_loss_scale
 from ascender_dist.models.counting import count_model
 from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, throughput
+from ascender_dist.training.resume_check import check_resume, data_fingerprint
 from ascender_dist.training.weights import pad_vocab, read_weights_file
 
 log = logging.getLogger("ascender_dist")
@@ -110,6 +111,7 @@ class Trainer:
         self.peak_tflops = peak_tflops_per_device(cfg.logging.peak_tflops_per_device)
         self.metrics = MetricLogger(self.derived.tensorboard_dir if cfg.logging.tensorboard else None,
                                     enabled=self.pstate.is_logging_rank)
+        self.data_record = {"data_fingerprint": data_fingerprint(cfg), "data_changes": []}  # -> meta.json
         if cfg.checkpoint.auto_resume:
             self.resume()
 
@@ -136,8 +138,10 @@ class Trainer:
         return ckpt.ensure_universal(directory, tag)
 
     def resume(self, tag: Optional[str] = None) -> bool:
-        tag = tag or self.resume_tag
+        tag = tag or self.resume_tag or ckpt.latest_tag(self.derived.checkpoint_dir)
         self.resume_tag = None  # a universal copy is read once; later rollbacks use our own checkpoints
+        if tag is not None:  # same model, same data (or a change the config allows), before loading
+            self.data_record = check_resume(self.cfg, self.derived.checkpoint_dir, tag, self.pstate.is_logging_rank)
         client_state = ckpt.load_checkpoint(self.engine, self.derived.checkpoint_dir, tag)
         if client_state is None:
             return False
@@ -165,7 +169,7 @@ class Trainer:
             "zero_stage": self.cfg.parallel.zero_stage,
             "vocab_size": self.cfg.model.vocab_size or (self.tokenizer.vocab_size if self.tokenizer else None),
             "padded_vocab_size": self.derived.padded_vocab_size,
-            "data": self.loader.state_dict(),
+            "data": self.loader.state_dict(), **self.data_record,
             "versions": {name: version(name) for name in ("ascender-dist", "megatron-core", "deepspeed", "torch")},
         }
 

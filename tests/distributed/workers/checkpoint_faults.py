@@ -14,10 +14,13 @@ from tests.helpers.data import tiny_run_config
 from tests.helpers.multiproc import run_checks
 
 
-def _trainer(data, out: Path, **sections):
+def _trainer(dataset, out: Path, **sections):
     from ascender_dist.training.trainer import Trainer
 
-    return Trainer(config_from_dict(tiny_run_config(data, out, train={"train_steps": 4}, **sections)))
+    from ascender_dist.config.loader import deep_merge
+
+    raw = deep_merge(tiny_run_config(dataset, out, train={"train_steps": 4}), sections)  # (sections may hold data=)
+    return Trainer(config_from_dict(raw))
 
 
 def _error_of(fn) -> dict:
@@ -61,8 +64,47 @@ def write_fails_on_rank1(data, root: Path) -> dict:
             "latest": (checkpoints / "latest").read_text()}
 
 
+def _config_error_of(fn) -> dict:
+    from ascender_dist.config.errors import ConfigError
+
+    try:
+        fn()
+    except ConfigError as exc:
+        return {"message": str(exc)}
+    return {"message": None}
+
+
+def resume_checks(data, root: Path) -> dict:
+    """Resume with another model field, then on a manifest of other content (refused, then allowed)."""
+    import json
+    import shutil
+
+    out = root / "checked"
+    _trainer(data, out).fit(stop_at=2)
+    changed_model = _config_error_of(lambda: _trainer(data, out, model={"hidden_size": 64}))
+    moved = root / "moved_shards"
+    if dist.get_rank() == 0:  # the same shards elsewhere, and a manifest of other bytes (re-indented)
+        shutil.copytree(Path(data["manifest"]).parent, moved)
+        manifest = json.loads((moved / "manifest.json").read_text())
+        (moved / "manifest.json").write_text(json.dumps(manifest, indent=3))
+        shutil.copytree(Path(data["manifest"]).parent, root / "same_shards")
+    dist.barrier()
+    same = {**data, "manifest": str(root / "same_shards" / "manifest.json")}
+    same_start = _trainer(same, out).step  # moved, same content: resumes
+    other = {**data, "manifest": str(moved / "manifest.json")}
+    refused = _config_error_of(lambda: _trainer(other, out))
+    allowed = _trainer(other, out, data={"allow_change_on_resume": True})
+    start = allowed.step
+    allowed.fit(stop_at=3)
+    meta = json.loads((out / "checkpoints" / "step_00000003" / "meta.json").read_text())
+    return {"changed_model": changed_model["message"], "same_start": same_start, "refused": refused["message"],
+            "allowed_start": start, "data_changes": meta["data_changes"], "fingerprint": meta["data_fingerprint"],
+            "manifest": other["manifest"]}
+
+
 def main(args):
     data, root = args["data"], Path(args["root"])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return run_checks({"damaged_file_of_rank1": lambda: damaged_file_of_rank1(data, root),
-                       "write_fails_on_rank1": lambda: write_fails_on_rank1(data, root)})
+                       "write_fails_on_rank1": lambda: write_fails_on_rank1(data, root),
+                       "resume_checks": lambda: resume_checks(data, root)})
