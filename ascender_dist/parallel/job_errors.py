@@ -22,6 +22,7 @@ Without a store (single process, or a process group someone else started) the li
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import re
 import sys
@@ -198,7 +199,12 @@ def report_timeout(exc: BaseException) -> None:
     store = _store()
     sys.stderr.write(f"rank {rank}: Python stack at the distributed timeout:\n")
     sys.stderr.write("".join(traceback.format_tb(exc.__traceback__)))
+    sys.stderr.write(f"rank {rank}: every thread now (faulthandler):\n")
     sys.stderr.flush()
+    try:
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    except (OSError, ValueError):  # stderr is not a real file
+        pass
     absent = None
     if store is not None:
         try:
