@@ -232,11 +232,18 @@ def _writing(fn, checkpoint_dir: Path) -> Optional[str]:
 
 def _hash_share(staged_dir: Path) -> dict:
     """Collective: size and sha256 of every file of the staging directory; each rank hashes every
-    world-size-th file (in parallel on shared storage), rank 0 receives them all."""
-    names = _files_under(staged_dir)
+    world-size-th file (in parallel on shared storage), every rank receives them all."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine = {name: {"size": (staged_dir / name).stat().st_size, "sha256": _sha256(staged_dir / name)}
-            for name in names[rank::world]}
+    mine: dict = {}
+
+    def hash_mine():
+        names = _files_under(staged_dir)
+        mine.update({name: {"size": (staged_dir / name).stat().st_size, "sha256": _sha256(staged_dir / name)}
+                     for name in names[rank::world]})
+
+    failure = first_failure(_writing(hash_mine, staged_dir.parent))
+    if failure:
+        raise _save_failed(staged_dir.parent, staged_dir.name.removesuffix(PARTIAL), failure)
     gathered: list = [None] * world
     dist.all_gather_object(gathered, mine)
     return {name: record for part in gathered for name, record in sorted(part.items())}
