@@ -32,7 +32,8 @@ def test_a_write_failing_on_one_rank_fails_the_save_everywhere_and_keeps_latest(
     values = assert_check(results, "write_fails_on_rank1")
     assert values[0]["message"] == values[1]["message"]
     message = values[0]["message"]
-    assert message.startswith(f"{values[0]['dir']}: saving step_00000002 failed on rank 1: write failed (RuntimeError: "), message
+    prefix = f"{values[0]['dir']}: saving step_00000002 failed on rank 1: write failed (RuntimeError: "
+    assert message.startswith(prefix), message
     assert re.search(r"; \d+\.\d (GiB|MiB) free there; removed step_00000002.partial, latest still names "
                      r"step_00000001$", message), message
     assert "\n" not in message and values[0]["rank"] == 1

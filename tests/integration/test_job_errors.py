@@ -99,7 +99,8 @@ def test_a_stopped_rank_ends_the_job_after_the_distributed_timeout(data, tmp_pat
     lines = [line for line in text.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, text[-3000:]
     assert re.fullmatch(r"error: rank 0: (all_reduce|barrier|broadcast|all_gather\w*|reduce_scatter\w*) timed out "
-                        r"after 1 min \(parallel.distributed_timeout_minutes\); rank 1 did not arrive", lines[0]), lines[0]
+                        r"after 1 min \(parallel.distributed_timeout_minutes\); rank 1 did not arrive",
+                        lines[0]), lines[0]
     assert "rank 0: Python stack at the distributed timeout:" in text  # the stack rank 0 waited in
     assert "trainer.py" in text.split("Python stack at the distributed timeout:")[1]
     assert "rank 0: every thread now (faulthandler):" in text and "Current thread" in text
