@@ -62,7 +62,7 @@ def _run(fn, *args) -> int:
             raise
         if job_errors.is_timeout(exc):
             job_errors.report_timeout(exc)
-            return 3
+            job_errors.exit_now(3)
         return 2 if job_errors.report_unexpected(exc) else 1
     return 0
 

@@ -106,18 +106,33 @@ def claimed_by_another_rank() -> bool:
         return False
 
 
-def _release_peers(store, world: int) -> None:
-    """Close a gloo process group so peers blocked in a collective with us fail now (and find the
-    claim), then wait until every rank has looked or a few seconds passed."""
+def _close_gloo_group() -> None:
+    """Close a gloo process group, so peers blocked in a collective with this rank fail now. In a
+    thread joined for at most a few seconds: closing waits for this rank's queued work, which a
+    stopped peer may never complete (the launcher stops the peers anyway)."""
+    import threading
+
+    def close():
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized() and dist.get_backend() == "gloo":
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 (best effort)
+            pass
+
+    thread = threading.Thread(target=close, daemon=True)
+    thread.start()
+    thread.join(PEER_WAIT_S)
+
+
+def _release_peers(store, world: int, wake: bool = True) -> None:
+    """Wake peers blocked in a collective with us (``wake``), so they fail now and find the claim,
+    then wait until every rank has looked or a few seconds passed."""
     if store is None:
         return
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized() and dist.get_backend() == "gloo":
-            dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 (best effort: the launcher stops the peers anyway)
-        pass
+    if wake:
+        _close_gloo_group()
     deadline = time.monotonic() + PEER_WAIT_S
     try:
         store.add(DONE, 1)
@@ -220,4 +235,19 @@ def report_timeout(exc: BaseException) -> None:
     if _claim(store, rank):
         write_line(f"error: rank {rank}: {collective_name(exc)} timed out{after} "
                    f"(parallel.distributed_timeout_minutes){missing}")
-    _release_peers(store, world)
+    _release_peers(store, world, wake=False)  # live peers time out by themselves; a stopped one never wakes
+
+
+def exit_now(status: int) -> None:
+    """Flush and end the process without interpreter teardown, which would first wait for this
+    rank's queued collectives with a missing rank (one process-group timeout each), keeping the
+    job alive: the launcher stops the peers only once a rank has exited."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)

@@ -144,8 +144,11 @@ def init_single_process() -> None:
     init_process_group()
 
 
-def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int) -> ParallelState:
-    """megatron-core's TP/PP/DP groups plus its model-parallel RNG tracker (same init on every DP replica)."""
+def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int,
+                        timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> ParallelState:
+    """megatron-core's TP/PP/DP groups plus its model-parallel RNG tracker (same init on every DP
+    replica). ``timeout_minutes`` bounds the collectives of these groups too (DeepSpeed reduces
+    gradients over the data-parallel one); megatron's own default is 30."""
     import torch.distributed as dist
     from megatron.core import parallel_state as mps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -159,7 +162,8 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int)
         mps.destroy_model_parallel()  # a new layout in the same process (tests, conversions)
     if not mps.model_parallel_is_initialized():
         mps.initialize_model_parallel(
-            tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel
+            tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
+            distributed_timeout_minutes=timeout_minutes,
         )
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)

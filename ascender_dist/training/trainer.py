@@ -88,7 +88,8 @@ class Trainer:
         set_aux_loss_scale(aux_loss_gradient_scale(self.derived.gradient_accumulation_steps,
                                                    cfg.parallel.tensor_model_parallel_size))
         p = cfg.parallel
-        self.pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed)
+        self.pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed,
+                                          p.distributed_timeout_minutes)
         self.loader = build_loader(cfg, self.tokenizer, self.pstate)
         self.val_loader = build_loader(cfg, self.tokenizer, self.pstate, split="val") if cfg.train.eval_interval else None
         ckpt.prepare_checkpoint_dir(self.derived.checkpoint_dir)

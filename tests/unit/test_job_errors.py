@@ -80,3 +80,19 @@ def test_the_collective_of_a_timeout_is_named():
     assert job_errors.collective_name(info.value) == "all_reduce"
     assert job_errors._timeout_minutes(info.value) == 1
     assert not job_errors.is_timeout(RuntimeError("Timed out"))  # not raised inside torch.distributed
+
+
+def test_distributed_timeout_reaches_megatrons_model_parallel_groups():
+    """DeepSpeed reduces gradients over megatron's data-parallel group: its timeout must be ours
+    (megatron's default is 30 minutes)."""
+
+    class Called(Exception):
+        pass
+
+    with mock.patch("megatron.core.parallel_state.model_parallel_is_initialized", return_value=False), \
+            mock.patch("megatron.core.parallel_state.initialize_model_parallel", side_effect=Called) as init_mp, \
+            mock.patch("ascender_dist.compat.megatron_cpu.install_if_needed"):
+        with pytest.raises(Called):
+            setup.init_model_parallel(2, 1, seed=0, timeout_minutes=7)
+    assert init_mp.call_args.kwargs == {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
+                                        "distributed_timeout_minutes": 7}
