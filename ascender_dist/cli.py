@@ -50,11 +50,23 @@ def _user_errors():
 
 
 def _run(fn, *args) -> int:
+    """Run a command; a user error ends it with one ``error:`` line for the whole job (all ranks
+    together: :mod:`ascender_dist.parallel.job_errors`) and status 2."""
+    from ascender_dist.parallel import job_errors
+
+    job_errors.connect()
     try:
         fn(*args)
     except _user_errors() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        job_errors.report(str(exc), getattr(exc, "rank", None))
         return 2
+    except Exception as exc:  # noqa: BLE001 (reported once per job below, with its traceback)
+        if not job_errors.multi_rank_launch():
+            raise
+        if job_errors.is_timeout(exc):
+            job_errors.report_timeout(exc)
+            job_errors.exit_now(3)
+        return 2 if job_errors.report_unexpected(exc) else 1
     return 0
 
 

@@ -2,7 +2,9 @@
 
 Every file the pipeline produces is written under a temporary name in the same directory
 and renamed into place, so an interrupted or failed write never destroys a file that was
-already there (rename is atomic on POSIX within one filesystem).
+already there (rename is atomic on POSIX within one filesystem). The file gets the mode a plain
+``open()`` would give it (0666 minus the umask, 0644 by default), not mkstemp's private 0600, so
+a group sharing the directory can read it.
 """
 
 from __future__ import annotations
@@ -20,12 +22,39 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, umask_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
         _unlink_quietly(tmp)
         raise
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (a set-and-restore would
+    race with other threads creating files)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def umask_mode() -> int:
+    """Mode of a regular file created by ``open()`` under the current umask."""
+    return 0o666 & ~current_umask()
+
+
+def honour_umask(path: Path) -> None:
+    """Give a file a writer created private (mkstemp, safetensors' ``save_file``: 0600) the mode
+    ``open()`` would have given it. Call before renaming it into place."""
+    os.chmod(path, umask_mode())
 
 
 def atomic_write_text(path: Path, text: str) -> None:

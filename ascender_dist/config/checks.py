@@ -21,6 +21,7 @@ def check_positive_sizes(cfg: RunConfig) -> None:
         ("parallel.pipeline_model_parallel_size", cfg.parallel.pipeline_model_parallel_size),
         ("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by),
         ("logging.log_interval", cfg.logging.log_interval),
+        ("parallel.distributed_timeout_minutes", cfg.parallel.distributed_timeout_minutes),
     ]:
         if value < 1:
             raise ConfigError(path, f"must be >= 1 (got {value})")

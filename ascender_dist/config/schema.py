@@ -55,6 +55,8 @@ class ParallelConfig:
     sequence_parallel: bool = False
     zero_stage: int = 1
     activation_checkpointing: bool = False
+    # a collective that waits longer ends the job, naming the collective and the missing rank
+    distributed_timeout_minutes: int = 10
 
 
 @dataclass
@@ -106,6 +108,8 @@ class DataConfig:
     # read shards through a URL template, e.g. "pipe:aws s3 cp s3://bucket/{name} -"
     url_template: Optional[str] = None
     on_corrupt: Literal["error", "skip"] = "error"
+    # resume on data whose manifest content differs from the checkpoint's (else refused)
+    allow_change_on_resume: bool = False
 
 
 @dataclass

@@ -51,8 +51,63 @@ def _set_cpu_threads() -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
 
 
-def init_process_group() -> None:
-    """Start torch.distributed through DeepSpeed (reads RANK/WORLD_SIZE/MASTER_* from the launcher)."""
+DEFAULT_TIMEOUT_MINUTES = 10  # parallel.distributed_timeout_minutes (torch's gloo default is 30)
+
+_job_store = None  # (environment key, store) of this process
+
+
+def launcher_env() -> tuple[str, int, int, int]:
+    """(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) as the launcher (deepspeed, torchrun) sets them."""
+    return (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["RANK"]),
+            int(os.environ["WORLD_SIZE"]))
+
+
+def job_store(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES):
+    """The job's rendezvous key-value store, made once per process from the launcher's environment
+    (rank 0 hosts it on MASTER_ADDR:MASTER_PORT, or torchrun's agent does). The process group is
+    built on it, and it exists before the config is read, so ranks can agree which one reports an
+    error (:mod:`ascender_dist.parallel.job_errors`) even when the process group never started."""
+    import torch.distributed as dist
+
+    global _job_store
+    from datetime import timedelta
+
+    key = launcher_env()
+    if _job_store is None or _job_store[0] != key:
+        addr, port, rank, world = key
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts it
+        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
+                              timeout=timedelta(minutes=timeout_minutes), wait_for_workers=False)
+        if agent:  # the key space torch's own env:// rendezvous uses under torchrun
+            store = dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        _job_store = (key, store)
+    return _job_store[1]
+
+
+def existing_job_store():
+    """The store :func:`job_store` made in this process, or None."""
+    return _job_store[1] if _job_store is not None else None
+
+
+def process_group_kwargs(backend: str, timeout_minutes: float) -> dict:
+    """Arguments of ``torch.distributed.init_process_group``: ``timeout`` bounds every collective
+    (gloo) and arms the NCCL watchdog, so a rank that stops answering ends the job."""
+    from datetime import timedelta
+
+    _, _, rank, world = launcher_env()
+    return {"backend": backend, "store": job_store(timeout_minutes), "rank": rank, "world_size": world,
+            "timeout": timedelta(minutes=timeout_minutes)}
+
+
+def init_process_group(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> None:
+    """Start torch.distributed on the job store (RANK/WORLD_SIZE/MASTER_* from the launcher) with
+    ``timeout_minutes`` for every collective, then hand it to DeepSpeed (which adopts an existing
+    process group). faulthandler is enabled so that a rank the NCCL watchdog aborts dumps its
+    Python stack to its log."""
+    import faulthandler
+    import sys
+    from datetime import timedelta
+
     import deepspeed
     import torch.distributed as dist
 
@@ -65,7 +120,11 @@ def init_process_group() -> None:
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    if not faulthandler.is_enabled():
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    dist.init_process_group(**process_group_kwargs(backend, timeout_minutes))
+    job_store(timeout_minutes).set_timeout(timedelta(minutes=timeout_minutes))
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))
 
 
 def init_single_process() -> None:
@@ -85,8 +144,11 @@ def init_single_process() -> None:
     init_process_group()
 
 
-def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int) -> ParallelState:
-    """megatron-core's TP/PP/DP groups plus its model-parallel RNG tracker (same init on every DP replica)."""
+def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int,
+                        timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> ParallelState:
+    """megatron-core's TP/PP/DP groups plus its model-parallel RNG tracker (same init on every DP
+    replica). ``timeout_minutes`` bounds the collectives of these groups too (DeepSpeed reduces
+    gradients over the data-parallel one); megatron's own default is 30."""
     import torch.distributed as dist
     from megatron.core import parallel_state as mps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -100,7 +162,8 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int)
         mps.destroy_model_parallel()  # a new layout in the same process (tests, conversions)
     if not mps.model_parallel_is_initialized():
         mps.initialize_model_parallel(
-            tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel
+            tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
+            distributed_timeout_minutes=timeout_minutes,
         )
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)

@@ -18,6 +18,8 @@ random numbers (dropout) as an uninterrupted one.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import logging
 import os
@@ -30,6 +32,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ascender_dist.training.guard import any_rank
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1  # of the files we add next to DeepSpeed's (COMPLETE, meta.json, config.yaml, rng/)
@@ -41,7 +45,12 @@ _TAG_RE = re.compile(r"^step_(\d+)$")
 
 
 class CheckpointError(RuntimeError):
-    pass
+    """A checkpoint that cannot be written or read. ``rank``: the rank that found the problem,
+    when it is not the one reporting it (a collective check)."""
+
+    def __init__(self, message: str, rank: Optional[int] = None):
+        super().__init__(message)
+        self.rank = rank
 
 
 def tag_for_step(step: int) -> str:
@@ -159,39 +168,230 @@ def _publish(checkpoint_dir: Path, tag: str) -> None:
     os.replace(staged, final)
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files_under(directory: Path) -> list[str]:
+    """Every regular file below ``directory``, as sorted POSIX paths relative to it."""
+    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+
+
+def first_failure(problem: Optional[str]) -> Optional[tuple[int, str]]:
+    """Collective: (rank, message) of the lowest rank that passed a problem, else None on every rank."""
+    if not any_rank(problem is not None):
+        return None
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, problem)
+    return next((rank, message) for rank, message in enumerate(gathered) if message is not None)
+
+
+def _free_space(directory: Path) -> str:
+    for path in (directory, *directory.parents):
+        if path.exists():
+            free = shutil.disk_usage(path).free
+            return f"{free / 2**30:.1f} GiB" if free >= 2**30 else f"{free / 2**20:.1f} MiB"
+    return "unknown"
+
+
+def _write_failure(exc: BaseException) -> str:
+    reason = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+              errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EROFS: "read-only file system",
+              errno.EFBIG: "file too large"}.get(getattr(exc, "errno", None))
+    return f"{reason or 'write failed'} ({_first_line(exc)})"
+
+
+def _save_failed(checkpoint_dir: Path, tag: str, failure: tuple[int, str]) -> CheckpointError:
+    """Every rank: remove the staging directory (rank 0) and build the one-line error."""
+    staged = checkpoint_dir / (tag + PARTIAL)
+    if dist.get_rank() == 0:
+        shutil.rmtree(staged, ignore_errors=True)
+    pointer = checkpoint_dir / LATEST
+    latest = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
+    rank, message = failure
+    return CheckpointError(
+        f"{checkpoint_dir}: saving {tag} failed on rank {rank}: {message}; removed {staged.name}, "
+        + (f"latest still names {latest}" if latest else "no checkpoint was written yet"), rank=rank)
+
+
+def _writing(fn, checkpoint_dir: Path) -> Optional[str]:
+    """Run a write step; its failure (disk full, permission, torch's stream writer) as one line,
+    with the free space the failing rank saw."""
+    try:
+        fn()
+    except (OSError, RuntimeError) as exc:
+        if isinstance(exc, dist.DistError):  # a peer is gone: not a write problem of ours
+            raise
+        return f"{_write_failure(exc)}; {_free_space(checkpoint_dir)} free there"
+    return None
+
+
+def _hash_share(staged_dir: Path) -> dict:
+    """Collective: size and sha256 of every file of the staging directory; each rank hashes every
+    world-size-th file (in parallel on shared storage), every rank receives them all."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine: dict = {}
+
+    def hash_mine():
+        names = _files_under(staged_dir)
+        mine.update({name: {"size": (staged_dir / name).stat().st_size, "sha256": _sha256(staged_dir / name)}
+                     for name in names[rank::world]})
+
+    failure = first_failure(_writing(hash_mine, staged_dir.parent))
+    if failure:
+        raise _save_failed(staged_dir.parent, staged_dir.name.removesuffix(PARTIAL), failure)
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, mine)
+    return {name: record for part in gathered for name, record in sorted(part.items())}
+
+
+def _with_file_records(extra_files: dict[str, str], records: dict) -> dict[str, str]:
+    """meta.json gains ``files``: {relative path: {size, sha256}} of everything the ranks wrote."""
+    meta = json.loads(extra_files.get("meta.json", "{}"))
+    meta["files"] = records
+    return {**extra_files, "meta.json": json.dumps(meta, indent=1)}
+
+
 def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict, keep_last: int,
                     extra_files: Optional[dict[str, str]] = None) -> str:
-    """Collective: every rank must call it. Returns the tag written."""
+    """Collective: every rank must call it. Returns the tag written.
+
+    A write that fails on any rank (disk full, permission) fails the save on every rank with the
+    same one-line CheckpointError naming the directory and its free space; the staging directory
+    is removed and ``latest`` stays where it was."""
     checkpoint_dir = Path(checkpoint_dir)
     tag = tag_for_step(step)
     staged = tag + PARTIAL
     rank = dist.get_rank()
-    if rank == 0:
+
+    def prepare():
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(checkpoint_dir / staged, ignore_errors=True)  # a crash left a half-written save
-    dist.barrier()
-    engine.save_checkpoint(str(checkpoint_dir), tag=staged, client_state=client_state, save_latest=False)
-    rng_dir = checkpoint_dir / staged / "rng"
-    rng_dir.mkdir(parents=True, exist_ok=True)
-    torch.save(_rng_state(), rng_dir / f"rank_{rank:05d}.pt")
-    dist.barrier()
-    if rank == 0:
-        for name, text in (extra_files or {}).items():
+        (checkpoint_dir / staged).mkdir()
+
+    failure = first_failure(_writing(prepare, checkpoint_dir) if rank == 0 else None)
+    if failure:
+        raise _save_failed(checkpoint_dir, tag, failure)
+
+    def write_shards():
+        try:
+            engine.save_checkpoint(str(checkpoint_dir), tag=staged, client_state=client_state, save_latest=False)
+        except (OSError, RuntimeError) as exc:
+            if not isinstance(exc, dist.DistError):
+                # DeepSpeed's writes follow all its collectives but its closing barrier: meet the
+                # peers there, then agree on the failure
+                dist.barrier()
+            raise
+        rng_dir = checkpoint_dir / staged / "rng"
+        rng_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(_rng_state(), rng_dir / f"rank_{rank:05d}.pt")
+
+    failure = first_failure(_writing(write_shards, checkpoint_dir))
+    if failure:
+        raise _save_failed(checkpoint_dir, tag, failure)
+    records = _hash_share(checkpoint_dir / staged)
+
+    def publish():
+        for name, text in _with_file_records(extra_files or {}, records).items():
             atomic_write_text(checkpoint_dir / staged / name, text)
         atomic_write_text(checkpoint_dir / staged / COMPLETE, f"{step}\n")
         _publish(checkpoint_dir, tag)
         atomic_write_text(checkpoint_dir / LATEST, tag)
         _prune(checkpoint_dir, keep_last, tag)
-    dist.barrier()
+
+    failure = first_failure(_writing(publish, checkpoint_dir) if rank == 0 else None)
+    if failure:
+        raise _save_failed(checkpoint_dir, tag, failure)
     return tag
 
 
+def _check_file(path: Path, record: dict) -> Optional[str]:
+    """What is wrong with one checkpoint file, or None."""
+    if not path.is_file():
+        return f"{path}: missing"
+    size = path.stat().st_size
+    if size < record["size"]:
+        return f"{path}: truncated ({size} of {record['size']} bytes)"
+    if size != record["size"]:
+        return f"{path}: wrong size ({size} bytes, {record['size']} saved)"
+    if _sha256(path) != record["sha256"]:
+        return f"{path}: checksum mismatch, sha256 differs from the saved one"
+    return None
+
+
+_RNG_FILE = re.compile(r"^rng/rank_(\d+)\.pt$")
+_OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+
+
+def _layouts() -> Optional[list[tuple[int, int]]]:
+    """Collective: (data-parallel rank, model-parallel rank) of every rank, as DeepSpeed names its
+    files; None without megatron's model-parallel groups."""
+    from megatron.core import parallel_state as mps
+
+    if not mps.model_parallel_is_initialized():
+        return None
+    mine = (mps.get_data_parallel_rank(), mps.get_tensor_model_parallel_rank()
+            + mps.get_pipeline_model_parallel_rank() * mps.get_tensor_model_parallel_world_size())
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    return [tuple(item) for item in gathered]
+
+
+def reader_ranks(names: list[str], world: int, layouts: Optional[list[tuple[int, int]]]) -> dict[str, int]:
+    """The rank that reads each file on load (its RNG state, its ZeRO shard, dp-rank 0 of its model
+    shard); files of no known owner (pipeline layer files, ...) go round-robin over the ranks."""
+    owners = {}
+    for index, name in enumerate(names):
+        owner = None
+        if match := _RNG_FILE.match(name):
+            owner = int(match.group(1))
+        elif layouts and (match := _OPTIM_FILE.match(name)):
+            key = (int(match.group(1)), int(match.group(2)))
+            owner = layouts.index(key) if key in layouts else None
+        elif layouts and (match := _MODEL_FILE.match(name)):
+            key = (0, int(match.group(1)))
+            owner = layouts.index(key) if key in layouts else None
+        owners[name] = owner if owner is not None and owner < world else index % world
+    return owners
+
+
+def verify_files(checkpoint_dir: Path, tag: str) -> None:
+    """Collective, before anything is loaded: each rank checks the files of the tag it will read
+    (size, then sha256, against meta.json's ``files``); if any rank finds a problem, every rank
+    raises the same one-line CheckpointError naming the file, its rank and what is wrong."""
+    tag_dir = Path(checkpoint_dir) / tag
+    records = read_meta(checkpoint_dir, tag).get("files")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    layouts = _layouts()
+    problem = None
+    if records is None:
+        if rank == 0:
+            log.warning("%s: meta.json records no file checksums (older checkpoint): files not verified", tag_dir)
+    else:
+        owners = reader_ranks(sorted(records), world, layouts)
+        for name in sorted(records):
+            if owners[name] == rank and (problem := _check_file(tag_dir / name, records[name])):
+                break
+    failure = first_failure(problem)
+    if failure:
+        raise CheckpointError(f"{failure[1]} (rank {failure[0]}'s file, checked before anything was loaded)",
+                              rank=failure[0])
+
+
 def load_checkpoint(engine, checkpoint_dir: Path, tag: Optional[str] = None) -> Optional[dict]:
-    """Load ``tag`` (default: latest) into the engine; returns the client state, or None if none exists."""
+    """Collective. Load ``tag`` (default: latest) into the engine after :func:`verify_files`;
+    returns the client state, or None if no checkpoint exists."""
     checkpoint_dir = Path(checkpoint_dir)
     tag = tag or latest_tag(checkpoint_dir)
     if tag is None:
         return None
+    if not tag.endswith("-universal"):  # a universal copy's source is verified before conversion
+        verify_files(checkpoint_dir, tag)
     try:
         path, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
     except (RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as exc:
@@ -252,6 +452,7 @@ def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
     import sys
 
     checkpoint_dir = Path(checkpoint_dir)
+    verify_files(checkpoint_dir, tag)
     universal = f"{tag}-universal"
     if dist.get_rank() == 0 and not (checkpoint_dir / universal / COMPLETE).is_file():
         work = checkpoint_dir / f".{universal}.tmp"

@@ -28,6 +28,7 @@ from ascender_dist.training.lr_schedule import lr_at, set_lr
 from ascender_dist.models.ascender.common import set_aux_loss_scale
 from ascender_dist.models.counting import count_model
 from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, throughput
+from ascender_dist.training.resume_check import check_resume, data_fingerprint
 from ascender_dist.training.rollback import DivergenceError, RollbackPolicy
 from ascender_dist.training.weights import pad_vocab, read_weights_file
 
@@ -83,14 +84,15 @@ class Trainer:
         """``init_state``: canonical full weights to start from (else ``checkpoint.init_from``, else
         random init); ignored when a checkpoint to resume from exists."""
         self.cfg = cfg
-        init_process_group()
+        init_process_group(cfg.parallel.distributed_timeout_minutes)
         self.tokenizer = _tokenizer(cfg)
         self.derived: Derived = derive(cfg, dist.get_world_size(),
                                        self.tokenizer.vocab_size if self.tokenizer else None)
         set_aux_loss_scale(aux_loss_gradient_scale(self.derived.gradient_accumulation_steps,
                                                    cfg.parallel.tensor_model_parallel_size))
         p = cfg.parallel
-        self.pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed)
+        self.pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed,
+                                          p.distributed_timeout_minutes)
         self.loader = build_loader(cfg, self.tokenizer, self.pstate)
         self.val_loader = build_loader(cfg, self.tokenizer, self.pstate, split="val") if cfg.train.eval_interval else None
         ckpt.prepare_checkpoint_dir(self.derived.checkpoint_dir)
@@ -116,6 +118,7 @@ class Trainer:
         self.metrics = MetricLogger(self.derived.tensorboard_dir if cfg.logging.tensorboard else None,
                                     enabled=self.pstate.is_logging_rank, wandb=cfg.logging.wandb,
                                     run_dir=self.derived.output_dir, run_name=cfg.name, run_config=to_dict(cfg))
+        self.data_record = {"data_fingerprint": data_fingerprint(cfg), "data_changes": []}  # -> meta.json
         if cfg.checkpoint.auto_resume:
             self.resume()
 
@@ -142,8 +145,10 @@ class Trainer:
         return ckpt.ensure_universal(directory, tag)
 
     def resume(self, tag: Optional[str] = None) -> bool:
-        tag = tag or self.resume_tag
+        tag = tag or self.resume_tag or ckpt.latest_tag(self.derived.checkpoint_dir)
         self.resume_tag = None  # a universal copy is read once; later rollbacks use our own checkpoints
+        if tag is not None:  # same model, same data (or a change the config allows), before loading
+            self.data_record = check_resume(self.cfg, self.derived.checkpoint_dir, tag, self.pstate.is_logging_rank)
         client_state = ckpt.load_checkpoint(self.engine, self.derived.checkpoint_dir, tag)
         if client_state is None:
             return False
@@ -171,7 +176,7 @@ class Trainer:
             "zero_stage": self.cfg.parallel.zero_stage,
             "vocab_size": self.cfg.model.vocab_size or (self.tokenizer.vocab_size if self.tokenizer else None),
             "padded_vocab_size": self.derived.padded_vocab_size,
-            "data": self.loader.state_dict(),
+            "data": self.loader.state_dict(), **self.data_record,
             "versions": {name: version(name) for name in ("ascender-dist", "megatron-core", "deepspeed", "torch")},
         }
 

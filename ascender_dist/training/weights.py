@@ -130,8 +130,11 @@ def write_weights_file(state: dict[str, torch.Tensor], path: str | Path, metadat
 
     from safetensors.torch import save_file
 
+    from data_pipeline._io import honour_umask
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata=metadata)
+    honour_umask(tmp)  # safetensors writes 0600
     os.replace(tmp, path)

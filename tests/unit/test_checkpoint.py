@@ -7,6 +7,7 @@ launcher (tests/integration/test_fault_tolerance.py) covers DeepSpeed's own file
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,70 @@ def test_checkpoint_dir_that_is_a_file_stops_the_run_at_start(tmp_path):
         with pytest.raises(ckpt.CheckpointError) as info:
             ckpt.prepare_checkpoint_dir(path)
         assert str(info.value).startswith(f"{path}: {message}")
+
+
+def test_save_records_every_file_size_and_sha256_in_meta(single_rank_group, tmp_path):
+    import hashlib
+    import json
+
+    _save(tmp_path, 1, "one")
+    tag_dir = tmp_path / "step_00000001"
+    files = json.loads((tag_dir / "meta.json").read_text())["files"]
+    assert sorted(files) == ["rng/rank_00000.pt", "weights.txt"]
+    for name, record in files.items():
+        data = (tag_dir / name).read_bytes()
+        assert record == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    ckpt.verify_files(tmp_path, "step_00000001")  # intact: no error
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda f: f.write_bytes(f.read_bytes()[:-3]), r"truncated \(6 of 9 bytes\)"),
+    (lambda f: f.write_bytes(b"X" + f.read_bytes()[1:]), r"checksum mismatch, sha256 differs from the saved one"),
+    (lambda f: f.unlink(), r"missing"),
+])
+def test_a_damaged_file_is_named_before_anything_is_loaded(single_rank_group, tmp_path, damage, what):
+    _save(tmp_path, 1, "123456789")
+    damage(tmp_path / "step_00000001" / "weights.txt")
+    engine = FakeEngine("")
+    with pytest.raises(ckpt.CheckpointError, match=rf"^{tmp_path / 'step_00000001' / 'weights.txt'}: {what} "
+                                                   r"\(rank 0's file, checked before anything was loaded\)$") as info:
+        ckpt.load_checkpoint(engine, tmp_path)
+    assert engine.loaded is None and info.value.rank == 0 and "\n" not in str(info.value)
+
+
+class FullDisk(FakeEngine):
+    """The writer fails part-way like torch.save on a full disk (a partial file is left behind)."""
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        import errno
+
+        (Path(save_dir) / tag).mkdir(parents=True, exist_ok=True)
+        (Path(save_dir) / tag / "weights.txt").write_text(self.value[:2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_failed_save_is_one_line_removes_its_partial_directory_and_keeps_latest(single_rank_group, tmp_path):
+    _save(tmp_path, 1, "one")
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.save_checkpoint(FullDisk("two"), tmp_path, 2, client_state={}, keep_last=3,
+                             extra_files={"meta.json": "{}"})
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path}: saving step_00000002 failed on rank 0: no space left on device "
+                              f"(OSError: [Errno 28] No space left on device); ")
+    assert " free there; removed step_00000002.partial, latest still names step_00000001" in message
+    assert re.search(r"; \d+\.\d (GiB|MiB) free there", message) and "\n" not in message
+    assert not (tmp_path / "step_00000002.partial").exists() and not (tmp_path / "step_00000002").exists()
+    assert ckpt.latest_tag(tmp_path) == "step_00000001" and _load(tmp_path) == "one"
+
+
+def test_each_file_is_checked_by_the_rank_that_reads_it():
+    names = sorted(["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt", "rng/rank_00000.pt",
+                    "rng/rank_00003.pt", "zero_pp_rank_0_mp_rank_01_optim_states.pt",
+                    "zero_pp_rank_1_mp_rank_00_optim_states.pt", "layer_01-model_00-model_states.pt"])
+    layouts = [(0, 0), (0, 1), (1, 0), (1, 1)]  # (dp rank, mp rank) of ranks 0..3: tp 2 x dp 2
+    owners = ckpt.reader_ranks(names, 4, layouts)
+    assert owners["rng/rank_00003.pt"] == 3 and owners["rng/rank_00000.pt"] == 0
+    assert owners["zero_pp_rank_1_mp_rank_00_optim_states.pt"] == 2
+    assert owners["zero_pp_rank_0_mp_rank_01_optim_states.pt"] == 1
+    assert owners["mp_rank_01_model_states.pt"] == 1 and owners["mp_rank_00_model_states.pt"] == 0
+    assert owners["layer_01-model_00-model_states.pt"] == names.index("layer_01-model_00-model_states.pt") % 4

@@ -1,0 +1,111 @@
+"""What a resume checks before it loads anything: the model the config describes is the one the
+checkpoint holds, and the data is the data it was trained on (a fingerprint, as OLMo-core's
+loader keeps).
+
+- model: every field of ``model`` in the checkpoint's ``config.yaml`` must equal the run's; the
+  first that differs is named in one line with both values. Fields that do not change the weights'
+  meaning are exempt (dropouts, the init std, and ``preset``, whose values are resolved into fields);
+- data: the sha256 of each manifest's *content* (with its mixture weight) is recorded in
+  ``meta.json``; resuming on other data is refused unless ``data.allow_change_on_resume: true``,
+  in which case the change is logged and recorded in every later checkpoint (``data_changes``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.loader import to_dict
+from ascender_dist.config.schema import RunConfig
+from ascender_dist.training.checkpoint import CheckpointError, read_meta
+
+log = logging.getLogger(__name__)
+
+EXEMPT_MODEL_FIELDS = {"preset", "hidden_dropout", "attention_dropout", "init_method_std"}
+
+
+def _flatten(tree: dict, prefix: str) -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def data_sources(cfg: RunConfig) -> list[tuple[str, float]]:
+    d = cfg.data
+    return [(m.manifest, m.weight) for m in d.mixture] if d.mixture else [(d.manifest, 1.0)]
+
+
+def data_fingerprint(cfg: RunConfig) -> str:
+    """sha256 over (content sha256, weight) of every manifest, in mixture order: moving or renaming
+    the shards' directory keeps it, any change to what the manifests list changes it."""
+    parts = []
+    for manifest, weight in data_sources(cfg):
+        if not manifest:  # no data configured (a conversion's throw-away trainer)
+            parts.append(["", weight])
+            continue
+        try:
+            content = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()
+        except OSError as exc:
+            raise ConfigError("data.mixture" if cfg.data.mixture else "data.manifest",
+                              f"{manifest}: unreadable ({exc.strerror or exc})") from None
+        parts.append([content, weight])
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def _saved_model(tag_dir: Path) -> Optional[dict]:
+    path = tag_dir / "config.yaml"
+    if not path.is_file():
+        return None
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise CheckpointError(f"{path}: unreadable ({type(exc).__name__})") from None
+    return saved.get("model") if isinstance(saved, dict) else None
+
+
+def check_model(cfg: RunConfig, tag_dir: Path) -> None:
+    saved = _saved_model(tag_dir)
+    if saved is None:
+        return
+    ours, theirs = _flatten(to_dict(cfg)["model"], "model."), _flatten(saved, "model.")
+    differ = [key for key in ours if key in theirs and ours[key] != theirs[key]
+              and key.removeprefix("model.") not in EXEMPT_MODEL_FIELDS]
+    if differ:
+        more = f" (also differ: {', '.join(differ[1:])})" if len(differ) > 1 else ""
+        raise ConfigError(differ[0], f"checkpoint {tag_dir} has {theirs[differ[0]]!r}, the config has "
+                          f"{ours[differ[0]]!r}{more}; resume with the checkpoint's model, or start a new "
+                          f"checkpoint.dir")
+
+
+def check_resume(cfg: RunConfig, checkpoint_dir: Path, tag: str, log_it: bool) -> dict:
+    """Raise ConfigError if ``tag`` (a universal copy: its source) holds another model or was
+    trained on other data (unless allowed). Returns the data record for the run's next
+    checkpoints: ``data_fingerprint`` and the list of ``data_changes`` made on resumes."""
+    source = tag.removesuffix("-universal")
+    tag_dir = Path(checkpoint_dir) / source
+    check_model(cfg, tag_dir)
+    meta = read_meta(checkpoint_dir, source)
+    current, saved = data_fingerprint(cfg), meta.get("data_fingerprint")
+    changes = list(meta.get("data_changes", []))
+    if saved is not None and saved != current:
+        field = "data.mixture" if cfg.data.mixture else "data.manifest"
+        sources = ", ".join(m for m, _ in data_sources(cfg))
+        if not cfg.data.allow_change_on_resume:
+            raise ConfigError(field, f"{sources} differs from the data checkpoint {tag_dir} was trained on "
+                              f"(manifest content sha256 {current[:12]} vs {saved[:12]}); set "
+                              f"data.allow_change_on_resume: true to resume on it anyway")
+        changes.append({"step": meta.get("step"), "from": saved, "to": current, "manifests": sources})
+        if log_it:
+            log.warning("resuming %s on other data (%s; data.allow_change_on_resume: true); recorded in the "
+                        "next checkpoints' meta.json as data_changes", tag_dir, sources)
+    return {"data_fingerprint": current, "data_changes": changes}

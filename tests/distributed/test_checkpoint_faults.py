@@ -1,0 +1,53 @@
+"""2 real ranks: a damaged checkpoint file of one rank, and a save whose writer fails on one rank,
+end every rank with the same one-line error; a resume checks the model and the data it resumes
+(tests/distributed/workers/checkpoint_faults.py)."""
+
+import re
+
+import pytest
+
+from tests.helpers.data import make_tiny_dataset
+from tests.helpers.multiproc import assert_check, run_ranks
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    args = {"data": make_tiny_dataset(tmp_path_factory.mktemp("data")), "root": str(tmp_path_factory.mktemp("runs"))}
+    return run_ranks("tests.distributed.workers.checkpoint_faults:main", world_size=2, timeout=400, args=args)
+
+
+def test_a_damaged_file_of_one_rank_stops_every_rank_before_loading(results):
+    values = assert_check(results, "damaged_file_of_rank1")
+    expected = (f"{values[0]['file']}: truncated (1000 of ")
+    for value in values:  # the same line on both ranks, naming the file, its rank and the problem
+        assert value["message"] is not None and value["message"].startswith(expected), value
+        assert value["message"].endswith(" bytes) (rank 1's file, checked before anything was loaded)")
+        assert value["rank"] == 1 and value["seconds"] < 30
+    assert values[0]["message"] == values[1]["message"]
+
+
+def test_a_write_failing_on_one_rank_fails_the_save_everywhere_and_keeps_latest(results):
+    values = assert_check(results, "write_fails_on_rank1")
+    assert values[0]["message"] == values[1]["message"]
+    message = values[0]["message"]
+    prefix = f"{values[0]['dir']}: saving step_00000002 failed on rank 1: write failed (RuntimeError: "
+    assert message.startswith(prefix), message
+    assert re.search(r"; \d+\.\d (GiB|MiB) free there; removed step_00000002.partial, latest still names "
+                     r"step_00000001$", message), message
+    assert "\n" not in message and values[0]["rank"] == 1
+    tags = [name for name in values[0]["entries"] if name.startswith("step_")]  # (DeepSpeed adds scripts)
+    assert tags == ["step_00000001"] and values[0]["latest"] == "step_00000001"
+
+
+def test_resume_names_a_changed_model_field_and_refuses_other_data_unless_allowed(results):
+    for value in assert_check(results, "resume_checks"):
+        assert re.fullmatch(r"model.hidden_size: checkpoint \S+/step_00000002 has 32, the config has 64; resume with "
+                            r"the checkpoint's model, or start a new checkpoint.dir", value["changed_model"]), value
+        assert value["same_start"] == 2  # the same manifest content in another directory resumes
+        assert value["refused"].startswith(f"data.manifest: {value['manifest']} differs from the data checkpoint ")
+        assert value["refused"].endswith("; set data.allow_change_on_resume: true to resume on it anyway")
+        assert value["allowed_start"] == 2
+        [change] = value["data_changes"]  # recorded in the checkpoint written after the change
+        assert change["step"] == 2 and change["to"] == value["fingerprint"] != change["from"]

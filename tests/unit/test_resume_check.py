@@ -1,0 +1,73 @@
+"""What a resume checks before loading (training/resume_check.py), on hand-made checkpoint tags;
+the same checks through a real 2-rank Trainer are in tests/distributed/test_checkpoint_faults.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.loader import to_dict
+from ascender_dist.config.resolve import config_from_dict
+from ascender_dist.training.resume_check import check_resume, data_fingerprint
+
+
+def _cfg(manifest: Path, **model):
+    return config_from_dict({"data": {"manifest": str(manifest)}, "model": {"hidden_size": 64, **model}})
+
+
+def _tag(root: Path, cfg, **meta) -> Path:
+    tag = root / "step_00000005"
+    tag.mkdir(parents=True, exist_ok=True)
+    (tag / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    (tag / "meta.json").write_text(json.dumps({"step": 5, **meta}))
+    return tag
+
+
+@pytest.fixture
+def manifest(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text('{"shards": []}')
+    return path
+
+
+def test_every_differing_model_field_is_named_the_first_with_both_values(tmp_path, manifest):
+    _tag(tmp_path, _cfg(manifest))
+    changed = _cfg(manifest, hidden_size=128, num_layers=3)
+    with pytest.raises(ConfigError) as info:
+        check_resume(changed, tmp_path, "step_00000005", log_it=False)
+    assert str(info.value) == (f"model.num_layers: checkpoint {tmp_path / 'step_00000005'} has 2, the config has 3 "
+                               f"(also differ: model.hidden_size); resume with the checkpoint's model, or start a "
+                               f"new checkpoint.dir")
+
+
+def test_dropout_and_init_changes_and_older_checkpoints_resume(tmp_path, manifest):
+    _tag(tmp_path, _cfg(manifest))  # no data_fingerprint in meta.json: written before it existed
+    record = check_resume(_cfg(manifest, hidden_dropout=0.1, init_method_std=0.01), tmp_path, "step_00000005",
+                          log_it=False)
+    assert record == {"data_fingerprint": data_fingerprint(_cfg(manifest)), "data_changes": []}
+
+
+def test_other_data_is_refused_unless_allowed_and_then_recorded(tmp_path, manifest):
+    cfg = _cfg(manifest)
+    old = data_fingerprint(cfg)
+    _tag(tmp_path, cfg, data_fingerprint=old)
+    assert check_resume(cfg, tmp_path, "step_00000005-universal", log_it=False)["data_changes"] == []
+    moved = tmp_path / "elsewhere" / "manifest.json"
+    moved.parent.mkdir()
+    moved.write_bytes(manifest.read_bytes())
+    assert data_fingerprint(_cfg(moved)) == old  # by content, not path
+    manifest.write_text('{"shards": [1]}')
+    with pytest.raises(ConfigError, match=r"^data.manifest: .*manifest.json differs from the data checkpoint .*"
+                                          r"step_00000005 was trained on \(manifest content sha256 \w{12} vs "
+                                          rf"{old[:12]}\); set data.allow_change_on_resume: true"):
+        check_resume(cfg, tmp_path, "step_00000005", log_it=False)
+    allowed = config_from_dict({**to_dict(cfg), "data": {"manifest": str(manifest), "allow_change_on_resume": True}})
+    record = check_resume(allowed, tmp_path, "step_00000005", log_it=True)
+    assert record["data_changes"] == [{"step": 5, "from": old, "to": data_fingerprint(cfg),
+                                       "manifests": str(manifest)}]
+    weighted = config_from_dict({"data": {"mixture": [{"manifest": str(manifest), "weight": 2.0}]}})
+    assert data_fingerprint(weighted) != data_fingerprint(cfg)  # the mixture weight is part of the data
