@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ascender_dist.tools.convert import ConversionError, read_consolidated
+from data_pipeline._io import honour_umask
 
 
 def pick_hf_architecture(cfg) -> str:
@@ -227,6 +228,7 @@ def write_remote_code(state: dict, cfg, meta: dict, out: Path, special_ids: dict
         raise ConversionError(where, f"cannot vendor the layer math: {exc}") from None
     config.save_pretrained(out)
     save_file({k: v.contiguous() for k, v in hf_state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    honour_umask(out / "model.safetensors")  # safetensors writes 0600
     return REMOTE_CODE_ARCHITECTURE
 
 
@@ -305,6 +307,7 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
         config.save_pretrained(tmp)
         save_file({k: v.contiguous() for k, v in hf_state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
+        honour_umask(tmp / "model.safetensors")  # safetensors writes 0600
     if tokenizer:
         from ascender_dist.tools.hf_tokenizer import write_hf_tokenizer
 

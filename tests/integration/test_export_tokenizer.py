@@ -11,6 +11,7 @@ tokenizer's, and ``generate`` must run. lm-eval, through its own ``hf`` model an
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -75,12 +76,15 @@ def _offline_env() -> dict:
 
 
 def test_every_export_loads_offline_with_our_ids_and_generates(sources, exports):
+    from data_pipeline._io import umask_mode
     from data_pipeline.tokenizer import Tokenizer
 
     ours = Tokenizer.load(Path(sources["data"]["tokenizer"]))
     for path in exports.values():
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"):
             assert (path / name).is_file(), path / name
+        for file in path.iterdir():  # a group sharing the export directory can read every file (umask 022 here)
+            assert stat.S_IMODE(file.stat().st_mode) == umask_mode(), (file, oct(file.stat().st_mode))
     proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps({k: str(v) for k, v in exports.items()}),
                            json.dumps(STRINGS)], cwd=REPO_ROOT, env=_offline_env(), capture_output=True, text=True,
                           stdin=subprocess.DEVNULL, timeout=600)
