@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ascender_dist.config.architectures import expand_layer_pattern
 from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.config.resolve import pad_vocab_size, validate
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.counting import count_model, layer_params as layer_params_of
-from ascender_dist.config.architectures import expand_layer_pattern
 
 GIB = 2**30
 DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded to a multiple of 128 (used when nothing else says)

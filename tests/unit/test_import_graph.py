@@ -5,8 +5,6 @@ the ones inside functions), so a lazy import cannot hide an upward edge or a cyc
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ascender_dist", "data_pipeline", "benchmarks")
 
