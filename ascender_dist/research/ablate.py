@@ -63,7 +63,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
@@ -84,7 +83,7 @@ from typing import Optional, Sequence, Union, get_args, get_origin, get_type_hin
 import numpy as np
 import yaml
 
-from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.logs import setup_cli_logging
 
 log = logging.getLogger("ascender_dist")
@@ -97,7 +96,7 @@ DATA_ORDER_PATHS = ("data.", "model.seq_length", "train.global_batch_size")
 RESULT = "result.json"
 
 
-class AblationError(RuntimeError):
+class AblationError(UserError, RuntimeError):
     """A run failed; ``str(e)`` is one line naming the run and its log."""
 
 
@@ -465,36 +464,17 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
 
     from ascender_dist.config import load_config
     from ascender_dist.models.counting import count_model
-    from ascender_dist.training.trainer import Trainer, build_loader
+    from ascender_dist.training.callbacks import DataDigest, PerSequenceValidationLosses, Throughput
+    from ascender_dist.training.trainer import Trainer
 
     cfg = load_config(config_path)
     t_start = time.perf_counter()
-    trainer = Trainer(cfg)
+    digest, per_sequence = DataDigest(), PerSequenceValidationLosses()
+    trainer = Trainer(cfg, callbacks=[digest, per_sequence])
     setup_s = time.perf_counter() - t_start
     if trainer.step:
         raise AblationError(f"{cfg.output_dir}: resumed at step {trainer.step}; an ablation run must start fresh")
-    step_times: list[float] = []
-    original_step = trainer.train_step
-
-    def timed_step(batches, log_layers=False):
-        start = time.perf_counter()
-        values = original_step(batches, log_layers=log_layers)
-        step_times.append(time.perf_counter() - start)
-        return values
-
-    digest = hashlib.sha256()
-    original_batches = trainer._batches
-
-    def hashed_batches():
-        def gen(it):
-            for item in it:
-                if isinstance(item, dict):
-                    digest.update(item["tokens"].numpy().tobytes())
-                yield item
-        return gen(original_batches())
-
-    trainer.train_step = timed_step
-    trainer._batches = hashed_batches
+    step_times = next(cb for cb in trainer.callbacks if isinstance(cb, Throughput)).step_times
     rss_before = _status_kib("VmRSS")
     peak_resettable = _reset_peak_rss()
     t_fit = time.perf_counter()
@@ -502,20 +482,14 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     fit_s = time.perf_counter() - t_fit
     train_peak = _status_kib("VmHWM")
 
-    # final validation: Trainer.validate over eval_iters batches, per-sequence losses from a hook
-    if trainer.val_loader is None:
-        trainer.val_loader = build_loader(cfg, trainer.tokenizer, trainer.pstate, split="val")
-    available = len(trainer.val_loader)
-    iters = available if eval_iters == "all" else min(int(eval_iters or cfg.train.eval_iters), available)
-    cfg.train.eval_iters = iters
-    per_example: list[float] = []
-    inner = trainer.engine.module.model
-    hook = inner.register_forward_hook(
-        lambda mod, args, out: per_example.extend(out.detach().float().mean(dim=1).cpu().tolist()))
+    # final validation: Trainer.validate over eval_iters batches, per-sequence losses from a callback
     t_val = time.perf_counter()
-    val_loss = trainer.validate()
+    if eval_iters == "all":
+        eval_iters = 1 << 62  # validate clips it to the batches there are
+    val_loss = trainer.validate(int(eval_iters or cfg.train.eval_iters))
     val_s = time.perf_counter() - t_val
-    hook.remove()
+    iters = min(int(eval_iters or cfg.train.eval_iters), len(trainer.val_loader))
+    per_example = per_sequence.losses
 
     vocab = cfg.model.vocab_size or trainer.tokenizer.vocab_size
     counts = count_model(cfg, vocab)
@@ -524,7 +498,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     steady = step_times[2:] if len(step_times) > 3 else step_times
     median_step = float(np.median(steady)) if steady else float("nan")
     tail = max(1, len(losses) // 10)
-    from ascender_dist.models.registry import expand_layer_pattern
+    from ascender_dist.config.architectures import expand_layer_pattern
 
     result = {
         "config": None, "seed": cfg.train.seed,  # filled by the parent (variant name)
@@ -1031,9 +1005,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _child_main(args) -> int:
-    from ascender_dist.cli import _quiet_libraries
+    from ascender_dist.logs import quiet_library_warnings
 
-    _quiet_libraries()
+    quiet_library_warnings()
     setup_cli_logging()
     eval_iters = args.eval_iters
     if eval_iters is not None and eval_iters != "all":
@@ -1051,10 +1025,6 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: a grid file is required (configs/ablations/*.yaml)", file=sys.stderr)
         return 2
     setup_cli_logging()
-    try:
-        from data_pipeline.errors import DataError
-    except ImportError:  # pragma: no cover
-        DataError = ConfigError  # type: ignore
     try:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError:
@@ -1083,7 +1053,7 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: {grid.runs_dir}: no finished runs to report", file=sys.stderr)
             return 2
         write_report(grid, records, n_resamples=args.n_resamples, n_permutations=args.n_resamples)
-    except (ConfigError, DataError, AblationError) as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {grid.report_dir}/results.md, results.json, pareto.png, ablation.png, curves.png")

@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ascender_dist.config.errors import UserError
 from ascender_dist.training.guard import any_rank
 
 log = logging.getLogger(__name__)
@@ -44,9 +45,9 @@ REPLACED = ".replaced"  # suffix of a complete tag moved aside by a save of the 
 _TAG_RE = re.compile(r"^step_(\d+)$")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written or read. ``rank``: the rank that found the problem,
-    when it is not the one reporting it (a collective check)."""
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that cannot be written or read; ``str(e)`` is one line naming it. ``rank``: the
+    rank that found the problem, when it is not the one reporting it (a collective check)."""
 
     def __init__(self, message: str, rank: Optional[int] = None):
         super().__init__(message)
