@@ -147,6 +147,7 @@ def throughput_worker(args: dict) -> dict:
             "load_after": os.getloadavg(),
             "params_this_rank": sum(p.numel() for p in trainer.engine.module.parameters()),
             "flops_per_token": trainer.flops_per_token,  # models/counting.py, what the trainer's MFU uses
+            "padded_vocab_size": trainer.derived.padded_vocab_size,
             "grad_accum": trainer.derived.gradient_accumulation_steps,
         })
         results[job["key"]] = out

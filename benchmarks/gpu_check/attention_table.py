@@ -130,20 +130,29 @@ def measure_point(impl: str, n: int, plan: Plan, ascender_impl: str) -> dict:
     return point
 
 
+def next_length_seconds(pair: list[dict], plan: Plan, wall_s: float) -> float:
+    """Seconds this length's calls take once compiled (the first call's Triton compilation is paid once,
+    not per length); the wall time when a point failed. The next (doubled) length costs ~4x this."""
+    if any(p["status"] != "ok" for p in pair):
+        return wall_s
+    return sum(p["median_s"] * (plan.warmup + plan.repeats + 1) for p in pair)
+
+
 def run(plan: Plan, work: Path, budget: Budget) -> dict:
     ascender_impl = resolved_impl(plan)
     log.info("[attention] ASCender impl='auto' resolves to %r on %s %s", ascender_impl, plan.device, plan.dtype)
-    points, last_s = [], 0.0
+    points, estimate = [], 0.0
     for n in plan.lengths:
-        if 4 * last_s > budget.left():
+        if estimate > budget.left():
             for impl in ("sdpa", "ascender"):
-                points.append({"impl": impl, "n": n, "status": f"not measured: ~{4 * last_s:.0f} s estimated, "
+                points.append({"impl": impl, "n": n, "status": f"not measured: ~{estimate:.0f} s estimated, "
                                                                   f"{budget.left():.0f} s of the budget left"})
             log.warning("[attention] n=%d not measured: %s", n, points[-1]["status"])
             continue
         t0 = time.monotonic()
-        points += [measure_point(impl, n, plan, ascender_impl) for impl in ("sdpa", "ascender")]
-        last_s = time.monotonic() - t0
+        pair = [measure_point(impl, n, plan, ascender_impl) for impl in ("sdpa", "ascender")]
+        points += pair
+        estimate = 4 * next_length_seconds(pair, plan, time.monotonic() - t0)
     bad = [p for p in points if p["status"] != "ok"]
     status = "ok" if not bad else f"failed: {len(bad)} of {len(points)} points: n={bad[0]['n']} {bad[0]['impl']} " \
                                   f"{bad[0]['status']}"

@@ -35,7 +35,7 @@ class Plan:
     train_warmup: int  # steps discarded before the median
     micro_batch: int
     global_batch: int
-    vocab_size: Optional[int]  # model.vocab_size (None: the tiny tokenizer's 512)
+    vocab_size: Optional[int]  # model.vocab_size (None: the tiny tokenizer's 512 tokens)
     corpus_bytes: int
     # nccl (two ranks, data parallel)
     nccl_preset: str
@@ -61,7 +61,7 @@ DRY_RUN = Plan(
     kernel_tests_k="not slow",
     lengths=(24, 40), warmup=1, repeats=5,
     train_preset="debug", train_seq=32, train_steps=3, train_warmup=1, micro_batch=2, global_batch=4,
-    vocab_size=None, corpus_bytes=400_000,
+    vocab_size=1024, corpus_bytes=400_000,  # a model vocabulary above the tokenizer's 512, as on GPU
     nccl_preset="debug", nccl_seq=32, nccl_steps=3,
 )  # fmt: skip
 

@@ -70,7 +70,8 @@ def summarise(res: list[dict], jobs: list[dict], warmup: int, plan: Plan) -> lis
         losses = runs[-1]["losses"]
         rows.append({"arch": job["arch"], "preset": job["preset"], "layout": job["layout"], "world": world,
                      "seq_length": job["seq"], "global_batch": job["global"], "micro_batch": job["micro"],
-                     "precision": plan.precision, "steps": len(point["step_s_all"]),
+                     "precision": plan.precision, "vocab_size": runs[0]["padded_vocab_size"],
+                     "steps": len(point["step_s_all"]),
                      "measured_steps": point["measured_steps"], "step_s": point["step_s"],
                      "step_s_p25": point["step_s_p25"], "step_s_p75": point["step_s_p75"],
                      "tokens_per_s": point["tokens_per_s"], "params": point["params_rank0"],
@@ -126,13 +127,14 @@ def markdown(result: dict) -> list[str]:
         return []
     r0 = result["rows"][0]
     peak = r0["peak_tflops"]
+    against = f"{peak:g} TFLOP/s (dense bf16 datasheet peak)" if peak else "no peak (CPU: no MFU)"
     lines = [f"Trainer runs on {r0['world']} rank(s) ({result['backend']}; {', '.join(result['devices'])}), "
              f"{r0['precision']}, ZeRO-1, {r0['global_batch']} x {r0['seq_length']} tokens per step (micro batch "
-             f"{r0['micro_batch']}), median step time after the warm-up steps (p25-p75 in brackets). FLOPs/token: "
-             "`models/counting.py`; MFU against " + (f"{peak:g} TFLOP/s (dense bf16 datasheet peak)." if peak else
-                                                     "no peak (CPU: no MFU)."), "",
+             f"{r0['micro_batch']}), vocabulary {r0['vocab_size']} (padded), median step time after the warm-up "
+             f"steps (p25-p75 in brackets). FLOPs/token: `models/counting.py`; MFU against {against}.", "",
              "| architecture | preset | layout | params | measured steps | step s | tokens/s | FLOPs/token "
-             "| TFLOP/s per device | MFU | loss first -> last |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| TFLOP/s per device | MFU | loss first -> last |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in result["rows"]:
         mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
         lines.append(f"| {r['arch']} | {r['preset']} | {r['layout']} | {r['params'] / 1e6:.1f} M | "
@@ -141,5 +143,6 @@ def markdown(result: dict) -> list[str]:
                      f"{r['loss_first']:.3f} -> {r['loss_last']:.3f} |")
     mem = [m for m in result.get("max_memory_allocated_mib", []) if m is not None]
     if mem:
-        lines += ["", f"Peak CUDA memory allocated per rank over the launch: {', '.join(f'{m:,.0f}' for m in mem)} MiB."]
+        per_rank = ", ".join(f"{m:,.0f}" for m in mem)
+        lines += ["", f"Peak CUDA memory allocated per rank over the launch: {per_rank} MiB."]
     return lines

@@ -91,6 +91,7 @@ def test_training_sections(dry_run, section, world, archs):
     assert [r["arch"] for r in res["rows"]] == archs
     for r in res["rows"]:
         assert r["world"] == world and r["precision"] == "fp32" and r["losses_finite"]
+        assert r["vocab_size"] == DRY_RUN.vocab_size  # model.vocab_size above the tokenizer's, as the GPU plan does
         assert r["measured_steps"] >= 1 and r["tokens_per_s"] > 0 and r["flops_per_token"] > 0
         assert r["tokens_per_s"] == pytest.approx(r["global_batch"] * r["seq_length"] / r["step_s"])
         assert r["tflops_per_device"] == pytest.approx(r["flops_per_token"] * r["tokens_per_s"] / world / 1e12)
