@@ -34,16 +34,23 @@ def _sync(device: str) -> None:
 
 
 def resolved_impl(plan: Plan) -> str:
-    """The path ``impl="auto"`` takes for this device and dtype (attention.py's own choice)."""
+    """The path ``impl="auto"`` takes for this device and dtype (attention.py's own choice), with the
+    Triton kernels' reason when they are not used."""
     import torch
 
+    q = torch.zeros(1, HEADS, 8, HEAD_DIM, device=plan.device, dtype=getattr(torch, plan.dtype))
     try:
         from ascender_dist.models.ascender.attention import _pick_impl
 
-        q = torch.zeros(1, HEADS, 8, HEAD_DIM, device=plan.device, dtype=getattr(torch, plan.dtype))
-        return str(_pick_impl("auto", q))
+        kind = str(_pick_impl("auto", q))
     except Exception as exc:  # a changed signature must not stop the measurement
         return f"unknown ({type(exc).__name__}: {exc})"
+    try:
+        from ascender_dist.models.ascender.kernels import triton_supported
+    except ImportError:
+        return f"{kind} (no Triton kernels in this checkout)"
+    ok, why = triton_supported(q)
+    return kind if ok or kind == "triton" else f"{kind} (Triton kernels not used: {why})"
 
 
 def sdpa_runner(n: int, plan: Plan):

@@ -69,7 +69,7 @@ def test_kernel_tests_counted_and_never_passing_when_absent(dry_run):
 def test_attention_table(dry_run):
     _, out = dry_run
     att = _load(out, "attention")
-    assert att["ascender_impl"] == "fast" and att["dtype"] == "float32" and att["device"] == "cpu"
+    assert att["ascender_impl"].startswith("fast") and att["dtype"] == "float32" and att["device"] == "cpu"
     assert [r["n"] for r in att["rows"]] == list(DRY_RUN.lengths)
     for p in att["points"]:
         assert p["status"] == "ok" and p["peak_mib"] is None  # no CUDA memory on CPU
