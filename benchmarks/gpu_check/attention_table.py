@@ -33,9 +33,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def resolved_impl(plan: Plan) -> str:
-    """The path ``impl="auto"`` takes for this device and dtype (attention.py's own choice), with the
-    Triton kernels' reason when they are not used."""
+def resolved_impl(plan: Plan) -> tuple[str, str]:
+    """(the path ``impl="auto"`` takes for this device and dtype, attention.py's own choice; why that is
+    not the Triton kernels, or "" when it is)."""
     import torch
 
     q = torch.zeros(1, HEADS, 8, HEAD_DIM, device=plan.device, dtype=getattr(torch, plan.dtype))
@@ -44,13 +44,16 @@ def resolved_impl(plan: Plan) -> str:
 
         kind = str(_pick_impl("auto", q))
     except Exception as exc:  # a changed signature must not stop the measurement
-        return f"unknown ({type(exc).__name__}: {exc})"
+        return "unknown", f"{type(exc).__name__}: {exc}"
+    if kind == "triton":
+        return kind, ""
+    if plan.device != "cuda":
+        return kind, "impl auto takes the fast path on CPU tensors"
     try:
         from ascender_dist.models.ascender.kernels import triton_supported
     except ImportError:
-        return f"{kind} (no Triton kernels in this checkout)"
-    ok, why = triton_supported(q)
-    return kind if ok or kind == "triton" else f"{kind} (Triton kernels not used: {why})"
+        return kind, "no Triton kernels in this checkout"
+    return kind, triton_supported(q)[1]
 
 
 def sdpa_runner(n: int, plan: Plan):
@@ -146,8 +149,9 @@ def next_length_seconds(pair: list[dict], plan: Plan, wall_s: float) -> float:
 
 
 def run(plan: Plan, work: Path, budget: Budget) -> dict:
-    ascender_impl = resolved_impl(plan)
-    log.info("[attention] ASCender impl='auto' resolves to %r on %s %s", ascender_impl, plan.device, plan.dtype)
+    ascender_impl, why_not_triton = resolved_impl(plan)
+    log.info("[attention] ASCender impl='auto' resolves to %r on %s %s%s", ascender_impl, plan.device, plan.dtype,
+             f" ({why_not_triton})" if why_not_triton else "")
     points, estimate = [], 0.0
     for n in plan.lengths:
         if estimate > budget.left():
@@ -163,7 +167,8 @@ def run(plan: Plan, work: Path, budget: Budget) -> dict:
     bad = [p for p in points if p["status"] != "ok"]
     status = "ok" if not bad else f"failed: {len(bad)} of {len(points)} points: n={bad[0]['n']} {bad[0]['impl']} " \
                                   f"{bad[0]['status']}"
-    return {"status": status, "ascender_impl": ascender_impl, "dtype": plan.dtype, "device": plan.device,
+    return {"status": status, "ascender_impl": ascender_impl, "ascender_not_triton_because": why_not_triton,
+            "dtype": plan.dtype, "device": plan.device,
             "shape": {"batch": 1, "heads": HEADS, "head_dim": HEAD_DIM, "d_z": D_Z, "d_a": D_A, "k": K_TOP,
                       "window": WINDOW, "num_global": GLOBALS, "causal": True},
             "warmup": plan.warmup, "repeats": plan.repeats, "points": points, "rows": table_rows(points)}
@@ -198,13 +203,15 @@ def markdown(result: dict) -> list[str]:
         return []
     sh = result["shape"]
     backends = sorted({r["sdpa"].get("backend") for r in result["rows"] if r["sdpa"].get("backend")})
+    why = result["ascender_not_triton_because"]
+    impl = f"`{result['ascender_impl']}`" + (f" ({why})" if why else "")
     lines = [f"One causal attention layer, forward + backward, {result['dtype']} on {result['device']}: batch "
              f"{sh['batch']}, {sh['heads']} heads x {sh['head_dim']}, d_z = d_a = {sh['d_z']}, k = {sh['k']}, window "
-             f"{sh['window']} + {sh['num_global']} globals. ASCender: `ascender_attention(impl=\"auto\")` -> "
-             f"`{result['ascender_impl']}`; SDPA backend: {', '.join(backends) or 'none ran'}. Time: median / min "
-             f"of {result['repeats']} calls after {result['warmup']} warm-up call(s) (ms); peak: allocated memory "
-             "above the inputs during one call (MiB). FLOP ratio: analytic forward FLOPs, ASCender (windowed "
-             "neighbourhoods) / SDPA (`benchmarks/attention.py: attention_gflops`).", "",
+             f"{sh['window']} + {sh['num_global']} globals. ASCender: `ascender_attention(impl=\"auto\")` -> {impl}; "
+             f"SDPA backend: {', '.join(backends) or 'none ran'}. Time: median / min of {result['repeats']} calls "
+             f"after {result['warmup']} warm-up call(s) (ms); peak: allocated memory above the inputs during one "
+             "call (MiB). FLOP ratio: analytic forward FLOPs, ASCender (windowed neighbourhoods) / SDPA "
+             "(`benchmarks/attention.py: attention_gflops`).", "",
              "| n | ASCender ms (median / min) | SDPA ms (median / min) | time ratio | ASCender peak MiB "
              "| SDPA peak MiB | memory ratio | FLOP ratio |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:

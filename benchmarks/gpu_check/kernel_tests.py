@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -49,8 +50,8 @@ def run_pytest(name: str, args: list[str], plan: Plan, work: Path, timeout: floa
     """One pytest run; ``empty_ok``: collecting no test is not a failure (a marker nobody uses yet)."""
     xml = work / f"{name}.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *args]
-    log.info("[tests] %s: pytest %s (timeout %.0f s)", name, " ".join(args), timeout)
-    run = {"command": "python -m pytest " + " ".join(args),
+    log.info("[tests] %s: pytest %s (timeout %.0f s)", name, shlex.join(args), timeout)
+    run = {"command": "python -m pytest " + shlex.join(args),
            "triton_interpret": "1" if plan.dry_run else "unset (compiled kernels)"}
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=_env(plan), capture_output=True, text=True, timeout=max(timeout, 1))

@@ -57,8 +57,10 @@ GPU = Plan(
 DRY_RUN = Plan(
     dry_run=True, device="cpu", dtype="float32", precision="fp32",
     budgets={"tests": 300.0, "attention": 120.0, "training": 400.0, "nccl": 300.0},
-    # a quick subset under the interpreter: the smallest lengths (the full file takes minutes on 2 cores)
-    kernel_tests_k="not slow",
+    # a quick subset under the interpreter (~10 s; the whole file ~1 min on 2 cores): the interpreter guard,
+    # n = 5 causal and bidirectional in fp64, fp32 and bf16 inputs, the impl="triton" / "auto" entry points
+    kernel_tests_k="interpreter_is_active or causal-5 or bidir-5 or float32_within_1e5 or bfloat16 or impl_triton "
+                   "or auto_resolves",
     lengths=(24, 40), warmup=1, repeats=5,
     train_preset="debug", train_seq=32, train_steps=3, train_warmup=1, micro_batch=2, global_batch=4,
     vocab_size=1024, corpus_bytes=400_000,  # a model vocabulary above the tokenizer's 512, as on GPU
