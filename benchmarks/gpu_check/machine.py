@@ -25,6 +25,7 @@ def machine_info(device: str) -> dict:
     info = {**_machine(), "device": device, "triton": _version("triton"),
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}
     info.pop("gpu", None)  # "is a GPU visible": replaced by the fields below, which say which one
+    info["commit"] = info["commit"] or "unknown (not a git checkout)"  # e.g. the docker image's copy
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info.update(device_name=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),
