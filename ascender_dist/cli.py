@@ -73,6 +73,7 @@ def print_config(args: argparse.Namespace) -> None:
 
     from ascender_dist.config import load_config, to_dict
     from ascender_dist.models.counting import count_model
+    from ascender_dist.models.registry import expand_layer_pattern
 
     cfg = load_config(args.config, args.overrides)
     vocab = cfg.model.vocab_size or args.vocab_size
@@ -86,6 +87,10 @@ def print_config(args: argparse.Namespace) -> None:
     print(f"# vocab size (before padding): {vocab}")
     print(f"# parameters: {counts.total_params:,} total, {counts.non_embedding_params:,} non-embedding")
     print(f"# training FLOPs per token: {counts.flops_per_token:.4g}")
+    if "S" in expand_layer_pattern(cfg):
+        from ascender_dist.models.ascender.attention import attention_paths
+
+        print(f"# {attention_paths(cfg.model.hidden_size // cfg.model.num_attention_heads)}")
 
 
 def _under_launcher() -> bool:

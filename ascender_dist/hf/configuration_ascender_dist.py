@@ -68,7 +68,7 @@ class AscenderDistConfig(PretrainedConfig):
         # the optimizer step the weights were saved at: ASCender's Separation (and aux losses) are
         # on from their warm-up step, so inference reproduces the model as it was trained last
         self.ascender_step = ascender_step
-        self.ascender_impl = ascender_impl  # "auto": FlexAttention on CUDA, chunked path elsewhere
+        self.ascender_impl = ascender_impl  # "auto": Triton kernels on CUDA, chunked fast path on CPU (models/ascender/attention.py)
         self.initializer_range = initializer_range
         self.use_cache = False  # no KV cache: every forward recomputes the whole prefix
         super().__init__(tie_word_embeddings=tie_word_embeddings, pad_token_id=pad_token_id,

@@ -27,7 +27,8 @@ KERNEL_IMPORTS = {
     ("connection", "hparams"): ["ConnectionHParams"],
     ("connection", "layer"): ["ConnectionLayer", "make_fixed_slots"],
 }
-PACKAGES = {"ascender": "ascender_dist.models.ascender", "connection": "ascender_dist.models.connection"}
+PACKAGES = {"ascender": "ascender_dist.models.ascender", "connection": "ascender_dist.models.connection",
+            "ascender_kernels": "ascender_dist.models.ascender.kernels"}  # Triton kernels (loaded lazily)
 CONFIG_ERROR_IMPORT = ("ascender_dist.config.errors", "ConfigError")
 
 
@@ -36,11 +37,13 @@ class VendorError(ValueError):
 
 
 def flat_name(package: str, module: str) -> str:
-    return f"asd_{package}_{module}"
+    """asd_<package>_<module>; a package's own __init__ is asd_<package>."""
+    return f"asd_{package}" if module == "__init__" else f"asd_{package}_{module}"
 
 
 def _source_path(package: str, module: str) -> Path:
-    spec = importlib.util.find_spec(f"{PACKAGES[package]}.{module}")
+    dotted = PACKAGES[package] if module == "__init__" else f"{PACKAGES[package]}.{module}"
+    spec = importlib.util.find_spec(dotted)
     if spec is None or not spec.origin:
         raise VendorError(f"{PACKAGES[package]}.{module}: module not found")
     return Path(spec.origin)
@@ -50,15 +53,32 @@ def _names(node: ast.ImportFrom) -> str:
     return ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
 
 
+def _absolute(node: ast.ImportFrom, package: str) -> str | None:
+    """The dotted module an import names (relative ones resolved inside ``package``)."""
+    if node.level == 0:
+        return node.module
+    if not node.module:
+        return None  # "from . import x": not vendorable (rejected by the caller)
+    parts = PACKAGES[package].split(".")
+    parts = parts[: len(parts) - (node.level - 1)]
+    return ".".join(parts + [node.module])
+
+
 def _target(node: ast.ImportFrom, package: str) -> tuple[str, str] | None:
-    """(sub-package, module) that an import refers to, or None when it is not ours."""
-    if node.level == 1 and node.module:  # from .x import y (inside the sub-package)
-        return package, node.module.split(".")[0]
-    if node.level == 0 and node.module:
-        for name, dotted in PACKAGES.items():
-            if node.module.startswith(dotted + "."):
-                return name, node.module[len(dotted) + 1:].split(".")[0]
-    return None
+    """(sub-package, module) that an import refers to, or None when it is not ours. The
+    innermost registered package wins (``.kernels.launch`` is ascender_kernels, not ascender)."""
+    name = _absolute(node, package)
+    best = None
+    for key, dotted in PACKAGES.items():
+        if name == dotted:
+            found = (key, "__init__")
+        elif name and name.startswith(dotted + "."):
+            found = (key, name[len(dotted) + 1 :].split(".")[0])
+        else:
+            continue
+        if best is None or len(dotted) > len(PACKAGES[best[0]]):
+            best = found
+    return best
 
 
 def rewrite_module(source: str, package: str, where: str) -> tuple[str, list[tuple[str, str]]]:

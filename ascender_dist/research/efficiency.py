@@ -10,8 +10,8 @@ overrides) with a different mixing layer, measured in its own fresh process on o
 the other, with ``--threads`` torch threads:
 
 * ``gpt``: megatron-core's softmax attention (local spec);
-* ``ascender``: ASCender attention, the default path on this device (chunked ``fast`` on CPU,
-  FlexAttention on CUDA);
+* ``ascender``: ASCender attention, the default path on this device (``impl="auto"``, see
+  ``models/ascender/attention.py``);
 * ``ascender-dense``: ASCender through the dense O(s^2) reference (the interpretable path);
 * ``connection``: the Connection Transformer (``AC`` pattern).
 

@@ -141,10 +141,9 @@ def _layer_activation_bytes(cfg: RunConfig, letter: str, micro_batch: int, act_b
         par_tensor = h + 2 * kv + h + mlp + 2 * a * s
         par_mask = a * s  # attention dropout mask
         if letter == "S":
-            # ASCender: the fast (CPU) and flex (GPU) paths never keep an s x s tensor, so no score
-            # terms; the query carries z and h (d_z + d_a per head), and the flex path (the one a
-            # GPU cluster runs) keeps the folded q_aug, k_aug, hd + d_z + 1 wider per head than q, k
-            # (the CPU fast path keeps less: no folded tensors, docs/ascender.md).
+            # ASCender: no path keeps an s x s tensor, so no score terms; the query carries z and h
+            # (d_z + d_a per head), and (conservatively) folded q_aug, k_aug, hd + d_z + 1 wider per
+            # head than q, k (the CPU fast path keeps less: no folded tensors, docs/ascender.md).
             hp = m.ascender
             par_tensor += a * (hp.d_z + hp.d_a) + 2 * a * (head_dim + hp.d_z + 1) - 2 * a * s
             par_mask = 0
@@ -245,7 +244,7 @@ def plan(cfg: RunConfig, cluster: ClusterShape, *, vocab_size: int, mfu: float =
 def _notes(cfg: RunConfig, pattern: str, pp: int, worst: StageMemory) -> list[str]:
     notes = []
     if "S" in pattern:
-        notes.append("ASCender (S) layers are approximated: no s x s term (the fast/flex paths keep none), "
+        notes.append("ASCender (S) layers are approximated: no s x s term (no ASCender path keeps one), "
                      "plus z, h and the wider folded q/k; per-chunk working tiles are not counted")
     if "C" in pattern:
         notes.append("Connection (C) layers are approximated: (10 + max_steps*N/c) * h values per token for "

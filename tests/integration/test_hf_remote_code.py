@@ -67,7 +67,8 @@ def test_remote_code_export_logits_match_megatron(sources, exports, single_rank_
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_ascender_dist.AscenderDistForCausalLM"
     assert config["layer_pattern"] == {"ascender-tiny": "SS", "connection-tiny": "SCA"}[name]
     for file in ("configuration_ascender_dist.py", "modeling_ascender_dist.py", "ascender_dist_kernels.py",
-                 "asd_ascender_attention.py", "asd_connection_layer.py", "model.safetensors", "tokenizer.model"):
+                 "asd_ascender_attention.py", "asd_ascender_kernels_function.py", "asd_connection_layer.py",
+                 "model.safetensors", "tokenizer.model"):
         assert (out / file).is_file(), file
     assert "ascender_dist." not in (out / "ascender_dist_kernels.py").read_text().replace("ascender_dist_kernels", "")
     hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()

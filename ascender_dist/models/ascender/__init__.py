@@ -6,6 +6,7 @@ Public API:
     ascender_attention     - entry point: (q, k, v, z, h, params, hp, *, step, ...) -> out
     reference_attention    - dense O(s^2) reference (maps for visualisation, tests)
     fast_attention         - chunked O(s * (window + chunk)) path
+    kernels.triton_attention - the same through Triton kernels (CUDA; CPU under TRITON_INTERPRET=1)
     set_aux_loss_scale     - gradient scale of the aux losses attached to the output
 """
 

@@ -9,8 +9,10 @@ params: AscenderHeadParams for those np heads; hp: AscenderHParams; step: the op
 (Separation and the aux losses join after their warm-up steps). Returns out [b, np, s, hd].
 
 impl: "reference" (dense, O(s^2), for tests and small-n visualisation), "fast" (chunked,
-O(s * (window + chunk)) memory, any device), "flex" (FlexAttention score_mod, CUDA only) or
-"auto" (flex on CUDA when available, else fast).
+O(s * (window + chunk)) memory, any device), "triton" (the Triton kernels of kernels/: CUDA, or
+CPU tensors under TRITON_INTERPRET=1) or "auto" (triton on CUDA, fast on CPU). When the kernels
+do not cover a call (head dim, no triton, no CUDA) "triton" and "auto" run "fast", and say why
+in one log line (once per reason).
 
 Aux losses (section 8, when a weight > 0 and step >= aux_start_step) do not change what is
 returned: their weighted sum is attached to ``out`` so that backward adds its gradient
@@ -25,6 +27,8 @@ the gates and of eta), "aux": aux-loss values, "rows": per-row statistics [b, np
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from .common import AttachAuxLoss
@@ -33,21 +37,45 @@ from .hparams import AscenderHParams
 from .params import ALIGN, COH, SEP, AscenderHeadParams
 from .reference import reference_attention
 
-IMPLS = ("auto", "fast", "reference", "flex")
+IMPLS = ("auto", "fast", "reference", "triton")
+
+log = logging.getLogger(__name__)
+_LOGGED: set[str] = set()  # log lines already written (the choice is made on every call)
 
 
-def _pick_impl(impl: str, q: torch.Tensor) -> str:
-    """auto -> flex on CUDA (if this torch has FlexAttention), else the chunked fast path."""
+def _log_once(level: int, msg: str) -> None:
+    if msg not in _LOGGED:
+        _LOGGED.add(msg)
+        log.log(level, msg)
+
+
+def _pick_impl(impl: str, q: torch.Tensor, hp: AscenderHParams | None = None) -> str:
+    """auto -> triton on CUDA when the kernels cover the call, else fast; triton -> triton
+    when covered, else fast (logged once, with the reason)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS} (got {impl!r})")
-    if impl != "auto":
-        return impl
-    if q.is_cuda:
-        from .flex import flex_available
+    if impl in ("fast", "reference") or (impl == "auto" and not q.is_cuda):
+        return "fast" if impl == "auto" else impl
+    from .kernels import triton_supported
 
-        if flex_available():
-            return "flex"
+    ok, why = triton_supported(q, hp)
+    if ok:
+        _log_once(logging.INFO, f"ascender attention: impl {impl} -> triton ({q.device.type}, head dim {q.shape[-1]})")
+        return "triton"
+    _log_once(logging.WARNING, f"ascender attention: impl {impl} -> fast: {why}")
     return "fast"
+
+
+def attention_paths(head_dim: int, impl: str = "auto") -> str:
+    """The path ``impl`` takes per device, one line for print-config."""
+    from .kernels.support import SUPPORTED_HEAD_DIMS, interpreter_requested
+
+    if impl in ("fast", "reference"):
+        return f"ascender attention (impl {impl}): CUDA -> {impl}, CPU -> {impl}"
+    cuda = "triton" if head_dim in SUPPORTED_HEAD_DIMS else (
+        f"fast (head dim {head_dim} is not one of the Triton kernels' {SUPPORTED_HEAD_DIMS})")
+    cpu = "triton (interpreter)" if impl == "triton" and interpreter_requested() and cuda == "triton" else "fast"
+    return f"ascender attention (impl {impl}): CUDA -> {cuda}, CPU -> {cpu}"
 
 
 def _touch_unused(out: torch.Tensor, params: AscenderHeadParams, hp, use_sep: bool) -> torch.Tensor:
@@ -92,13 +120,15 @@ def ascender_attention(
     """ASCender attention for the local heads: see the module docstring."""
     use_sep = hp.separation_active(step)
     with_aux = hp.aux_active(step)
-    kind = _pick_impl(impl, q)
+    kind = _pick_impl(impl, q, hp)
     if kind == "reference":
         result = reference_attention(q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux)
-    elif kind == "flex":
-        from .flex import flex_attention_path
+    elif kind == "triton":
+        from .kernels import triton_attention
 
-        result = flex_attention_path(q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux)
+        result = triton_attention(
+            q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux, with_stats=return_decomposition
+        )
     else:
         result = fast_attention(
             q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux, with_stats=return_decomposition

@@ -21,8 +21,7 @@ h: [b, np, s, d_a]) and the same math, rearranged (docs/ascender.md, "Fast path"
   keys when window == 0 (O(s * chunk) memory).
 
 ``prepare`` / ``run_chunks`` / ``_chunk_queries`` are the unfused form (folded k_aug, per-chunk
-checkpointing) that the GPU variant ``flex.py`` builds on: FlexAttention computes Separation in
-a score_mod. It only runs when CUDA is available; on CPU torch 2.13 has no FlexAttention backward.
+checkpointing); no entry point uses them (the GPU path is the Triton kernels in ``kernels/``).
 """
 
 from __future__ import annotations
@@ -157,7 +156,7 @@ def heading_from_sums(total, sq, count, hp: AscenderHParams):
 # ----------------------------------------------------------------------------- moments
 class PrefixMoments:
     """Mean and population variance over visible j of p_ij = x_i . y_j, without the n x n p, for
-    the unfused path (flex.py): the states of _moment_states at every chunk start (under
+    the unfused path (prepare): the states of _moment_states at every chunk start (under
     autograd), the rows of a chunk by _row_moments_chunk. y: [b, np, s, e]."""
 
     def __init__(self, y: torch.Tensor, causal: bool, chunks):

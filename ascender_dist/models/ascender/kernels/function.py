@@ -1,0 +1,282 @@
+"""ASCender attention through the Triton kernels: the fast path's math with the tile work in
+kernels and the per-row algebra in torch, reused from py.
+
+Forward (one autograd.Function, inputs q, k, v, z, h and the per-head parameters):
+1. whole-sequence operands (_operands: khat, Zr, Hr, moment states), neighbours (torch);
+2. K1: per-row statistics of the kernel tiles (rho, Separation mean / centred squares, Cohesion
+   moments);
+3. the per-row algebra of _rows, chunk by chunk (headings, gates, row scales, centroids):
+   the folded query parts qk, qa, qc and the Separation row factor;
+4. K2: attention over the folded scores with the Separation tile rebuilt per block; log-sum-exp.
+Backward: K3 (gradients of the folded query parts and of the row factor), the per-row algebra
+re-run under autograd to turn them into gradients of the row statistics, K4 / K5 (geometry
+gradients by query row and by key row), then _input_grads maps the operand gradients back
+to the inputs. Nothing n x n is stored; kept for backward: inputs, out, lse, row statistics.
+"""
+
+from __future__ import annotations
+
+
+import torch
+
+from ..fast import (
+    SMALL, _aux, _Call, _count_denom, _input_grads, _moved_stats, _operands, _row_inputs, _rows, _scatter_row_grads,
+    _Spec, _store_rows, _swap_last_two, _tiles, chunk_bounds, neighbours, search_vectors,
+)
+from ..hparams import AscenderHParams
+from ..params import AscenderHeadParams
+from ..reference import AscenderResult
+from .launch import Ops, attention_col_grads, attention_forward, attention_row_grads, kernel_arg_floor, row_stats
+from .tiles import interpreting
+
+
+def _swap(x: torch.Tensor) -> torch.Tensor:
+    return _swap_last_two(x).contiguous()
+
+
+def _counts(call: _Call, n: int, dtype, device):
+    """Visible keys per row [n] and the variance denominator [n]."""
+    return _count_denom(0, n, n, call.hp, dtype, device)
+
+
+def _make_ops(call: _Call, t: dict, ieee: bool) -> Ops:
+    """Kernel operands that do not depend on the per-row algebra (query parts come later)."""
+    hp = call.hp
+    B, n, hd = t["k3"].shape
+    ops = Ops(qk=t["k3"], k=t["k3"].contiguous(), v=t["v_aug3"].contiguous(), interpreted=interpreting())
+    dtype = t["k3"].dtype
+    if hp.use_align:
+        ops.ka = t["khat3"].contiguous()
+    ratio = 1.0
+    if call.use_sep or hp.use_coh:
+        ops.zr = t["Zr"].contiguous()
+        ops.zl = _swap(t["Zr"])
+        ratio = t["ratio"]
+    if call.use_sep:
+        ops.hr = t["Hr"].contiguous()
+        ops.hl = _swap(t["Hr"])
+    if hp.other_bias == "alibi":
+        ops.slope = t["slope_tau_b"].to(dtype).contiguous()
+    lo = kernel_arg_floor(dtype, ratio)
+    ops.consts = torch.tensor([lo, ratio], dtype=dtype, device=t["k3"].device)
+    ops.flags = dict(CAUSAL=hp.causal, ALIGN=hp.use_align, COH=hp.use_coh, SEP=call.use_sep,
+                     ALIBI=hp.other_bias == "alibi", LSEP=call.want_lsep, RATIO_ONE=ratio == 1.0,
+                     F64=dtype == torch.float64, IEEE=ieee)  # fmt: skip
+    return ops
+
+
+def _stats(call: _Call, ops: Ops, b: int, nh: int) -> dict:
+    """K1 row statistics as _rows reads them ([b, np, s(, e)])."""
+    (rho, mu, m2), mom = row_stats(ops)
+    n = ops.qk.shape[1]
+    stats = {}
+    if rho is not None:
+        _, denom = _counts(call, n, m2.dtype, m2.device)
+        stats.update(rho=rho.view(b, nh, n), mu=mu.view(b, nh, n), var=(m2 / denom).view(b, nh, n))
+    if mom is not None:
+        stats["mom"] = mom.view(b, nh, n, -1)
+    return stats
+
+
+def _slice(stats: dict, c0: int, c1: int) -> dict:
+    return {k_: v_[:, :, c0:c1] for k_, v_ in stats.items()}
+
+
+def _row_parts(spec: _Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
+    """Per-row algebra of every chunk without autograd: fills ops.qk / qa / qc / fac / mu and
+    returns the row outputs [b, np, s, ...] (and the mass-moved sums when stats are wanted)."""
+    call, hp = spec.call, spec.call.hp
+    b, nh, n, hd = t["q"].shape
+    B = b * nh
+    q3 = {"k3": torch.empty_like(t["k3"])}
+    if hp.use_align:
+        q3["khat3"] = torch.empty_like(t["k3"])
+    if hp.use_coh:
+        q3["Zr"] = torch.empty_like(t["Zr"])
+    fac = t["k3"].new_empty(B, n) if call.use_sep else None
+    row_out, moved = {}, {}
+    for c0, c1 in spec.chunks:
+        L = c1 if hp.causal else n
+        x = _row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=False)
+        parts, factor, rows = _rows(call, c0, c1, L, x)
+        for key, p in parts:
+            q3[key][:, c0:c1] = p
+        if factor is not None:
+            fac[:, c0:c1] = factor.reshape(B, c1 - c0)
+        if call.with_stats:  # diagnostics: the fast path's explicit no-grad tiles
+            _, tiles = _tiles(call, c0, c1, L, t, keep=False)
+            for key, val in _moved_stats(call, c0, c1, L, t, rows, factor, tiles.get("dev")).items():
+                moved[key] = moved.get(key, 0) + val
+        if with_rows:
+            _store_rows(row_out, rows, c0, c1, n)
+    ops.qk = q3["k3"]
+    ops.qa = q3.get("khat3")
+    ops.qc = q3.get("Zr")
+    ops.fac = fac
+    if "mu" in stats:
+        ops.mu = stats["mu"].reshape(B, n).contiguous()
+    return row_out, moved
+
+
+class _TritonAttention(torch.autograd.Function):
+    """All rows of one call through the kernels; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, spec: _Spec, ieee: bool, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx,
+                valid):  # fmt: skip
+        call, hp = spec.call, spec.call.hp
+        t = _operands(call, q, k, v, z, h, delta, tau, slope)
+        t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
+        b, nh, n, hd = q.shape
+        ops = _make_ops(call, t, ieee)
+        stats = _stats(call, ops, b, nh) if (call.use_sep or hp.use_coh) else {}
+        row_out, moved = _row_parts(spec, t, stats, ops, with_rows=True)
+        out3, lse, lsep = attention_forward(ops)
+        out_aug = out3.view(b, nh, n, -1)
+        if lsep is not None:
+            row_out["lsep"] = lsep.view(b, nh, n)
+        if call.want_lcoh:
+            c, oc = row_out["centroid"], out_aug[..., hd:]
+            row_out["lcoh"] = oc[..., -1] - 2 * (c * oc[..., :-1]).sum(-1) + (c * c).sum(-1)
+        spec.row_keys = list(row_out)
+        spec.stat_keys = list(stats)
+        spec.moved = {k_: v_ / n for k_, v_ in moved.items()}
+        out = out_aug if out_aug.shape[-1] == hd else out_aug[..., :hd].contiguous()
+        ctx.spec, ctx.ieee = spec, ieee
+        extra = [lsep] if lsep is not None else []
+        ctx.save_for_backward(q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug, lse,
+                              *extra, *stats.values())  # fmt: skip
+        ctx.set_materialize_grads(False)
+        return (out, *row_out.values())
+
+    @staticmethod
+    def backward(ctx, d_out, *d_rows):
+        spec = ctx.spec
+        call, hp = spec.call, spec.call.hp
+        q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug, lse, *rest = ctx.saved_tensors
+        lsep = rest.pop(0) if call.want_lsep else None
+        stats = dict(zip(spec.stat_keys, rest))
+        t = _operands(call, q, k, v, z, h, delta, tau, slope)
+        t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
+        b, nh, n, hd = q.shape
+        B = b * nh
+        dtype, dev_ = q.dtype, q.device
+        d_rows = dict(zip(spec.row_keys, d_rows))
+        ops = _make_ops(call, t, ctx.ieee)
+        row_out, _ = _row_parts(spec, t, stats, ops, with_rows=call.want_lcoh)
+        # ---- gradient of the augmented output rows (task output, L_coh value columns)
+        dO = torch.zeros_like(out_aug)
+        if d_out is not None:
+            dO[..., :hd] = d_out
+        d_c = None
+        g_lcoh = d_rows.get("lcoh")
+        if call.want_lcoh and g_lcoh is not None:
+            c = row_out["centroid"]
+            dO[..., -1] += g_lcoh
+            dO[..., hd:-1] += -2 * g_lcoh[..., None] * c
+            d_c = g_lcoh[..., None] * (2 * c - 2 * out_aug[..., hd:-1])
+        dO3 = dO.view(B, n, -1)
+        gl = None
+        dd = (dO * out_aug).sum(-1).view(B, n)
+        if call.want_lsep:  # the kernels read gl whenever the crowding loss exists
+            g = d_rows.get("lsep")
+            gl = torch.zeros(B, n, dtype=dtype, device=dev_) if g is None else g.reshape(B, n).contiguous()
+            dd = dd + gl * lsep.view(B, n)
+        # ---- K3: folded query parts and the Separation row factor
+        gqk, gqa, gqc, gfac, galibi = attention_row_grads(ops, dO3, lse, dd, gl, None)
+        g_parts = {"k3": gqk, "khat3": gqa, "Zr": gqc}
+        # ---- per-row algebra under autograd, chunk by chunk (py's leaves and scatter)
+        gq = torch.zeros_like(q)
+        gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t}
+        for key in SMALL:
+            t["leaf_" + key] = t[key].detach().requires_grad_()
+        g_small = {key: torch.zeros_like(t[key]) for key in SMALL}
+        g_states = {"align": {}, "coh": {}}
+        count, denom = _counts(call, n, dtype, dev_)
+        row_g = {key: torch.zeros(B, n, dtype=dtype, device=dev_) for key in ("var", "mu", "rho")}
+        gmom = torch.zeros_like(t["Zr"]) if hp.use_coh else None
+        for c0, c1 in spec.chunks:
+            L = c1 if hp.causal else n
+            C = c1 - c0
+            with torch.enable_grad():
+                x = _row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=True)
+                parts, factor, rows = _rows(call, c0, c1, L, x)
+            outs, gouts = [], []
+            for key, qp in parts:
+                outs.append(qp)
+                gouts.append(g_parts[key][:, c0:c1])
+            if factor is not None:
+                outs.append(factor)
+                gouts.append(gfac[:, c0:c1].view(b, nh, C))
+            if d_c is not None:
+                outs.append(rows["centroid"])
+                gouts.append(d_c[:, :, c0:c1])
+            for key, g in d_rows.items():
+                if g is not None and key in rows:
+                    outs.append(rows[key])
+                    gouts.append(g[:, :, c0:c1])
+            leaves = [(k_, v_) for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad]
+            leaves += [(f"{k_}#{i}", v_) for k_, val in x.items() if isinstance(val, tuple)
+                       for i, v_ in enumerate(val)]  # fmt: skip
+            grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
+            gx = {name: g for (name, _), g in zip(leaves, grads) if g is not None}
+            _scatter_row_grads(c0, c1, x, gx, gbuf, gq, g_small, g_states)
+            for key in row_g:
+                if key in gx:
+                    row_g[key][:, c0:c1] = gx[key].reshape(B, C)
+            if gmom is not None and "mom" in gx:
+                gmom[:, c0:c1] = gx["mom"].reshape(B, C, -1)
+        g_tau_alibi = galibi.sum(-1) if galibi is not None else torch.zeros(B, dtype=dtype, device=dev_)
+        # ---- K4 / K5: the tile geometry (distance, affinity, moments) and the key rows
+        gv3 = None
+        if call.use_sep or hp.use_coh:
+            geom = dict(cvar=(2 * row_g["var"] / denom).contiguous() if call.use_sep else None,
+                        cmu=(row_g["mu"] / count).contiguous() if call.use_sep else None,
+                        grho=row_g["rho"] if call.use_sep else None,
+                        gmom=gmom.contiguous() if gmom is not None else None)  # fmt: skip
+            gzl, ghl = attention_row_grads(ops, dO3, lse, dd, gl, geom)
+            gbuf["Zr"] += gzl
+            if ghl is not None:
+                gbuf["Hr"] += ghl
+            geom["gmoml"] = _swap(gmom) if gmom is not None else None
+        else:
+            geom = dict(cvar=None, cmu=None, grho=None, gmom=None, gmoml=None)
+        qcl = _swap(ops.qc) if ops.qc is not None else None
+        gk, gka, gz, gh, gv3 = attention_col_grads(ops, qcl, dO3, lse, dd, gl, geom)
+        gbuf["k3"] += gk
+        if gka is not None:
+            gbuf["khat3"] += gka
+        if gz is not None:
+            gbuf["Zr"] += gz
+        if gh is not None:
+            gbuf["Hr"] += gh
+        grads = _input_grads(call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ctx.needs_input_grad[1:])
+        return (None, None, *grads)
+
+
+def triton_attention(
+    q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
+    with_aux: bool = False, with_stats: bool = False,
+) -> AscenderResult:  # fmt: skip
+    """fast_attention's contract (same arguments, same result) through the Triton kernels.
+    bf16 / fp16 inputs run in fp32 (kernels accumulate in fp32; the output is cast back), fp64
+    in fp64."""
+    in_dtype = q.dtype
+    low = in_dtype in (torch.bfloat16, torch.float16)
+    if low:
+        q, k, v, z, h = (x.float() for x in (q, k, v, z, h))
+    b, nh, n, hd = q.shape
+    chunks = chunk_bounds(n, b * nh, hp)
+    call = _Call(hp, n, hd, use_sep, with_aux, with_stats)
+    idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
+    spec = _Spec(call, chunks)
+    dt = q.dtype
+    outs = _TritonAttention.apply(
+        spec, not low, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(),
+        params.omega.to(dt), params.lambdas.to(dt), params.delta.to(dt), params.kappa.to(dt),
+        params.tau_score.to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
+    )  # fmt: skip
+    rows = {"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}
+    aux = _aux(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
+    out = outs[0].to(in_dtype) if low else outs[0]
+    return AscenderResult(out=out, rows=rows, stats=spec.moved, aux=aux)

@@ -1,0 +1,237 @@
+"""The Triton kernels (run by the interpreter on CPU, compiled on CUDA) against the dense
+reference: output, every input and parameter gradient, row statistics and aux losses; float64
+at 1e-9, float32 at 1e-5 relative to the float64 reference; lengths off the block size (16),
+causal (row 0 has one key) and bidirectional, with and without Separation."""
+
+import copy
+import logging
+
+import pytest
+import torch
+
+from ascender_dist.models.ascender import ascender_attention, reference_attention
+from ascender_dist.models.ascender import attention as entry
+from ascender_dist.models.ascender.kernels import triton_supported
+
+from .test_ascender_fast import base_hp, make_inputs, make_params
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from ascender_dist.models.ascender.kernels import triton_attention  # noqa: E402
+
+torch.set_num_threads(1)
+F64, F32 = torch.float64, torch.float32
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+AUX = dict(aux_compactness_weight=0.3, aux_crowding_weight=0.5, aux_alignment_weight=0.2)
+
+
+def test_interpreter_is_active_without_cuda():
+    """conftest.py must set TRITON_INTERPRET before triton's first import, else every kernel
+    test below would fail with '0 active drivers' (or on tl.sum) instead of this one line."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the kernels are compiled")
+    assert type(tl.sum).__name__ == "InterpretedFunction", "TRITON_INTERPRET was set after importing triton"
+
+
+def _loss(result, w, with_aux):
+    return (result.out.to(w.dtype) * w).sum() + (result.aux["total"] if with_aux else 0)
+
+
+def compare(hp, n, *, dtype=F64, use_sep=True, with_aux=False, b=1, nh=2, hd=16, tol=1e-9, rel=False):
+    """Kernels in ``dtype`` vs the float64 reference: out, every gradient (q, k, v, z, h and every
+    learned per-head tensor), row statistics and aux losses. rel: errors relative to each
+    tensor's largest reference entry (float32), else absolute (float64)."""
+    inputs64 = make_inputs(b=b, nh=nh, n=n, hd=hd, dz=hp.d_z, da=hp.d_a, dtype=F64)
+    params64 = make_params(hp, nh, dtype=F64)
+    inputs = [x.detach().to(DEVICE, dtype).requires_grad_() for x in inputs64]
+    params = make_params(hp, nh, dtype=F64).to(DEVICE, dtype)  # the same values as params64
+    ref = reference_attention(*inputs64, params64, hp, use_sep=use_sep, with_aux=with_aux)
+    got = triton_attention(*inputs, params, hp, use_sep=use_sep, with_aux=with_aux)
+
+    def check(name, a, b_):
+        a = a.detach().to("cpu", F64)
+        b_ = b_.detach().to("cpu", F64)
+        err = (a - b_).abs().max().item() if a.numel() else 0.0
+        scale = max(1.0, b_.abs().max().item()) if rel else 1.0
+        assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol:g} x {scale:.3g} (n={n})"
+
+    check("out", got.out, ref.out)
+    for key in ("u", "gate_align", "eta", "rho", "centroid", "gate_coh"):
+        if key in ref.rows:
+            check(f"rows.{key}", got.rows[key], ref.rows[key])
+    for key, val in ref.aux.items():
+        check(f"aux.{key}", got.aux[key], val)
+    w = torch.randn(ref.out.shape, generator=torch.Generator().manual_seed(7), dtype=F64)
+    names = ["q", "k", "v", "z", "h"] + [name for name, _ in params.named_parameters()]
+    g_ref = torch.autograd.grad(_loss(ref, w, with_aux), inputs64 + list(params64.parameters()),
+                                allow_unused=True, materialize_grads=True)  # fmt: skip
+    g_got = torch.autograd.grad(_loss(got, w.to(DEVICE, dtype), with_aux), inputs + list(params.parameters()),
+                                allow_unused=True, materialize_grads=True)  # fmt: skip
+    for name, a, b_ in zip(names, g_got, g_ref):
+        check(f"grad {name}", a, b_)
+    return ref, got, g_ref
+
+
+@pytest.mark.parametrize("n", [1, 5, 17, 33, 70])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_kernels_match_reference_float64(causal, n):
+    """Every bias, all three aux losses, Separation's tau differing from Cohesion's (two kernels)."""
+    ref, _, g_ref = compare(base_hp(causal=causal, **AUX), n, with_aux=True)
+    if n > 1:  # the comparison is not vacuous: every gradient the test checks is nonzero
+        assert all(g.abs().max() > 0 for g in g_ref[:8])
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_kernels_without_separation_float64(causal):
+    """Before separation_start_step: no Separation tile, Cohesion's kernel alone."""
+    compare(base_hp(causal=causal), 33, use_sep=False)
+
+
+@pytest.mark.parametrize(
+    "changes, n",
+    [
+        (dict(causal=True, window=4, num_global=2, other_bias="alibi"), 37),
+        (dict(causal=False, window=3, num_global=1, other_bias="alibi", gate_placement="post_norm"), 20),
+        (dict(causal=True, tau_sep=1.0, std_form="sample", kernel_tau_form="tau2"), 21),  # one kernel
+        (dict(causal=True, neighbour_source="base_scores", chunk_size=16), 35),
+        (dict(causal=True, use_align=False, use_coh=False, **AUX), 19),  # Separation only
+        (dict(causal=False, use_sep=False, use_coh=False), 19),  # Alignment only
+        (dict(causal=True, use_sep=False, use_align=False, **AUX), 19),  # Cohesion only
+    ],
+    ids=["causal_window_alibi", "bidir_window_alibi_post", "one_kernel_sample_tau2", "base_scores",
+         "only_sep", "only_align", "only_coh"],
+)  # fmt: skip
+def test_kernels_options_float64(changes, n):
+    hp = base_hp(**changes)
+    compare(hp, n, use_sep=hp.use_sep, with_aux=hp.aux_compactness_weight > 0, b=2)
+
+
+def test_kernels_with_several_causal_moment_states_float64(monkeypatch):
+    """Row scales of Alignment / Cohesion from causal moment states every MOMENT_STRIDE rows
+    (shrunk from 256 to 8 so that a short sequence has several)."""
+    from ascender_dist.models.ascender import fast
+
+    monkeypatch.setattr(fast, "MOMENT_STRIDE", 8)
+    compare(base_hp(causal=True, chunk_size=4, **AUX), 37, with_aux=True)
+
+
+def test_kernels_shared_omega_float64():
+    """share_omega_across_heads: params.omega is an expanded view; every head's gradient sums
+    into the one shared parameter."""
+    from ascender_dist.models.ascender import AscenderHeadParams
+
+    hp = base_hp(causal=True, share_omega_across_heads=True)
+    params = AscenderHeadParams(hp, 2).double()
+    with torch.no_grad():
+        params.omega_shared.copy_(torch.tensor([[0.7, 0.4, 1.3]], dtype=F64))
+    inputs = make_inputs(b=1, n=21, hd=16)
+    grads = []
+    for path in (reference_attention, triton_attention):
+        out = path(*inputs, params, hp, use_sep=True).out
+        grads.append(torch.autograd.grad((out * out).sum(), [params.omega_shared, inputs[3]]))
+    for a, b_ in zip(*grads):
+        assert b_.abs().max() > 0
+        torch.testing.assert_close(a, b_, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("hd", [32, 96])
+def test_kernels_other_head_dims_float64(hd):
+    """96 is not a power of two: the kernels pad it to 128 and mask the extra columns."""
+    compare(base_hp(causal=True, d_z=6, d_a=9, **AUX), 17, with_aux=True, hd=hd)
+
+
+def test_kernels_do_not_leak_future_tokens():
+    """Changing every input after position t leaves rows <= t unchanged to the last bit (t in
+    the middle of a 16-row block, so masking inside a block is what is checked)."""
+    hp = base_hp(causal=True, window=4, num_global=2, other_bias="alibi", **AUX)
+    inputs = [x.detach().to(DEVICE) for x in make_inputs(b=1, n=40, hd=16, dtype=F32)]
+    params = make_params(hp, 2, dtype=F32).to(DEVICE)
+    t = 20
+    changed = [x.clone() for x in inputs]
+    g = torch.Generator().manual_seed(3)
+    for x in changed:
+        x[..., t + 1 :, :] = 5 * torch.randn(x[..., t + 1 :, :].shape, generator=g).to(x.device)
+    a = triton_attention(*inputs, params, hp, use_sep=True, with_aux=True)
+    b = triton_attention(*changed, params, hp, use_sep=True, with_aux=True)
+    assert torch.equal(a.out[..., : t + 1, :], b.out[..., : t + 1, :])
+    assert not torch.equal(a.out[..., t + 1 :, :], b.out[..., t + 1 :, :])
+    for name, ra in a.rows.items():
+        assert torch.equal(ra[:, :, : t + 1], b.rows[name][:, :, : t + 1]), name
+
+
+@pytest.mark.parametrize("n, causal", [(33, True), (17, False)])
+def test_kernels_float32_within_1e5_of_float64_reference(n, causal):
+    """fp32 kernels (fp32 accumulation) against the fp64 reference, row 0's single key included."""
+    compare(base_hp(causal=causal, **AUX), n, dtype=F32, with_aux=True, tol=1e-5, rel=True)
+
+
+def test_kernels_bfloat16_inputs_run_in_fp32_and_return_bf16():
+    hp = base_hp(causal=True)
+    inputs = [x.detach().to(DEVICE, torch.bfloat16).requires_grad_() for x in make_inputs(b=1, n=21, hd=16)]
+    params64 = make_params(hp, 2)
+    got = triton_attention(*inputs, copy.deepcopy(params64).to(DEVICE, F32), hp, use_sep=True)
+    ref = reference_attention(*[x.detach().double().cpu() for x in inputs], params64, hp, use_sep=True)
+    assert got.out.dtype == torch.bfloat16
+    err = (got.out.double().cpu() - ref.out).abs().max().item()
+    assert err < 1e-2 * max(1.0, ref.out.abs().max().item()), err  # bf16 rounding of the output
+    got.out.float().sum().backward()
+    assert all(x.grad is not None and x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad).all() for x in inputs)
+
+
+def test_kernels_report_mass_moved_stats_like_the_reference():
+    hp = base_hp(causal=True, other_bias="alibi")
+    inputs = [x.detach().to(DEVICE) for x in make_inputs(b=1, n=23, hd=16)]
+    params = make_params(hp, 2).to(DEVICE)
+    got = triton_attention(*inputs, params, hp, use_sep=True, with_stats=True)
+    ref = reference_attention(*[x.cpu() for x in inputs], make_params(hp, 2), hp, use_sep=True)
+    assert set(got.stats) == set(ref.stats)
+    for key, val in ref.stats.items():
+        torch.testing.assert_close(got.stats[key].cpu(), val, rtol=1e-9, atol=1e-9, msg=key)
+
+
+# ---------------------------------------------------------------- impl resolution (entry point)
+def test_auto_resolves_to_fast_on_cpu_tensors():
+    hp = base_hp()
+    assert entry._pick_impl("auto", make_inputs(b=1, n=3, hd=16)[0].detach(), hp) == "fast"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_check runs it)")
+def test_auto_resolves_to_triton_on_cuda_and_matches_reference():
+    hp = base_hp(causal=True)
+    inputs = [x.detach().cuda().requires_grad_() for x in make_inputs(b=1, n=70, hd=64)]
+    assert entry._pick_impl("auto", inputs[0], hp) == "triton"
+    params = make_params(hp, 2).cuda()
+    out = ascender_attention(*inputs, params, hp, step=0, impl="auto")
+    ref = ascender_attention(*inputs, params, hp, step=0, impl="reference")
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_impl_triton_runs_on_cpu_tensors_under_the_interpreter():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    hp = base_hp(causal=True)
+    inputs = make_inputs(b=1, n=19, hd=16)
+    params = make_params(hp, 2)
+    assert entry._pick_impl("triton", inputs[0], hp) == "triton"
+    out = ascender_attention(*inputs, params, hp, step=0, impl="triton")
+    ref = ascender_attention(*inputs, params, hp, step=0, impl="reference")
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+
+
+def test_unsupported_head_dim_falls_back_to_fast_with_one_log_line(caplog):
+    hp = base_hp(causal=True)
+    q = make_inputs(b=1, n=3, hd=8)[0].detach()  # head dim 8: not covered by the kernels
+    ok, why = triton_supported(q, hp)
+    assert not ok and "head dim 8" in why
+    entry._LOGGED.clear()
+    with caplog.at_level(logging.INFO, logger="ascender_dist"):
+        assert entry._pick_impl("triton", q, hp) == "fast"
+        assert entry._pick_impl("triton", q, hp) == "fast"
+    lines = [r.getMessage() for r in caplog.records if "head dim 8" in r.getMessage()]
+    assert len(lines) == 1, lines
+
+
+def test_print_config_line_names_the_path_per_device():
+    assert entry.attention_paths(64) == "ascender attention (impl auto): CUDA -> triton, CPU -> fast"
+    assert entry.attention_paths(24).startswith("ascender attention (impl auto): CUDA -> fast (head dim 24")
