@@ -57,8 +57,9 @@ def _peak_delta_mib(fn) -> float:
     return (_status_kib("VmHWM") - before) / 1024
 
 
-def _layer(impl: str, n: int):
-    """A closure running one fwd+bwd of impl on fresh leaf inputs of length n."""
+def _layer(impl: str, n: int, device: str = "cpu", dtype: str = "float32"):
+    """A closure running one fwd+bwd of impl on fresh leaf inputs of length n (inputs and the
+    per-head parameters on ``device`` in ``dtype``, a torch dtype name; benchmarks/gpu_check uses bf16 on CUDA)."""
     import torch
     import torch.nn.functional as F
 
@@ -66,10 +67,14 @@ def _layer(impl: str, n: int):
     from ascender_dist.models.ascender.seed_reference import seed_attention, seed_params
 
     g = torch.Generator().manual_seed(0)
-    mk = lambda d: torch.randn(1, HEADS, n, d, generator=g).requires_grad_()  # noqa: E731  [b, np, s, d]
+    to = dict(device=device, dtype=getattr(torch, dtype))
+
+    def mk(d):  # [b, np, s, d], drawn on the CPU generator so every device sees the same numbers
+        return torch.randn(1, HEADS, n, d, generator=g).to(**to).requires_grad_()
+
     q, k, v, z, h = mk(HEAD_DIM), mk(HEAD_DIM), mk(HEAD_DIM), mk(D_Z), mk(D_A)
     hp = AscenderHParams(d_z=D_Z, d_a=D_A, k=K_TOP, window=WINDOW, num_global=GLOBALS, causal=True)
-    params = AscenderHeadParams(hp, HEADS)
+    params = AscenderHeadParams(hp, HEADS).to(**to)
     sp = seed_params()
     causal_mask = torch.ones(n, n).tril() if impl == "seed" else None
 

@@ -80,6 +80,8 @@ def make_config(job: dict, data: dict, out_dir: Path):
     )
     # tiny_run_config pins a 2-layer width-32 model; a preset's fields must not be overridden by it
     raw["model"] = {"architecture": job["arch"], "preset": job["preset"], **job.get("model", {})}
+    for section, fields in job.get("sections", {}).items():  # e.g. {"train": {"precision": "bf16"}}
+        raw[section] = {**raw.get(section, {}), **fields}
     return config_from_dict(raw)
 
 
@@ -146,6 +148,8 @@ def throughput_worker(args: dict) -> dict:
             "skipped_steps": sum(bool(m["skipped"]) for m in marks),
             "load_after": os.getloadavg(),
             "params_this_rank": sum(p.numel() for p in trainer.engine.module.parameters()),
+            "flops_per_token": trainer.flops_per_token,  # models/counting.py, what the trainer's MFU uses
+            "padded_vocab_size": trainer.derived.padded_vocab_size,
             "grad_accum": trainer.derived.gradient_accumulation_steps,
         })
         results[job["key"]] = out

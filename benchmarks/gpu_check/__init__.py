@@ -1,0 +1,22 @@
+"""One command for a GPU machine: everything that needs a GPU, measured and written down with the GPU named.
+
+    python -m benchmarks.gpu_check                                  # one H100: ~9 min; writes benchmarks/results/gpu/
+    python -m benchmarks.gpu_check --cpu-dry-run --out /tmp/dry     # the same script on CPU at tiny sizes
+
+Sections, run in this order, each under a time budget (``plan.py``); a section that fails records its
+error line in its results and the next one still runs; the exit status is 1 if any section failed:
+
+    tests      pytest on the Triton kernel tests (compiled for real on CUDA; TRITON_INTERPRET=1 and a
+               quick ``-k`` subset in the dry run) and on every test marked ``cuda``; pass/fail/skip counts
+    attention  one causal layer, fwd+bwd: ASCender (``impl="auto"``) vs SDPA under the first backend
+               that runs (FlashAttention first), time (CUDA events, median and min) and peak memory
+    training   one-rank training throughput (tokens/s) and MFU of the gpt / ascender / connection
+               presets through the real trainer (``benchmarks/scaling.py``'s worker), bf16
+    nccl       a 2-rank data-parallel training run when two GPUs exist (gloo on CPU in the dry run),
+               otherwise one skip line
+
+Files (in ``--out``): ``summary.{json,md}`` (machine: device name, torch / triton / CUDA versions, git
+commit, date; every section's status, time and budget) and ``<section>.{json,md}`` (+ ``attention.png``
+when matplotlib is installed). The dry run writes the same files and claims no GPU (device ``cpu``, no MFU,
+no CUDA memory).
+"""

@@ -1,0 +1,259 @@
+"""Section ``attention``: one causal attention layer, forward + backward, ASCender vs SDPA.
+
+The layer and its inputs are ``benchmarks/attention.py``'s (batch 1, 8 heads x 64, d_z = d_a = 32,
+k = 16, window 128 + 4 globals), built on the plan's device in its dtype (bf16 on CUDA). ASCender runs
+``ascender_attention(impl="auto")`` (the Triton kernels on CUDA; the resolved path is recorded); SDPA runs
+``F.scaled_dot_product_attention(is_causal=True)`` under the first of FlashAttention, cuDNN, memory-efficient,
+math that accepts the inputs (the one that ran is named).
+
+Time: one first call (Triton compiles here; recorded apart), warm-up calls, then ``repeats`` calls timed
+with CUDA events (perf_counter on CPU); median and min. Peak memory: ``torch.cuda.max_memory_allocated``
+during one more call, above what was allocated before it (inputs and parameters excluded); none on CPU.
+Before each length the section checks that 4x the previous length's time (attention is quadratic) fits
+in what is left of its budget; lengths that do not fit are recorded as not measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from pathlib import Path
+
+from benchmarks.attention import D_A, D_Z, GLOBALS, HEAD_DIM, HEADS, K_TOP, WINDOW, _layer, attention_gflops
+from benchmarks.gpu_check.plan import Budget, Plan
+
+log = logging.getLogger("gpu_check")
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def resolved_impl(plan: Plan) -> tuple[str, str]:
+    """(the path ``impl="auto"`` takes for this device and dtype, attention.py's own choice; why that is
+    not the Triton kernels, or "" when it is)."""
+    import torch
+
+    q = torch.zeros(1, HEADS, 8, HEAD_DIM, device=plan.device, dtype=getattr(torch, plan.dtype))
+    try:
+        from ascender_dist.models.ascender.attention import _pick_impl
+
+        kind = str(_pick_impl("auto", q))
+    except Exception as exc:  # a changed signature must not stop the measurement
+        return "unknown", f"{type(exc).__name__}: {exc}"
+    if kind == "triton":
+        return kind, ""
+    if plan.device != "cuda":
+        return kind, "impl auto takes the fast path on CPU tensors"
+    try:
+        from ascender_dist.models.ascender.kernels import triton_supported
+    except ImportError:
+        return kind, "no Triton kernels in this checkout"
+    return kind, triton_supported(q)[1]
+
+
+def sdpa_runner(n: int, plan: Plan):
+    """(fwd+bwd closure, backend name): SDPA under the first backend that runs these inputs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    base = _layer("sdpa", n, plan.device, plan.dtype)
+    errors = []
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.MATH):
+        def run(backend=backend):
+            with sdpa_kernel(backend):
+                base()
+
+        try:
+            run()
+        except RuntimeError as exc:
+            errors.append(f"{backend.name}: {str(exc).splitlines()[0][:120]}")
+            continue
+        return run, backend.name
+    raise RuntimeError("no SDPA backend ran: " + "; ".join(errors))
+
+
+def time_fwd_bwd(run, plan: Plan) -> dict:
+    """First-call seconds, then ``plan.repeats`` timed calls after ``plan.warmup`` calls in all."""
+    import torch
+
+    t0 = time.perf_counter()
+    run()
+    _sync(plan.device)
+    first = time.perf_counter() - t0
+    for _ in range(plan.warmup - 1):
+        run()
+    times = []
+    for _ in range(plan.repeats):
+        if plan.device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)  # elapsed_time is in ms
+        else:
+            t = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t)
+    return {"first_call_s": first, "median_s": statistics.median(times), "min_s": min(times), "times_s": times}
+
+
+def peak_mib(run, device: str):
+    """Peak CUDA memory of one call above the memory allocated before it (MiB); None on CPU."""
+    import torch
+
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    run()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def measure_point(impl: str, n: int, plan: Plan, ascender_impl: str) -> dict:
+    import torch
+
+    point = {"impl": impl, "n": n}
+    try:
+        if impl == "sdpa":
+            run, point["backend"] = sdpa_runner(n, plan)
+        else:
+            run, point["backend"] = _layer("auto", n, plan.device, plan.dtype), ascender_impl
+        point.update(time_fwd_bwd(run, plan), peak_mib=peak_mib(run, plan.device), status="ok")
+    except Exception as exc:  # one failed point (e.g. out of memory) is recorded; the others still run
+        point["status"] = f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+    finally:
+        run = None
+        if plan.device == "cuda":
+            torch.cuda.empty_cache()
+    log.info("[attention] n=%d %s (%s): %s", n, impl, point.get("backend", "?"),
+             f"median {point['median_s'] * 1e3:.2f} ms, min {point['min_s'] * 1e3:.2f} ms" +
+             (f", peak {point['peak_mib']:.0f} MiB" if point["peak_mib"] is not None else "")
+             if point["status"] == "ok" else point["status"])
+    return point
+
+
+def next_length_seconds(pair: list[dict], plan: Plan, wall_s: float) -> float:
+    """Seconds this length's calls take once compiled (the first call's Triton compilation is paid once,
+    not per length); the wall time when a point failed. The next (doubled) length costs ~4x this."""
+    if any(p["status"] != "ok" for p in pair):
+        return wall_s
+    return sum(p["median_s"] * (plan.warmup + plan.repeats + 1) for p in pair)
+
+
+def run(plan: Plan, work: Path, budget: Budget) -> dict:
+    ascender_impl, why_not_triton = resolved_impl(plan)
+    log.info("[attention] ASCender impl='auto' resolves to %r on %s %s%s", ascender_impl, plan.device, plan.dtype,
+             f" ({why_not_triton})" if why_not_triton else "")
+    points, estimate = [], 0.0
+    for n in plan.lengths:
+        if estimate > budget.left():
+            for impl in ("sdpa", "ascender"):
+                points.append({"impl": impl, "n": n, "status": f"not measured: ~{estimate:.0f} s estimated, "
+                                                                  f"{budget.left():.0f} s of the budget left"})
+            log.warning("[attention] n=%d not measured: %s", n, points[-1]["status"])
+            continue
+        t0 = time.monotonic()
+        pair = [measure_point(impl, n, plan, ascender_impl) for impl in ("sdpa", "ascender")]
+        points += pair
+        estimate = 4 * next_length_seconds(pair, plan, time.monotonic() - t0)
+    bad = [p for p in points if p["status"] != "ok"]
+    status = "ok" if not bad else f"failed: {len(bad)} of {len(points)} points: n={bad[0]['n']} {bad[0]['impl']} " \
+                                  f"{bad[0]['status']}"
+    return {"status": status, "ascender_impl": ascender_impl, "ascender_not_triton_because": why_not_triton,
+            "dtype": plan.dtype, "device": plan.device,
+            "shape": {"batch": 1, "heads": HEADS, "head_dim": HEAD_DIM, "d_z": D_Z, "d_a": D_A, "k": K_TOP,
+                      "window": WINDOW, "num_global": GLOBALS, "causal": True},
+            "warmup": plan.warmup, "repeats": plan.repeats, "points": points, "rows": table_rows(points)}
+
+
+def table_rows(points: list[dict]) -> list[dict]:
+    """One row per length: both impls side by side, ASCender / SDPA ratios, analytic forward FLOP ratio."""
+    rows = []
+    for n in sorted({p["n"] for p in points}):
+        a = next(p for p in points if p["n"] == n and p["impl"] == "ascender")
+        s = next(p for p in points if p["n"] == n and p["impl"] == "sdpa")
+        flops = attention_gflops(n, windowed=True)
+        row = {"n": n, "ascender": a, "sdpa": s, "flop_ratio": flops["ascender"] / flops["sdpa"]}
+        if a["status"] == s["status"] == "ok":
+            row["time_ratio"] = a["median_s"] / s["median_s"]
+            if a["peak_mib"] is not None and s["peak_mib"]:
+                row["memory_ratio"] = a["peak_mib"] / s["peak_mib"]
+        rows.append(row)
+    return rows
+
+
+def _ms(p: dict) -> str:
+    return f"{p['median_s'] * 1e3:.3f} / {p['min_s'] * 1e3:.3f}" if p["status"] == "ok" else p["status"]
+
+
+def _mib(p: dict) -> str:
+    return "n/a (CPU)" if p.get("peak_mib", 0) is None else (f"{p['peak_mib']:.0f}" if p["status"] == "ok" else "")
+
+
+def markdown(result: dict) -> list[str]:
+    if "rows" not in result:
+        return []
+    sh = result["shape"]
+    backends = sorted({r["sdpa"].get("backend") for r in result["rows"] if r["sdpa"].get("backend")})
+    why = result["ascender_not_triton_because"]
+    impl = f"`{result['ascender_impl']}`" + (f" ({why})" if why else "")
+    lines = [f"One causal attention layer, forward + backward, {result['dtype']} on {result['device']}: batch "
+             f"{sh['batch']}, {sh['heads']} heads x {sh['head_dim']}, d_z = d_a = {sh['d_z']}, k = {sh['k']}, window "
+             f"{sh['window']} + {sh['num_global']} globals. ASCender: `ascender_attention(impl=\"auto\")` -> {impl}; "
+             f"SDPA backend: {', '.join(backends) or 'none ran'}. Time: median / min of {result['repeats']} calls "
+             f"after {result['warmup']} warm-up call(s) (ms); peak: allocated memory above the inputs during one "
+             "call (MiB). FLOP ratio: analytic forward FLOPs, ASCender (windowed neighbourhoods) / SDPA "
+             "(`benchmarks/attention.py: attention_gflops`).", "",
+             "| n | ASCender ms (median / min) | SDPA ms (median / min) | time ratio | ASCender peak MiB "
+             "| SDPA peak MiB | memory ratio | FLOP ratio |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        ratio = lambda key: f"{r[key]:.2f}" if key in r else ""  # noqa: E731
+        lines.append(f"| {r['n']} | {_ms(r['ascender'])} | {_ms(r['sdpa'])} | {ratio('time_ratio')} | "
+                     f"{_mib(r['ascender'])} | {_mib(r['sdpa'])} | {ratio('memory_ratio')} | {r['flop_ratio']:.2f} |")
+    firsts = [f"n={r['n']}: {r['ascender']['first_call_s']:.1f} s" for r in result["rows"]
+              if "first_call_s" in r["ascender"]]
+    if firsts:
+        lines += ["", "ASCender first call (includes Triton compilation where it happens): " + ", ".join(firsts) + "."]
+    return lines
+
+
+def plot(result: dict, path: Path) -> bool:
+    """attention.png (time and peak memory vs n); False when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for impl in ("ascender", "sdpa"):
+        ok = [p for p in result["points"] if p["impl"] == impl and p["status"] == "ok"]
+        if not ok:
+            continue
+        label = f"{impl} ({ok[0]['backend']})"
+        axes[0].plot([p["n"] for p in ok], [p["median_s"] * 1e3 for p in ok], "o-", label=label)
+        mem = [p for p in ok if p["peak_mib"] is not None]
+        if mem:
+            axes[1].plot([p["n"] for p in mem], [p["peak_mib"] for p in mem], "o-", label=label)
+    for ax, title in zip(axes, ("fwd+bwd time, median (ms)", "peak allocated memory (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length n")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    fig.suptitle(f"one causal attention layer, {HEADS} heads x {HEAD_DIM}, {result['dtype']}, {result['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

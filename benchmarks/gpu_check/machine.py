@@ -1,0 +1,51 @@
+"""The machine the results were measured on: device name, library versions, git commit, date."""
+
+from __future__ import annotations
+
+import datetime
+from importlib.metadata import PackageNotFoundError, version
+
+from benchmarks.scaling import _machine
+
+
+def _version(package: str):
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def machine_info(device: str) -> dict:
+    """CPU, memory, torch/deepspeed/megatron versions and the git commit (``benchmarks/scaling.py``'s
+    record), plus the GPU fields. ``device == "cpu"`` (the dry run) records no GPU, even on a GPU host."""
+    import torch
+
+    from ascender_dist.training.metrics import peak_tflops_per_device
+
+    info = {**_machine(), "device": device, "triton": _version("triton"),
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}
+    info.pop("gpu", None)  # "is a GPU visible": replaced by the fields below, which say which one
+    info["commit"] = info["commit"] or "unknown (not a git checkout)"  # e.g. the docker image's copy
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info.update(device_name=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),
+                    device_memory_gib=round(props.total_memory / 2**30, 1),
+                    compute_capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
+                    cudnn=torch.backends.cudnn.version(), peak_bf16_tflops=peak_tflops_per_device(None))
+    else:
+        info.update(device_name=f"CPU ({info['cpu_model']})", device_count=0, device_memory_gib=None,
+                    compute_capability=None, cuda=None, cudnn=None, peak_bf16_tflops=None)
+    return info
+
+
+def header_lines(info: dict) -> list[str]:
+    """Markdown lines naming the machine (the top of every .md file)."""
+    lines = [f"Device: **{info['device_name']}**" + (f" x {info['device_count']}" if info["device_count"] else "")
+             + (f", {info['device_memory_gib']} GiB, compute capability {info['compute_capability']}"
+                if info["device"] == "cuda" else " (CPU dry run: no GPU was used)") + ".",
+             f"torch {info['torch']}, triton {info['triton'] or 'not installed'}, CUDA {info['cuda'] or 'none'}, "
+             f"deepspeed {info['versions']['deepspeed']}, megatron-core {info['versions']['megatron-core']}, "
+             f"Python {info['python']}; host CPU {info['cpu_model']} ({info['cores']} cores).",
+             f"Commit {info['commit']}" + (f" with uncommitted changes in {', '.join(info['uncommitted'])}"
+                                           if info["uncommitted"] else "") + f"; measured {info['date_utc']}."]
+    return lines
