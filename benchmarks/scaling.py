@@ -98,7 +98,7 @@ def throughput_worker(args: dict) -> dict:
     """Train every job of ``args['jobs']`` in turn; per job, per step: wall seconds and CPU seconds of this rank."""
     import torch.distributed as dist
 
-    from ascender_dist.training.callbacks import Callback
+    from ascender_dist.training.callbacks import Callback, Throughput
     from ascender_dist.training.trainer import Trainer
 
     class StepMarks(Callback):
@@ -148,7 +148,8 @@ def throughput_worker(args: dict) -> dict:
             "skipped_steps": sum(bool(m["skipped"]) for m in marks),
             "load_after": os.getloadavg(),
             "params_this_rank": sum(p.numel() for p in trainer.engine.module.parameters()),
-            "flops_per_token": trainer.flops_per_token,  # models/counting.py, what the trainer's MFU uses
+            # models/counting.py, what the trainer's MFU uses (its Throughput callback holds it)
+            "flops_per_token": next(c.flops_per_token for c in trainer.callbacks if isinstance(c, Throughput)),
             "padded_vocab_size": trainer.derived.padded_vocab_size,
             "grad_accum": trainer.derived.gradient_accumulation_steps,
         })
