@@ -64,7 +64,7 @@ ROWS = {
 # ============================================================================ analytic
 
 from ascender_dist.models.specs.connection_arch import attention_params_per_layer  # noqa: E402
-from ascender_dist.research.ablate import _status_kib  # noqa: E402
+from ascender_dist.research.ablate.launch import _status_kib  # noqa: E402
 
 def attention_flops_per_token(cfg) -> float:
     """Forward FLOPs per token of the token-mixing blocks (attention, ASCender or Connection) of all layers."""

@@ -245,7 +245,8 @@ def test_aggregate_means_and_paired_differences():
     asc = main["asc"]["comparison"]
     assert asc["mean_diff"] == pytest.approx(-0.1)
     assert asc["ci_low"] == pytest.approx(-0.1) and asc["ci_high"] == pytest.approx(-0.1)  # constant differences
-    assert asc["p_value"] == pytest.approx(0.25)  # exact test, 3 pairs: the floor 2 / 2^3
+    assert asc["p_randomization"] == pytest.approx(0.25)  # exact test, 3 pairs: the floor 2 / 2^3
+    assert asc["p_value"] < 1e-6 and asc["interval"] == "paired t"
     assert obj["exact_p_floor"] == pytest.approx(0.25)
     assert main["noisy"]["comparison"]["mean_diff"] == pytest.approx((0.2 - 0.3 + 0.05) / 3)
     # vs the second reference, the baseline appears as a treatment with the opposite sign
@@ -267,7 +268,7 @@ def test_aggregate_per_example_cost_omega_and_pairing():
     assert obj["data_pairing"] == {str(s): {"identical": True, "configs": ["asc", "gpt", "noisy"]} for s in (1, 2, 3)}
     train = {e["config"]: e for e in obj["final_train_loss"]["configs"]}
     assert train["asc"]["comparison"]["mean_diff"] == pytest.approx(-0.1)
-    json.dumps(ablate._json_safe(obj), allow_nan=False)
+    json.dumps(ablate.report._json_safe(obj), allow_nan=False)
 
 
 def test_aggregate_flags_differing_data_and_missing_seeds():

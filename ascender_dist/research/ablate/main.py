@@ -1,0 +1,106 @@
+"""The ``ascender-dist ablate`` command line (and the child mode that trains one run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import yaml
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.logs import setup_cli_logging
+
+from .collect import collect_records
+from .grid import AblationError, ensure_dataset, load_grid, run_dir, RESULT
+from .launch import run_grid, run_one
+from .report import write_report
+
+
+
+# ============================================================================ CLI
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ascender-dist ablate", description=__doc__.split("\n\n")[0])
+    p.add_argument("grid", nargs="?", help="grid YAML (configs/ablations/*.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a run-config field for every run, e.g. --set train.train_steps=20")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (replaces the grid's)")
+    p.add_argument("--only", default=None, help="comma-separated variant names to run/report")
+    p.add_argument("--jobs", type=int, default=None, help="runs at a time (default: grid 'jobs', else 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: grid 'threads', else 1)")
+    p.add_argument("--runs-dir", default=None, help="override the grid's runs_dir")
+    p.add_argument("--report-dir", default=None, help="override the grid's report_dir")
+    p.add_argument("--report-only", action="store_true", help="write the report from the finished runs only")
+    p.add_argument("--dry-run", action="store_true", help="check the grid and list the runs, train nothing")
+    p.add_argument("--n-resamples", type=int, default=10_000)
+    p.add_argument("--no-progress", action="store_true")
+    # child mode
+    p.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--eval-iters", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _child_main(args) -> int:
+    from ascender_dist.cli import _quiet_libraries
+
+    _quiet_libraries()
+    setup_cli_logging()
+    eval_iters = args.eval_iters
+    if eval_iters is not None and eval_iters != "all":
+        eval_iters = int(eval_iters)
+    run_one(Path(args.run_one), Path(args.result), eval_iters)
+    return 0
+
+
+def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``ascender-dist ablate``: run (or resume) a grid, then write its report. Exit 2 on a user error."""
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.run_one:
+        return _child_main(args)
+    if not args.grid:
+        print("error: a grid file is required (configs/ablations/*.yaml)", file=sys.stderr)
+        return 2
+    setup_cli_logging()
+    try:
+        from data_pipeline.errors import DataError
+    except ImportError:  # pragma: no cover
+        DataError = ConfigError  # type: ignore
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    except ValueError:
+        print(f"error: --seeds: expected comma-separated integers, got {args.seeds!r}", file=sys.stderr)
+        return 2
+    only = [s.strip() for s in args.only.split(",")] if args.only else None
+    try:
+        grid = load_grid(args.grid, args.overrides, seeds, only)
+        if args.runs_dir:
+            grid.runs_dir = Path(args.runs_dir)
+        if args.report_dir:
+            grid.report_dir = Path(args.report_dir)
+        if args.dry_run:
+            for s in grid.seeds:
+                for v in grid.variants:
+                    done = (run_dir(grid, v, s) / RESULT).exists()
+                    print(f"{v.name}\tseed {s}\t{run_dir(grid, v, s)}\t{'done' if done else 'pending'}\t"
+                          f"{json.dumps(v.overrides)}")
+            return 0
+        if not args.report_only:
+            if grid.dataset is not None:
+                ensure_dataset(grid.dataset)
+            run_grid(grid, args.jobs, args.threads, progress=not args.no_progress)
+        records = collect_records(grid)
+        if not records:
+            print(f"error: {grid.runs_dir}: no finished runs to report", file=sys.stderr)
+            return 2
+        write_report(grid, records, n_resamples=args.n_resamples, n_permutations=args.n_resamples)
+    except (ConfigError, DataError, AblationError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {grid.report_dir}/results.md, results.json, pareto.png, ablation.png, curves.png")
+    return 0
