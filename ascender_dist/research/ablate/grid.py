@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 import re
 import types
@@ -12,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union, get_args, get_origin, get_type_hints
 
-import yaml
 
 from ascender_dist.config.errors import ConfigError
 
@@ -21,7 +19,8 @@ log = logging.getLogger("ascender_dist")
 
 
 GRID_KEYS = ("name", "description", "base", "set", "dataset", "seeds", "baseline", "compare_to", "metric",
-             "variants", "axes", "standalone", "eval_iters", "runs_dir", "report_dir", "keep_checkpoints", "jobs", "threads")
+             "variants", "axes", "standalone", "eval_iters", "runs_dir", "report_dir", "keep_checkpoints", "jobs", "threads",
+             "ranks")
 DATASET_KEYS = ("root", "corpus_bytes", "vocab_size", "seq_length", "val_fraction", "samples_per_shard")
 # override paths that change what data a seed reads: variants differing here are not paired on data
 DATA_ORDER_PATHS = ("data.", "model.seq_length", "train.global_batch_size")
@@ -58,6 +57,7 @@ class Grid:
     keep_checkpoints: bool = True
     jobs: int = 1
     threads: int = 1
+    ranks: int = 1  # ranks per run (per node with a hostfile / SLURM)
     description: str = ""
     data_order_axes: list = field(default_factory=list)
 
@@ -306,7 +306,7 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
         runs_dir=Path(raw.get("runs_dir") or f"runs/ablations/{name}"),
         report_dir=Path(raw.get("report_dir") or f"runs/ablations/{name}/report"),
         keep_checkpoints=bool(raw.get("keep_checkpoints", True)), jobs=int(raw.get("jobs", 1)),
-        threads=int(raw.get("threads", 1)), description=str(raw.get("description") or "").strip(),
+        threads=int(raw.get("threads", 1)), ranks=int(raw.get("ranks", 1)), description=str(raw.get("description") or "").strip(),
     )
     grid.data_order_axes = sorted({p for v in variants for p in v.overrides
                                    if any(p == d or p.startswith(d) for d in DATA_ORDER_PATHS)})

@@ -7,13 +7,15 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import yaml
@@ -53,15 +55,95 @@ def _ascender_omegas(model) -> dict:
     return out
 
 
+def order_validation(per_rank: Sequence[Sequence[float]], micro_batch_size: int) -> tuple[list, list]:
+    """Per-sequence values of every data-parallel rank -> (values, global indices) in validation order.
+
+    ``StreamingLoader`` gives rank ``r`` the rows ``t * mbs * dp + r * mbs + [0, mbs)`` of its ``t``-th
+    validation micro-batch, so item ``k`` of rank ``r`` is global row ``(k // mbs) * mbs * dp + r * mbs +
+    k % mbs``."""
+    dp = len(per_rank)
+    pairs = []
+    for r, values in enumerate(per_rank):
+        for k, v in enumerate(values):
+            t, j = divmod(k, micro_batch_size)
+            pairs.append((t * micro_batch_size * dp + r * micro_batch_size + j, float(v)))
+    pairs.sort()
+    return [v for _, v in pairs], [i for i, _ in pairs]
+
+
+def document_blocks(last_tokens: Sequence[int], eos_id: int) -> list[int]:
+    """Document id of each validation window from its last token.
+
+    Shards pack documents (each followed by EOS) into consecutive windows of ``seq_length + 1`` tokens,
+    so window ``i + 1`` starts a new document exactly when window ``i`` ends with EOS; otherwise a
+    document continues across the boundary and both windows get the same id. Windows of one id are
+    resampled together. (Where two validation shards are not adjacent in the packed stream, blocks
+    merge across the gap: merging keeps the resampling valid, only coarser.)"""
+    ids, current = [], 0
+    for i, last in enumerate(last_tokens):
+        if i and int(last_tokens[i - 1]) == eos_id:
+            current += 1
+        ids.append(current)
+    return ids
+
+
+def validation_documents(cfg, tokenizer, indices: Sequence[int]) -> Optional[list[int]]:
+    """Document id of each validation row in ``indices`` (global rows, see :func:`order_validation`);
+    None without a tokenizer (no EOS id)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from ascender_dist.training.trainer import build_loader
+
+    if tokenizer is None or getattr(tokenizer, "eos_id", None) is None or not indices:
+        return None
+    one = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=1, global_batch_size=1))
+    loader = build_loader(one, tokenizer, SimpleNamespace(dp_rank=0, dp_size=1), split="val")
+    last = []
+    for k, batch in enumerate(loader):
+        if k > max(indices):
+            break
+        last.append(int(batch["tokens"][0, -1]))
+    blocks = document_blocks(last, int(tokenizer.eos_id))
+    return [blocks[i] for i in indices]
+
+
+def validation_curve(tensorboard_dir: Path) -> list[list[float]]:
+    """``[[step, val loss], ...]`` the trainer logged every ``train.eval_interval`` steps (TensorBoard)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not Path(tensorboard_dir).exists():
+        return []
+    acc = EventAccumulator(str(tensorboard_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    if "val/loss" not in acc.Tags().get("scalars", []):
+        return []
+    return [[int(e.step), float(e.value)] for e in acc.Scalars("val/loss")]
+
+
+def _gather(obj, group=None) -> list:
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return [obj]
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
 def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, None] = None) -> dict:
-    """Train one run (this process is rank 0 of 1) and write its result JSON atomically."""
+    """Train one run on the ranks the launcher started; rank 0 writes its result JSON atomically."""
     import resource
 
     import torch
+    from megatron.core import parallel_state as mps
 
     from ascender_dist.config import load_config
+    from ascender_dist.config.loader import to_dict
     from ascender_dist.models.counting import count_model
     from ascender_dist.training.trainer import Trainer, build_loader
+
+    from .provenance import run_provenance
 
     cfg = load_config(config_path)
     t_start = time.perf_counter()
@@ -69,6 +151,9 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     setup_s = time.perf_counter() - t_start
     if trainer.step:
         raise AblationError(f"{cfg.output_dir}: resumed at step {trainer.step}; an ablation run must start fresh")
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        raise AblationError(f"{config_path}: ablate collects per-sequence losses from the model's output; "
+                            "pipeline_model_parallel_size must be 1")
     step_times: list[float] = []
     original_step = trainer.train_step
 
@@ -97,6 +182,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     losses = trainer.fit()
     fit_s = time.perf_counter() - t_fit
     train_peak = _status_kib("VmHWM")
+    trainer.metrics.flush()
 
     # final validation: Trainer.validate over eval_iters batches, per-sequence losses from a hook
     if trainer.val_loader is None:
@@ -112,6 +198,11 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     val_loss = trainer.validate()
     val_s = time.perf_counter() - t_val
     hook.remove()
+    dp_group = mps.get_data_parallel_group()
+    example_losses, example_index = order_validation(_gather(per_example, dp_group), cfg.train.micro_batch_size)
+    rank_digests = _gather(digest.hexdigest())  # every rank hashes the tokens it read
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return {}
 
     vocab = cfg.model.vocab_size or trainer.tokenizer.vocab_size
     counts = count_model(cfg, vocab)
@@ -122,11 +213,15 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     tail = max(1, len(losses) // 10)
     from ascender_dist.models.registry import expand_layer_pattern
 
+    data_sha = rank_digests[0] if len(rank_digests) == 1 else hashlib.sha256("".join(rank_digests).encode()).hexdigest()
     result = {
         "config": None, "seed": cfg.train.seed,  # filled by the parent (variant name)
         "name": cfg.name, "architecture": cfg.model.architecture, "layer_pattern": expand_layer_pattern(cfg),
-        "val_loss": float(val_loss), "val_batches": iters, "val_sequences": len(per_example),
-        "val_example_losses": per_example,
+        "world_size": trainer.pstate.world_size, "device": str(trainer.pstate.device),
+        "val_loss": float(val_loss), "val_batches": iters, "val_sequences": len(example_losses),
+        "val_example_losses": example_losses, "val_example_index": example_index,
+        "val_example_documents": validation_documents(cfg, trainer.tokenizer, example_index),
+        "val_curve": validation_curve(trainer.derived.tensorboard_dir) if cfg.logging.tensorboard else [],
         "final_train_loss": float(np.mean(losses[-tail:])) if losses else None,
         "train_losses": [float(x) for x in losses],
         "steps": len(losses), "tokens": len(losses) * tokens_per_step,
@@ -141,10 +236,11 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         "train_peak_rss_delta_mib": ((train_peak - rss_before) / 1024
                                      if peak_resettable and train_peak and rss_before else None),
         "omega": _ascender_omegas(trainer.engine.module),
-        "data_sha256": digest.hexdigest(),
+        "data_sha256": data_sha,
         "setup_s": setup_s, "fit_s": fit_s, "val_s": val_s,
         "torch_threads": torch.get_num_threads(),
         "checkpoint_dir": str(trainer.derived.checkpoint_dir),
+        "provenance": run_provenance(to_dict(cfg), cfg.data.manifest),
     }
     result_path = Path(result_path)
     tmp = result_path.with_suffix(".tmp")
@@ -161,13 +257,79 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _child_env(threads: int) -> dict:
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": str(threads)}
-    env.setdefault("DS_ACCELERATOR", "cpu")
+@dataclass
+class Launcher:
+    """How each run is started: the ``deepspeed`` launcher, as training is (docs/cluster.md).
+
+    ``ranks``: ranks per node (GPUs per node on a GPU host, CPU processes otherwise); ``hostfile``:
+    DeepSpeed's ``<host> slots=<n>`` file (ssh/pdsh mode, the run directory on a shared file system);
+    ``slurm``: one ``srun`` task per node of the current allocation, each running the launcher for its
+    own node without ssh (``--no_ssh --node_rank $SLURM_NODEID``), as ``launch/slurm.sbatch`` does."""
+
+    ranks: int = 1
+    hostfile: Optional[str] = None
+    slurm: bool = False
+    master_addr: Optional[str] = None
+    cuda: Optional[bool] = None  # None: whatever torch sees on this host
+
+    def use_cuda(self) -> bool:
+        if self.cuda is None:
+            import torch
+
+            self.cuda = bool(torch.cuda.is_available())
+        return self.cuda
+
+
+ENTRY = Path(__file__).resolve().with_name("run_entry.py")
+
+
+def launch_command(launcher: Launcher, child_args: Sequence[str], port: int) -> list[str]:
+    """The command line that starts one run's ranks (what ``--dry-run`` prints)."""
+    deepspeed = str(Path(sys.executable).with_name("deepspeed"))
+    if launcher.slurm:
+        inner = [deepspeed, "--hostfile", launcher.hostfile or "$ABLATE_HOSTFILE", "--no_ssh",
+                 "--node_rank", "$SLURM_NODEID", "--master_addr", launcher.master_addr or "$ABLATE_MASTER_ADDR",
+                 "--master_port", str(port), "--num_accelerators", str(launcher.ranks), str(ENTRY), *child_args]
+        return ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c",
+                " ".join(x if x.startswith("$") else shlex.quote(x) for x in inner)]
+    cmd = [deepspeed]
+    if launcher.hostfile:
+        cmd += ["--hostfile", launcher.hostfile]
+        if launcher.master_addr:
+            cmd += ["--master_addr", launcher.master_addr]
+    cmd += ["--num_accelerators", str(launcher.ranks), "--master_port", str(port), str(ENTRY), *child_args]
+    return cmd
+
+
+def slurm_hostfile(path: Path, ranks: int) -> tuple[Path, str]:
+    """Write the hostfile of the current SLURM allocation (``slots=ranks`` per node); returns it and
+    the first node (the master address)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise AblationError("--slurm: not inside a SLURM allocation (SLURM_JOB_NODELIST is unset)")
+    hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                           check=True).stdout.split()
+    path.write_text("".join(f"{h} slots={ranks}\n" for h in hosts))
+    return path, hosts[0]
+
+
+def _child_env(threads: int, launcher: Launcher) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)  # the launcher sets them for every rank
+    if not launcher.use_cuda():
+        env.setdefault("DS_ACCELERATOR", "cpu")
     root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def child_args(grid: Grid, variant: Variant, seed: int) -> list[str]:
+    directory = run_dir(grid, variant, seed)
+    args = ["--run-one", str(directory / "config.yaml"), "--result", str(directory / RESULT)]
+    if grid.eval_iters is not None:
+        args += ["--eval-iters", str(grid.eval_iters)]
+    return args
 
 
 def _last_error_line(log_file: Path) -> str:
@@ -180,8 +342,10 @@ def _last_error_line(log_file: Path) -> str:
     return lines[-1][:300] if lines else "(empty log)"
 
 
-def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: Optional[float] = None) -> dict:
-    """Run one (variant, seed) in a fresh process unless its result exists; return its record."""
+def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: Optional[float] = None,
+               launcher: Optional[Launcher] = None) -> dict:
+    """Run one (variant, seed) through the launcher unless its result exists; return its record."""
+    launcher = launcher or Launcher()
     directory = run_dir(grid, variant, seed)
     result_file = directory / RESULT
     if result_file.exists():
@@ -193,13 +357,15 @@ def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: O
     from ascender_dist.config.loader import to_dict
 
     (directory / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    cmd = [sys.executable, "-m", "ascender_dist.research.ablate", "--run-one", str(directory / "config.yaml"),
-           "--result", str(result_file)]
-    if grid.eval_iters is not None:
-        cmd += ["--eval-iters", str(grid.eval_iters)]
+    env = _child_env(threads, launcher)
+    if launcher.slurm and not launcher.hostfile:
+        hostfile, master = slurm_hostfile(directory / "hostfile", launcher.ranks)
+        env["ABLATE_HOSTFILE"], env["ABLATE_MASTER_ADDR"] = str(hostfile), launcher.master_addr or master
+    cmd = launch_command(launcher, child_args(grid, variant, seed), _free_port())
     log_file = directory / "run.log"
+    (directory / "launch.txt").write_text(shlex.join(cmd) + "\n")
     with open(log_file, "w") as out:
-        proc = subprocess.run(cmd, env=_child_env(threads), stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
     if proc.returncode != 0 or not result_file.exists():
         raise AblationError(f"{log_file}: run {variant.name} seed {seed} failed (exit {proc.returncode}): "
                             f"{_last_error_line(log_file)}")
@@ -209,7 +375,8 @@ def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: O
     return record
 
 
-def run_grid(grid: Grid, jobs: Optional[int] = None, threads: Optional[int] = None, progress: bool = True) -> list[dict]:
+def run_grid(grid: Grid, jobs: Optional[int] = None, threads: Optional[int] = None, progress: bool = True,
+             launcher: Optional[Launcher] = None) -> list[dict]:
     """Every (variant, seed) not yet done, ``jobs`` at a time, with a progress bar. Returns all records."""
     from tqdm import tqdm
 
@@ -222,7 +389,7 @@ def run_grid(grid: Grid, jobs: Optional[int] = None, threads: Optional[int] = No
     records = []
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(launch_run, grid, v, s, threads): (v, s) for v, s in pending}
+            futures = {pool.submit(launch_run, grid, v, s, threads, None, launcher): (v, s) for v, s in pending}
             for future in concurrent.futures.as_completed(futures):
                 v, s = futures[future]
                 record = future.result()  # AblationError propagates (other runs finish first)

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
-import time
-from dataclasses import field
 from pathlib import Path
 from typing import Optional, Sequence
 
-import yaml
 
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.logs import setup_cli_logging
 
 from .collect import collect_records
-from .grid import AblationError, ensure_dataset, load_grid, run_dir, RESULT
-from .launch import run_grid, run_one
+from .grid import RESULT, AblationError, ensure_dataset, load_grid, run_config, run_dir
+from .launch import Launcher, child_args, launch_command, run_grid, run_one
+from .provenance import commits_of, mixed_commit_line
 from .report import write_report
 
 
@@ -36,7 +35,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default=None, help="override the grid's runs_dir")
     p.add_argument("--report-dir", default=None, help="override the grid's report_dir")
     p.add_argument("--report-only", action="store_true", help="write the report from the finished runs only")
-    p.add_argument("--dry-run", action="store_true", help="check the grid and list the runs, train nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the grid; list every run, its estimated cost (plan) and launch command; train nothing")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="ranks per run (per node with --hostfile/--slurm; default: grid 'ranks', else 1)")
+    p.add_argument("--hostfile", default=None, help="DeepSpeed hostfile: runs span its hosts (ssh/pdsh mode)")
+    p.add_argument("--slurm", action="store_true",
+                   help="start each run with srun over the current SLURM allocation (one launcher per node)")
+    p.add_argument("--master-addr", default=None, help="rendezvous host with --hostfile/--slurm")
+    p.add_argument("--allow-mixed-commits", action="store_true",
+                   help="report records of different git commits (the report's first line says so)")
     p.add_argument("--n-resamples", type=int, default=10_000)
     p.add_argument("--no-progress", action="store_true")
     # child mode
@@ -44,6 +52,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     p.add_argument("--eval-iters", default=None, help=argparse.SUPPRESS)
     return p
+
+
+def estimate(grid, variant, seed, ranks: int) -> str:
+    """One-line cost estimate of a run from ``plan`` (analytic FLOPs; time on ``ranks`` H100s at 40%
+    MFU: a GPU estimate, CPU runs take far longer)."""
+    from ascender_dist.tools.plan import DEFAULT_VOCAB_SIZE, ClusterShape, plan
+
+    cfg = run_config(grid, variant, seed)
+    vocab = cfg.model.vocab_size or int((grid.dataset or {}).get("vocab_size") or DEFAULT_VOCAB_SIZE)
+    try:
+        p = plan(cfg, ClusterShape(nodes=1, gpus_per_node=ranks), vocab_size=vocab)
+    except ConfigError as exc:
+        return f"plan: {exc}"
+    return (f"{p.flops_per_token * p.tokens:.3g} training FLOPs, {p.total_params:,} params, "
+            f"{p.memory.total / 2**30:.2f} GiB/GPU, ~{p.train_seconds:.3g} s on {ranks} H100 at 40% MFU")
+
+
+def dry_run(grid, launcher: Launcher) -> None:
+    """Every run: name, seed, directory, done/pending, estimated cost, launch command, overrides."""
+    port = 29500
+    for s in grid.seeds:
+        for v in grid.variants:
+            directory = run_dir(grid, v, s)
+            done = (directory / RESULT).exists()
+            cmd = shlex.join(launch_command(launcher, child_args(grid, v, s), port))
+            print(f"{v.name}\tseed {s}\t{directory}\t{'done' if done else 'pending'}\t"
+                  f"{estimate(grid, v, s, launcher.ranks)}\t{json.dumps(v.overrides)}")
+            print(f"    {cmd}")
 
 
 def _child_main(args) -> int:
@@ -83,20 +119,24 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
             grid.runs_dir = Path(args.runs_dir)
         if args.report_dir:
             grid.report_dir = Path(args.report_dir)
+        launcher = Launcher(ranks=max(1, args.ranks or grid.ranks), hostfile=args.hostfile, slurm=args.slurm,
+                            master_addr=args.master_addr)
         if args.dry_run:
-            for s in grid.seeds:
-                for v in grid.variants:
-                    done = (run_dir(grid, v, s) / RESULT).exists()
-                    print(f"{v.name}\tseed {s}\t{run_dir(grid, v, s)}\t{'done' if done else 'pending'}\t"
-                          f"{json.dumps(v.overrides)}")
+            dry_run(grid, launcher)
             return 0
         if not args.report_only:
             if grid.dataset is not None:
                 ensure_dataset(grid.dataset)
-            run_grid(grid, args.jobs, args.threads, progress=not args.no_progress)
+            run_grid(grid, args.jobs, args.threads, progress=not args.no_progress, launcher=launcher)
         records = collect_records(grid)
         if not records:
             print(f"error: {grid.runs_dir}: no finished runs to report", file=sys.stderr)
+            return 2
+        mixed = mixed_commit_line(records)
+        if mixed and not args.allow_mixed_commits:
+            commits = ", ".join(f"{c[:12]}: {len(r)} runs" for c, r in commits_of(records).items())
+            print(f"error: {grid.runs_dir}: records of more than one commit, or without one ({commits}); "
+                  "re-run them on one commit, or pass --allow-mixed-commits", file=sys.stderr)
             return 2
         write_report(grid, records, n_resamples=args.n_resamples, n_permutations=args.n_resamples)
     except (ConfigError, DataError, AblationError) as exc:
