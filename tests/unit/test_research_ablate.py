@@ -7,6 +7,9 @@ import json
 import math
 from pathlib import Path
 
+import shlex
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -206,11 +209,41 @@ def test_cli_bad_path_exits_2_with_one_line(tmp_path, capsys):
 
 def test_cli_dry_run_lists_every_run(tmp_path, capsys):
     path = _write_grid(tmp_path, seeds=[1, 2], variants={"gpt": {}, "asc": {"model.architecture": "ascender"}})
-    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--ranks", "2"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    lines, commands = out[0::2], out[1::2]
     assert [tuple(line.split("\t")[:2]) for line in lines] == [("gpt", "seed 1"), ("asc", "seed 1"),
                                                                ("gpt", "seed 2"), ("asc", "seed 2")]
-    assert all("pending" in line for line in lines)
+    assert all("pending" in line and "training FLOPs" in line and "on 2 H100" in line for line in lines)
+    first = shlex.split(commands[0])
+    assert Path(first[0]).name == "deepspeed" and first[1:3] == ["--num_accelerators", "2"]
+    assert first[first.index("--run-one") + 1] == str(tmp_path / "runs" / "gpt" / "seed1" / "config.yaml")
+
+
+def test_cli_dry_run_prints_hostfile_and_slurm_commands(tmp_path, capsys):
+    path = _write_grid(tmp_path, seeds=[1], variants={"gpt": {}})
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "r"), "--hostfile", "hosts",
+                               "--master-addr", "node-1", "--ranks", "4"]) == 0
+    cmd = shlex.split(capsys.readouterr().out.strip().splitlines()[1])
+    assert cmd[1:7] == ["--hostfile", "hosts", "--master_addr", "node-1", "--num_accelerators", "4"]
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "r"), "--slurm"]) == 0
+    cmd = shlex.split(capsys.readouterr().out.strip().splitlines()[1])
+    assert cmd[:5] == ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c"]
+    inner = cmd[5]
+    for part in ("--hostfile $ABLATE_HOSTFILE", "--no_ssh", "--node_rank $SLURM_NODEID",
+                 "--master_addr $ABLATE_MASTER_ADDR", "run_entry.py --run-one"):
+        assert part in inner
+
+
+def test_validation_order_and_document_blocks():
+    from ascender_dist.research.ablate.launch import document_blocks, order_validation
+
+    # 2 ranks, micro-batch 2: rank 0 reads rows 0,1 then 4,5; rank 1 rows 2,3 then 6,7
+    values, index = order_validation([[0, 1, 4, 5], [2, 3, 6, 7]], 2)
+    assert values == [0, 1, 2, 3, 4, 5, 6, 7] and index == list(range(8))
+    eos = 9
+    # window 0 ends a document, 1 and 2 are one document spanning the boundary, 2 ends it, 3 ends
+    assert document_blocks([9, 4, 9, 9, 5], eos) == [0, 1, 1, 2, 3]
 
 
 # ---------------------------------------------------------------------------------- aggregation

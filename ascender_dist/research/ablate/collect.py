@@ -43,41 +43,82 @@ def _num(x) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.0f}"
 
 
+def _aligned(run: dict, base: dict) -> bool:
+    """Two runs scored the same validation rows (same global indices, or same count when unrecorded)."""
+    if run.get("index") is not None and base.get("index") is not None:
+        return list(run["index"]) == list(base["index"])
+    return run["losses"].shape == base["losses"].shape
+
+
 def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: int = 10_000,
                       n_permutations: int = 10_000, seed: int = 0, digits: int = 4) -> tuple[str, dict]:
-    """Each config vs ``reference`` with validation sequences as the unit (losses averaged over shared seeds)."""
-    from ..stats import compare_per_example
+    """Each config vs ``reference`` per validation sequence (losses averaged over shared seeds).
+
+    Resampling unit: the document (all validation windows of one document together,
+    :func:`ascender_dist.research.stats.compare_per_document`) when the runs recorded document ids;
+    otherwise single sequences, and the table says so. p-values Holm-adjusted over the table's rows."""
+    from ..stats import compare_per_document, compare_per_example, holm
 
     by_cfg: dict[str, dict] = {}
     for r in records:
         if r.get("val_example_losses"):
-            by_cfg.setdefault(r["config"], {})[r["seed"]] = np.asarray(r["val_example_losses"], dtype=np.float64)
-    lines = [f"| config | seeds | sequences | Δ val loss vs {reference} [95% CI] | p |", "|---|---:|---:|---:|---:|"]
-    entries = []
+            by_cfg.setdefault(r["config"], {})[r["seed"]] = {
+                "losses": np.asarray(r["val_example_losses"], dtype=np.float64),
+                "index": r.get("val_example_index"), "documents": r.get("val_example_documents")}
     if reference not in by_cfg:
-        return "\n".join(lines) + f"\n\n- no per-example losses for {reference!r}\n", {"reference": reference,
-                                                                                       "configs": []}
+        return f"- no per-sequence losses for {reference!r}\n", {"reference": reference, "configs": []}
     base = by_cfg[reference]
+    entries, cmps = [], []
     for cfg, runs in by_cfg.items():
         if cfg == reference:
             continue
-        shared = [s for s in runs if s in base and runs[s].shape == base[s].shape]
+        shared = [s for s in runs if s in base and _aligned(runs[s], base[s])]
         if not shared:
             entries.append({"config": cfg, "comparison": None, "note": "no shared seed with equal validation sets"})
-            lines.append(f"| {cfg} | 0 | 0 | n/a | n/a |")
+            cmps.append(None)
             continue
-        b = np.stack([base[s] for s in shared])
-        t = np.stack([runs[s] for s in shared])
-        cmp = compare_per_example(b, t, n_resamples=n_resamples, n_permutations=n_permutations, seed=seed)
+        b = np.stack([base[s]["losses"] for s in shared])  # [seeds, sequences]
+        t = np.stack([runs[s]["losses"] for s in shared])
+        docs = base[shared[0]]["documents"]
+        kw = dict(n_resamples=n_resamples, n_permutations=n_permutations, seed=seed)
+        if docs is not None and len(docs) == b.shape[1]:
+            cmp, unit = compare_per_document(b, t, docs, **kw), "document"
+        else:
+            cmp, unit = compare_per_example(b, t, **kw), "sequence"
+        cmps.append(cmp)
         d = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in cmp.to_dict().items()}
-        entries.append({"config": cfg, "paired_seeds": shared, "n_sequences": int(b.shape[1]), "comparison": d,
-                        "note": None})
-        lines.append(f"| {cfg} | {len(shared)} | {b.shape[1]} | {_fmt(cmp.mean_diff, digits)} "
-                     f"[{_fmt(cmp.ci_low, digits)}, {_fmt(cmp.ci_high, digits)}] | {_fmt(cmp.p_value, 3)} |")
-    obj = {"reference": reference, "unit": "validation sequence (loss averaged over paired seeds)",
+        entries.append({"config": cfg, "paired_seeds": shared, "n_sequences": int(b.shape[1]),
+                        "n_documents": int(np.unique(docs).size) if unit == "document" else None,
+                        "unit": unit, "comparison": d, "note": None})
+    adjusted = holm([c.p_value if c is not None else None for c in cmps])
+    for e, p_adj in zip(entries, adjusted):
+        if e["comparison"]:
+            e["comparison"]["p_holm"] = p_adj
+    m = sum(c is not None for c in cmps)
+    lines = [f"| config | seeds | sequences | documents | Δ val loss vs {reference} [95% CI] | p | p Holm (m={m}) |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for e in entries:
+        c = e["comparison"]
+        if not c:
+            lines.append(f"| {e['config']} | 0 | 0 | n/a | n/a | n/a | n/a |")
+            continue
+        docs_cell = str(e["n_documents"]) if e["n_documents"] is not None else "not recorded"
+        lines.append(f"| {e['config']} | {len(e['paired_seeds'])} | {e['n_sequences']} | {docs_cell} | "
+                     f"{_fmt(c['mean_diff'], digits)} [{_fmt(c['ci_low'], digits)}, {_fmt(c['ci_high'], digits)}] "
+                     f"| {_fmt(c['p_value'], 3)} | {_fmt(c['p_holm'], 3)} |")
+    units = sorted({e["unit"] for e in entries if e.get("unit")})
+    if units == ["document"]:
+        how = ("Resampling unit: the document (all validation windows of a document drawn together; percentile "
+               "bootstrap over documents, sign-flip test on documents' summed differences).")
+    else:
+        how = ("Resampling unit: single validation sequences for the rows without recorded document ids (older "
+               "records): windows of one document are treated as independent, so these intervals are too narrow.")
+    md = "\n".join(lines) + f"\n\n{how} p Holm: Holm-adjusted over the {m} comparisons of this table.\n"
+    obj = {"reference": reference, "unit": units, "resampling": how,
+           "multiple_comparisons": f"Holm over the {m} comparisons of this table",
            "difference": "config - reference", "n_resamples": n_resamples, "n_permutations": n_permutations,
            "configs": entries}
-    return "\n".join(lines) + "\n", obj
+    return md, obj
 
 
 def cost_table(records: Sequence[dict], order: Sequence[str]) -> tuple[str, dict]:
@@ -143,16 +184,18 @@ def aggregate(records: Sequence[dict], baseline: str, compare_to: Sequence[str] 
     md, obj = [], {"metric": metric, "baseline": baseline, "compare_to": list(compare_to), "seeds": seeds,
                    "exact_p_floor": 2.0 / 2 ** len(seeds) if seeds else None}
     main_md, obj["main"] = results_table(records, baseline, metric, **kw)
-    md += [f"### {metric} vs {baseline} (paired by seed)", "", main_md]
+    md += [f"### {metric} vs {baseline} (paired by seed; paired t interval and t-test, Holm over the table)", "",
+           main_md]
     obj["vs"] = {}
     for ref in compare_to:
         ref_md, obj["vs"][ref] = results_table(records, ref, metric, **kw)
-        md += [f"### {metric} vs {ref} (paired by seed)", "", ref_md]
+        md += [f"### {metric} vs {ref} (paired by seed; paired t interval and t-test, Holm over the table)", "",
+               ref_md]
     if any(r.get("val_example_losses") for r in records) and metric == "val_loss":
         obj["per_example"] = {}
         for ref in [baseline, *compare_to]:
             pe_md, obj["per_example"][ref] = per_example_table(records, ref, **kw)
-            md += [f"### val loss vs {ref}, per validation sequence (sequences resampled, seeds averaged)", "", pe_md]
+            md += [f"### val loss vs {ref}, per validation sequence (seeds averaged)", "", pe_md]
     if all(r.get("final_train_loss") is not None for r in records):
         tr_md, obj["final_train_loss"] = results_table(records, baseline, "final_train_loss", **kw)
         md += [f"### final train loss (mean of the last 10% of steps) vs {baseline}", "", tr_md]

@@ -17,7 +17,7 @@ from .collect import collect_records
 from .grid import RESULT, AblationError, ensure_dataset, load_grid, run_config, run_dir
 from .launch import Launcher, child_args, launch_command, run_grid, run_one
 from .provenance import commits_of, mixed_commit_line
-from .report import write_report
+from .report import rebuild, write_report
 
 
 
@@ -143,4 +143,28 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {grid.report_dir}/results.md, results.json, pareto.png, ablation.png, curves.png")
+    return 0
+
+
+def tables_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``ascender-dist tables DIR``: rebuild DIR's results.md, results.json and figures from its
+    results.json and per_sequence.npz, without training. Exit 2 on a user error."""
+    p = argparse.ArgumentParser(prog="ascender-dist tables", description=tables_main.__doc__.split("\n")[0])
+    p.add_argument("directory", help="a report directory (results.json, per_sequence.npz)")
+    p.add_argument("--n-resamples", type=int, default=10_000)
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    setup_cli_logging()
+    directory = Path(args.directory)
+    if not (directory / "results.json").is_file():
+        print(f"error: {directory / 'results.json'}: not found (a report directory written by ablate)",
+              file=sys.stderr)
+        return 2
+    try:
+        full = rebuild(directory, n_resamples=args.n_resamples, n_permutations=args.n_resamples)
+    except (KeyError, ValueError) as exc:
+        print(f"error: {directory / 'results.json'}: not a results.json written by ablate ({exc})", file=sys.stderr)
+        return 2
+    if full.get("mixed_commits"):
+        print(full["mixed_commits"].strip("*"), file=sys.stderr)
+    print(f"wrote {directory}/results.md, results.json, pareto.png, ablation.png, curves.png")
     return 0

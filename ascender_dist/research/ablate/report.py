@@ -1,4 +1,8 @@
-"""The report of a grid: results.md, results.json and the figures."""
+"""The report of a grid: results.md, results.json, per_sequence.npz and the figures.
+
+Everything in ``results.md`` is rendered from the object written to ``results.json`` (plus the
+per-sequence losses of ``per_sequence.npz``), so ``ascender-dist tables DIR`` rebuilds the same report
+from the committed files without training (:func:`rebuild`)."""
 
 from __future__ import annotations
 
@@ -11,51 +15,54 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-
 from .collect import aggregate
 from .grid import Grid
+from .provenance import config_hash, file_sha256, git_state, mixed_commit_line, versions
 
+PER_SEQUENCE = "per_sequence.npz"
+PER_SEQUENCE_KEYS = ("val_example_losses", "val_example_index", "val_example_documents")
+FIGURES = ("pareto.png", "ablation.png", "curves.png")
 
 
 # ============================================================================ figures
 
-def _plt():
-    import matplotlib
+def variant_colors(order: Sequence[str]) -> dict:
+    """One colour per variant, the same in every figure of a report (tab10, then tab20 beyond 10)."""
+    from ascender_dist.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    cmap = plt.get_cmap("tab10" if len(order) <= 10 else "tab20")
+    return {name: cmap(i % cmap.N) for i, name in enumerate(order)}
 
-    return plt
 
+def plot_pareto(records: Sequence[dict], out: Path, metric: str = "val_loss",
+                colors: Optional[dict] = None) -> list[dict]:
+    """Fig. 2: quality (metric, lower better) vs cost: training FLOPs and seconds per 1k tokens.
+    Both panels share the quality axis; variants are named in one legend (no labels on the points)."""
+    from ascender_dist.plotting import pyplot
 
-def plot_pareto(records: Sequence[dict], out: Path, metric: str = "val_loss") -> list[dict]:
-    """Fig. 2: quality (metric, lower better) vs cost: training FLOPs and seconds per 1k tokens."""
     from ..tables import pareto_front
 
-    plt = _plt()
+    plt = pyplot()
     order = list(dict.fromkeys(r["config"] for r in records))
+    colors = colors or variant_colors(order)
     by_cfg = {c: [r for r in records if r["config"] == c] for c in order}
     panels = [("training_flops", "training FLOPs (analytic, 6N + attention)", lambda r: r["training_flops"]),
-              ("s_per_1k_tokens", "seconds per 1k training tokens (measured, lower is better)",
+              ("s_per_1k_tokens", "seconds per 1k training tokens (measured)",
                lambda r: 1000.0 / r["tokens_per_s"] if r.get("tokens_per_s") else float("nan"))]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True, layout="constrained")
     fronts = []
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, xlabel, cost_of) in zip(axes, panels):
         points = []
-        for i, cfg in enumerate(order):
+        for cfg in order:
             rs = by_cfg[cfg]
             q = np.array([r[metric] for r in rs], dtype=np.float64)
             c = np.array([cost_of(r) for r in rs], dtype=np.float64)
-            color = colors[i % len(colors)]
-            ax.scatter(c, q, s=12, alpha=0.35, color=color)
+            ax.scatter(c, q, s=14, alpha=0.35, color=colors[cfg])
             ax.errorbar(np.nanmean(c), q.mean(), yerr=q.std(ddof=1) if q.size > 1 else None,
-                        xerr=np.nanstd(c, ddof=1) if c.size > 1 else None, fmt="o", color=color, capsize=3,
+                        xerr=np.nanstd(c, ddof=1) if c.size > 1 else None, fmt="o", color=colors[cfg], capsize=3,
                         label=cfg)
             points.append((q.mean(), np.nanmean(c)))
-            if math.isfinite(points[-1][1]):
-                ax.annotate(cfg, (points[-1][1], points[-1][0]), fontsize=7, xytext=(4, 4),
-                            textcoords="offset points")
         finite = [i for i, p in enumerate(points) if all(math.isfinite(v) for v in p)]
         front = [finite[j] for j in pareto_front([points[i] for i in finite])] if finite else []
         if front:
@@ -63,77 +70,103 @@ def plot_pareto(records: Sequence[dict], out: Path, metric: str = "val_loss") ->
         fronts.append({"cost": key, "front": [order[i] for i in front],
                        "points": {order[i]: {"quality": points[i][0], "cost": points[i][1]} for i in range(len(order))}})
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(f"{metric} (mean ± std over seeds)")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    axes[0].set_ylabel(f"{metric} (mean ± std over seeds)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8)
     fig.suptitle("Quality vs cost (Fig. 2); faint dots: single seeds")
-    fig.tight_layout()
     fig.savefig(out, dpi=130)
     plt.close(fig)
     return fronts
 
 
-def plot_ablation(obj: dict, records: Sequence[dict], out: Path) -> None:
-    """Fig. 3: differences vs each reference with the bootstrap CI, and relative throughput."""
-    plt = _plt()
+def plot_ablation(obj: dict, records: Sequence[dict], out: Path, colors: Optional[dict] = None) -> None:
+    """Fig. 3: differences vs each reference with their paired t intervals (one shared x-scale), and
+    throughput relative to the baseline."""
+    from ascender_dist.plotting import pyplot
+
+    plt = pyplot()
+    order = list(dict.fromkeys(r["config"] for r in records))
+    colors = colors or variant_colors(order)
     tables = [(obj["baseline"], obj["main"])] + list(obj.get("vs", {}).items())
-    fig, axes = plt.subplots(1, len(tables) + 1, figsize=(4.2 * (len(tables) + 1), 3.6), squeeze=False)
-    for ax, (ref, table) in zip(axes[0], tables):
-        names, mids, los, his = [], [], [], []
-        for e in table["configs"]:
-            c = e.get("comparison")
-            if e["config"] == ref or not c or c.get("mean_diff") is None:
-                continue
-            names.append(e["config"])
-            mids.append(c["mean_diff"])
-            los.append(c["mean_diff"] - (c["ci_low"] if c["ci_low"] is not None else c["mean_diff"]))
-            his.append((c["ci_high"] if c["ci_high"] is not None else c["mean_diff"]) - c["mean_diff"])
-        y = np.arange(len(names))
-        ax.errorbar(mids, y, xerr=[los, his], fmt="o", capsize=3)
+    height = max(3.0, 0.35 * len(order) + 1.5)
+    fig, axes = plt.subplots(1, len(tables) + 1, figsize=(4.6 * (len(tables) + 1), height), squeeze=False,
+                             layout="constrained")
+    diff_axes = list(axes[0][:-1])
+    for ax in diff_axes[1:]:
+        ax.sharex(diff_axes[0])
+    for ax, (ref, table) in zip(diff_axes, tables):
+        rows = [e for e in table["configs"] if e["config"] != ref and e.get("comparison")
+                and e["comparison"].get("mean_diff") is not None]
+        for y, e in enumerate(rows):
+            c = e["comparison"]
+            lo = c["ci_low"] if c["ci_low"] is not None else c["mean_diff"]
+            hi = c["ci_high"] if c["ci_high"] is not None else c["mean_diff"]
+            ax.errorbar([c["mean_diff"]], [y], xerr=[[c["mean_diff"] - lo], [hi - c["mean_diff"]]], fmt="o",
+                        capsize=3, color=colors.get(e["config"], "k"))
+            seeds = list((e.get("per_seed_difference") or {}).values())
+            ax.scatter(seeds, [y] * len(seeds), s=10, alpha=0.5, color=colors.get(e["config"], "k"))
         ax.axvline(0, color="k", lw=0.8)
-        ax.set_yticks(y)
-        ax.set_yticklabels(names, fontsize=8)
-        ax.set_xlabel(f"Δ {obj['metric']} vs {ref} (95% CI)")
+        ax.set_yticks(range(len(rows)), [e["config"] for e in rows], fontsize=8)
+        ax.set_ylim(-0.6, len(rows) - 0.4)
+        ax.set_xlabel(f"Δ {obj['metric']} vs {ref}\n(95% paired t interval; dots: seeds)", fontsize=9)
         ax.grid(alpha=0.3)
     ax = axes[0][-1]
-    order = list(dict.fromkeys(r["config"] for r in records))
     base = [r["tokens_per_s"] for r in records if r["config"] == obj["baseline"] and r.get("tokens_per_s")]
     if base:
         ref_tps = float(np.mean(base))
         vals = [np.mean([r["tokens_per_s"] for r in records if r["config"] == c and r.get("tokens_per_s")] or [np.nan])
                 / ref_tps for c in order]
-        ax.barh(np.arange(len(order)), vals)
-        ax.set_yticks(np.arange(len(order)))
-        ax.set_yticklabels(order, fontsize=8)
+        ax.barh(np.arange(len(order)), vals, color=[colors[c] for c in order])
+        ax.set_yticks(np.arange(len(order)), order, fontsize=8)
         ax.axvline(1, color="k", lw=0.8)
-        ax.set_xlabel(f"tokens/s relative to {obj['baseline']}")
+        ax.set_xlabel(f"tokens/s relative to {obj['baseline']}", fontsize=9)
     fig.suptitle("Ablation (Fig. 3): negative Δ loss = better than the reference")
-    fig.tight_layout()
     fig.savefig(out, dpi=130)
     plt.close(fig)
 
 
-def plot_curves(records: Sequence[dict], out: Path, baseline: Optional[str] = None) -> None:
-    """Unsmoothed training loss per step, mean over seeds (the checklist's learning curves), and each
-    config's per-step difference to ``baseline`` paired by seed (the curves themselves overlap)."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2 if baseline else 1, figsize=(13 if baseline else 7, 4), squeeze=False)
-    ax = axes[0][0]
+def _mean_curve(curves: list) -> tuple[np.ndarray, np.ndarray]:
+    n = min(len(c) for c in curves)
+    return np.arange(1, n + 1), np.mean([c[:n] for c in curves], axis=0)
+
+
+def plot_curves(records: Sequence[dict], out: Path, baseline: Optional[str] = None,
+                colors: Optional[dict] = None) -> None:
+    """Train loss per step and validation loss every ``eval_interval`` steps (mean over seeds, one
+    shared y-scale), and each config's per-step train-loss difference to ``baseline`` paired by seed."""
+    from ascender_dist.plotting import pyplot
+
+    plt = pyplot()
     configs = list(dict.fromkeys(r["config"] for r in records))
+    colors = colors or variant_colors(configs)
+    fig, axes = plt.subplots(1, 3 if baseline else 2, figsize=(17 if baseline else 12, 4.4), squeeze=False,
+                             layout="constrained")
+    ax_train, ax_val = axes[0][0], axes[0][1]
+    ax_val.sharey(ax_train)
     for cfg in configs:
         curves = [r["train_losses"] for r in records if r["config"] == cfg and r.get("train_losses")]
-        if not curves:
-            continue
-        n = min(len(c) for c in curves)
-        mean = np.mean([c[:n] for c in curves], axis=0)
-        ax.plot(np.arange(1, n + 1), mean, lw=0.9, label=f"{cfg} (n={len(curves)})")
-    ax.set_xlabel("step")
-    ax.set_ylabel("train loss (mean over seeds, unsmoothed)")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        if curves:
+            x, y = _mean_curve(curves)
+            ax_train.plot(x, y, lw=0.9, color=colors[cfg], label=f"{cfg} (n={len(curves)})")
+        vals = [r["val_curve"] for r in records if r["config"] == cfg and r.get("val_curve")]
+        if vals:
+            n = min(len(v) for v in vals)
+            steps = [p[0] for p in vals[0][:n]]
+            ax_val.plot(steps, np.mean([[p[1] for p in v[:n]] for v in vals], axis=0), "o-", ms=3, lw=1,
+                        color=colors[cfg], label=f"{cfg} (n={len(vals)})")
+    ax_train.set_ylabel("loss (mean over seeds)")
+    ax_train.set_title("train loss per step (unsmoothed)", fontsize=10)
+    ax_val.set_title("validation loss every eval_interval steps", fontsize=10)
+    if not any(r.get("val_curve") for r in records):
+        ax_val.text(0.5, 0.5, "no validation curve recorded\n(train.eval_interval: 0)", ha="center",
+                    va="center", transform=ax_val.transAxes)
+    for ax in (ax_train, ax_val):
+        ax.set_xlabel("step")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
     if baseline:
-        ax = axes[0][1]
+        ax = axes[0][2]
         base = {r["seed"]: r["train_losses"] for r in records if r["config"] == baseline and r.get("train_losses")}
         for cfg in configs:
             if cfg == baseline:
@@ -141,17 +174,15 @@ def plot_curves(records: Sequence[dict], out: Path, baseline: Optional[str] = No
             diffs = [np.asarray(r["train_losses"][:len(base[r["seed"]])]) -
                      np.asarray(base[r["seed"]][:len(r["train_losses"])])
                      for r in records if r["config"] == cfg and r["seed"] in base and r.get("train_losses")]
-            if not diffs:
-                continue
-            n = min(len(d) for d in diffs)
-            ax.plot(np.arange(1, n + 1), np.mean([d[:n] for d in diffs], axis=0), lw=0.8,
-                    label=f"{cfg} (n={len(diffs)})")
+            if diffs:
+                x, y = _mean_curve(diffs)
+                ax.plot(x, y, lw=0.8, color=colors[cfg])
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xlabel("step")
-        ax.set_ylabel(f"train loss − {baseline} (same seed, mean over seeds)")
+        ax.set_title(f"train loss − {baseline} (same seed, mean over seeds)", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = ax_train.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8)
     fig.savefig(out, dpi=130)
     plt.close(fig)
 
@@ -159,65 +190,158 @@ def plot_curves(records: Sequence[dict], out: Path, baseline: Optional[str] = No
 # ============================================================================ report
 
 def _environment() -> dict:
-    import torch
-
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+    return {"python": platform.python_version(), "platform": platform.platform(),
             "processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
             "load_average_at_report": list(load) if load else None}
 
 
+def grid_info(grid: Grid, records: Sequence[dict]) -> dict:
+    """The grid as results.json records it: variants with their overrides and config hash."""
+    hashes = {}
+    for r in records:
+        h = (r.get("provenance") or {}).get("config_sha256")
+        if h:
+            hashes.setdefault(r["config"], set()).add(h)
+    manifest = (grid.base.get("data") or {}).get("manifest")
+    return {"name": grid.name, "path": grid.path, "description": grid.description, "seeds": grid.seeds,
+            "baseline": grid.baseline, "compare_to": grid.compare_to, "metric": grid.metric,
+            "variants": [{"name": v.name, "overrides": v.overrides,
+                          "config_sha256": sorted(hashes.get(v.name, ())) or None} for v in grid.variants],
+            "base": grid.base, "base_sha256": config_hash(grid.base), "eval_iters": grid.eval_iters,
+            "data_manifest_sha256": file_sha256(manifest) if manifest else None,
+            "data_order_axes": grid.data_order_axes}
+
+
 def write_report(grid: Grid, records: Sequence[dict], *, n_resamples: int = 10_000,
-                 n_permutations: int = 10_000) -> dict:
-    """results.md, results.json, pareto.png, ablation.png and curves.png in ``grid.report_dir``."""
-    out = Path(grid.report_dir)
-    out.mkdir(parents=True, exist_ok=True)
+                 n_permutations: int = 10_000, command: Optional[Sequence[str]] = None) -> dict:
+    """results.md, results.json, per_sequence.npz and the figures in ``grid.report_dir``."""
+    import sys
+
     present = {r["config"] for r in records}
-    refs = [c for c in grid.compare_to if c in present]
-    md, obj = aggregate(records, grid.baseline, refs, grid.metric, n_resamples=n_resamples,
-                        n_permutations=n_permutations)
-    fronts = plot_pareto(records, out / "pareto.png", grid.metric)
-    plot_ablation(obj, records, out / "ablation.png")
-    plot_curves(records, out / "curves.png", grid.baseline)
     missing = [f"{v.name} seed {s}" for s in grid.seeds for v in grid.variants
                if not any(r["config"] == v.name and r["seed"] == s for r in records)]
-    pairing = obj["data_pairing"]
-    unpaired = [s for s, p in pairing.items() if not p["identical"]]
-    r0 = records[0]
-    header = [
-        f"# Ablation `{grid.name}`", "",
-        grid.description, "",
-        f"Generated by `ascender-dist ablate {grid.path}` (`ascender_dist/research/ablate.py`). "
-        f"{len(records)} runs: {len(present)} variants × seeds {grid.seeds}; every run trained "
-        f"{r0['steps']} steps ({r0['tokens']:,} tokens) on 1 CPU rank and was scored on "
-        f"{r0['val_sequences']} validation sequences. Differences are config − reference (negative = lower loss).",
-        "",
-        f"With {len(obj['seeds'])} seeds the exact randomisation test cannot give p below "
-        f"2/2^{len(obj['seeds'])} = {obj['exact_p_floor']:.3g}; the percentile bootstrap CI over so few seeds is "
-        "too narrow (docs/research.md). The per-sequence table resamples validation sequences instead: it says "
-        "whether a difference of these trained models would hold on another validation set like this one, "
-        "not whether it would hold for another training seed.",
-        "",
-        "Training-data pairing: " + ("every variant of a seed read identical training tokens (sha256 of all "
-                                     "consumed tokens)." if not unpaired else
-                                     f"seeds {unpaired} did NOT see identical data across variants "
-                                     f"(axes {grid.data_order_axes}): seed-paired tests are not data-paired there."),
-        "",
-    ]
-    if missing:
-        header += [f"Missing runs (not in the tables): {', '.join(missing)}", ""]
-    figures = ["", "Figures: `pareto.png` (Fig. 2, quality vs cost), `ablation.png` (Fig. 3, differences with CIs), "
-               "`curves.png` (train loss per step, and its per-step difference to the baseline).", ""]
-    (out / "results.md").write_text("\n".join(header) + "\n" + md + "\n".join(figures))
-    grid_info = {"name": grid.name, "path": grid.path, "seeds": grid.seeds, "baseline": grid.baseline,
-                 "compare_to": grid.compare_to, "metric": grid.metric,
-                 "variants": [{"name": v.name, "overrides": v.overrides} for v in grid.variants],
-                 "base": grid.base, "eval_iters": grid.eval_iters}
-    slim = [{k: v for k, v in r.items() if k not in ("val_example_losses", "step_time_s")} for r in records]
-    full = {"grid": grid_info, "environment": _environment(), "tables": obj, "pareto": fronts,
-            "missing_runs": missing, "records": slim}
+    full = {"grid": grid_info(grid, records), "environment": _environment(),
+            "report_provenance": {**git_state(), "versions": versions(),
+                                  "command": list(command) if command is not None else [sys.executable, *sys.argv]},
+            "missing_runs": missing,
+            "compare_to": [c for c in grid.compare_to if c in present]}
+    out = Path(grid.report_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_per_sequence(out / PER_SEQUENCE, records)
+    return render(out, full, records, n_resamples=n_resamples, n_permutations=n_permutations)
+
+
+def render(out: Path, full: dict, records: Sequence[dict], *, n_resamples: int = 10_000,
+           n_permutations: int = 10_000) -> dict:
+    """Tables, figures, results.md and results.json from ``full`` (grid, provenance) and the records."""
+    g = full["grid"]
+    md, obj = aggregate(records, g["baseline"], full["compare_to"], g["metric"], n_resamples=n_resamples,
+                        n_permutations=n_permutations)
+    order = [v["name"] for v in g["variants"] if any(r["config"] == v["name"] for r in records)]
+    order += [c for c in dict.fromkeys(r["config"] for r in records) if c not in order]
+    colors = variant_colors(order)
+    ordered = sorted(records, key=lambda r: (order.index(r["config"]), r["seed"]))
+    full["pareto"] = plot_pareto(ordered, out / "pareto.png", g["metric"], colors)
+    plot_ablation(obj, ordered, out / "ablation.png", colors)
+    plot_curves(ordered, out / "curves.png", g["baseline"], colors)
+    full["tables"] = obj
+    full["records"] = [{k: v for k, v in r.items() if k not in PER_SEQUENCE_KEYS and k != "step_time_s"}
+                       for r in ordered]
+    full["mixed_commits"] = mixed_commit_line(records)
+    (out / "results.md").write_text(markdown(full, md))
     (out / "results.json").write_text(json.dumps(_json_safe(full), indent=1))
     return full
+
+
+def markdown(full: dict, tables_md: str) -> str:
+    """results.md: every sentence from ``full`` (the results.json object)."""
+    g, obj, recs = full["grid"], full["tables"], full["records"]
+    r0 = recs[0]
+    prov = full.get("report_provenance") or {}
+    commits = sorted({(r.get("provenance") or {}).get("git_commit") or "unrecorded" for r in recs})
+    lines = []
+    if full.get("mixed_commits"):
+        lines += [full["mixed_commits"], ""]
+    lines += [f"# Ablation `{g['name']}`", ""]
+    if g.get("description"):
+        lines += [g["description"], ""]
+    ranks = sorted({r.get("world_size", 1) for r in recs})
+    devices = sorted({str(r.get("device", "cpu")).split(":")[0] for r in recs})
+    lines += [
+        f"Generated by `ascender-dist ablate {g['path']}`; rebuilt by `ascender-dist tables <this directory>`. "
+        f"{len(recs)} runs: {len({r['config'] for r in recs})} variants × seeds {obj['seeds']}; every run trained "
+        f"{r0['steps']} steps ({r0['tokens']:,} tokens) on {'/'.join(map(str, ranks))} {'/'.join(devices)} rank(s) "
+        f"and was scored on {r0['val_sequences']} validation sequences. Differences are config − reference "
+        "(negative = lower loss).", "",
+        _provenance_sentence(commits, prov, g), "",
+        f"Over seeds: paired t interval and paired t-test over the {len(obj['seeds'])} seeds (no bootstrap below "
+        f"10 seeds); p-values Holm-adjusted over the comparisons of each table. The exact randomisation test over "
+        f"{len(obj['seeds'])} seeds cannot give p below 2/2^{len(obj['seeds'])} = {obj['exact_p_floor']:.3g} "
+        "(its p is in results.json as p_randomization). The per-sequence tables say whether a difference of these "
+        "trained models would hold on another validation set like this one, not for another training seed.", "",
+    ]
+    if "per_example" not in obj:
+        lines += ["No per-sequence validation losses are stored with these records: no per-sequence tables.", ""]
+    unpaired = [s for s, p in obj["data_pairing"].items() if not p["identical"]]
+    lines += ["Training-data pairing: " + (
+        "every variant of a seed read identical training tokens (sha256 of all consumed tokens)." if not unpaired
+        else f"seeds {unpaired} did NOT see identical data across variants (axes {g.get('data_order_axes')}): "
+             "seed-paired tests are not data-paired there."), ""]
+    if full.get("missing_runs"):
+        lines += [f"Missing runs (not in the tables): {', '.join(full['missing_runs'])}", ""]
+    lines += [tables_md, "", "Figures: `pareto.png` (Fig. 2, quality vs cost), `ablation.png` (Fig. 3, differences "
+              "with paired t intervals and per-seed differences), `curves.png` (train loss per step, validation "
+              "loss every eval_interval steps, and the per-step train-loss difference to the baseline).", ""]
+    return "\n".join(lines)
+
+
+def _provenance_sentence(commits: list, prov: dict, g: dict) -> str:
+    runs = ("no git commit recorded in the runs" if commits == ["unrecorded"]
+            else "run commit(s) " + ", ".join(c[:12] for c in commits))
+    report = (f"report written at commit {prov['git_commit'][:12]}{' (dirty)' if prov.get('git_dirty') else ''}"
+              if prov.get("git_commit") else "report commit not recorded")
+    vers = ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items())
+    data = g.get("data_manifest_sha256")
+    return (f"Provenance: {runs}; {report}" + (f"; versions {vers}" if vers else "")
+            + (f"; data manifest sha256 {data[:16]}" if data else "") + ".")
+
+
+def write_per_sequence(path: Path, records: Sequence[dict]) -> None:
+    """Per-sequence validation losses, indices and document ids of every run (compressed)."""
+    arrays = {}
+    for r in records:
+        for key in PER_SEQUENCE_KEYS:
+            if r.get(key) is not None:
+                arrays[f"{r['config']}|{r['seed']}|{key}"] = np.asarray(r[key])
+    np.savez_compressed(path, **arrays)
+
+
+def read_per_sequence(path: Path) -> dict:
+    """``{(config, seed): {key: list}}`` from :func:`write_per_sequence`'s file."""
+    out: dict = {}
+    with np.load(path) as data:
+        for name in data.files:
+            cfg, seed, key = name.rsplit("|", 2)
+            out.setdefault((cfg, seed), {})[key] = data[name].tolist()
+    return out
+
+
+def rebuild(directory: Path, *, n_resamples: int = 10_000, n_permutations: int = 10_000) -> dict:
+    """``ascender-dist tables DIR``: results.md, results.json and figures again from DIR's results.json
+    and per_sequence.npz (no training)."""
+    directory = Path(directory)
+    full = json.loads((directory / "results.json").read_text())
+    records = [dict(r) for r in full["records"]]
+    per_seq = read_per_sequence(directory / PER_SEQUENCE) if (directory / PER_SEQUENCE).exists() else {}
+    for r in records:
+        r.update(per_seq.get((r["config"], str(r["seed"])), {}))
+    full.setdefault("compare_to", [c for c in full["grid"].get("compare_to", [])
+                                   if any(r["config"] == c for r in records)])
+    import sys
+
+    full["report_provenance"] = {**git_state(), "versions": versions(), "command": [sys.executable, *sys.argv]}
+    return render(directory, full, records, n_resamples=n_resamples, n_permutations=n_permutations)
 
 
 def _json_safe(x):
