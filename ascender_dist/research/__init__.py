@@ -4,6 +4,14 @@ Pure computation on numpy arrays (scipy for resampling, scikit-learn for cluster
 training-stack imports. See docs/research.md.
 """
 
+try:
+    import matplotlib  # noqa: F401
+    import scipy  # noqa: F401
+    import sklearn  # noqa: F401
+except ImportError as exc:  # the core install leaves them out
+    raise ImportError(f"the research tools need the research extra: pip install 'ascender-dist[research]' "
+                      f"({exc})") from None
+
 from .clusters import TOKEN_CLASSES, attention_groups, cluster_quality, pseudo_labels_from_tokens, token_class
 from .stats import (
     EXACT_MAX_N,

@@ -243,10 +243,9 @@ def token_strings(cfg, ids: Sequence[int]) -> tuple[list[str], list[str]]:
 # ============================================================================ plotting
 
 def _plt():
-    import matplotlib
+    from ascender_dist.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # one line naming the research extra when matplotlib is missing
 
     return plt
 
