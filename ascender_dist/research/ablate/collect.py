@@ -81,6 +81,11 @@ def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: i
         t = np.stack([runs[s]["losses"] for s in shared])
         docs = base[shared[0]]["documents"]
         kw = dict(n_resamples=n_resamples, n_permutations=n_permutations, seed=seed)
+        if docs is not None and len(docs) == b.shape[1] and len(set(docs)) < 2:
+            entries.append({"config": cfg, "comparison": None, "paired_seeds": shared,
+                            "note": f"all {b.shape[1]} validation sequences lie in one document: no per-document test"})
+            cmps.append(None)
+            continue
         if docs is not None and len(docs) == b.shape[1]:
             cmp, unit = compare_per_document(b, t, docs, **kw), "document"
         else:
@@ -100,7 +105,7 @@ def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: i
     for e in entries:
         c = e["comparison"]
         if not c:
-            lines.append(f"| {e['config']} | 0 | 0 | n/a | n/a | n/a | n/a |")
+            lines.append(f"| {e['config']} | {len(e.get('paired_seeds') or [])} | n/a | n/a | n/a | n/a | n/a |")
             continue
         docs_cell = str(e["n_documents"]) if e["n_documents"] is not None else "not recorded"
         lines.append(f"| {e['config']} | {len(e['paired_seeds'])} | {e['n_sequences']} | {docs_cell} | "
@@ -113,7 +118,9 @@ def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: i
     else:
         how = ("Resampling unit: single validation sequences for the rows without recorded document ids (older "
                "records): windows of one document are treated as independent, so these intervals are too narrow.")
-    md = "\n".join(lines) + f"\n\n{how} p Holm: Holm-adjusted over the {m} comparisons of this table.\n"
+    notes = [f"- {e['config']}: {e['note']}" for e in entries if e.get("note")]
+    md = ("\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "")
+          + f"\n\n{how} p Holm: Holm-adjusted over the {m} comparisons of this table.\n")
     obj = {"reference": reference, "unit": units, "resampling": how,
            "multiple_comparisons": f"Holm over the {m} comparisons of this table",
            "difference": "config - reference", "n_resamples": n_resamples, "n_permutations": n_permutations,

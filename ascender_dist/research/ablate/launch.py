@@ -121,6 +121,29 @@ def validation_curve(tensorboard_dir: Path) -> list[list[float]]:
     return [[int(e.step), float(e.value)] for e in acc.Scalars("val/loss")]
 
 
+def _per_sequence_hooks(wrapper, out: list) -> list:
+    """Hooks that append each validation sequence's mean next-token loss to ``out``.
+
+    ``wrapper`` is the engine's module (``forward(tokens [b, s+1])`` -> mean loss, ``.model`` -> logits
+    [b, s, v/tp]): a pre-hook keeps the labels of the batch, a hook on the model turns its logits into
+    per-token losses with the trainer's own ``vocab_cross_entropy`` (same normalisation as the loss)."""
+    from ascender_dist.models.build import vocab_cross_entropy
+
+    labels: dict = {}
+
+    def keep_labels(module, args):
+        labels["now"] = args[0][:, 1:]  # [b, s]
+
+    def per_sequence(module, args, logits):
+        # a copy: megatron's vocab-parallel cross entropy works in place on the logits it is given,
+        # and the trainer's own loss is computed from these logits after this hook returns
+        losses = vocab_cross_entropy(logits.detach().clone(), labels["now"].to(logits.device),
+                                     wrapper.vocab_size)  # [b, s]
+        out.extend(losses.float().mean(dim=1).cpu().tolist())
+
+    return [wrapper.register_forward_pre_hook(keep_labels), wrapper.model.register_forward_hook(per_sequence)]
+
+
 def _gather(obj, group=None) -> list:
     import torch.distributed as dist
 
@@ -191,13 +214,12 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     iters = available if eval_iters == "all" else min(int(eval_iters or cfg.train.eval_iters), available)
     cfg.train.eval_iters = iters
     per_example: list[float] = []
-    inner = trainer.engine.module.model
-    hook = inner.register_forward_hook(
-        lambda mod, args, out: per_example.extend(out.detach().float().mean(dim=1).cpu().tolist()))
+    hooks = _per_sequence_hooks(trainer.engine.module, per_example)
     t_val = time.perf_counter()
     val_loss = trainer.validate()
     val_s = time.perf_counter() - t_val
-    hook.remove()
+    for hook in hooks:
+        hook.remove()
     dp_group = mps.get_data_parallel_group()
     example_losses, example_index = order_validation(_gather(per_example, dp_group), cfg.train.micro_batch_size)
     rank_digests = _gather(digest.hexdigest())  # every rank hashes the tokens it read
