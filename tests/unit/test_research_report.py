@@ -118,3 +118,19 @@ def test_core_dependencies_leave_out_the_research_packages():
     assert not research & names(project["dependencies"])
     assert names(project["optional-dependencies"]["research"]) == research
     assert research <= names(project["optional-dependencies"]["dev"])
+
+
+def test_connection_steps_histogram_and_slot_usage(tmp_path):
+    recs = _records()
+    for r in recs:  # asc: always 3 steps, gpt-named stand-in: half 1, half 2; loads favour one slot
+        hist = [0, 0, 0, 8] if r["config"] == "asc" else [0, 4, 4, 0]
+        r["connection"] = {"1": {"max_steps": 3, "steps_hist": hist, "slot_load": [1.0, 5.0, 2.0, 2.0]},
+                           "2": {"max_steps": 3, "steps_hist": hist, "slot_load": [2.0, 2.0, 2.0, 4.0]}}
+    full = report.write_report(_grid(tmp_path), recs, n_resamples=200, n_permutations=200)
+    c = full["connection"]
+    assert c["asc"]["steps_fraction"] == [0, 0, 0, 1] and c["asc"]["mean_steps"] == 3
+    assert c["gpt"]["mean_steps"] == pytest.approx(1.5)
+    # sorted within each layer, then averaged: (0.5 + 0.4) / 2 for the most loaded slot
+    assert c["gpt"]["slot_share_sorted"][0] == pytest.approx(0.45)
+    assert (tmp_path / "report" / "connection.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| asc | 3 | 3.00 | 0.00 / 0.00 / 0.00 / 1.00 | 0.450 |" in (tmp_path / "report" / "results.md").read_text()

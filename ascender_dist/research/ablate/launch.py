@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import numpy as np
+import torch
 import yaml
 
 
@@ -144,6 +145,31 @@ def _per_sequence_hooks(wrapper, out: list) -> list:
     return [wrapper.register_forward_pre_hook(keep_labels), wrapper.model.register_forward_hook(per_sequence)]
 
 
+def _connection_hooks(model, stats: dict) -> list:
+    """Hooks on every Connection layer that count, over the validation pass, the reasoning steps each
+    reasoning state took (a histogram over 0..max_steps) and the token load of each slot (the
+    compression weights summed over tokens). ``stats``: {layer number: {"steps_hist", "slot_load",
+    "max_steps"}}."""
+    hooks = []
+    layers = [m for m in model.modules() if hasattr(m, "slot_loads") and hasattr(m, "last_stats")]
+    for number, layer in enumerate(layers, start=1):
+        entry = stats.setdefault(str(number), {"max_steps": int(layer.hp.max_steps),
+                                               "steps_hist": [0] * (int(layer.hp.max_steps) + 1),
+                                               "slot_load": [0.0] * int(layer.hp.num_slots)})
+
+        def loads(module, args, entry=entry):
+            load = module.slot_loads(args[0]).sum(dim=(0, 1)).float().cpu()  # [N]
+            entry["slot_load"] = [a + float(b) for a, b in zip(entry["slot_load"], load)]
+
+        def steps(module, args, out, entry=entry):
+            taken = module.last_stats.steps.reshape(-1).long().cpu()
+            counts = torch.bincount(taken, minlength=entry["max_steps"] + 1)
+            entry["steps_hist"] = [a + int(b) for a, b in zip(entry["steps_hist"], counts.tolist())]
+
+        hooks += [layer.register_forward_pre_hook(loads), layer.register_forward_hook(steps)]
+    return hooks
+
+
 def _gather(obj, group=None) -> list:
     import torch.distributed as dist
 
@@ -215,6 +241,8 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     cfg.train.eval_iters = iters
     per_example: list[float] = []
     hooks = _per_sequence_hooks(trainer.engine.module, per_example)
+    connection_stats: dict = {}
+    hooks += _connection_hooks(trainer.engine.module, connection_stats)
     t_val = time.perf_counter()
     val_loss = trainer.validate()
     val_s = time.perf_counter() - t_val
@@ -258,6 +286,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         "train_peak_rss_delta_mib": ((train_peak - rss_before) / 1024
                                      if peak_resettable and train_peak and rss_before else None),
         "omega": _ascender_omegas(trainer.engine.module),
+        "connection": connection_stats or None,  # this rank's validation share (rank 0)
         "data_sha256": data_sha,
         "setup_s": setup_s, "fit_s": fit_s, "val_s": val_s,
         "torch_threads": torch.get_num_threads(),

@@ -187,6 +187,63 @@ def plot_curves(records: Sequence[dict], out: Path, baseline: Optional[str] = No
     plt.close(fig)
 
 
+def connection_summary(records: Sequence[dict]) -> dict:
+    """Per Connection variant: reasoning-step histogram (fraction of reasoning states per number of
+    steps taken, over layers and seeds), mean steps, and the slot-load shares sorted within each run
+    and layer (slot 1 = the most loaded; slot identities are not comparable across runs)."""
+    out: dict = {}
+    for r in records:
+        for layer in (r.get("connection") or {}).values():
+            e = out.setdefault(r["config"], {"hist": np.zeros(0), "sorted_loads": [], "max_steps": 0})
+            h = np.asarray(layer["steps_hist"], dtype=np.float64)
+            if h.size > e["hist"].size:
+                e["hist"] = np.pad(e["hist"], (0, h.size - e["hist"].size))
+            e["hist"][:h.size] += h
+            e["max_steps"] = max(e["max_steps"], layer["max_steps"])
+            load = np.sort(np.asarray(layer["slot_load"], dtype=np.float64))[::-1]
+            e["sorted_loads"].append(load / load.sum() if load.sum() > 0 else load)
+    summary = {}
+    for cfg, e in out.items():
+        frac = e["hist"] / e["hist"].sum() if e["hist"].sum() else e["hist"]
+        n = min(len(x) for x in e["sorted_loads"])
+        summary[cfg] = {"steps_fraction": frac.tolist(), "mean_steps": float((frac * np.arange(frac.size)).sum()),
+                        "max_steps": e["max_steps"],
+                        "slot_share_sorted": np.mean([x[:n] for x in e["sorted_loads"]], axis=0).tolist()}
+    return summary
+
+
+def plot_connection(summary: dict, out: Path, colors: dict) -> None:
+    """Histogram of reasoning steps taken and slot usage (sorted load shares) per Connection variant."""
+    from ascender_dist.plotting import pyplot
+
+    plt = pyplot()
+    fig, (ax_h, ax_s) = plt.subplots(1, 2, figsize=(12, 4.4), layout="constrained")
+    names = list(summary)
+    width = 0.8 / max(len(names), 1)
+    for i, cfg in enumerate(names):
+        frac = summary[cfg]["steps_fraction"]
+        ax_h.bar(np.arange(len(frac)) + (i - (len(names) - 1) / 2) * width, frac, width, color=colors.get(cfg),
+                 label=f"{cfg} (mean {summary[cfg]['mean_steps']:.2f})")
+        share = summary[cfg]["slot_share_sorted"]
+        ax_s.plot(np.arange(1, len(share) + 1), share, "o-", ms=3, color=colors.get(cfg), label=cfg)
+    longest = max((len(summary[c]["steps_fraction"]) for c in names), default=1)
+    ax_h.set_xticks(range(longest))
+    ax_s.xaxis.get_major_locator().set_params(integer=True)
+    ax_h.set_xlabel("reasoning steps taken")
+    ax_h.set_ylabel("fraction of reasoning states (validation)")
+    ax_h.set_title("reasoning steps per state", fontsize=10)
+    ax_s.set_xlabel("slot, most to least loaded (sorted within each run and layer)")
+    ax_s.set_ylabel("share of token load")
+    ax_s.set_yscale("log")
+    ax_s.set_title("slot usage", fontsize=10)
+    for ax in (ax_h, ax_s):
+        ax.grid(alpha=0.3)
+    handles, labels = ax_h.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+
+
 # ============================================================================ report
 
 def _environment() -> dict:
@@ -245,6 +302,9 @@ def render(out: Path, full: dict, records: Sequence[dict], *, n_resamples: int =
     full["pareto"] = plot_pareto(ordered, out / "pareto.png", g["metric"], colors)
     plot_ablation(obj, ordered, out / "ablation.png", colors)
     plot_curves(ordered, out / "curves.png", g["baseline"], colors)
+    full["connection"] = connection_summary(ordered) or None
+    if full["connection"]:
+        plot_connection(full["connection"], out / "connection.png", colors)
     full["tables"] = obj
     full["records"] = [{k: v for k, v in r.items() if k not in PER_SEQUENCE_KEYS and k != "step_time_s"}
                        for r in ordered]
@@ -290,6 +350,15 @@ def markdown(full: dict, tables_md: str) -> str:
              "seed-paired tests are not data-paired there."), ""]
     if full.get("missing_runs"):
         lines += [f"Missing runs (not in the tables): {', '.join(full['missing_runs'])}", ""]
+    if full.get("connection"):
+        lines += ["### Connection reasoning (validation pass; `connection.png`)", "",
+                  "| config | max steps | mean steps taken | steps histogram (fraction at 0, 1, ...) | "
+                  "share of the most loaded slot |", "|---|---:|---:|---|---:|"]
+        for cfg, c in full["connection"].items():
+            hist = " / ".join(f"{x:.2f}" for x in c["steps_fraction"])
+            lines.append(f"| {cfg} | {c['max_steps']} | {c['mean_steps']:.2f} | {hist} | "
+                         f"{c['slot_share_sorted'][0]:.3f} |")
+        lines.append("")
     lines += [tables_md, "", "Figures: `pareto.png` (Fig. 2, quality vs cost), `ablation.png` (Fig. 3, differences "
               "with paired t intervals and per-seed differences), `curves.png` (train loss per step, validation "
               "loss every eval_interval steps, and the per-step train-loss difference to the baseline).", ""]
