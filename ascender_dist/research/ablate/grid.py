@@ -20,7 +20,7 @@ log = logging.getLogger("ascender_dist")
 
 GRID_KEYS = ("name", "description", "base", "set", "dataset", "seeds", "baseline", "compare_to", "metric",
              "variants", "axes", "standalone", "eval_iters", "runs_dir", "report_dir", "keep_checkpoints", "jobs", "threads",
-             "ranks")
+             "ranks", "equal_flops_of")
 DATASET_KEYS = ("root", "corpus_bytes", "vocab_size", "seq_length", "val_fraction", "samples_per_shard")
 # override paths that change what data a seed reads: variants differing here are not paired on data
 DATA_ORDER_PATHS = ("data.", "model.seq_length", "train.global_batch_size")
@@ -58,6 +58,7 @@ class Grid:
     jobs: int = 1
     threads: int = 1
     ranks: int = 1  # ranks per run (per node with a hostfile / SLURM)
+    budget: str = "equal training tokens"  # how the variants' training budgets compare (report label)
     description: str = ""
     data_order_axes: list = field(default_factory=list)
 
@@ -312,7 +313,37 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
                                    if any(p == d or p.startswith(d) for d in DATA_ORDER_PATHS)})
     for v in variants:  # every variant must be a valid run config (types, ranges, architecture checks)
         run_config(grid, v, seed_list[0])
+    if raw.get("equal_flops_of") is not None:
+        equalise_flops(grid, str(raw["equal_flops_of"]), f"{src}: equal_flops_of")
     return grid
+
+
+def equalise_flops(grid: Grid, reference: str, where: str) -> None:
+    """Give every variant the number of steps that makes its training FLOPs (analytic, 6N-style, from
+    ``models/counting.py``) equal to ``reference``'s at the base number of steps; same batch, so a
+    cheaper architecture reads more tokens. Labels the grid's budget accordingly."""
+    from ascender_dist.models.counting import count_model
+    from ascender_dist.tools.plan import DEFAULT_VOCAB_SIZE
+
+    names = [v.name for v in grid.variants]
+    if reference not in names:
+        raise ConfigError(where, f"{reference!r} is not a variant; variants: {', '.join(names)}")
+    vocab = int((grid.dataset or {}).get("vocab_size") or DEFAULT_VOCAB_SIZE)
+
+    def flops_per_step(v: Variant) -> tuple[float, int]:
+        cfg = run_config(grid, v, grid.seeds[0])
+        counts = count_model(cfg, cfg.model.vocab_size or vocab)
+        return counts.flops_per_token * cfg.train.global_batch_size * cfg.model.seq_length, cfg.train.train_steps
+
+    ref_per_step, ref_steps = flops_per_step(grid.variant(reference))
+    budget = ref_per_step * ref_steps
+    for v in grid.variants:
+        per_step, _ = flops_per_step(v)
+        v.overrides = {**v.overrides, "train.train_steps": max(1, round(budget / per_step))}
+        run_config(grid, v, grid.seeds[0])
+    grid.budget = (f"equal training FLOPs ({budget:.3g}, those of {reference} at {ref_steps} steps; analytic "
+                   "counts of models/counting.py): steps per variant " +
+                   ", ".join(f"{v.name} {v.overrides['train.train_steps']}" for v in grid.variants))
 
 
 def run_dir(grid: Grid, variant: Variant, seed: int) -> Path:
