@@ -9,18 +9,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ascender_dist.logs import setup_cli_logging
-
-
-def _quiet_libraries() -> None:
-    """megatron-core warns about missing Apex/Transformer Engine on every import: expected here."""
-    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*not installed.*")
-    warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
-    warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")
+from ascender_dist.config.errors import UserError
+from ascender_dist.logs import quiet_library_warnings, setup_cli_logging
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -29,30 +22,10 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
                         help="override a field, e.g. --set train.train_steps=20 (repeatable)")
 
 
-def _user_errors():
-    from ascender_dist.config.errors import ConfigError
-
-    errors: list[type] = [ConfigError]
-    try:
-        from data_pipeline.errors import DataError
-
-        errors.append(DataError)
-    except ImportError:
-        pass
-    from ascender_dist.tools.convert import ConversionError
-    from ascender_dist.training.checkpoint import CheckpointError
-
-    errors += [CheckpointError, ConversionError]
-    from ascender_dist.training.rollback import DivergenceError  # a run that keeps diverging
-
-    errors.append(DivergenceError)
-    return tuple(errors)
-
-
 def _run(fn, *args) -> int:
     try:
         fn(*args)
-    except _user_errors() as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -76,7 +49,7 @@ def print_config(args: argparse.Namespace) -> None:
 
     from ascender_dist.config import load_config, to_dict
     from ascender_dist.models.counting import count_model
-    from ascender_dist.models.registry import expand_layer_pattern
+    from ascender_dist.config.architectures import expand_layer_pattern
 
     from ascender_dist.tools.run_vocab import run_vocab
 
@@ -223,7 +196,7 @@ _DELEGATED = {
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    _quiet_libraries()
+    quiet_library_warnings()
     setup_cli_logging()
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
     if argv and argv[0] in _DELEGATED:

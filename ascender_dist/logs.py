@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 
 def setup_cli_logging(level: int = logging.INFO) -> None:
     """Timestamped ``HH:MM:SS LEVEL logger: message`` lines on stderr."""
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def quiet_library_warnings() -> None:
+    """megatron-core warns about missing Apex/Transformer Engine on every import: expected here."""
+    warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*not installed.*")
+    warnings.filterwarnings("ignore", message=".*Apex is not installed.*")
+    warnings.filterwarnings("ignore", message=".*full scope is deprecated.*")

@@ -25,7 +25,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+if str(ROOT) not in sys.path:  # `python benchmarks/connection.py` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.report import RESULTS, publish  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -326,14 +329,8 @@ def report(points, meta, args, main_kind, write: bool):
         "![time vs sequence length](connection.png)",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if not write:
-        return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "connection.md").write_text(text)
-    (RESULTS / "connection.json").write_text(json.dumps({"meta": meta, "summary": summary, "points": points}, indent=1))
-    plot(ns, t_att, t_con, t_lin, by, args, main_kind)
+    if publish("connection", lines, {"meta": meta, "summary": summary, "points": points}, write):
+        plot(ns, t_att, t_con, t_lin, by, args, main_kind)
 
 
 def plot(ns, t_att, t_con, t_lin, by, args, main_kind):

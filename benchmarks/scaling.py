@@ -44,9 +44,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
 if str(ROOT) not in sys.path:  # `python benchmarks/scaling.py` from anywhere
     sys.path.insert(0, str(ROOT))
+
+from benchmarks.report import RESULTS, publish  # noqa: E402
 
 ARCHS = ("gpt", "ascender", "connection")
 # layout name -> (world size, parallel section). ZeRO-1 everywhere (the project default and what the
@@ -95,7 +96,19 @@ def throughput_worker(args: dict) -> dict:
     """Train every job of ``args['jobs']`` in turn; per job, per step: wall seconds and CPU seconds of this rank."""
     import torch.distributed as dist
 
+    from ascender_dist.training.callbacks import Callback
     from ascender_dist.training.trainer import Trainer
+
+    class StepMarks(Callback):
+        """Per logged step: its wall seconds, and this process's CPU and wall clocks when it was logged."""
+
+        def __init__(self):
+            self.marks = []
+
+        def on_log(self, trainer, values):
+            self.marks.append({"step_s": values["train/step_time_s"], "cpu": time.process_time(),
+                               "wall": time.perf_counter(), "loss": values["train/loss"],
+                               "skipped": values.get("train/step_skipped")})
 
     results = {}
     too_slow_groups = set()
@@ -104,20 +117,9 @@ def throughput_worker(args: dict) -> dict:
             results[job["key"]] = {"skipped": "group too slow"}
             continue
         cfg = make_config(job, args["data"][str(job["seq"])], Path(args["root"]) / job["key"].replace(" ", "_"))
-        trainer = Trainer(cfg)
-        trainer.save = lambda: None  # throughput only: the end-of-fit save is measured separately
-        marks = []
-        inner = trainer.metrics.scalars
-
-        def capture(step, values, inner=inner, marks=marks):
-            if "train/step_time_s" not in values:  # a rollback's own scalar (bad-step guard; off here)
-                return inner(step, values)
-            marks.append({"step_s": values["train/step_time_s"], "cpu": time.process_time(),
-                          "wall": time.perf_counter(), "loss": values["train/loss"],
-                          "skipped": values.get("train/step_skipped")})
-            inner(step, values)
-
-        trainer.metrics.scalars = capture
+        step_marks = StepMarks()
+        trainer = Trainer(cfg, callbacks=[step_marks])
+        marks = step_marks.marks
         dist.barrier()
         load_before = os.getloadavg()
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -126,7 +128,7 @@ def throughput_worker(args: dict) -> dict:
             # gate, after the warm-up steps: a step must cost < max_step_s CPU seconds on every rank (what it
             # would take with the cores to ourselves; the wall clock depends on the other jobs of the moment)
             # and take < 2 x max_step_s of wall clock (so a very loaded machine cannot overrun the run's budget)
-            trainer.fit(stop_at=job["gate_steps"])
+            trainer.fit(stop_at=job["gate_steps"], final_save=False)  # the save is measured separately
             slowest = _max_over_ranks(max(m["step_s"] for m in marks[1:]))
             cpu = _max_over_ranks(max(b["cpu"] - a["cpu"] for a, b in zip(marks, marks[1:])))
             out["gate_step_s"], out["gate_cpu_s"] = slowest, cpu
@@ -134,7 +136,7 @@ def throughput_worker(args: dict) -> dict:
                 too_slow_groups.add(job.get("group"))
                 out["too_slow"] = True
         if not out.get("too_slow"):
-            trainer.fit()
+            trainer.fit(final_save=False)
         out.update({
             "step_s": [m["step_s"] for m in marks],
             # CPU seconds this process used during each step (all its threads), from consecutive marks
@@ -147,7 +149,7 @@ def throughput_worker(args: dict) -> dict:
             "grad_accum": trainer.derived.gradient_accumulation_steps,
         })
         results[job["key"]] = out
-        del trainer, inner
+        del trainer, step_marks
         gc.collect()
         dist.barrier()
     return results
@@ -173,11 +175,10 @@ def checkpoint_worker(args: dict) -> dict:
         params = sum(p.numel() for p in trainer.engine.module.parameters())  # DP2: every rank holds all of them
         saves, loads = [], []
         tag = None
-        for _ in range(args["reps"]):
-            trainer.step += 1  # a new tag each time (keep_last is high: no pruning inside the timing)
+        for rep in range(args["reps"]):
             dist.barrier()
             t0 = time.perf_counter()
-            tag = trainer.save()
+            tag = trainer.save(step=trainer.step + 1 + rep)  # a new tag each time (keep_last is high: no pruning)
             dist.barrier()
             saves.append(time.perf_counter() - t0)
         nbytes = _dir_bytes(ckdir / tag)
@@ -561,14 +562,8 @@ def report(saved: dict, write: bool):
         "![throughput ratios and checkpoint time](scaling.png)",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if not write:
-        return
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "scaling.md").write_text(text)
-    (RESULTS / "scaling.json").write_text(json.dumps(saved, indent=1))
-    plot(points, ckpts)
+    if publish("scaling", lines, saved, write):
+        plot(points, ckpts)
 
 
 def reading(saved: dict, points: list) -> list[str]:

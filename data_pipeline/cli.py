@@ -7,12 +7,16 @@ never as a traceback. Long steps show tqdm progress bars (``--quiet`` turns them
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
+
+from ascender_dist.config.errors import UserError
 
 from .errors import DataError
 
@@ -89,43 +93,47 @@ def _tokenizer_settings(args) -> dict:
     return settings
 
 
+@dataclass
+class TokenizerSettings:
+    """The keys a ``train-tokenizer --config`` YAML may set (at top level or under ``tokenizer:``)."""
+
+    # counts may be written as floats (4.5e2) if they are whole numbers
+    vocab_size: Union[int, float, None] = None
+    model_type: Optional[str] = None
+    pad_vocab_to_multiple_of: Union[int, float, None] = None
+    user_defined_symbols: Union[str, list[str], None] = None
+    special_tokens: Union[str, list[str], None] = None  # another name for user_defined_symbols
+    input_sentence_size: Union[int, float, None] = None
+
+
+_COUNTS = ("vocab_size", "pad_vocab_to_multiple_of", "input_sentence_size")
+
+
 def _read_yaml(path: Path) -> dict:
-    """Known keys of a YAML settings file, type-checked (PyYAML reads ``1e3`` as a string, so coerce)."""
-    import yaml
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise DataError(str(path), f"unreadable YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise DataError(str(path), "expected a mapping of tokenizer settings")
+    """The settings a YAML file gives, read by the run configs' strict loader (unknown keys and
+    wrong types are one line naming ``file:key``)."""
+    from ascender_dist.config.errors import ConfigError
+    from ascender_dist.config.loader import from_dict, read_yaml_file
+
+    raw, section = read_yaml_file(path), ""
     if "tokenizer" in raw:
-        raw = raw["tokenizer"]
+        raw, section = raw["tokenizer"], "tokenizer"
         if not isinstance(raw, dict):
-            raise DataError(f"{path}:tokenizer", f"expected a mapping of tokenizer settings (got {raw!r})")
-    unknown = set(raw) - set(_TOKENIZER_KEYS) - {"special_tokens"}
-    if unknown:
-        raise DataError(str(path), f"unknown keys {sorted(map(str, unknown))} (known: {sorted(_TOKENIZER_KEYS)})")
-    if "special_tokens" in raw:
-        raw["user_defined_symbols"] = raw.pop("special_tokens")
-    out = {}
-    for key, value in raw.items():
-        kind = _TOKENIZER_KEYS[key]
-        try:
-            if kind is list:
-                out[key] = [str(value)] if isinstance(value, str) else [str(v) for v in value]
-            elif kind is int:
-                if isinstance(value, bool):
-                    raise ValueError(value)
-                number = float(value)
-                if not number.is_integer():
-                    raise ValueError(value)
-                out[key] = int(number)
-            elif not isinstance(value, str):
-                raise TypeError(value)
-            else:
-                out[key] = value
-        except (TypeError, ValueError, OverflowError):
-            raise DataError(f"{path}:{key}", f"expected {kind.__name__} (got {value!r})") from None
+            raise ConfigError(f"{path}:tokenizer", f"expected a mapping of tokenizer settings (got {raw!r})")
+    try:
+        settings = from_dict(TokenizerSettings, raw, section)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}:{exc.path}", exc.message) from None
+    out = {k: v for k, v in dataclasses.asdict(settings).items() if v is not None}
+    for key in _COUNTS:
+        if key in out and not float(out[key]).is_integer():
+            raise ConfigError(f"{path}:{section + '.' if section else ''}{key}", f"expected int (got {out[key]!r})")
+        if key in out:
+            out[key] = int(out[key])
+    if "special_tokens" in out:
+        out["user_defined_symbols"] = out.pop("special_tokens")
+    if isinstance(out.get("user_defined_symbols"), str):
+        out["user_defined_symbols"] = [out["user_defined_symbols"]]
     return out
 
 
@@ -265,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return _COMMANDS[args.command](args)
-    except DataError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

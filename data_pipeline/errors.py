@@ -6,7 +6,10 @@ from deep inside tarfile, numpy or sentencepiece.
 """
 
 
-class DataError(ValueError):
+from ascender_dist.config.errors import UserError
+
+
+class DataError(UserError, ValueError):
     """A data file, shard or data setting is unusable. ``str(e)`` is one line naming what and why."""
 
     def __init__(self, where: str, problem: str):

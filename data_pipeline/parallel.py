@@ -37,7 +37,7 @@ from ._io import atomic_write_json, sha256_bytes
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, Piece, expand_inputs, iter_piece, kind_of, parquet_file
 from .shards import (MANIFEST_NAME, Manifest, ShardInfo, _ENCODE_BATCH, _batched, _finalize, _samples_per_shard,
-                     encode_shard, token_dtype)
+                     check_shard_settings, encode_shard, token_dtype)
 from .tokenizer import Tokenizer
 
 PARTS_DIR = ".parts"
@@ -304,17 +304,3 @@ def shard_settings(seq_length, samples_per_shard, shard_max_bytes, val_fraction,
     """What the merge needs besides the tokens (recorded in every job's mark)."""
     return {"seq_length": seq_length, "samples_per_shard": samples_per_shard, "shard_max_bytes": shard_max_bytes,
             "val_fraction": val_fraction, "prefix": prefix}
-
-
-def check_shard_settings(out_dir: Path, seq_length: int, val_fraction: float) -> None:
-    """The checks :func:`write_shards` makes before reading anything, plus creating ``out_dir``."""
-    if seq_length < 1:
-        raise DataError("write_shards", f"seq_length must be >= 1 (got {seq_length})")
-    if not 0 <= val_fraction < 1:
-        raise DataError("write_shards", f"val_fraction must be in [0, 1) (got {val_fraction})")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(str(out_dir), "output directory is an existing file")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(str(out_dir), f"cannot create output directory ({e.strerror or e})") from None

@@ -33,6 +33,8 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
+from ascender_dist.config.checks import url_template_problem
+
 from ._io import atomic_write_json, sha256_bytes
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, iter_documents
@@ -107,19 +109,6 @@ class Manifest:
         atomic_write_json(path, self.to_json())
         self.path = path
         return path
-
-
-def url_template_problem(template: str) -> str | None:
-    """What is wrong with a shard URL template (a ``str.format`` template whose only field is
-    ``{name}``, the shard file name), or None. Shared by the loader and the config checks."""
-    import string
-    try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as e:
-        return f"{e} in {template!r} (write literal braces as {{{{ }}}})"
-    if "name" not in fields or any(f != "name" for f in fields):
-        return f"must contain {{name}} (the shard file name) and no other field (got {template!r})"
-    return None
 
 
 def check_url_template(template: str) -> None:
@@ -303,6 +292,22 @@ def val_shard_indices(num_shards: int, val_fraction: float) -> set[int]:
     return {int((j + 0.5) * num_shards / n_val) for j in range(n_val)}
 
 
+def check_shard_settings(out_dir: Path, seq_length: int, val_fraction: float) -> None:
+    """What every shard writer checks before reading anything (the serial one here, the parallel
+    jobs of :mod:`.parallel`, the CLI before launching them), then ``out_dir`` created."""
+    out_dir = Path(out_dir)
+    if seq_length < 1:
+        raise DataError("write_shards", f"seq_length must be >= 1 (got {seq_length})")
+    if not 0 <= val_fraction < 1:
+        raise DataError("write_shards", f"val_fraction must be in [0, 1) (got {val_fraction})")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DataError(str(out_dir), "output directory is an existing file")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(str(out_dir), f"cannot create output directory ({e.strerror or e})") from None
+
+
 def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, out_dir: Path, seq_length: int,
                  samples_per_shard: int | None = None, shard_max_bytes: int | None = None,
                  val_fraction: float = 0.05, prefix: str = "shard", *, num_threads: int = 1,
@@ -314,17 +319,8 @@ def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, ou
     ``shard-train-{000000..000009}.tar`` work). Nothing in ``out_dir`` changes until every shard
     has been written successfully.
     """
-    if seq_length < 1:
-        raise DataError("write_shards", f"seq_length must be >= 1 (got {seq_length})")
-    if not 0 <= val_fraction < 1:
-        raise DataError("write_shards", f"val_fraction must be in [0, 1) (got {val_fraction})")
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise DataError(str(out_dir), "output directory is an existing file")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise DataError(str(out_dir), f"cannot create output directory ({e.strerror or e})") from None
+    check_shard_settings(out_dir, seq_length, val_fraction)
     dtype = token_dtype(tokenizer.padded_vocab_size)
     sample_len = seq_length + 1
     capacity = _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len, dtype)

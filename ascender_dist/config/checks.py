@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import string
 
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.schema import RunConfig
@@ -187,8 +188,6 @@ def check_data_sources(cfg: RunConfig) -> None:
     if d.shuffle_buffer < 1:
         raise ConfigError("data.shuffle_buffer", f"must be >= 1 (got {d.shuffle_buffer})")
     if d.url_template is not None:
-        from data_pipeline.shards import url_template_problem
-
         problem = url_template_problem(d.url_template)
         if problem:
             raise ConfigError("data.url_template", problem)
@@ -216,3 +215,15 @@ STATIC_CHECKS = [
     check_bad_step_policy,
     check_wandb,
 ]
+
+
+def url_template_problem(template: str) -> str | None:
+    """What is wrong with a shard URL template (a ``str.format`` template whose only field is
+    ``{name}``, the shard file name), or None. Shared by the config checks and the data loader."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        return f"{e} in {template!r} (write literal braces as {{{{ }}}})"
+    if "name" not in fields or any(f != "name" for f in fields):
+        return f"must contain {{name}} (the shard file name) and no other field (got {template!r})"
+    return None

@@ -1,13 +1,14 @@
 """The one registry of model sizes.
 
 A preset fixes the transformer shape (layers, width, heads, FFN, context). Architecture-specific
-hyperparameters (ASCender, Connection) are layered on top by each architecture's own preset table,
+hyperparameters (ASCender, Connection) are layered on top by ``ARCHITECTURE_PRESETS``,
 so ``debug``/``small``/``medium``/``large`` mean the same backbone for every architecture and runs
 compare like with like. Shapes follow GPT-3's table (Brown et al. 2020) for small/medium/large.
 """
 
 from __future__ import annotations
 
+from ascender_dist.config.architectures import get_architecture
 from ascender_dist.config.errors import ConfigError
 
 MODEL_PRESETS: dict[str, dict] = {
@@ -22,24 +23,32 @@ MODEL_PRESETS: dict[str, dict] = {
 }
 
 # Per-architecture additions, keyed by preset name: {architecture: {preset: {model-field: value}}}.
-ARCHITECTURE_PRESETS: dict[str, dict[str, dict]] = {}
-
-
-def register_architecture_presets(architecture: str, table: dict[str, dict]) -> None:
-    missing = set(MODEL_PRESETS) - set(table)
-    if missing:
-        raise ValueError(f"architecture {architecture!r} presets lack sizes {sorted(missing)}")
-    ARCHITECTURE_PRESETS[architecture] = table
+ARCHITECTURE_PRESETS: dict[str, dict[str, dict]] = {
+    "gpt": {"debug": {}, "small": {}, "medium": {}, "large": {}},
+    # Paper section 12: k in {8,16,32}, w in {64,128,256}, Separation after ~10% of training.
+    "ascender": {
+        "debug": {"ascender": {"d_z": 8, "d_a": 8, "k": 4, "window": 16, "num_global": 2, "chunk_size": 64}},
+        "small": {"ascender": {"d_z": 32, "d_a": 32, "k": 16, "window": 128, "num_global": 4}},
+        "medium": {"ascender": {"d_z": 32, "d_a": 32, "k": 16, "window": 128, "num_global": 4}},
+        "large": {"ascender": {"d_z": 48, "d_a": 48, "k": 32, "window": 256, "num_global": 8}},
+    },
+    # The bilinear term 2 N^2 D r dominates quickly (N=64, D=1536, r=16 would add 200M parameters per
+    # Connection layer); rank 4 with 32 slots keeps each size within ~1.3x of the GPT backbone.
+    "connection": {
+        "debug": {"connection": {"num_slots": 8, "rank": 4, "max_steps": 3, "causal_chunk_size": 16}},
+        "small": {"connection": {"num_slots": 32, "rank": 4, "max_steps": 4, "causal_chunk_size": 128}},
+        "medium": {"connection": {"num_slots": 32, "rank": 4, "max_steps": 4, "causal_chunk_size": 128}},
+        "large": {"connection": {"num_slots": 32, "rank": 4, "max_steps": 4, "causal_chunk_size": 256}},
+    },
+}
 
 
 def preset_model_fields(preset: str, architecture: str, path: str = "model.preset") -> dict:
     """Model fields a preset sets for an architecture (the YAML's own fields are merged over these)."""
-    from ascender_dist.models.registry import get_architecture
-
     for where, value in ((path, preset), ("model.architecture", architecture)):
         if not isinstance(value, str):  # a YAML list or mapping would be unhashable in the lookups below
             raise ConfigError(where, f"expected str, got {type(value).__name__} {value!r}")
-    get_architecture(architecture)  # loads every architecture's presets; unknown name -> ConfigError
+    get_architecture(architecture)  # unknown name -> ConfigError
     if preset not in MODEL_PRESETS:
         raise ConfigError(path, f"unknown preset {preset!r}; known: {', '.join(MODEL_PRESETS)}")
     if architecture not in ARCHITECTURE_PRESETS:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from ascender_dist.config.architectures import ARCHITECTURE_CHECKS
 from ascender_dist.config.checks import STATIC_CHECKS, check_world_size_layout
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.loader import deep_merge, from_dict, override_key, parse_override, read_yaml_file
@@ -77,9 +78,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
 def validate(cfg: RunConfig, world_size: Optional[int] = None) -> None:
     for check in STATIC_CHECKS:
         check(cfg)
-    from ascender_dist.models.registry import architecture_checks
-
-    for check in architecture_checks(cfg.model.architecture):
+    for check in ARCHITECTURE_CHECKS:
         check(cfg)
     if world_size is not None:
         check_world_size_layout(cfg, world_size)

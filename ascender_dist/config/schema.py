@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from ascender_dist.models.ascender.hparams import AscenderHParams
-from ascender_dist.models.connection.hparams import ConnectionHParams
+from ascender_dist.config.ascender_hparams import AscenderHParams
+from ascender_dist.config.connection_hparams import ConnectionHParams
 
 Architecture = Literal["gpt", "ascender", "connection"]
 

@@ -8,9 +8,9 @@ into the export directory next to the modeling code), so an exported directory l
 """
 
 from ascender_dist.models.ascender.attention import ascender_attention
-from ascender_dist.models.ascender.hparams import AscenderHParams
+from ascender_dist.config.ascender_hparams import AscenderHParams
 from ascender_dist.models.ascender.params import AscenderHeadParams, alibi_slopes
-from ascender_dist.models.connection.hparams import ConnectionHParams
+from ascender_dist.config.connection_hparams import ConnectionHParams
 from ascender_dist.models.connection.layer import ConnectionLayer, make_fixed_slots
 
 __all__ = ["AscenderHParams", "AscenderHeadParams", "ConnectionHParams", "ConnectionLayer", "alibi_slopes",

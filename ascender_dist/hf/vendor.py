@@ -8,9 +8,11 @@ deepspeed); this module copies the modules the Hugging Face model needs, renamed
 those names, and writes ``ascender_dist_kernels.py`` importing from them. The copies are taken
 from the installed package at export time, so an export always carries the math it was made with.
 
-A module that imports anything else from ``ascender_dist`` (other than the one-line
-``ConfigError`` import of the hyper-parameter ``validate`` methods, replaced by ``ValueError``)
-makes the export fail, naming the import: the exported directory must not need the package.
+The hyper-parameter dataclasses live in ``ascender_dist.config`` (``ascender_hparams``,
+``connection_hparams``, and the ``errors`` their ``validate`` methods raise); those config modules
+import nothing but each other and are copied the same way (``asd_config_*.py``). A module that
+imports anything else from ``ascender_dist`` makes the export fail, naming the import: the
+exported directory must not need the package.
 """
 
 from __future__ import annotations
@@ -19,21 +21,25 @@ import ast
 import importlib.util
 from pathlib import Path
 
+from ascender_dist.config.errors import UserError
+
 # what the Hugging Face model imports: (sub-package, module) -> names
 KERNEL_IMPORTS = {
     ("ascender", "attention"): ["ascender_attention"],
-    ("ascender", "hparams"): ["AscenderHParams"],
+    ("config", "ascender_hparams"): ["AscenderHParams"],
     ("ascender", "params"): ["AscenderHeadParams", "alibi_slopes"],
-    ("connection", "hparams"): ["ConnectionHParams"],
+    ("config", "connection_hparams"): ["ConnectionHParams"],
     ("connection", "layer"): ["ConnectionLayer", "make_fixed_slots"],
 }
 PACKAGES = {"ascender": "ascender_dist.models.ascender", "connection": "ascender_dist.models.connection",
-            "ascender_kernels": "ascender_dist.models.ascender.kernels"}  # Triton kernels (loaded lazily)
-CONFIG_ERROR_IMPORT = ("ascender_dist.config.errors", "ConfigError")
+            "ascender_kernels": "ascender_dist.models.ascender.kernels",  # Triton kernels (loaded lazily)
+            "config": "ascender_dist.config"}  # hyper-parameter dataclasses and their errors only
+# the config modules an export may carry (the rest of the config package needs the whole project)
+VENDORED_CONFIG = {"ascender_hparams", "connection_hparams", "errors"}
 
 
-class VendorError(ValueError):
-    pass
+class VendorError(UserError, ValueError):
+    """A module cannot be copied into an export on its own; ``str(e)`` names the import."""
 
 
 def flat_name(package: str, module: str) -> str:
@@ -97,12 +103,11 @@ def rewrite_module(source: str, package: str, where: str) -> tuple[str, list[tup
             continue
         indent = lines[node.lineno - 1][: node.col_offset]
         target = _target(node, package)
+        if target is not None and target[0] == "config" and target[1] not in VENDORED_CONFIG:
+            target = None  # the rest of the config package is not vendorable: rejected below
         if target is not None:
             needs.append(target)
             text = f"{indent}from .{flat_name(*target)} import {_names(node)}\n"
-        elif node.level == 0 and (node.module, [a.name for a in node.names]) == (CONFIG_ERROR_IMPORT[0],
-                                                                                   [CONFIG_ERROR_IMPORT[1]]):
-            text = f"{indent}ConfigError = ValueError  # vendored copy: no ascender_dist.config here\n"
         elif node.level > 0 or (node.module or "").split(".")[0] == "ascender_dist":
             raise VendorError(f"{where}:{node.lineno}: 'from {'.' * node.level}{node.module or ''} import "
                               f"{_names(node)}' cannot be vendored (the export must not need ascender_dist)")

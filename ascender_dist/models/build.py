@@ -56,6 +56,12 @@ def vocab_cross_entropy(logits, labels, vocab_size: int):
     return vocab_parallel_cross_entropy(logits.contiguous(), labels.contiguous())
 
 
+def poison(loss):
+    """Same graph, NaN gradients: the optimizer's non-finite check will skip this step (how a
+    step the loss guard judged bad is dropped on every rank; see training.guard)."""
+    return loss * float("nan")
+
+
 def lm_loss(model, tokens, vocab_size: int):
     """Mean next-token cross entropy of ``tokens`` [b, s+1] (inputs and shifted labels from one
     sample) over the first ``vocab_size`` ids (see :func:`vocab_cross_entropy`)."""

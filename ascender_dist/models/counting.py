@@ -3,8 +3,9 @@
 FLOPs per token follow Megatron-LM / PaLM: every weight matmul costs 2 FLOPs per parameter per
 token forward and 4 backward (6 in all), and attention scores + weighted values cost 2 * 2 * s * h
 per layer forward (x3 with backward), counted over the full s x s square like Megatron-LM
-(causal masking is not subtracted). Each layer kind adds its own terms through the registry
-(norm and bias parameters are counted as matmul parameters: a < 0.1% overcount).
+(causal masking is not subtracted). Each layer kind's terms beyond a GPT layer are here too, so
+every parameter and FLOP formula of the project lives in this one file (norm and bias parameters
+are counted as matmul parameters: a < 0.1% overcount).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from ascender_dist.config.resolve import pad_vocab_size
 from ascender_dist.config.schema import RunConfig
-from ascender_dist.models.registry import expand_layer_pattern, get_layer_kind
+from ascender_dist.config.architectures import expand_layer_pattern
 
 
 @dataclass(frozen=True)
@@ -24,18 +25,111 @@ class ModelCounts:
     flops_per_token: float  # training (forward + backward)
 
 
+def attention_params(cfg: RunConfig) -> int:
+    """QKV + output projection parameters (and biases) of one softmax-attention block."""
+    m = cfg.model
+    h = m.hidden_size
+    kv = (m.num_query_groups or m.num_attention_heads) * (h // m.num_attention_heads)
+    bias = 1 if m.add_bias_linear else 0
+    return h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h
+
+
+def attention_flops(cfg: RunConfig) -> float:
+    """Forward FLOPs per token of one softmax-attention block: its projections, then scores and
+    weighted values over the full s x s square (2 * 2 * s * h)."""
+    m = cfg.model
+    return 2 * attention_params(cfg) + 2 * 2 * m.seq_length * m.hidden_size
+
+
+def connection_param_count(hp, hidden_size: int) -> int:
+    """Trainable parameters of one unsharded layer, equal to ``sum(p.numel())`` at TP=1.
+
+    * six projections, D x D each (compression q/k/v, expansion q/k/v): ``6 * D^2``;
+    * linear connection: ``N^2`` (C includes its diagonal, as in the seed);
+    * bilinear connection: ``2 * N^2 * D * r``. The diagonal pairs (i == j) are stored in the
+      stacked [N, N, D, r] / [N, N, r, D] weights but masked to zero in use, so they are counted
+      here (this matches the stored weights and the optimizer state); the effective count is
+      ``2 * N * (N - 1) * D * r``.
+    The fixed slots are a buffer, not a parameter. Under TP each rank holds ``1/tp`` of the six
+    projections and of the bilinear weights; the linear C is replicated.
+    """
+    d, n, r = hidden_size, hp.num_slots, hp.rank
+    projections = 6 * d * d
+    if hp.connection == "linear":
+        return projections + n * n
+    return projections + 2 * n * n * d * r
+
+
 def gpt_layer_params(cfg: RunConfig) -> int:
     m = cfg.model
     h = m.hidden_size
-    head_dim = h // m.num_attention_heads
-    kv = (m.num_query_groups or m.num_attention_heads) * head_dim
     ffn = m.ffn_hidden_size or 4 * h
     bias = 1 if m.add_bias_linear else 0
-    attention = h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h
     fc1_out = 2 * ffn if m.activation == "swiglu" else ffn
     mlp = h * fc1_out + bias * fc1_out + ffn * h + bias * h
     norms = 2 * (2 * h if m.normalization == "LayerNorm" else h)
-    return attention + mlp + norms
+    return attention_params(cfg) + mlp + norms
+
+
+def ascender_extra_layer_params(cfg) -> int:
+    """U and P rows in the fused QKV projection (+ their biases) and the per-head learned tensors
+    (omega: 3 per head, or 3 per layer when shared across heads)."""
+    m, hp = cfg.model, cfg.model.ascender
+    extra_out = m.num_attention_heads * (hp.d_z + hp.d_a)
+    per_head = (0 if hp.share_omega_across_heads else 3) + (3 if hp.trainable_lambdas else 0) \
+        + (3 if hp.trainable_delta_kappa_temp else 0)
+    shared = 3 if hp.share_omega_across_heads else 0  # one omega for the whole layer
+    return (m.hidden_size * extra_out + (extra_out if m.add_bias_linear else 0)
+            + m.num_attention_heads * per_head + shared)
+
+
+def ascender_extra_layer_flops(cfg) -> float:
+    """Forward FLOPs per token per layer on top of softmax attention (documented in docs/ascender.md):
+    U/P projections; the folded Alignment+Cohesion dot product widens each score by d + d_z + 1
+    channels over the s keys; Separation's per-pair kernel on d_z + d_a dims; neighbourhood
+    search over the window (or all keys when window == 0): affinities on d_a dims, or base scores
+    on head_dim dims when the neighbours are reused from them (neighbour_source)."""
+    m, hp = cfg.model, cfg.model.ascender
+    heads, s, head_dim = m.num_attention_heads, m.seq_length, m.hidden_size // m.num_attention_heads
+    projections = 2 * m.hidden_size * heads * (hp.d_z + hp.d_a)
+    folded = 2 * s * heads * (head_dim + hp.d_z + 1) if (hp.use_align or hp.use_coh) else 0
+    separation = 2 * s * heads * (hp.d_z + hp.d_a) if hp.use_sep else 0
+    search_dim = hp.d_a if hp.neighbour_source == "affinity" else head_dim
+    neighbours = 2 * heads * search_dim * ((2 * hp.window + hp.num_global) if hp.window else s)
+    return projections + folded + separation + neighbours
+
+
+def connection_extra_layer_params(cfg) -> int:
+    """The Connection layer replaces the attention projections (QKV and output)."""
+    return connection_param_count(cfg.model.connection, cfg.model.hidden_size) - attention_params(cfg)
+
+
+def connection_extra_layer_flops(cfg) -> float:
+    """Forward FLOPs per token: six D x D projections, token<->slot scores and mixing (4 N D),
+    own-chunk causal mixing (2 c (N + D)), and max_steps reasoning steps on one prefix state per
+    chunk, amortised over the chunk's c tokens (an upper bound: converged samples stop early).
+    Minus the attention layer it replaces (QKV + output projections and the s x s scores)."""
+    m, hp = cfg.model, cfg.model.connection
+    d, n, c = m.hidden_size, hp.num_slots, min(hp.causal_chunk_size, m.seq_length)
+    step = 2 * n * n * d if hp.connection == "linear" else 2 * 2 * n * (n - 1) * d * hp.rank
+    connection = 2 * 6 * d * d + 4 * 2 * n * d + 2 * 2 * c * (n + d) + hp.max_steps * step / c
+    attention = attention_flops(cfg)
+    return connection - attention
+
+
+# per layer-kind letter (see models.registry): parameters and forward FLOPs per token beyond a GPT
+# layer of the same width (``A``, megatron's own attention layer, is that GPT layer)
+EXTRA_PARAMS = {"A": lambda cfg: 0, "S": ascender_extra_layer_params, "C": connection_extra_layer_params}
+EXTRA_FLOPS = {"A": lambda cfg: 0.0, "S": ascender_extra_layer_flops, "C": connection_extra_layer_flops}
+
+
+def layer_params(cfg: RunConfig, letter: str) -> int:
+    return gpt_layer_params(cfg) + EXTRA_PARAMS[letter](cfg)
+
+
+def mixing_flops_per_token(cfg: RunConfig) -> float:
+    """Forward FLOPs per token of the token-mixing blocks (attention, ASCender or Connection) of all layers."""
+    return float(sum(attention_flops(cfg) + EXTRA_FLOPS[letter](cfg) for letter in expand_layer_pattern(cfg)))
 
 
 def count_model(cfg: RunConfig, vocab_size: int) -> ModelCounts:
@@ -45,11 +139,11 @@ def count_model(cfg: RunConfig, vocab_size: int) -> ModelCounts:
     embedding = vocab * h + (m.seq_length * h if m.position_embedding_type == "learned_absolute" else 0)
     output = vocab * h if m.untie_embeddings_and_output_weights else 0
     final_norm = 2 * h if m.normalization == "LayerNorm" else h
-    kinds = [get_layer_kind(letter) for letter in expand_layer_pattern(cfg)]
-    layers = sum(gpt_layer_params(cfg) + kind.extra_params(cfg) for kind in kinds)
+    letters = expand_layer_pattern(cfg)
+    layers = sum(layer_params(cfg, letter) for letter in letters)
     non_embedding = layers + final_norm
     total = embedding + output + non_embedding
     gpt_layer_forward = 2 * gpt_layer_params(cfg) + 2 * 2 * m.seq_length * h
     lm_head = 2 * vocab * h  # the LM head is a matmul even when tied
-    forward = lm_head + sum(gpt_layer_forward + kind.extra_flops(cfg) for kind in kinds)
+    forward = lm_head + sum(gpt_layer_forward + EXTRA_FLOPS[letter](cfg) for letter in letters)
     return ModelCounts(total, embedding + output, non_embedding, 3.0 * forward)

@@ -24,7 +24,9 @@ from torch import nn
 
 from ascender_dist.config.resolve import Derived
 from ascender_dist.config.schema import RunConfig
-from ascender_dist.models.registry import expand_layer_pattern, get_layer_kind
+from ascender_dist.config.architectures import expand_layer_pattern
+from ascender_dist.models.build import poison
+from ascender_dist.models.registry import layer_spec
 from ascender_dist.parallel.megatron_config import to_transformer_config
 
 TIED_KEY = "embed"
@@ -70,7 +72,7 @@ class TransformerLayerPipe(nn.Module):
         local_number = global_layer_number - get_transformer_layer_offset(config)
         if not 1 <= local_number <= cfg.model.num_layers // cfg.parallel.pipeline_model_parallel_size:
             raise RuntimeError(f"layer {global_layer_number} is not on this pipeline stage")
-        self.layer = build_module(get_layer_kind(letter).spec(cfg, global_layer_number), config=config,
+        self.layer = build_module(layer_spec(letter, cfg.model, cfg.train.seed), config=config,
                                   layer_number=local_number)  # megatron adds the stage offset itself
         self.rotary = None
         if cfg.model.position_embedding_type == "rope":
@@ -133,8 +135,6 @@ class GuardedPipelineLoss:
         self.guard = guard
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        from ascender_dist.training.guard import poison
-
         loss = pipeline_loss(logits, labels, self.vocab_size)
         if self.guard is not None and torch.is_grad_enabled() and self.guard.is_bad(loss.item()):
             return poison(loss)

@@ -16,7 +16,7 @@ def params_dtype(cfg: RunConfig) -> torch.dtype:
 def to_transformer_config(cfg: RunConfig, derived: Derived):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from ascender_dist.models.registry import expand_layer_pattern
+    from ascender_dist.config.architectures import expand_layer_pattern
 
     m, p = cfg.model, cfg.parallel
     swiglu = m.activation == "swiglu"

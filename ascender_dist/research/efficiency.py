@@ -63,16 +63,8 @@ ROWS = {
 
 # ============================================================================ analytic
 
-from ascender_dist.models.specs.connection_arch import attention_params_per_layer  # noqa: E402
+from ascender_dist.models.counting import mixing_flops_per_token as attention_flops_per_token  # noqa: E402,F401
 from ascender_dist.research.ablate.launch import _status_kib  # noqa: E402
-
-def attention_flops_per_token(cfg) -> float:
-    """Forward FLOPs per token of the token-mixing blocks (attention, ASCender or Connection) of all layers."""
-    from ascender_dist.models.registry import expand_layer_pattern, get_layer_kind
-
-    m = cfg.model
-    softmax_block = 2 * attention_params_per_layer(cfg) + 2 * 2 * m.seq_length * m.hidden_size
-    return float(sum(softmax_block + get_layer_kind(letter).extra_flops(cfg) for letter in expand_layer_pattern(cfg)))
 
 
 # ============================================================================ one measurement (child)
@@ -308,9 +300,10 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--from-ablation", default=None, help="an ablation report's results.json")
     p.add_argument("--measure-one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    from ascender_dist.cli import _quiet_libraries, _user_errors
+    from ascender_dist.config.errors import UserError
+    from ascender_dist.logs import quiet_library_warnings
 
-    _quiet_libraries()
+    quiet_library_warnings()
     if args.measure_one:
         print("RESULT " + json.dumps(measure_one(json.loads(args.measure_one))), flush=True)
         return 0
@@ -335,7 +328,7 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ConfigError("--from-ablation", f"{path}: not found (an `ascender-dist ablate` results.json)")
             report = json.loads(path.read_text())
             ablation = {"source": str(path), "configs": report["tables"]["cost"]["configs"]}
-    except _user_errors() as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from tqdm import tqdm

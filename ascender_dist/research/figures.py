@@ -66,7 +66,7 @@ class LoadedModel:
     def __init__(self, directory: Path, label: Optional[str] = None):
         from ascender_dist.config.resolve import derive
         from ascender_dist.models.build import build_model
-        from ascender_dist.models.registry import expand_layer_pattern
+        from ascender_dist.config.architectures import expand_layer_pattern
         from ascender_dist.parallel.setup import init_model_parallel
         from ascender_dist.tools.convert import read_consolidated
         from ascender_dist.training.layer_stats import set_training_step
@@ -539,9 +539,10 @@ def figures_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cluster-examples", type=int, default=8, help="Table 4 / Fig. 4b: validation sequences")
     p.add_argument("--cluster-tokens", type=int, default=None, help="Table 4: tokens per sequence (default: seq_length)")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    from ascender_dist.cli import _quiet_libraries, _user_errors
+    from ascender_dist.config.errors import UserError
+    from ascender_dist.logs import quiet_library_warnings
 
-    _quiet_libraries()
+    quiet_library_warnings()
     setup_cli_logging()
     models = [(None, Path(d)) for d in args.dirs] + _parse_models(args.model)
     if not models:
@@ -551,7 +552,7 @@ def figures_main(argv: Optional[Sequence[str]] = None) -> int:
         summary = make_figures(models, Path(args.out), num_examples=args.examples, max_tokens=args.max_tokens,
                                text=args.text, layers=_ints(args.layers), heads=_ints(args.heads),
                                cluster_examples=args.cluster_examples, cluster_tokens=args.cluster_tokens)
-    except _user_errors() as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {len(summary['figure1'])} Figure 1 PNGs, Figure 4 for {sorted(summary['figure4'])}, "

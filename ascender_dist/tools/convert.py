@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.config.loader import read_yaml_file, to_dict
 from ascender_dist.config.resolve import config_from_dict, config_with_overrides
 from ascender_dist.training import checkpoint as ckpt
@@ -30,7 +30,7 @@ log = logging.getLogger("ascender_dist")
 SUPPORTED_VERSIONS = {"megatron-core": ("0.16.1",), "deepspeed": ("0.19.8",)}
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
     """A checkpoint cannot be converted; ``str(e)`` is one line naming the file and the mismatch."""
 
     def __init__(self, where, problem: str):
@@ -235,6 +235,5 @@ def reshard(consolidated_dir: Path, checkpoint_dir: Path, overrides: list[str]) 
     require_fields(meta, Path(consolidated_dir) / "meta.json", {"step": int, "data": dict})
     cfg = reshard_config(cfg, checkpoint_dir, overrides, Path(consolidated_dir) / "config.yaml")
     trainer = Trainer(cfg, init_state=state)
-    trainer.step = int(meta["step"])
     trainer.loader.load_state_dict(meta["data"])  # the LR follows from the step (training.lr_schedule)
-    trainer.save()
+    trainer.save(step=int(meta["step"]))

@@ -39,13 +39,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ascender_dist.config.errors import UserError
+
 log = logging.getLogger("ascender_dist")
 
 SIZE_ORDER = ("debug", "tiny", "small", "medium", "large", "xl")
 ARCH_ORDER = ("gpt", "ascender", "connection")
 
 
-class EvaluationError(ValueError):
+class EvaluationError(UserError, ValueError):
     """Bad input for ``evaluate``; ``str(e)`` is one line naming the run, directory or task."""
 
 
@@ -458,21 +460,6 @@ def write_report(out: Path, rows: list[dict], tasks: list[str], args: argparse.N
     return report
 
 
-def _user_errors() -> tuple:
-    from ascender_dist.config.errors import ConfigError
-    from ascender_dist.tools.convert import ConversionError
-    from ascender_dist.tools.lm_eval_adapter import AdapterError
-
-    errors = [EvaluationError, ConfigError, ConversionError, AdapterError]
-    try:
-        from data_pipeline.errors import DataError
-
-        errors.append(DataError)
-    except ImportError:
-        pass
-    return tuple(errors)
-
-
 def evaluate_main(argv: Optional[Sequence[str]] = None) -> int:
     """``ascender-dist evaluate ...``: exit 0, or 2 with one line on stderr for bad input."""
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
@@ -483,7 +470,7 @@ def evaluate_main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"wrote {Path(args.out) / 'results.json'} (validation only)", flush=True)
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except _user_errors() as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:

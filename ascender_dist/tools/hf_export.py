@@ -127,7 +127,7 @@ def standard_architecture(cfg) -> str | None:
     """gpt_neox / llama when a standard transformers class expresses the model, else None."""
     if cfg.model.architecture != "gpt":
         return None
-    from ascender_dist.models.registry import expand_layer_pattern
+    from ascender_dist.config.architectures import expand_layer_pattern
 
     if set(expand_layer_pattern(cfg)) != {"A"}:
         return None
@@ -143,7 +143,7 @@ def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool, special_ids
     from dataclasses import asdict
 
     from ascender_dist.hf.configuration_ascender_dist import AscenderDistConfig
-    from ascender_dist.models.registry import expand_layer_pattern
+    from ascender_dist.config.architectures import expand_layer_pattern
 
     m = cfg.model
     config = AscenderDistConfig(

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from ascender_dist.models.registry import expand_layer_pattern
+from ascender_dist.config.architectures import expand_layer_pattern
 from ascender_dist.tools.convert import ConversionError, read_consolidated
 
 

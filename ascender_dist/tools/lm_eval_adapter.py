@@ -28,11 +28,13 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ascender_dist.config.errors import UserError
+
 MODEL_NAME = "ascender-dist"
 EXPORT_SUBDIR = ".hf-export"
 
 
-class AdapterError(ValueError):
+class AdapterError(UserError, ValueError):
     """A model directory lm-eval cannot use; ``str(e)`` is one line."""
 
 

@@ -26,11 +26,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.architectures import expand_layer_pattern
+from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.config.resolve import pad_vocab_size, validate
 from ascender_dist.config.schema import RunConfig
-from ascender_dist.models.counting import count_model, gpt_layer_params
-from ascender_dist.models.registry import expand_layer_pattern, get_layer_kind
+from ascender_dist.models.counting import count_model, layer_params as layer_params_of
 
 GIB = 2**30
 DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded to a multiple of 128 (used when nothing else says)
@@ -188,8 +188,7 @@ def plan(cfg: RunConfig, cluster: ClusterShape, *, vocab_size: int, mfu: float =
 
     pattern = expand_layer_pattern(cfg)
     per_stage = m.num_layers // pp
-    base_layer = gpt_layer_params(cfg)
-    layer_params = {c: base_layer + get_layer_kind(c).extra_params(cfg) for c in set(pattern)}
+    layer_params = {c: layer_params_of(cfg, c) for c in set(pattern)}
     layer_act = {c: _layer_activation_bytes(cfg, c, b, act_bytes) for c in set(pattern)}
     layer_input = act_bytes * s * b * h / tau  # what full recomputation keeps per layer
 
@@ -370,17 +369,6 @@ def _vocab(cfg: RunConfig, explicit: Optional[int]) -> tuple[int, list[str]]:
     return run.size, [f"vocab size {run.size} ({run.source})"] + ([run.hint] if run.hint else [])
 
 
-def _user_errors() -> tuple[type, ...]:
-    errors: list[type] = [ConfigError]
-    try:
-        from data_pipeline.errors import DataError
-
-        errors.append(DataError)
-    except ImportError:
-        pass
-    return tuple(errors)
-
-
 def plan_main(argv: Optional[Sequence[str]] = None) -> int:
     """``ascender-dist plan ...``: print the plan; exit 2 with one line on stderr when it is
     impossible or does not fit (the table is printed first)."""
@@ -396,7 +384,7 @@ def plan_main(argv: Optional[Sequence[str]] = None) -> int:
         print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
         sys.stdout.flush()
         check_fits(result)
-    except _user_errors() as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -30,6 +30,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ascender_dist.config.errors import UserError
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1  # of the files we add next to DeepSpeed's (COMPLETE, meta.json, config.yaml, rng/)
@@ -40,8 +42,8 @@ REPLACED = ".replaced"  # suffix of a complete tag moved aside by a save of the 
 _TAG_RE = re.compile(r"^step_(\d+)$")
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint is missing, incomplete or unreadable; ``str(e)`` is one line naming it."""
 
 
 def tag_for_step(step: int) -> str:

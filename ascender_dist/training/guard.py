@@ -59,11 +59,6 @@ class LossGuard:
         self.running_mean, self.accepted_steps = state["running_mean"], state["accepted_steps"]
 
 
-def poison(loss: torch.Tensor) -> torch.Tensor:
-    """Same graph, NaN gradients: the optimizer's non-finite check will skip this step."""
-    return loss * float("nan")
-
-
 def collective_device(group=None) -> torch.device:
     """Where a tensor made for a collective must live: NCCL groups take CUDA tensors only (a CPU
     tensor raises "No backend type associated with device type cpu"), gloo groups CPU ones."""

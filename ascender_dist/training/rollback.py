@@ -16,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ascender_dist.config.errors import UserError
 
-class DivergenceError(RuntimeError):
+
+class DivergenceError(UserError, RuntimeError):
     """The run keeps diverging; ``str(e)`` is one line naming the step, the loss and the last good
     checkpoint."""
 

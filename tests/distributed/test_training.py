@@ -42,3 +42,18 @@ def test_resume_at_another_data_parallel_size_continues_the_same_losses(results,
     # same weights, optimizer moments, LR position and data; only the reduction order differs
     for got, expected in zip(value["losses"], straight[3:]):
         assert abs(got - expected) < 1e-5, (value["losses"], straight)
+    # then our own DP=1 checkpoint loads through an engine built to read native checkpoints
+    assert value["read_universal"] and value["reloaded"] and not value["reads_universal_after"]
+    assert value["step_after"] == 6 and value["val_after"] == value["val_before"]
+    # callbacks: hooks in order, the step they saw; validation every 2 steps; per-sequence losses
+    # of the last validation (2 batches of micro-batch 4, one rank) average to its loss
+    step_hooks = [("on_step_start", s) for s in (3, 4, 5)]
+    calls = [tuple(c) for c in value["fit_calls"]
+             if c[0] not in ("on_batch", "on_validation_start", "on_validation_end")]
+    assert calls[0] == ("on_train_start", 3) and calls[-2:] == [("on_save", 6), ("on_train_end", 6)], calls
+    assert [c for c in calls if c[0] == "on_step_start"] == step_hooks, calls
+    assert [c for c in calls if c[0] == "on_log"] == [("on_log", s) for s in (4, 5, 6)], calls
+    assert [c[0] for c in calls[1:4]] == ["on_step_start", "on_step_end", "on_log"], calls
+    assert [step for step, _ in value["curve"]] == [4, 6]
+    assert len(value["per_sequence"]) == 8
+    assert abs(sum(value["per_sequence"]) / 8 - value["val_after"]) < 1e-5, value

@@ -62,7 +62,7 @@ def test_tokenizer_settings_yaml_is_type_checked(tmp_path, text_file, capsys):
                                         ("vocab_size: .inf\n", ":vocab_size: expected int"),
                                         ("vocab_size: true\n", ":vocab_size: expected int"),
                                         ("vocab_size: 300\nmodel_type: [bpe]\n", ":model_type: expected str"),
-                                        ("1: 2\nfoo: 3\n", "unknown keys")]):
+                                        ("1: 2\nfoo: 3\n", "unknown key")]):
         cfg = tmp_path / f"tok{i}.yaml"
         cfg.write_text(text)
         assert main(["--quiet", "train-tokenizer", "--input", str(text_file), "--out-prefix", str(tmp_path / "t"),

@@ -338,7 +338,7 @@ def test_write_report_from_synthetic_records(tmp_path):
 
 def test_attention_flops_are_softmax_blocks_plus_registered_extras():
     from ascender_dist.config.resolve import config_from_dict
-    from ascender_dist.models.specs.ascender_arch import ascender_extra_layer_flops
+    from ascender_dist.models.counting import ascender_extra_layer_flops
     from ascender_dist.research import efficiency
 
     raw = {"model": {"preset": "debug", "vocab_size": 512}}

@@ -13,7 +13,7 @@ Public API:
 from .attention import ascender_attention
 from .common import set_aux_loss_scale
 from .fast import fast_attention
-from .hparams import AscenderHParams
+from ascender_dist.config.ascender_hparams import AscenderHParams
 from .params import AscenderHeadParams
 from .reference import AscenderResult, reference_attention
 

@@ -33,7 +33,7 @@ import torch
 
 from .common import AttachAuxLoss
 from .fast import fast_attention
-from .hparams import AscenderHParams
+from ascender_dist.config.ascender_hparams import AscenderHParams
 from .params import ALIGN, COH, SEP, AscenderHeadParams
 from .reference import reference_attention
 

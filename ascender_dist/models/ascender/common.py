@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .hparams import AscenderHParams
+from ascender_dist.config.ascender_hparams import AscenderHParams
 
 
 def safe_sqrt(x: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from .hparams import AscenderHParams
+from ascender_dist.config.ascender_hparams import AscenderHParams
 
 ALIGN, SEP, COH = 0, 1, 2
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import safe_sqrt, total_variation, variance_denominator
-from .hparams import AscenderHParams
+from ascender_dist.config.ascender_hparams import AscenderHParams
 from .params import ALIGN, COH, SEP, AscenderHeadParams
 
 NAMES = ("align", "sep", "coh")

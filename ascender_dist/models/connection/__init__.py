@@ -5,7 +5,8 @@ The hyper-parameters import without torch (the config schema embeds them); the l
 load torch on first access.
 """
 
-from ascender_dist.models.connection.hparams import ConnectionHParams, connection_param_count
+from ascender_dist.config.connection_hparams import ConnectionHParams
+from ascender_dist.models.counting import connection_param_count
 
 _LAYER_SYMBOLS = ("TP_SHARD_DIM", "ConnectionLayer", "ReasoningStats", "make_fixed_slots", "shard_state_dict")
 

@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ascender_dist.models.connection.hparams import ConnectionHParams
+from ascender_dist.config.connection_hparams import ConnectionHParams
 
 CommFn = Callable[[Tensor], Tensor]
 

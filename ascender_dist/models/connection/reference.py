@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor
 
-from ascender_dist.models.connection.hparams import ConnectionHParams
+from ascender_dist.config.connection_hparams import ConnectionHParams
 
 
 def weights_from_layer(layer) -> dict[str, Tensor]:

@@ -1,4 +1,4 @@
-"""Registry entries of every layer kind and architecture. The megatron wiring modules they point
-to (``specs/ascender.py``, ``specs/connection.py``) are imported only when a model is built."""
-
-from ascender_dist.models.specs import ascender_arch, connection_arch, gpt  # noqa: F401
+"""megatron-core wiring of each layer kind: ``norm`` (megatron's local GPT layer with a TP-safe
+norm, kind ``A``), ``ascender`` (kind ``S``), ``connection`` (kind ``C``), and ``block`` (one
+spec per layer from ``model.layer_pattern``). :mod:`ascender_dist.models.registry` maps the letters
+to these builders."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ascender_dist.models.registry import expand_layer_pattern, get_layer_kind
+from ascender_dist.config.architectures import expand_layer_pattern
+from ascender_dist.models.registry import layer_spec
 
 
 def block_spec(cfg, transformer_config):
@@ -15,6 +16,6 @@ def block_spec(cfg, transformer_config):
     pattern = expand_layer_pattern(cfg)
     offset = get_transformer_layer_offset(transformer_config)
     count = get_num_layers_to_build(transformer_config)
-    specs = [get_layer_kind(letter).spec(cfg, offset + i + 1) for i, letter in enumerate(pattern[offset:offset + count])]
+    specs = [layer_spec(letter, cfg.model, cfg.train.seed) for letter in pattern[offset:offset + count]]
     # the final norm is the same norm class every layer uses (megatron's local spec backend)
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=specs[0].submodules.input_layernorm)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union, get_args, get_origin, get_type_hints
 
 
-from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.errors import ConfigError, UserError
 
 
 log = logging.getLogger("ascender_dist")
@@ -27,7 +27,7 @@ DATA_ORDER_PATHS = ("data.", "model.seq_length", "train.global_batch_size")
 RESULT = "result.json"
 
 
-class AblationError(RuntimeError):
+class AblationError(UserError, RuntimeError):
     """A run failed; ``str(e)`` is one line naming the run and its log."""
 
 

@@ -22,6 +22,8 @@ import torch
 import yaml
 
 
+from ascender_dist.training.callbacks import Callback
+
 from .collect import _load_record
 from .grid import RESULT, AblationError, Grid, Variant, run_config, run_dir
 
@@ -94,7 +96,7 @@ def validation_documents(cfg, tokenizer, indices: Sequence[int]) -> Optional[lis
     import dataclasses
     from types import SimpleNamespace
 
-    from ascender_dist.training.trainer import build_loader
+    from ascender_dist.training.run import build_loader
 
     if tokenizer is None or getattr(tokenizer, "eos_id", None) is None or not indices:
         return None
@@ -109,40 +111,14 @@ def validation_documents(cfg, tokenizer, indices: Sequence[int]) -> Optional[lis
     return [blocks[i] for i in indices]
 
 
-def validation_curve(tensorboard_dir: Path) -> list[list[float]]:
-    """``[[step, val loss], ...]`` the trainer logged every ``train.eval_interval`` steps (TensorBoard)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+class ValidationLosses(Callback):
+    """``(step, loss)`` of every validation the trainer runs during ``fit`` (``train.eval_interval``)."""
 
-    if not Path(tensorboard_dir).exists():
-        return []
-    acc = EventAccumulator(str(tensorboard_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    if "val/loss" not in acc.Tags().get("scalars", []):
-        return []
-    return [[int(e.step), float(e.value)] for e in acc.Scalars("val/loss")]
+    def __init__(self):
+        self.curve: list[tuple[int, float]] = []
 
-
-def _per_sequence_hooks(wrapper, out: list) -> list:
-    """Hooks that append each validation sequence's mean next-token loss to ``out``.
-
-    ``wrapper`` is the engine's module (``forward(tokens [b, s+1])`` -> mean loss, ``.model`` -> logits
-    [b, s, v/tp]): a pre-hook keeps the labels of the batch, a hook on the model turns its logits into
-    per-token losses with the trainer's own ``vocab_cross_entropy`` (same normalisation as the loss)."""
-    from ascender_dist.models.build import vocab_cross_entropy
-
-    labels: dict = {}
-
-    def keep_labels(module, args):
-        labels["now"] = args[0][:, 1:]  # [b, s]
-
-    def per_sequence(module, args, logits):
-        # a copy: megatron's vocab-parallel cross entropy works in place on the logits it is given,
-        # and the trainer's own loss is computed from these logits after this hook returns
-        losses = vocab_cross_entropy(logits.detach().clone(), labels["now"].to(logits.device),
-                                     wrapper.vocab_size)  # [b, s]
-        out.extend(losses.float().mean(dim=1).cpu().tolist())
-
-    return [wrapper.register_forward_pre_hook(keep_labels), wrapper.model.register_forward_hook(per_sequence)]
+    def on_validation_end(self, trainer, loss: float) -> None:
+        self.curve.append((int(trainer.step), float(loss)))
 
 
 def _connection_hooks(model, stats: dict) -> list:
@@ -190,64 +166,42 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     from ascender_dist.config import load_config
     from ascender_dist.config.loader import to_dict
     from ascender_dist.models.counting import count_model
-    from ascender_dist.training.trainer import Trainer, build_loader
+    from ascender_dist.training.callbacks import DataDigest, PerSequenceValidationLosses, Throughput
+    from ascender_dist.training.trainer import Trainer
 
     from .provenance import run_provenance
 
     cfg = load_config(config_path)
-    t_start = time.perf_counter()
-    trainer = Trainer(cfg)
-    setup_s = time.perf_counter() - t_start
-    if trainer.step:
-        raise AblationError(f"{cfg.output_dir}: resumed at step {trainer.step}; an ablation run must start fresh")
     if cfg.parallel.pipeline_model_parallel_size > 1:
         raise AblationError(f"{config_path}: ablate collects per-sequence losses from the model's output; "
                             "pipeline_model_parallel_size must be 1")
-    step_times: list[float] = []
-    original_step = trainer.train_step
-
-    def timed_step(batches, log_layers=False):
-        start = time.perf_counter()
-        values = original_step(batches, log_layers=log_layers)
-        step_times.append(time.perf_counter() - start)
-        return values
-
-    digest = hashlib.sha256()
-    original_batches = trainer._batches
-
-    def hashed_batches():
-        def gen(it):
-            for item in it:
-                if isinstance(item, dict):
-                    digest.update(item["tokens"].numpy().tobytes())
-                yield item
-        return gen(original_batches())
-
-    trainer.train_step = timed_step
-    trainer._batches = hashed_batches
+    t_start = time.perf_counter()
+    digest, per_sequence, curve = DataDigest(), PerSequenceValidationLosses(), ValidationLosses()
+    trainer = Trainer(cfg, callbacks=[digest, per_sequence, curve])
+    setup_s = time.perf_counter() - t_start
+    if trainer.step:
+        raise AblationError(f"{cfg.output_dir}: resumed at step {trainer.step}; an ablation run must start fresh")
+    step_times = next(cb for cb in trainer.callbacks if isinstance(cb, Throughput)).step_times
     rss_before = _status_kib("VmRSS")
     peak_resettable = _reset_peak_rss()
     t_fit = time.perf_counter()
     losses = trainer.fit()
     fit_s = time.perf_counter() - t_fit
     train_peak = _status_kib("VmHWM")
-    trainer.metrics.flush()
+    val_curve = list(curve.curve)  # the train.eval_interval validations, before the final one
 
-    # final validation: Trainer.validate over eval_iters batches, per-sequence losses from a hook
-    if trainer.val_loader is None:
-        trainer.val_loader = build_loader(cfg, trainer.tokenizer, trainer.pstate, split="val")
-    available = len(trainer.val_loader)
-    iters = available if eval_iters == "all" else min(int(eval_iters or cfg.train.eval_iters), available)
-    cfg.train.eval_iters = iters
-    per_example: list[float] = []
-    hooks = _per_sequence_hooks(trainer.engine.module, per_example)
+    # final validation over eval_iters batches per rank; per-sequence losses from the callback
+    if eval_iters == "all":
+        eval_iters = 1 << 62  # validate clips it to the batches there are
     connection_stats: dict = {}
-    hooks += _connection_hooks(trainer.engine.module, connection_stats)
+    hooks = _connection_hooks(trainer.engine.module, connection_stats)
     t_val = time.perf_counter()
-    val_loss = trainer.validate()
+    val_loss = trainer.validate(int(eval_iters or cfg.train.eval_iters))
     val_s = time.perf_counter() - t_val
     for hook in hooks:
         hook.remove()
+    iters = min(int(eval_iters or cfg.train.eval_iters), len(trainer.val_loader))
+    per_example = per_sequence.losses
     dp_group = mps.get_data_parallel_group()
     example_losses, example_index = order_validation(_gather(per_example, dp_group), cfg.train.micro_batch_size)
     rank_digests = _gather(digest.hexdigest())  # every rank hashes the tokens it read
@@ -261,7 +215,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     steady = step_times[2:] if len(step_times) > 3 else step_times
     median_step = float(np.median(steady)) if steady else float("nan")
     tail = max(1, len(losses) // 10)
-    from ascender_dist.models.registry import expand_layer_pattern
+    from ascender_dist.config.architectures import expand_layer_pattern
 
     data_sha = rank_digests[0] if len(rank_digests) == 1 else hashlib.sha256("".join(rank_digests).encode()).hexdigest()
     result = {
@@ -271,7 +225,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         "val_loss": float(val_loss), "val_batches": iters, "val_sequences": len(example_losses),
         "val_example_losses": example_losses, "val_example_index": example_index,
         "val_example_documents": validation_documents(cfg, trainer.tokenizer, example_index),
-        "val_curve": validation_curve(trainer.derived.tensorboard_dir) if cfg.logging.tensorboard else [],
+        "val_curve": [[step, loss] for step, loss in val_curve],
         "final_train_loss": float(np.mean(losses[-tail:])) if losses else None,
         "train_losses": [float(x) for x in losses],
         "steps": len(losses), "tokens": len(losses) * tokens_per_step,

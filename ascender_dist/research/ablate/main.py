@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
-from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.logs import setup_cli_logging
 
 from .collect import collect_records
@@ -84,9 +84,9 @@ def dry_run(grid, launcher: Launcher) -> None:
 
 
 def _child_main(args) -> int:
-    from ascender_dist.cli import _quiet_libraries
+    from ascender_dist.logs import quiet_library_warnings
 
-    _quiet_libraries()
+    quiet_library_warnings()
     setup_cli_logging()
     eval_iters = args.eval_iters
     if eval_iters is not None and eval_iters != "all":
@@ -104,10 +104,6 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: a grid file is required (configs/ablations/*.yaml)", file=sys.stderr)
         return 2
     setup_cli_logging()
-    try:
-        from data_pipeline.errors import DataError
-    except ImportError:  # pragma: no cover
-        DataError = ConfigError  # type: ignore
     try:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError:
@@ -140,7 +136,7 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
                   "re-run them on one commit, or pass --allow-mixed-commits", file=sys.stderr)
             return 2
         write_report(grid, records, n_resamples=args.n_resamples, n_permutations=args.n_resamples)
-    except (ConfigError, DataError, AblationError) as exc:
+    except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {grid.report_dir}/results.md, results.json, pareto.png, ablation.png, curves.png")

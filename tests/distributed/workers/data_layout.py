@@ -16,12 +16,12 @@ def loader_config(args):
 
 def _batches(args) -> dict:
     from ascender_dist.parallel.setup import init_model_parallel, init_process_group
-    from ascender_dist.training.trainer import _tokenizer, build_loader
+    from ascender_dist.training.run import build_loader, load_tokenizer
 
     init_process_group()
     cfg = loader_config(args)
     pstate = init_model_parallel(2, 1, seed=1)
-    it = iter(build_loader(cfg, _tokenizer(cfg), pstate))
+    it = iter(build_loader(cfg, load_tokenizer(cfg), pstate))
     per_step = cfg.train.global_batch_size // (cfg.train.micro_batch_size * pstate.dp_size)
     mine = torch.cat([next(it)["tokens"] for _ in range(STEPS * per_step)])  # [STEPS * G / dp, s+1]
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]

@@ -7,10 +7,28 @@ from tests.helpers.data import tiny_run_config
 from tests.helpers.multiproc import run_checks
 
 
-def _trainer(data, out: Path, **sections):
+def _trainer(data, out: Path, callbacks=(), **sections):
     from ascender_dist.training.trainer import Trainer
 
-    return Trainer(config_from_dict(tiny_run_config(data, out, **sections)))
+    return Trainer(config_from_dict(tiny_run_config(data, out, **sections)), callbacks=callbacks)
+
+
+def _hook_recorder():
+    from ascender_dist.training.callbacks import Callback
+
+    class Recorder(Callback):
+        def __init__(self):
+            self.calls = []
+
+        def __getattribute__(self, name):
+            if name.startswith("on_"):
+                self.calls.append((name, object.__getattribute__(self, "_step")()))
+            return object.__getattribute__(self, name)
+
+        def _step(self):
+            return self.trainer.step if hasattr(self, "trainer") else None
+
+    return Recorder()
 
 
 def resume_matches_straight_run(data, root: Path, zero_stage: int, n: int = 3) -> dict:
@@ -50,9 +68,25 @@ def resume_at_dp1(args):
     data, root = args["data"], Path(args["root"])
 
     def leg(stage):
+        from ascender_dist.training.callbacks import PerSequenceValidationLosses, ValidationCurve
+
+        recorder, per_sequence, curve = _hook_recorder(), PerSequenceValidationLosses(), ValidationCurve(2)
         trainer = _trainer(data, root / f"dpchange_z{stage}", parallel={"zero_stage": stage},
-                           train={"train_steps": 6})
+                           train={"train_steps": 6}, callbacks=[recorder, per_sequence, curve])
+        recorder.trainer = trainer
         start = trainer.step
-        return {"start": start, "losses": trainer.fit()}
+        losses = trainer.fit()
+        fit_calls = list(recorder.calls)
+        # a later load of our own checkpoint (what a rollback does) goes through an engine that reads
+        # native checkpoints: the one fit just saved gives back the same weights
+        from ascender_dist.training.checkpoint import tag_for_step
+
+        before = trainer.validate(2)
+        read_universal = trainer.engine.load_universal_checkpoint()
+        reloaded = trainer.resume(tag_for_step(6))
+        return {"start": start, "losses": losses, "read_universal": read_universal, "reloaded": reloaded,
+                "reads_universal_after": trainer.engine.load_universal_checkpoint(), "step_after": trainer.step,
+                "val_before": before, "val_after": trainer.validate(2), "fit_calls": fit_calls,
+                "curve": curve.curve, "per_sequence": per_sequence.losses}
 
     return run_checks({f"resume_dp1_zero{stage}": (lambda stage=stage: leg(stage)) for stage in DP_CHANGE_STAGES})

@@ -23,7 +23,7 @@ from ..fast import (
     SMALL, _aux, _Call, _count_denom, _input_grads, _moved_stats, _operands, _row_inputs, _rows, _scatter_row_grads,
     _Spec, _store_rows, _swap_last_two, _tiles, chunk_bounds, neighbours, search_vectors,
 )
-from ..hparams import AscenderHParams
+from ascender_dist.config.ascender_hparams import AscenderHParams
 from ..params import AscenderHeadParams
 from ..reference import AscenderResult
 from .launch import Ops, attention_col_grads, attention_forward, attention_row_grads, kernel_arg_floor, row_stats

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ascender_dist.config.errors import ConfigError
+
 CONNECTION_TYPES = ("linear", "bilinear")
 STOP_GRANULARITIES = ("sample", "slot")
 SLOT_INITS = ("orthogonal",)
@@ -59,9 +61,6 @@ class ConnectionHParams:
 
     def validate(self, prefix: str, hidden_size: int, tensor_parallel_size: int = 1) -> None:
         """Raise ConfigError naming ``{prefix}.field`` for the first inconsistent value."""
-        # Imported here: the config schema imports this module, and a top-level import of the
-        # config package from here would close an import cycle when this package loads first.
-        from ascender_dist.config.errors import ConfigError
 
         def fail(field: str, message: str) -> None:
             raise ConfigError(f"{prefix}.{field}" if prefix else field, message)
@@ -100,22 +99,3 @@ class ConnectionHParams:
                                       f"parallel size {tp}")
         if self.connection == "bilinear" and self.rank % tp:
             fail("rank", f"must be divisible by tensor parallel size {tp} (got {self.rank})")
-
-
-def connection_param_count(hp: ConnectionHParams, hidden_size: int) -> int:
-    """Trainable parameters of one unsharded layer, equal to ``sum(p.numel())`` at TP=1.
-
-    * six projections, D x D each (compression q/k/v, expansion q/k/v): ``6 * D^2``;
-    * linear connection: ``N^2`` (C includes its diagonal, as in the seed);
-    * bilinear connection: ``2 * N^2 * D * r``. The diagonal pairs (i == j) are stored in the
-      stacked [N, N, D, r] / [N, N, r, D] weights but masked to zero in use, so they are counted
-      here (this matches the stored weights and the optimizer state); the effective count is
-      ``2 * N * (N - 1) * D * r``.
-    The fixed slots are a buffer, not a parameter. Under TP each rank holds ``1/tp`` of the six
-    projections and of the bilinear weights; the linear C is replicated.
-    """
-    d, n, r = hidden_size, hp.num_slots, hp.rank
-    projections = 6 * d * d
-    if hp.connection == "linear":
-        return projections + n * n
-    return projections + 2 * n * n * d * r

@@ -1,0 +1,89 @@
+"""The architectures and layer kinds a config may name, as data, and the checks that go with them.
+
+A *layer kind* (one letter) is a transformer layer variant: ``A`` megatron's own attention layer,
+``S`` ASCender attention, ``C`` the Connection layer in place of attention. An *architecture* is
+a default ``model.layer_pattern`` over those letters; its presets are in :mod:`.presets`. How a
+letter becomes a megatron layer is :mod:`ascender_dist.models.registry`; what it costs in
+parameters and FLOPs is :mod:`ascender_dist.models.counting`. Adding a layer type means one
+entry in each of those tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ascender_dist.config.errors import ConfigError
+
+LAYER_KINDS = {"A": "softmax attention", "S": "ASCender attention", "C": "Connection layer"}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    default_pattern: str
+    required_letter: str  # the pattern must use this architecture's own layer at least once
+
+
+ARCHITECTURES = {
+    "gpt": Architecture("gpt", default_pattern="A", required_letter="A"),
+    "ascender": Architecture("ascender", default_pattern="S", required_letter="S"),
+    # attention and Connection layers alternate
+    "connection": Architecture("connection", default_pattern="AC", required_letter="C"),
+}
+
+
+def get_architecture(name: str) -> Architecture:
+    if name not in ARCHITECTURES:
+        raise ConfigError("model.architecture", f"unknown architecture {name!r}; known: {', '.join(ARCHITECTURES)}")
+    return ARCHITECTURES[name]
+
+
+def expand_layer_pattern(cfg) -> str:
+    """The pattern repeated to one letter per layer: 'AC' with 4 layers -> 'ACAC'."""
+    pattern = cfg.model.layer_pattern or get_architecture(cfg.model.architecture).default_pattern
+    return (pattern * (cfg.model.num_layers // len(pattern) + 1))[: cfg.model.num_layers]
+
+
+def check_layer_pattern(cfg) -> None:
+    m = cfg.model
+    arch = get_architecture(m.architecture)
+    pattern = m.layer_pattern or arch.default_pattern
+    unknown = sorted(set(pattern) - set(LAYER_KINDS))
+    if not pattern or unknown:
+        legend = ", ".join(f"{letter}={description}" for letter, description in LAYER_KINDS.items())
+        raise ConfigError("model.layer_pattern", f"letters must be from {legend} (got {pattern!r})")
+    if m.num_layers % len(pattern):
+        raise ConfigError("model.layer_pattern",
+                          f"length {len(pattern)} of {pattern!r} must divide model.num_layers={m.num_layers}")
+    if arch.required_letter not in pattern:
+        raise ConfigError("model.layer_pattern",
+                          f"architecture {m.architecture!r} needs at least one {arch.required_letter!r} layer "
+                          f"(got {pattern!r})")
+
+
+def check_ascender_hparams(cfg) -> None:
+    m = cfg.model
+    if "S" not in expand_layer_pattern(cfg):
+        return
+    m.ascender.validate("model.ascender", m.hidden_size // m.num_attention_heads)
+    if not m.ascender.causal:
+        raise ConfigError("model.ascender.causal", "must be true: the model is a causal decoder (a bidirectional "
+                          "ASCender would let every position read the tokens it must predict)")
+    if m.attention_dropout:
+        raise ConfigError("model.attention_dropout", "ASCender attention has no attention dropout; set 0.0")
+
+
+def check_connection_hparams(cfg) -> None:
+    m = cfg.model
+    if "C" not in expand_layer_pattern(cfg):
+        return
+    m.connection.validate("model.connection", m.hidden_size, cfg.parallel.tensor_model_parallel_size)
+    if not m.connection.causal:
+        raise ConfigError("model.connection.causal", "must be true: the model is a causal decoder")
+    if cfg.parallel.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel", "not supported with Connection layers ('C' in the pattern)")
+
+
+# Pattern check, then every layer kind's checks: each validates its own hyperparameters whenever
+# the pattern uses its letter (so a connection model with ASCender layers checks both)
+ARCHITECTURE_CHECKS = (check_layer_pattern, check_ascender_hparams, check_connection_hparams)

@@ -1,0 +1,233 @@
+"""Trainer callbacks: what a run measures and records, separate from the loop that trains.
+
+The Trainer calls every callback, in list order, at these points (names as in Lightning and
+OLMo-core), so a new measurement is a new callback instead of a patch of the Trainer:
+
+  on_train_start(trainer)                 before the first step of ``fit``
+  on_batch(trainer, item)                 each loader item the training loop reads (micro-batches)
+  on_step_start(trainer)                  before each optimizer step (``trainer.step`` is the last done)
+  on_step_end(trainer, values)            after it (``trainer.step`` counts it); add scalars to ``values``
+  on_validation_start(trainer)            before each validation pass
+  on_validation_end(trainer, loss)        after it, with the mean loss
+  on_log(trainer, values)                 the step's scalars, complete (validation included)
+  on_rollback(trainer)                    after a rollback to an earlier checkpoint
+  on_save(trainer, tag)                   after a checkpoint is complete on every rank
+  on_exception(trainer, error)            the run stops with ``error`` (re-raised afterwards)
+  on_train_end(trainer)                   ``fit`` finished (after its last save)
+
+Every rank runs every callback: a callback that gathers over ranks may; one that writes files
+checks ``trainer.pstate.is_logging_rank``. The default list of a run is :func:`default_callbacks`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Optional
+
+
+class Callback:
+    """Base class: every hook does nothing; override the ones you need."""
+
+    def on_train_start(self, trainer) -> None:
+        pass
+
+    def on_batch(self, trainer, item) -> None:
+        pass
+
+    def on_step_start(self, trainer) -> None:
+        pass
+
+    def on_step_end(self, trainer, values: dict) -> None:
+        pass
+
+    def on_validation_start(self, trainer) -> None:
+        pass
+
+    def on_validation_end(self, trainer, loss: float) -> None:
+        pass
+
+    def on_log(self, trainer, values: dict) -> None:
+        pass
+
+    def on_rollback(self, trainer) -> None:
+        pass
+
+    def on_save(self, trainer, tag: str) -> None:
+        pass
+
+    def on_exception(self, trainer, error: BaseException) -> None:
+        pass
+
+    def on_train_end(self, trainer) -> None:
+        pass
+
+
+def overrides(callback: Callback, hook: str) -> bool:
+    """Whether ``callback`` defines ``hook`` itself (so the Trainer skips per-item hooks nobody uses)."""
+    return getattr(type(callback), hook) is not getattr(Callback, hook)
+
+
+class LayerStats(Callback):
+    """Per-layer statistics (ASCender omegas, Connection steps; see :mod:`.layer_stats`) on the steps
+    that print a console line: switched on before the step, gathered over TP/PP after it."""
+
+    def __init__(self, log_interval: int):
+        self.log_interval = log_interval
+        self.collecting = False
+
+    def on_step_start(self, trainer) -> None:
+        from ascender_dist.training.layer_stats import set_collect_stats
+
+        self.collecting = (trainer.step + 1) % self.log_interval == 0
+        set_collect_stats(trainer.engine.module, self.collecting)
+
+    def on_step_end(self, trainer, values: dict) -> None:
+        from megatron.core import parallel_state as mps
+
+        from ascender_dist.training.layer_stats import gather_layer_stats, set_collect_stats
+
+        set_collect_stats(trainer.engine.module, False)
+        if self.collecting:
+            values.update(gather_layer_stats(trainer.engine.module, mps.get_tensor_model_parallel_group(),
+                                             mps.get_pipeline_model_parallel_group()))
+
+
+class Throughput(Callback):
+    """``train/tokens_per_s``, ``train/step_time_s`` (wall clock of the optimizer step),
+    ``train/tflops_per_device`` and ``train/mfu`` (see :func:`.metrics.throughput`); keeps every step's
+    seconds in ``step_times``."""
+
+    def __init__(self, tokens_per_step: int, flops_per_token: float, world_size: int, peak_tflops):
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.world_size = world_size
+        self.peak_tflops = peak_tflops
+        self.step_times: list[float] = []
+        self._start = 0.0
+
+    def on_step_start(self, trainer) -> None:
+        self._start = time.perf_counter()
+
+    def on_step_end(self, trainer, values: dict) -> None:
+        from ascender_dist.training.metrics import throughput
+
+        elapsed = time.perf_counter() - self._start
+        self.step_times.append(elapsed)
+        values["train/tokens_per_s"] = self.tokens_per_step / elapsed
+        values["train/step_time_s"] = elapsed
+        values.update(throughput(self.flops_per_token, values["train/tokens_per_s"], self.world_size,
+                                 self.peak_tflops))
+
+
+class MetricLogging(Callback):
+    """Scalars to TensorBoard / Weights & Biases and the console line, through a
+    :class:`.metrics.MetricLogger` (which writes only on the logging rank)."""
+
+    def __init__(self, metrics, log_interval: int, train_steps: int):
+        self.metrics = metrics
+        self.log_interval = log_interval
+        self.train_steps = train_steps
+        self._pending: Optional[dict] = None  # the step's scalars until they are logged
+
+    def on_step_end(self, trainer, values: dict) -> None:
+        self._pending = values
+
+    def on_log(self, trainer, values: dict) -> None:
+        self._pending = None
+        self.metrics.scalars(trainer.step, values)
+        if trainer.step % self.log_interval == 0 or trainer.step == self.train_steps:
+            self.metrics.line(trainer.step, self.train_steps, {k: v for k, v in values.items() if "/layer" not in k})
+
+    def on_rollback(self, trainer) -> None:
+        self.metrics.scalars(trainer.step, {"train/rollbacks": float(trainer.rollbacks)})
+
+    def on_exception(self, trainer, error: BaseException) -> None:
+        from ascender_dist.training.rollback import DivergenceError
+
+        if isinstance(error, DivergenceError) and self._pending is not None:  # the losses that ended the run
+            self.metrics.scalars(trainer.step, self._pending)
+            self._pending = None
+        self.metrics.flush()
+
+    def on_train_end(self, trainer) -> None:
+        self.metrics.close()
+
+
+class PerSequenceValidationLosses(Callback):
+    """The loss of every validation sequence of the latest validation pass (``losses``, in loader
+    order on this rank): the same per-token cross entropy as the run's loss (over the tokenizer's
+    ids, :func:`~ascender_dist.models.build.vocab_cross_entropy`), averaged over each sequence.
+    Reads the tokens going into the engine's module and the logits its GPTModel returns (PP=1)."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+        self._hooks = []
+        self._tokens = None
+
+    def on_validation_start(self, trainer) -> None:
+        self.losses = []
+        language_model = trainer.engine.module  # forward(tokens [b, s+1]) -> mean loss
+        self._hooks = [language_model.register_forward_pre_hook(self._keep_tokens),
+                       language_model.model.register_forward_hook(self._sequence_losses(language_model.vocab_size))]
+
+    def _keep_tokens(self, module, args) -> None:
+        self._tokens = args[0]
+
+    def _sequence_losses(self, vocab_size: int):
+        def hook(module, args, logits) -> None:  # logits [b, s, v/tp]
+            from ascender_dist.models.build import vocab_cross_entropy
+
+            labels = self._tokens[:, 1:]  # [b, s]
+            # a copy: megatron's cross entropy works in place on the logits the run's own loss reads next
+            per_token = vocab_cross_entropy(logits.detach().clone(), labels, vocab_size)  # [b, s]
+            self.losses.extend(per_token.float().mean(dim=1).cpu().tolist())
+        return hook
+
+    def on_validation_end(self, trainer, loss: float) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks, self._tokens = [], None
+
+    def on_exception(self, trainer, error: BaseException) -> None:
+        self.on_validation_end(trainer, float("nan"))
+
+
+class ValidationCurve(Callback):
+    """Validate every ``every`` steps (independently of ``train.eval_interval``) and keep
+    ``(step, loss)`` in ``curve``; the same validation batches each time."""
+
+    def __init__(self, every: int):
+        if every < 1:
+            raise ValueError(f"ValidationCurve: every must be >= 1 (got {every})")
+        self.every = every
+        self.curve: list[tuple[int, float]] = []
+
+    def on_step_end(self, trainer, values: dict) -> None:
+        if trainer.step % self.every == 0:
+            self.curve.append((trainer.step, trainer.validate()))
+
+
+class DataDigest(Callback):
+    """SHA-256 over the token bytes of every training item read, in order: two runs with equal
+    digests saw the same data."""
+
+    def __init__(self):
+        self.digest = hashlib.sha256()
+
+    def on_batch(self, trainer, item) -> None:
+        if isinstance(item, dict):
+            self.digest.update(item["tokens"].numpy().tobytes())
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+def default_callbacks(cfg, world_size: int, metrics, flops_per_token: float,
+                      peak_tflops: Optional[float]) -> list[Callback]:
+    """A run's measurements, in the order they add scalars: layer statistics, throughput, logging."""
+    return [
+        LayerStats(cfg.logging.log_interval),
+        Throughput(cfg.train.global_batch_size * cfg.model.seq_length, flops_per_token, world_size, peak_tflops),
+        MetricLogging(metrics, cfg.logging.log_interval, cfg.train.train_steps),
+    ]

@@ -1,0 +1,143 @@
+"""Everything a run needs before its first step, built in order by :func:`build_run`.
+
+Order (each a separate step): process group, tokenizer and derived sizes, megatron model-parallel
+groups and seeds (:mod:`ascender_dist.parallel.setup`), data loaders (sharded by data-parallel
+rank), checkpoint folder and the tag to resume from, engine (:mod:`ascender_dist.training.engine`),
+callbacks (:mod:`ascender_dist.training.callbacks`). The :class:`~.trainer.Trainer` runs the loop
+over a :class:`Run`; tools that need the engine without the loop can use the Run alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch.distributed as dist
+
+from ascender_dist.config.loader import to_dict
+from ascender_dist.config.resolve import Derived, derive
+from ascender_dist.config.schema import RunConfig
+from ascender_dist.models.ascender.common import set_aux_loss_scale
+from ascender_dist.models.counting import count_model
+from ascender_dist.parallel.setup import ParallelState, init_model_parallel, init_process_group
+from ascender_dist.training import checkpoint as ckpt
+from ascender_dist.training.callbacks import Callback, default_callbacks
+from ascender_dist.training.engine import build_engine
+from ascender_dist.training.guard import LossGuard
+from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device
+from ascender_dist.training.weights import pad_vocab, read_weights_file
+
+log = logging.getLogger("ascender_dist")
+
+
+def load_tokenizer(cfg: RunConfig):
+    """The run's sentencepiece tokenizer, or None when the config names none (sizes from model.vocab_size)."""
+    from data_pipeline.tokenizer import Tokenizer
+
+    return Tokenizer.load(Path(cfg.data.tokenizer)) if cfg.data.tokenizer else None
+
+
+def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = "train"):
+    """Sharded by DATA-parallel rank: tensor/pipeline peers of one replica read identical batches."""
+    from data_pipeline.loader import StreamingLoader
+
+    d = cfg.data
+    source = [(m.manifest, m.weight) for m in d.mixture] if d.mixture else d.manifest
+    return StreamingLoader(
+        source,
+        seq_length=cfg.model.seq_length,
+        micro_batch_size=cfg.train.micro_batch_size,
+        global_batch_size=cfg.train.global_batch_size,
+        dp_rank=pstate.dp_rank,
+        dp_size=pstate.dp_size,
+        seed=cfg.train.seed,
+        split=split,
+        num_workers=d.num_workers,
+        shuffle_buffer=d.shuffle_buffer,
+        url_template=d.url_template,
+        tokenizer_sha256=tokenizer.sha256 if tokenizer else None,
+        vocab_size=tokenizer.vocab_size if tokenizer else cfg.model.vocab_size,
+        on_corrupt=d.on_corrupt,
+    )
+
+
+def aux_loss_gradient_scale(gradient_accumulation_steps: int, tensor_parallel: int) -> float:
+    """Gradient of ASCender's auxiliary losses relative to a task loss of 1: DeepSpeed divides the
+    task loss of every micro-batch by the accumulation steps, and each tensor-parallel rank's aux
+    loss is a mean over its own heads only, so summed over TP ranks it would count tp times
+    (tests/distributed/test_model_parity.py compares TP=2 with one process)."""
+    return 1.0 / (gradient_accumulation_steps * tensor_parallel)
+
+
+@dataclass
+class Run:
+    """A run ready to train: what :func:`build_run` made, in the order it made it."""
+
+    cfg: RunConfig
+    tokenizer: Any
+    derived: Derived
+    pstate: ParallelState
+    loader: Any
+    val_loader: Any  # None without train.eval_interval
+    guard: LossGuard
+    resume_tag: Optional[str]  # the tag to resume from (a universal copy after a data-parallel change)
+    engine: Any
+    metrics: MetricLogger
+    callbacks: list[Callback] = field(default_factory=list)
+
+
+def resume_tag_for_layout(directory: Path, pstate: ParallelState) -> str:
+    """The latest tag, or its universal copy when the data-parallel size changed since it was saved
+    (tensor and pipeline sizes must match; change those with consolidate + reshard)."""
+    tag = ckpt.latest_tag(directory)
+    meta = ckpt.read_meta(directory, tag)
+    saved_dp = meta.get("data_parallel_size", pstate.dp_size)
+    if saved_dp == pstate.dp_size:
+        return tag
+    saved = (meta.get("tensor_model_parallel_size"), meta.get("pipeline_model_parallel_size"))
+    if saved != (pstate.tp_size, pstate.pp_size):
+        from ascender_dist.config.errors import ConfigError
+
+        raise ConfigError("parallel", f"{directory / tag} was saved at tp x pp = {saved[0]} x {saved[1]}; resuming "
+                          f"at {pstate.tp_size} x {pstate.pp_size} needs `ascender-dist consolidate` then `reshard`")
+    if pstate.is_logging_rank:
+        log.info("data-parallel size changed %d -> %d: resuming through a universal checkpoint",
+                 saved_dp, pstate.dp_size)
+    return ckpt.ensure_universal(directory, tag)
+
+
+def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
+              callbacks: Sequence[Callback] = ()) -> Run:
+    """Set up a run (collective: every rank calls it). ``init_state``: canonical full weights to
+    start from (else ``checkpoint.init_from``, else random init); ignored when a checkpoint to resume
+    from exists. ``callbacks`` run after the default ones (layer statistics, throughput, logging)."""
+    init_process_group()
+    tokenizer = load_tokenizer(cfg)
+    derived = derive(cfg, dist.get_world_size(), tokenizer.vocab_size if tokenizer else None)
+    p = cfg.parallel
+    set_aux_loss_scale(aux_loss_gradient_scale(derived.gradient_accumulation_steps, p.tensor_model_parallel_size))
+    pstate = init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size, cfg.train.seed)
+    loader = build_loader(cfg, tokenizer, pstate)
+    val_loader = build_loader(cfg, tokenizer, pstate, split="val") if cfg.train.eval_interval else None
+    ckpt.prepare_checkpoint_dir(derived.checkpoint_dir)
+    resuming = cfg.checkpoint.auto_resume and ckpt.latest_tag(derived.checkpoint_dir) is not None
+    if init_state is None and cfg.checkpoint.init_from and not resuming:
+        init_state = read_weights_file(cfg.checkpoint.init_from)
+    if init_state is not None:
+        init_state = pad_vocab(init_state, derived.padded_vocab_size)
+    guard = LossGuard(spike_factor=cfg.train.loss_spike_factor, initial_loss=math.log(derived.vocab_size))
+    resume_tag = resume_tag_for_layout(derived.checkpoint_dir, pstate) if resuming else None
+    universal = resume_tag is not None and resume_tag.endswith("-universal")
+    engine = build_engine(cfg, derived, init_state, guard, load_universal=universal)
+    vocab = cfg.model.vocab_size or (tokenizer.vocab_size if tokenizer else derived.padded_vocab_size)
+    metrics = MetricLogger(derived.tensorboard_dir if cfg.logging.tensorboard else None,
+                           enabled=pstate.is_logging_rank, wandb=cfg.logging.wandb,
+                           run_dir=derived.output_dir, run_name=cfg.name, run_config=to_dict(cfg))
+    defaults = default_callbacks(cfg, pstate.world_size, metrics, count_model(cfg, vocab).flops_per_token,
+                                 peak_tflops_per_device(cfg.logging.peak_tflops_per_device))
+    return Run(cfg=cfg, tokenizer=tokenizer, derived=derived, pstate=pstate, loader=loader, val_loader=val_loader,
+               guard=guard, resume_tag=resume_tag, engine=engine, metrics=metrics,
+               callbacks=defaults + list(callbacks))

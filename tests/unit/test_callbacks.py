@@ -1,0 +1,150 @@
+"""Trainer callbacks on a stand-in trainer (the hook order of a real Trainer is checked in
+tests/distributed/test_training.py)."""
+
+import hashlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from ascender_dist.training.callbacks import (Callback, DataDigest, MetricLogging, PerSequenceValidationLosses,
+                                              Throughput, ValidationCurve, overrides)
+from ascender_dist.training.rollback import DivergenceError
+
+
+class FakeMetrics:
+    def __init__(self):
+        self.scalars_calls, self.lines, self.flushed, self.closed = [], [], 0, 0
+
+    def scalars(self, step, values):
+        self.scalars_calls.append((step, dict(values)))
+
+    def line(self, step, total, values):
+        self.lines.append((step, total, dict(values)))
+
+    def flush(self):
+        self.flushed += 1
+
+    def close(self):
+        self.closed += 1
+
+
+def test_overrides_tells_a_defined_hook_from_the_base_one():
+    assert overrides(DataDigest(), "on_batch") and not overrides(DataDigest(), "on_step_end")
+    assert not overrides(Callback(), "on_batch")
+
+
+def test_throughput_adds_rates_from_the_measured_seconds(monkeypatch):
+    clock = iter([10.0, 12.5])
+    monkeypatch.setattr("ascender_dist.training.callbacks.time.perf_counter", lambda: next(clock))
+    cb = Throughput(tokens_per_step=1000, flops_per_token=6e9, world_size=2, peak_tflops=1.0)
+    values = {"train/loss": 3.0}
+    cb.on_step_start(None)
+    cb.on_step_end(None, values)
+    assert cb.step_times == [2.5]
+    assert values["train/step_time_s"] == 2.5 and values["train/tokens_per_s"] == 400.0
+    achieved = 6e9 * 400.0 / 2 / 1e12  # FLOPs/token x tokens/s per device, in TFLOP/s
+    assert values["train/tflops_per_device"] == pytest.approx(achieved) and values["train/mfu"] == pytest.approx(achieved)
+
+
+def test_metric_logging_lines_on_the_interval_and_the_last_step():
+    metrics = FakeMetrics()
+    cb = MetricLogging(metrics, log_interval=5, train_steps=7)
+    for step in range(1, 8):
+        trainer = SimpleNamespace(step=step, rollbacks=0)
+        values = {"train/loss": float(step), "ascender/layer1/omega": 1.0}
+        cb.on_step_end(trainer, values)
+        cb.on_log(trainer, values)
+    assert [s for s, _ in metrics.scalars_calls] == list(range(1, 8))
+    assert [s for s, _, _ in metrics.lines] == [5, 7]
+    assert all("ascender/layer1/omega" not in v for _, _, v in metrics.lines)  # per-layer: TensorBoard only
+    cb.on_rollback(SimpleNamespace(step=4, rollbacks=1))
+    assert metrics.scalars_calls[-1] == (4, {"train/rollbacks": 1.0})
+    cb.on_train_end(None)
+    assert metrics.closed == 1
+
+
+def test_metric_logging_writes_the_losses_that_ended_a_diverged_run():
+    metrics = FakeMetrics()
+    cb = MetricLogging(metrics, log_interval=1, train_steps=9)
+    trainer = SimpleNamespace(step=3)
+    cb.on_step_end(trainer, {"train/loss": float("nan")})
+    cb.on_exception(trainer, DivergenceError("step 3"))
+    assert metrics.scalars_calls[0][0] == 3 and metrics.flushed == 1
+    other = FakeMetrics()
+    cb = MetricLogging(other, log_interval=1, train_steps=9)
+    cb.on_step_end(trainer, {"train/loss": 1.0})
+    cb.on_exception(trainer, KeyboardInterrupt())
+    assert other.scalars_calls == [] and other.flushed == 1
+
+
+class Logits(nn.Module):
+    """Stands in for GPTModel: logits [b, s, v] that favour token (input + 1) % v."""
+
+    def forward(self, inputs):
+        return 4.0 * nn.functional.one_hot((inputs + 1) % 5, 5).double()
+
+
+class LanguageModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model, self.vocab_size = Logits(), 5
+
+    def forward(self, tokens):  # tokens [b, s+1]
+        return self.model(tokens[:, :-1])
+
+
+def test_per_sequence_validation_losses_cover_one_pass_and_unhook(monkeypatch):
+    def reference(logits, labels, vocab_size):  # float64 cross entropy per token, [b, s]
+        return nn.functional.cross_entropy(logits[..., :vocab_size].transpose(1, 2), labels, reduction="none")
+
+    def in_place_like_megatron(logits, labels, vocab_size):  # and overwrites its input, as megatron's does
+        losses = reference(logits, labels, vocab_size)
+        logits.zero_()
+        return losses
+
+    monkeypatch.setattr("ascender_dist.models.build.vocab_cross_entropy", in_place_like_megatron)
+    module = LanguageModel()
+    trainer = SimpleNamespace(engine=SimpleNamespace(module=module))
+    cb = PerSequenceValidationLosses()
+    module(torch.tensor([[0, 1, 2]]))  # before validation: not collected
+    cb.on_validation_start(trainer)
+    one_hot = 4.0 * torch.eye(5, dtype=torch.float64)[None, :1]  # logits [1, 1, 5] favouring id 0
+    hit, miss = (reference(one_hot, torch.tensor([[label]]), 5).item() for label in (0, 1))
+    batch = torch.tensor([[0, 1, 2], [0, 3, 2]])  # sequence 1: both predicted; sequence 2: none
+    assert torch.equal(module(batch), Logits()(batch[:, :-1]))  # the run's own loss reads intact logits
+    module(torch.tensor([[4, 0, 0]]))  # first predicted, second not
+    cb.on_validation_end(trainer, 0.0)
+    module(torch.tensor([[0, 1, 2]]))  # after: not collected
+    assert cb.losses == pytest.approx([hit, miss, (hit + miss) / 2])
+    assert cb._hooks == [] and not module._forward_pre_hooks and not module.model._forward_hooks
+    cb.on_validation_start(trainer)  # a new pass starts a new list
+    module(torch.tensor([[1, 2, 3]]))
+    cb.on_validation_end(trainer, 0.0)
+    assert cb.losses == pytest.approx([hit])
+
+
+def test_validation_curve_every_n_steps():
+    calls = []
+    trainer = SimpleNamespace(step=0, validate=lambda: calls.append(trainer.step) or 1.0 / trainer.step)
+    cb = ValidationCurve(every=3)
+    for step in range(1, 8):
+        trainer.step = step
+        cb.on_step_end(trainer, {})
+    assert cb.curve == [(3, 1 / 3), (6, 1 / 6)] and calls == [3, 6]
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        ValidationCurve(0)
+
+
+def test_data_digest_is_the_sha256_of_the_token_bytes_in_order():
+    a = torch.arange(6, dtype=torch.int64).reshape(2, 3)
+    b = torch.arange(6, 12, dtype=torch.int64).reshape(2, 3)
+    cb = DataDigest()
+    for item in ({"tokens": a}, {"tokens": b}):
+        cb.on_batch(None, item)
+    assert cb.hexdigest() == hashlib.sha256(a.numpy().tobytes() + b.numpy().tobytes()).hexdigest()
+    swapped = DataDigest()
+    for item in ({"tokens": b}, {"tokens": a}):
+        swapped.on_batch(None, item)
+    assert swapped.hexdigest() != cb.hexdigest()
