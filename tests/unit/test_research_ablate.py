@@ -364,3 +364,19 @@ def test_efficiency_table_renders_rows_and_ablation_throughput():
     md = efficiency.render([row], ablation, {"preset": "debug", "batch": 8, "vocab": 512, "threads": 1})
     assert "| gpt | 1,000 | 1e+05 | 9e+04 | 1e+06 | 12.5 | 1000 | 4.0 |" in md
     assert "| gpt | 3 | 900 ± 10 | 0.200 | 600 |" in md
+
+
+def test_equal_flops_grid_gives_each_variant_the_steps_of_the_reference_budget():
+    from ascender_dist.models.counting import count_model
+
+    grid = ablate.load_grid(REPO / "configs" / "ablations" / "architectures-equal-flops.yaml")
+    assert grid.budget.startswith("equal training FLOPs") and "steps per variant" in grid.budget
+    per_run = {}
+    for v in grid.variants:
+        cfg = ablate.run_config(grid, v, grid.seeds[0])
+        step = count_model(cfg, 2048).flops_per_token * cfg.train.global_batch_size * cfg.model.seq_length
+        per_run[v.name] = (step * cfg.train.train_steps, step)
+    budget = per_run["gpt"][0]
+    for name, (total, step) in per_run.items():
+        assert abs(total - budget) <= step / 2 + 1e-6 * budget, name  # within half a step of the budget
+    assert ablate.load_grid(REPO / "configs" / "ablations" / "architectures.yaml").budget == "equal training tokens"
