@@ -2,6 +2,8 @@
 
     ascender-dist ablate configs/ablations/bias.yaml [--set train.train_steps=50] [--seeds 1,2]
                          [--only gpt,ascender] [--jobs 2] [--threads 1] [--report-only] [--dry-run]
+                         [--ranks 8] [--hostfile FILE | --slurm] [--allow-mixed-commits]
+    ascender-dist tables benchmarks/results/research/bias          (rebuild a report, no training)
     python -m ascender_dist.research.ablate configs/ablations/bias.yaml      (the same)
 
 A grid file (``configs/ablations/*.yaml``)::
@@ -25,6 +27,8 @@ A grid file (``configs/ablations/*.yaml``)::
     standalone:                       # extra variants NOT crossed with the axes (e.g. a GPT baseline
       gpt: {model.architecture: gpt}  #   next to a grid over ASCender options)
     eval_iters: 32                    # validation micro-batches of the final val loss ("all": whole split)
+    ranks: 1                          # ranks per run (per node with --hostfile / --slurm)
+    equal_flops_of: gpt               # optional: steps per variant for equal training FLOPs
     runs_dir: runs/ablations/bias     # run directories (checkpoints, logs): large, not committed
     report_dir: runs/ablations/bias/report   # results.{json,md} and the figures
 
@@ -41,21 +45,23 @@ An axis that changes the data (``data.*``, ``model.seq_length``, ``train.global_
 the pairing: the report says so. The validation split is read unshuffled, so every run scores the
 same validation sequences in the same order (the per-example comparison relies on it).
 
-**Runs.** Each (variant, seed) is one ``python -m ascender_dist.research.ablate --run-one`` process on
-one rank (RANK=0, WORLD_SIZE=1, gloo on CPU): ``Trainer(cfg).fit()``, then ``Trainer.validate()`` over
-``eval_iters`` validation batches while a forward hook keeps each sequence's loss. A run whose
-``result.json`` exists is skipped (resumable); a run directory without one is wiped and run again.
-Recorded: final val loss (and per-sequence val losses), the train loss of every step, tokens/s (median
-step time after the first two steps), parameter count, analytic FLOPs/token, peak RSS, the learned
-ASCender ``omega`` per layer and head, and the data hash.
+**Runs.** Each (variant, seed) is started through the ``deepspeed`` launcher, as training is
+(``launch.py``: ``--ranks`` per node, GPUs when CUDA is present, ``--hostfile``, ``--slurm``), running
+``run_entry.py --run-one`` on every rank: ``Trainer(cfg).fit()`` with callbacks that time the steps,
+hash the training tokens and keep the validation curve, then ``Trainer.validate()`` over ``eval_iters``
+batches while a callback keeps each sequence's loss; rank 0 gathers them in validation order with a
+document id per window and writes ``result.json`` (with its provenance: git commit, dirty flag,
+command, versions, config and data hashes). A run whose ``result.json`` exists is skipped (resumable);
+a run directory without one is wiped and run again. ``--dry-run`` lists every run with its cost from
+``plan`` and its launch command.
 
-**Report.** ``results.md`` / ``results.json``: the metric per variant as mean +- std with the paired
-bootstrap CI, approximate-randomisation p and Cohen's d_z against the baseline
-(:func:`ascender_dist.research.tables.results_table`), the same against every ``compare_to`` reference,
-a per-example comparison (validation sequences as the resampling unit, losses averaged over seeds), the
-final train loss, and cost columns. Figures: ``pareto.png`` (Fig. 2: val loss vs training FLOPs and vs
-measured throughput, Pareto front), ``ablation.png`` (Fig. 3: differences with CIs) and ``curves.png``
-(unsmoothed train loss per step, mean over seeds).
+**Report** (``report.py``). ``results.md`` / ``results.json`` / ``per_sequence.npz`` and the figures:
+the metric per variant as mean +- std, the paired t interval and t-test over seeds with Holm over each
+table (every seed's value and paired difference below 10 seeds), per-sequence comparisons resampling
+whole documents, cost, omega and Connection reasoning tables; ``pareto.png``, ``ablation.png``,
+``curves.png`` and ``connection.png``. ``ascender-dist tables DIR`` rebuilds them from the committed
+files. Records of more than one commit are refused unless ``--allow-mixed-commits`` (then the first
+line says so).
 """
 
 from .collect import aggregate, collect_records, cost_table, data_pairing, omega_table, per_example_table  # noqa: F401
