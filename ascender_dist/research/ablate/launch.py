@@ -124,8 +124,8 @@ class ValidationLosses(Callback):
 def _connection_hooks(model, stats: dict) -> list:
     """Hooks on every Connection layer that count, over the validation pass, the reasoning steps each
     reasoning state took (a histogram over 0..max_steps) and the token load of each slot (the
-    compression weights summed over tokens). ``stats``: {layer number: {"steps_hist", "slot_load",
-    "max_steps"}}."""
+    compression weights summed over tokens). ``stats``: {Connection layer index from 1: {"steps_hist",
+    "slot_load", "max_steps"}}."""
     hooks = []
     layers = [m for m in model.modules() if hasattr(m, "slot_loads") and hasattr(m, "last_stats")]
     for number, layer in enumerate(layers, start=1):

@@ -139,7 +139,7 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {grid.report_dir}/results.md, results.json, pareto.png, ablation.png, curves.png")
+    print(f"wrote {grid.report_dir}/results.md, results.json, per_sequence.npz and the figures")
     return 0
 
 
@@ -163,5 +163,5 @@ def tables_main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if full.get("mixed_commits"):
         print(full["mixed_commits"].strip("*"), file=sys.stderr)
-    print(f"wrote {directory}/results.md, results.json, pareto.png, ablation.png, curves.png")
+    print(f"wrote {directory}/results.md, results.json and the figures")
     return 0
