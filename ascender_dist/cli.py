@@ -203,6 +203,7 @@ _DELEGATED = {
     "ablate": ("ascender_dist.research.ablate", "ablate_main"),
     "figures": ("ascender_dist.research.figures", "figures_main"),
     "efficiency": ("ascender_dist.research.efficiency", "efficiency_main"),
+    "tables": ("ascender_dist.research.ablate.main", "tables_main"),
 }
 
 

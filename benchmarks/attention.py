@@ -4,7 +4,8 @@ Batch 1, 8 heads, head dim 64, causal, d_z = d_a = 32, k = 16, window 128 + 4 gl
 defaults of AscenderHParams). Implementations:
 
     sdpa       torch scaled_dot_product_attention(is_causal=True) on q, k, v
-    seed       the seed's reference code as written (seed_reference.py), causal mask applied last
+    seed       the seed's reference code as written (benchmarks/seed_reference.py; its Alignment gathers
+               k_hat_i, the query's own key, so its top-k is unused), causal mask applied last
     reference  our dense reference (reference.py), causal statistics
     fast       our chunked fast path (fast.py), causal statistics, the default path on CPU
 
@@ -64,7 +65,7 @@ def _layer(impl: str, n: int, device: str = "cpu", dtype: str = "float32"):
     import torch.nn.functional as F
 
     from ascender_dist.models.ascender import AscenderHeadParams, AscenderHParams, ascender_attention
-    from ascender_dist.models.ascender.seed_reference import seed_attention, seed_params
+    from seed_reference import seed_attention, seed_params  # benchmarks/, this script's directory
 
     g = torch.Generator().manual_seed(0)
     to = dict(device=device, dtype=getattr(torch, dtype))
@@ -239,10 +240,9 @@ def write_results(points: list[dict], lengths: list[int], args) -> None:
 
 
 def plot(points: list[dict], lengths: list[int]) -> None:
-    import matplotlib
+    from ascender_dist.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # one line naming the research extra when matplotlib is missing
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for impl in IMPLS:

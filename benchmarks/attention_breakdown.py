@@ -119,10 +119,9 @@ def write_results(points: list[dict]) -> None:
 
 
 def plot(points: list[dict]) -> None:
-    import matplotlib
+    from ascender_dist.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # one line naming the research extra when matplotlib is missing
 
     lengths = sorted({p["n"] for p in points})
     fig, ax = plt.subplots(figsize=(8, 4.2))

@@ -334,10 +334,10 @@ def report(points, meta, args, main_kind, write: bool):
 
 
 def plot(ns, t_att, t_con, t_lin, by, args, main_kind):
-    import matplotlib
+    from ascender_dist.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # one line naming the research extra when matplotlib is missing
+    import matplotlib
 
     fig, (ax, am) = plt.subplots(1, 2, figsize=(11, 4.2))
     ax.loglog(ns, [t * 1e3 for t in t_att], "o-", label="causal attention (SDPA)")

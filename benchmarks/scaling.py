@@ -694,10 +694,9 @@ def reading(saved: dict, points: list) -> list[str]:
 
 
 def plot(points, ckpts):
-    import matplotlib
+    from ascender_dist.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # one line naming the research extra when matplotlib is missing
 
     groups = []
     for q in points:

@@ -16,10 +16,11 @@ or on ``--text``.
   labels. The maps come from the dense reference (:func:`ascender_dist.models.ascender.reference_attention`)
   applied to the inputs the trained layer's core attention actually received (a forward pre-hook);
   its output is checked against the layer's own output (the fast path) before anything is drawn.
-* **Figure 4** (``fig4_<label>_omega.png``): learned ``ω_align / ω_sep / ω_coh`` per layer x head,
-  averaged over the label's directories (seeds), and (``fig4_<label>_mass_moved.png``) the share of
-  attention mass each bias moves per layer x head (total-variation distance between the attention
-  rows with and without that bias, averaged over the examples and seeds).
+* **Figure 4** (``fig4_<label>_omega.png``): learned ``ω_align / ω_sep / ω_coh`` per head, one row per
+  (directory = seed, layer): head ``h`` of one seed and head ``h`` of another are unrelated, so nothing
+  is averaged by head index; and (``fig4_<label>_mass_moved.png``) the share of attention mass each bias
+  moves per head, same rows (total-variation distance between the attention rows with and without that
+  bias, averaged over the examples).
 * **Table 4** (``table4_clusters.{md,json}``): cluster quality of attention-induced token groups against
   lexical pseudo-labels (:mod:`ascender_dist.research.clusters`). Per model, example and attention
   layer (ASCender or softmax): the head-averaged attention map is split into groups (spectral clustering
@@ -243,10 +244,9 @@ def token_strings(cfg, ids: Sequence[int]) -> tuple[list[str], list[str]]:
 # ============================================================================ plotting
 
 def _plt():
-    import matplotlib
+    from ascender_dist.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # one line naming the research extra when matplotlib is missing
 
     return plt
 
@@ -303,29 +303,33 @@ def plot_decomposition(maps: dict, labels: list[str], path: Path, title: str, he
     plt.close(fig)
 
 
-def plot_head_heatmaps(values: np.ndarray, stds: Optional[np.ndarray], layer_numbers: list[int], path: Path,
+def plot_head_heatmaps(values: np.ndarray, stds: Optional[np.ndarray], layer_numbers: Sequence, path: Path,
                        title: str, panel_names: Sequence[str]) -> None:
-    """Figure 4: values [layers, heads, len(panel_names)] as one annotated heatmap per panel."""
+    """Figure 4: values [rows, heads, len(panel_names)] as one annotated heatmap per panel; a row is a
+    layer (int: "layer n") or any labelled row (str, e.g. "seed 2, layer 1")."""
     plt = _plt()
     L, H, P = values.shape
-    fig, axes = plt.subplots(1, P, figsize=(P * (0.55 * H + 1.6), 0.5 * L + 1.6), squeeze=False)
+    fig, axes = plt.subplots(1, P, figsize=(P * (0.55 * H + 1.6) + 1.0, 0.5 * L + 1.6), squeeze=False,
+                             layout="constrained")
+    lo, hi = float(np.nanmin(values)), float(np.nanmax(values))  # one colour scale: panels are compared
+    mid = (lo + hi) / 2
     for p in range(P):
         ax = axes[0][p]
-        image = ax.imshow(values[:, :, p], cmap="viridis", aspect="auto")
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
+        image = ax.imshow(values[:, :, p], cmap="viridis", aspect="auto", vmin=lo, vmax=hi)
         for i in range(L):
             for j in range(H):
                 text = f"{values[i, j, p]:.3f}"
                 if stds is not None:
                     text += f"\n±{stds[i, j, p]:.3f}"
-                ax.text(j, i, text, ha="center", va="center", fontsize=6, color="w")
+                ax.text(j, i, text, ha="center", va="center", fontsize=6,
+                        color="k" if values[i, j, p] > mid else "w")  # dark text on the light end of viridis
         ax.set_xticks(range(H))
         ax.set_xticklabels([f"h{j}" for j in range(H)], fontsize=7)
         ax.set_yticks(range(L))
-        ax.set_yticklabels([f"layer {n}" for n in layer_numbers], fontsize=7)
+        ax.set_yticklabels([n if isinstance(n, str) else f"layer {n}" for n in layer_numbers], fontsize=7)
         ax.set_title(panel_names[p], fontsize=8)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.colorbar(image, ax=list(axes[0]), fraction=0.02, pad=0.02)
     fig.savefig(path, dpi=140)
     plt.close(fig)
 
@@ -456,23 +460,22 @@ def make_figures(models: Sequence[tuple[Optional[str], Path]], out_dir: Path, *,
         numbers = sorted(set.intersection(*[set(e["omega"]) for e in entries])) if entries[0]["omega"] else []
         if not numbers:
             continue
+        # head h of one seed and head h of another are unrelated: one row per (seed, layer), never a mean
         omega = np.stack([np.stack([e["omega"][n] for n in numbers]) for e in entries])  # [seeds, L, H, 3]
-        om_mean, om_std = omega.mean(0), (omega.std(0, ddof=1) if len(entries) > 1 else None)
+        rows = [f"run {i + 1}, layer {n}" for i in range(len(entries)) for n in numbers]
         path = out_dir / f"fig4_{_safe(label)}_omega.png"
-        plot_head_heatmaps(om_mean, om_std, numbers, path,
-                           f"Figure 4: learned ω per layer × head, {label}, mean"
-                           f"{' ± std' if om_std is not None else ''} over {len(entries)} seed(s)",
+        plot_head_heatmaps(omega.reshape(-1, *omega.shape[2:]), None, rows, path,  # [seeds*L, H, 3]
+                           f"Figure 4: learned ω per head, {label}, one row per run (seed) and layer",
                            [f"ω_{b}" for b in BIASES])
         fig4 = {"omega_png": str(path), "layers": numbers, "n_seeds": len(entries),
-                "omega_mean": om_mean.tolist(), "omega_std": None if om_std is None else om_std.tolist(),
-                "dirs": [e["record"]["dir"] for e in entries]}
+                "omega_per_run": omega.tolist(), "dirs": [e["record"]["dir"] for e in entries]}
         if all(set(numbers) <= set(e["mass_moved"]) for e in entries):
-            mm = np.stack([np.stack([e["mass_moved"][n] for n in numbers]) for e in entries])
+            mm = np.stack([np.stack([e["mass_moved"][n] for n in numbers]) for e in entries])  # [seeds, L, H, 3]
             mpath = out_dir / f"fig4_{_safe(label)}_mass_moved.png"
-            plot_head_heatmaps(mm.mean(0), None, numbers, mpath,
-                               f"Figure 4b: attention mass moved by each bias (TV distance), {label}, "
-                               f"mean over examples and {len(entries)} seed(s)", [f"mass moved: {b}" for b in BIASES])
-            fig4.update(mass_moved_png=str(mpath), mass_moved_mean=mm.mean(0).tolist())
+            plot_head_heatmaps(mm.reshape(-1, *mm.shape[2:]), None, rows, mpath,
+                               f"Figure 4b: attention mass moved by each bias (TV distance), {label}, mean over "
+                               "examples, one row per run (seed) and layer", [f"mass moved: {b}" for b in BIASES])
+            fig4.update(mass_moved_png=str(mpath), mass_moved_per_run=mm.tolist())
         summary["figure4"][label] = fig4
     # ---- Table 4
     if cluster_records:

@@ -53,16 +53,20 @@ def _group(rows: Sequence[dict], metric: str, config_key: str, seed_key: str,
     return groups
 
 
+PER_SEED_BELOW = 10  # below this many seeds every seed's value and paired difference is listed
+
+
 def results_table(rows: Sequence[dict], baseline: str, metric: str, *, config_key: str = "config",
                   seed_key: str = "seed", n_resamples: int = 10_000, n_permutations: int = 10_000,
                   confidence: float = 0.95, seed: int = 0, digits: int = 4) -> tuple[str, dict]:
     """One metric across configurations: mean +- std, and a paired comparison with ``baseline``.
 
     Each configuration is paired with the baseline on the seeds both ran (same seed = same init and data
-    order); for those pairs the table gives the mean difference ``config - baseline`` with its paired
-    bootstrap CI, the approximate-randomisation p-value and Cohen's d_z (Hedges' g in the JSON).
-    A configuration with fewer than two seeds, or fewer than two seeds shared with the baseline, gets
-    ``n/a`` and a ``note`` instead of raising. Returns ``(markdown, json_obj)``.
+    order); for those pairs the table gives the mean difference ``config - baseline`` with its paired t
+    interval, the paired t-test p, that p Holm-adjusted over the comparisons of this table, and Cohen's
+    d_z (Hedges' g and the randomisation p in the JSON). Below ``PER_SEED_BELOW`` seeds a second table
+    lists every seed's value and its paired difference. A configuration with fewer than two seeds
+    shared with the baseline gets ``n/a`` and a ``note`` instead of raising. Returns ``(markdown, json_obj)``.
     """
     groups = _group(rows, metric, config_key, seed_key)
     if baseline not in groups:
@@ -75,6 +79,9 @@ def results_table(rows: Sequence[dict], baseline: str, metric: str, *, config_ke
         values = np.array(list(runs.values()))
         entry = {"config": cfg, "n": int(values.size), "seeds": list(runs), "mean": float(values.mean()),
                  "std": float(values.std(ddof=1)) if values.size >= 2 else None,
+                 "per_seed": {str(s): v for s, v in runs.items()},
+                 "per_seed_difference": ({str(s): runs[s] - base[s] for s in runs if s in base}
+                                         if cfg != baseline else None),
                  "comparison": None, "note": None}
         notes = []
         if values.size < 2:
@@ -84,7 +91,7 @@ def results_table(rows: Sequence[dict], baseline: str, metric: str, *, config_ke
             if len(shared) >= 2:
                 cmp = stats.compare_paired([base[s] for s in shared], [runs[s] for s in shared],
                                            n_resamples=n_resamples, n_permutations=n_permutations,
-                                           confidence=confidence, seed=seed)
+                                           confidence=confidence, seed=seed, interval="t")
                 raw[cfg] = cmp
                 entry["comparison"] = {k: _finite_or_none(v) for k, v in cmp.to_dict().items()}
                 entry["comparison"]["paired_seeds"] = shared
@@ -94,29 +101,54 @@ def results_table(rows: Sequence[dict], baseline: str, metric: str, *, config_ke
                 notes.append(f"{len(shared)} seed(s) shared with baseline: no paired test")
         entry["note"] = "; ".join(notes) or None
         entries.append(entry)
+    compared = [e for e in entries if e["comparison"]]
+    for e, p_adj in zip(compared, stats.holm([e["comparison"]["p_value"] for e in compared])):
+        e["comparison"]["p_holm"] = p_adj
+    holm_m = len(compared)
 
     pct = f"{confidence * 100:g}%"
-    lines = [f"| config | n | {metric} mean ± std | Δ vs {baseline} [{pct} CI] | p | d_z |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [f"| config | n | {metric} mean ± std | Δ vs {baseline} [{pct} paired t CI] | p (paired t) "
+             f"| p Holm (m={holm_m}) | d_z |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for e in entries:
         c = raw.get(e["config"])
         if e["config"] == baseline:
-            delta, p, dz = "(baseline)", "", ""
+            delta, p, ph, dz = "(baseline)", "", "", ""
         elif c is None:
-            delta, p, dz = "n/a", "n/a", "n/a"
+            delta, p, ph, dz = "n/a", "n/a", "n/a", "n/a"
         else:
             delta = f"{_fmt(c.mean_diff, digits)} [{_fmt(c.ci_low, digits)}, {_fmt(c.ci_high, digits)}]"
-            p, dz = _fmt(c.p_value, 3), _fmt(c.cohens_dz, 3)
+            p, ph, dz = _fmt(c.p_value, 3), _fmt(e["comparison"]["p_holm"], 3), _fmt(c.cohens_dz, 3)
         lines.append(f"| {e['config']} | {e['n']} | {_fmt(e['mean'], digits)} ± {_fmt(e['std'], digits)} "
-                     f"| {delta} | {p} | {dz} |")
+                     f"| {delta} | {p} | {ph} | {dz} |")
     notes = [f"{e['config']}: {e['note']}" for e in entries if e["note"]]
     md = "\n".join(lines)
     if notes:
         md += "\n\n" + "\n".join(f"- {n}" for n in notes)
+    all_seeds = list(dict.fromkeys(s for e in entries for s in e["seeds"]))
+    if len(all_seeds) < PER_SEED_BELOW:
+        md += "\n\n" + _per_seed_markdown(entries, all_seeds, metric, baseline, digits)
     obj = {"metric": metric, "baseline": baseline, "difference": "config - baseline",
+           "interval": f"paired t interval ({pct}) over seeds", "test": "paired t-test over seeds",
+           "multiple_comparisons": f"Holm over the {holm_m} comparisons of this table",
            "confidence": confidence, "n_resamples": n_resamples, "n_permutations": n_permutations,
            "seed": seed, "configs": entries}
     return md + "\n", obj
+
+
+def _per_seed_markdown(entries: list[dict], seeds: list, metric: str, baseline: str, digits: int) -> str:
+    """Every seed's value and, in parentheses, its paired difference to the baseline's same seed."""
+    head = "| config | " + " | ".join(f"seed {s}" for s in seeds) + " |"
+    lines = [f"Per seed: {metric} (Δ vs {baseline}, same seed)", "", head, "|---|" + "---:|" * len(seeds)]
+    for e in entries:
+        cells = []
+        for s in seeds:
+            v = e["per_seed"].get(str(s))
+            d = (e["per_seed_difference"] or {}).get(str(s))
+            cell = _fmt(v, digits) if v is not None else "—"
+            cells.append(cell + (f" ({d:+.{digits}g})" if d is not None else ""))
+        lines.append(f"| {e['config']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def summary_table(rows: Sequence[dict], metrics: Sequence[str], *, config_key: str = "config",

@@ -27,10 +27,9 @@ def _connection_layers(model) -> list:
 
 def _heatmap(matrix: torch.Tensor, path: Path, title: str, xlabel: str, ylabel: str,
              yticks: Optional[list[str]] = None) -> None:
-    import matplotlib
+    from ascender_dist.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # one line naming the research extra when matplotlib is missing
 
     rows, cols = matrix.shape
     fig, ax = plt.subplots(figsize=(max(4, cols * 0.25 + 2), max(3, rows * 0.22 + 1.5)))

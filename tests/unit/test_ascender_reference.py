@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from ascender_dist.models.ascender import AscenderHeadParams, AscenderHParams, reference_attention
-from ascender_dist.models.ascender.seed_reference import seed_attention, seed_params
 
 torch.set_num_threads(1)
 F64 = torch.float64
@@ -211,14 +210,3 @@ def test_gates_weaken_with_variance():
     g_coh = reference_attention(q, coherent, v, z, h, p, hp, use_sep=True).rows["gate_align"]
     g_rand = reference_attention(q, k, v, z, h, p, hp, use_sep=True).rows["gate_align"]
     assert torch.all(g_coh > g_rand) and torch.allclose(g_coh, torch.full_like(g_coh, 0.5), atol=1e-4)
-
-
-def test_seed_reference_runs_and_reduces_to_sdpa_with_zero_omega():
-    q, k, v, z, h = make_inputs(n=10, dtype=torch.float32)
-    p = seed_params()
-    with torch.no_grad():
-        for name in ("omega_a", "omega_s", "omega_c"):
-            p[name].zero_()
-    y, A, parts = seed_attention(q, k, v, z, h, p, k_top=3)
-    torch.testing.assert_close(y, F.scaled_dot_product_attention(q, k, v, scale=1 / (math.sqrt(6) * (1 + 1e-6))), rtol=1e-5, atol=1e-5)
-    assert set(parts) == {"S_base", "b_align", "b_sep", "b_coh"}

@@ -7,6 +7,9 @@ import json
 import math
 from pathlib import Path
 
+import shlex
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -206,11 +209,41 @@ def test_cli_bad_path_exits_2_with_one_line(tmp_path, capsys):
 
 def test_cli_dry_run_lists_every_run(tmp_path, capsys):
     path = _write_grid(tmp_path, seeds=[1, 2], variants={"gpt": {}, "asc": {"model.architecture": "ascender"}})
-    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--ranks", "2"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    lines, commands = out[0::2], out[1::2]
     assert [tuple(line.split("\t")[:2]) for line in lines] == [("gpt", "seed 1"), ("asc", "seed 1"),
                                                                ("gpt", "seed 2"), ("asc", "seed 2")]
-    assert all("pending" in line for line in lines)
+    assert all("pending" in line and "training FLOPs" in line and "on 2 H100" in line for line in lines)
+    first = shlex.split(commands[0])
+    assert Path(first[0]).name == "deepspeed" and first[1:3] == ["--num_accelerators", "2"]
+    assert first[first.index("--run-one") + 1] == str(tmp_path / "runs" / "gpt" / "seed1" / "config.yaml")
+
+
+def test_cli_dry_run_prints_hostfile_and_slurm_commands(tmp_path, capsys):
+    path = _write_grid(tmp_path, seeds=[1], variants={"gpt": {}})
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "r"), "--hostfile", "hosts",
+                               "--master-addr", "node-1", "--ranks", "4"]) == 0
+    cmd = shlex.split(capsys.readouterr().out.strip().splitlines()[1])
+    assert cmd[1:7] == ["--hostfile", "hosts", "--master_addr", "node-1", "--num_accelerators", "4"]
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "r"), "--slurm"]) == 0
+    cmd = shlex.split(capsys.readouterr().out.strip().splitlines()[1])
+    assert cmd[:5] == ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c"]
+    inner = cmd[5]
+    for part in ("--hostfile $ABLATE_HOSTFILE", "--no_ssh", "--node_rank $SLURM_NODEID",
+                 "--master_addr $ABLATE_MASTER_ADDR", "run_entry.py --run-one"):
+        assert part in inner
+
+
+def test_validation_order_and_document_blocks():
+    from ascender_dist.research.ablate.launch import document_blocks, order_validation
+
+    # 2 ranks, micro-batch 2: rank 0 reads rows 0,1 then 4,5; rank 1 rows 2,3 then 6,7
+    values, index = order_validation([[0, 1, 4, 5], [2, 3, 6, 7]], 2)
+    assert values == [0, 1, 2, 3, 4, 5, 6, 7] and index == list(range(8))
+    eos = 9
+    # window 0 ends a document, 1 and 2 are one document spanning the boundary, 2 ends it, 3 ends
+    assert document_blocks([9, 4, 9, 9, 5], eos) == [0, 1, 1, 2, 3]
 
 
 # ---------------------------------------------------------------------------------- aggregation
@@ -245,7 +278,8 @@ def test_aggregate_means_and_paired_differences():
     asc = main["asc"]["comparison"]
     assert asc["mean_diff"] == pytest.approx(-0.1)
     assert asc["ci_low"] == pytest.approx(-0.1) and asc["ci_high"] == pytest.approx(-0.1)  # constant differences
-    assert asc["p_value"] == pytest.approx(0.25)  # exact test, 3 pairs: the floor 2 / 2^3
+    assert asc["p_randomization"] == pytest.approx(0.25)  # exact test, 3 pairs: the floor 2 / 2^3
+    assert asc["p_value"] < 1e-6 and asc["interval"] == "paired t"
     assert obj["exact_p_floor"] == pytest.approx(0.25)
     assert main["noisy"]["comparison"]["mean_diff"] == pytest.approx((0.2 - 0.3 + 0.05) / 3)
     # vs the second reference, the baseline appears as a treatment with the opposite sign
@@ -267,7 +301,7 @@ def test_aggregate_per_example_cost_omega_and_pairing():
     assert obj["data_pairing"] == {str(s): {"identical": True, "configs": ["asc", "gpt", "noisy"]} for s in (1, 2, 3)}
     train = {e["config"]: e for e in obj["final_train_loss"]["configs"]}
     assert train["asc"]["comparison"]["mean_diff"] == pytest.approx(-0.1)
-    json.dumps(ablate._json_safe(obj), allow_nan=False)
+    json.dumps(ablate.report._json_safe(obj), allow_nan=False)
 
 
 def test_aggregate_flags_differing_data_and_missing_seeds():
@@ -330,3 +364,19 @@ def test_efficiency_table_renders_rows_and_ablation_throughput():
     md = efficiency.render([row], ablation, {"preset": "debug", "batch": 8, "vocab": 512, "threads": 1})
     assert "| gpt | 1,000 | 1e+05 | 9e+04 | 1e+06 | 12.5 | 1000 | 4.0 |" in md
     assert "| gpt | 3 | 900 ± 10 | 0.200 | 600 |" in md
+
+
+def test_equal_flops_grid_gives_each_variant_the_steps_of_the_reference_budget():
+    from ascender_dist.models.counting import count_model
+
+    grid = ablate.load_grid(REPO / "configs" / "ablations" / "architectures-equal-flops.yaml")
+    assert grid.budget.startswith("equal training FLOPs") and "steps per variant" in grid.budget
+    per_run = {}
+    for v in grid.variants:
+        cfg = ablate.run_config(grid, v, grid.seeds[0])
+        step = count_model(cfg, 2048).flops_per_token * cfg.train.global_batch_size * cfg.model.seq_length
+        per_run[v.name] = (step * cfg.train.train_steps, step)
+    budget = per_run["gpt"][0]
+    for name, (total, step) in per_run.items():
+        assert abs(total - budget) <= step / 2 + 1e-6 * budget, name  # within half a step of the budget
+    assert ablate.load_grid(REPO / "configs" / "ablations" / "architectures.yaml").budget == "equal training tokens"

@@ -168,7 +168,8 @@ def test_compare_per_example_averages_seeds_then_pairs_examples():
     base = rng.normal(2.0, 0.5, size=(3, 50))
     treat = base - 0.1 + rng.normal(0, 0.05, size=(3, 50))
     two_d = stats.compare_per_example(base, treat, n_resamples=500, n_permutations=500)
-    one_d = stats.compare_paired(base.mean(0), treat.mean(0), n_resamples=500, n_permutations=500)
+    one_d = stats.compare_paired(base.mean(0), treat.mean(0), n_resamples=500, n_permutations=500,
+                                 interval="bootstrap")
     assert two_d == one_d and two_d.n == 50
     assert two_d.ci_low < -0.1 < two_d.ci_high and two_d.p_value == pytest.approx(1 / 501)
     with pytest.raises(ValueError, match="same examples"):
@@ -201,7 +202,8 @@ def test_results_table_pairs_by_seed():
     minus = by["minus"]["comparison"]
     assert minus["mean_diff"] == pytest.approx(-0.1)
     assert minus["ci_low"] == pytest.approx(-0.1) and minus["ci_high"] == pytest.approx(-0.1)
-    assert minus["p_value"] == pytest.approx(2 / 32)   # exact test over 5 seeds: its floor
+    assert minus["p_randomization"] == pytest.approx(2 / 32)   # exact test over 5 seeds: its floor
+    assert minus["p_value"] < 1e-6 and minus["interval"] == "paired t"  # paired t-test: constant differences
     assert minus["cohens_dz"] is None                   # -inf (constant differences) is not JSON
     assert minus["paired_seeds"] == [7, 5, 3, 2, 1]
 
@@ -211,10 +213,16 @@ def test_results_table_pairs_by_seed():
     assert by["single"]["std"] is None and by["single"]["comparison"] is None
 
     lines = md.splitlines()
-    assert lines[0] == "| config | n | loss mean ± std | Δ vs base [95% CI] | p | d_z |"
-    assert lines[2] == "| base | 5 | 3.53 ± 0.0469 | (baseline) |  |  |"
-    assert lines[3] == "| minus | 5 | 3.43 ± 0.0469 | -0.1 [-0.1, -0.1] | 0.0625 | -inf |"
-    assert lines[5] == "| single | 1 | 3 ± n/a | n/a | n/a | n/a |"
+    assert lines[0] == ("| config | n | loss mean ± std | Δ vs base [95% paired t CI] | p (paired t) "
+                        "| p Holm (m=2) | d_z |")
+    assert lines[2] == "| base | 5 | 3.53 ± 0.0469 | (baseline) |  |  |  |"
+    assert lines[3].startswith("| minus | 5 | 3.43 ± 0.0469 | -0.1 [-0.1, -0.1] | ") and lines[3].endswith(" | -inf |")
+    assert lines[5] == "| single | 1 | 3 ± n/a | n/a | n/a | n/a | n/a |"
+    # below 10 seeds: every seed's value and its paired difference
+    assert "Per seed: loss (Δ vs base, same seed)" in md
+    per_seed = next(ln for ln in lines if ln.startswith("| minus |") and "(-0.1)" in ln)
+    assert per_seed.count("(-0.1)") == 5
+    assert obj["interval"].startswith("paired t interval") and "Holm" in obj["multiple_comparisons"]
     assert "- single: only 1 seed: no std; 1 seed(s) shared with baseline: no paired test" in md
 
 

@@ -2,9 +2,18 @@
 
 Adapted just enough to run on already-projected tensors of a group of heads
 (q, k, v: [b, np, s, hd]; z: [b, np, s, d_z]; h: [b, np, s, d_a]) instead of projecting X
-itself: one head axis added to every shape. Everything else is the seed's code, slips included
-(top-k includes j == i, the [B, N, N, d] expand+gather, no gates, torch.std, masking applied
-after all statistics). Do not use it for training; see reference.py for the fixed math.
+itself: one head axis added to every shape, and every index shifted by one to make room for it.
+Everything else is the seed's code, slips included (top-k includes j == i, the [B, N, N, d]
+expand+gather, no gates, torch.std, masking applied after all statistics).
+
+Alignment, as the seed computes it: ``K_hat.unsqueeze(2).expand(B, N, N, d).gather(2, idx)``
+expands along the axis it then gathers from, so every gathered row is ``k_hat_i``, the query's
+own key: ``u_i = normalize(k * k_hat_i) = k_hat_i`` and the top-k neighbour indices are unused.
+With the head axis the same expand-then-gather is ``unsqueeze(3)`` / ``gather(3)``, which is what
+this file does (tests/unit/test_seed_reference.py pins it). Our model instead averages the keys of
+the k semantic neighbours (ascender_dist/models/ascender/reference.py; pinned by
+tests/unit/test_ascender_reference.py::test_reference_matches_per_row_loop). Do not use this for
+training.
 """
 
 from __future__ import annotations
@@ -43,7 +52,9 @@ def seed_attention(q, k, v, z, h, p: dict, *, k_top=16, tau_sep=1.0, tau_coh=1.0
     topk_val, topk_idx = torch.topk(Asem, k=min(k_top, N), dim=-1)  # [B,NH,N,k]
 
     K_hat = F.normalize(K, dim=-1)  # [B,NH,N,d]
-    gather_K = K_hat.unsqueeze(2).expand(B, NH, N, N, d).gather(
+    # the seed's K_hat.unsqueeze(2).expand(B, N, N, d).gather(2, ...), one axis over: row i of the
+    # expanded tensor is k_hat_i repeated, so every "neighbour" gathered is k_hat_i itself
+    gather_K = K_hat.unsqueeze(3).expand(B, NH, N, N, d).gather(
         3, topk_idx.unsqueeze(-1).expand(B, NH, N, k_top, d)
     )  # [B,NH,N,k,d]
     u = F.normalize(gather_K.sum(dim=3), dim=-1)  # [B,NH,N,d]

@@ -1,0 +1,390 @@
+"""Grid files: parse, expand the variants, check every variant's run config, build the dataset once."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import re
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence, Union, get_args, get_origin, get_type_hints
+
+
+from ascender_dist.config.errors import ConfigError, UserError
+
+
+log = logging.getLogger("ascender_dist")
+
+
+GRID_KEYS = ("name", "description", "base", "set", "dataset", "seeds", "baseline", "compare_to", "metric",
+             "variants", "axes", "standalone", "eval_iters", "runs_dir", "report_dir", "keep_checkpoints", "jobs", "threads",
+             "ranks", "equal_flops_of")
+DATASET_KEYS = ("root", "corpus_bytes", "vocab_size", "seq_length", "val_fraction", "samples_per_shard")
+# override paths that change what data a seed reads: variants differing here are not paired on data
+DATA_ORDER_PATHS = ("data.", "model.seq_length", "train.global_batch_size")
+RESULT = "result.json"
+
+
+class AblationError(UserError, RuntimeError):
+    """A run failed; ``str(e)`` is one line naming the run and its log."""
+
+
+# ============================================================================ grid
+
+@dataclass
+class Variant:
+    name: str
+    overrides: dict  # dotted path -> value
+    labels: tuple = ()
+
+
+@dataclass
+class Grid:
+    name: str
+    path: str
+    base: dict  # raw run config (before presets), with ``set`` and the dataset paths merged in
+    seeds: list
+    baseline: str
+    variants: list
+    compare_to: list = field(default_factory=list)
+    metric: str = "val_loss"
+    dataset: Optional[dict] = None
+    eval_iters: Union[int, str, None] = None
+    runs_dir: Path = Path("runs/ablations")
+    report_dir: Path = Path("runs/ablations/report")
+    keep_checkpoints: bool = True
+    jobs: int = 1
+    threads: int = 1
+    ranks: int = 1  # ranks per run (per node with a hostfile / SLURM)
+    budget: str = "equal training tokens"  # how the variants' training budgets compare (report label)
+    description: str = ""
+    data_order_axes: list = field(default_factory=list)
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+
+def _unwrap_optional(tp):
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def check_config_path(dotted: str, where: str) -> None:
+    """Raise ConfigError(``where``) unless ``dotted`` names a field of the run-config schema."""
+    from ascender_dist.config.schema import RunConfig
+
+    cls = RunConfig
+    parts = dotted.split(".")
+    if not dotted or any(not p for p in parts):
+        raise ConfigError(where, f"{dotted!r} is not a dotted config path (e.g. model.ascender.k)")
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(cls):
+            raise ConfigError(where, f"{'.'.join(parts[:i])} is a value, not a section: cannot set {dotted!r}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            close = [n for n in names if n.lower().replace("_", "") == part.lower().replace("_", "")]
+            import difflib
+
+            close = close or difflib.get_close_matches(part, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            section = ".".join(parts[:i]) or "the run config"
+            raise ConfigError(where, f"unknown config field {part!r} in {section}{hint}")
+        cls = _unwrap_optional(get_type_hints(cls)[part])
+
+
+def dotted_to_tree(overrides: dict) -> dict:
+    """``{"a.b": 1, "a.c": 2}`` -> ``{"a": {"b": 1, "c": 2}}`` (later paths win)."""
+    from ascender_dist.config.loader import deep_merge
+
+    tree: dict = {}
+    for dotted, value in overrides.items():
+        node: dict = {}
+        leaf = node
+        keys = dotted.split(".")
+        for key in keys[:-1]:
+            leaf = leaf.setdefault(key, {})
+        leaf[keys[-1]] = value
+        tree = deep_merge(tree, node)
+    return tree
+
+
+def _label_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=,+-]", "_", name)
+
+
+def _mapping(value, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"expected a mapping, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _axis_options(key: str, value, where: str, short: str = "") -> list[tuple[str, dict]]:
+    """One axis -> [(option label, dotted overrides)]. ``where``: "grid.yaml: axes.<key>"."""
+    if isinstance(value, list):  # a dotted path and its values
+        if not value:
+            raise ConfigError(where, "an axis needs at least one value")
+        return [(f"{short}={_label_value(v)}", {key: v}) for v in value]
+    if isinstance(value, dict):  # a named axis: option -> overrides
+        if not value:
+            raise ConfigError(where, "an axis needs at least one option")
+        options = []
+        for label, overrides in value.items():
+            overrides = _mapping(overrides if overrides is not None else {}, f"{where}.{label}")
+            for dotted in overrides:
+                check_config_path(str(dotted), f"{where}.{label}.{dotted}")
+            options.append((str(label), {str(k): v for k, v in overrides.items()}))
+        return options
+    raise ConfigError(where, "expected a list of values (a dotted path) or a mapping option -> overrides "
+                             f"(a named axis), got {type(value).__name__} {value!r}")
+
+
+def _short_names(paths: list[str]) -> dict:
+    """Last path component, or the full path where two axes share it."""
+    last = [p.rsplit(".", 1)[-1] for p in paths]
+    return {p: (s if last.count(s) == 1 else p) for p, s in zip(paths, last)}
+
+
+def expand_variants(variants: Optional[dict], axes: Optional[dict], source: str = "grid") -> list[Variant]:
+    """All combinations of the named ``variants`` and every axis, in order (the first axis varies slowest).
+
+    ``variants``: {name: {dotted: value}}; ``axes``: {dotted path: [values]} or {axis name: {option:
+    {dotted: value}}}. Every dotted path must exist in the run-config schema (ConfigError naming it)."""
+    dims: list[list[tuple[str, dict]]] = []
+    if variants is not None:
+        if not isinstance(variants, dict):
+            raise ConfigError(f"{source}: variants", "expected a mapping variant name -> dotted overrides")
+        if variants:
+            dims.append(_axis_options("variants", variants, f"{source}: variants"))
+    axes = _mapping(axes, f"{source}: axes") if axes is not None else {}
+    list_axes = [str(k) for k, v in axes.items() if isinstance(v, list)]
+    for key in list_axes:
+        check_config_path(key, f"{source}: axes.{key}")
+    short = _short_names(list_axes)
+    for key, value in axes.items():
+        dims.append(_axis_options(str(key), value, f"{source}: axes.{key}", short.get(str(key), "")))
+    if not dims:
+        return [Variant(name="base", overrides={}, labels=("base",))]
+    out, seen = [], set()
+    for combo in itertools.product(*dims):
+        labels = tuple(label for label, _ in combo)
+        overrides: dict = {}
+        for _, o in combo:
+            overrides.update(o)
+        name = ",".join(labels)
+        if name in seen:
+            raise ConfigError(source, f"two variants are both named {name!r}: rename an option")
+        seen.add(name)
+        out.append(Variant(name=name, overrides=overrides, labels=labels))
+    return out
+
+
+_GRID_ONLY = ("base", "set", "seeds", "variants", "axes", "standalone", "baseline", "dataset")
+
+
+def _read_base(base, grid_path: Path, depth: int = 0) -> dict:
+    """``base``: inline run config, a run-config YAML, or another grid file (its base + set + dataset)."""
+    from ascender_dist.config.loader import deep_merge, read_yaml_file
+
+    if base is None:
+        return {}
+    if not isinstance(base, str):
+        return _mapping(base, f"{grid_path}: base")
+    path = Path(base)
+    if not path.is_absolute():
+        candidate = grid_path.parent / path
+        path = candidate if candidate.exists() else path
+    data = read_yaml_file(path)
+    if not any(key in data for key in _GRID_ONLY):
+        return data
+    if depth > 4:
+        raise ConfigError(f"{grid_path}: base", "grid files refer to each other in a loop")
+    inner = _read_base(data.get("base"), path, depth + 1)
+    inner = deep_merge(inner, dotted_to_tree(_mapping(data.get("set") or {}, f"{path}: set")))
+    if isinstance(data.get("dataset"), dict) and "root" in data["dataset"]:
+        root = Path(data["dataset"]["root"])
+        inner = deep_merge(inner, {"data": {"manifest": str(root / "shards" / "manifest.json"),
+                                            "tokenizer": str(root / "tokenizer.model")}})
+    return inner
+
+
+def _parse_seeds(value, where: str) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                          for s in value):
+        raise ConfigError(where, f"expected a non-empty list of integer seeds, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(where, f"duplicate seeds in {value}")
+    return list(value)
+
+
+def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]] = None,
+              only: Optional[Sequence[str]] = None) -> Grid:
+    """Read and check a grid file: every override path and every variant's config (ConfigError, one line)."""
+    from ascender_dist.config.loader import deep_merge, parse_override, read_yaml_file
+
+    path = Path(path)
+    raw = read_yaml_file(path)
+    src = str(path)
+    unknown = sorted(set(raw) - set(GRID_KEYS))
+    if unknown:
+        raise ConfigError(f"{src}: {unknown[0]}", f"unknown grid key; allowed: {', '.join(GRID_KEYS)}")
+    name = str(raw.get("name") or path.stem)
+    base = _read_base(raw.get("base"), path)
+    set_section = _mapping(raw.get("set") or {}, f"{src}: set")
+    for dotted in set_section:
+        check_config_path(str(dotted), f"{src}: set.{dotted}")
+    base = deep_merge(base, dotted_to_tree(set_section))
+    for text in overrides:  # command-line --set, applied to every run
+        tree = parse_override(text)
+        check_config_path(text.split("=", 1)[0].strip(), f"--set {text.split('=', 1)[0].strip()}")
+        base = deep_merge(base, tree)
+    dataset = raw.get("dataset")
+    if dataset is not None:
+        dataset = _mapping(dataset, f"{src}: dataset")
+        bad = sorted(set(dataset) - set(DATASET_KEYS))
+        if bad:
+            raise ConfigError(f"{src}: dataset.{bad[0]}", f"unknown key; allowed: {', '.join(DATASET_KEYS)}")
+        if "root" not in dataset:
+            raise ConfigError(f"{src}: dataset.root", "required (directory of corpus, tokenizer and shards)")
+        root = Path(dataset["root"])
+        base = deep_merge(base, {"data": {"manifest": str(root / "shards" / "manifest.json"),
+                                          "tokenizer": str(root / "tokenizer.model")}})
+    variants = expand_variants(raw.get("variants"), raw.get("axes"), src)
+    if raw.get("variants") is None and raw.get("axes") is None and raw.get("standalone"):
+        variants = []  # only standalone variants
+    standalone = _mapping(raw.get("standalone") or {}, f"{src}: standalone")
+    for label, overrides in standalone.items():  # not crossed with the axes
+        overrides = _mapping(overrides if overrides is not None else {}, f"{src}: standalone.{label}")
+        for dotted in overrides:
+            check_config_path(str(dotted), f"{src}: standalone.{label}.{dotted}")
+        if str(label) in {v.name for v in variants}:
+            raise ConfigError(f"{src}: standalone.{label}", "a variant of the grid already has this name")
+        variants.append(Variant(name=str(label), overrides={str(k): v for k, v in overrides.items()},
+                                labels=(str(label),)))
+    if only:
+        names = {v.name for v in variants}
+        missing = [o for o in only if o not in names]
+        if missing:
+            raise ConfigError(f"--only {missing[0]}", f"no such variant; variants: {', '.join(sorted(names))}")
+        variants = [v for v in variants if v.name in only]
+    seed_list = list(seeds) if seeds else _parse_seeds(raw.get("seeds", [1]), f"{src}: seeds")
+    baseline = raw.get("baseline", variants[0].name)
+    names = [v.name for v in variants]
+    if str(baseline) not in names:
+        raise ConfigError(f"{src}: baseline", f"{baseline!r} is not a variant; variants: {', '.join(names)}")
+    compare_to = raw.get("compare_to") or []
+    if isinstance(compare_to, str):
+        compare_to = [compare_to]
+    for ref in compare_to:
+        if str(ref) not in names:
+            raise ConfigError(f"{src}: compare_to", f"{ref!r} is not a variant; variants: {', '.join(names)}")
+    eval_iters = raw.get("eval_iters")
+    if eval_iters is not None and eval_iters != "all" and not (isinstance(eval_iters, int) and eval_iters > 0):
+        raise ConfigError(f"{src}: eval_iters", f"expected a positive integer or 'all', got {eval_iters!r}")
+    grid = Grid(
+        name=name, path=src, base=base, seeds=seed_list, baseline=str(baseline), variants=variants,
+        compare_to=[str(c) for c in compare_to if str(c) != str(baseline)], metric=str(raw.get("metric", "val_loss")),
+        dataset=dataset, eval_iters=eval_iters,
+        runs_dir=Path(raw.get("runs_dir") or f"runs/ablations/{name}"),
+        report_dir=Path(raw.get("report_dir") or f"runs/ablations/{name}/report"),
+        keep_checkpoints=bool(raw.get("keep_checkpoints", True)), jobs=int(raw.get("jobs", 1)),
+        threads=int(raw.get("threads", 1)), ranks=int(raw.get("ranks", 1)), description=str(raw.get("description") or "").strip(),
+    )
+    grid.data_order_axes = sorted({p for v in variants for p in v.overrides
+                                   if any(p == d or p.startswith(d) for d in DATA_ORDER_PATHS)})
+    for v in variants:  # every variant must be a valid run config (types, ranges, architecture checks)
+        run_config(grid, v, seed_list[0])
+    if raw.get("equal_flops_of") is not None:
+        equalise_flops(grid, str(raw["equal_flops_of"]), f"{src}: equal_flops_of")
+    return grid
+
+
+def equalise_flops(grid: Grid, reference: str, where: str) -> None:
+    """Give every variant the number of steps that makes its training FLOPs (analytic, 6N-style, from
+    ``models/counting.py``) equal to ``reference``'s at the base number of steps; same batch, so a
+    cheaper architecture reads more tokens. Labels the grid's budget accordingly."""
+    from ascender_dist.models.counting import count_model
+    from ascender_dist.tools.plan import DEFAULT_VOCAB_SIZE
+
+    names = [v.name for v in grid.variants]
+    if reference not in names:
+        raise ConfigError(where, f"{reference!r} is not a variant; variants: {', '.join(names)}")
+    vocab = int((grid.dataset or {}).get("vocab_size") or DEFAULT_VOCAB_SIZE)
+
+    def flops_per_step(v: Variant) -> tuple[float, int]:
+        cfg = run_config(grid, v, grid.seeds[0])
+        counts = count_model(cfg, cfg.model.vocab_size or vocab)
+        return counts.flops_per_token * cfg.train.global_batch_size * cfg.model.seq_length, cfg.train.train_steps
+
+    ref_per_step, ref_steps = flops_per_step(grid.variant(reference))
+    budget = ref_per_step * ref_steps
+    for v in grid.variants:
+        per_step, _ = flops_per_step(v)
+        v.overrides = {**v.overrides, "train.train_steps": max(1, round(budget / per_step))}
+        run_config(grid, v, grid.seeds[0])
+    grid.budget = (f"equal training FLOPs ({budget:.3g}, those of {reference} at {ref_steps} steps; analytic "
+                   "counts of models/counting.py): steps per variant " +
+                   ", ".join(f"{v.name} {v.overrides['train.train_steps']}" for v in grid.variants))
+
+
+def run_dir(grid: Grid, variant: Variant, seed: int) -> Path:
+    return grid.runs_dir / _safe(variant.name) / f"seed{seed}"
+
+
+def run_config_raw(grid: Grid, variant: Variant, seed: int) -> dict:
+    from ascender_dist.config.loader import deep_merge
+
+    raw = deep_merge(grid.base, dotted_to_tree(variant.overrides))
+    out = run_dir(grid, variant, seed)
+    return deep_merge(raw, {"name": f"{grid.name}-{_safe(variant.name)}-seed{seed}", "output_dir": str(out),
+                            "train": {"seed": seed}, "checkpoint": {"dir": None, "auto_resume": True}})
+
+
+def run_config(grid: Grid, variant: Variant, seed: int):
+    from ascender_dist.config.resolve import config_from_dict
+
+    try:
+        return config_from_dict(run_config_raw(grid, variant, seed))
+    except ConfigError as exc:
+        raise ConfigError(f"{grid.path}: variant {variant.name}: {exc.path}", exc.message) from None
+
+
+# ============================================================================ dataset
+
+def ensure_dataset(spec: dict) -> dict:
+    """Build (once) the default corpus -> sentencepiece tokenizer -> webdataset shards under ``spec['root']``."""
+    from data_pipeline.corpus import build_default_corpus
+    from data_pipeline.shards import write_shards
+    from data_pipeline.tokenizer import Tokenizer, train_tokenizer
+
+    root = Path(spec["root"])
+    manifest, model = root / "shards" / "manifest.json", root / "tokenizer.model"
+    if not manifest.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        log.info("building the dataset in %s", root)
+        corpus = build_default_corpus(root / "corpus.jsonl", max_bytes=int(spec.get("corpus_bytes", 3_000_000)))
+        if not model.exists():
+            train_tokenizer([corpus], root / "tokenizer", vocab_size=int(spec.get("vocab_size", 2048)))
+        write_shards([corpus], Tokenizer.load(model), root / "shards", seq_length=int(spec.get("seq_length", 128)),
+                     samples_per_shard=int(spec.get("samples_per_shard", 256)),
+                     val_fraction=float(spec.get("val_fraction", 0.05)))
+    return {"manifest": str(manifest), "tokenizer": str(model)}

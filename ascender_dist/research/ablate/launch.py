@@ -1,0 +1,407 @@
+"""Running a grid: one training process per (variant, seed), resumable; the child that trains one run."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+import torch
+import yaml
+
+
+from ascender_dist.training.callbacks import Callback
+
+from .collect import _load_record
+from .grid import RESULT, AblationError, Grid, Variant, run_config, run_dir
+
+
+
+# ============================================================================ one run (child process)
+
+def _status_kib(name: str) -> Optional[int]:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(name + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux)
+        return True
+    except OSError:
+        return False
+
+
+def _ascender_omegas(model) -> dict:
+    """{layer number: [[omega_align, omega_sep, omega_coh] per head]} of every ASCender layer."""
+    out = {}
+    for module in model.modules():
+        if type(module).__name__ == "AscenderCoreAttention":
+            out[str(int(module.layer_number))] = module.params.omega.detach().float().cpu().tolist()
+    return out
+
+
+def order_validation(per_rank: Sequence[Sequence[float]], micro_batch_size: int) -> tuple[list, list]:
+    """Per-sequence values of every data-parallel rank -> (values, global indices) in validation order.
+
+    ``StreamingLoader`` gives rank ``r`` the rows ``t * mbs * dp + r * mbs + [0, mbs)`` of its ``t``-th
+    validation micro-batch, so item ``k`` of rank ``r`` is global row ``(k // mbs) * mbs * dp + r * mbs +
+    k % mbs``."""
+    dp = len(per_rank)
+    pairs = []
+    for r, values in enumerate(per_rank):
+        for k, v in enumerate(values):
+            t, j = divmod(k, micro_batch_size)
+            pairs.append((t * micro_batch_size * dp + r * micro_batch_size + j, float(v)))
+    pairs.sort()
+    return [v for _, v in pairs], [i for i, _ in pairs]
+
+
+def document_blocks(last_tokens: Sequence[int], eos_id: int) -> list[int]:
+    """Document id of each validation window from its last token.
+
+    Shards pack documents (each followed by EOS) into consecutive windows of ``seq_length + 1`` tokens,
+    so window ``i + 1`` starts a new document exactly when window ``i`` ends with EOS; otherwise a
+    document continues across the boundary and both windows get the same id. Windows of one id are
+    resampled together. (Where two validation shards are not adjacent in the packed stream, blocks
+    merge across the gap: merging keeps the resampling valid, only coarser.)"""
+    ids, current = [], 0
+    for i, last in enumerate(last_tokens):
+        if i and int(last_tokens[i - 1]) == eos_id:
+            current += 1
+        ids.append(current)
+    return ids
+
+
+def validation_documents(cfg, tokenizer, indices: Sequence[int]) -> Optional[list[int]]:
+    """Document id of each validation row in ``indices`` (global rows, see :func:`order_validation`);
+    None without a tokenizer (no EOS id)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from ascender_dist.training.run import build_loader
+
+    if tokenizer is None or getattr(tokenizer, "eos_id", None) is None or not indices:
+        return None
+    one = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=1, global_batch_size=1))
+    loader = build_loader(one, tokenizer, SimpleNamespace(dp_rank=0, dp_size=1), split="val")
+    last = []
+    for k, batch in enumerate(loader):
+        if k > max(indices):
+            break
+        last.append(int(batch["tokens"][0, -1]))
+    blocks = document_blocks(last, int(tokenizer.eos_id))
+    return [blocks[i] for i in indices]
+
+
+class ValidationLosses(Callback):
+    """``(step, loss)`` of every validation the trainer runs during ``fit`` (``train.eval_interval``)."""
+
+    def __init__(self):
+        self.curve: list[tuple[int, float]] = []
+
+    def on_validation_end(self, trainer, loss: float) -> None:
+        self.curve.append((int(trainer.step), float(loss)))
+
+
+def _connection_hooks(model, stats: dict) -> list:
+    """Hooks on every Connection layer that count, over the validation pass, the reasoning steps each
+    reasoning state took (a histogram over 0..max_steps) and the token load of each slot (the
+    compression weights summed over tokens). ``stats``: {Connection layer index from 1: {"steps_hist",
+    "slot_load", "max_steps"}}."""
+    hooks = []
+    layers = [m for m in model.modules() if hasattr(m, "slot_loads") and hasattr(m, "last_stats")]
+    for number, layer in enumerate(layers, start=1):
+        entry = stats.setdefault(str(number), {"max_steps": int(layer.hp.max_steps),
+                                               "steps_hist": [0] * (int(layer.hp.max_steps) + 1),
+                                               "slot_load": [0.0] * int(layer.hp.num_slots)})
+
+        def loads(module, args, entry=entry):
+            load = module.slot_loads(args[0]).sum(dim=(0, 1)).float().cpu()  # [N]
+            entry["slot_load"] = [a + float(b) for a, b in zip(entry["slot_load"], load)]
+
+        def steps(module, args, out, entry=entry):
+            taken = module.last_stats.steps.reshape(-1).long().cpu()
+            counts = torch.bincount(taken, minlength=entry["max_steps"] + 1)
+            entry["steps_hist"] = [a + int(b) for a, b in zip(entry["steps_hist"], counts.tolist())]
+
+        hooks += [layer.register_forward_pre_hook(loads), layer.register_forward_hook(steps)]
+    return hooks
+
+
+def _gather(obj, group=None) -> list:
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return [obj]
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, None] = None) -> dict:
+    """Train one run on the ranks the launcher started; rank 0 writes its result JSON atomically."""
+    import resource
+
+    import torch
+    from megatron.core import parallel_state as mps
+
+    from ascender_dist.config import load_config
+    from ascender_dist.config.loader import to_dict
+    from ascender_dist.models.counting import count_model
+    from ascender_dist.training.callbacks import DataDigest, PerSequenceValidationLosses, Throughput
+    from ascender_dist.training.trainer import Trainer
+
+    from .provenance import run_provenance
+
+    cfg = load_config(config_path)
+    if cfg.parallel.pipeline_model_parallel_size > 1:
+        raise AblationError(f"{config_path}: ablate collects per-sequence losses from the model's output; "
+                            "pipeline_model_parallel_size must be 1")
+    t_start = time.perf_counter()
+    digest, per_sequence, curve = DataDigest(), PerSequenceValidationLosses(), ValidationLosses()
+    trainer = Trainer(cfg, callbacks=[digest, per_sequence, curve])
+    setup_s = time.perf_counter() - t_start
+    if trainer.step:
+        raise AblationError(f"{cfg.output_dir}: resumed at step {trainer.step}; an ablation run must start fresh")
+    step_times = next(cb for cb in trainer.callbacks if isinstance(cb, Throughput)).step_times
+    rss_before = _status_kib("VmRSS")
+    peak_resettable = _reset_peak_rss()
+    t_fit = time.perf_counter()
+    losses = trainer.fit()
+    fit_s = time.perf_counter() - t_fit
+    train_peak = _status_kib("VmHWM")
+    val_curve = list(curve.curve)  # the train.eval_interval validations, before the final one
+
+    # final validation over eval_iters batches per rank; per-sequence losses from the callback
+    if eval_iters == "all":
+        eval_iters = 1 << 62  # validate clips it to the batches there are
+    connection_stats: dict = {}
+    hooks = _connection_hooks(trainer.engine.module, connection_stats)
+    t_val = time.perf_counter()
+    val_loss = trainer.validate(int(eval_iters or cfg.train.eval_iters))
+    val_s = time.perf_counter() - t_val
+    for hook in hooks:
+        hook.remove()
+    iters = min(int(eval_iters or cfg.train.eval_iters), len(trainer.val_loader))
+    per_example = per_sequence.losses
+    dp_group = mps.get_data_parallel_group()
+    example_losses, example_index = order_validation(_gather(per_example, dp_group), cfg.train.micro_batch_size)
+    rank_digests = _gather(digest.hexdigest())  # every rank hashes the tokens it read
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return {}
+
+    vocab = cfg.model.vocab_size or trainer.tokenizer.vocab_size
+    counts = count_model(cfg, vocab)
+    params = sum(p.numel() for p in {id(p): p for p in trainer.engine.module.parameters()}.values())
+    tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
+    steady = step_times[2:] if len(step_times) > 3 else step_times
+    median_step = float(np.median(steady)) if steady else float("nan")
+    tail = max(1, len(losses) // 10)
+    from ascender_dist.config.architectures import expand_layer_pattern
+
+    data_sha = rank_digests[0] if len(rank_digests) == 1 else hashlib.sha256("".join(rank_digests).encode()).hexdigest()
+    result = {
+        "config": None, "seed": cfg.train.seed,  # filled by the parent (variant name)
+        "name": cfg.name, "architecture": cfg.model.architecture, "layer_pattern": expand_layer_pattern(cfg),
+        "world_size": trainer.pstate.world_size, "device": str(trainer.pstate.device),
+        "val_loss": float(val_loss), "val_batches": iters, "val_sequences": len(example_losses),
+        "val_example_losses": example_losses, "val_example_index": example_index,
+        "val_example_documents": validation_documents(cfg, trainer.tokenizer, example_index),
+        "val_curve": [[step, loss] for step, loss in val_curve],
+        "final_train_loss": float(np.mean(losses[-tail:])) if losses else None,
+        "train_losses": [float(x) for x in losses],
+        "steps": len(losses), "tokens": len(losses) * tokens_per_step,
+        "step_time_s": step_times, "median_step_time_s": median_step,
+        "tokens_per_s": tokens_per_step / median_step if steady else None,
+        "tokens_per_s_mean": len(losses) * tokens_per_step / fit_s if fit_s > 0 else None,
+        "params": int(params), "params_analytic": int(counts.total_params),
+        "non_embedding_params": int(counts.non_embedding_params),
+        "flops_per_token": float(counts.flops_per_token),
+        "training_flops": float(counts.flops_per_token) * len(losses) * tokens_per_step,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "train_peak_rss_delta_mib": ((train_peak - rss_before) / 1024
+                                     if peak_resettable and train_peak and rss_before else None),
+        "omega": _ascender_omegas(trainer.engine.module),
+        "connection": connection_stats or None,  # this rank's validation share (rank 0)
+        "data_sha256": data_sha,
+        "setup_s": setup_s, "fit_s": fit_s, "val_s": val_s,
+        "torch_threads": torch.get_num_threads(),
+        "checkpoint_dir": str(trainer.derived.checkpoint_dir),
+        "provenance": run_provenance(to_dict(cfg), cfg.data.manifest),
+    }
+    result_path = Path(result_path)
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.rename(result_path)
+    return result
+
+
+# ============================================================================ running the grid (parent)
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Launcher:
+    """How each run is started: the ``deepspeed`` launcher, as training is (docs/cluster.md).
+
+    ``ranks``: ranks per node (GPUs per node on a GPU host, CPU processes otherwise); ``hostfile``:
+    DeepSpeed's ``<host> slots=<n>`` file (ssh/pdsh mode, the run directory on a shared file system);
+    ``slurm``: one ``srun`` task per node of the current allocation, each running the launcher for its
+    own node without ssh (``--no_ssh --node_rank $SLURM_NODEID``), as ``launch/slurm.sbatch`` does."""
+
+    ranks: int = 1
+    hostfile: Optional[str] = None
+    slurm: bool = False
+    master_addr: Optional[str] = None
+    cuda: Optional[bool] = None  # None: whatever torch sees on this host
+
+    def use_cuda(self) -> bool:
+        if self.cuda is None:
+            import torch
+
+            self.cuda = bool(torch.cuda.is_available())
+        return self.cuda
+
+
+ENTRY = Path(__file__).resolve().with_name("run_entry.py")
+
+
+def launch_command(launcher: Launcher, child_args: Sequence[str], port: int) -> list[str]:
+    """The command line that starts one run's ranks (what ``--dry-run`` prints)."""
+    deepspeed = str(Path(sys.executable).with_name("deepspeed"))
+    if launcher.slurm:
+        inner = [deepspeed, "--hostfile", launcher.hostfile or "$ABLATE_HOSTFILE", "--no_ssh",
+                 "--node_rank", "$SLURM_NODEID", "--master_addr", launcher.master_addr or "$ABLATE_MASTER_ADDR",
+                 "--master_port", str(port), "--num_accelerators", str(launcher.ranks), str(ENTRY), *child_args]
+        return ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c",
+                " ".join(x if x.startswith("$") else shlex.quote(x) for x in inner)]
+    cmd = [deepspeed]
+    if launcher.hostfile:
+        cmd += ["--hostfile", launcher.hostfile]
+        if launcher.master_addr:
+            cmd += ["--master_addr", launcher.master_addr]
+    cmd += ["--num_accelerators", str(launcher.ranks), "--master_port", str(port), str(ENTRY), *child_args]
+    return cmd
+
+
+def slurm_hostfile(path: Path, ranks: int) -> tuple[Path, str]:
+    """Write the hostfile of the current SLURM allocation (``slots=ranks`` per node); returns it and
+    the first node (the master address)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise AblationError("--slurm: not inside a SLURM allocation (SLURM_JOB_NODELIST is unset)")
+    hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                           check=True).stdout.split()
+    path.write_text("".join(f"{h} slots={ranks}\n" for h in hosts))
+    return path, hosts[0]
+
+
+def _child_env(threads: int, launcher: Launcher) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)  # the launcher sets them for every rank
+    if not launcher.use_cuda():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    root = str(Path(__file__).resolve().parents[3])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def child_args(grid: Grid, variant: Variant, seed: int) -> list[str]:
+    directory = run_dir(grid, variant, seed)
+    args = ["--run-one", str(directory / "config.yaml"), "--result", str(directory / RESULT)]
+    if grid.eval_iters is not None:
+        args += ["--eval-iters", str(grid.eval_iters)]
+    return args
+
+
+def _last_error_line(log_file: Path) -> str:
+    if not log_file.exists():
+        return "(no log)"
+    lines = [ln.strip() for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if re.match(r"^(\w+\.)*\w*(Error|Exception)\b|^error:", line):
+            return line[:300]
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: Optional[float] = None,
+               launcher: Optional[Launcher] = None) -> dict:
+    """Run one (variant, seed) through the launcher unless its result exists; return its record."""
+    launcher = launcher or Launcher()
+    directory = run_dir(grid, variant, seed)
+    result_file = directory / RESULT
+    if result_file.exists():
+        return _load_record(result_file, variant.name)
+    if directory.exists():  # an interrupted run: start it again from scratch
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    cfg = run_config(grid, variant, seed)
+    from ascender_dist.config.loader import to_dict
+
+    (directory / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    env = _child_env(threads, launcher)
+    if launcher.slurm and not launcher.hostfile:
+        hostfile, master = slurm_hostfile(directory / "hostfile", launcher.ranks)
+        env["ABLATE_HOSTFILE"], env["ABLATE_MASTER_ADDR"] = str(hostfile), launcher.master_addr or master
+    cmd = launch_command(launcher, child_args(grid, variant, seed), _free_port())
+    log_file = directory / "run.log"
+    (directory / "launch.txt").write_text(shlex.join(cmd) + "\n")
+    with open(log_file, "w") as out:
+        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+    if proc.returncode != 0 or not result_file.exists():
+        raise AblationError(f"{log_file}: run {variant.name} seed {seed} failed (exit {proc.returncode}): "
+                            f"{_last_error_line(log_file)}")
+    record = _load_record(result_file, variant.name)
+    if not grid.keep_checkpoints:
+        shutil.rmtree(record.get("checkpoint_dir") or directory / "checkpoints", ignore_errors=True)
+    return record
+
+
+def run_grid(grid: Grid, jobs: Optional[int] = None, threads: Optional[int] = None, progress: bool = True,
+             launcher: Optional[Launcher] = None) -> list[dict]:
+    """Every (variant, seed) not yet done, ``jobs`` at a time, with a progress bar. Returns all records."""
+    from tqdm import tqdm
+
+    jobs = max(1, jobs or grid.jobs)
+    threads = max(1, threads or grid.threads)
+    todo = [(v, s) for s in grid.seeds for v in grid.variants]  # seed-major: early seeds complete first
+    done = [(v, s) for v, s in todo if (run_dir(grid, v, s) / RESULT).exists()]
+    pending = [t for t in todo if t not in done]
+    bar = tqdm(total=len(todo), initial=len(done), unit="run", desc=f"ablate {grid.name}", disable=not progress)
+    records = []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(launch_run, grid, v, s, threads, None, launcher): (v, s) for v, s in pending}
+            for future in concurrent.futures.as_completed(futures):
+                v, s = futures[future]
+                record = future.result()  # AblationError propagates (other runs finish first)
+                bar.update(1)
+                bar.set_postfix_str(f"{v.name} seed {s}: {grid.metric} {record.get(grid.metric, float('nan')):.4f}")
+    finally:
+        bar.close()
+    for v, s in todo:
+        records.append(_load_record(run_dir(grid, v, s) / RESULT, v.name))
+    return records

@@ -1,0 +1,167 @@
+"""The ``ascender-dist ablate`` command line (and the child mode that trains one run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+from ascender_dist.config.errors import ConfigError, UserError
+from ascender_dist.logs import setup_cli_logging
+
+from .collect import collect_records
+from .grid import RESULT, AblationError, ensure_dataset, load_grid, run_config, run_dir
+from .launch import Launcher, child_args, launch_command, run_grid, run_one
+from .provenance import commits_of, mixed_commit_line
+from .report import rebuild, write_report
+
+
+
+# ============================================================================ CLI
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ascender-dist ablate", description=__doc__.split("\n\n")[0])
+    p.add_argument("grid", nargs="?", help="grid YAML (configs/ablations/*.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a run-config field for every run, e.g. --set train.train_steps=20")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (replaces the grid's)")
+    p.add_argument("--only", default=None, help="comma-separated variant names to run/report")
+    p.add_argument("--jobs", type=int, default=None, help="runs at a time (default: grid 'jobs', else 1)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: grid 'threads', else 1)")
+    p.add_argument("--runs-dir", default=None, help="override the grid's runs_dir")
+    p.add_argument("--report-dir", default=None, help="override the grid's report_dir")
+    p.add_argument("--report-only", action="store_true", help="write the report from the finished runs only")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the grid; list every run, its estimated cost (plan) and launch command; train nothing")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="ranks per run (per node with --hostfile/--slurm; default: grid 'ranks', else 1)")
+    p.add_argument("--hostfile", default=None, help="DeepSpeed hostfile: runs span its hosts (ssh/pdsh mode)")
+    p.add_argument("--slurm", action="store_true",
+                   help="start each run with srun over the current SLURM allocation (one launcher per node)")
+    p.add_argument("--master-addr", default=None, help="rendezvous host with --hostfile/--slurm")
+    p.add_argument("--allow-mixed-commits", action="store_true",
+                   help="report records of different git commits (the report's first line says so)")
+    p.add_argument("--n-resamples", type=int, default=10_000)
+    p.add_argument("--no-progress", action="store_true")
+    # child mode
+    p.add_argument("--run-one", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--eval-iters", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the deepspeed launcher's
+    return p
+
+
+def estimate(grid, variant, seed, ranks: int) -> str:
+    """One-line cost estimate of a run from ``plan`` (analytic FLOPs; time on ``ranks`` H100s at 40%
+    MFU: a GPU estimate, CPU runs take far longer)."""
+    from ascender_dist.tools.plan import DEFAULT_VOCAB_SIZE, ClusterShape, plan
+
+    cfg = run_config(grid, variant, seed)
+    vocab = cfg.model.vocab_size or int((grid.dataset or {}).get("vocab_size") or DEFAULT_VOCAB_SIZE)
+    try:
+        p = plan(cfg, ClusterShape(nodes=1, gpus_per_node=ranks), vocab_size=vocab)
+    except ConfigError as exc:
+        return f"plan: {exc}"
+    return (f"{p.flops_per_token * p.tokens:.3g} training FLOPs, {p.total_params:,} params, "
+            f"{p.memory.total / 2**30:.2f} GiB/GPU, ~{p.train_seconds:.3g} s on {ranks} H100 at 40% MFU")
+
+
+def dry_run(grid, launcher: Launcher) -> None:
+    """Every run: name, seed, directory, done/pending, estimated cost, launch command, overrides."""
+    port = 29500
+    for s in grid.seeds:
+        for v in grid.variants:
+            directory = run_dir(grid, v, s)
+            done = (directory / RESULT).exists()
+            cmd = shlex.join(launch_command(launcher, child_args(grid, v, s), port))
+            print(f"{v.name}\tseed {s}\t{directory}\t{'done' if done else 'pending'}\t"
+                  f"{estimate(grid, v, s, launcher.ranks)}\t{json.dumps(v.overrides)}")
+            print(f"    {cmd}")
+
+
+def _child_main(args) -> int:
+    from ascender_dist.logs import quiet_library_warnings
+
+    quiet_library_warnings()
+    setup_cli_logging()
+    eval_iters = args.eval_iters
+    if eval_iters is not None and eval_iters != "all":
+        eval_iters = int(eval_iters)
+    run_one(Path(args.run_one), Path(args.result), eval_iters)
+    return 0
+
+
+def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``ascender-dist ablate``: run (or resume) a grid, then write its report. Exit 2 on a user error."""
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.run_one:
+        return _child_main(args)
+    if not args.grid:
+        print("error: a grid file is required (configs/ablations/*.yaml)", file=sys.stderr)
+        return 2
+    setup_cli_logging()
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    except ValueError:
+        print(f"error: --seeds: expected comma-separated integers, got {args.seeds!r}", file=sys.stderr)
+        return 2
+    only = [s.strip() for s in args.only.split(",")] if args.only else None
+    try:
+        grid = load_grid(args.grid, args.overrides, seeds, only)
+        if args.runs_dir:
+            grid.runs_dir = Path(args.runs_dir)
+        if args.report_dir:
+            grid.report_dir = Path(args.report_dir)
+        launcher = Launcher(ranks=max(1, args.ranks or grid.ranks), hostfile=args.hostfile, slurm=args.slurm,
+                            master_addr=args.master_addr)
+        if args.dry_run:
+            dry_run(grid, launcher)
+            return 0
+        if not args.report_only:
+            if grid.dataset is not None:
+                ensure_dataset(grid.dataset)
+            run_grid(grid, args.jobs, args.threads, progress=not args.no_progress, launcher=launcher)
+        records = collect_records(grid)
+        if not records:
+            print(f"error: {grid.runs_dir}: no finished runs to report", file=sys.stderr)
+            return 2
+        mixed = mixed_commit_line(records)
+        if mixed and not args.allow_mixed_commits:
+            commits = ", ".join(f"{c[:12]}: {len(r)} runs" for c, r in commits_of(records).items())
+            print(f"error: {grid.runs_dir}: records of more than one commit, or without one ({commits}); "
+                  "re-run them on one commit, or pass --allow-mixed-commits", file=sys.stderr)
+            return 2
+        write_report(grid, records, n_resamples=args.n_resamples, n_permutations=args.n_resamples)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {grid.report_dir}/results.md, results.json, per_sequence.npz and the figures")
+    return 0
+
+
+def tables_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``ascender-dist tables DIR``: rebuild DIR's results.md, results.json and figures from its
+    results.json and per_sequence.npz, without training. Exit 2 on a user error."""
+    p = argparse.ArgumentParser(prog="ascender-dist tables", description=tables_main.__doc__.split("\n")[0])
+    p.add_argument("directory", help="a report directory (results.json, per_sequence.npz)")
+    p.add_argument("--n-resamples", type=int, default=10_000)
+    args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    setup_cli_logging()
+    directory = Path(args.directory)
+    if not (directory / "results.json").is_file():
+        print(f"error: {directory / 'results.json'}: not found (a report directory written by ablate)",
+              file=sys.stderr)
+        return 2
+    try:
+        full = rebuild(directory, n_resamples=args.n_resamples, n_permutations=args.n_resamples)
+    except (KeyError, ValueError) as exc:
+        print(f"error: {directory / 'results.json'}: not a results.json written by ablate ({exc})", file=sys.stderr)
+        return 2
+    if full.get("mixed_commits"):
+        print(full["mixed_commits"].strip("*"), file=sys.stderr)
+    print(f"wrote {directory}/results.md, results.json and the figures")
+    return 0

@@ -1,0 +1,92 @@
+"""Where a result came from: git commit and dirty flag, command line, library versions, config and
+data hashes. Recorded in every run's ``result.json`` and in a grid's ``results.json``; a table built
+from records of different commits says so (or ``ablate`` refuses, see :func:`commit_check`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Optional, Sequence
+
+PACKAGES = ("torch", "megatron-core", "deepspeed", "ascender-dist")
+# per-run fields of a run config: differ between the seeds of one variant, not part of its hash
+PER_RUN_FIELDS = ("name", "output_dir")
+PER_RUN_TRAIN_FIELDS = ("seed",)
+REPO = Path(__file__).resolve().parents[3]
+
+
+def git_state(root: Path = REPO) -> dict:
+    """``{"git_commit": sha or None, "git_dirty": bool or None}`` (None: not a git checkout).
+    Dirty: tracked files differ from the commit (untracked files are not counted)."""
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=30, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None, "git_dirty": None}
+    return {"git_commit": commit or None, "git_dirty": bool(status.strip())}
+
+
+def versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def file_sha256(path) -> Optional[str]:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def config_hash(config: dict) -> str:
+    """sha256 of a run config (a nested dict) without its per-run fields (name, output dir, seed):
+    equal for every seed of one variant, different when any setting differs."""
+    cfg = {k: v for k, v in config.items() if k not in PER_RUN_FIELDS}
+    if isinstance(cfg.get("train"), dict):
+        cfg["train"] = {k: v for k, v in cfg["train"].items() if k not in PER_RUN_TRAIN_FIELDS}
+    text = json.dumps(cfg, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def run_provenance(config: dict, manifest: Optional[str]) -> dict:
+    """What one run records: git state, versions, its config hash and its data manifest's hash."""
+    return {**git_state(), "versions": versions(), "config_sha256": config_hash(config),
+            "data_manifest_sha256": file_sha256(manifest) if manifest else None,
+            "command": [sys.executable, *sys.argv]}
+
+
+def commits_of(records: Sequence[dict]) -> dict:
+    """``{commit (or "unrecorded"): ["variant seed N", ...]}`` over the records."""
+    out: dict = {}
+    for r in records:
+        prov = r.get("provenance") or {}
+        commit = prov.get("git_commit") or "unrecorded"
+        if prov.get("git_dirty"):
+            commit += "+dirty"
+        out.setdefault(commit, []).append(f"{r['config']} seed {r['seed']}")
+    return out
+
+
+def mixed_commit_line(records: Sequence[dict]) -> Optional[str]:
+    """The first line of a table built from records of more than one commit (or of records that
+    predate provenance recording, "unrecorded"); None when every record names the same commit."""
+    commits = commits_of(records)
+    if len(commits) == 1 and "unrecorded" not in commits:
+        return None
+    parts = [f"{c[:12] if c != 'unrecorded' else 'no recorded commit'} ({len(runs)} runs)"
+             for c, runs in commits.items()]
+    if list(commits) == ["unrecorded"]:
+        return ("**Provenance: these records name no git commit (made before commits were recorded): "
+                "they may not reproduce on the current code; re-run the grid.**")
+    return "**Mixed commits: this table combines records of " + ", ".join(parts) + "; re-run the grid on one commit.**"

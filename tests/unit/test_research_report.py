@@ -1,0 +1,136 @@
+"""The ablation report: provenance and the mixed-commit rule, per-sequence losses committed beside
+results.json, ``ascender-dist tables`` rebuilding the report from them, and the research extra."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ascender_dist.research import ablate
+from ascender_dist.research.ablate import provenance, report
+from tests.helpers.multiproc import REPO_ROOT
+
+
+def _records(commits=("a" * 40,)):
+    """gpt/asc x 3 seeds, 12 sequences in 4 documents of 3 windows; asc 0.1 lower everywhere."""
+    rng = np.random.default_rng(0)
+    out = []
+    for i, (cfg, shift) in enumerate((("gpt", 0.0), ("asc", -0.1))):
+        for s in (1, 2, 3):
+            ex = rng.normal(5.0, 0.3, 12) + shift
+            commit = commits[(i * 3 + s) % len(commits)]
+            out.append({"config": cfg, "seed": s, "val_loss": float(ex.mean()), "val_example_losses": ex.tolist(),
+                        "val_example_index": list(range(12)), "val_example_documents": [0, 0, 0, 1, 1, 1, 2, 2, 2,
+                                                                                        3, 3, 3],
+                        "val_curve": [[1, 6.0], [2, float(ex.mean())]], "final_train_loss": 5.5,
+                        "train_losses": [7.0, 6.0], "params": 10, "flops_per_token": 60.0, "training_flops": 6e4,
+                        "tokens_per_s": 100.0, "median_step_time_s": 0.1, "peak_rss_mib": 5.0,
+                        "data_sha256": f"seed{s}", "steps": 2, "tokens": 100, "val_sequences": 12,
+                        "provenance": {"git_commit": commit, "git_dirty": False, "config_sha256": cfg * 32}})
+    return out
+
+
+def _grid(tmp_path):
+    return ablate.Grid(name="syn", path="syn.yaml", base={}, seeds=[1, 2, 3], baseline="gpt",
+                       variants=[ablate.Variant(n, {}) for n in ("gpt", "asc")], report_dir=tmp_path / "report")
+
+
+def test_one_commit_no_flag_two_commits_or_none_flagged_in_the_first_line():
+    assert provenance.mixed_commit_line(_records()) is None
+    line = provenance.mixed_commit_line(_records(("a" * 40, "b" * 40)))
+    assert line.startswith("**Mixed commits") and "aaaaaaaaaaaa" in line and "bbbbbbbbbbbb" in line
+    old = [{k: v for k, v in r.items() if k != "provenance"} for r in _records()]
+    assert "no git commit" in provenance.mixed_commit_line(old)
+
+
+def test_report_of_mixed_commits_says_so_first(tmp_path):
+    report.write_report(_grid(tmp_path), _records(("a" * 40, "b" * 40)), n_resamples=200, n_permutations=200)
+    assert (tmp_path / "report" / "results.md").read_text().startswith("**Mixed commits")
+
+
+def test_ablate_refuses_mixed_commits_unless_allowed(tmp_path, monkeypatch, capsys):
+    grid = _grid(tmp_path)
+    monkeypatch.setattr(ablate.main, "load_grid", lambda *a, **k: grid)
+    monkeypatch.setattr(ablate.main, "collect_records", lambda g: _records(("a" * 40, "b" * 40)))
+    assert ablate.ablate_main(["x.yaml", "--report-only", "--n-resamples", "200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-mixed-commits" in err and "aaaaaaaaaaaa: 3 runs" in err
+    assert ablate.ablate_main(["x.yaml", "--report-only", "--n-resamples", "200", "--allow-mixed-commits"]) == 0
+
+
+def test_config_hash_ignores_seed_name_and_output_dir_only():
+    a = {"name": "x-seed1", "output_dir": "r/1", "train": {"seed": 1, "lr": 1}, "model": {"k": 4}}
+    b = {"name": "x-seed2", "output_dir": "r/2", "train": {"seed": 2, "lr": 1}, "model": {"k": 4}}
+    assert provenance.config_hash(a) == provenance.config_hash(b)
+    assert provenance.config_hash(a) != provenance.config_hash({**a, "model": {"k": 8}})
+
+
+def test_per_sequence_losses_round_trip_and_tables_rebuilds_the_report(tmp_path):
+    recs = _records()
+    full = report.write_report(_grid(tmp_path), recs, n_resamples=300, n_permutations=300)
+    out = tmp_path / "report"
+    saved = json.loads((out / "results.json").read_text())
+    assert "val_example_losses" not in saved["records"][0]  # they live in the npz
+    per_seq = report.read_per_sequence(out / report.PER_SEQUENCE)
+    assert per_seq[("asc", "2")]["val_example_losses"] == pytest.approx(recs[4]["val_example_losses"])
+    assert per_seq[("gpt", "1")]["val_example_documents"] == recs[0]["val_example_documents"]
+    per = {e["config"]: e for e in full["tables"]["per_example"]["gpt"]["configs"]}
+    assert per["asc"]["unit"] == "document" and per["asc"]["n_documents"] == 4
+    assert per["asc"]["comparison"]["interval"].startswith("document bootstrap")
+    md = (out / "results.md").read_text()
+    assert "all validation windows of a document drawn together" in md and "Holm" in md
+    before = md[md.index("### "):]
+    (out / "results.md").unlink()
+    proc = subprocess.run([sys.executable, "-m", "ascender_dist.cli", "tables", str(out), "--n-resamples", "300"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    after = (out / "results.md").read_text()
+    assert after[after.index("### "):] == before
+    assert json.loads((out / "results.json").read_text())["tables"] == json.loads(json.dumps(
+        report._json_safe(full["tables"])))
+
+
+def test_tables_on_a_directory_without_results_is_one_line(tmp_path, capsys):
+    assert ablate.main.tables_main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "results.json" in err
+
+
+def test_plotting_without_matplotlib_names_the_extra():
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from ascender_dist.plotting import pyplot\npyplot()")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "error: this command draws figures and needs matplotlib: pip install 'ascender-dist[research]'"]
+
+
+def test_core_dependencies_leave_out_the_research_packages():
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    names = lambda deps: {d.split(">")[0].split("=")[0].strip() for d in deps}  # noqa: E731
+    research = {"matplotlib", "scikit-learn", "scipy"}
+    assert not research & names(project["dependencies"])
+    assert names(project["optional-dependencies"]["research"]) == research
+    assert research <= names(project["optional-dependencies"]["dev"])
+
+
+def test_connection_steps_histogram_and_slot_usage(tmp_path):
+    recs = _records()
+    for r in recs:  # asc: always 3 steps, gpt-named stand-in: half 1, half 2; loads favour one slot
+        hist = [0, 0, 0, 8] if r["config"] == "asc" else [0, 4, 4, 0]
+        r["connection"] = {"1": {"max_steps": 3, "steps_hist": hist, "slot_load": [1.0, 5.0, 2.0, 2.0]},
+                           "2": {"max_steps": 3, "steps_hist": hist, "slot_load": [2.0, 2.0, 2.0, 4.0]}}
+    full = report.write_report(_grid(tmp_path), recs, n_resamples=200, n_permutations=200)
+    c = full["connection"]
+    assert c["asc"]["steps_fraction"] == [0, 0, 0, 1] and c["asc"]["mean_steps"] == 3
+    assert c["gpt"]["mean_steps"] == pytest.approx(1.5)
+    # sorted within each layer, then averaged: (0.5 + 0.4) / 2 for the most loaded slot
+    assert c["gpt"]["slot_share_sorted"][0] == pytest.approx(0.45)
+    assert (tmp_path / "report" / "connection.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| asc | 3 | 3.00 | 0.00 / 0.00 / 0.00 / 1.00 | 0.450 |" in (tmp_path / "report" / "results.md").read_text()
