@@ -107,6 +107,14 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def _timed_both(fn) -> tuple[float, float]:
+    """(wall time, this thread's CPU time) of fn(): with one torch thread the CPU time leaves out
+    the time other processes held the core (not their cache and memory-bandwidth contention)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - t0, time.thread_time() - c0
+
+
 def memory_worker(impl: str, n: int) -> dict:
     """Peak memory of one fwd+bwd of impl after one warm-up (first calls allocate one-time
     workspaces, ~75 MiB here; at n > 2048 the warm-up is a short problem)."""
@@ -137,10 +145,13 @@ def time_worker(n: int, impls: list[str], rounds: int) -> dict:
     runs = {impl: _layer(impl, n) for impl in impls}
     first = {impl: _timed(run) for impl, run in runs.items()}
     times = {impl: [] for impl in impls}
+    cpu = {impl: [] for impl in impls}
     for _ in range(rounds):
         for impl, run in runs.items():
-            times[impl].append(_timed(run))
-    return dict(times=times, first_call_s=first, load_start=load_start, load_end=os.getloadavg()[0],
+            wall, used = _timed_both(run)
+            times[impl].append(wall)
+            cpu[impl].append(used)
+    return dict(times=times, cpu_times=cpu, first_call_s=first, load_start=load_start, load_end=os.getloadavg()[0],
                 threads=torch.get_num_threads())
 
 
@@ -217,6 +228,8 @@ def run_length(n: int, impls: list[str], args) -> list[dict]:
             continue
         t, t_sdpa = res["times"][p["impl"]], res["times"]["sdpa"]
         ratios = [a / b for a, b in zip(t, t_sdpa)]
+        c, c_sdpa = res["cpu_times"][p["impl"]], res["cpu_times"]["sdpa"]
+        p["cpu_ratio"] = _median([a / b for a, b in zip(c, c_sdpa)])
         p.update(time_s=_median(t), times_s=t, time_ratio=_median(ratios), time_ratio_min=min(ratios),
                  ratios=ratios, first_call_s=res["first_call_s"][p["impl"]], rounds=len(t),
                  load_start=res["load_start"], load_1m=res["load_end"], threads=res["threads"])  # fmt: skip
@@ -259,8 +272,12 @@ def write_results(points: list[dict], lengths: list[int], args) -> None:
         "times are inflated, the same-round ratios less so). Peak: resident-memory high-water mark above the level",
         "before one fwd+bwd (MiB, a fresh process per point, not affected by load); x SDPA: ratio to SDPA's peak.",
         "",
-        "| n | impl | time (s) | x SDPA median | x SDPA min | rounds | peak (MiB) | peak x SDPA | CPU, threads | load |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        "`CPU-time x SDPA`: the same-round ratio of the thread's CPU time (time.thread_time), median; it leaves out",
+        "the time other processes held the core, not their cache contention.",
+        "",
+        "| n | impl | time (s) | x SDPA median | x SDPA min | rounds | CPU-time x SDPA | peak (MiB) | peak x SDPA "
+        "| CPU, threads | load |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for n in lengths:
         for impl in IMPLS:
@@ -268,15 +285,16 @@ def write_results(points: list[dict], lengths: list[int], args) -> None:
             if p is None:
                 continue
             if p["status"] != "ok":
-                lines.append(f"| {n} | {impl} | {p['status']} | | | | | | | |")
+                lines.append(f"| {n} | {impl} | {p['status']} | | | | | | | | |")
                 continue
             mem_ratio = p["peak_mib"] / sdpa_mem[n] if sdpa_mem.get(n) else float("nan")
             if "rounds" in p:
-                timing = (f"{p['time_s']:.3f} | {p['time_ratio']:.2f} | {p['time_ratio_min']:.2f} | {p['rounds']} | "
+                cpu_r = f"{p['cpu_ratio']:.2f}" if "cpu_ratio" in p else "-"
+                timing = (f"{p['time_s']:.3f} | {p['time_ratio']:.2f} | {p['time_ratio_min']:.2f} | {p['rounds']} | {cpu_r} | "
                           f"{p['peak_mib']:.0f} | {mem_ratio:.1f} | {p['cpu']}, {p['threads']} | "
                           f"{p['load_start']:.1f} / {p['load_1m']:.1f}")  # fmt: skip
             else:  # rows of an older run (--merge) with its best-of-a-few timing
-                timing = f"{p['time_s']:.3f} | {p['time_ratio']:.1f} (earlier run, best of a few) | | | " \
+                timing = f"{p['time_s']:.3f} | {p['time_ratio']:.1f} (earlier run, best of a few) | | | | " \
                          f"{p['peak_mib']:.0f} | {mem_ratio:.1f} | | "
             lines.append(f"| {n} | {impl} | {timing} |")
     for note in args.note or []:
