@@ -9,16 +9,21 @@ defaults of AscenderHParams). Implementations:
     reference  our dense reference (reference.py), causal statistics
     fast       our chunked fast path (fast.py), causal statistics, the default path on CPU
 
-Each (impl, n) point runs in two fresh subprocesses with one torch thread. Memory: after one
-warm-up fwd+bwd it resets the kernel's peak-RSS counter (/proc/self/clear_refs), runs one
-fwd+bwd and reads VmHWM - VmRSS(before); glibc is told to mmap every block above 1 MiB, so that
-freed memory really leaves the process and the high-water mark is the true peak. Time: a second
-process with glibc's default allocator (the mmap setting makes every large temporary a fresh
-mapping whose pages fault on first touch: it slowed the tiled fast path 1.7x and SDPA not at
-all), the best of a few fwd+bwd runs, with SDPA timed in the same process for the ratio. Points
-whose estimated memory exceeds --mem-cap-gb or whose run exceeds --timeout are reported as such.
+Time: one process per n, with one torch thread, builds every implementation, warms each up
+once, then runs R rounds (R >= 5, --reps); each round times one fwd+bwd of every implementation
+back to back, SDPA first. The ratio of a round is impl time / SDPA time of that same round, so
+load from other processes that lasts longer than a round cancels; the table gives the median
+and the minimum over the rounds, the median time, the CPU model, the thread count and the
+1-minute load average at the start and end of each n. Memory: a fresh process per (impl, n):
+after one warm-up fwd+bwd it resets the kernel's peak-RSS counter (/proc/self/clear_refs), runs
+one fwd+bwd and reads VmHWM - VmRSS(before); glibc is told to mmap every block above 1 MiB, so
+that freed memory really leaves the process and the high-water mark is the true peak (timing
+uses glibc's default allocator: the mmap setting makes every large temporary a fresh mapping
+whose pages fault on first touch, which slows the tiled fast path and not SDPA). Points whose
+estimated memory exceeds --mem-cap-gb are skipped; a worker that exceeds --timeout (per call
+of the memory worker, per round of the timing worker) is reported as such.
 
-    .venv/bin/python benchmarks/attention.py           # ~10 min on a 2-core CPU
+    .venv/bin/python benchmarks/attention.py           # ~15 min on a 2-core CPU
     .venv/bin/python benchmarks/attention.py --quick   # smoke run
 
 Writes benchmarks/results/attention.{json,md,png}.
@@ -102,30 +107,58 @@ def _best_time(fn, reps: int) -> float:
     return best
 
 
-def worker(impl: str, n: int, reps: int, measure: str) -> dict:
-    """One warm-up fwd+bwd (first calls allocate one-time workspaces, ~75 MiB here), then either
-    the peak-memory run (measure == "memory") or reps timed runs with SDPA timed alongside."""
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _timed_both(fn) -> tuple[float, float]:
+    """(wall time, this thread's CPU time) of fn(): with one torch thread the CPU time leaves out
+    the time other processes held the core (not their cache and memory-bandwidth contention)."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - t0, time.thread_time() - c0
+
+
+def memory_worker(impl: str, n: int) -> dict:
+    """Peak memory of one fwd+bwd of impl after one warm-up (first calls allocate one-time
+    workspaces, ~75 MiB here; at n > 2048 the warm-up is a short problem)."""
     import torch
 
     torch.set_num_threads(1)
-    if measure == "memory":
-        try:  # M_MMAP_THRESHOLD: big blocks via mmap, so free() returns them to the OS
-            ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)
-        except OSError:
-            pass
+    try:  # M_MMAP_THRESHOLD: big blocks via mmap, so free() returns them to the OS
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)
+    except OSError:
+        pass
     if n > 2048:  # warm up on a small problem: one-time workspaces without a second long run
         for name in ("sdpa", impl):
             _layer(name, 512)()
-    sdpa = _layer("sdpa", n)
-    run = sdpa if impl == "sdpa" else _layer(impl, n)
-    sdpa()
+    run = _layer(impl, n)
+    _layer("sdpa", n)()
     if n <= 2048:
         run()
-    if measure == "memory":
-        return dict(peak_mib=_peak_delta_mib(run))
-    t = _best_time(run, reps)
-    t_sdpa = t if impl == "sdpa" else _best_time(sdpa, max(reps, 3))
-    return dict(time_s=t, sdpa_time_s=t_sdpa, time_ratio=t / t_sdpa, load_1m=os.getloadavg()[0])
+    return dict(peak_mib=_peak_delta_mib(run))
+
+
+def time_worker(n: int, impls: list[str], rounds: int) -> dict:
+    """rounds x (one fwd+bwd of each impl, SDPA first), after one warm-up call each: per impl
+    the list of times (s), in round order; the first call's time is reported separately."""
+    import torch
+
+    torch.set_num_threads(1)
+    load_start = os.getloadavg()[0]
+    runs = {impl: _layer(impl, n) for impl in impls}
+    first = {impl: _timed(run) for impl, run in runs.items()}
+    times = {impl: [] for impl in impls}
+    cpu = {impl: [] for impl in impls}
+    for _ in range(rounds):
+        for impl, run in runs.items():
+            wall, used = _timed_both(run)
+            times[impl].append(wall)
+            cpu[impl].append(used)
+    return dict(times=times, cpu_times=cpu, first_call_s=first, load_start=load_start, load_end=os.getloadavg()[0],
+                threads=torch.get_num_threads())
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -156,24 +189,57 @@ def attention_gflops(n: int, windowed: bool) -> dict:
             "neighbour_search": HEADS * search / 1e9}  # fmt: skip
 
 
-def run_point(impl: str, n: int, args) -> dict:
-    est = estimated_gib(impl, n)
-    if est > args.mem_cap_gb:
-        return dict(impl=impl, n=n, status=f"skipped: est. {est:.0f} GiB > {args.mem_cap_gb:g} GiB cap")
-    reps = 3 if n <= 1024 else (2 if n <= 4096 else 1)
-    point = dict(impl=impl, n=n, status="ok")
+def _subprocess(args_: list[str], timeout: float) -> dict | str:
+    """Run this file as a worker; its last stdout line (JSON) or a one-line failure."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    for measure in ("memory", "time"):
-        cmd = [sys.executable, __file__, "--worker", impl, str(n), str(reps), measure]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env, cwd=ROOT)
-        except subprocess.TimeoutExpired:
-            return dict(impl=impl, n=n, status=f"timeout > {args.timeout:g} s ({measure})")
-        if proc.returncode != 0:
-            tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
-            return dict(impl=impl, n=n, status=f"failed (rc {proc.returncode}, {measure}): {tail[:80]}")
-        point.update(json.loads(proc.stdout.strip().splitlines()[-1]))
-    return point
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--worker", *args_], capture_output=True, text=True,
+                              timeout=timeout, env=env, cwd=ROOT)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return f"timeout > {timeout:g} s"
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return f"failed (rc {proc.returncode}): {tail[:80]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _median(xs: list[float]) -> float:
+    ys = sorted(xs)
+    m = len(ys) // 2
+    return ys[m] if len(ys) % 2 else 0.5 * (ys[m - 1] + ys[m])
+
+
+def run_length(n: int, impls: list[str], args) -> list[dict]:
+    """All points of one n: memory per (impl, n) process, time interleaved in one process."""
+    points, timed = [], []
+    for impl in impls:
+        est = estimated_gib(impl, n)
+        if est > args.mem_cap_gb:
+            points.append(dict(impl=impl, n=n, status=f"skipped: est. {est:.0f} GiB > {args.mem_cap_gb:g} GiB cap"))
+            continue
+        mem = _subprocess(["memory", impl, str(n)], args.timeout)
+        if isinstance(mem, str):
+            points.append(dict(impl=impl, n=n, status=f"{mem} (memory)"))
+            continue
+        points.append(dict(impl=impl, n=n, status="ok", **mem))
+        timed.append(impl)
+    if "sdpa" not in timed:
+        return points
+    res = _subprocess(["time", str(n), str(args.reps), ",".join(timed)], args.timeout * (args.reps + 2))
+    for p in points:
+        if p["impl"] not in timed:
+            continue
+        if isinstance(res, str):
+            p["status"] = f"{res} (time)"
+            continue
+        t, t_sdpa = res["times"][p["impl"]], res["times"]["sdpa"]
+        ratios = [a / b for a, b in zip(t, t_sdpa)]
+        c, c_sdpa = res["cpu_times"][p["impl"]], res["cpu_times"]["sdpa"]
+        p["cpu_ratio"] = _median([a / b for a, b in zip(c, c_sdpa)])
+        p.update(time_s=_median(t), times_s=t, time_ratio=_median(ratios), time_ratio_min=min(ratios),
+                 ratios=ratios, first_call_s=res["first_call_s"][p["impl"]], rounds=len(t),
+                 load_start=res["load_start"], load_1m=res["load_end"], threads=res["threads"])  # fmt: skip
+    return points
 
 
 def machine() -> str:
@@ -187,6 +253,13 @@ def machine() -> str:
     return f"{os.cpu_count()}-core CPU ({cpu}), 1 torch thread, torch {torch.__version__}, Python {platform.python_version()}"
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def write_results(points: list[dict], lengths: list[int], args) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     by = {(p["impl"], p["n"]): p for p in points}
@@ -195,18 +268,22 @@ def write_results(points: list[dict], lengths: list[int], args) -> None:
         "# ASCender attention layer: forward + backward on CPU",
         "",
         f"Machine: {machine()}. Generated by `benchmarks/attention.py`.",
-        f"The machine is shared: the 1-minute load average on its {os.cpu_count()} cores at the end of each point is in",
-        "the `load` column (above 2 means other work competed for the cores, so absolute times are",
-        "inflated and ratios noisy; SDPA is re-timed in each point's process to keep the ratio honest).",
-        "Memory is not affected by the load.",
         "",
         f"One layer, batch 1, {HEADS} heads, head dim {HEAD_DIM}, fp32, causal; d_z = d_a = {D_Z}, k = {K_TOP},",
-        f"window {WINDOW} + {GLOBALS} globals. Time: best fwd+bwd wall time; x SDPA: ratio to SDPA timed in",
-        "the same process. Peak: resident-memory high-water mark above the level before the fwd+bwd (MiB),",
-        "x SDPA: ratio to the SDPA point's peak.",
+        f"window {WINDOW} + {GLOBALS} globals. Time: all implementations of one n run in one process, one torch",
+        "thread, interleaved: each round times one fwd+bwd of each, SDPA first; `rounds` rounds after one warm-up",
+        "call each. `x SDPA`: the ratio impl / SDPA of the same round, median and minimum over the rounds; `time`:",
+        "the median time. `load`: the 1-minute load average of the machine at the start / end of the n's timing",
+        f"process (the machine has {os.cpu_count()} cores and is shared; above ~1 other work competed for the cores: absolute",
+        "times are inflated, the same-round ratios less so). Peak: resident-memory high-water mark above the level",
+        "before one fwd+bwd (MiB, a fresh process per point, not affected by load); x SDPA: ratio to SDPA's peak.",
         "",
-        "| n | impl | time (s) | time x SDPA | peak (MiB) | peak x SDPA | load |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "`CPU-time x SDPA`: the same-round ratio of the thread's CPU time (time.thread_time), median; it leaves out",
+        "the time other processes held the core, not their cache contention.",
+        "",
+        "| n | impl | time (s) | x SDPA median | x SDPA min | rounds | CPU-time x SDPA | peak (MiB) | peak x SDPA "
+        "| CPU, threads | load |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for n in lengths:
         for impl in IMPLS:
@@ -214,14 +291,18 @@ def write_results(points: list[dict], lengths: list[int], args) -> None:
             if p is None:
                 continue
             if p["status"] != "ok":
-                lines.append(f"| {n} | {impl} | {p['status']} | | | | |")
+                lines.append(f"| {n} | {impl} | {p['status']} | | | | | | | | |")
                 continue
             mem_ratio = p["peak_mib"] / sdpa_mem[n] if sdpa_mem.get(n) else float("nan")
-            load = f"{p['load_1m']:.1f}" if "load_1m" in p else "earlier run"
-            lines.append(
-                f"| {n} | {impl} | {p['time_s']:.3f} | {p['time_ratio']:.1f} | {p['peak_mib']:.0f} | {mem_ratio:.1f} "
-                f"| {load} |"
-            )
+            if "rounds" in p:
+                cpu_r = f"{p['cpu_ratio']:.2f}" if "cpu_ratio" in p else "-"
+                timing = (f"{p['time_s']:.3f} | {p['time_ratio']:.2f} | {p['time_ratio_min']:.2f} | {p['rounds']} | {cpu_r} | "
+                          f"{p['peak_mib']:.0f} | {mem_ratio:.1f} | {p['cpu']}, {p['threads']} | "
+                          f"{p['load_start']:.1f} / {p['load_1m']:.1f}")  # fmt: skip
+            else:  # rows of an older run (--merge) with its best-of-a-few timing
+                timing = f"{p['time_s']:.3f} | {p['time_ratio']:.1f} (earlier run, best of a few) | | | | " \
+                         f"{p['peak_mib']:.0f} | {mem_ratio:.1f} | | "
+            lines.append(f"| {n} | {impl} | {timing} |")
     for note in args.note or []:
         lines += ["", note]
     lines += ["", "Forward attention GFLOPs (analytic, see `attention_gflops`): full = top-k over all j < i,",
@@ -266,18 +347,24 @@ def plot(points: list[dict], lengths: list[int]) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        print(json.dumps(worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])))
+        if sys.argv[2] == "memory":
+            print(json.dumps(memory_worker(sys.argv[3], int(sys.argv[4]))))
+        else:
+            print(json.dumps(time_worker(int(sys.argv[3]), sys.argv[5].split(","), int(sys.argv[4]))))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     ap.add_argument("--impls", nargs="+", default=list(IMPLS))
-    ap.add_argument("--timeout", type=float, default=150.0, help="seconds per (impl, n) point")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per memory run / per timing round")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved timing rounds per n (>= 5)")
     ap.add_argument("--mem-cap-gb", type=float, default=6.0, help="skip dense points estimated above this")
     ap.add_argument("--quick", action="store_true", help="n = 256, 512 only")
     ap.add_argument("--merge", action="store_true", help="keep other points of the existing attention.json")
     ap.add_argument("--note", action="append", help="a paragraph to print under the table (repeatable)")
     ap.add_argument("--rewrite", action="store_true", help="only re-render md/png from attention.json")
     args = ap.parse_args()
+    if args.reps < 5:
+        ap.error("--reps must be >= 5 (median and minimum of at least five same-round ratios)")
     lengths = [256, 512] if args.quick else args.lengths
     if args.rewrite:
         points = json.loads((RESULTS / "attention.json").read_text())["points"]
@@ -285,8 +372,8 @@ def main() -> None:
         return
     points = []
     for n in lengths:
-        for impl in ["sdpa"] + [i for i in args.impls if i != "sdpa"]:
-            p = run_point(impl, n, args)
+        for p in run_length(n, ["sdpa"] + [i for i in args.impls if i != "sdpa"], args):
+            p["cpu"] = cpu_model()
             print(json.dumps(p), flush=True)
             points.append(p)
     if args.merge and (RESULTS / "attention.json").exists():

@@ -20,8 +20,7 @@ h: [b, np, s, d_a]) and the same math, rearranged (docs/ascender.md, "Fast path"
   chunk over a band of +-window keys plus the globals (O(s * window)), or over all visible
   keys when window == 0 (O(s * chunk) memory).
 
-``prepare`` / ``run_chunks`` / ``_chunk_queries`` are the unfused form (folded k_aug, per-chunk
-checkpointing); no entry point uses them (the GPU path is the Triton kernels in ``kernels/``).
+The GPU path is the Triton kernels in ``kernels/``, which reuse the operand and row helpers here.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from .common import row_scale, safe_sqrt, variance_denominator
 from .hparams import AscenderHParams
@@ -153,31 +151,9 @@ def heading_from_sums(total, sq, count, hp: AscenderHParams):
     return F.normalize(total, dim=-1, eps=hp.eps), spread
 
 
-# ----------------------------------------------------------------------------- moments
-class PrefixMoments:
-    """Mean and population variance over visible j of p_ij = x_i . y_j, without the n x n p, for
-    the unfused path (prepare): the states of _moment_states at every chunk start (under
-    autograd), the rows of a chunk by _row_moments_chunk. y: [b, np, s, e]."""
-
-    def __init__(self, y: torch.Tensor, causal: bool, chunks):
-        b, nh, n, e = y.shape
-        self.causal = causal
-        states = _moment_states(y.reshape(b * nh, n, e), causal, [c0 for c0, _ in chunks])
-        self.states = [tuple(s_.view(b, nh, *s_.shape[1:]) for s_ in st) for st in states]
-
-    def state(self, ci: int):
-        """Tensors a chunk needs (passed explicitly through checkpoint)."""
-        return self.states[ci if self.causal else 0]
-
-    def row_moments(self, x, state, c0: int, c1: int, y):
-        """x: [b, np, C, e] for rows c0..c1-1. Returns mean, var_pop [b, np, C]."""
-        return _row_moments_chunk(self.causal, x, state, y[..., c0:c1, :], c0, c0)
-
-
 # ----------------------------------------------------------------------------- one chunk
 class _Call:
-    """Static facts of one call, shared by all chunks (holds no tensor that needs a gradient
-    except through the moment helpers, whose tensors are also passed explicitly)."""
+    """Static facts of one call, shared by all chunks (holds no tensor)."""
 
     def __init__(self, hp: AscenderHParams, n: int, hd: int, use_sep: bool, with_aux: bool,
                  with_stats: bool):  # fmt: skip
@@ -185,191 +161,6 @@ class _Call:
         self.want_lsep = with_aux and use_sep and hp.aux_crowding_weight > 0
         self.want_lcoh = with_aux and hp.use_coh and hp.aux_compactness_weight > 0
         self.with_stats = with_stats
-        self.align_moments: PrefixMoments | None = None
-        self.coh_moments: PrefixMoments | None = None
-
-
-def _tile_sqdist(zq, zk, c0: int, vis):
-    """|z_i - z_j|^2 on the tile [b, np, C, L]: clamped at 0, exactly 0 on the diagonal, +inf
-    where j is invisible (so every kernel exp(-d2 / tau) is already 0 there). One pass after
-    the matmul: a single torch.where against a precomputed fill."""
-    d2 = (zq * zq).sum(-1)[..., :, None] + (zk * zk).sum(-1)[..., None, :] - 2 * zq @ zk.transpose(-1, -2)
-    C, L = d2.shape[-2:]
-    diag = torch.arange(c0, c0 + C, device=zq.device)[:, None] == torch.arange(L, device=zq.device)
-    fill = torch.zeros(C, L, dtype=d2.dtype, device=d2.device).masked_fill(~vis, float("inf"))
-    return torch.where(vis & ~diag, d2.clamp(min=0), fill)
-
-
-def _kernels(call: _Call, d2):
-    """(w_sep, w_coh) on the tile; one exp when both taus give the same kernel."""
-    hp = call.hp
-    ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
-    w_sep = torch.exp(d2 * (-1.0 / ks)) if call.use_sep else None
-    if not hp.use_coh:
-        return w_sep, None
-    w_coh = w_sep if w_sep is not None and ks == kc else torch.exp(d2 * (-1.0 / kc))
-    return w_sep, w_coh
-
-
-def _align_part(call: _Call, c0, c1, L, t, count, denom, terms, rows):
-    """Query columns w_a s_a(i) u_i of the fold; s_a from the prefix moments of u_i . khat_j."""
-    hp = call.hp
-    head = t["omega"][:, ALIGN].view(1, -1, 1, 1)
-    uq = t["u"][..., c0:c1, :]  # [b, np, C, hd]
-    g = t["lambdas"][:, ALIGN].view(1, -1, 1) * t["gate_a"][..., c0:c1]
-    mean, var = call.align_moments.row_moments(uq, t["align_state"], c0, c1, t["khat"])
-    s = row_scale(g, safe_sqrt(var * count / denom), hp)  # [b, np, C]
-    rows["align_mean"], rows["align_scale"] = mean, s
-    if call.with_stats:
-        r = uq @ t["khat"][..., :L, :].transpose(-1, -2)  # [b, np, C, L]
-        terms["align"] = head * s[..., None] * (r - mean[..., None])
-    return head * s[..., None] * uq
-
-
-def _coh_part(call: _Call, c0, c1, L, t, w, count, denom, terms, rows):
-    """Query columns 2 w_c s_c(i) [c_i, 1] of the fold; c_i and its gate from the kernel tile
-    w (0 where invisible)."""
-    hp = call.hp
-    head = t["omega"][:, COH].view(1, -1, 1, 1)
-    zk = t["z"][..., :L, :]
-    z2 = t["z2"][..., :L]  # [b, np, L]
-    weight = w.sum(-1)  # [b, np, C], >= 1 since w_ii = 1
-    # centroid and second moment in one matmul: w @ [z, |z|^2]
-    moments = (w @ torch.cat([zk, z2[..., None]], -1)) / weight[..., None]  # [b, np, C, dz + 1]
-    c, ez2 = moments[..., :-1], moments[..., -1]
-    c2 = (c * c).sum(-1)
-    gate = torch.sigmoid(-hp.alpha_coh * (ez2 - c2).clamp(min=0))
-    g = t["lambdas"][:, COH].view(1, -1, 1) * gate / hp.tau_coh
-    x = torch.cat([c, torch.ones_like(c[..., :1])], -1)  # r_ij = 2 x_i . zy_j - |c_i|^2
-    mean_p, var_p = call.coh_moments.row_moments(x, t["coh_state"], c0, c1, t["zy"])
-    s = row_scale(g, safe_sqrt(4 * var_p * count / denom), hp)
-    mean = 2 * mean_p - c2
-    rows["centroid"], rows["gate_coh"], rows["coh_mean"], rows["coh_scale"] = c, gate, mean, s
-    if call.with_stats:
-        r = -(z2[..., None, :] - 2 * c @ zk.transpose(-1, -2) + c2[..., None])
-        terms["coh"] = head * s[..., None] * (r - mean[..., None])
-    return head * 2 * s[..., None] * x
-
-
-def _sep_tile(call: _Call, c0, c1, L, t, w, vis, count, denom, rows):
-    """(omega_s * normalised Separation bias / tau_score, phi) on the tile [b, np, C, L], both
-    0 where invisible; w is the Separation kernel tile (0 where invisible)."""
-    hp = call.hp
-    cols = torch.arange(L, device=w.device)[None, :]
-    off_diag = (vis & (cols != torch.arange(c0, c1, device=w.device)[:, None])).to(w.dtype)  # [C, L]
-    rho = torch.linalg.vecdot(w, off_diag)  # [b, np, C]: sum over l != i (not w.sum - 1: cancels)
-    eta = torch.clamp(rho / t["kappa"].view(1, -1, 1), max=1.0)
-    hhat = t["hhat"]
-    a = hhat[..., c0:c1, :] @ hhat[..., :L, :].transpose(-1, -2)  # [b, np, C, L]
-    phi = w * F.relu(a - t["delta"].view(1, -1, 1, 1))
-    mu = phi.sum(-1) / count
-    dev = phi - mu[..., None]
-    if hp.causal:
-        dev = dev * vis
-    sigma = safe_sqrt(torch.linalg.vecdot(dev, dev) / denom)
-    s = row_scale(-t["lambdas"][:, SEP].view(1, -1, 1) * eta, sigma, hp)
-    rows["rho"], rows["eta"], rows["sep_mean"], rows["sep_scale"] = rho, eta, mu, s
-    factor = t["omega"][:, SEP].view(1, -1, 1) * s / t["tau"].view(1, -1, 1)  # [b, np, C]
-    return factor[..., None] * dev, phi
-
-
-def _chunk_queries(call: _Call, c0: int, c1: int, t: dict):
-    """Everything of query rows [c0, c1) except the attention itself: the folded queries
-    q_aug [b, np, C, e], the additive tile bias (Separation + other, already / tau_score,
-    -inf where invisible) [b, np, C, L] or None, the visibility [C, L], row statistics, and
-    the explicit bias tiles (not / tau) when stats are wanted."""
-    hp, dev_ = call.hp, t["q"].device
-    L = c1 if hp.causal else call.n  # keys this chunk can see
-    vis = tile_visibility(c0, c1, L, hp.causal, dev_)  # [C, L]
-    count = vis.sum(-1).to(t["q"].dtype)  # [C]
-    denom = variance_denominator(count, hp)
-    tau = t["tau"].view(1, -1, 1, 1)
-    rows, terms = {}, {}
-    q_c = t["q"][..., c0:c1, :]
-    parts = [q_c / math.sqrt(call.hd)]
-    if hp.use_align:
-        parts.append(_align_part(call, c0, c1, L, t, count, denom, terms, rows))
-    if call.use_sep or hp.use_coh:
-        d2 = _tile_sqdist(t["z"][..., c0:c1, :], t["z"][..., :L, :], c0, vis)  # [b, np, C, L]
-        w_sep, w_coh = _kernels(call, d2)
-    if hp.use_coh:
-        parts.append(_coh_part(call, c0, c1, L, t, w_coh, count, denom, terms, rows))
-    bias = None
-    if call.use_sep:
-        bias, rows["phi"] = _sep_tile(call, c0, c1, L, t, w_sep, vis, count, denom, rows)
-        if call.with_stats:
-            terms["sep"] = bias.detach() * tau
-    if hp.other_bias == "alibi":
-        dist = (torch.arange(c0, c1, device=dev_)[:, None] - torch.arange(L, device=dev_)).abs()
-        other = -t["slope"].view(1, -1, 1, 1) * dist.to(q_c.dtype)  # [1, np, C, L]
-        bias = other / tau if bias is None else bias + other / tau
-        if call.with_stats:
-            terms["other"] = other
-    if hp.causal:
-        neg = torch.zeros(vis.shape, dtype=q_c.dtype, device=dev_).masked_fill(~vis, NEG_INF)
-        bias = neg if bias is None else bias + neg  # -inf only after / tau: no inf * 0 in grads
-    q_aug = torch.cat(parts, -1) / tau  # [b, np, C, hd + extra]
-    return q_aug, bias, vis, rows, terms
-
-
-def _needs_checkpoint(tensors: dict) -> bool:
-    return torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in tensors.values()
-    )
-
-
-def prepare(q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
-            with_aux: bool, with_stats: bool):  # fmt: skip
-    """Whole-sequence O(s) work: neighbours, headings, gates, moment states, k_aug / v_aug.
-
-    Returns (call, t, chunks, rows) where t holds the tensors every chunk reads."""
-    b, nh, n, hd = q.shape
-    chunks = chunk_bounds(n, b * nh, hp)
-    call = _Call(hp, n, hd, use_sep, with_aux, with_stats)
-    hhat = F.normalize(h, dim=-1, eps=hp.eps)
-    khat = F.normalize(k, dim=-1, eps=hp.eps)
-    idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
-    rows = {"neighbour_idx": idx, "neighbour_valid": valid}
-    t = dict(q=q, z=z, z2=(z * z).sum(-1), hhat=hhat, khat=khat, omega=params.omega, lambdas=params.lambdas,
-             delta=params.delta, kappa=params.kappa, tau=params.tau_score, slope=params.alibi_slope)  # fmt: skip
-    k_parts = [k]
-    if hp.use_align:
-        u, spread, _ = headings(khat, idx, valid, hp)  # [b, np, s, hd], [b, np, s]
-        t["u"], t["gate_a"] = u, torch.sigmoid(-hp.alpha_align * spread)
-        rows["u"], rows["gate_align"] = u, t["gate_a"]
-        call.align_moments = PrefixMoments(khat, hp.causal, chunks)
-        k_parts.append(khat)
-    if hp.use_coh:
-        zy = torch.cat([z, -0.5 * (z * z).sum(-1, keepdim=True)], -1)  # [b, np, s, dz + 1]
-        t["zy"] = zy
-        call.coh_moments = PrefixMoments(zy, hp.causal, chunks)
-        k_parts.append(zy)
-    t["k_aug"] = torch.cat(k_parts, -1)  # [b, np, s, hd (+ hd) (+ dz + 1)]
-    t["v_aug"] = torch.cat([v, z, (z * z).sum(-1, keepdim=True)], -1) if call.want_lcoh else v
-    return call, t, chunks, rows
-
-
-def run_chunks(fn, call: _Call, t: dict, chunks):
-    """Apply fn(call, c0, c1, t) to every chunk, under checkpointing when gradients flow, so
-    backward recomputes one chunk's tiles at a time instead of keeping all of them."""
-    results = []
-    for ci, (c0, c1) in enumerate(chunks):
-        if call.align_moments is not None:
-            t["align_state"] = call.align_moments.state(ci)
-        if call.coh_moments is not None:
-            t["coh_state"] = call.coh_moments.state(ci)
-        if _needs_checkpoint(t):
-            results.append(checkpoint(fn, call, c0, c1, dict(t), use_reentrant=False))
-        else:
-            results.append(fn(call, c0, c1, dict(t)))
-    return results
-
-
-def merge_rows(rows: dict, chunk_rows: list[dict]) -> dict:
-    """Concatenate per-chunk row statistics along the sequence dim."""
-    for key in chunk_rows[0]:
-        rows[key] = torch.cat([r[key] for r in chunk_rows], dim=2)
-    return rows
 
 
 def _aux(rows, u, idx, valid, hp: AscenderHParams, call: _Call):
@@ -422,6 +213,14 @@ def _aux(rows, u, idx, valid, hp: AscenderHParams, call: _Call):
 # in the [C, C] block of columns [c0, c1): masks never touch the rest of the tile.
 
 MOMENT_STRIDE = 256  # rows between two causal moment states of the fused path
+LOG2E = 1.0 / math.log(2.0)
+
+
+def _exp_(x: torch.Tensor) -> torch.Tensor:
+    """exp(x) in place, as exp2(x log2 e): torch's CPU exp2 kernel takes less than half the time
+    of its exp on a tile here (docs/ascender.md, Cost); exp2(0) = 1 and exp2(-inf) = 0 exactly,
+    as exp; the product's rounding moves w by < 4e-6 relative (float32) at the lower clamp."""
+    return x.mul_(LOG2E).exp2_()
 
 
 def moment_chunks(n: int) -> list[tuple[int, int]]:
@@ -621,8 +420,8 @@ def _tiles(call: _Call, c0: int, c1: int, L: int, t: dict, keep: bool, saved: di
         blk.masked_fill_(upper, NEG_INF)  # invisible: every kernel exactly 0
     w_sep = w_coh = None
     if ratio != 1.0:
-        w_coh = torch.exp(x * ratio)
-    w = x.exp_()
+        w_coh = _exp_(x * ratio)
+    w = _exp_(x)
     if call.use_sep:
         w_sep = w
         if use_coh and kc == ks:
