@@ -70,7 +70,6 @@ def _layer(impl: str, n: int, device: str = "cpu", dtype: str = "float32"):
     import torch.nn.functional as F
 
     from ascender_dist.models.ascender import AscenderHeadParams, AscenderHParams, ascender_attention
-    from seed_reference import seed_attention, seed_params  # benchmarks/, this script's directory
 
     g = torch.Generator().manual_seed(0)
     to = dict(device=device, dtype=getattr(torch, dtype))
@@ -81,8 +80,10 @@ def _layer(impl: str, n: int, device: str = "cpu", dtype: str = "float32"):
     q, k, v, z, h = mk(HEAD_DIM), mk(HEAD_DIM), mk(HEAD_DIM), mk(D_Z), mk(D_A)
     hp = AscenderHParams(d_z=D_Z, d_a=D_A, k=K_TOP, window=WINDOW, num_global=GLOBALS, causal=True)
     params = AscenderHeadParams(hp, HEADS).to(**to)
-    sp = seed_params()
-    causal_mask = torch.ones(n, n).tril() if impl == "seed" else None
+    if impl == "seed":  # benchmarks/seed_reference.py: importable here when this file runs as a script
+        from seed_reference import seed_attention, seed_params
+
+        sp, causal_mask = seed_params(), torch.ones(n, n).tril()
 
     def run():
         if impl == "sdpa":
