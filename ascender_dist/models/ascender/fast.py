@@ -720,16 +720,7 @@ class _FusedChunks(torch.autograd.Function):
             if d_c is not None:
                 outs.append(rows["centroid"])
                 gouts.append(d_c)
-            for key, g in d_rows.items():
-                if g is not None and key in rows:
-                    outs.append(rows[key])
-                    gouts.append(g[:, :, c0:c1])
-            leaves = [(k_, v_) for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad]
-            leaves += [(f"{k_}#{i}", v_) for k_, val in x.items() if isinstance(val, tuple)
-                       for i, v_ in enumerate(val)]  # fmt: skip
-            grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
-            gx = {name: g for (name, _), g in zip(leaves, grads) if g is not None}
-            _scatter_row_grads(c0, c1, x, gx, gbuf, gq, g_small, g_states)
+            gx = rows_backward(c0, c1, x, rows, outs, gouts, d_rows, (gbuf, gq, g_small, g_states))
             if not (call.use_sep or hp.use_coh):
                 continue
             # ---- tile backward: Separation statistics and bias, kernels, affinity
@@ -797,6 +788,24 @@ class _FusedChunks(torch.autograd.Function):
             dev = w_sep = w_coh = gm = dwc = None
         Zr = gZ = Hr = gH = None  # the buffers are released one by one in _input_grads
         return (None, *_input_grads(call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ctx.needs_input_grad))
+
+
+def rows_backward(c0: int, c1: int, x: dict, rows: dict, outs: list, gouts: list, d_rows: dict, sinks) -> dict:
+    """Backward of one chunk's per-row algebra (:func:`_rows`, re-run under autograd): ``outs``/``gouts``
+    hold the row outputs the tile backward already has gradients for; the returned row statistics
+    with a gradient in ``d_rows`` join them. The leaves' gradients go into ``sinks`` = (gbuf, gq,
+    g_small, g_states) (:func:`_scatter_row_grads`) and are returned by leaf name."""
+    for key, g in d_rows.items():
+        if g is not None and key in rows:
+            outs.append(rows[key])
+            gouts.append(g[:, :, c0:c1])
+    leaves = [(k_, v_) for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad]
+    leaves += [(f"{k_}#{i}", v_) for k_, val in x.items() if isinstance(val, tuple)
+               for i, v_ in enumerate(val)]  # fmt: skip
+    grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
+    gx = {name: g for (name, _), g in zip(leaves, grads) if g is not None}
+    _scatter_row_grads(c0, c1, x, gx, *sinks)
+    return gx
 
 
 def _scatter_row_grads(c0: int, c1: int, x: dict, gx: dict, gbuf: dict, gq, g_small: dict, g_states: dict) -> None:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 
 from ..fast import (
-    SMALL, _aux, _Call, _count_denom, _input_grads, _moved_stats, _operands, _row_inputs, _rows, _scatter_row_grads,
-    _Spec, _store_rows, _swap_last_two, _tiles, chunk_bounds, neighbours, search_vectors,
+    SMALL, _aux, _Call, _count_denom, _input_grads, _moved_stats, _operands, _row_inputs, _rows,
+    _Spec, _store_rows, _swap_last_two, _tiles, chunk_bounds, neighbours, rows_backward, search_vectors,
 )
 from ascender_dist.config.ascender_hparams import AscenderHParams
 from ..params import AscenderHeadParams
@@ -211,16 +211,7 @@ class _TritonAttention(torch.autograd.Function):
             if d_c is not None:
                 outs.append(rows["centroid"])
                 gouts.append(d_c[:, :, c0:c1])
-            for key, g in d_rows.items():
-                if g is not None and key in rows:
-                    outs.append(rows[key])
-                    gouts.append(g[:, :, c0:c1])
-            leaves = [(k_, v_) for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad]
-            leaves += [(f"{k_}#{i}", v_) for k_, val in x.items() if isinstance(val, tuple)
-                       for i, v_ in enumerate(val)]  # fmt: skip
-            grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
-            gx = {name: g for (name, _), g in zip(leaves, grads) if g is not None}
-            _scatter_row_grads(c0, c1, x, gx, gbuf, gq, g_small, g_states)
+            gx = rows_backward(c0, c1, x, rows, outs, gouts, d_rows, (gbuf, gq, g_small, g_states))
             for key in row_g:
                 if key in gx:
                     row_g[key][:, c0:c1] = gx[key].reshape(B, C)
