@@ -135,7 +135,7 @@ def test_kernels_shared_omega_float64():
         torch.testing.assert_close(a, b_, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("hd", [32, 96])
+@pytest.mark.parametrize("hd", [16, 32, 96, 128])
 def test_kernels_other_head_dims_float64(hd):
     """96 is not a power of two: the kernels pad it to 128 and mask the extra columns."""
     compare(base_hp(causal=True, d_z=6, d_a=9, **AUX), 17, with_aux=True, hd=hd)
