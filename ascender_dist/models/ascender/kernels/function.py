@@ -2,15 +2,15 @@
 kernels and the per-row algebra in torch, reused from py.
 
 Forward (one autograd.Function, inputs q, k, v, z, h and the per-head parameters):
-1. whole-sequence operands (_operands: khat, Zr, Hr, moment states), neighbours (torch);
+1. whole-sequence operands (operands: khat, Zr, Hr, moment states), neighbours (torch);
 2. K1: per-row statistics of the kernel tiles (rho, Separation mean / centred squares, Cohesion
    moments);
-3. the per-row algebra of _rows, chunk by chunk (headings, gates, row scales, centroids):
+3. the per-row algebra of row_algebra, chunk by chunk (headings, gates, row scales, centroids):
    the folded query parts qk, qa, qc and the Separation row factor;
 4. K2: attention over the folded scores with the Separation tile rebuilt per block; log-sum-exp.
 Backward: K3 (gradients of the folded query parts and of the row factor), the per-row algebra
 re-run under autograd to turn them into gradients of the row statistics, K4 / K5 (geometry
-gradients by query row and by key row), then _input_grads maps the operand gradients back
+gradients by query row and by key row), then input_grads maps the operand gradients back
 to the inputs. Nothing n x n is stored; kept for backward: inputs, out, lse, row statistics.
 """
 
@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from ..fast import (
-    SMALL, _aux, _Call, _count_denom, _input_grads, _moved_stats, _operands, _row_inputs, _rows,
-    _Spec, _store_rows, _swap_last_two, _tiles, chunk_bounds, neighbours, rows_backward, search_vectors,
-)
+from ..common import count_denom, swap_last_two
+from ..fast_grads import input_grads
+from ..fast_neighbours import chunk_bounds, neighbours, search_vectors
+from ..fast_rows import SMALL, aux_losses, row_algebra, row_inputs, rows_backward, store_rows
+from ..fast_tiles import Call, Spec, kernel_tiles, moved_stats, operands
 from ascender_dist.config.ascender_hparams import AscenderHParams
 from ..params import AscenderHeadParams
 from ..reference import AscenderResult
@@ -31,15 +32,15 @@ from .tiles import interpreting
 
 
 def _swap(x: torch.Tensor) -> torch.Tensor:
-    return _swap_last_two(x).contiguous()
+    return swap_last_two(x).contiguous()
 
 
-def _counts(call: _Call, n: int, dtype, device):
+def _counts(call: Call, n: int, dtype, device):
     """Visible keys per row [n] and the variance denominator [n]."""
-    return _count_denom(0, n, n, call.hp, dtype, device)
+    return count_denom(0, n, n, call.hp, dtype, device)
 
 
-def _make_ops(call: _Call, t: dict, ieee: bool) -> Ops:
+def _make_ops(call: Call, t: dict, ieee: bool) -> Ops:
     """Kernel operands that do not depend on the per-row algebra (query parts come later)."""
     hp = call.hp
     B, n, hd = t["k3"].shape
@@ -65,8 +66,8 @@ def _make_ops(call: _Call, t: dict, ieee: bool) -> Ops:
     return ops
 
 
-def _stats(call: _Call, ops: Ops, b: int, nh: int) -> dict:
-    """K1 row statistics as _rows reads them ([b, np, s(, e)])."""
+def _stats(call: Call, ops: Ops, b: int, nh: int) -> dict:
+    """K1 row statistics as row_algebra reads them ([b, np, s(, e)])."""
     (rho, mu, m2), mom = row_stats(ops)
     n = ops.qk.shape[1]
     stats = {}
@@ -82,7 +83,7 @@ def _slice(stats: dict, c0: int, c1: int) -> dict:
     return {k_: v_[:, :, c0:c1] for k_, v_ in stats.items()}
 
 
-def _row_parts(spec: _Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
+def _row_parts(spec: Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
     """Per-row algebra of every chunk without autograd: fills ops.qk / qa / qc / fac / mu and
     returns the row outputs [b, np, s, ...] (and the mass-moved sums when stats are wanted)."""
     call, hp = spec.call, spec.call.hp
@@ -97,18 +98,18 @@ def _row_parts(spec: _Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
     row_out, moved = {}, {}
     for c0, c1 in spec.chunks:
         L = c1 if hp.causal else n
-        x = _row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=False)
-        parts, factor, rows = _rows(call, c0, c1, L, x)
+        x = row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=False)
+        parts, factor, rows = row_algebra(call, c0, c1, L, x)
         for key, p in parts:
             q3[key][:, c0:c1] = p
         if factor is not None:
             fac[:, c0:c1] = factor.reshape(B, c1 - c0)
         if call.with_stats:  # diagnostics: the fast path's explicit no-grad tiles
-            _, tiles = _tiles(call, c0, c1, L, t, keep=False)
-            for key, val in _moved_stats(call, c0, c1, L, t, rows, factor, tiles.get("dev")).items():
+            _, tiles = kernel_tiles(call, c0, c1, L, t, keep=False)
+            for key, val in moved_stats(call, c0, c1, L, t, rows, factor, tiles.get("dev")).items():
                 moved[key] = moved.get(key, 0) + val
         if with_rows:
-            _store_rows(row_out, rows, c0, c1, n)
+            store_rows(row_out, rows, c0, c1, n)
     ops.qk = q3["k3"]
     ops.qa = q3.get("khat3")
     ops.qc = q3.get("Zr")
@@ -122,10 +123,10 @@ class _TritonAttention(torch.autograd.Function):
     """All rows of one call through the kernels; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, spec: _Spec, ieee: bool, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx,
+    def forward(ctx, spec: Spec, ieee: bool, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx,
                 valid):  # fmt: skip
         call, hp = spec.call, spec.call.hp
-        t = _operands(call, q, k, v, z, h, delta, tau, slope)
+        t = operands(call, q, k, v, z, h, delta, tau, slope)
         t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
         b, nh, n, hd = q.shape
         ops = _make_ops(call, t, ieee)
@@ -156,7 +157,7 @@ class _TritonAttention(torch.autograd.Function):
         q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug, lse, *rest = ctx.saved_tensors
         lsep = rest.pop(0) if call.want_lsep else None
         stats = dict(zip(spec.stat_keys, rest))
-        t = _operands(call, q, k, v, z, h, delta, tau, slope)
+        t = operands(call, q, k, v, z, h, delta, tau, slope)
         t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
         b, nh, n, hd = q.shape
         B = b * nh
@@ -199,8 +200,8 @@ class _TritonAttention(torch.autograd.Function):
             L = c1 if hp.causal else n
             C = c1 - c0
             with torch.enable_grad():
-                x = _row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=True)
-                parts, factor, rows = _rows(call, c0, c1, L, x)
+                x = row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=True)
+                parts, factor, rows = row_algebra(call, c0, c1, L, x)
             outs, gouts = [], []
             for key, qp in parts:
                 outs.append(qp)
@@ -241,7 +242,7 @@ class _TritonAttention(torch.autograd.Function):
             gbuf["Zr"] += gz
         if gh is not None:
             gbuf["Hr"] += gh
-        grads = _input_grads(call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ctx.needs_input_grad[1:])
+        grads = input_grads(call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ctx.needs_input_grad[1:])
         return (None, None, *grads)
 
 
@@ -258,9 +259,9 @@ def triton_attention(
         q, k, v, z, h = (x.float() for x in (q, k, v, z, h))
     b, nh, n, hd = q.shape
     chunks = chunk_bounds(n, b * nh, hp)
-    call = _Call(hp, n, hd, use_sep, with_aux, with_stats)
+    call = Call(hp, n, hd, use_sep, with_aux, with_stats)
     idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
-    spec = _Spec(call, chunks)
+    spec = Spec(call, chunks)
     dt = q.dtype
     outs = _TritonAttention.apply(
         spec, not low, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(),
@@ -268,6 +269,6 @@ def triton_attention(
         params.tau_score.to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
     )  # fmt: skip
     rows = {"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}
-    aux = _aux(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
+    aux = aux_losses(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
     out = outs[0].to(in_dtype) if low else outs[0]
     return AscenderResult(out=out, rows=rows, stats=spec.moved, aux=aux)
