@@ -153,97 +153,127 @@ class _TritonAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out, *d_rows):
         spec = ctx.spec
-        call, hp = spec.call, spec.call.hp
+        call = spec.call
         q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug, lse, *rest = ctx.saved_tensors
         lsep = rest.pop(0) if call.want_lsep else None
         stats = dict(zip(spec.stat_keys, rest))
         t = operands(call, q, k, v, z, h, delta, tau, slope)
         t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
-        b, nh, n, hd = q.shape
-        B = b * nh
-        dtype, dev_ = q.dtype, q.device
         d_rows = dict(zip(spec.row_keys, d_rows))
         ops = _make_ops(call, t, ctx.ieee)
         row_out, _ = _row_parts(spec, t, stats, ops, with_rows=call.want_lcoh)
-        # ---- gradient of the augmented output rows (task output, L_coh value columns)
-        dO = torch.zeros_like(out_aug)
-        if d_out is not None:
-            dO[..., :hd] = d_out
-        d_c = None
-        g_lcoh = d_rows.get("lcoh")
-        if call.want_lcoh and g_lcoh is not None:
-            c = row_out["centroid"]
-            dO[..., -1] += g_lcoh
-            dO[..., hd:-1] += -2 * g_lcoh[..., None] * c
-            d_c = g_lcoh[..., None] * (2 * c - 2 * out_aug[..., hd:-1])
-        dO3 = dO.view(B, n, -1)
-        gl = None
-        dd = (dO * out_aug).sum(-1).view(B, n)
-        if call.want_lsep:  # the kernels read gl whenever the crowding loss exists
-            g = d_rows.get("lsep")
-            gl = torch.zeros(B, n, dtype=dtype, device=dev_) if g is None else g.reshape(B, n).contiguous()
-            dd = dd + gl * lsep.view(B, n)
-        # ---- K3: folded query parts and the Separation row factor
+        dO3, d_c, dd, gl = _output_grad(call, out_aug, d_out, d_rows, row_out, lsep)
+        # K3: folded query parts and the Separation row factor
         gqk, gqa, gqc, gfac, galibi = attention_row_grads(ops, dO3, lse, dd, gl, None)
-        g_parts = {"k3": gqk, "khat3": gqa, "Zr": gqc}
-        # ---- per-row algebra under autograd, chunk by chunk (py's leaves and scatter)
-        gq = torch.zeros_like(q)
-        gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t}
-        for key in SMALL:
-            t["leaf_" + key] = t[key].detach().requires_grad_()
-        g_small = {key: torch.zeros_like(t[key]) for key in SMALL}
-        g_states = {"align": {}, "coh": {}}
-        count, denom = _counts(call, n, dtype, dev_)
-        row_g = {key: torch.zeros(B, n, dtype=dtype, device=dev_) for key in ("var", "mu", "rho")}
-        gmom = torch.zeros_like(t["Zr"]) if hp.use_coh else None
-        for c0, c1 in spec.chunks:
-            L = c1 if hp.causal else n
-            C = c1 - c0
-            with torch.enable_grad():
-                x = row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=True)
-                parts, factor, rows = row_algebra(call, c0, c1, L, x)
-            outs, gouts = [], []
-            for key, qp in parts:
-                outs.append(qp)
-                gouts.append(g_parts[key][:, c0:c1])
-            if factor is not None:
-                outs.append(factor)
-                gouts.append(gfac[:, c0:c1].view(b, nh, C))
-            if d_c is not None:
-                outs.append(rows["centroid"])
-                gouts.append(d_c[:, :, c0:c1])
-            gx = rows_backward(c0, c1, x, rows, outs, gouts, d_rows, (gbuf, gq, g_small, g_states))
-            for key in row_g:
-                if key in gx:
-                    row_g[key][:, c0:c1] = gx[key].reshape(B, C)
-            if gmom is not None and "mom" in gx:
-                gmom[:, c0:c1] = gx["mom"].reshape(B, C, -1)
-        g_tau_alibi = galibi.sum(-1) if galibi is not None else torch.zeros(B, dtype=dtype, device=dev_)
-        # ---- K4 / K5: the tile geometry (distance, affinity, moments) and the key rows
-        gv3 = None
-        if call.use_sep or hp.use_coh:
-            geom = dict(cvar=(2 * row_g["var"] / denom).contiguous() if call.use_sep else None,
-                        cmu=(row_g["mu"] / count).contiguous() if call.use_sep else None,
-                        grho=row_g["rho"] if call.use_sep else None,
-                        gmom=gmom.contiguous() if gmom is not None else None)  # fmt: skip
-            gzl, ghl = attention_row_grads(ops, dO3, lse, dd, gl, geom)
-            gbuf["Zr"] += gzl
-            if ghl is not None:
-                gbuf["Hr"] += ghl
-            geom["gmoml"] = _swap(gmom) if gmom is not None else None
-        else:
-            geom = dict(cvar=None, cmu=None, grho=None, gmom=None, gmoml=None)
-        qcl = _swap(ops.qc) if ops.qc is not None else None
-        gk, gka, gz, gh, gv3 = attention_col_grads(ops, qcl, dO3, lse, dd, gl, geom)
-        gbuf["k3"] += gk
-        if gka is not None:
-            gbuf["khat3"] += gka
-        if gz is not None:
-            gbuf["Zr"] += gz
-        if gh is not None:
-            gbuf["Hr"] += gh
-        grads = input_grads(call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ctx.needs_input_grad[1:])
+        g_parts = {"k3": gqk, "khat3": gqa, "Zr": gqc, "fac": gfac, "centroid": d_c}
+        acc, row_g, gmom = _rows_backward_all(spec, t, stats, g_parts, d_rows)
+        B = dO3.shape[0]
+        g_tau_alibi = galibi.sum(-1) if galibi is not None else torch.zeros(B, dtype=q.dtype, device=q.device)
+        gv3 = _geometry_grads(call, ops, acc["gbuf"], row_g, gmom, (dO3, lse, dd, gl))
+        grads = input_grads(call, t, acc["gq"], acc["gbuf"], gv3, acc["g_small"], acc["g_states"], g_tau_alibi,
+                            ctx.needs_input_grad[1:])  # fmt: skip
         return (None, None, *grads)
+
+
+def _output_grad(call: Call, out_aug, d_out, d_rows: dict, row_out: dict, lsep):
+    """Gradient of the augmented output rows dO3 [B, s, ve] (task output, L_coh value columns),
+    the centroids' direct L_coh gradient d_c (or None), the row sums dd = sum_e dO o (+ gl lsep)
+    [B, s] and the L_sep row gradient gl [B, s] (zeros when L_sep exists without a gradient)."""
+    b, nh, n, _ = out_aug.shape
+    hd, B = call.hd, b * nh
+    dO = torch.zeros_like(out_aug)
+    if d_out is not None:
+        dO[..., :hd] = d_out
+    d_c = None
+    g_lcoh = d_rows.get("lcoh")
+    if call.want_lcoh and g_lcoh is not None:
+        c = row_out["centroid"]
+        dO[..., -1] += g_lcoh
+        dO[..., hd:-1] += -2 * g_lcoh[..., None] * c
+        d_c = g_lcoh[..., None] * (2 * c - 2 * out_aug[..., hd:-1])
+    dO3 = dO.view(B, n, -1)  # [b, np, s, ve] -> [B, s, ve]
+    gl = None
+    dd = (dO * out_aug).sum(-1).view(B, n)
+    if call.want_lsep:  # the kernels read gl whenever the crowding loss exists
+        g = d_rows.get("lsep")
+        gl = torch.zeros(B, n, dtype=dO.dtype, device=dO.device) if g is None else g.reshape(B, n).contiguous()
+        dd = dd + gl * lsep.view(B, n)
+    return dO3, d_c, dd, gl
+
+
+def _grad_sinks(t: dict) -> dict:
+    """Zero whole-sequence gradient buffers that rows_backward scatters into, and the shared
+    per-head leaves t['leaf_*']."""
+    gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t}
+    for key in SMALL:
+        t["leaf_" + key] = t[key].detach().requires_grad_()
+    g_small = {key: torch.zeros_like(t[key]) for key in SMALL}
+    return {"gq": torch.zeros_like(t["q"]), "gbuf": gbuf, "g_small": g_small, "g_states": {"align": {}, "coh": {}}}
+
+
+def _rows_backward_all(spec: Spec, t: dict, stats: dict, g_parts: dict, d_rows: dict):
+    """The per-row algebra under autograd, chunk by chunk (the fast path's leaves and scatter):
+    returns the sinks (_grad_sinks), the row-statistic gradients row_g {var, mu, rho} [B, s] and
+    the Cohesion moments' gradient gmom [B, s, e] (or None) that the geometry kernels read."""
+    call, hp = spec.call, spec.call.hp
+    b, nh, n, _ = t["q"].shape
+    B = b * nh
+    dtype, dev_ = t["q"].dtype, t["q"].device
+    acc = _grad_sinks(t)
+    sinks = (acc["gbuf"], acc["gq"], acc["g_small"], acc["g_states"])
+    row_g = {key: torch.zeros(B, n, dtype=dtype, device=dev_) for key in ("var", "mu", "rho")}
+    gmom = torch.zeros_like(t["Zr"]) if hp.use_coh else None
+    for c0, c1 in spec.chunks:
+        L = c1 if hp.causal else n
+        C = c1 - c0
+        with torch.enable_grad():
+            x = row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=True)
+            parts, factor, rows = row_algebra(call, c0, c1, L, x)
+        outs = [qp for _, qp in parts]
+        gouts = [g_parts[key][:, c0:c1] for key, _ in parts]
+        if factor is not None:
+            outs.append(factor)
+            gouts.append(g_parts["fac"][:, c0:c1].view(b, nh, C))
+        if g_parts["centroid"] is not None:
+            outs.append(rows["centroid"])
+            gouts.append(g_parts["centroid"][:, :, c0:c1])
+        gx = rows_backward(c0, c1, x, rows, outs, gouts, d_rows, sinks)
+        for key in row_g:
+            if key in gx:
+                row_g[key][:, c0:c1] = gx[key].reshape(B, C)
+        if gmom is not None and "mom" in gx:
+            gmom[:, c0:c1] = gx["mom"].reshape(B, C, -1)
+    return acc, row_g, gmom
+
+
+def _geometry_grads(call: Call, ops: Ops, gbuf: dict, row_g: dict, gmom, attn: tuple):
+    """K4 / K5: the tile geometry's gradients (distance, affinity, moments) by query row and by
+    key row, added into gbuf; returns the value gradient gv3 [B, s, ve]. attn = (dO3, lse, dd, gl)."""
+    hp = call.hp
+    n = ops.qk.shape[1]
+    if call.use_sep or hp.use_coh:
+        count, denom = _counts(call, n, ops.qk.dtype, ops.qk.device)
+        geom = dict(cvar=(2 * row_g["var"] / denom).contiguous() if call.use_sep else None,
+                    cmu=(row_g["mu"] / count).contiguous() if call.use_sep else None,
+                    grho=row_g["rho"] if call.use_sep else None,
+                    gmom=gmom.contiguous() if gmom is not None else None)  # fmt: skip
+        gzl, ghl = attention_row_grads(ops, *attn, geom)
+        gbuf["Zr"] += gzl
+        if ghl is not None:
+            gbuf["Hr"] += ghl
+        geom["gmoml"] = _swap(gmom) if gmom is not None else None
+    else:
+        geom = dict(cvar=None, cmu=None, grho=None, gmom=None, gmoml=None)
+    qcl = _swap(ops.qc) if ops.qc is not None else None
+    gk, gka, gz, gh, gv3 = attention_col_grads(ops, qcl, *attn, geom)
+    gbuf["k3"] += gk
+    if gka is not None:
+        gbuf["khat3"] += gka
+    if gz is not None:
+        gbuf["Zr"] += gz
+    if gh is not None:
+        gbuf["Hr"] += gh
+    return gv3
 
 
 def triton_attention(
