@@ -16,7 +16,7 @@ from .params import ALIGN, COH
 from .reference import mass_moved
 
 # ----------------------------------------------------------------------------- fused path
-# One autograd.Function runs every query chunk from the raw inputs (q, k, v, z, h and the
+# One autograd.Function (fast_function.FusedChunks) runs every query chunk from the raw inputs (q, k, v, z, h and the
 # per-head parameters): it derives the key-side operands itself, keeps no tile and no derived
 # whole-sequence tensor for backward (only the inputs, the output, the neighbour indices and
 # O(s) row statistics), and backward derives the operands again, recomputes one chunk's tiles
@@ -126,9 +126,25 @@ def kernel_tiles(call: Call, c0: int, c1: int, L: int, t: dict, keep: bool, save
     if not (call.use_sep or hp.use_coh):
         return {}, {}
     b, nh = t["q"].shape[:2]
-    B, C = b * nh, c1 - c0
+    C = c1 - c0
+    w_sep, w_coh, clamped, upper = _kernel_weights(call, c0, c1, L, t, keep)
+    stats, tiles = {}, {}
+    if hp.use_coh and (saved is None or "mom" not in saved):  # not kept for backward: one GEMM again
+        stats["mom"] = torch.bmm(w_coh, t["Zr"][:, :L]).view(b, nh, C, -1)  # [B, C, e] -> [b, np, C, e]
+    if call.use_sep:
+        _separation_tile(call, c0, c1, L, t, w_sep, upper, keep, saved, stats, tiles)
+    if keep:
+        tiles.update(clamped=clamped, w_coh=w_coh, upper=upper)
+    return stats, tiles
+
+
+def _kernel_weights(call: Call, c0: int, c1: int, L: int, t: dict, keep: bool):
+    """The kernels w = exp(-|z_i - z_j|^2 / k) of one tile [B, C, L], 0 where invisible, 1 on
+    the diagonal: (w_sep, w_coh) (the same tensor when both widths agree; None when unused),
+    the entries clamped at 0 (with keep; no gradient there) and the causal upper mask [C, C]."""
+    hp = call.hp
+    C = c1 - c0
     Zr = t["Zr"]
-    use_coh = hp.use_coh
     ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
     x = torch.bmm(swap_last_two(Zr[:, c0:c1]), Zr[:, :L].transpose(1, 2))  # -|z_i - z_j|^2 / k_main
     clamped = (x > 0) if keep else None  # |z_i - z_j|^2 < 0 by rounding: clamped, no gradient
@@ -149,44 +165,48 @@ def kernel_tiles(call: Call, c0: int, c1: int, L: int, t: dict, keep: bool, save
     w = exp_(x)
     if call.use_sep:
         w_sep = w
-        if use_coh and kc == ks:
+        if hp.use_coh and kc == ks:
             w_coh = w
     else:
         w_coh = w
-    stats, tiles = {}, {}
-    if use_coh and (saved is None or "mom" not in saved):  # not kept for backward: one GEMM again
-        stats["mom"] = torch.bmm(w_coh, Zr[:, :L]).view(b, nh, C, -1)
-    if call.use_sep:
-        if saved is None:
-            dg = w_sep[:, :, c0:c1].diagonal(dim1=1, dim2=2)
-            dg.fill_(0.0)
-            stats["rho"] = w_sep.sum(-1).view(b, nh, C)  # sum over visible l != i (no 1 - 1 cancelling)
-            dg.fill_(1.0)
-        Hr = t["Hr"]
-        r = torch.bmm(swap_last_two(Hr[:, c0:c1]), Hr[:, :L].transpose(1, 2))
-        r.clamp_(min=0)  # relu(a - delta)
-        phi = r * w_sep if keep else r.mul_(w_sep)
-        if saved is None:
-            count, denom = count_denom(c0, c1, L, hp, x.dtype, x.device)
-            mu = phi.sum(-1) / count  # [B, C]
-        else:
-            mu = saved["mu"].reshape(B, C)
-        dev = phi.sub_(mu[:, :, None])
-        if upper is not None:
-            dev[:, :, c0:c1].masked_fill_(upper, 0.0)
-        if saved is None:
-            stats["mu"] = mu.view(b, nh, C)
-            stats["var"] = (torch.linalg.vecdot(dev, dev) / denom).view(b, nh, C)
-        tiles["dev"] = dev
-        if keep:
-            tiles.update(r=r, w_sep=w_sep)
-    if keep:
-        tiles.update(clamped=clamped, w_coh=w_coh, upper=upper)
-    return stats, tiles
+    return w_sep, w_coh, clamped, upper
 
+
+def _separation_tile(call: Call, c0: int, c1: int, L: int, t: dict, w_sep, upper, keep: bool, saved, stats: dict,
+                     tiles: dict) -> None:  # fmt: skip
+    """Separation: phi = relu(hhat_i . hhat_j - delta) w_sep and its centred rows dev = phi - mu
+    (into tiles; with keep also r and w_sep) and, without saved, the row statistics rho, mu,
+    var (into stats, [b, np, C])."""
+    hp = call.hp
+    b, nh = t["q"].shape[:2]
+    B, C = b * nh, c1 - c0
+    if saved is None:
+        dg = w_sep[:, :, c0:c1].diagonal(dim1=1, dim2=2)
+        dg.fill_(0.0)
+        stats["rho"] = w_sep.sum(-1).view(b, nh, C)  # sum over visible l != i (no 1 - 1 cancelling)
+        dg.fill_(1.0)
+    Hr = t["Hr"]
+    r = torch.bmm(swap_last_two(Hr[:, c0:c1]), Hr[:, :L].transpose(1, 2))
+    r.clamp_(min=0)  # relu(a - delta)
+    phi = r * w_sep if keep else r.mul_(w_sep)
+    if saved is None:
+        count, denom = count_denom(c0, c1, L, hp, phi.dtype, phi.device)
+        mu = phi.sum(-1) / count  # [B, C]
+    else:
+        mu = saved["mu"].reshape(B, C)
+    dev = phi.sub_(mu[:, :, None])
+    if upper is not None:
+        dev[:, :, c0:c1].masked_fill_(upper, 0.0)
+    if saved is None:
+        stats["mu"] = mu.view(b, nh, C)  # [B, C] -> [b, np, C]
+        stats["var"] = (torch.linalg.vecdot(dev, dev) / denom).view(b, nh, C)
+    tiles["dev"] = dev
+    if keep:
+        tiles.update(r=r, w_sep=w_sep)
 
 
 def alibi_tile(c0: int, c1: int, L: int, dtype, device):
+    """|i - j| for query rows [c0, c1) and keys [0, L): the ALiBi distance tile [C, L]."""
     return (torch.arange(c0, c1, device=device)[:, None] - torch.arange(L, device=device)).abs().to(dtype)
 
 
