@@ -13,14 +13,18 @@ h: [b, np, s, d_a]) and the same math, rearranged (docs/ascender.md, "Fast path"
 * Separation (not low-rank), the densities rho_i, the centroids c_i and the row statistics of
   Separation are built per query chunk on a [chunk, keys] tile from two augmented operands
   (Zr, Hr: a distance and a thresholded affinity are one GEMM each). One autograd.Function
-  (FusedChunks) takes the raw inputs, derives every whole-sequence operand itself in forward
+  (fast_function.FusedChunks) takes the raw inputs, derives every whole-sequence operand itself in forward
   and again in backward, keeps no tile and nothing derived, and differentiates the tile math by
   hand, one chunk at a time, with the O(chunk) per-row algebra re-run under autograd.
 * Neighbourhoods (no gradient flows through the choice of neighbours) are found chunk by
   chunk over a band of +-window keys plus the globals (O(s * window)), or over all visible
   keys when window == 0 (O(s * chunk) memory).
 
-The GPU path is the Triton kernels in ``kernels/``, which reuse the operand and row helpers here.
+Modules: fast_neighbours (chunks, neighbours, headings), fast_moments (causal moment states and
+their backward), fast_tiles (operands, kernel / Separation tiles, scores), fast_rows (the per-row
+algebra, its backward and gradient scatter), fast_grads (input gradients from the buffers),
+fast_function (the autograd.Function). The GPU path is the Triton kernels in ``kernels/``, which
+reuse the operand and row helpers.
 """
 
 from __future__ import annotations

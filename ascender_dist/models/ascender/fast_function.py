@@ -15,7 +15,7 @@ import torch
 
 from .common import count_denom, swap_last_two
 from .fast_grads import input_grads
-from .fast_rows import SMALL, row_algebra, row_inputs, rows_backward, store_rows
+from .fast_rows import grad_sinks, row_algebra, row_inputs, rows_backward, store_rows
 from .fast_tiles import Call, Spec, alibi_tile, fold_scores, kernel_tiles, moved_stats, operands
 
 
@@ -57,20 +57,13 @@ def _forward_chunk(call: Call, c0: int, c1: int, t: dict, out_aug, row_out: dict
 
 
 def _grad_buffers(t: dict) -> dict:
-    """One zero full-size gradient buffer per whole-sequence operand (filled chunk by chunk in
-    place), the per-head parameters' gradients, and the shared per-head leaves t['leaf_*']."""
+    """rows_backward's sinks (grad_sinks) plus the value buffer and ALiBi's per-(batch, head)
+    tau gradient, accumulated over the chunks."""
     q = t["q"]
-    b, nh = q.shape[:2]
-    for key in SMALL:
-        t["leaf_" + key] = t[key].detach().requires_grad_()
-    return {
-        "gq": torch.zeros_like(q),
-        "gbuf": {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t},
-        "gv3": torch.zeros_like(t["v_aug3"]),
-        "g_tau_alibi": torch.zeros(b * nh, dtype=q.dtype, device=q.device),
-        "g_small": {key: torch.zeros_like(t[key]) for key in SMALL},
-        "g_states": {"align": {}, "coh": {}},
-    }
+    acc = grad_sinks(t)
+    acc["gv3"] = torch.zeros_like(t["v_aug3"])
+    acc["g_tau_alibi"] = torch.zeros(q.shape[0] * q.shape[1], dtype=q.dtype, device=q.device)
+    return acc
 
 
 def _output_grad(call: Call, c0: int, c1: int, out_aug, d_out, g_lcoh, rows: dict):

@@ -102,6 +102,17 @@ def row_algebra(call: Call, c0: int, c1: int, L: int, x: dict):
 
 
 
+def grad_sinks(t: dict) -> dict:
+    """Zero gradient buffers that rows_backward scatters into (one full-size buffer per
+    whole-sequence operand, filled chunk by chunk in place; the per-head parameters; the moment
+    states by index), and the shared per-head leaves t['leaf_*'] of row_inputs."""
+    gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t}
+    for key in SMALL:
+        t["leaf_" + key] = t[key].detach().requires_grad_()
+    g_small = {key: torch.zeros_like(t[key]) for key in SMALL}
+    return {"gq": torch.zeros_like(t["q"]), "gbuf": gbuf, "g_small": g_small, "g_states": {"align": {}, "coh": {}}}
+
+
 def rows_backward(c0: int, c1: int, x: dict, rows: dict, outs: list, gouts: list, d_rows: dict, sinks) -> dict:
     """Backward of one chunk's per-row algebra (:func:`row_algebra`, re-run under autograd): ``outs``/``gouts``
     hold the row outputs the tile backward already has gradients for; the returned row statistics

@@ -1,11 +1,12 @@
 """ASCender attention through the Triton kernels: the fast path's math with the tile work in
-kernels and the per-row algebra in torch, reused from py.
+kernels and the per-row algebra in torch, reused from the fast path's modules (fast_tiles,
+fast_rows, fast_grads).
 
 Forward (one autograd.Function, inputs q, k, v, z, h and the per-head parameters):
-1. whole-sequence operands (operands: khat, Zr, Hr, moment states), neighbours (torch);
+1. whole-sequence operands (fast_tiles.operands: khat, Zr, Hr, moment states), neighbours (torch);
 2. K1: per-row statistics of the kernel tiles (rho, Separation mean / centred squares, Cohesion
    moments);
-3. the per-row algebra of row_algebra, chunk by chunk (headings, gates, row scales, centroids):
+3. the per-row algebra of fast_rows.row_algebra, chunk by chunk (headings, gates, row scales, centroids):
    the folded query parts qk, qa, qc and the Separation row factor;
 4. K2: attention over the folded scores with the Separation tile rebuilt per block; log-sum-exp.
 Backward: K3 (gradients of the folded query parts and of the row factor), the per-row algebra
@@ -22,7 +23,7 @@ import torch
 from ..common import count_denom, swap_last_two
 from ..fast_grads import input_grads
 from ..fast_neighbours import chunk_bounds, neighbours, search_vectors
-from ..fast_rows import SMALL, aux_losses, row_algebra, row_inputs, rows_backward, store_rows
+from ..fast_rows import aux_losses, grad_sinks, row_algebra, row_inputs, rows_backward, store_rows
 from ..fast_tiles import Call, Spec, kernel_tiles, moved_stats, operands
 from ascender_dist.config.ascender_hparams import AscenderHParams
 from ..params import AscenderHeadParams
@@ -201,25 +202,15 @@ def _output_grad(call: Call, out_aug, d_out, d_rows: dict, row_out: dict, lsep):
     return dO3, d_c, dd, gl
 
 
-def _grad_sinks(t: dict) -> dict:
-    """Zero whole-sequence gradient buffers that rows_backward scatters into, and the shared
-    per-head leaves t['leaf_*']."""
-    gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t}
-    for key in SMALL:
-        t["leaf_" + key] = t[key].detach().requires_grad_()
-    g_small = {key: torch.zeros_like(t[key]) for key in SMALL}
-    return {"gq": torch.zeros_like(t["q"]), "gbuf": gbuf, "g_small": g_small, "g_states": {"align": {}, "coh": {}}}
-
-
 def _rows_backward_all(spec: Spec, t: dict, stats: dict, g_parts: dict, d_rows: dict):
     """The per-row algebra under autograd, chunk by chunk (the fast path's leaves and scatter):
-    returns the sinks (_grad_sinks), the row-statistic gradients row_g {var, mu, rho} [B, s] and
+    returns the sinks (fast_rows.grad_sinks), the row-statistic gradients row_g {var, mu, rho} [B, s] and
     the Cohesion moments' gradient gmom [B, s, e] (or None) that the geometry kernels read."""
     call, hp = spec.call, spec.call.hp
     b, nh, n, _ = t["q"].shape
     B = b * nh
     dtype, dev_ = t["q"].dtype, t["q"].device
-    acc = _grad_sinks(t)
+    acc = grad_sinks(t)
     sinks = (acc["gbuf"], acc["gq"], acc["g_small"], acc["g_states"])
     row_g = {key: torch.zeros(B, n, dtype=dtype, device=dev_) for key in ("var", "mu", "rho")}
     gmom = torch.zeros_like(t["Zr"]) if hp.use_coh else None
