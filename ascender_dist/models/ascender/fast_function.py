@@ -48,7 +48,7 @@ def _forward_chunk(call: Call, c0: int, c1: int, t: dict, out_aug, row_out: dict
     del S
     out_aug[..., c0:c1, :] = torch.bmm(P, t["v_aug3"][:, :L]).view(b, nh, C, ve)  # [B, C, ve] -> [b, np, C, ve]
     if call.want_lsep:  # sum_j A_ij phi_ij
-        rows["lsep"] = torch.linalg.vecdot(P, tiles["r"].mul_(tiles["w_sep"])).view(b, nh, C)
+        rows["lsep"] = torch.linalg.vecdot(P, tiles["r"].mul_(tiles["w_sep"])).view(b, nh, C)  # [B, C] -> [b, np, C]
     if call.want_lcoh:
         c, oc = rows["centroid"], out_aug[..., c0:c1, hd:]
         rows["lcoh"] = oc[..., -1] - 2 * (c * oc[..., :-1]).sum(-1) + (c * c).sum(-1)
@@ -100,7 +100,7 @@ def _softmax_backward(call: Call, c0: int, c1: int, L: int, t: dict, parts_det, 
     dP = torch.bmm(dO3, t["v_aug3"][:, :L].transpose(1, 2))
     gl = None
     if call.want_lsep and g_lsep is not None:
-        gl = g_lsep[..., c0:c1].reshape(B, C)
+        gl = g_lsep[..., c0:c1].reshape(B, C)  # [b, np, C] -> [B, C]
         dP.addcmul_(tiles["r"] * tiles["w_sep"], gl[..., None])  # + dL_sep/dA = g phi
     gv3[:, :L].baddbmm_(P.transpose(1, 2), dO3)  # in place: no [L, e] temporary per chunk
     # A * (dA - sum_j A dA), one row-wise kernel; a row with one visible key gets exactly 0
@@ -127,7 +127,7 @@ def _fold_grads(call: Call, c0: int, c1: int, L: int, t: dict, parts, parts_det,
         acc["g_tau_alibi"] += torch.linalg.vecdot(dS.view(B, -1), alibi.reshape(1, -1).expand(B, -1))
     if factor is not None:
         outs.append(factor)
-        gouts.append(torch.linalg.vecdot(dS, dev).view(factor.shape))
+        gouts.append(torch.linalg.vecdot(dS, dev).view(factor.shape))  # [B, C] -> [b, np, C]
     return outs, gouts
 
 
@@ -138,7 +138,7 @@ def _separation_dphi(call: Call, c0: int, c1: int, L: int, dS, f_det, dev, gx: d
     mask: w_sep = 0 there, so they reach neither dw * w nor da."""
     B, C = dS.shape[:2]
     count, denom = count_denom(c0, c1, L, call.hp, dS.dtype, dS.device)
-    dphi = dS.mul_(f_det.reshape(B, C, 1))
+    dphi = dS.mul_(f_det.reshape(B, C, 1))  # f: [b, np, C] -> [B, C, 1]
     gvar = gx.get("var")
     if gvar is not None:
         dphi.addcmul_(dev, (2 * gvar.reshape(B, C) / denom)[..., None])

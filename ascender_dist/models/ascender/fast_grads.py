@@ -28,7 +28,7 @@ def input_grads(call: Call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ne
     gh, g_delta = None, None
     if "Hr" in gbuf:
         gH, da = gbuf.pop("Hr"), h.shape[-1]
-        g_delta = -0.5 * gH[..., da].reshape(b, nh, n).sum((0, 2))
+        g_delta = -0.5 * gH[..., da].reshape(b, nh, n).sum((0, 2))  # [B, s] -> [b, np, s] -> [np]
         gh = normalize_backward_(h.reshape(B, n, da), t.pop("Hr")[..., :da], gH[..., :da], hp.eps).reshape(h.shape)
         del gH
     gk = gbuf.pop("k3")
@@ -39,7 +39,7 @@ def input_grads(call: Call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ne
         gk += normalize_backward_(t["k3"], t.pop("khat3"), g_khat, hp.eps)
         del g_khat
     dz = z.shape[-1]
-    z3 = z.reshape(B, n, dz)
+    z3 = z.reshape(B, n, dz)  # [b, np, s, dz] -> [B, s, dz]
     gz = None
     if "Zr" in gbuf:  # left layout [s z, -a |z|^2, 1]
         gZ = gbuf.pop("Zr")

@@ -95,7 +95,7 @@ def gather_sum(x: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor) -> torch
     Rows are picked with index_select from x flattened to [b*np*s + 1, e], whose extra last row
     is 0 and stands for invalid slots (no mask multiply; backward is a row-wise index_add)."""
     b, nh, n, e = x.shape
-    flat = torch.cat([x.reshape(b * nh * n, e), x.new_zeros(1, e)])
+    flat = torch.cat([x.reshape(b * nh * n, e), x.new_zeros(1, e)])  # [b*np*s + 1, e]
     base = (torch.arange(b * nh, device=x.device) * n).view(b, nh, 1)
     pos = torch.where(valid, idx + base[..., None], b * nh * n)  # [b, np, s, k]
     total = None
@@ -104,7 +104,7 @@ def gather_sum(x: torch.Tensor, idx: torch.Tensor, valid: torch.Tensor) -> torch
         total = sel if total is None else total + sel
     if total is None:
         return torch.zeros_like(x)
-    return total.view(b, nh, n, e)
+    return total.view(b, nh, n, e)  # [b*np*s, e] -> [b, np, s, e]
 
 
 def headings(khat, idx, valid, hp: AscenderHParams):
@@ -137,7 +137,7 @@ def neighbour_sums(t: dict, c0: int, c1: int):
     total = F.embedding_bag(pos.reshape(-1, kk), khat3.reshape(-1, khat3.shape[-1]), mode="sum",
                             per_sample_weights=weight.reshape(-1, kk))  # fmt: skip
     sq = (t["khat_sq"].reshape(-1)[pos] * weight).sum(-1)
-    return total.view(b, nh, c1 - c0, -1), sq, pos, weight
+    return total.view(b, nh, c1 - c0, -1), sq, pos, weight  # [b*np*C, hd] -> [b, np, C, hd]
 
 
 def index_rows(idx, c0: int, c1: int, n: int) -> torch.Tensor:

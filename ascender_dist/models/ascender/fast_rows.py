@@ -98,7 +98,7 @@ def row_algebra(call: Call, c0: int, c1: int, L: int, x: dict):
         s = row_scale(-lambdas[:, SEP].view(1, -1, 1) * eta, safe_sqrt(x["var"]), hp)
         rows["rho"], rows["eta"], rows["sep_mean"], rows["sep_scale"] = x["rho"], eta, x["mu"], s
         factor = omega[:, SEP].view(1, -1, 1) * s / tau[..., 0]
-    return [(key, p.reshape(B, C, -1)) for key, p in parts], factor, rows
+    return [(key, p.reshape(B, C, -1)) for key, p in parts], factor, rows  # [b, np, C, e] -> [B, C, e]
 
 
 
@@ -149,7 +149,7 @@ def scatter_row_grads(c0: int, c1: int, x: dict, gx: dict, gbuf: dict, gq, g_sma
         if "ksq" in gx:  # d|khat_l|^2 = 2 khat_l: applied once per key at the end (input_grads)
             gbuf["khat_sq"].view(-1).index_add_(0, pos, (gx["ksq"][..., None] * weight).reshape(-1))
     if "khat" in gx:  # keys [s0, c1) of the in-chunk moments
-        gbuf["khat3"][:, s0:c1] += gx["khat"].reshape(B, c1 - s0, -1)
+        gbuf["khat3"][:, s0:c1] += gx["khat"].reshape(B, c1 - s0, -1)  # [b, np, c1-s0, hd] -> [B, .., hd]
     if "Zr" in gx:
         gbuf["Zr"][:, s0:c1] += swap_last_two(gx["Zr"].reshape(B, c1 - s0, -1))
     for name, store in (("align_state", g_states["align"]), ("coh_state", g_states["coh"])):
@@ -157,7 +157,7 @@ def scatter_row_grads(c0: int, c1: int, x: dict, gx: dict, gbuf: dict, gq, g_sma
         if any(p is not None for p in pieces):
             si = x["si"]
             old = store.get(si, (None,) * len(pieces))
-            pieces = [None if p is None else p.reshape(B, *p.shape[2:]) for p in pieces]
+            pieces = [None if p is None else p.reshape(B, *p.shape[2:]) for p in pieces]  # [b, np, ..] -> [B, ..]
             store[si] = tuple(p if o is None else (o if p is None else o + p) for o, p in zip(old, pieces))
 
 

@@ -84,12 +84,12 @@ def operands(call: Call, q, k, v, z, h, delta, tau, slope) -> dict:
     hp = call.hp
     b, nh, n, hd = q.shape
     B = b * nh
-    t = dict(q=q, z=z, h=h, k=k, k3=k.reshape(B, n, hd))
+    t = dict(q=q, z=z, h=h, k=k, k3=k.reshape(B, n, hd))  # k3: [b, np, s, hd] -> [B, s, hd]
     starts = [s0 for s0, _ in moment_chunks(n)]
     if call.want_lcoh:  # the value columns of L_coh: sum_j A_ij [z_j, |z_j|^2]
         t["v_aug3"] = torch.cat([v, z, (z * z).sum(-1, keepdim=True)], -1).reshape(B, n, -1)
     else:
-        t["v_aug3"] = v.reshape(B, n, hd)
+        t["v_aug3"] = v.reshape(B, n, hd)  # [b, np, s, hd] -> [B, s, hd]
     if hp.use_align:
         t["khat3"] = F.normalize(t["k3"], dim=-1, eps=hp.eps)
         t["khat_sq"] = torch.linalg.vecdot(t["khat3"], t["khat3"])  # [B, s]: 1 unless |k| < eps
@@ -100,12 +100,12 @@ def operands(call: Call, q, k, v, z, h, delta, tau, slope) -> dict:
         t["a"] = a = 1.0 / k_main
         t["s"] = math.sqrt(2 * a)
         t["ratio"] = k_main / kc if (call.use_sep and hp.use_coh and kc != ks) else 1.0
-        z3 = z.reshape(B, n, -1)
+        z3 = z.reshape(B, n, -1)  # [b, np, s, dz] -> [B, s, dz]
         t["Zr"] = torch.cat([t["s"] * z3, torch.ones_like(z3[..., :1]), -a * (z3 * z3).sum(-1, keepdim=True)], -1)
     if hp.use_coh:
         t["coh_states"] = moment_states(t["Zr"], hp.causal, starts)
     if call.use_sep:
-        h3 = h.reshape(B, n, -1)
+        h3 = h.reshape(B, n, -1)  # [b, np, s, da] -> [B, s, da]
         hhat = F.normalize(h3, dim=-1, eps=hp.eps)  # kept only inside Hr
         half = (-0.5 * delta).repeat(b).view(B, 1, 1).expand(B, n, 1)
         t["Hr"] = torch.cat([hhat, torch.ones_like(hhat[..., :1]), half], -1)
@@ -193,13 +193,13 @@ def _separation_tile(call: Call, c0: int, c1: int, L: int, t: dict, w_sep, upper
         count, denom = count_denom(c0, c1, L, hp, phi.dtype, phi.device)
         mu = phi.sum(-1) / count  # [B, C]
     else:
-        mu = saved["mu"].reshape(B, C)
+        mu = saved["mu"].reshape(B, C)  # [b, np, C] -> [B, C]
     dev = phi.sub_(mu[:, :, None])
     if upper is not None:
         dev[:, :, c0:c1].masked_fill_(upper, 0.0)
     if saved is None:
         stats["mu"] = mu.view(b, nh, C)  # [B, C] -> [b, np, C]
-        stats["var"] = (torch.linalg.vecdot(dev, dev) / denom).view(b, nh, C)
+        stats["var"] = (torch.linalg.vecdot(dev, dev) / denom).view(b, nh, C)  # [B, C] -> [b, np, C]
     tiles["dev"] = dev
     if keep:
         tiles.update(r=r, w_sep=w_sep)
@@ -216,7 +216,7 @@ def fold_scores(call: Call, c0, c1, L, t, parts, factor, dev, keep_dev: bool):
     hp = call.hp
     S = None
     if factor is not None:
-        f = factor.reshape(-1, c1 - c0, 1)
+        f = factor.reshape(-1, c1 - c0, 1)  # [b, np, C] -> [B, C, 1]
         S = dev * f if keep_dev else dev.mul_(f)
     for key, qp in parts:
         kT = t[key][:, :L].transpose(1, 2)
@@ -243,7 +243,7 @@ def moved_stats(call: Call, c0, c1, L, t, rows, factor, dev):
         s, mean = rows["align_scale"], rows["align_mean"]
         terms["align"] = t["omega"][:, ALIGN].view(1, -1, 1, 1) * s[..., None] * (r - mean[..., None])
     if call.use_sep:
-        terms["sep"] = (dev.view(b, nh, C, L) * factor[..., None]) * tau
+        terms["sep"] = (dev.view(b, nh, C, L) * factor[..., None]) * tau  # dev: [B, C, L] -> [b, np, C, L]
     if hp.use_coh:
         c, s, mean = rows["centroid"], rows["coh_scale"], rows["coh_mean"]
         zk = t["z"][..., :L, :]
