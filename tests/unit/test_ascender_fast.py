@@ -119,7 +119,7 @@ def test_fast_matches_reference_with_several_moment_states(monkeypatch, case, st
     """Causal row moments read running states every MOMENT_STRIDE (256) rows, differentiated in
     closed form; the other cases are shorter than one stride, so shrink it: 2-5 states, chunk 8
     rows, with the state boundary at (stride 8) and before (stride 16) a chunk's first row."""
-    from ascender_dist.models.ascender import fast as fast_module
+    from ascender_dist.models.ascender import fast_moments as fast_module
 
     monkeypatch.setattr(fast_module, "MOMENT_STRIDE", stride)
     compare(case, F64, rtol=1e-9, atol=1e-10)

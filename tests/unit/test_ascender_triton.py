@@ -110,9 +110,9 @@ def test_kernels_options_float64(changes, n):
 def test_kernels_with_several_causal_moment_states_float64(monkeypatch):
     """Row scales of Alignment / Cohesion from causal moment states every MOMENT_STRIDE rows
     (shrunk from 256 to 8 so that a short sequence has several)."""
-    from ascender_dist.models.ascender import fast
+    from ascender_dist.models.ascender import fast_moments
 
-    monkeypatch.setattr(fast, "MOMENT_STRIDE", 8)
+    monkeypatch.setattr(fast_moments, "MOMENT_STRIDE", 8)
     compare(base_hp(causal=True, chunk_size=4, **AUX), 37, with_aux=True)
 
 

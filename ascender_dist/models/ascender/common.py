@@ -2,7 +2,8 @@
 
 Only definitions that are a line or two of formula live here (so both implementations visibly
 use the same *definition*, not the same *algorithm*): the row scale of a normalised bias, the
-safe square root, the mass-moved statistic and the aux-loss gradient injector.
+safe square root, the swap of the geometry operands' last two columns, the
+visible-key counts, the mass-moved statistic and the aux-loss gradient injector.
 """
 
 from __future__ import annotations
@@ -34,6 +35,22 @@ def row_scale(g: torch.Tensor, sigma_r: torch.Tensor, hp: AscenderHParams) -> to
     if hp.gate_placement == "pre_norm":
         return g / (g.abs() * sigma_r + hp.eps)
     return g / (sigma_r + hp.eps)
+
+
+def swap_last_two(x: torch.Tensor) -> torch.Tensor:
+    """The last two columns exchanged (a copy): perm of the fast path's geometry operands, which
+    turns a right factor Zr_j / Hr_j into the matching left factor (see fast_tiles)."""
+    return torch.cat([x[..., :-2], x[..., -1:], x[..., -2:-1]], -1)
+
+
+def count_denom(c0: int, c1: int, L: int, hp: AscenderHParams, dtype, device):
+    """Visible keys per query row [C] of rows [c0, c1) over keys [0, L), and the variance
+    denominator [C] (causal: row i sees i + 1 keys; bidirectional: all L)."""
+    if hp.causal:
+        count = torch.arange(c0 + 1, c1 + 1, dtype=dtype, device=device)
+    else:
+        count = torch.full((c1 - c0,), float(L), dtype=dtype, device=device)
+    return count, variance_denominator(count, hp)
 
 
 def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

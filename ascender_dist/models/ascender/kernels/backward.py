@@ -6,7 +6,7 @@
     ALiBi row sums sum_j dS_ij |i - j|. The torch per-row algebra turns these into the row
     gradients of the statistics (var, mu, rho, mom) that K4 and K5 need.
   - K4 (GEOM=True): the query-row side of the geometry operands, dZl_i = sum_j dx_ij Zr_j and
-    dHl_i = sum_j da_ij Hr_j (fast.py keeps both sides in the left layout; see there).
+    dHl_i = sum_j da_ij Hr_j (fast_tiles keeps both sides in the left layout; see there).
 * ``col_grad_kernel`` (K5, grid: key blocks x B): everything a key row receives, dk_j, dkhat_j,
   dZ_j (folded Cohesion part, distance, Cohesion moments), dH_j and dv_j, summed over the query
   blocks that see it.

@@ -1,16 +1,17 @@
 """ASCender attention through the Triton kernels: the fast path's math with the tile work in
-kernels and the per-row algebra in torch, reused from py.
+kernels and the per-row algebra in torch, reused from the fast path's modules (fast_tiles,
+fast_rows, fast_grads).
 
 Forward (one autograd.Function, inputs q, k, v, z, h and the per-head parameters):
-1. whole-sequence operands (_operands: khat, Zr, Hr, moment states), neighbours (torch);
+1. whole-sequence operands (fast_tiles.operands: khat, Zr, Hr, moment states), neighbours (torch);
 2. K1: per-row statistics of the kernel tiles (rho, Separation mean / centred squares, Cohesion
    moments);
-3. the per-row algebra of _rows, chunk by chunk (headings, gates, row scales, centroids):
+3. the per-row algebra of fast_rows.row_algebra, chunk by chunk (headings, gates, row scales, centroids):
    the folded query parts qk, qa, qc and the Separation row factor;
 4. K2: attention over the folded scores with the Separation tile rebuilt per block; log-sum-exp.
 Backward: K3 (gradients of the folded query parts and of the row factor), the per-row algebra
 re-run under autograd to turn them into gradients of the row statistics, K4 / K5 (geometry
-gradients by query row and by key row), then _input_grads maps the operand gradients back
+gradients by query row and by key row), then input_grads maps the operand gradients back
 to the inputs. Nothing n x n is stored; kept for backward: inputs, out, lse, row statistics.
 """
 
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from ..fast import (
-    SMALL, _aux, _Call, _count_denom, _input_grads, _moved_stats, _operands, _row_inputs, _rows,
-    _Spec, _store_rows, _swap_last_two, _tiles, chunk_bounds, neighbours, rows_backward, search_vectors,
-)
+from ..common import count_denom, swap_last_two
+from ..fast_grads import input_grads
+from ..fast_neighbours import chunk_bounds, neighbours, search_vectors
+from ..fast_rows import aux_losses, grad_sinks, row_algebra, row_inputs, rows_backward, store_rows
+from ..fast_tiles import Call, Spec, kernel_tiles, moved_stats, operands
 from ascender_dist.config.ascender_hparams import AscenderHParams
 from ..params import AscenderHeadParams
 from ..reference import AscenderResult
@@ -31,15 +33,15 @@ from .tiles import interpreting
 
 
 def _swap(x: torch.Tensor) -> torch.Tensor:
-    return _swap_last_two(x).contiguous()
+    return swap_last_two(x).contiguous()
 
 
-def _counts(call: _Call, n: int, dtype, device):
+def _counts(call: Call, n: int, dtype, device):
     """Visible keys per row [n] and the variance denominator [n]."""
-    return _count_denom(0, n, n, call.hp, dtype, device)
+    return count_denom(0, n, n, call.hp, dtype, device)
 
 
-def _make_ops(call: _Call, t: dict, ieee: bool) -> Ops:
+def _make_ops(call: Call, t: dict, ieee: bool) -> Ops:
     """Kernel operands that do not depend on the per-row algebra (query parts come later)."""
     hp = call.hp
     B, n, hd = t["k3"].shape
@@ -65,8 +67,8 @@ def _make_ops(call: _Call, t: dict, ieee: bool) -> Ops:
     return ops
 
 
-def _stats(call: _Call, ops: Ops, b: int, nh: int) -> dict:
-    """K1 row statistics as _rows reads them ([b, np, s(, e)])."""
+def _stats(call: Call, ops: Ops, b: int, nh: int) -> dict:
+    """K1 row statistics as row_algebra reads them ([b, np, s(, e)])."""
     (rho, mu, m2), mom = row_stats(ops)
     n = ops.qk.shape[1]
     stats = {}
@@ -82,7 +84,7 @@ def _slice(stats: dict, c0: int, c1: int) -> dict:
     return {k_: v_[:, :, c0:c1] for k_, v_ in stats.items()}
 
 
-def _row_parts(spec: _Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
+def _row_parts(spec: Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
     """Per-row algebra of every chunk without autograd: fills ops.qk / qa / qc / fac / mu and
     returns the row outputs [b, np, s, ...] (and the mass-moved sums when stats are wanted)."""
     call, hp = spec.call, spec.call.hp
@@ -97,18 +99,18 @@ def _row_parts(spec: _Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
     row_out, moved = {}, {}
     for c0, c1 in spec.chunks:
         L = c1 if hp.causal else n
-        x = _row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=False)
-        parts, factor, rows = _rows(call, c0, c1, L, x)
+        x = row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=False)
+        parts, factor, rows = row_algebra(call, c0, c1, L, x)
         for key, p in parts:
             q3[key][:, c0:c1] = p
         if factor is not None:
             fac[:, c0:c1] = factor.reshape(B, c1 - c0)
         if call.with_stats:  # diagnostics: the fast path's explicit no-grad tiles
-            _, tiles = _tiles(call, c0, c1, L, t, keep=False)
-            for key, val in _moved_stats(call, c0, c1, L, t, rows, factor, tiles.get("dev")).items():
+            _, tiles = kernel_tiles(call, c0, c1, L, t, keep=False)
+            for key, val in moved_stats(call, c0, c1, L, t, rows, factor, tiles.get("dev")).items():
                 moved[key] = moved.get(key, 0) + val
         if with_rows:
-            _store_rows(row_out, rows, c0, c1, n)
+            store_rows(row_out, rows, c0, c1, n)
     ops.qk = q3["k3"]
     ops.qa = q3.get("khat3")
     ops.qc = q3.get("Zr")
@@ -122,10 +124,10 @@ class _TritonAttention(torch.autograd.Function):
     """All rows of one call through the kernels; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, spec: _Spec, ieee: bool, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx,
+    def forward(ctx, spec: Spec, ieee: bool, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx,
                 valid):  # fmt: skip
         call, hp = spec.call, spec.call.hp
-        t = _operands(call, q, k, v, z, h, delta, tau, slope)
+        t = operands(call, q, k, v, z, h, delta, tau, slope)
         t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
         b, nh, n, hd = q.shape
         ops = _make_ops(call, t, ieee)
@@ -152,97 +154,117 @@ class _TritonAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out, *d_rows):
         spec = ctx.spec
-        call, hp = spec.call, spec.call.hp
+        call = spec.call
         q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug, lse, *rest = ctx.saved_tensors
         lsep = rest.pop(0) if call.want_lsep else None
         stats = dict(zip(spec.stat_keys, rest))
-        t = _operands(call, q, k, v, z, h, delta, tau, slope)
+        t = operands(call, q, k, v, z, h, delta, tau, slope)
         t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
-        b, nh, n, hd = q.shape
-        B = b * nh
-        dtype, dev_ = q.dtype, q.device
         d_rows = dict(zip(spec.row_keys, d_rows))
         ops = _make_ops(call, t, ctx.ieee)
         row_out, _ = _row_parts(spec, t, stats, ops, with_rows=call.want_lcoh)
-        # ---- gradient of the augmented output rows (task output, L_coh value columns)
-        dO = torch.zeros_like(out_aug)
-        if d_out is not None:
-            dO[..., :hd] = d_out
-        d_c = None
-        g_lcoh = d_rows.get("lcoh")
-        if call.want_lcoh and g_lcoh is not None:
-            c = row_out["centroid"]
-            dO[..., -1] += g_lcoh
-            dO[..., hd:-1] += -2 * g_lcoh[..., None] * c
-            d_c = g_lcoh[..., None] * (2 * c - 2 * out_aug[..., hd:-1])
-        dO3 = dO.view(B, n, -1)
-        gl = None
-        dd = (dO * out_aug).sum(-1).view(B, n)
-        if call.want_lsep:  # the kernels read gl whenever the crowding loss exists
-            g = d_rows.get("lsep")
-            gl = torch.zeros(B, n, dtype=dtype, device=dev_) if g is None else g.reshape(B, n).contiguous()
-            dd = dd + gl * lsep.view(B, n)
-        # ---- K3: folded query parts and the Separation row factor
+        dO3, d_c, dd, gl = _output_grad(call, out_aug, d_out, d_rows, row_out, lsep)
+        # K3: folded query parts and the Separation row factor
         gqk, gqa, gqc, gfac, galibi = attention_row_grads(ops, dO3, lse, dd, gl, None)
-        g_parts = {"k3": gqk, "khat3": gqa, "Zr": gqc}
-        # ---- per-row algebra under autograd, chunk by chunk (py's leaves and scatter)
-        gq = torch.zeros_like(q)
-        gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t}
-        for key in SMALL:
-            t["leaf_" + key] = t[key].detach().requires_grad_()
-        g_small = {key: torch.zeros_like(t[key]) for key in SMALL}
-        g_states = {"align": {}, "coh": {}}
-        count, denom = _counts(call, n, dtype, dev_)
-        row_g = {key: torch.zeros(B, n, dtype=dtype, device=dev_) for key in ("var", "mu", "rho")}
-        gmom = torch.zeros_like(t["Zr"]) if hp.use_coh else None
-        for c0, c1 in spec.chunks:
-            L = c1 if hp.causal else n
-            C = c1 - c0
-            with torch.enable_grad():
-                x = _row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=True)
-                parts, factor, rows = _rows(call, c0, c1, L, x)
-            outs, gouts = [], []
-            for key, qp in parts:
-                outs.append(qp)
-                gouts.append(g_parts[key][:, c0:c1])
-            if factor is not None:
-                outs.append(factor)
-                gouts.append(gfac[:, c0:c1].view(b, nh, C))
-            if d_c is not None:
-                outs.append(rows["centroid"])
-                gouts.append(d_c[:, :, c0:c1])
-            gx = rows_backward(c0, c1, x, rows, outs, gouts, d_rows, (gbuf, gq, g_small, g_states))
-            for key in row_g:
-                if key in gx:
-                    row_g[key][:, c0:c1] = gx[key].reshape(B, C)
-            if gmom is not None and "mom" in gx:
-                gmom[:, c0:c1] = gx["mom"].reshape(B, C, -1)
-        g_tau_alibi = galibi.sum(-1) if galibi is not None else torch.zeros(B, dtype=dtype, device=dev_)
-        # ---- K4 / K5: the tile geometry (distance, affinity, moments) and the key rows
-        gv3 = None
-        if call.use_sep or hp.use_coh:
-            geom = dict(cvar=(2 * row_g["var"] / denom).contiguous() if call.use_sep else None,
-                        cmu=(row_g["mu"] / count).contiguous() if call.use_sep else None,
-                        grho=row_g["rho"] if call.use_sep else None,
-                        gmom=gmom.contiguous() if gmom is not None else None)  # fmt: skip
-            gzl, ghl = attention_row_grads(ops, dO3, lse, dd, gl, geom)
-            gbuf["Zr"] += gzl
-            if ghl is not None:
-                gbuf["Hr"] += ghl
-            geom["gmoml"] = _swap(gmom) if gmom is not None else None
-        else:
-            geom = dict(cvar=None, cmu=None, grho=None, gmom=None, gmoml=None)
-        qcl = _swap(ops.qc) if ops.qc is not None else None
-        gk, gka, gz, gh, gv3 = attention_col_grads(ops, qcl, dO3, lse, dd, gl, geom)
-        gbuf["k3"] += gk
-        if gka is not None:
-            gbuf["khat3"] += gka
-        if gz is not None:
-            gbuf["Zr"] += gz
-        if gh is not None:
-            gbuf["Hr"] += gh
-        grads = _input_grads(call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ctx.needs_input_grad[1:])
+        g_parts = {"k3": gqk, "khat3": gqa, "Zr": gqc, "fac": gfac, "centroid": d_c}
+        acc, row_g, gmom = _rows_backward_all(spec, t, stats, g_parts, d_rows)
+        B = dO3.shape[0]
+        g_tau_alibi = galibi.sum(-1) if galibi is not None else torch.zeros(B, dtype=q.dtype, device=q.device)
+        gv3 = _geometry_grads(call, ops, acc["gbuf"], row_g, gmom, (dO3, lse, dd, gl))
+        grads = input_grads(call, t, acc["gq"], acc["gbuf"], gv3, acc["g_small"], acc["g_states"], g_tau_alibi,
+                            ctx.needs_input_grad[1:])  # fmt: skip
         return (None, None, *grads)
+
+
+def _output_grad(call: Call, out_aug, d_out, d_rows: dict, row_out: dict, lsep):
+    """Gradient of the augmented output rows dO3 [B, s, ve] (task output, L_coh value columns),
+    the centroids' direct L_coh gradient d_c (or None), the row sums dd = sum_e dO o (+ gl lsep)
+    [B, s] and the L_sep row gradient gl [B, s] (zeros when L_sep exists without a gradient)."""
+    b, nh, n, _ = out_aug.shape
+    hd, B = call.hd, b * nh
+    dO = torch.zeros_like(out_aug)
+    if d_out is not None:
+        dO[..., :hd] = d_out
+    d_c = None
+    g_lcoh = d_rows.get("lcoh")
+    if call.want_lcoh and g_lcoh is not None:
+        c = row_out["centroid"]
+        dO[..., -1] += g_lcoh
+        dO[..., hd:-1] += -2 * g_lcoh[..., None] * c
+        d_c = g_lcoh[..., None] * (2 * c - 2 * out_aug[..., hd:-1])
+    dO3 = dO.view(B, n, -1)  # [b, np, s, ve] -> [B, s, ve]
+    gl = None
+    dd = (dO * out_aug).sum(-1).view(B, n)
+    if call.want_lsep:  # the kernels read gl whenever the crowding loss exists
+        g = d_rows.get("lsep")
+        gl = torch.zeros(B, n, dtype=dO.dtype, device=dO.device) if g is None else g.reshape(B, n).contiguous()
+        dd = dd + gl * lsep.view(B, n)
+    return dO3, d_c, dd, gl
+
+
+def _rows_backward_all(spec: Spec, t: dict, stats: dict, g_parts: dict, d_rows: dict):
+    """The per-row algebra under autograd, chunk by chunk (the fast path's leaves and scatter):
+    returns the sinks (fast_rows.grad_sinks), the row-statistic gradients row_g {var, mu, rho} [B, s] and
+    the Cohesion moments' gradient gmom [B, s, e] (or None) that the geometry kernels read."""
+    call, hp = spec.call, spec.call.hp
+    b, nh, n, _ = t["q"].shape
+    B = b * nh
+    dtype, dev_ = t["q"].dtype, t["q"].device
+    acc = grad_sinks(t)
+    sinks = (acc["gbuf"], acc["gq"], acc["g_small"], acc["g_states"])
+    row_g = {key: torch.zeros(B, n, dtype=dtype, device=dev_) for key in ("var", "mu", "rho")}
+    gmom = torch.zeros_like(t["Zr"]) if hp.use_coh else None
+    for c0, c1 in spec.chunks:
+        L = c1 if hp.causal else n
+        C = c1 - c0
+        with torch.enable_grad():
+            x = row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=True)
+            parts, factor, rows = row_algebra(call, c0, c1, L, x)
+        outs = [qp for _, qp in parts]
+        gouts = [g_parts[key][:, c0:c1] for key, _ in parts]
+        if factor is not None:
+            outs.append(factor)
+            gouts.append(g_parts["fac"][:, c0:c1].view(b, nh, C))
+        if g_parts["centroid"] is not None:
+            outs.append(rows["centroid"])
+            gouts.append(g_parts["centroid"][:, :, c0:c1])
+        gx = rows_backward(c0, c1, x, rows, outs, gouts, d_rows, sinks)
+        for key in row_g:
+            if key in gx:
+                row_g[key][:, c0:c1] = gx[key].reshape(B, C)
+        if gmom is not None and "mom" in gx:
+            gmom[:, c0:c1] = gx["mom"].reshape(B, C, -1)
+    return acc, row_g, gmom
+
+
+def _geometry_grads(call: Call, ops: Ops, gbuf: dict, row_g: dict, gmom, attn: tuple):
+    """K4 / K5: the tile geometry's gradients (distance, affinity, moments) by query row and by
+    key row, added into gbuf; returns the value gradient gv3 [B, s, ve]. attn = (dO3, lse, dd, gl)."""
+    hp = call.hp
+    n = ops.qk.shape[1]
+    if call.use_sep or hp.use_coh:
+        count, denom = _counts(call, n, ops.qk.dtype, ops.qk.device)
+        geom = dict(cvar=(2 * row_g["var"] / denom).contiguous() if call.use_sep else None,
+                    cmu=(row_g["mu"] / count).contiguous() if call.use_sep else None,
+                    grho=row_g["rho"] if call.use_sep else None,
+                    gmom=gmom.contiguous() if gmom is not None else None)  # fmt: skip
+        gzl, ghl = attention_row_grads(ops, *attn, geom)
+        gbuf["Zr"] += gzl
+        if ghl is not None:
+            gbuf["Hr"] += ghl
+        geom["gmoml"] = _swap(gmom) if gmom is not None else None
+    else:
+        geom = dict(cvar=None, cmu=None, grho=None, gmom=None, gmoml=None)
+    qcl = _swap(ops.qc) if ops.qc is not None else None
+    gk, gka, gz, gh, gv3 = attention_col_grads(ops, qcl, *attn, geom)
+    gbuf["k3"] += gk
+    if gka is not None:
+        gbuf["khat3"] += gka
+    if gz is not None:
+        gbuf["Zr"] += gz
+    if gh is not None:
+        gbuf["Hr"] += gh
+    return gv3
 
 
 def triton_attention(
@@ -258,9 +280,9 @@ def triton_attention(
         q, k, v, z, h = (x.float() for x in (q, k, v, z, h))
     b, nh, n, hd = q.shape
     chunks = chunk_bounds(n, b * nh, hp)
-    call = _Call(hp, n, hd, use_sep, with_aux, with_stats)
+    call = Call(hp, n, hd, use_sep, with_aux, with_stats)
     idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
-    spec = _Spec(call, chunks)
+    spec = Spec(call, chunks)
     dt = q.dtype
     outs = _TritonAttention.apply(
         spec, not low, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(),
@@ -268,6 +290,6 @@ def triton_attention(
         params.tau_score.to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
     )  # fmt: skip
     rows = {"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}
-    aux = _aux(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
+    aux = aux_losses(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
     out = outs[0].to(in_dtype) if low else outs[0]
     return AscenderResult(out=out, rows=rows, stats=spec.moved, aux=aux)

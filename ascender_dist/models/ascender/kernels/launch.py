@@ -180,5 +180,5 @@ def attention_col_grads(ops: Ops, qcl, do, lse, dd, gl, geom: dict):
 
 
 def kernel_arg_floor(dtype: torch.dtype, ratio: float) -> float:
-    """Lower clamp of the kernel exponent (fast.py _tiles: below it exp lands in the denormals)."""
+    """Lower clamp of the kernel exponent (fast_tiles._kernel_weights: below it exp lands in the denormals)."""
     return math.log(torch.finfo(dtype).tiny) * 0.999 / max(1.0, ratio)

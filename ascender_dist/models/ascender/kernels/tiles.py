@@ -6,7 +6,7 @@ operand is a contiguous ``[B, n, W]`` tensor (B = batch * heads) read as a ``[ro
 int64. Values are computed in fp64 when F64 (fp64 inputs) and fp32 otherwise (inputs are upcast
 on load: the interpreter multiplies bf16 as integers, and fp32 accumulation is the contract).
 
-The score tile is the fast path's folded score (fast.py, "fused path"):
+The score tile is the fast path's folded score (fast_tiles, "fused path"):
     S_ij = qk_i . k_j + qa_i . khat_j + qc_i . Zr_j + fac_i * dev_ij - slope * |i - j|
 with dev_ij = phi_ij - mu_i on visible entries (0 elsewhere), phi_ij = w_ij * relu(Hl_i . Hr_j),
 w_ij = exp(clamp(Zl_i . Zr_j, lo, 0)) (w_ii = 1, 0 where invisible), and S = -inf where j is

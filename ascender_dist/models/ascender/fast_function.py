@@ -1,0 +1,283 @@
+"""The autograd.Function of the fused fast path: every query chunk of one call, forward and a
+hand-written backward (layout and operands: see fast_tiles).
+
+Forward keeps no tile and nothing derived: only the inputs, the output, the neighbour indices and
+O(s) row statistics. Backward derives the operands again and, one chunk at a time, rebuilds the
+tiles and back-propagates through them in named steps: the output rows' gradient, the softmax,
+the folded query / key GEMMs, the per-row algebra (re-run under autograd), the Separation tile
+and the kernel tile. Gradients of whole-sequence operands accumulate in place into one buffer
+each (a per-chunk slice of a full-size tensor would allocate a full-size gradient per chunk).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common import count_denom, swap_last_two
+from .fast_grads import input_grads
+from .fast_rows import grad_sinks, row_algebra, row_inputs, rows_backward, store_rows
+from .fast_tiles import Call, Spec, alibi_tile, fold_scores, kernel_tiles, moved_stats, operands
+
+
+def _all_operands(call: Call, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid) -> dict:
+    """The whole-sequence operands plus the per-head parameters and neighbours, by name."""
+    t = operands(call, q, k, v, z, h, delta, tau, slope)
+    t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
+    return t
+
+
+def _forward_chunk(call: Call, c0: int, c1: int, t: dict, out_aug, row_out: dict, stats_full: dict,
+                   moved: dict) -> None:  # fmt: skip
+    """Rows [c0, c1): tiles, per-row algebra, softmax and output, written into the full-length
+    out_aug [b, np, s, ve], row outputs and statistics (per-chunk pieces kept until one cat at
+    the end would double them and fragment the heap at long s)."""
+    hp = call.hp
+    b, nh, n, hd = t["q"].shape
+    ve = out_aug.shape[-1]
+    L = c1 if hp.causal else n
+    C = c1 - c0
+    stats, tiles = kernel_tiles(call, c0, c1, L, t, keep=call.want_lsep)
+    x = row_inputs(call, c0, c1, t, stats, leaf=False)
+    parts, factor, rows = row_algebra(call, c0, c1, L, x)
+    dev = tiles.get("dev")
+    if call.with_stats:
+        for key, val in moved_stats(call, c0, c1, L, t, rows, factor, dev).items():
+            moved[key] = moved.get(key, 0) + val
+    S = fold_scores(call, c0, c1, L, t, parts, factor, dev, keep_dev=False)
+    P = torch.softmax(S, -1)  # one row-wise kernel (rows stay in cache)
+    del S
+    out_aug[..., c0:c1, :] = torch.bmm(P, t["v_aug3"][:, :L]).view(b, nh, C, ve)  # [B, C, ve] -> [b, np, C, ve]
+    if call.want_lsep:  # sum_j A_ij phi_ij
+        rows["lsep"] = torch.linalg.vecdot(P, tiles["r"].mul_(tiles["w_sep"])).view(b, nh, C)  # [B, C] -> [b, np, C]
+    if call.want_lcoh:
+        c, oc = rows["centroid"], out_aug[..., c0:c1, hd:]
+        rows["lcoh"] = oc[..., -1] - 2 * (c * oc[..., :-1]).sum(-1) + (c * c).sum(-1)
+    store_rows(row_out, rows, c0, c1, n)
+    store_rows(stats_full, {k_: v_ for k_, v_ in stats.items() if k_ != "mom"}, c0, c1, n)
+
+
+def _grad_buffers(t: dict) -> dict:
+    """rows_backward's sinks (grad_sinks) plus the value buffer and ALiBi's per-(batch, head)
+    tau gradient, accumulated over the chunks."""
+    q = t["q"]
+    acc = grad_sinks(t)
+    acc["gv3"] = torch.zeros_like(t["v_aug3"])
+    acc["g_tau_alibi"] = torch.zeros(q.shape[0] * q.shape[1], dtype=q.dtype, device=q.device)
+    return acc
+
+
+def _output_grad(call: Call, c0: int, c1: int, out_aug, d_out, g_lcoh, rows: dict):
+    """Gradient of the augmented output rows [B, C, ve] (task output, and the L_coh value columns
+    [z, |z|^2]) and the gradient reaching the centroids directly through L_coh (or None)."""
+    hd = call.hd
+    b, nh = out_aug.shape[:2]
+    o = out_aug[..., c0:c1, :]
+    if d_out is not None and o.shape[-1] == hd:
+        dO = d_out[..., c0:c1, :].contiguous()
+    else:
+        dO = torch.zeros_like(o)
+        if d_out is not None:
+            dO[..., :hd] = d_out[..., c0:c1, :]
+    d_c = None
+    if call.want_lcoh and g_lcoh is not None:
+        g = g_lcoh[..., c0:c1]
+        c = rows["centroid"].detach()
+        dO[..., -1] += g
+        dO[..., hd:-1] += -2 * g[..., None] * c
+        d_c = g[..., None] * (2 * c - 2 * o[..., hd:-1])
+    return dO.view(b * nh, c1 - c0, -1), d_c  # [b, np, C, ve] -> [B, C, ve]
+
+
+def _softmax_backward(call: Call, c0: int, c1: int, L: int, t: dict, parts_det, f_det, tiles: dict, dO3,
+                      g_lsep, gv3):  # fmt: skip
+    """Rebuild the score tile, add P^T dO into the value buffer and return (dS, P, gl): dS the
+    score gradient [B, C, L]; P only when L_sep needs it again (else None, one tile less); gl the
+    L_sep row gradient [B, C] (or None)."""
+    B, C = dO3.shape[:2]
+    S = fold_scores(call, c0, c1, L, t, parts_det, f_det, tiles.get("dev"), keep_dev=True)
+    P = torch.softmax(S, -1)
+    del S
+    dP = torch.bmm(dO3, t["v_aug3"][:, :L].transpose(1, 2))
+    gl = None
+    if call.want_lsep and g_lsep is not None:
+        gl = g_lsep[..., c0:c1].reshape(B, C)  # [b, np, C] -> [B, C]
+        dP.addcmul_(tiles["r"] * tiles["w_sep"], gl[..., None])  # + dL_sep/dA = g phi
+    gv3[:, :L].baddbmm_(P.transpose(1, 2), dO3)  # in place: no [L, e] temporary per chunk
+    # A * (dA - sum_j A dA), one row-wise kernel; a row with one visible key gets exactly 0
+    # in place into dP (the row kernel reduces each row before writing it; checked
+    # bit-identical to the out-of-place call): one tile less at the backward peak
+    dS = torch.ops.aten._softmax_backward_data.out(dP, P, -1, dP.dtype, grad_input=dP)
+    del dP
+    return dS, (P if gl is not None else None), gl
+
+
+def _fold_grads(call: Call, c0: int, c1: int, L: int, t: dict, parts, parts_det, factor, dev, dS, acc: dict):
+    """Gradients through the folded score GEMMs: the key-side operands' buffers and ALiBi's tau
+    in place; returns (outs, gouts), the query-side parts and row factor with their gradients,
+    for the per-row backward."""
+    outs, gouts = [], []
+    for (key, qp), (_, qd) in zip(parts, parts_det):
+        outs.append(qp)
+        gouts.append(torch.bmm(dS, t[key][:, :L]))
+        # key side; Zr's gradient is kept in the left layout (see fast_tiles)
+        acc["gbuf"][key][:, :L].baddbmm_(dS.transpose(1, 2), swap_last_two(qd) if key == "Zr" else qd)
+    if call.hp.other_bias == "alibi":
+        B = dS.shape[0]
+        alibi = alibi_tile(c0, c1, L, dS.dtype, dS.device)
+        acc["g_tau_alibi"] += torch.linalg.vecdot(dS.view(B, -1), alibi.reshape(1, -1).expand(B, -1))
+    if factor is not None:
+        outs.append(factor)
+        gouts.append(torch.linalg.vecdot(dS, dev).view(factor.shape))  # [B, C] -> [b, np, C]
+    return outs, gouts
+
+
+def _separation_dphi(call: Call, c0: int, c1: int, L: int, dS, f_det, dev, gx: dict, P, gl):
+    """dL/dphi [B, C, L], in place into dS: dL/d dev = f dS (+ 2 g_var dev / denom); through
+    mu = mean_j phi_ij the correction is (g_mu - sum_j dL/d dev_ij) / count with sum_j dS_ij = 0
+    and sum_j dev_ij = 0 (softmax rows, centred rows): g_mu / count. Invisible entries need no
+    mask: w_sep = 0 there, so they reach neither dw * w nor da."""
+    B, C = dS.shape[:2]
+    count, denom = count_denom(c0, c1, L, call.hp, dS.dtype, dS.device)
+    dphi = dS.mul_(f_det.reshape(B, C, 1))  # f: [b, np, C] -> [B, C, 1]
+    gvar = gx.get("var")
+    if gvar is not None:
+        dphi.addcmul_(dev, (2 * gvar.reshape(B, C) / denom)[..., None])
+    gmu = gx.get("mu")
+    if gmu is not None:
+        dphi.add_((gmu.reshape(B, C) / count)[..., None])
+    if gl is not None:
+        dphi.addcmul_(P, gl[..., None])
+    return dphi
+
+
+def _separation_backward(c0: int, c1: int, L: int, t: dict, tiles: dict, dphi, gx: dict, gbuf: dict):
+    """phi = relu(a - delta) * w: the affinity's gradient into the Hr buffer (both sides of the
+    tile); returns (dw in place of dphi, the density gradient g_mass [B, C, 1] or 0)."""
+    B, C = dphi.shape[:2]
+    r, w_sep = tiles.pop("r"), tiles["w_sep"]
+    da = dphi * w_sep
+    dw = dphi.mul_(r)
+    da.mul_(r.sign_())  # relu'(a - delta) = [r > 0], r >= 0; r is not needed after
+    del r
+    Hr, gH = t["Hr"], gbuf["Hr"]
+    gH[:, c0:c1].baddbmm_(da, Hr[:, :L])
+    gH[:, :L].baddbmm_(da.transpose(1, 2), Hr[:, c0:c1])
+    del da
+    grho = gx.get("rho")
+    # rho's gradient also hits the diagonal: zeroed in dx (_kernel_backward)
+    return dw, (grho.reshape(B, C, 1) if grho is not None else 0)
+
+
+def _distance_grad(call: Call, L: int, t: dict, tiles: dict, dw, g_mass, gmom3):
+    """dL/dx [B, C, L] for the scaled squared distance x of the kernels w = exp(x) (w_coh =
+    exp(ratio x) when the two kernel widths differ), in place into dw where it exists."""
+    Zr, w_coh = t["Zr"], tiles["w_coh"]
+    same = not call.use_sep or not call.hp.use_coh or w_coh is tiles["w_sep"]
+    if same:
+        if dw is None:
+            dw = torch.zeros_like(w_coh)
+        if gmom3 is not None:
+            gm = gmom3.clone()
+            gm[..., -2:-1] += g_mass  # the kernel-mass column of Zr is 1
+            dw.baddbmm_(gm, Zr[:, :L].transpose(1, 2))
+        elif isinstance(g_mass, torch.Tensor):
+            dw.add_(g_mass)
+        return dw.mul_(w_coh if w_coh is not None else tiles["w_sep"])
+    if isinstance(g_mass, torch.Tensor):
+        dw.add_(g_mass)
+    dx = dw.mul_(tiles["w_sep"])
+    if gmom3 is not None:
+        dwc = torch.bmm(gmom3, Zr[:, :L].transpose(1, 2))
+        dx.add_(dwc.mul_(w_coh), alpha=t["ratio"])
+    return dx
+
+
+def _kernel_backward(call: Call, c0: int, c1: int, L: int, t: dict, tiles: dict, dw, g_mass, gx: dict,
+                     gbuf: dict) -> None:  # fmt: skip
+    """Kernel tile: the Cohesion moments' gradient and the distance gradient into the Zr buffer
+    (both sides of the tile; clamped entries and the diagonal get none)."""
+    C = c1 - c0
+    Zr, gZ = t["Zr"], gbuf["Zr"]
+    gmom = gx.get("mom")
+    gmom3 = None
+    if call.hp.use_coh and gmom is not None:
+        gmom3 = gmom.reshape(Zr.shape[0], C, -1)  # [b, np, C, e] -> [B, C, e]
+        gZ[:, :L].baddbmm_(tiles["w_coh"].transpose(1, 2), swap_last_two(gmom3))
+    dx = _distance_grad(call, L, t, tiles, dw, g_mass, gmom3)
+    dx.masked_fill_(tiles["clamped"], 0.0)
+    dx[:, :, c0:c1].diagonal(dim1=1, dim2=2).fill_(0.0)
+    gZ[:, c0:c1].baddbmm_(dx, Zr[:, :L])
+    gZ[:, :L].baddbmm_(dx.transpose(1, 2), Zr[:, c0:c1])
+
+
+def _backward_chunk(call: Call, c0: int, c1: int, t: dict, stats_full: dict, out_aug, d_out, d_rows: dict,
+                    acc: dict) -> None:  # fmt: skip
+    """Rows [c0, c1): rebuild the tiles and the per-row algebra (under autograd), then
+    back-propagate through output, softmax, folded GEMMs, row algebra, Separation and kernels,
+    accumulating into acc (_grad_buffers). Every tile is dropped on return."""
+    hp = call.hp
+    L = c1 if hp.causal else t["q"].shape[2]
+    stats = {k_: v_[:, :, c0:c1] for k_, v_ in stats_full.items()}
+    fresh, tiles = kernel_tiles(call, c0, c1, L, t, keep=True, saved=stats)
+    stats.update(fresh)
+    with torch.enable_grad():
+        x = row_inputs(call, c0, c1, t, stats, leaf=True)
+        parts, factor, rows = row_algebra(call, c0, c1, L, x)
+    dev = tiles.get("dev")
+    dO3, d_c = _output_grad(call, c0, c1, out_aug, d_out, d_rows.get("lcoh"), rows)
+    f_det = factor.detach() if factor is not None else None
+    parts_det = [(key, p.detach()) for key, p in parts]
+    dS, P, gl = _softmax_backward(call, c0, c1, L, t, parts_det, f_det, tiles, dO3, d_rows.get("lsep"), acc["gv3"])
+    outs, gouts = _fold_grads(call, c0, c1, L, t, parts, parts_det, factor, dev, dS, acc)
+    if d_c is not None:
+        outs.append(rows["centroid"])
+        gouts.append(d_c)
+    sinks = (acc["gbuf"], acc["gq"], acc["g_small"], acc["g_states"])
+    gx = rows_backward(c0, c1, x, rows, outs, gouts, d_rows, sinks)
+    if not (call.use_sep or hp.use_coh):
+        return
+    g_mass, dw = 0, None
+    if call.use_sep:
+        dphi = _separation_dphi(call, c0, c1, L, dS, f_det, dev, gx, P, gl)
+        dw, g_mass = _separation_backward(c0, c1, L, t, tiles, dphi, gx, acc["gbuf"])
+    P = dS = dphi = None
+    _kernel_backward(call, c0, c1, L, t, tiles, dw, g_mass, gx, acc["gbuf"])
+
+
+class FusedChunks(torch.autograd.Function):
+    """All query chunks of one call (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, spec: Spec, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid):
+        call = spec.call
+        t = _all_operands(call, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid)
+        b, nh, n, hd = q.shape
+        ve = t["v_aug3"].shape[-1]
+        out_aug = q.new_empty(b, nh, n, ve)
+        row_out, stats_full, moved = {}, {}, {}
+        for c0, c1 in spec.chunks:
+            _forward_chunk(call, c0, c1, t, out_aug, row_out, stats_full, moved)
+        spec.row_keys = list(row_out)
+        spec.stat_keys = list(stats_full)
+        spec.moved = {k_: v_ / n for k_, v_ in moved.items()}
+        out = out_aug if ve == hd else out_aug[..., :hd].contiguous()
+        ctx.spec = spec
+        ctx.save_for_backward(q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug,
+                              *stats_full.values())  # fmt: skip
+        ctx.set_materialize_grads(False)
+        return (out, *row_out.values())
+
+    @staticmethod
+    def backward(ctx, d_out, *d_rows):
+        spec = ctx.spec
+        call = spec.call
+        *inputs, out_aug = ctx.saved_tensors[:14]
+        stats_full = dict(zip(spec.stat_keys, ctx.saved_tensors[14:]))
+        t = _all_operands(call, *inputs)
+        d_rows = dict(zip(spec.row_keys, d_rows))
+        acc = _grad_buffers(t)
+        for c0, c1 in spec.chunks:
+            _backward_chunk(call, c0, c1, t, stats_full, out_aug, d_out, d_rows, acc)
+        grads = input_grads(call, t, acc.pop("gq"), acc.pop("gbuf"), acc.pop("gv3"), acc["g_small"],
+                            acc["g_states"], acc["g_tau_alibi"], ctx.needs_input_grad)  # fmt: skip
+        return (None, *grads)

@@ -1,0 +1,182 @@
+"""Per-row algebra of one query chunk of the fused fast path ([b, np, C]-sized tensors only):
+its inputs, the algebra itself (headings, gates, row scales, centroids, folded queries), its
+backward re-run under autograd, and the scatter of its gradients into the whole-sequence buffers."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ascender_dist.config.ascender_hparams import AscenderHParams
+from .common import count_denom, row_scale, safe_sqrt, swap_last_two
+from .fast_moments import moment_state_index, row_moments_chunk
+from .fast_neighbours import gather_sum, heading_from_sums, neighbour_sums
+from .fast_tiles import Call
+from .params import ALIGN, COH, SEP
+
+SMALL = ("omega", "lambdas", "kappa", "tau")
+
+
+def row_inputs(call: Call, c0: int, c1: int, t: dict, stats: dict, leaf: bool):
+    """Inputs of row_algebra for one chunk; with leaf, detached copies that require grad (the
+    per-head parameters: the shared leaves t['leaf_*'])."""
+    hp = call.hp
+    b, nh = t["q"].shape[:2]
+    si, s0 = moment_state_index(c0, hp.causal)  # moment state si holds the keys j < s0
+    x = {"q": t["q"][..., c0:c1, :]}
+    for key in SMALL:
+        x[key] = t["leaf_" + key] if leaf else t[key]
+    as4 = lambda y: y.view(b, nh, *y.shape[1:])  # noqa: E731  [B, ...] -> [b, np, ...]
+    if hp.use_align:
+        x["ktot"], x["ksq"], x["npos"], x["nweight"] = neighbour_sums(t, c0, c1)
+        x["khat"] = as4(t["khat3"][:, s0:c1])
+        x["align_state"] = tuple(as4(s_) for s_ in t["align_states"][si])
+    if hp.use_coh:
+        x["Zr"] = as4(t["Zr"][:, s0:c1])
+        x["coh_state"] = tuple(as4(s_) for s_ in t["coh_states"][si])
+        x["s_z"], x["a"] = t["s"], t["a"]
+    x.update(stats)
+    x["s0"], x["si"] = s0, si
+    if leaf:
+        for key, val in list(x.items()):
+            if key in SMALL:
+                continue
+            if isinstance(val, tuple):
+                x[key] = tuple(v_.detach().requires_grad_() for v_ in val)
+            elif isinstance(val, torch.Tensor) and val.is_floating_point():
+                x[key] = val.detach().requires_grad_()
+    return x
+
+
+def store_rows(full: dict, rows: dict, c0: int, c1: int, n: int) -> None:
+    """Write one chunk's per-row tensors [b, np, C, ...] into full-length [b, np, s, ...] ones."""
+    for key, val in rows.items():
+        if key not in full:
+            full[key] = val.new_empty(*val.shape[:2], n, *val.shape[3:])
+        full[key][:, :, c0:c1] = val
+
+
+def row_algebra(call: Call, c0: int, c1: int, L: int, x: dict):
+    """Per-row algebra of one chunk ([b, np, C]-sized tensors only): the folded query parts
+    [(key operand name, [B, C, e] already / tau_score)], the Separation row factor
+    omega_s s_i / tau (or None) and the row statistics."""
+    hp = call.hp
+    b, nh, C, _ = x["q"].shape
+    B = b * nh
+    count, denom = count_denom(c0, c1, L, hp, x["q"].dtype, x["q"].device)
+    tau = x["tau"].view(1, -1, 1, 1)
+    omega, lambdas = x["omega"], x["lambdas"]
+    rows = {}
+    parts = [("k3", x["q"] / (math.sqrt(call.hd) * tau))]
+    if hp.use_align:
+        uq, spread = heading_from_sums(x["ktot"], x["ksq"], x["nweight"].sum(-1), hp)
+        gate_a = torch.sigmoid(-hp.alpha_align * spread)
+        g = lambdas[:, ALIGN].view(1, -1, 1) * gate_a
+        mean, var = row_moments_chunk(hp.causal, uq, x["align_state"], x["khat"], c0, x["s0"])
+        s = row_scale(g, safe_sqrt(var * count / denom), hp)
+        rows["u"], rows["gate_align"], rows["align_mean"], rows["align_scale"] = uq, gate_a, mean, s
+        parts.append(("khat3", omega[:, ALIGN].view(1, -1, 1, 1) * s[..., None] * uq / tau))
+    if hp.use_coh:
+        sz, a = x["s_z"], x["a"]
+        mom = x["mom"]  # [s sum w z, sum w, -a sum w |z|^2]
+        mass = mom[..., -2:-1]  # >= 1 (w_ii = 1)
+        c = mom[..., :-2] / (sz * mass)
+        ez2 = -mom[..., -1] / (a * mass[..., 0])
+        c2 = (c * c).sum(-1)
+        gate = torch.sigmoid(-hp.alpha_coh * (ez2 - c2).clamp(min=0))
+        g = lambdas[:, COH].view(1, -1, 1) * gate / hp.tau_coh
+        # y_i . Zr_j = c_i . z_j - |z_j|^2 / 2 =: p_ij, and r_coh_ij = 2 p_ij - |c_i|^2
+        y = torch.cat([c / sz, torch.zeros_like(c[..., :1]), torch.full_like(c[..., :1], 0.5 / a)], -1)
+        mean_p, var_p = row_moments_chunk(hp.causal, y, x["coh_state"], x["Zr"], c0, x["s0"])
+        s = row_scale(g, safe_sqrt(4 * var_p * count / denom), hp)
+        rows["centroid"], rows["gate_coh"], rows["coh_mean"], rows["coh_scale"] = c, gate, 2 * mean_p - c2, s
+        parts.append(("Zr", omega[:, COH].view(1, -1, 1, 1) * 2 * s[..., None] * y / tau))
+    factor = None
+    if call.use_sep:
+        eta = torch.clamp(x["rho"] / x["kappa"].view(1, -1, 1), max=1.0)
+        s = row_scale(-lambdas[:, SEP].view(1, -1, 1) * eta, safe_sqrt(x["var"]), hp)
+        rows["rho"], rows["eta"], rows["sep_mean"], rows["sep_scale"] = x["rho"], eta, x["mu"], s
+        factor = omega[:, SEP].view(1, -1, 1) * s / tau[..., 0]
+    return [(key, p.reshape(B, C, -1)) for key, p in parts], factor, rows  # [b, np, C, e] -> [B, C, e]
+
+
+
+def grad_sinks(t: dict) -> dict:
+    """Zero gradient buffers that rows_backward scatters into (one full-size buffer per
+    whole-sequence operand, filled chunk by chunk in place; the per-head parameters; the moment
+    states by index), and the shared per-head leaves t['leaf_*'] of row_inputs."""
+    gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t}
+    for key in SMALL:
+        t["leaf_" + key] = t[key].detach().requires_grad_()
+    g_small = {key: torch.zeros_like(t[key]) for key in SMALL}
+    return {"gq": torch.zeros_like(t["q"]), "gbuf": gbuf, "g_small": g_small, "g_states": {"align": {}, "coh": {}}}
+
+
+def rows_backward(c0: int, c1: int, x: dict, rows: dict, outs: list, gouts: list, d_rows: dict, sinks) -> dict:
+    """Backward of one chunk's per-row algebra (:func:`row_algebra`, re-run under autograd): ``outs``/``gouts``
+    hold the row outputs the tile backward already has gradients for; the returned row statistics
+    with a gradient in ``d_rows`` join them. The leaves' gradients go into ``sinks`` = (gbuf, gq,
+    g_small, g_states) (:func:`scatter_row_grads`) and are returned by leaf name."""
+    for key, g in d_rows.items():
+        if g is not None and key in rows:
+            outs.append(rows[key])
+            gouts.append(g[:, :, c0:c1])
+    leaves = [(k_, v_) for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad]
+    leaves += [(f"{k_}#{i}", v_) for k_, val in x.items() if isinstance(val, tuple)
+               for i, v_ in enumerate(val)]  # fmt: skip
+    grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
+    gx = {name: g for (name, _), g in zip(leaves, grads) if g is not None}
+    scatter_row_grads(c0, c1, x, gx, *sinks)
+    return gx
+
+
+def scatter_row_grads(c0: int, c1: int, x: dict, gx: dict, gbuf: dict, gq, g_small: dict, g_states: dict) -> None:
+    """Add one chunk's gradients of the row_algebra leaves into the whole-sequence buffers."""
+    for key in SMALL:
+        if key in gx:
+            g_small[key] += gx[key]
+    if "q" in gx:
+        gq[..., c0:c1, :] += gx["q"]
+    B = gq.shape[0] * gq.shape[1]
+    s0 = x["s0"]
+    if "ktot" in gx or "ksq" in gx:  # headings: back to the neighbours' rows
+        pos, weight = x["npos"].reshape(-1), x["nweight"]
+        if "ktot" in gx:
+            g = gx["ktot"]
+            per_slot = (g[..., None, :] * weight[..., None]).reshape(-1, g.shape[-1])  # [b*np*C*k, hd]
+            gbuf["khat3"].view(-1, g.shape[-1]).index_add_(0, pos, per_slot)
+        if "ksq" in gx:  # d|khat_l|^2 = 2 khat_l: applied once per key at the end (input_grads)
+            gbuf["khat_sq"].view(-1).index_add_(0, pos, (gx["ksq"][..., None] * weight).reshape(-1))
+    if "khat" in gx:  # keys [s0, c1) of the in-chunk moments
+        gbuf["khat3"][:, s0:c1] += gx["khat"].reshape(B, c1 - s0, -1)  # [b, np, c1-s0, hd] -> [B, .., hd]
+    if "Zr" in gx:
+        gbuf["Zr"][:, s0:c1] += swap_last_two(gx["Zr"].reshape(B, c1 - s0, -1))
+    for name, store in (("align_state", g_states["align"]), ("coh_state", g_states["coh"])):
+        pieces = [gx.get(f"{name}#{i}") for i in range(len(x.get(name, ())))]
+        if any(p is not None for p in pieces):
+            si = x["si"]
+            old = store.get(si, (None,) * len(pieces))
+            pieces = [None if p is None else p.reshape(B, *p.shape[2:]) for p in pieces]  # [b, np, ..] -> [B, ..]
+            store[si] = tuple(p if o is None else (o if p is None else o + p) for o, p in zip(old, pieces))
+
+
+
+def aux_losses(rows, u, idx, valid, hp: AscenderHParams, call: Call):
+    """Section 8 losses from the streamed per-row pieces (same definitions as the reference)."""
+    aux = {}
+    if call.want_lcoh:
+        aux["compactness"] = rows.pop("lcoh").mean()
+    if call.want_lsep:
+        aux["crowding"] = rows.pop("lsep").mean()
+    if hp.aux_alignment_weight > 0 and u is not None:
+        count = valid.sum(-1)
+        u_bar = gather_sum(u, idx, valid) / count.clamp(min=1)[..., None].to(u.dtype)
+        aux["alignment"] = ((1 - (u * u_bar).sum(-1)) * (count > 0)).mean()
+    weights = {
+        "compactness": hp.aux_compactness_weight,
+        "crowding": hp.aux_crowding_weight,
+        "alignment": hp.aux_alignment_weight,
+    }
+    aux["total"] = sum(weights[k] * v for k, v in aux.items())
+    return aux
