@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 
 import pytest
 
@@ -45,6 +46,18 @@ def read_wandb_history(run_file) -> list[dict]:
     return rows
 
 
+def wait_for_history(run_file, rows: int, timeout_s: float = 30.0) -> list[dict]:
+    """The run file's history once it holds ``rows`` rows (or what it holds after ``timeout_s``):
+    wandb's service process writes the file, and on a loaded machine its last records were seen to
+    land after ``finish()`` had returned (once in a full CI run)."""
+    deadline = time.monotonic() + timeout_s
+    history = read_wandb_history(run_file)
+    while len(history) < rows and time.monotonic() < deadline:
+        time.sleep(0.5)
+        history = read_wandb_history(run_file)
+    return history
+
+
 def test_offline_wandb_matches_tensorboard(tmp_path):
     logger = MetricLogger(tmp_path / "tb", enabled=True, wandb=WandbConfig(project="p", mode="offline"),
                           run_dir=tmp_path, run_name="t", run_config={"train": {"lr": 1e-3}})
@@ -57,7 +70,7 @@ def test_offline_wandb_matches_tensorboard(tmp_path):
     logger.close()
     tb = {(tag, step): value for tag, rows in read_scalars(tmp_path / "tb").items() for step, value in rows}
     (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
-    wb = {(k, row["step"]): v for row in read_wandb_history(run_file) for k, v in row.items()
+    wb = {(k, row["step"]): v for row in wait_for_history(run_file, len(steps)) for k, v in row.items()
           if not k.startswith("_") and k != "step"}
     expected = {(k, s): v for s, vals in steps for k, v in vals.items() if v is not None}
     assert wb == expected
