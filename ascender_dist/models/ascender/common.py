@@ -82,3 +82,13 @@ class AttachAuxLoss(torch.autograd.Function):
 def set_aux_loss_scale(scale: float) -> None:
     """Scale of the aux-loss gradient relative to a task loss of 1 (e.g. 1/num_microbatches)."""
     AttachAuxLoss.scale = float(scale)
+
+
+def weighted_aux_total(aux: dict, hp: AscenderHParams) -> torch.Tensor | float:
+    """The section 8 objective: each present auxiliary loss times its weight, summed (0 when none is on)."""
+    weights = {
+        "compactness": hp.aux_compactness_weight,
+        "crowding": hp.aux_crowding_weight,
+        "alignment": hp.aux_alignment_weight,
+    }
+    return sum(weights[name] * value for name, value in aux.items())

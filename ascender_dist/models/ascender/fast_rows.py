@@ -9,7 +9,7 @@ import math
 import torch
 
 from ascender_dist.config.ascender_hparams import AscenderHParams
-from .common import count_denom, row_scale, safe_sqrt, swap_last_two
+from .common import count_denom, row_scale, safe_sqrt, swap_last_two, weighted_aux_total
 from .fast_moments import moment_state_index, row_moments_chunk
 from .fast_neighbours import gather_sum, heading_from_sums, neighbour_sums
 from .fast_tiles import Call
@@ -173,10 +173,5 @@ def aux_losses(rows, u, idx, valid, hp: AscenderHParams, call: Call):
         count = valid.sum(-1)
         u_bar = gather_sum(u, idx, valid) / count.clamp(min=1)[..., None].to(u.dtype)
         aux["alignment"] = ((1 - (u * u_bar).sum(-1)) * (count > 0)).mean()
-    weights = {
-        "compactness": hp.aux_compactness_weight,
-        "crowding": hp.aux_crowding_weight,
-        "alignment": hp.aux_alignment_weight,
-    }
-    aux["total"] = sum(weights[k] * v for k, v in aux.items())
+    aux["total"] = weighted_aux_total(aux, hp)
     return aux

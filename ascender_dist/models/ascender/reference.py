@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .common import safe_sqrt, total_variation, variance_denominator
+from .common import safe_sqrt, total_variation, variance_denominator, weighted_aux_total
 from ascender_dist.config.ascender_hparams import AscenderHParams
 from .params import ALIGN, COH, SEP, AscenderHeadParams
 
@@ -195,12 +195,7 @@ def aux_losses(A, z, c, phi, u, idx, valid, hp: AscenderHParams, use_sep: bool):
         count = valid.sum(-1)
         u_bar = (gather_rows(u, idx) * valid[..., None]).sum(-2) / count.clamp(min=1)[..., None]
         aux["alignment"] = ((1 - (u * u_bar).sum(-1)) * (count > 0)).mean()
-    weights = {
-        "compactness": hp.aux_compactness_weight,
-        "crowding": hp.aux_crowding_weight,
-        "alignment": hp.aux_alignment_weight,
-    }
-    aux["total"] = sum(weights[k] * v for k, v in aux.items())
+    aux["total"] = weighted_aux_total(aux, hp)
     return aux
 
 
