@@ -75,12 +75,9 @@ def _peak_mib(fn) -> Optional[float]:
     import torch
 
     if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        fn()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - before) / 2**20
+        from ascender_dist.training.metrics import cuda_peak_mib
+
+        return cuda_peak_mib(fn)
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:

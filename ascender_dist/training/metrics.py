@@ -15,6 +15,18 @@ log = logging.getLogger("ascender_dist")
 PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
 
 
+def cuda_peak_mib(fn) -> float:
+    """Peak CUDA memory allocated while ``fn()`` runs, above what was allocated before it (MiB)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
 def peak_tflops_per_device(configured):
     """Configured value, else the datasheet peak of the visible GPU, else None (CPU: no MFU)."""
     import torch

@@ -105,16 +105,9 @@ def time_fwd_bwd(run, plan: Plan) -> dict:
 
 def peak_mib(run, device: str):
     """Peak CUDA memory of one call above the memory allocated before it (MiB); None on CPU."""
-    import torch
+    from ascender_dist.training.metrics import cuda_peak_mib
 
-    if device != "cuda":
-        return None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    run()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 2**20
+    return cuda_peak_mib(run) if device == "cuda" else None
 
 
 def measure_point(impl: str, n: int, plan: Plan, ascender_impl: str) -> dict:

@@ -27,3 +27,18 @@ def test_peak_by_device_name(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
     assert peak_tflops_per_device(None) == peak
+
+
+def test_cuda_peak_mib_is_the_peak_above_what_was_allocated_before(monkeypatch):
+    """The CUDA memory counters are faked (no GPU here): 3 MiB before, a 7 MiB high-water mark during fn."""
+    import torch
+
+    from ascender_dist.training.metrics import cuda_peak_mib
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 3 * 2**20)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 7 * 2**20)
+    assert cuda_peak_mib(lambda: calls.append("fn")) == 4.0
+    assert calls == ["sync", "reset", "fn", "sync"]
