@@ -39,6 +39,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_launcher_job(config: Path, stdout: Path, stderr: Path | None = None, *extra: str) -> subprocess.Popen:
+    """A 2-rank training job of ``launch/train.py`` through the real ``deepspeed`` launcher, in its own
+    process group (so :func:`wait_job` can kill all of it); stderr joins stdout unless given."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    deepspeed = Path(sys.executable).with_name("deepspeed")
+    err = open(stderr, "w") if stderr is not None else subprocess.STDOUT
+    return subprocess.Popen([str(deepspeed), "--num_accelerators", "2", "--master_port", str(free_port()),
+                             "launch/train.py", "--config", str(config), *extra], cwd=REPO_ROOT, env=env,
+                            stdout=open(stdout, "a"), stderr=err, start_new_session=True)
+
+
+def wait_job(proc: subprocess.Popen, timeout: float) -> int:
+    """The job's exit status; past ``timeout`` its whole process group is killed and TimeoutExpired raised."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
 def _tail(path: Path, lines: int = 25) -> str:
     if not path.exists():
         return ""

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from tests.helpers.data import make_tiny_dataset, tiny_run_config
-from tests.helpers.multiproc import REPO_ROOT, free_port
+from tests.helpers.multiproc import start_launcher_job, wait_job
 
 pytestmark = pytest.mark.slow
 STEPS = 30
@@ -28,23 +28,6 @@ def _config(tmp_path: Path, data: dict, name: str, steps: int = STEPS, train: di
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
-
-
-def _start(config: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    deepspeed = Path(os.sys.executable).with_name("deepspeed")
-    return subprocess.Popen([str(deepspeed), "--num_accelerators", "2", "--master_port", str(free_port()),
-                             "launch/train.py", "--config", str(config)], cwd=REPO_ROOT, env=env,
-                            stdout=open(log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _wait(proc: subprocess.Popen, timeout: float) -> int:
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
 
 
 def _assert_latest_loadable(checkpoint_dir: Path) -> None:
@@ -68,7 +51,7 @@ def data(tmp_path_factory):
 
 def test_random_sigkills_then_auto_resume_match_straight_run(data, tmp_path):
     straight = _config(tmp_path, data, "straight")
-    assert _wait(_start(straight, tmp_path / "straight.log"), 300) == 0
+    assert wait_job(start_launcher_job(straight, tmp_path / "straight.log"), 300) == 0
 
     killed = _config(tmp_path, data, "killed")
     checkpoints = tmp_path / "killed" / "checkpoints"
@@ -84,7 +67,7 @@ def test_random_sigkills_then_auto_resume_match_straight_run(data, tmp_path):
             break
         target = resume_step + rng.randint(1, 4)  # a random step of this attempt ...
         offset = log.stat().st_size if log.exists() else 0
-        proc = _start(killed, log)
+        proc = start_launcher_job(killed, log)
         deadline = time.monotonic() + 120
         while f"step {target}/" not in log.read_text()[offset:]:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
@@ -95,7 +78,7 @@ def test_random_sigkills_then_auto_resume_match_straight_run(data, tmp_path):
         kills += 1
         _assert_latest_loadable(checkpoints)
     assert kills >= 3, "the run finished too early for the kill test to mean anything"
-    assert _wait(_start(killed, tmp_path / "killed.log"), 300) == 0
+    assert wait_job(start_launcher_job(killed, tmp_path / "killed.log"), 300) == 0
     _assert_latest_loadable(checkpoints)
     ours, reference = _final_weights(checkpoints), _final_weights(tmp_path / "straight" / "checkpoints")
     assert ours.keys() == reference.keys()
@@ -109,7 +92,7 @@ def test_random_sigkills_then_auto_resume_match_straight_run(data, tmp_path):
 def test_a_dying_rank_ends_the_job(data, tmp_path):
     config = _config(tmp_path, data, "dying", steps=100000)
     log = tmp_path / "dying.log"
-    proc = _start(config, log)
+    proc = start_launcher_job(config, log)
     deadline = time.monotonic() + 120
     while "step 2/" not in log.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
@@ -118,7 +101,7 @@ def test_a_dying_rank_ends_the_job(data, tmp_path):
     pid = int(ranks.stdout.split()[0])
     os.kill(pid, signal.SIGKILL)
     started = time.monotonic()
-    status = _wait(proc, 60)
+    status = wait_job(proc, 60)
     assert status != 0
     assert time.monotonic() - started < 60
 
@@ -129,12 +112,12 @@ def test_a_diverging_run_ends_in_bounded_time_with_one_line(data, tmp_path):
     step, the loss and the last good checkpoint, instead of rolling back forever."""
     guard = {"loss_spike_factor": 3.0, "max_consecutive_bad_steps": 2, "max_rollbacks": 2}
     healthy = _config(tmp_path, data, "diverging", steps=4, train=guard)
-    assert _wait(_start(healthy, tmp_path / "healthy.log"), 300) == 0
+    assert wait_job(start_launcher_job(healthy, tmp_path / "healthy.log"), 300) == 0
     diverging = _config(tmp_path, data, "diverging", steps=1000, train=guard,
                         optimizer={"lr": 50.0, "min_lr": 0.0, "warmup_steps": 0, "lr_schedule": "constant"})
     log = tmp_path / "diverging.log"
     started = time.monotonic()
-    status = _wait(_start(diverging, log), 300)
+    status = wait_job(start_launcher_job(diverging, log), 300)
     elapsed = time.monotonic() - started
     text = log.read_text()
     assert status != 0 and elapsed < 240, text[-3000:]

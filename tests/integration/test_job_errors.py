@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.helpers.data import make_tiny_dataset, tiny_run_config
-from tests.helpers.multiproc import REPO_ROOT, free_port
+from tests.helpers.multiproc import start_launcher_job, wait_job
 
 pytestmark = pytest.mark.slow
 
@@ -33,23 +33,6 @@ def _config(tmp_path: Path, data: dict, name: str, **sections) -> Path:
     return path
 
 
-def _start(config: Path, out: Path, err: Path, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    deepspeed = Path(os.sys.executable).with_name("deepspeed")
-    return subprocess.Popen([str(deepspeed), "--num_accelerators", "2", "--master_port", str(free_port()),
-                             "launch/train.py", "--config", str(config), *extra], cwd=REPO_ROOT, env=env,
-                            stdout=open(out, "w"), stderr=open(err, "w"), start_new_session=True)
-
-
-def _finish(proc: subprocess.Popen, timeout: float) -> int:
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-
-
 def _error_lines(err: Path) -> list[str]:
     text = err.read_text()
     assert "Traceback" not in text, text[-3000:]
@@ -59,19 +42,19 @@ def _error_lines(err: Path) -> list[str]:
 def test_bad_input_on_two_ranks_is_one_error_line(data, tmp_path):
     config = _config(tmp_path, data, "bad")
     out, err = tmp_path / "bad.out", tmp_path / "bad.err"
-    assert _finish(_start(config, out, err, "--set", "train.train_steps=0"), 120) == 2
+    assert wait_job(start_launcher_job(config, out, err, "--set", "train.train_steps=0"), 120) == 2
     assert _error_lines(err) == ["error: rank 0: --set train.train_steps=0: train.train_steps: must be >= 1 (got 0)"]
 
 
 def test_a_damaged_file_of_rank1_ends_the_job_with_one_line_before_loading(data, tmp_path):
     config = _config(tmp_path, data, "damaged", train={"train_steps": 2})
-    assert _finish(_start(config, tmp_path / "first.out", tmp_path / "first.err"), 300) == 0
+    assert wait_job(start_launcher_job(config, tmp_path / "first.out", tmp_path / "first.err"), 300) == 0
     shard = tmp_path / "damaged" / "checkpoints" / "step_00000002" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     shard.write_bytes(shard.read_bytes()[:-10])
     out, err = tmp_path / "again.out", tmp_path / "again.err"
     config.write_text(config.read_text().replace("train_steps: 2", "train_steps: 4"))
-    proc = _start(config, out, err)
-    status = _finish(proc, 300)
+    proc = start_launcher_job(config, out, err)
+    status = wait_job(proc, 300)
     assert status == 2
     lines = _error_lines(err)
     assert len(lines) == 1, err.read_text()[-3000:]
@@ -84,7 +67,7 @@ def test_a_stopped_rank_ends_the_job_after_the_distributed_timeout(data, tmp_pat
     config = _config(tmp_path, data, "hung", train={"train_steps": 100000},
                      parallel={"distributed_timeout_minutes": 1})
     out, err = tmp_path / "hung.out", tmp_path / "hung.err"
-    proc = _start(config, out, err)
+    proc = start_launcher_job(config, out, err)
     deadline = time.monotonic() + 180
     while "step 2/" not in err.read_text() + out.read_text():
         assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-2000:]
@@ -93,7 +76,7 @@ def test_a_stopped_rank_ends_the_job_after_the_distributed_timeout(data, tmp_pat
                            capture_output=True, text=True)
     os.kill(int(ranks.stdout.split()[0]), signal.SIGSTOP)
     stopped = time.monotonic()
-    status = _finish(proc, 240)
+    status = wait_job(proc, 240)
     assert status != 0 and time.monotonic() - stopped < 180
     text = err.read_text()
     lines = [line for line in text.splitlines() if line.startswith("error:")]
