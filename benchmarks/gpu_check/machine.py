@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import os
 from importlib.metadata import PackageNotFoundError, version
 
 from benchmarks.scaling import _machine
+
+SOURCE_COMMIT_VAR = "ASCENDER_SOURCE_COMMIT"
 
 
 def _version(package: str):
@@ -25,7 +28,10 @@ def machine_info(device: str) -> dict:
     info = {**_machine(), "device": device, "triton": _version("triton"),
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}
     info.pop("gpu", None)  # "is a GPU visible": replaced by the fields below, which say which one
-    info["commit"] = info["commit"] or "unknown (not a git checkout)"  # e.g. the docker image's copy
+    if not info["commit"]:  # a copy of the tree without .git (a docker image, a copy sent to a GPU host)
+        given = os.environ.get(SOURCE_COMMIT_VAR)
+        info["commit"] = f"{given} (per {SOURCE_COMMIT_VAR}: not a git checkout)" if given else \
+            f"unknown (not a git checkout; set {SOURCE_COMMIT_VAR} to the commit the copy was made from)"
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info.update(device_name=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),
