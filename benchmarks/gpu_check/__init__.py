@@ -1,6 +1,6 @@
 """One command for a GPU machine: everything that needs a GPU, measured and written down with the GPU named.
 
-    python -m benchmarks.gpu_check                                  # one H100: ~9 min; writes benchmarks/results/gpu/
+    python -m benchmarks.gpu_check                                  # one H100 or H200: ~7 min; writes benchmarks/results/gpu/
     python -m benchmarks.gpu_check --cpu-dry-run --out /tmp/dry     # the same script on CPU at tiny sizes
 
 Sections, run in this order, each under a time budget (``plan.py``); a section that fails records its

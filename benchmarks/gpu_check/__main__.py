@@ -40,7 +40,7 @@ def run_section(name: str, plan: Plan, work: Path) -> dict:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check",
-                                description="Everything that needs a GPU, in one command (~9 min on one H100).")
+                                description="Everything that needs a GPU, in one command (~7 min on one H100 or H200).")
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="run the same script on CPU at tiny sizes (fp32, gloo, Triton interpreter); needs --out")
     p.add_argument("--out", type=Path, help=f"results folder (default on a GPU: {GPU_RESULTS.relative_to(ROOT)})")

@@ -24,6 +24,7 @@ from benchmarks.attention import D_A, D_Z, GLOBALS, HEAD_DIM, HEADS, K_TOP, WIND
 from benchmarks.gpu_check.plan import Budget, Plan
 
 log = logging.getLogger("gpu_check")
+TRITON_KERNELS = ("stats_kernel", "forward_kernel", "row_grad_kernel", "col_grad_kernel")  # kernels/*.py
 
 
 def _sync(device: str) -> None:
@@ -133,6 +134,35 @@ def measure_point(impl: str, n: int, plan: Plan, ascender_impl: str) -> dict:
     return point
 
 
+def profile_split(run, device: str, top: int = 10) -> dict:
+    """Where one ASCender fwd+bwd spends its time (torch.profiler, CUDA only): wall time, the sum of
+    GPU kernel times, the number of kernel launches, the Triton kernels' share and the top kernels by
+    total time. A wall time far above the kernel sum means launch / host overhead, not kernel speed."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if device != "cuda":
+        return {"status": "skipped: CPU (the CPU profile is benchmarks/attention_breakdown.py)"}
+    run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    kernels: dict = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            total, count = kernels.get(ev.name, (0.0, 0))
+            kernels[ev.name] = (total + ev.device_time_total / 1e6, count + 1)
+    kernel_s = sum(t for t, _ in kernels.values())
+    triton_s = sum(t for name, (t, _) in kernels.items() if name in TRITON_KERNELS)
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"status": "ok", "wall_s_profiled": wall, "kernel_s": kernel_s,
+            "launches": sum(c for _, c in kernels.values()), "triton_kernel_s": triton_s,
+            "top": [{"name": name[:90], "s": t, "count": c} for name, (t, c) in ranked]}
+
+
 def next_length_seconds(pair: list[dict], plan: Plan, wall_s: float) -> float:
     """Seconds this length's calls take once compiled (the first call's Triton compilation is paid once,
     not per length); the wall time when a point failed. The next (doubled) length costs ~4x this."""
@@ -157,6 +187,14 @@ def run(plan: Plan, work: Path, budget: Budget) -> dict:
         pair = [measure_point(impl, n, plan, ascender_impl) for impl in ("sdpa", "ascender")]
         points += pair
         estimate = 4 * next_length_seconds(pair, plan, time.monotonic() - t0)
+    profile = {"status": "skipped: no length of 2048 or less measured"}
+    short = [n for n in plan.lengths if n <= 2048 and any(p["n"] == n and p["status"] == "ok" for p in points)]
+    if short:
+        try:
+            profile = {"n": short[-1], **profile_split(_layer("auto", short[-1], plan.device, plan.dtype), plan.device)}
+        except Exception as exc:  # the profile explains the table; it never fails the section
+            profile = {"status": f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"}
+        log.info("[attention] profile: %s", {k: v for k, v in profile.items() if k != "top"})
     bad = [p for p in points if p["status"] != "ok"]
     status = "ok" if not bad else f"failed: {len(bad)} of {len(points)} points: n={bad[0]['n']} {bad[0]['impl']} " \
                                   f"{bad[0]['status']}"
@@ -164,7 +202,8 @@ def run(plan: Plan, work: Path, budget: Budget) -> dict:
             "dtype": plan.dtype, "device": plan.device,
             "shape": {"batch": 1, "heads": HEADS, "head_dim": HEAD_DIM, "d_z": D_Z, "d_a": D_A, "k": K_TOP,
                       "window": WINDOW, "num_global": GLOBALS, "causal": True},
-            "warmup": plan.warmup, "repeats": plan.repeats, "points": points, "rows": table_rows(points)}
+            "warmup": plan.warmup, "repeats": plan.repeats, "points": points, "rows": table_rows(points),
+            "profile": profile}
 
 
 def table_rows(points: list[dict]) -> list[dict]:
@@ -215,6 +254,19 @@ def markdown(result: dict) -> list[str]:
               if "first_call_s" in r["ascender"]]
     if firsts:
         lines += ["", "ASCender first call (includes Triton compilation where it happens): " + ", ".join(firsts) + "."]
+    return lines + profile_lines(result.get("profile"))
+
+
+def profile_lines(prof) -> list[str]:
+    if not prof:
+        return []
+    if prof["status"] != "ok":
+        return ["", f"Profile: {prof['status']}."]
+    lines = ["", f"Profile of one ASCender fwd+bwd at n = {prof['n']} (torch.profiler): wall "
+             f"{prof['wall_s_profiled'] * 1e3:.2f} ms profiled, GPU kernels {prof['kernel_s'] * 1e3:.2f} ms in "
+             f"{prof['launches']} launches, of which the Triton kernels {prof['triton_kernel_s'] * 1e3:.2f} ms.", "",
+             "| kernel | total ms | launches |", "|---|---:|---:|"]
+    lines += [f"| `{k['name']}` | {k['s'] * 1e3:.3f} | {k['count']} |" for k in prof["top"]]
     return lines
 
 

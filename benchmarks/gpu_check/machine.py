@@ -28,10 +28,11 @@ def machine_info(device: str) -> dict:
     info = {**_machine(), "device": device, "triton": _version("triton"),
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}
     info.pop("gpu", None)  # "is a GPU visible": replaced by the fields below, which say which one
-    if not info["commit"]:  # a copy of the tree without .git (a docker image, a copy sent to a GPU host)
-        given = os.environ.get(SOURCE_COMMIT_VAR)
-        info["commit"] = f"{given} (per {SOURCE_COMMIT_VAR}: not a git checkout)" if given else \
-            f"unknown (not a git checkout; set {SOURCE_COMMIT_VAR} to the commit the copy was made from)"
+    given = os.environ.get(SOURCE_COMMIT_VAR)  # a copy of the tree (a docker image, a copy sent to a GPU
+    if given:  # host) may carry no .git or another commit's: whoever made the copy names its commit
+        info.update(commit=f"{given} (per {SOURCE_COMMIT_VAR})", uncommitted=[])
+    elif not info["commit"]:
+        info["commit"] = f"unknown (not a git checkout; set {SOURCE_COMMIT_VAR} to the commit the copy was made from)"
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         info.update(device_name=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),

@@ -107,6 +107,33 @@ def test_kernels_options_float64(changes, n):
     compare(hp, n, use_sep=hp.use_sep, with_aux=hp.aux_compactness_weight > 0, b=2)
 
 
+def test_row_chunks_cpu_take_the_fast_paths_cuda_as_few_as_the_cap_allows():
+    """The torch work around the kernels: CPU tensors chunk like the fast path (tests run several
+    chunks); on a GPU one chunk while the widest tile fits CUDA_ROW_TILE_ELEMS, else halved until
+    it does; either way the chunks tile [0, n) in order."""
+    from ascender_dist.models.ascender.fast_neighbours import chunk_bounds
+    from ascender_dist.models.ascender.fast_tiles import Call
+    from ascender_dist.models.ascender.kernels import function
+
+    def covers(chunks, n):
+        return chunks[0][0] == 0 and chunks[-1][1] == n and all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+
+    hp = base_hp(causal=True, chunk_size=16)
+    call = Call(hp, 2048, 64, True, False, False)
+    assert function.row_chunks(2048, 8, call, on_cuda=False) == chunk_bounds(2048, 8, hp)
+    assert function.row_chunks(2048, 8, call, on_cuda=True) == [(0, 2048)]
+    for n, bh in [(4096, 8), (1024, 96), (16384, 16), (333, 4096)]:
+        call_n = Call(hp, n, 64, True, False, False)
+        chunks = function.row_chunks(n, bh, call_n, on_cuda=True)
+        rows = chunks[0][1]
+        assert covers(chunks, n)
+        assert bh * rows * function._row_tile_width(rows, n, call_n) <= function.CUDA_ROW_TILE_ELEMS or rows <= 16
+        assert len(chunks) == 1 or bh * (2 * rows) * function._row_tile_width(2 * rows, n, call_n) > \
+            function.CUDA_ROW_TILE_ELEMS  # not smaller than needed
+    stats = Call(hp, 4096, 64, True, False, True)  # diagnostics build [rows, n] tiles
+    assert function._row_tile_width(128, 4096, stats) == 4096
+
+
 def test_kernels_with_several_causal_moment_states_float64(monkeypatch):
     """Row scales of Alignment / Cohesion from causal moment states every MOMENT_STRIDE rows
     (shrunk from 256 to 8 so that a short sequence has several)."""
@@ -122,10 +149,10 @@ def test_kernels_shared_omega_float64():
     from ascender_dist.models.ascender import AscenderHeadParams
 
     hp = base_hp(causal=True, share_omega_across_heads=True)
-    params = AscenderHeadParams(hp, 2).double()
+    params = AscenderHeadParams(hp, 2).double().to(DEVICE)
     with torch.no_grad():
         params.omega_shared.copy_(torch.tensor([[0.7, 0.4, 1.3]], dtype=F64))
-    inputs = make_inputs(b=1, n=21, hd=16)
+    inputs = [x.detach().to(DEVICE).requires_grad_() for x in make_inputs(b=1, n=21, hd=16)]
     grads = []
     for path in (reference_attention, triton_attention):
         out = path(*inputs, params, hp, use_sep=True).out

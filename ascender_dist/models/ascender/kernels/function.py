@@ -22,6 +22,7 @@ import torch
 
 from ..common import count_denom, swap_last_two
 from ..fast_grads import input_grads
+from .. import fast_moments
 from ..fast_neighbours import chunk_bounds, neighbours, search_vectors
 from ..fast_rows import aux_losses, grad_sinks, row_algebra, row_inputs, rows_backward, store_rows
 from ..fast_tiles import Call, Spec, kernel_tiles, moved_stats, operands
@@ -30,6 +31,35 @@ from ..params import AscenderHeadParams
 from ..reference import AscenderResult
 from .launch import Ops, attention_col_grads, attention_forward, attention_row_grads, kernel_arg_floor, row_stats
 from .tiles import interpreting
+
+
+# Cap on b*heads*rows*keys of one chunk's torch tiles around the kernels on a GPU (causal row
+# moments, neighbour scores): 2^26 entries, 256 MiB in fp32.
+CUDA_ROW_TILE_ELEMS = 2**26
+
+
+def _row_tile_width(rows: int, n: int, call: Call) -> int:
+    """Keys per row of the widest torch tile of a chunk of ``rows`` query rows: the causal row
+    moments read the keys from the chunk's moment state on, the neighbour search a band of
+    2 x window + globals around the chunk (all n keys unwindowed), the diagnostics all n."""
+    hp = call.hp
+    width = rows + fast_moments.MOMENT_STRIDE if hp.causal else 0
+    width = max(width, rows + 2 * hp.window + hp.num_global if hp.window > 0 else n)
+    return n if call.with_stats else min(width, n)
+
+
+def row_chunks(n: int, batch_heads: int, call: Call, on_cuda: bool) -> list[tuple[int, int]]:
+    """Query chunks of the torch work around the kernels (per-row algebra, neighbour search).
+    CPU tensors (the interpreter) take the fast path's chunks, so short test sequences run several.
+    On a GPU each chunk costs a few hundred small kernel launches whatever its size (with the fast
+    path's 64-row chunks one layer call took 400 ms at n = 2048 on an H200), so chunks are as
+    long as CUDA_ROW_TILE_ELEMS allows: halved from n until their widest tile fits."""
+    if not on_cuda:
+        return chunk_bounds(n, batch_heads, call.hp)
+    rows = n
+    while rows > 16 and batch_heads * rows * _row_tile_width(rows, n, call) > CUDA_ROW_TILE_ELEMS:
+        rows = (rows + 1) // 2
+    return [(c0, min(c0 + rows, n)) for c0 in range(0, n, rows)]
 
 
 def _swap(x: torch.Tensor) -> torch.Tensor:
@@ -279,8 +309,8 @@ def triton_attention(
     if low:
         q, k, v, z, h = (x.float() for x in (q, k, v, z, h))
     b, nh, n, hd = q.shape
-    chunks = chunk_bounds(n, b * nh, hp)
     call = Call(hp, n, hd, use_sep, with_aux, with_stats)
+    chunks = row_chunks(n, b * nh, call, q.is_cuda)
     idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
     spec = Spec(call, chunks)
     dt = q.dtype
