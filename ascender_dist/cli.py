@@ -45,6 +45,7 @@ def _run(fn, *args) -> int:
 
 def train(args: argparse.Namespace) -> None:
     from ascender_dist.config import load_config
+    from ascender_dist.parallel.setup import shutdown_process_group
     from ascender_dist.training.trainer import Trainer
 
     cfg = load_config(args.config, args.overrides)
@@ -54,6 +55,7 @@ def train(args: argparse.Namespace) -> None:
         logging.getLogger("ascender_dist").info(
             "done: tensorboard logs in %s, checkpoint in %s",
             trainer.derived.tensorboard_dir.resolve(), trainer.derived.checkpoint_dir.resolve())
+    shutdown_process_group()
 
 
 def print_config(args: argparse.Namespace) -> None:

@@ -127,6 +127,20 @@ def init_process_group(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> None
     deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=timedelta(minutes=timeout_minutes))
 
 
+def shutdown_process_group() -> None:
+    """End a finished job's torch.distributed on every rank together: megatron's groups, then one
+    barrier, then the default group, as torchtitan and Megatron-LM end a run. Left to interpreter
+    exit, each rank tears its groups down in its own time while its peers, and the job store that
+    rank 0 hosts, may already be gone."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    destroy_model_parallel()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def init_single_process() -> None:
     """A private 1-rank gloo group for single-process tools (inspection, figures). A fresh port is
     picked every time: an inherited MASTER_PORT may belong to another live group."""

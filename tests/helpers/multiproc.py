@@ -60,6 +60,12 @@ def wait_job(proc: subprocess.Popen, timeout: float) -> int:
         raise
 
 
+def run_job_ok(config: Path, log: Path, timeout: float, *extra: str) -> None:
+    """Run a launcher job (stderr into ``log``) and fail with the log's tail unless it exits 0."""
+    status = wait_job(start_launcher_job(config, log, None, *extra), timeout)
+    assert status == 0, f"job {config.name} exited {status}; {log}:\n{_tail(log, 60)}"
+
+
 def _tail(path: Path, lines: int = 25) -> str:
     if not path.exists():
         return ""

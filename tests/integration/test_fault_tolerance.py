@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from tests.helpers.data import make_tiny_dataset, tiny_run_config
-from tests.helpers.multiproc import start_launcher_job, wait_job
+from tests.helpers.multiproc import run_job_ok, start_launcher_job, wait_job
 
 pytestmark = pytest.mark.slow
 STEPS = 30
@@ -51,7 +51,7 @@ def data(tmp_path_factory):
 
 def test_random_sigkills_then_auto_resume_match_straight_run(data, tmp_path):
     straight = _config(tmp_path, data, "straight")
-    assert wait_job(start_launcher_job(straight, tmp_path / "straight.log"), 300) == 0
+    run_job_ok(straight, tmp_path / "straight.log", 300)
 
     killed = _config(tmp_path, data, "killed")
     checkpoints = tmp_path / "killed" / "checkpoints"
@@ -78,7 +78,7 @@ def test_random_sigkills_then_auto_resume_match_straight_run(data, tmp_path):
         kills += 1
         _assert_latest_loadable(checkpoints)
     assert kills >= 3, "the run finished too early for the kill test to mean anything"
-    assert wait_job(start_launcher_job(killed, tmp_path / "killed.log"), 300) == 0
+    run_job_ok(killed, tmp_path / "killed.log", 300)
     _assert_latest_loadable(checkpoints)
     ours, reference = _final_weights(checkpoints), _final_weights(tmp_path / "straight" / "checkpoints")
     assert ours.keys() == reference.keys()
@@ -112,7 +112,7 @@ def test_a_diverging_run_ends_in_bounded_time_with_one_line(data, tmp_path):
     step, the loss and the last good checkpoint, instead of rolling back forever."""
     guard = {"loss_spike_factor": 3.0, "max_consecutive_bad_steps": 2, "max_rollbacks": 2}
     healthy = _config(tmp_path, data, "diverging", steps=4, train=guard)
-    assert wait_job(start_launcher_job(healthy, tmp_path / "healthy.log"), 300) == 0
+    run_job_ok(healthy, tmp_path / "healthy.log", 300)
     diverging = _config(tmp_path, data, "diverging", steps=1000, train=guard,
                         optimizer={"lr": 50.0, "min_lr": 0.0, "warmup_steps": 0, "lr_schedule": "constant"})
     log = tmp_path / "diverging.log"

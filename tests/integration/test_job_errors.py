@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.helpers.data import make_tiny_dataset, tiny_run_config
-from tests.helpers.multiproc import start_launcher_job, wait_job
+from tests.helpers.multiproc import run_job_ok, start_launcher_job, wait_job
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def test_bad_input_on_two_ranks_is_one_error_line(data, tmp_path):
 
 def test_a_damaged_file_of_rank1_ends_the_job_with_one_line_before_loading(data, tmp_path):
     config = _config(tmp_path, data, "damaged", train={"train_steps": 2})
-    assert wait_job(start_launcher_job(config, tmp_path / "first.out", tmp_path / "first.err"), 300) == 0
+    run_job_ok(config, tmp_path / "first.log", 300)
     shard = tmp_path / "damaged" / "checkpoints" / "step_00000002" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     shard.write_bytes(shard.read_bytes()[:-10])
     out, err = tmp_path / "again.out", tmp_path / "again.err"
