@@ -70,14 +70,14 @@ def print_config(args: argparse.Namespace) -> None:
     cfg = load_config(args.config, args.overrides)
     run = run_vocab(cfg, args.vocab_size, default=32000)
     vocab = run.size
-    counts = count_model(cfg, vocab)
+    counts = count_model(cfg.model, vocab, cfg.parallel.tensor_model_parallel_size)
     print(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     print(f"# vocab size (before padding): {vocab} ({run.source})")
     if run.hint:
         print(f"# {run.hint}")
     print(f"# parameters: {counts.total_params:,} total, {counts.non_embedding_params:,} non-embedding")
     print(f"# training FLOPs per token: {counts.flops_per_token:.4g}")
-    if "S" in expand_layer_pattern(cfg):
+    if "S" in expand_layer_pattern(cfg.model):
         from ascender_dist.models.ascender.attention import attention_paths
 
         print(f"# {attention_paths(cfg.model.hidden_size // cfg.model.num_attention_heads)}")

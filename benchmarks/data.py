@@ -83,7 +83,7 @@ def preset_needs(preset: str) -> dict:
     from ascender_dist.config.resolve import load_config
     from ascender_dist.models.counting import count_model
     cfg = load_config(REPO / "configs" / "scaling" / f"gpt-{preset}.yaml")
-    flops = count_model(cfg, 32000).flops_per_token
+    flops = count_model(cfg.model, 32000, cfg.parallel.tensor_model_parallel_size).flops_per_token
     per_gpu = MFU * H100_SXM_BF16_TFLOPS * 1e12 / flops
     p = cfg.parallel
     replica = p.tensor_model_parallel_size * p.pipeline_model_parallel_size

@@ -38,10 +38,11 @@ def get_architecture(name: str) -> Architecture:
     return ARCHITECTURES[name]
 
 
-def expand_layer_pattern(cfg) -> str:
-    """The pattern repeated to one letter per layer: 'AC' with 4 layers -> 'ACAC'."""
-    pattern = cfg.model.layer_pattern or get_architecture(cfg.model.architecture).default_pattern
-    return (pattern * (cfg.model.num_layers // len(pattern) + 1))[: cfg.model.num_layers]
+def expand_layer_pattern(model) -> str:
+    """The pattern of the model section ``model`` repeated to one letter per layer: 'AC' with 4
+    layers -> 'ACAC'."""
+    pattern = model.layer_pattern or get_architecture(model.architecture).default_pattern
+    return (pattern * (model.num_layers // len(pattern) + 1))[: model.num_layers]
 
 
 def check_layer_pattern(cfg) -> None:
@@ -63,7 +64,7 @@ def check_layer_pattern(cfg) -> None:
 
 def check_ascender_hparams(cfg) -> None:
     m = cfg.model
-    if "S" not in expand_layer_pattern(cfg):
+    if "S" not in expand_layer_pattern(cfg.model):
         return
     m.ascender.validate("model.ascender", m.hidden_size // m.num_attention_heads)
     if not m.ascender.causal:
@@ -75,7 +76,7 @@ def check_ascender_hparams(cfg) -> None:
 
 def check_connection_hparams(cfg) -> None:
     m = cfg.model
-    if "C" not in expand_layer_pattern(cfg):
+    if "C" not in expand_layer_pattern(cfg.model):
         return
     m.connection.validate("model.connection", m.hidden_size, cfg.parallel.tensor_model_parallel_size)
     if not m.connection.causal:

@@ -92,8 +92,6 @@ class Derived:
     data_parallel_size: int
     gradient_accumulation_steps: int
     padded_vocab_size: int
-    ffn_hidden_size: int
-    num_query_groups: int
     output_dir: Path
     checkpoint_dir: Path
     tensorboard_dir: Path
@@ -122,8 +120,6 @@ def derive(cfg: RunConfig, world_size: int, tokenizer_vocab_size: Optional[int] 
         data_parallel_size=dp,
         gradient_accumulation_steps=t.global_batch_size // (t.micro_batch_size * dp),
         padded_vocab_size=pad_vocab_size(vocab, m.make_vocab_size_divisible_by, p.tensor_model_parallel_size),
-        ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size,
-        num_query_groups=m.num_query_groups or m.num_attention_heads,
         output_dir=output_dir,
         checkpoint_dir=Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else output_dir / "checkpoints",
         tensorboard_dir=output_dir / "tensorboard",

@@ -3,7 +3,7 @@
 Every field has a type and a default; YAML files in ``configs/`` only state what differs.
 ``model.preset`` pulls a size from the registry in :mod:`ascender_dist.config.presets`; fields given
 next to it override the preset. Values that follow from others (data-parallel size, gradient
-accumulation, padded vocabulary, FFN width) are computed once in :mod:`ascender_dist.config.resolve`.
+accumulation, padded vocabulary) are computed once in :mod:`ascender_dist.config.resolve`.
 """
 
 from __future__ import annotations

@@ -6,33 +6,37 @@ GPTModel, so tensor and pipeline parallelism, sequence parallelism and dist-chec
 
 from __future__ import annotations
 
-from ascender_dist.config.resolve import Derived
-from ascender_dist.config.schema import RunConfig
+from ascender_dist.config.layout import ModelLayout
+from ascender_dist.config.schema import ModelConfig
 from ascender_dist.models.specs.block import block_spec
 from ascender_dist.models.specs.norm import reduce_sequence_parallel_grads
 from ascender_dist.parallel.megatron_config import to_transformer_config
 
 
-def build_model(cfg: RunConfig, derived: Derived, pre_process: bool = True, post_process: bool = True):
+def build_model(model: ModelConfig, layout: ModelLayout, precision: str, seed: int,
+                pre_process: bool = True, post_process: bool = True):
+    """This rank's GPTModel of the model section ``model`` cut as ``layout`` says; ``precision``
+    is ``train.precision`` and ``seed`` seeds what a layer initialises outside megatron's RNG
+    (:func:`ascender_dist.models.registry.layer_spec`)."""
     from megatron.core.models.gpt import GPTModel
 
-    transformer_config = to_transformer_config(cfg, derived)
-    spec = block_spec(cfg, transformer_config)
-    model = GPTModel(
+    transformer_config = to_transformer_config(model, layout, precision)
+    spec = block_spec(model, seed, transformer_config)
+    gpt = GPTModel(
         config=transformer_config,
         transformer_layer_spec=spec,
-        vocab_size=derived.padded_vocab_size,
-        max_sequence_length=cfg.model.seq_length,
+        vocab_size=layout.padded_vocab_size,
+        max_sequence_length=model.seq_length,
         pre_process=pre_process,
         post_process=post_process,
         parallel_output=True,
-        share_embeddings_and_output_weights=not cfg.model.untie_embeddings_and_output_weights,
-        position_embedding_type=cfg.model.position_embedding_type,
-        rotary_base=cfg.model.rotary_base,
+        share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+        position_embedding_type=model.position_embedding_type,
+        rotary_base=model.rotary_base,
     )
-    if cfg.parallel.sequence_parallel:
-        reduce_sequence_parallel_grads(model)
-    return model
+    if layout.sequence_parallel:
+        reduce_sequence_parallel_grads(gpt)
+    return gpt
 
 
 def vocab_cross_entropy(logits, labels, vocab_size: int):

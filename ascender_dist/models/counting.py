@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ascender_dist.config.resolve import pad_vocab_size
-from ascender_dist.config.schema import RunConfig
 from ascender_dist.config.architectures import expand_layer_pattern
+from ascender_dist.config.resolve import pad_vocab_size
+from ascender_dist.config.schema import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -25,20 +25,18 @@ class ModelCounts:
     flops_per_token: float  # training (forward + backward)
 
 
-def attention_params(cfg: RunConfig) -> int:
+def attention_params(m: ModelConfig) -> int:
     """QKV + output projection parameters (and biases) of one softmax-attention block."""
-    m = cfg.model
     h = m.hidden_size
     kv = (m.num_query_groups or m.num_attention_heads) * (h // m.num_attention_heads)
     bias = 1 if m.add_bias_linear else 0
     return h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h
 
 
-def attention_flops(cfg: RunConfig) -> float:
+def attention_flops(m: ModelConfig) -> float:
     """Forward FLOPs per token of one softmax-attention block: its projections, then scores and
     weighted values over the full s x s square (2 * 2 * s * h)."""
-    m = cfg.model
-    return 2 * attention_params(cfg) + 2 * 2 * m.seq_length * m.hidden_size
+    return 2 * attention_params(m) + 2 * 2 * m.seq_length * m.hidden_size
 
 
 def connection_param_count(hp, hidden_size: int) -> int:
@@ -60,21 +58,20 @@ def connection_param_count(hp, hidden_size: int) -> int:
     return projections + 2 * n * n * d * r
 
 
-def gpt_layer_params(cfg: RunConfig) -> int:
-    m = cfg.model
+def gpt_layer_params(m: ModelConfig) -> int:
     h = m.hidden_size
     ffn = m.ffn_hidden_size or 4 * h
     bias = 1 if m.add_bias_linear else 0
     fc1_out = 2 * ffn if m.activation == "swiglu" else ffn
     mlp = h * fc1_out + bias * fc1_out + ffn * h + bias * h
     norms = 2 * (2 * h if m.normalization == "LayerNorm" else h)
-    return attention_params(cfg) + mlp + norms
+    return attention_params(m) + mlp + norms
 
 
-def ascender_extra_layer_params(cfg) -> int:
+def ascender_extra_layer_params(m: ModelConfig) -> int:
     """U and P rows in the fused QKV projection (+ their biases) and the per-head learned tensors
     (omega: 3 per head, or 3 per layer when shared across heads)."""
-    m, hp = cfg.model, cfg.model.ascender
+    hp = m.ascender
     extra_out = m.num_attention_heads * (hp.d_z + hp.d_a)
     per_head = (0 if hp.share_omega_across_heads else 3) + (3 if hp.trainable_lambdas else 0) \
         + (3 if hp.trainable_delta_kappa_temp else 0)
@@ -83,13 +80,13 @@ def ascender_extra_layer_params(cfg) -> int:
             + m.num_attention_heads * per_head + shared)
 
 
-def ascender_extra_layer_flops(cfg) -> float:
+def ascender_extra_layer_flops(m: ModelConfig) -> float:
     """Forward FLOPs per token per layer on top of softmax attention (documented in docs/ascender.md):
     U/P projections; the folded Alignment+Cohesion dot product widens each score by d + d_z + 1
     channels over the s keys; Separation's per-pair kernel on d_z + d_a dims; neighbourhood
     search over the window (or all keys when window == 0): affinities on d_a dims, or base scores
     on head_dim dims when the neighbours are reused from them (neighbour_source)."""
-    m, hp = cfg.model, cfg.model.ascender
+    hp = m.ascender
     heads, s, head_dim = m.num_attention_heads, m.seq_length, m.hidden_size // m.num_attention_heads
     projections = 2 * m.hidden_size * heads * (hp.d_z + hp.d_a)
     folded = 2 * s * heads * (head_dim + hp.d_z + 1) if (hp.use_align or hp.use_coh) else 0
@@ -99,51 +96,52 @@ def ascender_extra_layer_flops(cfg) -> float:
     return projections + folded + separation + neighbours
 
 
-def connection_extra_layer_params(cfg) -> int:
+def connection_extra_layer_params(m: ModelConfig) -> int:
     """The Connection layer replaces the attention projections (QKV and output)."""
-    return connection_param_count(cfg.model.connection, cfg.model.hidden_size) - attention_params(cfg)
+    return connection_param_count(m.connection, m.hidden_size) - attention_params(m)
 
 
-def connection_extra_layer_flops(cfg) -> float:
+def connection_extra_layer_flops(m: ModelConfig) -> float:
     """Forward FLOPs per token: six D x D projections, token<->slot scores and mixing (4 N D),
     own-chunk causal mixing (2 c (N + D)), and max_steps reasoning steps on one prefix state per
     chunk, amortised over the chunk's c tokens (an upper bound: converged samples stop early).
     Minus the attention layer it replaces (QKV + output projections and the s x s scores)."""
-    m, hp = cfg.model, cfg.model.connection
+    hp = m.connection
     d, n, c = m.hidden_size, hp.num_slots, min(hp.causal_chunk_size, m.seq_length)
     step = 2 * n * n * d if hp.connection == "linear" else 2 * 2 * n * (n - 1) * d * hp.rank
     connection = 2 * 6 * d * d + 4 * 2 * n * d + 2 * 2 * c * (n + d) + hp.max_steps * step / c
-    attention = attention_flops(cfg)
+    attention = attention_flops(m)
     return connection - attention
 
 
 # per layer-kind letter (see models.registry): parameters and forward FLOPs per token beyond a GPT
 # layer of the same width (``A``, megatron's own attention layer, is that GPT layer)
-EXTRA_PARAMS = {"A": lambda cfg: 0, "S": ascender_extra_layer_params, "C": connection_extra_layer_params}
-EXTRA_FLOPS = {"A": lambda cfg: 0.0, "S": ascender_extra_layer_flops, "C": connection_extra_layer_flops}
+EXTRA_PARAMS = {"A": lambda m: 0, "S": ascender_extra_layer_params, "C": connection_extra_layer_params}
+EXTRA_FLOPS = {"A": lambda m: 0.0, "S": ascender_extra_layer_flops, "C": connection_extra_layer_flops}
 
 
-def layer_params(cfg: RunConfig, letter: str) -> int:
-    return gpt_layer_params(cfg) + EXTRA_PARAMS[letter](cfg)
+def layer_params(m: ModelConfig, letter: str) -> int:
+    return gpt_layer_params(m) + EXTRA_PARAMS[letter](m)
 
 
-def mixing_flops_per_token(cfg: RunConfig) -> float:
+def mixing_flops_per_token(m: ModelConfig) -> float:
     """Forward FLOPs per token of the token-mixing blocks (attention, ASCender or Connection) of all layers."""
-    return float(sum(attention_flops(cfg) + EXTRA_FLOPS[letter](cfg) for letter in expand_layer_pattern(cfg)))
+    return float(sum(attention_flops(m) + EXTRA_FLOPS[letter](m) for letter in expand_layer_pattern(m)))
 
 
-def count_model(cfg: RunConfig, vocab_size: int) -> ModelCounts:
-    m = cfg.model
+def count_model(m: ModelConfig, vocab_size: int, tensor_parallel: int) -> ModelCounts:
+    """Counts of the model section ``m`` with the tokenizer's ``vocab_size`` ids, padded as a run
+    with ``tensor_parallel`` TP ranks pads them (:func:`ascender_dist.config.resolve.pad_vocab_size`)."""
     h = m.hidden_size
-    vocab = pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, cfg.parallel.tensor_model_parallel_size)
+    vocab = pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tensor_parallel)
     embedding = vocab * h + (m.seq_length * h if m.position_embedding_type == "learned_absolute" else 0)
     output = vocab * h if m.untie_embeddings_and_output_weights else 0
     final_norm = 2 * h if m.normalization == "LayerNorm" else h
-    letters = expand_layer_pattern(cfg)
-    layers = sum(layer_params(cfg, letter) for letter in letters)
+    letters = expand_layer_pattern(m)
+    layers = sum(layer_params(m, letter) for letter in letters)
     non_embedding = layers + final_norm
     total = embedding + output + non_embedding
-    gpt_layer_forward = 2 * gpt_layer_params(cfg) + 2 * 2 * m.seq_length * h
+    gpt_layer_forward = 2 * gpt_layer_params(m) + 2 * 2 * m.seq_length * h
     lm_head = 2 * vocab * h  # the LM head is a matmul even when tied
-    forward = lm_head + sum(gpt_layer_forward + EXTRA_FLOPS[letter](cfg) for letter in letters)
+    forward = lm_head + sum(gpt_layer_forward + EXTRA_FLOPS[letter](m) for letter in letters)
     return ModelCounts(total, embedding + output, non_embedding, 3.0 * forward)

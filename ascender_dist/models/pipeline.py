@@ -22,9 +22,9 @@ import re
 import torch
 from torch import nn
 
-from ascender_dist.config.resolve import Derived
-from ascender_dist.config.schema import RunConfig
 from ascender_dist.config.architectures import expand_layer_pattern
+from ascender_dist.config.layout import ModelLayout
+from ascender_dist.config.schema import ModelConfig
 from ascender_dist.models.build import poison
 from ascender_dist.models.registry import layer_spec
 from ascender_dist.parallel.megatron_config import to_transformer_config
@@ -35,16 +35,16 @@ TIED_KEY = "embed"
 class EmbeddingPipe(nn.Module):
     """token ids [b, s] -> hidden [s, b, h]; on the last stage (tied) it also projects to logits."""
 
-    def __init__(self, cfg: RunConfig, derived: Derived, config):
+    def __init__(self, model: ModelConfig, layout: ModelLayout, config):
         super().__init__()
         from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
         from megatron.core.tensor_parallel import ColumnParallelLinear
 
         self.embedding = LanguageModelEmbedding(
-            config=config, vocab_size=derived.padded_vocab_size, max_sequence_length=cfg.model.seq_length,
-            position_embedding_type=cfg.model.position_embedding_type)
+            config=config, vocab_size=layout.padded_vocab_size, max_sequence_length=model.seq_length,
+            position_embedding_type=model.position_embedding_type)
         # weightless projection used with the tied word embeddings on the last stage
-        self.head = ColumnParallelLinear(config.hidden_size, derived.padded_vocab_size, config=config,
+        self.head = ColumnParallelLinear(config.hidden_size, layout.padded_vocab_size, config=config,
                                          init_method=config.init_method, bias=False, gather_output=False,
                                          skip_weight_param_allocation=True)
 
@@ -62,22 +62,22 @@ def tied_lm_head(module: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
 class TransformerLayerPipe(nn.Module):
     """One megatron TransformerLayer (any layer kind); computes its rotary embedding locally."""
 
-    def __init__(self, cfg: RunConfig, config, global_layer_number: int):
+    def __init__(self, model: ModelConfig, seed: int, config, global_layer_number: int):
         super().__init__()
         from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
         from megatron.core.transformer.spec_utils import build_module
         from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-        letter = expand_layer_pattern(cfg)[global_layer_number - 1]
+        letter = expand_layer_pattern(model)[global_layer_number - 1]
         local_number = global_layer_number - get_transformer_layer_offset(config)
-        if not 1 <= local_number <= cfg.model.num_layers // cfg.parallel.pipeline_model_parallel_size:
+        if not 1 <= local_number <= model.num_layers // config.pipeline_model_parallel_size:
             raise RuntimeError(f"layer {global_layer_number} is not on this pipeline stage")
-        self.layer = build_module(layer_spec(letter, cfg.model, cfg.train.seed), config=config,
+        self.layer = build_module(layer_spec(letter, model, seed), config=config,
                                   layer_number=local_number)  # megatron adds the stage offset itself
         self.rotary = None
-        if cfg.model.position_embedding_type == "rope":
+        if model.position_embedding_type == "rope":
             self.rotary = RotaryEmbedding(kv_channels=config.kv_channels, rotary_percent=1.0,
-                                          rotary_base=cfg.model.rotary_base,
+                                          rotary_base=model.rotary_base,
                                           use_cpu_initialization=config.use_cpu_initialization)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -91,7 +91,7 @@ class TransformerLayerPipe(nn.Module):
 
 
 class FinalNormPipe(nn.Module):
-    def __init__(self, cfg: RunConfig, config):
+    def __init__(self, config):
         super().__init__()
         from ascender_dist.models.specs.norm import TPSafeNorm
 
@@ -104,11 +104,11 @@ class FinalNormPipe(nn.Module):
 class LMHeadPipe(nn.Module):
     """Untied output projection (GPTModel's ``output_layer``)."""
 
-    def __init__(self, derived: Derived, config):
+    def __init__(self, layout: ModelLayout, config):
         super().__init__()
         from megatron.core.tensor_parallel import ColumnParallelLinear
 
-        self.output_layer = ColumnParallelLinear(config.hidden_size, derived.padded_vocab_size, config=config,
+        self.output_layer = ColumnParallelLinear(config.hidden_size, layout.padded_vocab_size, config=config,
                                                  init_method=config.init_method, bias=False, gather_output=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -141,29 +141,30 @@ class GuardedPipelineLoss:
         return loss
 
 
-def build_pipeline_module(cfg: RunConfig, derived: Derived, guard=None):
+def build_pipeline_module(model: ModelConfig, layout: ModelLayout, precision: str, seed: int, guard=None):
+    """The PipelineModule of the model section ``model`` cut as ``layout`` says; ``precision`` and
+    ``seed`` as in :func:`ascender_dist.models.build.build_model`."""
     from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-    config = to_transformer_config(cfg, derived)
-    tied = not cfg.model.untie_embeddings_and_output_weights
+    config = to_transformer_config(model, layout, precision)
+    tied = not model.untie_embeddings_and_output_weights
     weight = "embedding.word_embeddings.weight"
-    specs = [TiedLayerSpec(TIED_KEY, EmbeddingPipe, cfg, derived, config, tied_weight_attr=weight) if tied
-             else LayerSpec(EmbeddingPipe, cfg, derived, config)]
-    specs += [LayerSpec(TransformerLayerPipe, cfg, config, n) for n in range(1, cfg.model.num_layers + 1)]
-    specs.append(LayerSpec(FinalNormPipe, cfg, config))
-    specs.append(TiedLayerSpec(TIED_KEY, EmbeddingPipe, cfg, derived, config, forward_fn=tied_lm_head,
-                               tied_weight_attr=weight) if tied else LayerSpec(LMHeadPipe, derived, config))
-    p = cfg.parallel
-    topology = PipeModelDataParallelTopology(num_pp=p.pipeline_model_parallel_size,
-                                             num_mp=p.tensor_model_parallel_size,
-                                             num_dp=derived.data_parallel_size)
+    specs = [TiedLayerSpec(TIED_KEY, EmbeddingPipe, model, layout, config, tied_weight_attr=weight) if tied
+             else LayerSpec(EmbeddingPipe, model, layout, config)]
+    specs += [LayerSpec(TransformerLayerPipe, model, seed, config, n) for n in range(1, model.num_layers + 1)]
+    specs.append(LayerSpec(FinalNormPipe, config))
+    specs.append(TiedLayerSpec(TIED_KEY, EmbeddingPipe, model, layout, config, forward_fn=tied_lm_head,
+                               tied_weight_attr=weight) if tied else LayerSpec(LMHeadPipe, layout, config))
+    topology = PipeModelDataParallelTopology(num_pp=layout.pipeline_parallel,
+                                             num_mp=layout.tensor_parallel,
+                                             num_dp=layout.data_parallel)
     module = PipelineModule(
-        layers=specs, topology=topology, loss_fn=GuardedPipelineLoss(derived.vocab_size, guard), partition_method="type:TransformerLayerPipe",
-        activation_checkpoint_interval=1 if p.activation_checkpointing else 0,
+        layers=specs, topology=topology, loss_fn=GuardedPipelineLoss(layout.vocab_size, guard), partition_method="type:TransformerLayerPipe",
+        activation_checkpoint_interval=1 if layout.activation_checkpointing else 0,
         checkpointable_layers=["TransformerLayerPipe"],
     )
-    if p.sequence_parallel:
+    if layout.sequence_parallel:
         from ascender_dist.models.specs.norm import reduce_sequence_parallel_grads
 
         reduce_sequence_parallel_grads(module)

@@ -1,38 +1,40 @@
-"""The one place that translates our RunConfig into megatron-core's TransformerConfig."""
+"""The one place that translates a model section, its layout and the precision into megatron-core's
+TransformerConfig (no run config: see :mod:`ascender_dist.config.layout`)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ascender_dist.config.resolve import Derived
-from ascender_dist.config.schema import RunConfig
+from ascender_dist.config.layout import ModelLayout
+from ascender_dist.config.schema import ModelConfig
 
 
-def params_dtype(cfg: RunConfig) -> torch.dtype:
-    return torch.bfloat16 if cfg.train.precision == "bf16" else torch.float32
+def params_dtype(precision: str) -> torch.dtype:
+    """The parameter dtype of ``train.precision`` ("bf16" or "fp32")."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
-def to_transformer_config(cfg: RunConfig, derived: Derived):
+def to_transformer_config(m: ModelConfig, layout: ModelLayout, precision: str):
+    """``precision`` is ``train.precision`` ("bf16" or "fp32")."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from ascender_dist.config.architectures import expand_layer_pattern
 
-    m, p = cfg.model, cfg.parallel
     swiglu = m.activation == "swiglu"
-    bf16 = cfg.train.precision == "bf16"
+    bf16 = precision == "bf16"
     recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) \
-        if p.activation_checkpointing else {}
+        if layout.activation_checkpointing else {}
     return TransformerConfig(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads,
-        num_query_groups=derived.num_query_groups,
-        ffn_hidden_size=derived.ffn_hidden_size,
+        num_query_groups=m.num_query_groups or m.num_attention_heads,
+        ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size,
         kv_channels=m.hidden_size // m.num_attention_heads,
-        tensor_model_parallel_size=p.tensor_model_parallel_size,
-        pipeline_model_parallel_size=p.pipeline_model_parallel_size,
-        sequence_parallel=p.sequence_parallel,
+        tensor_model_parallel_size=layout.tensor_parallel,
+        pipeline_model_parallel_size=layout.pipeline_parallel,
+        sequence_parallel=layout.sequence_parallel,
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
         layernorm_epsilon=m.layernorm_epsilon,
@@ -42,8 +44,8 @@ def to_transformer_config(cfg: RunConfig, derived: Derived):
         add_bias_linear=m.add_bias_linear,
         init_method_std=m.init_method_std,
         bf16=bf16,
-        params_dtype=params_dtype(cfg),
-        pipeline_dtype=params_dtype(cfg),
+        params_dtype=params_dtype(precision),
+        pipeline_dtype=params_dtype(precision),
         # DeepSpeed owns the optimizer and gradient reduction: megatron must not fuse or overlap them
         gradient_accumulation_fusion=False,
         bias_activation_fusion=False,
@@ -54,7 +56,7 @@ def to_transformer_config(cfg: RunConfig, derived: Derived):
         use_cpu_initialization=not torch.cuda.is_available(),
         # mixed layer kinds (e.g. "SC") cannot be stacked into one [num_layers, ...] tensor per key
         # in dist-checkpointing: give each layer its own keys then
-        hetereogenous_dist_checkpoint=len(set(expand_layer_pattern(cfg))) > 1,
+        hetereogenous_dist_checkpoint=len(set(expand_layer_pattern(m))) > 1,
         perform_initialization=True,
         **recompute,
     )

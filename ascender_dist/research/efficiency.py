@@ -111,9 +111,10 @@ def measure_one(spec: dict) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from ascender_dist.config.resolve import config_from_dict, derive
-    from ascender_dist.models.build import build_model, lm_loss
+    from ascender_dist.models.build import lm_loss
     from ascender_dist.models.counting import count_model
     from ascender_dist.parallel.setup import init_model_parallel, init_process_group
+    from ascender_dist.training.engine import build_run_model
 
     glibc_trim()
     init_process_group()
@@ -121,7 +122,7 @@ def measure_one(spec: dict) -> dict:
     init_model_parallel(1, 1, cfg.train.seed)
     derived = derive(cfg, 1)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    model = build_model(cfg, derived).to(device)
+    model = build_run_model(cfg, derived).to(device)
     if spec.get("impl"):
         for module in model.modules():
             if type(module).__name__ == "AscenderCoreAttention":
@@ -161,12 +162,12 @@ def measure_one(spec: dict) -> dict:
     for name, ops in counts.items():  # e.g. "GPTModel.decoder.layers.0.self_attention"
         if name.rsplit(".", 1)[-1] == "self_attention":
             mixing += sum(ops.values())
-    counts_model = count_model(cfg, vocab)
+    counts_model = count_model(cfg.model, vocab, cfg.parallel.tensor_model_parallel_size)
     params = sum(p.numel() for p in model.parameters())
     return {
         "architecture": cfg.model.architecture, "impl": spec.get("impl") or (impls[0] if impls else None),
         "layer_pattern": cfg.model.layer_pattern, "params": int(params),
-        "attention_flops_per_token": attention_flops_per_token(cfg),
+        "attention_flops_per_token": attention_flops_per_token(cfg.model),
         "attention_flops_per_token_counted": mixing / s,
         "forward_flops_per_token_counted": total_counted / s,
         "training_flops_per_token": float(counts_model.flops_per_token),

@@ -130,7 +130,7 @@ def standard_architecture(cfg) -> str | None:
         return None
     from ascender_dist.config.architectures import expand_layer_pattern
 
-    if set(expand_layer_pattern(cfg)) != {"A"}:
+    if set(expand_layer_pattern(cfg.model)) != {"A"}:
         return None
     try:
         return pick_hf_architecture(cfg)
@@ -151,7 +151,7 @@ def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool, special_ids
         vocab_size=vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
         num_attention_heads=m.num_attention_heads, num_query_groups=m.num_query_groups or m.num_attention_heads,
         ffn_hidden_size=m.ffn_hidden_size or 4 * m.hidden_size, max_position_embeddings=m.seq_length,
-        layer_pattern=expand_layer_pattern(cfg), normalization=m.normalization, activation=m.activation,
+        layer_pattern=expand_layer_pattern(cfg.model), normalization=m.normalization, activation=m.activation,
         add_bias_linear=m.add_bias_linear, layernorm_epsilon=m.layernorm_epsilon,
         position_embedding_type=m.position_embedding_type, rotary_base=float(m.rotary_base),
         ascender=asdict(m.ascender), connection=asdict(m.connection), ascender_step=int(meta.get("step") or 0),

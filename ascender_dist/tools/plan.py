@@ -181,14 +181,14 @@ def plan(cfg: RunConfig, cluster: ClusterShape, *, vocab_size: int, mfu: float =
     grad_accum = t_cfg.global_batch_size // (t_cfg.micro_batch_size * dp)
     s, h, b = m.seq_length, m.hidden_size, t_cfg.micro_batch_size
     padded_vocab = pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp)
-    counts = count_model(cfg, vocab_size)
+    counts = count_model(cfg.model, vocab_size, cfg.parallel.tensor_model_parallel_size)
     weight_b, grad_b, optim_b = BYTES_PER_PARAM[t_cfg.precision]
     act_bytes = ACTIVATION_BYTES[t_cfg.precision]
     tau = tp if p.sequence_parallel else 1
 
-    pattern = expand_layer_pattern(cfg)
+    pattern = expand_layer_pattern(cfg.model)
     per_stage = m.num_layers // pp
-    layer_params = {c: layer_params_of(cfg, c) for c in set(pattern)}
+    layer_params = {c: layer_params_of(m, c) for c in set(pattern)}
     layer_act = {c: _layer_activation_bytes(cfg, c, b, act_bytes) for c in set(pattern)}
     layer_input = act_bytes * s * b * h / tau  # what full recomputation keeps per layer
 

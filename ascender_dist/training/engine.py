@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ascender_dist.config.layout import ModelLayout
 from ascender_dist.config.resolve import Derived
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.build import build_model, lm_loss
@@ -15,6 +16,26 @@ from ascender_dist.parallel.setup import MegatronMPU
 from ascender_dist.training.deepspeed_config import to_deepspeed_config
 from ascender_dist.training.guard import skip_nonfinite_steps
 from ascender_dist.training.weights import load_canonical_state
+
+
+def model_layout(cfg: RunConfig, derived: Derived) -> ModelLayout:
+    """The one mapping of a run config and its derived values to what model code is told about
+    the launch (model code never sees the run config)."""
+    p = cfg.parallel
+    return ModelLayout(
+        tensor_parallel=p.tensor_model_parallel_size,
+        pipeline_parallel=p.pipeline_model_parallel_size,
+        data_parallel=derived.data_parallel_size,
+        sequence_parallel=p.sequence_parallel,
+        activation_checkpointing=p.activation_checkpointing,
+        padded_vocab_size=derived.padded_vocab_size,
+        vocab_size=derived.vocab_size,
+    )
+
+
+def build_run_model(cfg: RunConfig, derived: Derived):
+    """This rank's megatron GPTModel of run ``cfg`` (:func:`ascender_dist.models.build.build_model`)."""
+    return build_model(cfg.model, model_layout(cfg, derived), cfg.train.precision, cfg.train.seed)
 
 
 class LanguageModel(nn.Module):
@@ -52,10 +73,11 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
     if cfg.parallel.pipeline_model_parallel_size > 1:
         from ascender_dist.models.pipeline import build_pipeline_module
 
-        module = build_pipeline_module(cfg, derived, guard)
+        module = build_pipeline_module(cfg.model, model_layout(cfg, derived), cfg.train.precision,
+                                       cfg.train.seed, guard)
         mpu = None  # the PipelineModule's topology carries the (megatron-ordered) groups
     else:
-        module = LanguageModel(build_model(cfg, derived), derived.vocab_size)
+        module = LanguageModel(build_run_model(cfg, derived), derived.vocab_size)
         mpu = MegatronMPU()
     if init_state is not None:  # before DeepSpeed wraps (and, under ZeRO-3, partitions) the weights
         load_canonical_state(module, cfg, init_state, source=cfg.checkpoint.init_from or "")

@@ -137,7 +137,8 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     metrics = MetricLogger(derived.tensorboard_dir if cfg.logging.tensorboard else None,
                            enabled=pstate.is_logging_rank, wandb=cfg.logging.wandb,
                            run_dir=derived.output_dir, run_name=cfg.name, run_config=to_dict(cfg))
-    defaults = default_callbacks(cfg, pstate.world_size, metrics, count_model(cfg, vocab).flops_per_token,
+    flops_per_token = count_model(cfg.model, vocab, cfg.parallel.tensor_model_parallel_size).flops_per_token
+    defaults = default_callbacks(cfg, pstate.world_size, metrics, flops_per_token,
                                  peak_tflops_per_device(cfg.logging.peak_tflops_per_device))
     return Run(cfg=cfg, tokenizer=tokenizer, derived=derived, pstate=pstate, loader=loader, val_loader=val_loader,
                guard=guard, resume_tag=resume_tag, engine=engine, metrics=metrics,

@@ -42,7 +42,8 @@ def run_config(architecture: str, size: str) -> dict:
 
     s = SIZES[size]
     model = {"architecture": architecture, "preset": size, "vocab_size": VOCAB}
-    params = count_model(config_from_dict({"model": model, "parallel": s["parallel"]}), VOCAB).total_params
+    cfg = config_from_dict({"model": model, "parallel": s["parallel"]})
+    params = count_model(cfg.model, VOCAB, cfg.parallel.tensor_model_parallel_size).total_params
     seq = config_from_dict({"model": model}).model.seq_length
     steps = -(-TOKENS_PER_PARAM * params // (s["global_batch_size"] * seq))
     return {

@@ -23,13 +23,13 @@ def _forward_backward(cfg, tp: int, full_state=None):
     """Build the model at TP=tp (DP fills the rest), run loss + logits + backward; return full tensors."""
     from megatron.core import parallel_state as mps
 
-    from ascender_dist.models.build import build_model
+    from ascender_dist.training.engine import build_run_model
 
     destroy_model_parallel()
     cfg.parallel.tensor_model_parallel_size = tp
     derived = derive(cfg, dist.get_world_size(), VOCAB)
     init_model_parallel(tp, 1, cfg.train.seed)
-    model = build_model(cfg, derived)
+    model = build_run_model(cfg, derived)
     set_aux_loss_scale(aux_loss_gradient_scale(1, tp))  # as the trainer does, for one micro-batch
     group = mps.get_tensor_model_parallel_group()
     if full_state is not None:

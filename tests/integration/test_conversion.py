@@ -45,7 +45,7 @@ def runs(tmp_path_factory):
 def _our_logits(consolidated: Path, tokens: torch.Tensor) -> torch.Tensor:
     """Our megatron model (TP=1) with the consolidated weights, logits over the real vocabulary."""
     from ascender_dist.config.resolve import derive
-    from ascender_dist.models.build import build_model
+    from ascender_dist.training.engine import build_run_model
     from ascender_dist.parallel.setup import init_model_parallel
     from ascender_dist.tools.convert import read_consolidated
     from ascender_dist.training.weights import load_canonical_state, pad_vocab
@@ -53,7 +53,7 @@ def _our_logits(consolidated: Path, tokens: torch.Tensor) -> torch.Tensor:
     state, cfg, meta = read_consolidated(consolidated)
     init_model_parallel(1, 1, seed=0)
     derived = derive(cfg, 1, meta["vocab_size"])
-    model = build_model(cfg, derived)
+    model = build_run_model(cfg, derived)
     load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size))
     positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
     with torch.no_grad():

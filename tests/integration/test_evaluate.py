@@ -135,7 +135,7 @@ def test_val_loss_equals_megatron_loss_on_the_val_split(sources, evaluated, sing
     """The plain-torch model on the val split gives what our megatron model (TP=1) gives, over the
     tokenizer's vocabulary (consolidation drops the padding rows, as every export does)."""
     from ascender_dist.config.resolve import derive
-    from ascender_dist.models.build import build_model
+    from ascender_dist.training.engine import build_run_model
     from ascender_dist.parallel.setup import init_model_parallel
     from ascender_dist.tools.convert import read_consolidated
     from ascender_dist.training.layer_stats import set_training_step
@@ -145,7 +145,7 @@ def test_val_loss_equals_megatron_loss_on_the_val_split(sources, evaluated, sing
     state, cfg, meta = read_consolidated(Path(sources["consolidated"]["ascender-tiny"]))
     init_model_parallel(1, 1, seed=0)
     derived = derive(cfg, 1, meta["vocab_size"])
-    model = build_model(cfg, derived).eval()
+    model = build_run_model(cfg, derived).eval()
     load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size))
     set_training_step(model, meta["step"])
     loader = StreamingLoader(cfg.data.manifest, seq_length=cfg.model.seq_length, micro_batch_size=16,

@@ -39,7 +39,7 @@ def _megatron_logits(consolidated: str, tokens: torch.Tensor) -> tuple[torch.Ten
     """As test_conversion's _our_logits (megatron TP=1, consolidated weights), at step 0 (a freshly
     built model) and at the checkpoint's step (ASCender's Separation warm-up reads the step)."""
     from ascender_dist.config.resolve import derive
-    from ascender_dist.models.build import build_model
+    from ascender_dist.training.engine import build_run_model
     from ascender_dist.parallel.setup import init_model_parallel
     from ascender_dist.tools.convert import read_consolidated
     from ascender_dist.training.layer_stats import set_training_step
@@ -48,7 +48,7 @@ def _megatron_logits(consolidated: str, tokens: torch.Tensor) -> tuple[torch.Ten
     state, cfg, meta = read_consolidated(Path(consolidated))
     init_model_parallel(1, 1, seed=0)
     derived = derive(cfg, 1, meta["vocab_size"])
-    model = build_model(cfg, derived).eval()
+    model = build_run_model(cfg, derived).eval()
     load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size))
     positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
     with torch.no_grad():

@@ -13,13 +13,13 @@ ASC = {"d_z": 8, "d_a": 8, "k": 4, "window": 16, "num_global": 2, "chunk_size": 
 
 
 def _build(raw):
-    from ascender_dist.models.build import build_model
+    from ascender_dist.training.engine import build_run_model
     from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel
 
     cfg = config_from_dict(raw)
     destroy_model_parallel()
     init_model_parallel(1, 1, seed=3)
-    return cfg, build_model(cfg, derive(cfg, 1, VOCAB))
+    return cfg, build_run_model(cfg, derive(cfg, 1, VOCAB))
 
 
 def _copy_gpt_into_ascender(gpt, asc, cfg):
@@ -65,7 +65,7 @@ def test_zero_omega_reproduces_megatron_attention(single_rank_group):
 
 def test_ascender_param_count_matches_built_model(single_rank_group):
     cfg, model = _build({"model": {**MODEL, "architecture": "ascender", "ascender": ASC}})
-    assert count_model(cfg, VOCAB).total_params == sum(p.numel() for p in model.parameters())
+    assert count_model(cfg.model, VOCAB, 1).total_params == sum(p.numel() for p in model.parameters())
 
 
 def test_per_head_gains_are_not_weight_decayed(single_rank_group):
@@ -93,10 +93,10 @@ def test_shared_omega_in_megatron_counts_no_decay_and_replicated(single_rank_gro
         assert not getattr(param, "tensor_model_parallel", False) and getattr(param, "_tp_grad_hooked", False)
     delta = next(p for n, p in model.named_parameters() if n.endswith("params.delta"))
     assert delta.tensor_model_parallel and delta.partition_dim == 0  # the rest stays per head
-    assert count_model(cfg, VOCAB).total_params == sum(p.numel() for p in model.parameters())
+    assert count_model(cfg.model, VOCAB, 1).total_params == sum(p.numel() for p in model.parameters())
     per_head_cfg, _ = _build({"model": {**MODEL, "architecture": "ascender", "ascender": ASC}})
     heads, layers = MODEL["num_attention_heads"], MODEL["num_layers"]
-    assert count_model(per_head_cfg, VOCAB).total_params - count_model(cfg, VOCAB).total_params == layers * 3 * (heads - 1)
+    assert count_model(per_head_cfg.model, VOCAB, 1).total_params - count_model(cfg.model, VOCAB, 1).total_params == layers * 3 * (heads - 1)
     _, no_decay = weight_decay_groups(model, 0.1)
     assert {id(p) for p in shared.values()} <= {id(p) for p in no_decay["params"]}
     # gradients reach it through the whole model; dist-checkpointing saves [1, 3] per layer (the

@@ -27,19 +27,19 @@ CASES = {
 
 @pytest.mark.parametrize("name", CASES)
 def test_param_count_matches_built_model(single_rank_group, name):
-    from ascender_dist.models.build import build_model
+    from ascender_dist.training.engine import build_run_model
     from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel
 
     cfg = config_from_dict({"model": CASES[name]})
     destroy_model_parallel()
     init_model_parallel(1, 1, seed=1)
-    model = build_model(cfg, derive(cfg, 1, VOCAB))
-    assert count_model(cfg, VOCAB).total_params == sum(p.numel() for p in model.parameters())
+    model = build_run_model(cfg, derive(cfg, 1, VOCAB))
+    assert count_model(cfg.model, VOCAB, 1).total_params == sum(p.numel() for p in model.parameters())
 
 
 def test_gpt3_small_shape_is_about_125m():
     cfg = config_from_dict({"model": {"preset": "small", "position_embedding_type": "learned_absolute"}})
-    counts = count_model(cfg, 50257)
+    counts = count_model(cfg.model, 50257, 1)
     assert 124e6 < counts.total_params < 126e6  # GPT-2/3 small: 124.4M with tied embeddings
     # 6 * N + attention term, N counted with the (tied) LM head as a matmul
     assert counts.flops_per_token == pytest.approx(

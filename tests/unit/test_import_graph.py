@@ -1,9 +1,12 @@
 """Imports run one way: config -> (data_pipeline, compat) -> parallel -> models -> (hf, training)
 -> tools -> (cli, research, benchmarks). Read from the sources with ``ast`` (every import, also
-the ones inside functions), so a lazy import cannot hide an upward edge or a cycle."""
+the ones inside functions), so a lazy import cannot hide an upward edge or a cycle. Model code
+(``models/``, ``parallel/megatron_config.py``) is also read for any use of the run config."""
 
 import ast
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("ascender_dist", "data_pipeline", "benchmarks")
@@ -169,3 +172,50 @@ def test_no_import_cycle_between_modules():
         resolved[module] = {t for t in resolved[module] if not module.startswith(t + ".")}
     cycles = [c for c in _cycles(resolved) if c not in KNOWN_CYCLES]
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+# Model code is told the model section and a ModelLayout (ascender_dist/config/layout.py), never the
+# run: no name of the run config or its derived values, and no run-level section read off a config
+# (``x.train.seed``, ``x.parallel.sequence_parallel``, ...). ``data`` is left out: ``tensor.data.x``.
+MODEL_CODE = [*sorted((ROOT / "ascender_dist" / "models").rglob("*.py")),
+              ROOT / "ascender_dist" / "parallel" / "megatron_config.py"]
+RUN_NAMES = {"RunConfig", "Derived"}
+RUN_SECTIONS = {"train", "parallel", "optimizer", "checkpoint", "logging"}
+
+
+def run_config_uses(source: str):
+    """(line, what) for each reference to the run config in ``source``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and node.id in RUN_NAMES:
+            yield node.lineno, node.id
+        elif isinstance(node, ast.alias) and node.name.rpartition(".")[2] in RUN_NAMES:
+            yield node.lineno, f"import {node.name}"
+        elif isinstance(node, ast.Attribute) and node.attr in RUN_NAMES:
+            yield node.lineno, node.attr
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                and node.value.attr in RUN_SECTIONS:
+            yield node.lineno, f"{node.value.attr}.{node.attr}"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in RUN_NAMES:
+            yield node.lineno, repr(node.value)  # a string annotation
+
+
+@pytest.mark.parametrize("source", [
+    "from ascender_dist.config.schema import RunConfig", "def f(cfg: RunConfig): pass",
+    "def f(cfg: 'RunConfig'): pass", "from ascender_dist.config.resolve import Derived",
+    "seed = cfg.train.seed", "sp = cfg.parallel.sequence_parallel", "import ascender_dist.config.schema as s; s.RunConfig"])
+def test_the_model_code_rule_catches_a_run_config(source):
+    assert list(run_config_uses(source))
+
+
+@pytest.mark.parametrize("source", [
+    "def f(model: ModelConfig, layout: ModelLayout): pass", "w = param.data.float()", "model.train()",
+    "config.sequence_parallel", "from ascender_dist.parallel.mappings import copy_to_tp"])
+def test_the_model_code_rule_allows_model_sections(source):
+    assert not list(run_config_uses(source))
+
+
+def test_model_code_never_sees_the_run_config():
+    found = [f"{path.relative_to(ROOT)}:{line}: {what}" for path in MODEL_CODE
+             for line, what in run_config_uses(path.read_text(encoding="utf-8"))]
+    assert not found, "model code takes (ModelConfig, ModelLayout, precision, seed), not the run config:\n" \
+        + "\n".join(found)

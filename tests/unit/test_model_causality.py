@@ -39,13 +39,13 @@ POSITIONS = [5, 13]  # inside the first and the second chunk of 8
 
 
 def _build(model_cfg):
-    from ascender_dist.models.build import build_model
+    from ascender_dist.training.engine import build_run_model
     from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel
 
     cfg = config_from_dict({"model": {**BASE, **model_cfg}})
     destroy_model_parallel()
     init_model_parallel(1, 1, seed=5)
-    model = build_model(cfg, derive(cfg, 1, VOCAB))
+    model = build_run_model(cfg, derive(cfg, 1, VOCAB))
     model.eval()
     return model
 

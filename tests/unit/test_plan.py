@@ -31,7 +31,7 @@ def test_gpt_on_8_gpus_tp2_zero1_matches_hand_computation():
     layer = (4 * H * H + 4 * H) + (8 * H * H + 5 * H) + 4 * H
     assert layer == 12_596_224
     n = L * layer + 2 * H + V * H  # + final LayerNorm + (tied) word embedding
-    assert n == 102_815_744 == count_model(cfg, V).total_params
+    assert n == 102_815_744 == count_model(cfg.model, V, cfg.parallel.tensor_model_parallel_size).total_params
     shard = n // 2  # TP = 2
     mem = p.memory
     assert mem.parameters == 2 * shard == 102_815_744  # bf16 weights

@@ -346,8 +346,8 @@ def test_attention_flops_are_softmax_blocks_plus_registered_extras():
     asc = config_from_dict({**raw, "model": {**raw["model"], "architecture": "ascender"}})
     h, s, layers = 64, 128, 2
     per_layer = 2 * (4 * h * h + 4 * h) + 4 * s * h  # QKV + output projections with biases, scores + values
-    assert efficiency.attention_flops_per_token(gpt) == per_layer * layers
-    assert efficiency.attention_flops_per_token(asc) == (per_layer + ascender_extra_layer_flops(asc)) * layers
+    assert efficiency.attention_flops_per_token(gpt.model) == per_layer * layers
+    assert efficiency.attention_flops_per_token(asc.model) == (per_layer + ascender_extra_layer_flops(asc.model)) * layers
     with pytest.raises(ConfigError, match=r"--rows: unknown row 'flash'"):
         efficiency.row_config("flash", "debug", 8, 512, [])
 
@@ -374,7 +374,8 @@ def test_equal_flops_grid_gives_each_variant_the_steps_of_the_reference_budget()
     per_run = {}
     for v in grid.variants:
         cfg = ablate.run_config(grid, v, grid.seeds[0])
-        step = count_model(cfg, 2048).flops_per_token * cfg.train.global_batch_size * cfg.model.seq_length
+        flops = count_model(cfg.model, 2048, cfg.parallel.tensor_model_parallel_size).flops_per_token
+        step = flops * cfg.train.global_batch_size * cfg.model.seq_length
         per_run[v.name] = (step * cfg.train.train_steps, step)
     budget = per_run["gpt"][0]
     for name, (total, step) in per_run.items():

@@ -40,7 +40,8 @@ def test_print_config_and_plan_before_the_tokenizer_exists(path, fresh_clone, ca
     assert len(hint) == 1 and hint[0].startswith(f"# {tokenizer} does not exist yet; make it with: "
                                                  "data-pipeline train-tokenizer ")
     assert f"--out-prefix {tokenizer[:-len('.model')]} --vocab-size {vocab}" in hint[0]
-    params = count_model(load_config(path), vocab).total_params
+    cfg = load_config(path)
+    params = count_model(cfg.model, vocab, cfg.parallel.tensor_model_parallel_size).total_params
     assert f"# parameters: {params:,} total" in out
     gpus = "2" if path.name == "demo.yaml" else "8"  # the demo runs on 2 ranks
     assert plan_main(["--config", str(path), "--gpus-per-node", gpus]) == 0

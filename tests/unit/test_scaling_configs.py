@@ -32,7 +32,7 @@ def test_budget_is_20_tokens_per_parameter(architecture, size):
     from ascender_dist.models.counting import count_model
 
     cfg = load_config(SCALING / f"{architecture}-{size}.yaml")
-    params = count_model(cfg, GEN.VOCAB).total_params
+    params = count_model(cfg.model, GEN.VOCAB, cfg.parallel.tensor_model_parallel_size).total_params
     tokens = cfg.train.train_steps * cfg.train.global_batch_size * cfg.model.seq_length
     assert 20 * params <= tokens < 20 * params + cfg.train.global_batch_size * cfg.model.seq_length
     assert cfg.train.global_batch_size * cfg.model.seq_length == 524288  # 0.5M tokens per step

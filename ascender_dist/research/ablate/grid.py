@@ -332,7 +332,7 @@ def equalise_flops(grid: Grid, reference: str, where: str) -> None:
 
     def flops_per_step(v: Variant) -> tuple[float, int]:
         cfg = run_config(grid, v, grid.seeds[0])
-        counts = count_model(cfg, cfg.model.vocab_size or vocab)
+        counts = count_model(cfg.model, cfg.model.vocab_size or vocab, cfg.parallel.tensor_model_parallel_size)
         return counts.flops_per_token * cfg.train.global_batch_size * cfg.model.seq_length, cfg.train.train_steps
 
     ref_per_step, ref_steps = flops_per_step(grid.variant(reference))

@@ -209,7 +209,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         return {}
 
     vocab = cfg.model.vocab_size or trainer.tokenizer.vocab_size
-    counts = count_model(cfg, vocab)
+    counts = count_model(cfg.model, vocab, cfg.parallel.tensor_model_parallel_size)
     params = sum(p.numel() for p in {id(p): p for p in trainer.engine.module.parameters()}.values())
     tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_length
     steady = step_times[2:] if len(step_times) > 3 else step_times
@@ -220,7 +220,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     data_sha = rank_digests[0] if len(rank_digests) == 1 else hashlib.sha256("".join(rank_digests).encode()).hexdigest()
     result = {
         "config": None, "seed": cfg.train.seed,  # filled by the parent (variant name)
-        "name": cfg.name, "architecture": cfg.model.architecture, "layer_pattern": expand_layer_pattern(cfg),
+        "name": cfg.name, "architecture": cfg.model.architecture, "layer_pattern": expand_layer_pattern(cfg.model),
         "world_size": trainer.pstate.world_size, "device": str(trainer.pstate.device),
         "val_loss": float(val_loss), "val_batches": iters, "val_sequences": len(example_losses),
         "val_example_losses": example_losses, "val_example_index": example_index,

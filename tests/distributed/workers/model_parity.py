@@ -89,7 +89,7 @@ def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
     from megatron.core import parallel_state as mps
 
     from ascender_dist.config.resolve import config_from_dict, derive
-    from ascender_dist.models.build import build_model
+    from ascender_dist.training.engine import build_run_model
     from ascender_dist.parallel.consolidate import gather_full_state
     from ascender_dist.parallel.setup import init_model_parallel, init_process_group
 
@@ -104,7 +104,7 @@ def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
     for tp in (2, 1):
         cfg.parallel.tensor_model_parallel_size = tp
         init_model_parallel(tp, 1, seed=11 + tp)  # different seeds: loading must overwrite everything
-        model = build_model(cfg, derive(cfg, dist.get_world_size(), 256))
+        model = build_run_model(cfg, derive(cfg, dist.get_world_size(), 256))
         if tp == 2:
             for i, param in enumerate(p for n, p in model.named_parameters() if n.endswith("omega_shared")):
                 param.data.add_(0.1 * (i + 1))  # shared omega is a constant at init: make the load visible
