@@ -22,7 +22,7 @@ import torch
 
 from ..common import count_denom, swap_last_two
 from ..fast_grads import input_grads
-from .. import fast_moments
+from ..fast_moments import MOMENT_STRIDE
 from ..fast_neighbours import chunk_bounds, neighbours, search_vectors
 from ..fast_rows import aux_losses, grad_sinks, row_algebra, row_inputs, rows_backward, store_rows
 from ..fast_tiles import Call, Spec, kernel_tiles, moved_stats, operands
@@ -43,7 +43,7 @@ def _row_tile_width(rows: int, n: int, call: Call) -> int:
     moments read the keys from the chunk's moment state on, the neighbour search a band of
     2 x window + globals around the chunk (all n keys unwindowed), the diagnostics all n."""
     hp = call.hp
-    width = rows + fast_moments.MOMENT_STRIDE if hp.causal else 0
+    width = rows + MOMENT_STRIDE if hp.causal else 0
     width = max(width, rows + 2 * hp.window + hp.num_global if hp.window > 0 else n)
     return n if call.with_stats else min(width, n)
 
