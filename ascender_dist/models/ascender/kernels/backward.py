@@ -18,7 +18,8 @@ try:  # (a try block also keeps Hugging Face remote-code loading from requiring 
 except ImportError as e:
     raise ImportError("the ASCender Triton kernels need triton (pip install triton)") from e
 
-from .tiles import geometry_grads, load_rows, load_vec, mm, score_tile, softmax_grads, store_rows, store_vec, to_acc
+from .tiles import (geometry_grads, load_key_side, load_query_side, load_rows, load_vec, mm, score_tile, softmax_grads,
+                    store_rows, store_vec, to_acc)
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -36,30 +37,15 @@ def row_grad_kernel(qk_ptr, k_ptr, qa_ptr, ka_ptr, qc_ptr, zl_ptr, zr_ptr, hl_pt
     rows = pid * BM + tl.arange(0, BM)
     lo = to_acc(tl.load(consts_ptr), F64)
     ratio = to_acc(tl.load(consts_ptr + 1), F64)
-    qk = load_rows(qk_ptr, bh, rows, n, HD, HDP, F64)
-    qa = qk
-    qc = qk
-    zl = qk
-    hl = qk
+    qk, qa, qc, zl, hl, fac, mu = load_query_side(qk_ptr, qa_ptr, qc_ptr, zl_ptr, hl_ptr, fac_ptr, mu_ptr, bh, rows,
+                                                  n, HD, ZD, HD2, HDP, ZP, HP, ALIGN, COH, SEP, F64)
     gmom = qk
     zero = tl.sum(qk, 1) * 0.0
-    fac = zero
-    mu = zero
     gl = zero
     cvar = zero
     cmu = zero
     grho = zero
     slope = tl.sum(zero, 0)
-    if ALIGN:
-        qa = load_rows(qa_ptr, bh, rows, n, HD, HDP, F64)
-    if COH:
-        qc = load_rows(qc_ptr, bh, rows, n, ZD, ZP, F64)
-    if SEP or COH:
-        zl = load_rows(zl_ptr, bh, rows, n, ZD, ZP, F64)
-    if SEP:
-        hl = load_rows(hl_ptr, bh, rows, n, HD2, HP, F64)
-        fac = load_vec(fac_ptr, bh, rows, n, F64)
-        mu = load_vec(mu_ptr, bh, rows, n, F64)
     if ALIBI:
         slope = to_acc(tl.load(slope_ptr + bh), F64)
     if LSEP:
@@ -86,16 +72,8 @@ def row_grad_kernel(qk_ptr, k_ptr, qa_ptr, ka_ptr, qc_ptr, zl_ptr, zr_ptr, hl_pt
         hi = tl.minimum(n, (pid + 1) * BM)
     for start in range(0, hi, BN):
         cols = start + tl.arange(0, BN)
-        k = load_rows(k_ptr, bh, cols, n, HD, HDP, F64)
-        ka = k
-        zr = k
-        hr = k
-        if ALIGN:
-            ka = load_rows(ka_ptr, bh, cols, n, HD, HDP, F64)
-        if SEP or COH:
-            zr = load_rows(zr_ptr, bh, cols, n, ZD, ZP, F64)
-        if SEP:
-            hr = load_rows(hr_ptr, bh, cols, n, HD2, HP, F64)
+        k, ka, zr, hr = load_key_side(k_ptr, ka_ptr, zr_ptr, hr_ptr, bh, cols, n, HD, ZD, HD2, HDP, ZP, HP,
+                                      ALIGN, COH, SEP, F64)
         s, vis, diag, clamped, w, wc, r, phi, dev = score_tile(
             rows, cols, n, qk, k, qa, ka, qc, zl, zr, hl, hr, fac, mu, slope, lo, ratio,
             CAUSAL, ALIGN, COH, SEP, ALIBI, RATIO_ONE, IEEE)
@@ -152,16 +130,8 @@ def col_grad_kernel(qk_ptr, k_ptr, qa_ptr, ka_ptr, qc_ptr, qcl_ptr, zl_ptr, zr_p
     cols = pid * BN + tl.arange(0, BN)
     lo = to_acc(tl.load(consts_ptr), F64)
     ratio = to_acc(tl.load(consts_ptr + 1), F64)
-    k = load_rows(k_ptr, bh, cols, n, HD, HDP, F64)
-    ka = k
-    zr = k
-    hr = k
-    if ALIGN:
-        ka = load_rows(ka_ptr, bh, cols, n, HD, HDP, F64)
-    if SEP or COH:
-        zr = load_rows(zr_ptr, bh, cols, n, ZD, ZP, F64)
-    if SEP:
-        hr = load_rows(hr_ptr, bh, cols, n, HD2, HP, F64)
+    k, ka, zr, hr = load_key_side(k_ptr, ka_ptr, zr_ptr, hr_ptr, bh, cols, n, HD, ZD, HD2, HDP, ZP, HP, ALIGN, COH, SEP,
+                                  F64)
     v = load_rows(v_ptr, bh, cols, n, VD, VP, F64)
     slope = tl.sum(tl.sum(k, 1) * 0.0, 0)
     if ALIBI:
@@ -176,38 +146,27 @@ def col_grad_kernel(qk_ptr, k_ptr, qa_ptr, ka_ptr, qc_ptr, qcl_ptr, zl_ptr, zr_p
         first = (pid * BN // BM) * BM
     for start in range(first, n, BM):
         rows = start + tl.arange(0, BM)
-        qk = load_rows(qk_ptr, bh, rows, n, HD, HDP, F64)
-        qa = qk
-        qc = qk
+        qk, qa, qc, zl, hl, fac, mu = load_query_side(qk_ptr, qa_ptr, qc_ptr, zl_ptr, hl_ptr, fac_ptr, mu_ptr, bh,
+                                                      rows, n, HD, ZD, HD2, HDP, ZP, HP, ALIGN, COH, SEP, F64)
+        # the same rows in the key layout (Zr, Hr): the distance and affinity gradients of key j
         qcl = qk
-        zl = qk
         zq = qk
-        hl = qk
         hq = qk
         gmom = qk
         gmoml = qk
         zero = tl.sum(qk, 1) * 0.0
-        fac = zero
-        mu = zero
         gl = zero
         cvar = zero
         cmu = zero
         grho = zero
-        if ALIGN:
-            qa = load_rows(qa_ptr, bh, rows, n, HD, HDP, F64)
         if COH:
-            qc = load_rows(qc_ptr, bh, rows, n, ZD, ZP, F64)
             qcl = load_rows(qcl_ptr, bh, rows, n, ZD, ZP, F64)
             gmom = load_rows(gmom_ptr, bh, rows, n, ZD, ZP, F64)
             gmoml = load_rows(gmoml_ptr, bh, rows, n, ZD, ZP, F64)
         if SEP or COH:
-            zl = load_rows(zl_ptr, bh, rows, n, ZD, ZP, F64)
             zq = load_rows(zr_ptr, bh, rows, n, ZD, ZP, F64)
         if SEP:
-            hl = load_rows(hl_ptr, bh, rows, n, HD2, HP, F64)
             hq = load_rows(hr_ptr, bh, rows, n, HD2, HP, F64)
-            fac = load_vec(fac_ptr, bh, rows, n, F64)
-            mu = load_vec(mu_ptr, bh, rows, n, F64)
             cvar = load_vec(cvar_ptr, bh, rows, n, F64)
             cmu = load_vec(cmu_ptr, bh, rows, n, F64)
             grho = load_vec(grho_ptr, bh, rows, n, F64)

@@ -11,7 +11,8 @@ try:  # (a try block also keeps Hugging Face remote-code loading from requiring 
 except ImportError as e:
     raise ImportError("the ASCender Triton kernels need triton (pip install triton)") from e
 
-from .tiles import geometry, load_rows, load_vec, mm, score_tile, store_rows, store_vec, to_acc, visibility
+from .tiles import (geometry, load_key_side, load_query_side, load_rows, load_vec, mm, score_tile, store_rows, store_vec,
+                    to_acc, visibility)
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -87,25 +88,10 @@ def forward_kernel(qk_ptr, k_ptr, qa_ptr, ka_ptr, qc_ptr, zl_ptr, zr_ptr, hl_ptr
     rows = pid * BM + tl.arange(0, BM)
     lo = to_acc(tl.load(consts_ptr), F64)
     ratio = to_acc(tl.load(consts_ptr + 1), F64)
-    qk = load_rows(qk_ptr, bh, rows, n, HD, HDP, F64)
-    qa = qk
-    qc = qk
-    zl = qk
-    hl = qk
+    qk, qa, qc, zl, hl, fac, mu = load_query_side(qk_ptr, qa_ptr, qc_ptr, zl_ptr, hl_ptr, fac_ptr, mu_ptr, bh, rows,
+                                                  n, HD, ZD, HD2, HDP, ZP, HP, ALIGN, COH, SEP, F64)
     zero = tl.sum(qk, 1) * 0.0
-    fac = zero
-    mu = zero
     slope = tl.sum(zero, 0)
-    if ALIGN:
-        qa = load_rows(qa_ptr, bh, rows, n, HD, HDP, F64)
-    if COH:
-        qc = load_rows(qc_ptr, bh, rows, n, ZD, ZP, F64)
-    if SEP or COH:
-        zl = load_rows(zl_ptr, bh, rows, n, ZD, ZP, F64)
-    if SEP:
-        hl = load_rows(hl_ptr, bh, rows, n, HD2, HP, F64)
-        fac = load_vec(fac_ptr, bh, rows, n, F64)
-        mu = load_vec(mu_ptr, bh, rows, n, F64)
     if ALIBI:
         slope = to_acc(tl.load(slope_ptr + bh), F64)
     m = zero + float("-inf")
@@ -117,16 +103,8 @@ def forward_kernel(qk_ptr, k_ptr, qa_ptr, ka_ptr, qc_ptr, zl_ptr, zr_ptr, hl_ptr
         hi = tl.minimum(n, (pid + 1) * BM)
     for start in range(0, hi, BN):
         cols = start + tl.arange(0, BN)
-        k = load_rows(k_ptr, bh, cols, n, HD, HDP, F64)
-        ka = k
-        zr = k
-        hr = k
-        if ALIGN:
-            ka = load_rows(ka_ptr, bh, cols, n, HD, HDP, F64)
-        if SEP or COH:
-            zr = load_rows(zr_ptr, bh, cols, n, ZD, ZP, F64)
-        if SEP:
-            hr = load_rows(hr_ptr, bh, cols, n, HD2, HP, F64)
+        k, ka, zr, hr = load_key_side(k_ptr, ka_ptr, zr_ptr, hr_ptr, bh, cols, n, HD, ZD, HD2, HDP, ZP, HP,
+                                      ALIGN, COH, SEP, F64)
         s, vis, diag, clamped, w, wc, r, phi, dev = score_tile(
             rows, cols, n, qk, k, qa, ka, qc, zl, zr, hl, hr, fac, mu, slope, lo, ratio,
             CAUSAL, ALIGN, COH, SEP, ALIBI, RATIO_ONE, IEEE)

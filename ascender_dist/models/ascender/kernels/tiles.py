@@ -81,6 +81,53 @@ def store_vec(ptr, bh, rows, n, val):
 
 
 @device
+def load_query_side(qk_ptr, qa_ptr, qc_ptr, zl_ptr, hl_ptr, fac_ptr, mu_ptr, bh, rows, n, HD, ZD, HD2,
+                    HDP: tl.constexpr, ZP: tl.constexpr, HP: tl.constexpr, ALIGN: tl.constexpr,
+                    COH: tl.constexpr, SEP: tl.constexpr, F64: tl.constexpr):
+    """The query-row operands of a score tile: qk, qa, qc [BM, *], zl, hl [BM, *] and the
+    Separation row factor and mean fac, mu [BM]; an operand of a bias that is off is a stand-in
+    (qk, or zeros) that score_tile never reads."""
+    qk = load_rows(qk_ptr, bh, rows, n, HD, HDP, F64)
+    qa = qk
+    qc = qk
+    zl = qk
+    hl = qk
+    zero = tl.sum(qk, 1) * 0.0
+    fac = zero
+    mu = zero
+    if ALIGN:
+        qa = load_rows(qa_ptr, bh, rows, n, HD, HDP, F64)
+    if COH:
+        qc = load_rows(qc_ptr, bh, rows, n, ZD, ZP, F64)
+    if SEP or COH:
+        zl = load_rows(zl_ptr, bh, rows, n, ZD, ZP, F64)
+    if SEP:
+        hl = load_rows(hl_ptr, bh, rows, n, HD2, HP, F64)
+        fac = load_vec(fac_ptr, bh, rows, n, F64)
+        mu = load_vec(mu_ptr, bh, rows, n, F64)
+    return qk, qa, qc, zl, hl, fac, mu
+
+
+@device
+def load_key_side(k_ptr, ka_ptr, zr_ptr, hr_ptr, bh, cols, n, HD, ZD, HD2, HDP: tl.constexpr,
+                  ZP: tl.constexpr, HP: tl.constexpr, ALIGN: tl.constexpr, COH: tl.constexpr,
+                  SEP: tl.constexpr, F64: tl.constexpr):
+    """The key-row operands of a score tile: k, khat [BN, HD], Zr [BN, ZD], Hr [BN, HD2] (stand-ins
+    for biases that are off, as in load_query_side)."""
+    k = load_rows(k_ptr, bh, cols, n, HD, HDP, F64)
+    ka = k
+    zr = k
+    hr = k
+    if ALIGN:
+        ka = load_rows(ka_ptr, bh, cols, n, HD, HDP, F64)
+    if SEP or COH:
+        zr = load_rows(zr_ptr, bh, cols, n, ZD, ZP, F64)
+    if SEP:
+        hr = load_rows(hr_ptr, bh, cols, n, HD2, HP, F64)
+    return k, ka, zr, hr
+
+
+@device
 def visibility(rows, cols, n, CAUSAL: tl.constexpr):
     """[BM, BN] bool: key j exists and is visible to row i; and the diagonal i == j."""
     vis = (cols[None, :] < n) & (rows[:, None] >= 0)
