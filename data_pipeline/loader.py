@@ -235,10 +235,10 @@ def read_rows(spec: ShardSpec, checks: ShardChecks, rows: np.ndarray) -> tuple[n
         if spec.bytes is not None and size != spec.bytes:
             raise _CorruptShard(spec.url, f"truncated or modified shard: {size} bytes, manifest says {spec.bytes}")
         read = functools.partial(_pread, fd)
-        layout = probe_layout(read, size, spec.num_samples, checks.seq_length)
-        if layout is None:
+        probed = _probe(spec, checks, fd, read, size)
+        if probed is None:
             return read_shard(spec, checks)[rows], True
-        meta = _check_meta(spec.url, layout.meta, checks) if layout.meta is not None else {}
+        layout, meta = probed
         out = np.empty((len(rows), layout.n_tokens), dtype=layout.dtype)
         for j in np.argsort(rows, kind="stable").tolist():  # ascending offsets: sequential reads
             row = layout.read_row(read, int(rows[j]))
@@ -250,6 +250,29 @@ def read_rows(spec: ShardSpec, checks: ShardChecks, rows: np.ndarray) -> tuple[n
         return _check_ids(spec, out, meta, checks), False
     finally:
         os.close(fd)
+
+
+_PROBES: "OrderedDict[tuple, tuple]" = OrderedDict()  # (file identity, count, checks) -> (layout, meta)
+_MAX_PROBES = 4096
+
+
+def _probe(spec: ShardSpec, checks: ShardChecks, fd: int, read, size: int):
+    """(layout, checked meta) of a regular shard, None for any other layout; remembered per file
+    version (device, inode, size, mtime, ctime), so a shard read once per block is probed once."""
+    st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns, spec.num_samples, checks.seq_length,
+           checks.tokenizer_sha256, checks.vocab_size)
+    if key in _PROBES:
+        _PROBES.move_to_end(key)
+        return _PROBES[key]
+    layout = probe_layout(read, size, spec.num_samples, checks.seq_length)
+    if layout is None:
+        return None
+    meta = _check_meta(spec.url, layout.meta, checks) if layout.meta is not None else {}
+    _PROBES[key] = (layout, meta)
+    while len(_PROBES) > _MAX_PROBES:
+        _PROBES.popitem(last=False)
+    return layout, meta
 
 
 def _pread(fd: int, offset: int, length: int) -> bytes:
