@@ -207,9 +207,9 @@ def own_rows_section(ds_of: dict, presets: dict, args) -> dict:
     runs: dict = {k: [] for k in settings}
     for _ in range(max(5, args.repeats)):
         for p, dp, partial in settings:
-            need = presets[p]
-            runs[(p, dp, partial)].append(bench_own_rows(ds_of[p], need["seq_length"], need["micro_batch_size"], dp,
-                                                         partial, args.micro_batches // 3, args.shuffle_buffer))
+            seq, mbs = presets[p]["seq_length"], presets[p]["micro_batch_size"]
+            n = max(args.micro_batches // 3, math.ceil(8 * args.shuffle_buffer / (mbs * dp)))  # >= 8 blocks
+            runs[(p, dp, partial)].append(bench_own_rows(ds_of[p], seq, mbs, dp, partial, n, args.shuffle_buffer))
     out = {}
     for (p, dp, partial), vals in runs.items():
         rates = [v[0] for v in vals]
@@ -385,7 +385,7 @@ def own_rows_lines(r: dict) -> list[str]:
     """The whole-shard vs own-samples table (per-rank work and rate at DP 2 and DP 64)."""
     lines = ["### What each rank reads: whole shards vs its own samples", "",
              "Rank 0 of DP 2 and of DP 64 (simulated: one process that is rank 0), no worker processes (the "
-             "work of one process), one micro-batch per rank per step; interleaved in one process, "
+             "work of one process), one micro-batch per rank per step, timed over at least 8 shuffle blocks; interleaved in one process, "
              f"{next(iter(next(iter(r['own_rows'].values())).values()))['runs']} rounds, median (min). 'whole' "
              "reads, checksums and decodes every shard of the blocks it touches (the loader before this change, "
              "and still its path at DP 1, for pipe/remote URLs and for shards not in the layout `encode_shard` "

@@ -16,9 +16,13 @@ worker-seeded) shuffling, so:
 * epoch ends fall wherever they fall inside a batch (the next epoch's order simply continues), so
   every rank always yields the same number of batches: no DDP hang with uneven shards.
 
-Trade-off: ranks share each shard (rank ``r`` needs ``1/dp`` of every shuffle block), so every rank
-reads every shard of the epoch and decodes only its own samples. That I/O duplication is the price
-of the dp-invariant order; shards are read whole, sequentially (object-store friendly).
+What a rank reads: rank ``r`` needs ``1/dp`` of every shuffle block, so about ``1/dp`` of the rows
+of every shard. With ``dp > 1`` each dataset is told which of its indices this rank yields
+(``_Dataset.wanted``); a block materialises only those, and local shards in the writer's layout are
+read only where those rows lie (:func:`read_rows`: positioned reads, offsets from the layout, no
+index needed). So a rank's I/O and decoding follow what it yields, not ``dp`` times that. Shards read
+whole instead (one rank; ``pipe:``/remote URLs, which cannot seek; other layouts; or
+``partial_reads=False``) give the same rows, at the old dp-fold cost.
 
 Shards are opened with webdataset's ``gopen`` (local paths, ``file:``, ``pipe:cmd``, http...) and
 parsed with webdataset's tar iterators, so any URL a webdataset user would write works.
