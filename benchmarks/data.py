@@ -383,14 +383,15 @@ def loader_section(ds: Path, need: dict, args) -> dict:
 
 def own_rows_lines(r: dict) -> list[str]:
     """The whole-shard vs own-samples table (per-rank work and rate at DP 2 and DP 64)."""
+    runs = next(iter(r["own_rows"].values()))["dp2_own"]["runs"]
     lines = ["### What each rank reads: whole shards vs its own samples", "",
              "Rank 0 of DP 2 and of DP 64 (simulated: one process that is rank 0), no worker processes (the "
-             "work of one process), one micro-batch per rank per step, timed over at least 8 shuffle blocks; interleaved in one process, "
-             f"{next(iter(next(iter(r['own_rows'].values())).values()))['runs']} rounds, median (min). 'whole' "
-             "reads, checksums and decodes every shard of the blocks it touches (the loader before this change, "
-             "and still its path at DP 1, for pipe/remote URLs and for shards not in the layout `encode_shard` "
-             "writes); 'own' reads only the rank's samples. 'decoded / yielded' is samples decoded per sample the "
-             "rank yields.", "",
+             "work of one process), one micro-batch per rank per step, timed over at least 8 shuffle blocks; "
+             f"interleaved in one process, {runs} rounds, median (min). 'whole' (`partial_reads=False`) reads, "
+             "checksums and decodes every shard of the blocks it touches, as every rank did before ranks read "
+             "their own samples (and as the loader still does at DP 1, for pipe/remote URLs and for shards not "
+             "in the layout `encode_shard` writes); 'own' (the default with DP > 1) reads only the rank's "
+             "samples. 'decoded / yielded' is samples decoded per sample the rank yields.", "",
              "| preset | DP | whole: tokens/s | own: tokens/s | own / whole | decoded / yielded: whole | own | "
              "own vs GPU need |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -402,8 +403,8 @@ def own_rows_lines(r: dict) -> list[str]:
                          f"{o['median'] / 1e6:.1f} M ({o['min'] / 1e6:.1f}) | **{o['median'] / w['median']:.1f}x** | "
                          f"{w['decoded_per_yielded']:.1f} | {o['decoded_per_yielded']:.2f} | "
                          f"{o['median'] / need:.0f}x |")
-    lines += ["", "With whole reads a rank's decoding grows with DP (it decodes ~DP samples per sample it yields); "
-              "with own-sample reads it stays at one, so at DP 64 one process without workers delivers the rate "
+    lines += ["", "With whole reads a rank's decoding grows with DP (every sample of the blocks it touches: tens "
+              "of samples per sample it yields at DP 64); with own-sample reads it stays at one, so at DP 64 one process without workers delivers the rate "
               "above, against the GPU's need in the last column. Own-sample reads check each sample's tar and npy "
               "headers, the shard's size, meta.json and end-of-archive position, but not the sha256 of the whole "
               "shard (that needs every byte; `partial_reads=False` restores it at any DP).", ""]

@@ -235,21 +235,23 @@ def read_rows(spec: ShardSpec, checks: ShardChecks, rows: np.ndarray) -> tuple[n
     except OSError as e:
         raise _CorruptShard(spec.url, f"cannot read shard ({type(e).__name__}: {e})") from None
     try:
-        size = os.fstat(fd).st_size
-        if spec.bytes is not None and size != spec.bytes:
-            raise _CorruptShard(spec.url, f"truncated or modified shard: {size} bytes, manifest says {spec.bytes}")
+        st = os.fstat(fd)
+        if spec.bytes is not None and st.st_size != spec.bytes:
+            raise _CorruptShard(spec.url, f"truncated or modified shard: {st.st_size} bytes, "
+                                          f"manifest says {spec.bytes}")
         read = functools.partial(_pread, fd)
-        probed = _probe(spec, checks, fd, read, size)
+        probed = _probe(spec, checks, st, read)
         if probed is None:
             return read_shard(spec, checks)[rows], True
         layout, meta = probed
         out = np.empty((len(rows), layout.n_tokens), dtype=layout.dtype)
         for j in np.argsort(rows, kind="stable").tolist():  # ascending offsets: sequential reads
-            row = layout.read_row(read, int(rows[j]))
+            i = int(rows[j])
+            row = layout.read_row(read, i)
             if row is None:
-                raise DataError(spec.url, f"sample {int(rows[j])} is not at byte {layout.header_offset(int(rows[j]))} "
-                                          "where the shard's layout puts it (corrupt or modified shard; a partial "
-                                          "read cannot skip it consistently on every rank: replace the shard)")
+                raise DataError(spec.url, f"sample {i} is not at byte {layout.header_offset(i)} where the shard's "
+                                          "layout puts it (corrupt or modified shard; a partial read cannot skip it "
+                                          "consistently on every rank: replace the shard)")
             out[j] = row
         return _check_ids(spec, out, meta, checks), False
     finally:
@@ -260,16 +262,15 @@ _PROBES: "OrderedDict[tuple, tuple]" = OrderedDict()  # (file identity, count, c
 _MAX_PROBES = 4096
 
 
-def _probe(spec: ShardSpec, checks: ShardChecks, fd: int, read, size: int):
+def _probe(spec: ShardSpec, checks: ShardChecks, st: os.stat_result, read):
     """(layout, checked meta) of a regular shard, None for any other layout; remembered per file
     version (device, inode, size, mtime, ctime), so a shard read once per block is probed once."""
-    st = os.fstat(fd)
-    key = (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns, spec.num_samples, checks.seq_length,
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, spec.num_samples, checks.seq_length,
            checks.tokenizer_sha256, checks.vocab_size)
     if key in _PROBES:
         _PROBES.move_to_end(key)
         return _PROBES[key]
-    layout = probe_layout(read, size, spec.num_samples, checks.seq_length)
+    layout = probe_layout(read, st.st_size, spec.num_samples, checks.seq_length)
     if layout is None:
         return None
     meta = _check_meta(spec.url, layout.meta, checks) if layout.meta is not None else {}
