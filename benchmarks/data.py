@@ -1,12 +1,17 @@
 """Data pipeline throughput on this machine, against what a cluster needs.
 
-Run:  OMP_NUM_THREADS=1 python benchmarks/data.py [--max-bytes 6000000] [--repeats 3]
+Run:  OMP_NUM_THREADS=1 python benchmarks/data.py [--max-bytes 6000000] [--repeats 3] [--sections ...]
 
 Measures: sharding MB/s with 1 and 2 worker processes (and the hours each scaling preset's corpus
 would take on 64 cores); tokenizer training's peak memory on a corpus larger than its sample;
 loader tokens/s per rank with 1 and 2 worker processes at each preset's sequence length and
 micro-batch, beside one H100 SXM's consumption at 40% MFU for that preset (FLOPs/token from
-``ascender_dist/models/counting.py``), and the loader's memory; resume latency.
+``ascender_dist/models/counting.py``), and the loader's memory; per-rank decode work and tokens/s
+at DP 2 and DP 64 with whole-shard reads (every rank decodes every shard) against reads of the
+rank's own samples only, interleaved in one process; resume latency.
+
+``--sections`` re-runs only some sections; the others keep the previous run's numbers from
+``data.json`` (the report says which sections are from which run).
 
 Writes ``benchmarks/results/data.md`` (naming CPU model, threads and load average: the machine is
 shared, so every figure is a median of ``--repeats`` runs) and ``data.json`` (raw numbers).
@@ -177,12 +182,49 @@ def bench_loader(ds: Path, seq: int, mbs: int, num_workers: int, dp_size: int, m
     return rate
 
 
+def bench_own_rows(ds: Path, seq: int, mbs: int, dp_size: int, partial: bool, micro_batches: int,
+                   shuffle_buffer: int) -> tuple[float, float]:
+    """(tokens/s, samples decoded per sample yielded) of rank 0 of ``dp_size`` without worker
+    processes (the CPU work one process does), reading whole shards (``partial=False``: every rank
+    decodes every shard of the blocks it touches) or only its own samples. One micro-batch per rank
+    per step, so every shuffle block holds samples of every rank, as in a run whose global batch is
+    smaller than the shuffle buffer."""
+    ld = StreamingLoader(ds, seq_length=seq, micro_batch_size=mbs, global_batch_size=mbs * dp_size, dp_rank=0,
+                         dp_size=dp_size, seed=1, shuffle_buffer=shuffle_buffer, partial_reads=partial)
+    it = iter(ld)
+    for _ in range(4):
+        next(it)
+    rows0 = ld.rows_read
+    t = time.perf_counter()
+    tokens = sum(next(it)["tokens"].numel() for _ in range(micro_batches))
+    seconds = time.perf_counter() - t
+    return tokens / seconds, (ld.rows_read - rows0) / (micro_batches * mbs)
+
+
+def own_rows_section(ds_of: dict, presets: dict, args) -> dict:
+    """Whole-shard vs own-sample reads at DP 2 and DP 64, interleaved, ``max(5, repeats)`` rounds."""
+    settings = [(p, dp, partial) for p in presets for dp in (2, 64) for partial in (False, True)]
+    runs: dict = {k: [] for k in settings}
+    for _ in range(max(5, args.repeats)):
+        for p, dp, partial in settings:
+            seq, mbs = presets[p]["seq_length"], presets[p]["micro_batch_size"]
+            n = max(args.micro_batches // 3, math.ceil(8 * args.shuffle_buffer / (mbs * dp)))  # >= 8 blocks
+            runs[(p, dp, partial)].append(bench_own_rows(ds_of[p], seq, mbs, dp, partial, n, args.shuffle_buffer))
+    out = {}
+    for (p, dp, partial), vals in runs.items():
+        rates = [v[0] for v in vals]
+        out.setdefault(p, {})[f"dp{dp}_{'own' if partial else 'whole'}"] = {
+            "median": median(rates), "min": min(rates), "runs": len(rates),
+            "decoded_per_yielded": median([v[1] for v in vals])}
+    return out
+
+
 _LOADER_MEM = """
 import resource, sys
 from data_pipeline.loader import StreamingLoader
-seq, mbs, workers, n = map(int, sys.argv[2:6])
-ld = StreamingLoader(sys.argv[1], seq_length=seq, micro_batch_size=mbs, global_batch_size=mbs * 4, dp_rank=0,
-                     dp_size=1, seed=1, num_workers=workers, shuffle_buffer=int(sys.argv[6]))
+seq, mbs, workers, n, buffer, dp = map(int, sys.argv[2:8])
+ld = StreamingLoader(sys.argv[1], seq_length=seq, micro_batch_size=mbs, global_batch_size=mbs * dp * 4, dp_rank=0,
+                     dp_size=dp, seed=1, num_workers=workers, shuffle_buffer=buffer)
 it = iter(ld)
 for _ in range(n):
     next(it)
@@ -193,10 +235,12 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, max(workers or 
 """
 
 
-def loader_memory(ds: Path, seq: int, mbs: int, workers: int, batches: int, shuffle_buffer: int) -> tuple[int, int]:
-    """(peak RSS of the training process, largest RSS of a worker process at the end), in bytes."""
+def loader_memory(ds: Path, seq: int, mbs: int, workers: int, batches: int, shuffle_buffer: int,
+                  dp_size: int = 1) -> tuple[int, int]:
+    """(peak RSS of the training process, largest RSS of a worker process at the end), in bytes,
+    for rank 0 of ``dp_size``."""
     out = subprocess.run([sys.executable, "-c", _LOADER_MEM, str(ds), str(seq), str(mbs), str(workers), str(batches),
-                          str(shuffle_buffer)], capture_output=True, text=True, check=True, cwd=REPO,
+                          str(shuffle_buffer), str(dp_size)], capture_output=True, text=True, check=True, cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     main_rss, child_rss = map(int, out.stdout.split())
     return main_rss, child_rss
@@ -216,6 +260,9 @@ def bench_resume(ds: Path, seq: int, mbs: int, fraction: float, shuffle_buffer: 
 
 
 # --------------------------------------------------------------------------- main
+SECTIONS = ("sharding", "tokenizer", "loader", "own_rows", "resume")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--max-bytes", type=int, default=6_000_000, help="default-corpus size")
@@ -228,11 +275,20 @@ def main(argv=None) -> int:
     p.add_argument("--big-copies", type=int, default=16, help="corpus copies for the tokenizer-memory run")
     p.add_argument("--sample-lines", type=int, default=100_000, help="tokenizer input_sentence_size there")
     p.add_argument("--work-dir", type=Path, help="keep intermediate files here (default: a temp dir)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated subset of {','.join(SECTIONS)} to run; the others keep the numbers "
+                        "of the previous run's data.json")
     args = p.parse_args(argv)
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        p.error(f"unknown section(s) {unknown}; choose from {SECTIONS}")
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-data-"))
     work.mkdir(parents=True, exist_ok=True)
-    res: dict = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k != "work_dir"}}
+    res: dict = previous_results(sections)
+    res.update({"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k != "work_dir"}})
+    res.setdefault("section_runs", {}).update({x: res["machine"]["loadavg_start"] for x in sections})
 
     corpus, res["corpus_s"] = timed(build_default_corpus, work / "corpus.jsonl", args.max_bytes, progress=False)
     text_bytes = sum(len(t.encode("utf-8")) for t in iter_documents([corpus]))
@@ -242,48 +298,51 @@ def main(argv=None) -> int:
 
     # sharding: the corpus `copies` times over, 1 vs 2 processes
     big_input = repeated(corpus, args.copies, work / "corpus-x.jsonl")
-    res.update(bench_sharding(big_input, model, work, args))
-    for w in (1, 2):
-        res[f"shard_mb_per_s_w{w}"] = args.copies * res["text_mb"] / res[f"shard_s_w{w}"]
+    if "sharding" in sections:
+        res.update(bench_sharding(big_input, model, work, args))
+        for w in (1, 2):
+            res[f"shard_mb_per_s_w{w}"] = args.copies * res["text_mb"] / res[f"shard_s_w{w}"]
+        print(f"sharding: {res['shard_mb_per_s_w1']:.2f} / {res['shard_mb_per_s_w2']:.2f} MB/s", flush=True)
+    elif not (work / "shards-w1-0" / "manifest.json").exists():
+        write_shards([big_input], tok, work / "shards-w1-0", 1024, samples_per_shard=args.samples_per_shard,
+                     progress=False)
     m = load_manifest(work / "shards-w1-0")
     res["bytes_per_token"] = args.copies * text_bytes / (sum(s.num_tokens for s in m.shards) + m.dropped_tokens)
-    print(f"sharding: {res['shard_mb_per_s_w1']:.2f} / {res['shard_mb_per_s_w2']:.2f} MB/s", flush=True)
 
-    # tokenizer memory: the corpus vs one `big_copies` times larger, same sample size
-    big = big_corpus(corpus, work, args.big_copies)
-    res["big_corpus_mb"] = sum(f.stat().st_size for f in big[:1]) / 1e6 + \
-        sum(len(t.encode()) for t in iter_documents(big[1:])) / 1e6
-    res["tok_rss_small"], res["tok_s_small"] = tokenizer_peak_memory([corpus], work / "tm-small", args.sample_lines)
-    res["tok_rss_big"], res["tok_s_big"] = tokenizer_peak_memory(big, work / "tm-big", args.sample_lines)
-    print(f"tokenizer peak RSS: {res['tok_rss_small'] / 2**20:.0f} / {res['tok_rss_big'] / 2**20:.0f} MiB", flush=True)
-
-    # loader per preset
-    res["presets"] = {}
-    for preset in PRESETS:
-        need = preset_needs(preset)
-        seq, mbs = need["seq_length"], need["micro_batch_size"]
-        ds = work / f"ds-{seq}"
-        if seq == 1024:
-            ds = work / "shards-w1-0"
-        elif not (ds / "manifest.json").exists():
-            write_shards([big_input], tok, ds, seq, samples_per_shard=args.samples_per_shard, progress=False)
-        row = dict(need)
-        for w in (0, 1, 2):
-            row[f"w{w}"] = median([bench_loader(ds, seq, mbs, w, 1, args.micro_batches, args.shuffle_buffer)
-                                   for _ in range(args.repeats)])
-        row["w2_node_dp"] = median([bench_loader(ds, seq, mbs, 2, need["node_dp"], args.micro_batches // 2,
-                                                 args.shuffle_buffer) for _ in range(args.repeats)])
-        row["rss_main"], row["rss_worker"] = loader_memory(ds, seq, mbs, 2, 200, args.shuffle_buffer)
-        res["presets"][preset] = row
-        print(f"loader {preset}: {row['w1']:,.0f} / {row['w2']:,.0f} tokens/s (needs {row['rank_needs_tokens_per_s']:,.0f})",
+    if "tokenizer" in sections:  # the corpus vs one `big_copies` times larger, same sample size
+        big = big_corpus(corpus, work, args.big_copies)
+        res["big_corpus_mb"] = sum(f.stat().st_size for f in big[:1]) / 1e6 + \
+            sum(len(t.encode()) for t in iter_documents(big[1:])) / 1e6
+        res["tok_rss_small"], res["tok_s_small"] = tokenizer_peak_memory([corpus], work / "tm-small",
+                                                                         args.sample_lines)
+        res["tok_rss_big"], res["tok_s_big"] = tokenizer_peak_memory(big, work / "tm-big", args.sample_lines)
+        print(f"tokenizer peak RSS: {res['tok_rss_small'] / 2**20:.0f} / {res['tok_rss_big'] / 2**20:.0f} MiB",
               flush=True)
-    ds = work / "shards-w1-0"
-    for frac in (0.1, 0.9):
-        for tag, buf in (("", args.shuffle_buffer), ("_small_buffer", args.samples_per_shard)):
-            key = f"{int(frac * 100)}{tag}"
-            runs = [bench_resume(ds, 1024, 8, frac, buf) for _ in range(args.repeats)]
-            res[f"resume_s_{key}"] = median([r[0] for r in runs])
-            res[f"resume_shards_{key}"] = runs[0][1]
+
+    needs = {preset: preset_needs(preset) for preset in PRESETS}
+    ds_of = {}
+    for preset, need in needs.items():
+        seq = need["seq_length"]
+        ds_of[preset] = work / "shards-w1-0" if seq == 1024 else work / f"ds-{seq}"
+        if not (ds_of[preset] / "manifest.json").exists():
+            write_shards([big_input], tok, ds_of[preset], seq, samples_per_shard=args.samples_per_shard,
+                         progress=False)
+    if "loader" in sections:
+        res["presets"] = {}
+        for preset, need in needs.items():
+            res["presets"][preset] = loader_section(ds_of[preset], need, args)
+    if "own_rows" in sections:
+        res["own_rows"] = own_rows_section(ds_of, needs, args)
+        for preset, row in res["own_rows"].items():
+            print(f"own rows {preset}: DP64 {row['dp64_whole']['median']:,.0f} -> {row['dp64_own']['median']:,.0f} "
+                  "tokens/s", flush=True)
+    if "resume" in sections:
+        for frac in (0.1, 0.9):
+            for tag, buf in (("", args.shuffle_buffer), ("_small_buffer", args.samples_per_shard)):
+                key = f"{int(frac * 100)}{tag}"
+                runs = [bench_resume(m.path.parent, 1024, 8, frac, buf) for _ in range(args.repeats)]
+                res[f"resume_s_{key}"] = median([r[0] for r in runs])
+                res[f"resume_shards_{key}"] = runs[0][1]
     res["train_samples_1024"] = m.num_samples("train")
     res["train_shards_1024"] = len(m.split_shards("train"))
     res["train_samples_2048"] = load_manifest(work / "ds-2048").num_samples("train")
@@ -294,6 +353,72 @@ def main(argv=None) -> int:
     (RESULTS / "data.md").write_text(render(res))
     print((RESULTS / "data.md").read_text())
     return 0
+
+
+def previous_results(sections: list[str]) -> dict:
+    """The previous data.json when only some sections run (its machine line kept as ``machine_previous``)."""
+    path = RESULTS / "data.json"
+    if set(sections) == set(SECTIONS) or not path.exists():
+        return {}
+    prev = json.loads(path.read_text())
+    prev["machine_previous"] = prev.get("machine_previous") or prev["machine"]
+    return prev
+
+
+def loader_section(ds: Path, need: dict, args) -> dict:
+    """Tokens/s of rank 0 with 0, 1, 2 workers at DP 1 and with 2 workers at node DP; memory."""
+    seq, mbs = need["seq_length"], need["micro_batch_size"]
+    row = dict(need)
+    for w in (0, 1, 2):
+        row[f"w{w}"] = median([bench_loader(ds, seq, mbs, w, 1, args.micro_batches, args.shuffle_buffer)
+                               for _ in range(args.repeats)])
+    row["w2_node_dp"] = median([bench_loader(ds, seq, mbs, 2, need["node_dp"], args.micro_batches // 2,
+                                             args.shuffle_buffer) for _ in range(args.repeats)])
+    row["rss_main"], row["rss_worker"] = loader_memory(ds, seq, mbs, 2, 200, args.shuffle_buffer)
+    row["rss_main_dp64"], row["rss_worker_dp64"] = loader_memory(ds, seq, mbs, 2, 200, args.shuffle_buffer, 64)
+    print(f"loader {seq}x{mbs}: {row['w1']:,.0f} / {row['w2']:,.0f} tokens/s "
+          f"(needs {row['rank_needs_tokens_per_s']:,.0f})", flush=True)
+    return row
+
+
+def own_rows_lines(r: dict) -> list[str]:
+    """The whole-shard vs own-samples table (per-rank work and rate at DP 2 and DP 64)."""
+    runs = next(iter(r["own_rows"].values()))["dp2_own"]["runs"]
+    lines = ["### What each rank reads: whole shards vs its own samples", "",
+             "Rank 0 of DP 2 and of DP 64 (simulated: one process that is rank 0), no worker processes (the "
+             "work of one process), one micro-batch per rank per step, timed over at least 8 shuffle blocks; "
+             f"interleaved in one process, {runs} rounds, median (min). 'whole' (`partial_reads=False`) reads, "
+             "checksums and decodes every shard of the blocks it touches, as every rank did before ranks read "
+             "their own samples (and as the loader still does at DP 1, for pipe/remote URLs and for shards not "
+             "in the layout `encode_shard` writes); 'own' (the default with DP > 1) reads only the rank's "
+             "samples. 'decoded / yielded' is samples decoded per sample the rank yields.", "",
+             "| preset | DP | whole: tokens/s | own: tokens/s | own / whole | decoded / yielded: whole | own | "
+             "own vs GPU need |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for p, row in r["own_rows"].items():
+        need = r["presets"][p]["rank_needs_tokens_per_s"] if p in r.get("presets", {}) else float("nan")
+        for dp in (2, 64):
+            w, o = row[f"dp{dp}_whole"], row[f"dp{dp}_own"]
+            lines.append(f"| {p} | {dp} | {w['median'] / 1e6:.2f} M ({w['min'] / 1e6:.2f}) | "
+                         f"{o['median'] / 1e6:.1f} M ({o['min'] / 1e6:.1f}) | **{o['median'] / w['median']:.1f}x** | "
+                         f"{w['decoded_per_yielded']:.1f} | {o['decoded_per_yielded']:.2f} | "
+                         f"{o['median'] / need:.0f}x |")
+    lines += ["", "With whole reads a rank's decoding grows with DP (every sample of the blocks it touches: tens "
+              "of samples per sample it yields at DP 64); with own-sample reads it stays at one, so at DP 64 one process without workers delivers the rate "
+              "above, against the GPU's need in the last column. Own-sample reads check each sample's tar and npy "
+              "headers, the shard's size, meta.json and end-of-archive position, but not the sha256 of the whole "
+              "shard (that needs every byte; `partial_reads=False` restores it at any DP).", ""]
+    return lines
+
+
+def provenance(r: dict) -> list[str]:
+    """Which sections this report's numbers come from, when some were kept from a previous run."""
+    if "machine_previous" not in r:
+        return []
+    load = lambda t: " / ".join(f"{x:.2f}" for x in t)  # noqa: E731
+    fresh = ", ".join(f"{k} (load {load(v)})" for k, v in r["section_runs"].items())
+    return [f"Sections re-run in the latest invocation: {fresh}. The others are from the previous run, "
+            f"load average at its start {load(r['machine_previous']['loadavg_start'])}.", ""]
 
 
 def render(r: dict) -> str:
@@ -309,6 +434,7 @@ def render(r: dict) -> str:
              f"Load average (1/5/15 min) at start {load(mc['loadavg_start'])}, at end {load(mc['loadavg_end'])}: the "
              "machine is shared with other jobs, so these figures are noisy (each is the median of "
              f"{s['repeats']} runs) and, where the load exceeds the thread count, low.", "",
+             *provenance(r),
              "## Sharding (tokenize + pack + write)", "",
              f"Input: the default corpus ({r['text_mb']:.2f} MB of text) {s['copies']} times over in one .jsonl; "
              f"`data-pipeline shard` as a fresh process; vocab {s['vocab_size']}, seq 1024, "
@@ -364,23 +490,23 @@ def render(r: dict) -> str:
             f"{row['w0'] / 1e6:.1f} M | {row['w1'] / 1e6:.1f} M | {row['w2'] / 1e6:.1f} M | "
             f"**{row['w2'] / need:.0f}x** | {row['w2'] / row['w1']:.2f}x | "
             f"{row['w2_node_dp'] / 1e6:.1f} M at DP{row['node_dp']} (**{row['w2_node_dp'] / need:.0f}x**) | {implied} |")
-    lines += ["", "Tokens/s per rank. 'node DP' is rank 0 of a data-parallel group of one 8-GPU node's size: every "
-              "rank reads and decodes every shard of the epoch and yields its 1/DP slice (the price of the "
-              "dp-invariant order), so the rate a rank delivers falls with DP, and larger data-parallel groups "
-              "need proportionally more decoding per rank (decoding is vectorised for that reason). 'workers for "
-              "20x' extrapolates the node-DP rate linearly from 2 workers (each worker adding half the 2-worker "
-              "rate); the training process still assembles every shuffle block, which caps that scaling. "
-              "Projected to DP 64 (8 nodes), where each rank decodes 64x what it yields: "
-              + "; ".join(f"{p} {row['w2_node_dp'] * row['node_dp'] / 64 / 1e6:.1f} M "
-                          f"({row['w2_node_dp'] * row['node_dp'] / 64 / row['rank_needs_tokens_per_s']:.0f}x)"
-                          for p, row in r["presets"].items())
-              + " with 2 workers: beyond a node the dp-fold decoding, not the GPU, sets the worker count "
-              "(decoding only a rank's own rows would remove it; not done).", "",
-              "Loader memory per rank (2 workers, 200 micro-batches, peak RSS): "
+    lines += ["", "Tokens/s per rank. 'node DP' is rank 0 of a data-parallel group of one 8-GPU node's size; with "
+              "more than one rank each rank reads only the samples it yields (positioned reads of local shards, "
+              "see below), so the rate a rank delivers no longer falls with DP beyond the cost of the reads "
+              "themselves. 'workers for 20x' extrapolates the node-DP rate linearly from 2 workers (each worker "
+              "adding half the 2-worker rate); the training process still assembles the rank's part of every "
+              "shuffle block, which caps that scaling.", ""]
+    if "own_rows" in r:
+        lines += own_rows_lines(r)
+    lines += ["Loader memory per rank (2 workers, 200 micro-batches, peak RSS): "
               + "; ".join(f"{p} {row['rss_main'] / 2**20:.0f} MiB peak in the training process + "
-                          f"{row['rss_worker'] / 2**20:.0f} MiB per worker (at the end)" for p, row in r["presets"].items())
-              + ". Bounded by design: (workers + 2) decoded shards + the shards one shuffle block spans + two "
-              "shuffle blocks + one batch beyond the imports (torch and webdataset are most of each figure).", "",
+                          f"{row['rss_worker'] / 2**20:.0f} MiB per worker at DP 1"
+                          + (f", {row['rss_main_dp64'] / 2**20:.0f} + {row['rss_worker_dp64'] / 2**20:.0f} MiB "
+                             "as rank 0 of 64" if "rss_main_dp64" in row else "")
+                          for p, row in r["presets"].items())
+              + ". Bounded by design: two shuffle blocks of the rank's own samples, the next block's reads in "
+              "flight, and (for shards read whole) (workers + 2) decoded shards + the shards one block spans, "
+              "plus one batch, beyond the imports (torch and webdataset are most of each figure).", "",
               "## Resume", "",
               "| Measurement | Result |", "|---|---|",
               f"| Resume at 10% of an epoch (construct + load_state_dict + first batch), shuffle buffer "
@@ -392,7 +518,8 @@ def render(r: dict) -> str:
               f"{r['resume_shards_10_small_buffer']} / {r['resume_shards_90_small_buffer']} shard(s) read |", "",
               "A resume reads only the shards overlapping the current shuffle block (never consumed ones), so its "
               "cost follows the buffer/shard ratio, not the position in the epoch.", "",
-              "Reproduce: `OMP_NUM_THREADS=1 python benchmarks/data.py`. Raw numbers: `data.json`.", ""]
+              "Reproduce: `OMP_NUM_THREADS=1 python benchmarks/data.py` (`--sections loader,own_rows` for the "
+              "loader tables only). Raw numbers: `data.json`.", ""]
     return "\n".join(lines)
 
 

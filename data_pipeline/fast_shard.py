@@ -1,15 +1,18 @@
-"""Vectorised decoding of the shards this pipeline writes, the loader's hot path.
+"""Fast reading of the shards this pipeline writes, the loader's hot path.
 
-Why: every data-parallel rank decodes every shard of the epoch (see loader.py), so decoding cost
-is multiplied by the data-parallel size. Parsing a tar with Python's tarfile / webdataset and
-``np.load``-ing each sample costs ~80 us per sample; the shards written by ``encode_shard`` have one
-regular layout (per sample a 512-byte header + a ``.npy`` of identical header and size, one
-``meta.json`` after the first sample), so a scan of the headers plus one numpy gather decodes a
-whole shard at memory speed.
+The shards written by ``encode_shard`` have one regular layout: per sample a 512-byte header and
+a ``.npy`` of identical header and size, one ``meta.json`` after the first sample. Two uses of it:
+
+* :func:`decode_regular_shard`: a scan of the headers plus one numpy gather decodes a whole shard
+  in memory (Python's tarfile / webdataset plus ``np.load`` per sample costs ~80 us per sample).
+  Used where a rank needs a whole shard (one data-parallel rank, or shards behind pipes/URLs).
+* :func:`probe_layout` / :class:`RegularLayout`: from the first members, the offset of every
+  sample, so a data-parallel rank reads only its own samples with positioned reads.
 
 Anything that does not match that layout exactly (other member names, sizes, npy headers, a
-truncated archive, ...) returns None and the caller takes the general webdataset path, which
-also produces the precise error message. So this module never decides that a shard is bad.
+truncated archive, ...) returns None and the caller takes the general webdataset path on the
+whole shard, which also produces the precise error message. So this module never decides that
+a shard is bad.
 """
 
 from __future__ import annotations
@@ -90,3 +93,74 @@ def _read_header(f, version) -> tuple:
     if version == (2, 0):
         return np.lib.format.read_array_header_2_0(f)
     raise ValueError(f"npy version {version}")
+
+
+# --------------------------------------------------------------------------- random access
+class RegularLayout:
+    """Where each sample of a shard in ``encode_shard``'s layout lies, from its first members only.
+
+    In that layout sample ``i`` is one 512-byte header plus an ``.npy`` member of the same size
+    for every sample, and sample 0 is followed by its ``meta.json`` member; so the header of
+    sample ``i >= 1`` sits at ``first + (i - 1) * stride``, and a data-parallel rank can read just
+    the samples it needs with positioned reads instead of decoding the whole shard.
+    """
+
+    def __init__(self, member_size: int, npy_header: bytes, dtype: np.dtype, n_tokens: int,
+                 meta: bytes | None, first: int):
+        self.member_size, self.npy_header, self.dtype, self.n_tokens = member_size, npy_header, dtype, n_tokens
+        self.meta, self.first = meta, first
+        self.stride = _BLOCK + _padded(member_size)
+
+    def header_offset(self, i: int) -> int:
+        """Byte offset of sample ``i``'s tar header."""
+        return 0 if i == 0 else self.first + (i - 1) * self.stride
+
+    def read_row(self, read, i: int) -> np.ndarray | None:
+        """Tokens of sample ``i`` through ``read(offset, length) -> bytes``; None when the bytes
+        there are not that sample's header and ``.npy`` (the shard changed under its layout)."""
+        pos = self.header_offset(i)
+        buf = read(pos, _BLOCK + self.member_size)
+        m = _member(buf, 0)
+        if m is None or m[1] != self.member_size or m[0].partition(b".")[2] != b"tokens.npy":
+            return None
+        hlen = len(self.npy_header)
+        if buf[_BLOCK:_BLOCK + hlen] != self.npy_header or len(buf) < _BLOCK + self.member_size:
+            return None
+        return np.frombuffer(buf, dtype=self.dtype, count=self.n_tokens, offset=_BLOCK + hlen)
+
+
+def _padded(size: int) -> int:
+    return -(-size // _BLOCK) * _BLOCK
+
+
+def probe_layout(read, size: int, num_samples: int, seq_length: int) -> RegularLayout | None:
+    """The :class:`RegularLayout` of a shard of ``size`` bytes said to hold ``num_samples`` samples,
+    read through ``read(offset, length) -> bytes`` (a few small reads: the first two members and
+    the end-of-archive blocks); None when the shard is not exactly that layout with that count."""
+    m0 = _member(read(0, _BLOCK), 0)
+    if m0 is None or m0[0].partition(b".")[2] != b"tokens.npy" or num_samples < 1:
+        return None
+    key0, member_size = m0[0].partition(b".")[0], m0[1]
+    npy = read(_BLOCK, min(member_size, 4096))
+    try:
+        f = io.BytesIO(npy)
+        shape, fortran, dtype = _read_header(f, np.lib.format.read_magic(f))
+    except ValueError:
+        return None
+    hlen, n_tokens = f.tell(), seq_length + 1
+    if fortran or shape != (n_tokens,) or dtype.kind not in "iu" or hlen + dtype.itemsize * n_tokens != member_size:
+        return None
+    first, meta = _BLOCK + _padded(member_size), None
+    m1 = _member(read(first, _BLOCK), 0)
+    if m1 is not None and m1[0] == key0 + b".meta.json":
+        meta = read(first + _BLOCK, m1[1])
+        first += _BLOCK + _padded(m1[1])
+    layout = RegularLayout(member_size, npy[:hlen], dtype, n_tokens, meta, first)
+    end = layout.header_offset(num_samples)
+    if end + 2 * _BLOCK > size or read(end, 2 * _BLOCK).count(0) != 2 * _BLOCK:  # exactly num_samples members
+        return None
+    if any(layout.read_row(read, i) is None for i in {1, num_samples - 1} if 0 < i < num_samples):
+        return None  # other members between samples (the stride is wrong even if the end matched)
+    if num_samples > 1 and read(layout.header_offset(1), 100).split(b"\0", 1)[0].partition(b".")[0] == key0:
+        return None  # two samples under one key: webdataset would not read them as two
+    return layout

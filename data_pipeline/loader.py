@@ -16,9 +16,13 @@ worker-seeded) shuffling, so:
 * epoch ends fall wherever they fall inside a batch (the next epoch's order simply continues), so
   every rank always yields the same number of batches: no DDP hang with uneven shards.
 
-Trade-off: ranks share each shard (rank ``r`` needs ``1/dp`` of every shuffle block), so every rank
-reads every shard of the epoch and decodes only its own samples. That I/O duplication is the price
-of the dp-invariant order; shards are read whole, sequentially (object-store friendly).
+What a rank reads: rank ``r`` needs ``1/dp`` of every shuffle block, so about ``1/dp`` of the rows
+of every shard. With ``dp > 1`` each dataset is told which of its indices this rank yields
+(``_Dataset.wanted``); a block materialises only those, and local shards in the writer's layout are
+read only where those rows lie (:func:`read_rows`: positioned reads, offsets from the layout, no
+index needed). So a rank's I/O and decoding follow what it yields, not ``dp`` times that. Shards read
+whole instead (one rank; ``pipe:``/remote URLs, which cannot seek; other layouts; or
+``partial_reads=False``) give the same rows, at the old dp-fold cost.
 
 Shards are opened with webdataset's ``gopen`` (local paths, ``file:``, ``pipe:cmd``, http...) and
 parsed with webdataset's tar iterators, so any URL a webdataset user would write works.
@@ -26,10 +30,12 @@ parsed with webdataset's tar iterators, so any URL a webdataset user would write
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
 import math
+import os
 from collections import OrderedDict
 import multiprocessing
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -48,7 +54,7 @@ from webdataset.shardlists import expand_urls
 
 from ._io import sha256_bytes
 from .errors import DataError
-from .fast_shard import decode_regular_shard
+from .fast_shard import decode_regular_shard, probe_layout
 from .shards import Manifest, check_field_types, load_manifest
 
 log = logging.getLogger(__name__)
@@ -152,6 +158,13 @@ def _check_rows(spec: ShardSpec, arr: np.ndarray, meta: dict, checks: ShardCheck
     """Sample count against the manifest and the id range of a decoded ``[n, seq_length + 1]`` shard."""
     if spec.num_samples >= 0 and len(arr) != spec.num_samples:
         raise _CorruptShard(spec.url, f"holds {len(arr)} samples, manifest says {spec.num_samples}")
+    return _check_ids(spec, arr, meta, checks)
+
+
+def _check_ids(spec: ShardSpec, arr: np.ndarray, meta: dict, checks: ShardChecks) -> np.ndarray:
+    """Every token id of ``arr`` in ``[0, vocab size)`` (the run's, else the shard's meta.json)."""
+    if not arr.size:
+        return arr
     limit = checks.vocab_size if checks.vocab_size is not None else meta.get("vocab_size")
     if limit is not None:
         top = int(arr.max())
@@ -196,6 +209,98 @@ def _decode_tokens(url: str, sample: dict, seq_length: int) -> np.ndarray:
     return arr
 
 
+def _open_local(path: Path) -> int:
+    """A file descriptor for positioned reads of a local shard (tests patch this to count opens)."""
+    return os.open(path, os.O_RDONLY)
+
+
+def read_rows(spec: ShardSpec, checks: ShardChecks, rows: np.ndarray) -> tuple[np.ndarray, bool]:
+    """Samples ``rows`` of a local shard as ``[len(rows), seq_length + 1]`` (the shard's dtype), and
+    whether the whole shard had to be read for them.
+
+    A shard in the layout ``encode_shard`` writes is read only where those samples lie (plus its
+    first members and end-of-archive blocks, which locate them): the cost follows ``len(rows)``,
+    not the shard. Any other layout (older or foreign shards) falls back to :func:`read_shard`.
+
+    Checks made: the file size against the manifest, the shard's meta.json, the count implied by
+    the end-of-archive position, each sample's tar and npy header, the id range. The sha256 of the
+    whole shard needs the whole shard, so it is checked only on the fallback. Every rank reads the
+    same head and tail, so those verdicts (skip or stop) agree across ranks; a bad sample header
+    deeper in is seen only by the rank that owns the sample, so it always stops the run.
+    """
+    try:
+        fd = _open_local(spec.local_path)
+    except FileNotFoundError:
+        raise _CorruptShard(spec.url, "missing shard (file not found)") from None
+    except OSError as e:
+        raise _CorruptShard(spec.url, f"cannot read shard ({type(e).__name__}: {e})") from None
+    try:
+        st = os.fstat(fd)
+        if spec.bytes is not None and st.st_size != spec.bytes:
+            raise _CorruptShard(spec.url, f"truncated or modified shard: {st.st_size} bytes, "
+                                          f"manifest says {spec.bytes}")
+        read = functools.partial(_pread, fd)
+        probed = _probe(spec, checks, st, read)
+        if probed is None:
+            return read_shard(spec, checks)[rows], True
+        layout, meta = probed
+        out = np.empty((len(rows), layout.n_tokens), dtype=layout.dtype)
+        for j in np.argsort(rows, kind="stable").tolist():  # ascending offsets: sequential reads
+            i = int(rows[j])
+            row = layout.read_row(read, i)
+            if row is None:
+                raise DataError(spec.url, f"sample {i} is not at byte {layout.header_offset(i)} where the shard's "
+                                          "layout puts it (corrupt or modified shard; a partial read cannot skip it "
+                                          "consistently on every rank: replace the shard)")
+            out[j] = row
+        return _check_ids(spec, out, meta, checks), False
+    finally:
+        os.close(fd)
+
+
+_PROBES: "OrderedDict[tuple, tuple]" = OrderedDict()  # (file identity, count, checks) -> (layout, meta)
+_MAX_PROBES = 4096
+
+
+def _probe(spec: ShardSpec, checks: ShardChecks, st: os.stat_result, read):
+    """(layout, checked meta) of a regular shard, None for any other layout; remembered per file
+    version (device, inode, size, mtime, ctime), so a shard read once per block is probed once."""
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, spec.num_samples, checks.seq_length,
+           checks.tokenizer_sha256, checks.vocab_size)
+    if key in _PROBES:
+        _PROBES.move_to_end(key)
+        return _PROBES[key]
+    layout = probe_layout(read, st.st_size, spec.num_samples, checks.seq_length)
+    if layout is None:
+        return None
+    meta = _check_meta(spec.url, layout.meta, checks) if layout.meta is not None else {}
+    _PROBES[key] = (layout, meta)
+    while len(_PROBES) > _MAX_PROBES:
+        _PROBES.popitem(last=False)
+    return layout, meta
+
+
+def _pread(fd: int, offset: int, length: int) -> bytes:
+    return os.pread(fd, length, offset)
+
+
+def read_rows_many(jobs: list[tuple[ShardSpec, np.ndarray]], checks: ShardChecks) -> list:
+    """:func:`read_rows` for several shards in one worker task; a shard's DataError is returned in
+    its place (not raised), so one bad shard does not lose the rows read from the others."""
+    out: list = []
+    for spec, rows in jobs:
+        try:
+            out.append(read_rows(spec, checks, rows))
+        except DataError as e:
+            out.append(e)
+    return out
+
+
+def _result_at(fut: Future, j: int):
+    """Entry ``j`` of a :func:`read_rows_many` task's result."""
+    return fut.result()[j]
+
+
 # =========================================================================== one dataset
 def _resolve_source(src, *, seq_length: int, tokenizer_sha256: str | None, vocab_size: int | None,
                     split: str, url_template: str | None):
@@ -234,18 +339,26 @@ def _from_manifest(m: Manifest, seq_length, tokenizer_sha256, vocab_size, split,
 
 
 class _Dataset:
-    """One dataset: its shards, its deterministic sample order and a small cache of decoded shards."""
+    """One dataset: its shards, its deterministic sample order, and the samples of the current
+    shuffle blocks that this rank yields (``wanted``), read either by positioned reads of just those
+    samples (``partial``) or from a small cache of whole decoded shards."""
 
     def __init__(self, name: str, specs: list[ShardSpec], checks: ShardChecks, *, seed: int, stream_id: int,
                  shuffle: bool, shuffle_buffer: int, on_corrupt: str, pool: Executor | None,
-                 prefetch: int, progress: bool = False):
+                 prefetch: int, workers: int = 0, progress: bool = False):
         self.name, self.checks, self.seed, self.stream_id = name, checks, seed, stream_id
         self.shuffle, self.on_corrupt, self.pool, self.prefetch = shuffle, on_corrupt, pool, prefetch
+        self.workers = max(1, workers)
         self.skipped_shards = 0
         self.shards_read = 0
+        self.rows_read = 0  # samples read and decoded (all of a shard's when it is read whole)
         self.bad: set[int] = set()
+        self.whole: set[int] = set()  # shards not in the regular layout: read whole even when partial
+        self.wanted = None  # local indices -> mask of those this rank yields; None: all
+        self.partial = False  # read only wanted samples (set by the loader for local shards)
         self._futures: "OrderedDict[int, Future]" = OrderedDict()
-        self._blocks: "OrderedDict[tuple, np.ndarray]" = OrderedDict()
+        self._blocks: "OrderedDict[tuple, tuple]" = OrderedDict()
+        self._pending: "OrderedDict[tuple, list]" = OrderedDict()
         self._orders: "OrderedDict[int, tuple]" = OrderedDict()
         self.specs = self._usable_specs(specs, progress)
         self.counts = np.array([s.num_samples for s in self.specs], dtype=np.int64)
@@ -326,56 +439,156 @@ class _Dataset:
         out = np.empty((len(gidx), self.checks.seq_length + 1), dtype=np.int64)
         for e, b in sorted(set(zip(epoch.tolist(), blk.tolist()))):
             sel = (epoch == e) & (blk == b)
-            out[sel] = self._block(e, b)[off[sel]]
+            out[sel] = self._block_rows(e, b, off[sel])
         return out
 
-    def _block(self, epoch: int, block: int) -> np.ndarray:
-        """Shuffled samples of one block, materialised once and kept while it is in use."""
+    def _block_rows(self, epoch: int, block: int, off: np.ndarray) -> np.ndarray:
+        """Samples at offsets ``off`` of a shuffle block: this rank's from the materialised block,
+        any other (a caller asking for another rank's samples) read on demand."""
+        own, data = self._block(epoch, block)
+        at = np.minimum(np.searchsorted(own, off), max(len(own) - 1, 0))
+        hit = own[at] == off if len(own) else np.zeros(len(off), dtype=bool)
+        if hit.all():
+            return data[at]
+        out = np.empty((len(off), self.checks.seq_length + 1), dtype=np.int64)
+        out[hit] = data[at[hit]]
+        out[~hit] = self._collect(epoch, self._groups(epoch, self._stream_positions(epoch, block, off[~hit])))
+        return out
+
+    def _block_span(self, block: int) -> tuple[int, int]:
+        """(first stream position, length) of a shuffle block."""
+        start = block * self.block
+        return start, min(self.block, self.num_samples - start)
+
+    def _stream_positions(self, epoch: int, block: int, off: np.ndarray) -> np.ndarray:
+        """Stream positions of block offsets: ``block * B + perm_{e,b}[off]``."""
+        start, length = self._block_span(block)
+        return start + self.block_perm(epoch, block, length)[off]
+
+    def _own_offsets(self, epoch: int, block: int) -> np.ndarray:
+        """Sorted offsets of the block's samples that this rank yields."""
+        start, length = self._block_span(block)
+        off = np.arange(length)
+        return off if self.wanted is None else off[self.wanted(epoch * self.num_samples + start + off)]
+
+    def _block(self, epoch: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """(own offsets, their samples ``[len(own), seq+1]``) of one block, materialised once and
+        kept while in use; only this rank's samples are read (all of them with one rank)."""
         key = (epoch, block)
         if key not in self._blocks:
-            start = block * self.block
-            length = min(self.block, self.num_samples - start)
-            self._submit_block(epoch, start, start + length)
-            stream = self._stream_slice(epoch, start, start + length)
-            self._blocks[key] = stream[self.block_perm(epoch, block, length)]
+            own = self._own_offsets(epoch, block)
+            groups = self._pending.pop(key, None)
+            if groups is None:
+                groups = self._groups(epoch, self._stream_positions(epoch, block, own))
+                self._submit_rows(epoch, groups)
+            start, length = self._block_span(block)
+            if not self.partial:
+                self._submit_block(epoch, start, start + length)
+            self._blocks[key] = (own, self._collect(epoch, groups))
             while len(self._blocks) > 2:
                 self._blocks.popitem(last=False)
-            self._schedule_prefetch(epoch, start + length)
+            self._prefetch_after(epoch, block)
         return self._blocks[key]
 
-    def _stream_slice(self, epoch: int, lo: int, hi: int) -> np.ndarray:
-        """Stream samples ``[lo, hi)`` of ``epoch``: concatenated slices of the shards covering them."""
-        order, starts = self.epoch_order(epoch)
-        parts = []
-        k = int(np.searchsorted(starts, lo, side="right")) - 1
-        while lo < hi:
-            arr = self._shard(epoch, k)
-            a = lo - int(starts[k])
-            take = min(hi - lo, len(arr) - a)
-            parts.append(arr[a:a + take])
-            lo += take
-            k += 1
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+    def _groups(self, epoch: int, pos: np.ndarray) -> list[list]:
+        """Stream positions grouped by shard: ``[k (in the epoch's order), indices into pos, rows
+        inside that shard, result getter or None]`` per shard touched."""
+        _, starts = self.epoch_order(epoch)
+        k = np.searchsorted(starts, pos, side="right") - 1
+        by_shard = np.argsort(k, kind="stable")
+        ks, first = np.unique(k[by_shard], return_index=True)
+        return [[int(kk), sel, pos[sel] - int(starts[kk]), None]
+                for kk, sel in zip(ks.tolist(), np.split(by_shard, first[1:]))]
 
-    def _shard(self, epoch: int, k: int) -> np.ndarray:
-        """Array of the ``k``-th shard in ``epoch``'s order; a skipped corrupt shard is replaced by the
+    def _collect(self, epoch: int, groups: list[list]) -> np.ndarray:
+        """The samples of ``groups`` as one ``[n, seq+1]`` array in the order of their positions."""
+        n = sum(len(g[1]) for g in groups)
+        parts = [(sel, self._shard_rows(epoch, k, rows, got)) for k, sel, rows, got in groups]
+        dtype = np.result_type(*(p.dtype for _, p in parts)) if parts else np.int64
+        out = np.empty((n, self.checks.seq_length + 1), dtype=dtype)
+        for sel, p in parts:
+            out[sel] = p
+        return out
+
+    def _shard_rows(self, epoch: int, k: int, rows: np.ndarray, got=None) -> np.ndarray:
+        """Rows of the ``k``-th shard in ``epoch``'s order; a skipped corrupt shard is replaced by the
         next healthy shard of the order (rows taken modulo its length), so counts and batches stay
         identical on every rank."""
         order, _ = self.epoch_order(epoch)
         n = len(order)
-        want = int(self.counts[order[k]])
         for step in range(n):
             idx = int(order[(k + step) % n])
             if idx in self.bad:
                 continue
             try:
-                arr = self._load(idx)
+                if step == 0:
+                    return self._read(idx, rows, got)
+                return self._read(idx, rows % int(self.counts[idx]))
             except _CorruptShard as e:
                 self.bad.add(idx)
                 self._skip_or_raise(e)
-                continue
-            return arr if step == 0 else arr[np.arange(want) % len(arr)]
         raise DataError(self.name, "no readable shards left (all corrupt)")
+
+    def _read(self, idx: int, rows: np.ndarray, got=None) -> np.ndarray:
+        """Rows of shard ``idx``: a partial read (its prefetched result when ``got`` is given), or
+        rows of the whole decoded shard."""
+        if not self.partial or idx in self.whole:
+            return self._load(idx)[rows]
+        if got is None:
+            self.shards_read += 1
+            self.rows_read += len(rows)
+            res = read_rows(self.specs[idx], self.checks, rows)
+        else:
+            res = got()
+        if isinstance(res, Exception):
+            raise res
+        arr, whole = res
+        if whole:
+            self._read_whole_from_now(idx)
+        return arr
+
+    def _read_whole_from_now(self, idx: int) -> None:
+        """Shard ``idx`` is not in the regular layout: read it whole (and cached) from now on."""
+        if not self.whole:
+            log.info("%s: %s is not in the layout this pipeline writes (older or foreign shard): every rank "
+                     "reads such shards whole", self.name, self.specs[idx].url)
+        self.whole.add(idx)
+        self.rows_read += int(self.counts[idx])
+
+    def _submit_rows(self, epoch: int, groups: list[list]) -> None:
+        """Partial mode with workers: hand the groups' reads to the workers, split into one task per
+        worker (a task per shard would cost more in pickling than the reads themselves)."""
+        if not self.partial or self.pool is None:
+            return
+        order, _ = self.epoch_order(epoch)
+        todo = [g for g in groups if int(order[g[0]]) not in self.bad | self.whole]
+        for chunk in np.array_split(np.arange(len(todo)), min(self.workers, len(todo)) or 1):
+            if not len(chunk):
+                continue
+            jobs = [(self.specs[int(order[todo[i][0]])], todo[i][2]) for i in chunk.tolist()]
+            fut = self.pool.submit(read_rows_many, jobs, self.checks)
+            self.shards_read += len(jobs)
+            self.rows_read += sum(len(r) for _, r in jobs)
+            for j, i in enumerate(chunk.tolist()):
+                todo[i][3] = functools.partial(_result_at, fut, j)
+
+    def _prefetch_after(self, epoch: int, block: int) -> None:
+        """Queue the reads of what comes after ``block`` so workers overlap them with training:
+        the next block's own samples (partial mode), else the next shards."""
+        if self.pool is None:
+            return
+        start, length = self._block_span(block)
+        if not self.partial:
+            self._schedule_prefetch(epoch, start + length)
+            return
+        nxt = (epoch, block + 1) if start + length < self.num_samples else (epoch + 1, 0)
+        if nxt in self._pending or nxt in self._blocks:
+            return
+        groups = self._groups(nxt[0], self._stream_positions(*nxt, self._own_offsets(*nxt)))
+        self._submit_rows(nxt[0], groups)
+        self._pending[nxt] = groups
+        while len(self._pending) > 2:
+            self._pending.popitem(last=False)
 
     def _load(self, idx: int) -> np.ndarray:
         """Decoded shard ``idx``, from the prefetch/cache table or read now."""
@@ -392,6 +605,7 @@ class _Dataset:
     def _submit(self, idx: int) -> Future:
         """Start reading shard ``idx`` (in a worker process when there are workers, else right now)."""
         self.shards_read += 1
+        self.rows_read += int(self.counts[idx])
         if self.pool is not None:
             fut = self.pool.submit(read_shard, self.specs[idx], self.checks)
         else:
@@ -455,6 +669,7 @@ class _Mixture:
         self.counts = np.array([c // g for c in counts], dtype=np.int64)
         self.period = int(self.counts.sum())
         self.pattern, self.rank_in_period = self._layout(self.counts)
+        self.slots = [np.flatnonzero(self.pattern == d) for d in range(len(self.counts))]
         self.datasets = datasets
 
     @staticmethod
@@ -472,6 +687,11 @@ class _Mixture:
             pattern[t], rank[t] = d, seen[d]
             seen[d] += 1
         return pattern, rank
+
+    def global_index(self, d: int, k: np.ndarray) -> np.ndarray:
+        """Mixture index of dataset ``d``'s own index ``k`` (the inverse of :meth:`rows`' mapping)."""
+        n = int(self.counts[d])
+        return (k // n) * self.period + self.slots[d][k % n]
 
     def rows(self, gidx: np.ndarray) -> np.ndarray:
         """Samples at mixture indices ``gidx``, each fetched from its dataset's own deterministic order."""
@@ -493,6 +713,10 @@ class _Concat:
         self.datasets = datasets
         self.starts = np.cumsum([0] + [d.num_samples for d in datasets])
 
+    def global_index(self, d: int, k: np.ndarray) -> np.ndarray:
+        """Concatenated index of dataset ``d``'s own index ``k``."""
+        return k + int(self.starts[d])
+
     def rows(self, gidx: np.ndarray) -> np.ndarray:
         """Samples at concatenated indices (wrapping around after the last dataset)."""
         gidx = np.asarray(gidx, dtype=np.int64) % int(self.starts[-1])
@@ -502,6 +726,17 @@ class _Concat:
             sel = which == d
             out[sel] = self.datasets[d].rows(gidx[sel] - self.starts[d])
         return out
+
+
+def _rank_slice_mask(g: np.ndarray, *, period: int, width: int, rank: int, end: int | None) -> np.ndarray:
+    """Indices in slot ``rank`` of width ``width`` of every ``period`` (and before ``end``)."""
+    mask = (g % period) // width == rank
+    return mask if end is None else mask & (g < end)
+
+
+def _mask_of_local(mine, global_index, d: int, k: np.ndarray) -> np.ndarray:
+    """``mine`` applied to dataset ``d``'s own indices ``k`` (through the mixture/concat mapping)."""
+    return mine(global_index(d, k))
 
 
 # =========================================================================== the loader
@@ -521,7 +756,7 @@ class StreamingLoader:
                  dp_rank: int, dp_size: int, seed: int, split: str = "train", num_workers: int = 0,
                  tokenizer_sha256: str | None = None, vocab_size: int | None = None, on_corrupt: str = "error",
                  shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, url_template: str | None = None,
-                 with_index: bool = False, progress: bool = False):
+                 with_index: bool = False, progress: bool = False, partial_reads: bool | None = None):
         self._check_args(micro_batch_size, global_batch_size, dp_rank, dp_size, split, on_corrupt, num_workers)
         self.seq_length, self.micro_batch_size, self.global_batch_size = seq_length, micro_batch_size, global_batch_size
         self.dp_rank, self.dp_size, self.seed, self.split = dp_rank, dp_size, int(seed), split
@@ -535,11 +770,13 @@ class StreamingLoader:
             _Dataset(*_resolve_source(src, seq_length=seq_length, tokenizer_sha256=tokenizer_sha256,
                                       vocab_size=vocab_size, split=split, url_template=url_template),
                      seed=self.seed, stream_id=i, shuffle=(split == "train"), shuffle_buffer=shuffle_buffer,
-                     on_corrupt=on_corrupt, pool=self._pool, prefetch=max(1, num_workers), progress=progress)
+                     on_corrupt=on_corrupt, pool=self._pool, prefetch=max(1, num_workers), workers=num_workers,
+                     progress=progress)
             for i, (src, _) in enumerate(sources)
         ]
         self.weights = [w for _, w in sources]
         self._source = self._make_source()
+        self._restrict_reads(dp_size > 1 if partial_reads is None else bool(partial_reads))
         self._batch_start = 0   # global index where the current global batch begins
         self._micro_done = 0    # micro-batches of the current global batch this rank has yielded
 
@@ -551,6 +788,31 @@ class StreamingLoader:
         if self.split == "val":
             return _Concat(self.datasets)
         return _Mixture(self.datasets, self.weights)
+
+    def _restrict_reads(self, partial: bool) -> None:
+        """Tell each dataset which of its samples this rank yields, so it reads only those: by
+        positioned reads of just those samples (``partial``, local shards), else from whole shards.
+
+        Partial reads default to ``dp_size > 1``: one rank needs every sample anyway, and reading
+        shards whole keeps their sha256 check (a partial read cannot hash the whole shard)."""
+        mine = self._rank_mask() if self.dp_size > 1 else None
+        for d, ds in enumerate(self.datasets):
+            if mine is not None:
+                ds.wanted = mine if len(self.datasets) == 1 else \
+                    functools.partial(_mask_of_local, mine, self._source.global_index, d)
+            ds.partial = partial and all(s.local_path is not None for s in ds.specs)
+            if partial and not ds.partial:
+                log.info("%s: shards are not local files (pipe or remote URLs): every rank reads them whole",
+                         ds.name)
+
+    def _rank_mask(self):
+        """``mask(g)``: which global indices ``g`` this rank yields (see the iterators below)."""
+        if self.split == "train":
+            return functools.partial(_rank_slice_mask, period=self.global_batch_size,
+                                     width=self.global_batch_size // self.dp_size, rank=self.dp_rank, end=None)
+        step = self.micro_batch_size * self.dp_size
+        return functools.partial(_rank_slice_mask, period=step, width=self.micro_batch_size, rank=self.dp_rank,
+                                 end=len(self) * step)
 
     # ---------------------------------------------------------------- argument checks
     @staticmethod
@@ -594,6 +856,11 @@ class StreamingLoader:
     def shards_read(self) -> int:
         """Shard reads started so far (a resume test checks consumed shards are not read again)."""
         return sum(d.shards_read for d in self.datasets)
+
+    @property
+    def rows_read(self) -> int:
+        """Samples read and decoded so far (whole shards count all theirs): the per-rank decode work."""
+        return sum(d.rows_read for d in self.datasets)
 
     @property
     def samples_per_epoch(self) -> int:
@@ -684,6 +951,7 @@ class StreamingLoader:
             d.seed = seed
             d._orders.clear()
             d._blocks.clear()
+            d._pending.clear()
 
     def close(self) -> None:
         """Stop the worker processes (pending prefetches are abandoned)."""

@@ -95,15 +95,17 @@ def test_resume_reads_no_consumed_shard(tmp_path, monkeypatch):
     counts = [16] * 10
     make_dataset(tmp_path / "ds", counts)
     opened = []
-    real = loader_mod._fetch_bytes
+    real, real_local = loader_mod._fetch_bytes, loader_mod._open_local
     monkeypatch.setattr(loader_mod, "_fetch_bytes", lambda url: opened.append(url) or real(url))
+    monkeypatch.setattr(loader_mod, "_open_local", lambda path: opened.append(str(path)) or real_local(path))
     make = functools.partial(loader, tmp_path / "ds", shuffle_buffer=16)
     straight, _ = run_global(make, 1, 20)  # 160 samples = 1 epoch
     late_state = {"seed": 3, "consumed_samples": 144, "global_batch_size": 8, "version": 1}
-    opened.clear()
-    rest, _ = run_global(make, 2, 2, state=late_state)
-    assert rest == straight[144:160]
-    assert len(set(opened)) <= 2  # only the shard(s) of the current shuffle block
+    for partial in (True, False):  # dp 2 reads its own samples by positioned reads, or whole shards
+        opened.clear()
+        rest, _ = run_global(functools.partial(make, partial_reads=partial), 2, 2, state=late_state)
+        assert rest == straight[144:160]
+        assert 1 <= len(set(opened)) <= 2  # only the shard(s) of the current shuffle block
 
 
 def test_resume_cost_does_not_grow_with_position(tmp_path, monkeypatch):
