@@ -57,10 +57,11 @@ def store_rows(full: dict, rows: dict, c0: int, c1: int, n: int) -> None:
         full[key][:, :, c0:c1] = val
 
 
-def row_algebra(call: Call, c0: int, c1: int, L: int, x: dict):
+def row_algebra(call: Call, c0: int, c1: int, L: int, x: dict, saved: dict | None = None):
     """Per-row algebra of one chunk ([b, np, C]-sized tensors only): the folded query parts
     [(key operand name, [B, C, e] already / tau_score)], the Separation row factor
-    omega_s s_i / tau (or None) and the row statistics."""
+    omega_s s_i / tau (or None) and the row statistics. saved: filled with the intermediates
+    that fast_row_grads.row_algebra_backward reads."""
     hp = call.hp
     b, nh, C, _ = x["q"].shape
     B = b * nh
@@ -68,15 +69,22 @@ def row_algebra(call: Call, c0: int, c1: int, L: int, x: dict):
     tau = x["tau"].view(1, -1, 1, 1)
     omega, lambdas = x["omega"], x["lambdas"]
     rows = {}
+    keep = saved is not None
     parts = [("k3", x["q"] / (math.sqrt(call.hd) * tau))]
     if hp.use_align:
-        uq, spread = heading_from_sums(x["ktot"], x["ksq"], x["nweight"].sum(-1), hp)
+        nsum = x["nweight"].sum(-1)
+        uq, spread = heading_from_sums(x["ktot"], x["ksq"], nsum, hp)
         gate_a = torch.sigmoid(-hp.alpha_align * spread)
         g = lambdas[:, ALIGN].view(1, -1, 1) * gate_a
-        mean, var = row_moments_chunk(hp.causal, uq, x["align_state"], x["khat"], c0, x["s0"])
-        s = row_scale(g, safe_sqrt(var * count / denom), hp)
+        ms = {} if keep else None
+        mean, var = row_moments_chunk(hp.causal, uq, x["align_state"], x["khat"], c0, x["s0"], saved=ms)
+        v = var * count / denom
+        sig = safe_sqrt(v)
+        s = row_scale(g, sig, hp)
         rows["u"], rows["gate_align"], rows["align_mean"], rows["align_scale"] = uq, gate_a, mean, s
         parts.append(("khat3", omega[:, ALIGN].view(1, -1, 1, 1) * s[..., None] * uq / tau))
+        if keep:
+            saved["align"] = dict(nsum=nsum, uq=uq, gate=gate_a, g=g, moments=ms, v=v, sig=sig, s=s)
     if hp.use_coh:
         sz, a = x["s_z"], x["a"]
         mom = x["mom"]  # [s sum w z, sum w, -a sum w |z|^2]
@@ -88,18 +96,30 @@ def row_algebra(call: Call, c0: int, c1: int, L: int, x: dict):
         g = lambdas[:, COH].view(1, -1, 1) * gate / hp.tau_coh
         # y_i . Zr_j = c_i . z_j - |z_j|^2 / 2 =: p_ij, and r_coh_ij = 2 p_ij - |c_i|^2
         y = torch.cat([c / sz, torch.zeros_like(c[..., :1]), torch.full_like(c[..., :1], 0.5 / a)], -1)
-        mean_p, var_p = row_moments_chunk(hp.causal, y, x["coh_state"], x["Zr"], c0, x["s0"])
-        s = row_scale(g, safe_sqrt(4 * var_p * count / denom), hp)
+        ms = {} if keep else None
+        mean_p, var_p = row_moments_chunk(hp.causal, y, x["coh_state"], x["Zr"], c0, x["s0"], saved=ms)
+        v = 4 * var_p * count / denom
+        sig = safe_sqrt(v)
+        s = row_scale(g, sig, hp)
         rows["centroid"], rows["gate_coh"], rows["coh_mean"], rows["coh_scale"] = c, gate, 2 * mean_p - c2, s
         parts.append(("Zr", omega[:, COH].view(1, -1, 1, 1) * 2 * s[..., None] * y / tau))
+        if keep:
+            saved["coh"] = dict(mass=mass, c=c, ez2=ez2, c2=c2, gate=gate, g=g, y=y, moments=ms, v=v, sig=sig, s=s)
     factor = None
     if call.use_sep:
-        eta = torch.clamp(x["rho"] / x["kappa"].view(1, -1, 1), max=1.0)
-        s = row_scale(-lambdas[:, SEP].view(1, -1, 1) * eta, safe_sqrt(x["var"]), hp)
+        ratio = x["rho"] / x["kappa"].view(1, -1, 1)
+        eta = torch.clamp(ratio, max=1.0)
+        sig = safe_sqrt(x["var"])
+        g = -lambdas[:, SEP].view(1, -1, 1) * eta
+        s = row_scale(g, sig, hp)
         rows["rho"], rows["eta"], rows["sep_mean"], rows["sep_scale"] = x["rho"], eta, x["mu"], s
         factor = omega[:, SEP].view(1, -1, 1) * s / tau[..., 0]
+        if keep:
+            saved["sep"] = dict(ratio=ratio, eta=eta, sig=sig, g=g, s=s, factor=factor)
+    if keep:
+        saved["parts"] = dict(parts)
+        saved["count"], saved["denom"] = count, denom
     return [(key, p.reshape(B, C, -1)) for key, p in parts], factor, rows  # [b, np, C, e] -> [B, C, e]
-
 
 
 def grad_sinks(t: dict) -> dict:
