@@ -22,6 +22,28 @@ def moment_state_index(c0: int, causal: bool) -> tuple[int, int]:
     return si, (si * MOMENT_STRIDE if causal else c0)
 
 
+def chunk_groups(chunks: list[tuple[int, int]], causal: bool, n: int) -> list[tuple[int, int, list]]:
+    """Consecutive query chunks grouped (g0, g1, chunks) so that the per-row work that reads no
+    tile (the Alignment block) runs once per group instead of once per chunk. Causal: chunks
+    starting in one moment stride (they read the same state), while the group's [G, g1 - s0]
+    moment tile stays within one chunk's [C, n] score tile; bidirectional: at most
+    MOMENT_STRIDE rows (or one chunk)."""
+    groups: list[tuple[int, int, list]] = []
+    for c0, c1 in chunks:
+        if groups:
+            g0, _, members = groups[-1]
+            s0 = g0 // MOMENT_STRIDE * MOMENT_STRIDE
+            if causal:
+                fits = c0 // MOMENT_STRIDE == g0 // MOMENT_STRIDE and (c1 - g0) * (c1 - s0) <= (c1 - c0) * n
+            else:
+                fits = c1 - g0 <= MOMENT_STRIDE
+            if fits:
+                groups[-1] = (g0, c1, members + [(c0, c1)])
+                continue
+        groups.append((c0, c1, [(c0, c1)]))
+    return groups
+
+
 def moment_states(y3: torch.Tensor, causal: bool, starts: list[int]) -> list[tuple]:
     """Moment states of the keys y3 [B, s, e] for row_moments_chunk.
 

@@ -69,16 +69,12 @@ def row_algebra_backward(call: Call, c0: int, c1: int, x: dict, saved: dict, row
     b, nh, C, hd = x["q"].shape
     tau = x["tau"]
     acc = _Grads(x)
-
-    def d(name):
-        g = d_rows.get(name)
-        return g[:, :, c0:c1] if g is not None and name in rows else None
-
+    d = _row_grad_getter(d_rows, rows, c0, c1)
     G0 = g_parts["k3"].view(b, nh, C, hd)  # [B, C, hd] -> [b, np, C, hd]
     acc.gx["q"] = G0 / (math.sqrt(call.hd) * tau.view(1, -1, 1, 1))
     acc.part(G0, saved["parts"]["k3"], tau)
-    if call.hp.use_align:
-        _align_backward(call, x, saved, g_parts["khat3"].view(b, nh, C, hd), d, acc)
+    if "align" in saved:
+        _align_backward(call, x, saved["align"], g_parts["khat3"].view(b, nh, C, hd), d, acc)
     if call.hp.use_coh:
         _coh_backward(call, x, saved, g_parts["Zr"].view(b, nh, C, -1), d, d_centroid, acc)
     if call.use_sep:
@@ -87,24 +83,44 @@ def row_algebra_backward(call: Call, c0: int, c1: int, x: dict, saved: dict, row
     return acc.gx
 
 
+def align_backward(call: Call, c0: int, c1: int, x: dict, saved: dict, rows: dict, G, d_rows: dict) -> dict:
+    """Gradients of the Alignment block's leaves (ktot, ksq, khat, its moment state, omega,
+    lambdas, tau) for rows [c0, c1) (fast_rows.align_rows with ``saved``), from the gradient G
+    [b, np, C, hd] of its folded part and d_rows of its row statistics (rows: their names)."""
+    acc = _Grads(x)
+    _align_backward(call, x, saved, G, _row_grad_getter(d_rows, rows, c0, c1), acc)
+    acc.gx.update(omega=acc.omega, lambdas=acc.lambdas, tau=acc.tau)
+    return acc.gx
+
+
+def _row_grad_getter(d_rows: dict, rows: dict, c0: int, c1: int):
+    """name -> the gradient of row statistic name on rows [c0, c1), or None."""
+
+    def d(name):
+        g = d_rows.get(name)
+        return g[:, :, c0:c1] if g is not None and name in rows else None
+
+    return d
+
+
 def _add(a, b):
     return a if b is None else a + b
 
 
-def _align_backward(call: Call, x: dict, saved: dict, G, d, acc: _Grads) -> None:
+def _align_backward(call: Call, x: dict, sv: dict, G, d, acc: _Grads) -> None:
     """Alignment: part omega_a s u / tau, s = row_scale(lambda_a gate(spread), sigma(u)), u the
     normalised neighbour sum ktot, spread from ktot and ksq."""
-    hp, sv = call.hp, saved["align"]
+    hp = call.hp
     tau3 = x["tau"].view(1, -1, 1)
     om = x["omega"][:, ALIGN].view(1, -1, 1)
     uq, s = sv["uq"], sv["s"]
     Gu = (G * uq).sum(-1)
-    acc.part(G, saved["parts"]["khat3"], x["tau"])
+    acc.part(G, sv["part"], x["tau"])
     acc.omega[:, ALIGN] += _per_head(s * Gu / tau3)
     g_s = _add(om * Gu / tau3, d("align_scale"))
     g_uq = _add(G * (om * s / tau3)[..., None], d("u"))
     g_g, g_sig = row_scale_backward(sv["g"], sv["sig"], hp, g_s)
-    g_var = safe_sqrt_backward(sv["v"], sv["sig"], g_sig) * saved["count"] / saved["denom"]
+    g_var = safe_sqrt_backward(sv["v"], sv["sig"], g_sig) * sv["count"] / sv["denom"]
     g_x, g_khat, g_state = row_moments_backward(sv["moments"], d("align_mean"), g_var)
     g_uq = g_uq + g_x
     gate = sv["gate"]
