@@ -34,7 +34,7 @@ def chunk_groups(chunks: list[tuple[int, int]], causal: bool, n: int) -> list[tu
             g0, _, members = groups[-1]
             s0 = g0 // MOMENT_STRIDE * MOMENT_STRIDE
             if causal:
-                fits = c0 // MOMENT_STRIDE == g0 // MOMENT_STRIDE and (c1 - g0) * (c1 - s0) <= (c1 - c0) * n
+                fits = c0 // MOMENT_STRIDE == g0 // MOMENT_STRIDE and 4 * (c1 - g0) * (c1 - s0) <= (c1 - c0) * n
             else:
                 fits = c1 - g0 <= MOMENT_STRIDE
             if fits:
