@@ -250,3 +250,36 @@ def test_grad_comparison_helper_on_the_fast_path():
     """The forward + every-gradient comparison helper, exercised on CPU with the fast path."""
     hp = base_hp(causal=True, window=4, num_global=1)
     _compare_forward_and_grads(fast_attention, "cpu", hp, n=33, out_tol=1e-5, grad_tol=1e-5)
+
+
+@pytest.mark.parametrize("stride", [256, 16])
+@pytest.mark.parametrize("case", ["causal_full_n37", "causal_window_n37", "aux_causal", "bidir_full_n37"])
+def test_fast_matches_reference_with_multi_chunk_groups(monkeypatch, case, stride):
+    """The Alignment rows run once per group of chunks (fast_moments.chunk_groups); in these
+    short cases the causal tile cap leaves one chunk per group, so lift the cap: groups of all
+    chunks of one moment stride (stride 16: two chunks of 8 rows, several states)."""
+    from ascender_dist.models.ascender import fast_moments, fast_tiles
+
+    monkeypatch.setattr(fast_moments, "MOMENT_STRIDE", stride)
+    groups = fast_moments.chunk_groups
+    monkeypatch.setattr(fast_tiles, "chunk_groups", lambda chunks, causal, n: groups(chunks, causal, 10**9))
+    compare(case, F64, rtol=1e-9, atol=1e-10)
+
+
+def test_chunk_groups_partition_the_chunks_within_one_moment_stride():
+    from ascender_dist.models.ascender.fast_moments import MOMENT_STRIDE, chunk_groups
+
+    for n, rows in ((2048, 64), (8192, 16), (1000, 43), (256, 16)):
+        chunks = [(c0, min(c0 + rows, n)) for c0 in range(0, n, rows)]
+        for causal in (True, False):
+            groups = chunk_groups(chunks, causal, n)
+            assert [c for _, _, members in groups for c in members] == chunks
+            for g0, g1, members in groups:
+                assert (members[0][0], members[-1][1]) == (g0, g1)
+                if causal:  # one moment state; the [G, g1 - s0] moment tile within a quarter of a score tile
+                    assert len({c0 // MOMENT_STRIDE for c0, _ in members}) == 1
+                    if len(members) > 1:
+                        assert 4 * (g1 - g0) * (g1 - g0 // MOMENT_STRIDE * MOMENT_STRIDE) <= rows * n
+                else:
+                    assert len(members) == 1 or g1 - g0 <= MOMENT_STRIDE
+            assert any(len(m) > 1 for _, _, m in groups) or n == 256

@@ -15,7 +15,8 @@ import torch
 
 from .common import count_denom, swap_last_two
 from .fast_grads import input_grads
-from .fast_rows import grad_sinks, row_algebra, row_inputs, rows_backward, store_rows
+from .fast_row_grads import align_backward, row_algebra_backward
+from .fast_rows import align_rows, grad_sinks, row_algebra, row_inputs, scatter_row_grads, store_rows
 from .fast_tiles import Call, Spec, alibi_tile, fold_scores, kernel_tiles, moved_stats, operands
 
 
@@ -27,7 +28,7 @@ def _all_operands(call: Call, q, k, v, z, h, omega, lambdas, delta, kappa, tau, 
 
 
 def _forward_chunk(call: Call, c0: int, c1: int, t: dict, out_aug, row_out: dict, stats_full: dict,
-                   moved: dict) -> None:  # fmt: skip
+                   moved: dict, align) -> None:  # fmt: skip
     """Rows [c0, c1): tiles, per-row algebra, softmax and output, written into the full-length
     out_aug [b, np, s, ve], row outputs and statistics (per-chunk pieces kept until one cat at
     the end would double them and fragment the heap at long s)."""
@@ -37,8 +38,8 @@ def _forward_chunk(call: Call, c0: int, c1: int, t: dict, out_aug, row_out: dict
     L = c1 if hp.causal else n
     C = c1 - c0
     stats, tiles = kernel_tiles(call, c0, c1, L, t, keep=call.want_lsep)
-    x = row_inputs(call, c0, c1, t, stats, leaf=False)
-    parts, factor, rows = row_algebra(call, c0, c1, L, x)
+    x = row_inputs(call, c0, c1, t, stats, leaf=False, align=align is None)
+    parts, factor, rows = row_algebra(call, c0, c1, L, x, align=align)
     dev = tiles.get("dev")
     if call.with_stats:
         for key, val in moved_stats(call, c0, c1, L, t, rows, factor, dev).items():
@@ -88,13 +89,13 @@ def _output_grad(call: Call, c0: int, c1: int, out_aug, d_out, g_lcoh, rows: dic
     return dO.view(b * nh, c1 - c0, -1), d_c  # [b, np, C, ve] -> [B, C, ve]
 
 
-def _softmax_backward(call: Call, c0: int, c1: int, L: int, t: dict, parts_det, f_det, tiles: dict, dO3,
+def _softmax_backward(call: Call, c0: int, c1: int, L: int, t: dict, parts, factor, tiles: dict, dO3,
                       g_lsep, gv3):  # fmt: skip
     """Rebuild the score tile, add P^T dO into the value buffer and return (dS, P, gl): dS the
     score gradient [B, C, L]; P only when L_sep needs it again (else None, one tile less); gl the
     L_sep row gradient [B, C] (or None)."""
     B, C = dO3.shape[:2]
-    S = fold_scores(call, c0, c1, L, t, parts_det, f_det, tiles.get("dev"), keep_dev=True)
+    S = fold_scores(call, c0, c1, L, t, parts, factor, tiles.get("dev"), keep_dev=True)
     P = torch.softmax(S, -1)
     del S
     dP = torch.bmm(dO3, t["v_aug3"][:, :L].transpose(1, 2))
@@ -111,34 +112,31 @@ def _softmax_backward(call: Call, c0: int, c1: int, L: int, t: dict, parts_det, 
     return dS, (P if gl is not None else None), gl
 
 
-def _fold_grads(call: Call, c0: int, c1: int, L: int, t: dict, parts, parts_det, factor, dev, dS, acc: dict):
+def _fold_grads(call: Call, c0: int, c1: int, L: int, t: dict, parts, factor, dev, dS, acc: dict):
     """Gradients through the folded score GEMMs: the key-side operands' buffers and ALiBi's tau
-    in place; returns (outs, gouts), the query-side parts and row factor with their gradients,
-    for the per-row backward."""
-    outs, gouts = [], []
-    for (key, qp), (_, qd) in zip(parts, parts_det):
-        outs.append(qp)
-        gouts.append(torch.bmm(dS, t[key][:, :L]))
+    in place; returns (g_parts {operand name: [B, C, e]}, g_factor [B, C] or None), the
+    gradients of the query-side parts and of the Separation row factor."""
+    g_parts = {}
+    for key, qp in parts:
+        g_parts[key] = torch.bmm(dS, t[key][:, :L])
         # key side; Zr's gradient is kept in the left layout (see fast_tiles)
-        acc["gbuf"][key][:, :L].baddbmm_(dS.transpose(1, 2), swap_last_two(qd) if key == "Zr" else qd)
+        acc["gbuf"][key][:, :L].baddbmm_(dS.transpose(1, 2), swap_last_two(qp) if key == "Zr" else qp)
     if call.hp.other_bias == "alibi":
         B = dS.shape[0]
         alibi = alibi_tile(c0, c1, L, dS.dtype, dS.device)
         acc["g_tau_alibi"] += torch.linalg.vecdot(dS.view(B, -1), alibi.reshape(1, -1).expand(B, -1))
-    if factor is not None:
-        outs.append(factor)
-        gouts.append(torch.linalg.vecdot(dS, dev).view(factor.shape))  # [B, C] -> [b, np, C]
-    return outs, gouts
+    g_factor = torch.linalg.vecdot(dS, dev) if factor is not None else None
+    return g_parts, g_factor
 
 
-def _separation_dphi(call: Call, c0: int, c1: int, L: int, dS, f_det, dev, gx: dict, P, gl):
+def _separation_dphi(call: Call, c0: int, c1: int, L: int, dS, factor, dev, gx: dict, P, gl):
     """dL/dphi [B, C, L], in place into dS: dL/d dev = f dS (+ 2 g_var dev / denom); through
     mu = mean_j phi_ij the correction is (g_mu - sum_j dL/d dev_ij) / count with sum_j dS_ij = 0
     and sum_j dev_ij = 0 (softmax rows, centred rows): g_mu / count. Invisible entries need no
     mask: w_sep = 0 there, so they reach neither dw * w nor da."""
     B, C = dS.shape[:2]
     count, denom = count_denom(c0, c1, L, call.hp, dS.dtype, dS.device)
-    dphi = dS.mul_(f_det.reshape(B, C, 1))  # f: [b, np, C] -> [B, C, 1]
+    dphi = dS.mul_(factor.reshape(B, C, 1))  # f: [b, np, C] -> [B, C, 1]
     gvar = gx.get("var")
     if gvar is not None:
         dphi.addcmul_(dev, (2 * gvar.reshape(B, C) / denom)[..., None])
@@ -204,44 +202,75 @@ def _kernel_backward(call: Call, c0: int, c1: int, L: int, t: dict, tiles: dict,
         gmom3 = gmom.reshape(Zr.shape[0], C, -1)  # [b, np, C, e] -> [B, C, e]
         gZ[:, :L].baddbmm_(tiles["w_coh"].transpose(1, 2), swap_last_two(gmom3))
     dx = _distance_grad(call, L, t, tiles, dw, g_mass, gmom3)
-    dx.masked_fill_(tiles["clamped"], 0.0)
+    if tiles["clamped"] is not None:
+        dx.masked_fill_(tiles["clamped"], 0.0)
     dx[:, :, c0:c1].diagonal(dim1=1, dim2=2).fill_(0.0)
     gZ[:, c0:c1].baddbmm_(dx, Zr[:, :L])
     gZ[:, :L].baddbmm_(dx.transpose(1, 2), Zr[:, c0:c1])
 
 
 def _backward_chunk(call: Call, c0: int, c1: int, t: dict, stats_full: dict, out_aug, d_out, d_rows: dict,
-                    acc: dict) -> None:  # fmt: skip
-    """Rows [c0, c1): rebuild the tiles and the per-row algebra (under autograd), then
-    back-propagate through output, softmax, folded GEMMs, row algebra, Separation and kernels,
+                    acc: dict, align, g_align) -> None:  # fmt: skip
+    """Rows [c0, c1): rebuild the tiles and the per-row algebra, then back-propagate through
+    output, softmax, folded GEMMs, row algebra (closed form, fast_row_grads), Separation and kernels,
     accumulating into acc (_grad_buffers). Every tile is dropped on return."""
     hp = call.hp
     L = c1 if hp.causal else t["q"].shape[2]
     stats = {k_: v_[:, :, c0:c1] for k_, v_ in stats_full.items()}
     fresh, tiles = kernel_tiles(call, c0, c1, L, t, keep=True, saved=stats)
     stats.update(fresh)
-    with torch.enable_grad():
-        x = row_inputs(call, c0, c1, t, stats, leaf=True)
-        parts, factor, rows = row_algebra(call, c0, c1, L, x)
+    x = row_inputs(call, c0, c1, t, stats, leaf=False, align=align is None)
+    saved = {}
+    parts, factor, rows = row_algebra(call, c0, c1, L, x, saved=saved, align=align)
     dev = tiles.get("dev")
     dO3, d_c = _output_grad(call, c0, c1, out_aug, d_out, d_rows.get("lcoh"), rows)
-    f_det = factor.detach() if factor is not None else None
-    parts_det = [(key, p.detach()) for key, p in parts]
-    dS, P, gl = _softmax_backward(call, c0, c1, L, t, parts_det, f_det, tiles, dO3, d_rows.get("lsep"), acc["gv3"])
-    outs, gouts = _fold_grads(call, c0, c1, L, t, parts, parts_det, factor, dev, dS, acc)
-    if d_c is not None:
-        outs.append(rows["centroid"])
-        gouts.append(d_c)
-    sinks = (acc["gbuf"], acc["gq"], acc["g_small"], acc["g_states"])
-    gx = rows_backward(c0, c1, x, rows, outs, gouts, d_rows, sinks)
+    dS, P, gl = _softmax_backward(call, c0, c1, L, t, parts, factor, tiles, dO3, d_rows.get("lsep"), acc["gv3"])
+    g_parts, g_factor = _fold_grads(call, c0, c1, L, t, parts, factor, dev, dS, acc)
+    if g_align is not None:  # the Alignment block's backward runs once per group (_backward_group)
+        g_align.copy_(g_parts.pop("khat3").view(g_align.shape))  # [B, C, hd] -> [b, np, C, hd]
+    gx = row_algebra_backward(call, c0, c1, x, saved, rows, g_parts, g_factor, d_rows, d_c)
+    scatter_row_grads(c0, c1, x, gx, acc["gbuf"], acc["gq"], acc["g_small"], acc["g_states"])
     if not (call.use_sep or hp.use_coh):
         return
     g_mass, dw = 0, None
     if call.use_sep:
-        dphi = _separation_dphi(call, c0, c1, L, dS, f_det, dev, gx, P, gl)
+        dphi = _separation_dphi(call, c0, c1, L, dS, factor, dev, gx, P, gl)
         dw, g_mass = _separation_backward(c0, c1, L, t, tiles, dphi, gx, acc["gbuf"])
     P = dS = dphi = None
     _kernel_backward(call, c0, c1, L, t, tiles, dw, g_mass, gx, acc["gbuf"])
+
+
+def _align_group(call: Call, g0: int, g1: int, t: dict, saved: dict | None):
+    """The Alignment block of rows [g0, g1) (a group of chunks, fast_moments.chunk_groups):
+    (its inputs x, its part [b, np, G, hd], its row statistics)."""
+    L = g1 if call.hp.causal else t["q"].shape[2]
+    x = row_inputs(call, g0, g1, t, {}, leaf=False)
+    part, rows = align_rows(call, g0, g1, L, x, saved)
+    return x, part, rows
+
+
+def _sliced(group: tuple, r0: int, r1: int) -> tuple:
+    """(part, rows) of a group restricted to its rows [r0, r1) (views)."""
+    part, rows = group
+    return part[:, :, r0:r1], {k_: v_[:, :, r0:r1] for k_, v_ in rows.items()}
+
+
+def _backward_group(call: Call, g0: int, g1: int, chunks: list, t: dict, stats_full: dict, out_aug, d_out,
+                    d_rows: dict, acc: dict) -> None:  # fmt: skip
+    """The chunks of one group, then the backward of the group's Alignment block from the
+    gradient of its part that the chunks wrote into g_part."""
+    if not call.hp.use_align:
+        for c0, c1 in chunks:
+            _backward_chunk(call, c0, c1, t, stats_full, out_aug, d_out, d_rows, acc, None, None)
+        return
+    saved = {}
+    x, part, rows = _align_group(call, g0, g1, t, saved)
+    g_part = torch.empty_like(part)
+    for c0, c1 in chunks:
+        align = _sliced((part, rows), c0 - g0, c1 - g0)
+        _backward_chunk(call, c0, c1, t, stats_full, out_aug, d_out, d_rows, acc, align, g_part[:, :, c0 - g0 : c1 - g0])
+    gx = align_backward(call, g0, g1, x, saved, rows, g_part, d_rows)
+    scatter_row_grads(g0, g1, x, gx, acc["gbuf"], acc["gq"], acc["g_small"], acc["g_states"])
 
 
 class FusedChunks(torch.autograd.Function):
@@ -255,8 +284,11 @@ class FusedChunks(torch.autograd.Function):
         ve = t["v_aug3"].shape[-1]
         out_aug = q.new_empty(b, nh, n, ve)
         row_out, stats_full, moved = {}, {}, {}
-        for c0, c1 in spec.chunks:
-            _forward_chunk(call, c0, c1, t, out_aug, row_out, stats_full, moved)
+        for g0, g1, chunks in spec.groups:
+            group = _align_group(call, g0, g1, t, None) if call.hp.use_align else None
+            for c0, c1 in chunks:
+                align = None if group is None else _sliced(group[1:], c0 - g0, c1 - g0)
+                _forward_chunk(call, c0, c1, t, out_aug, row_out, stats_full, moved, align)
         spec.row_keys = list(row_out)
         spec.stat_keys = list(stats_full)
         spec.moved = {k_: v_ / n for k_, v_ in moved.items()}
@@ -276,8 +308,8 @@ class FusedChunks(torch.autograd.Function):
         t = _all_operands(call, *inputs)
         d_rows = dict(zip(spec.row_keys, d_rows))
         acc = _grad_buffers(t)
-        for c0, c1 in spec.chunks:
-            _backward_chunk(call, c0, c1, t, stats_full, out_aug, d_out, d_rows, acc)
+        for g0, g1, chunks in spec.groups:
+            _backward_group(call, g0, g1, chunks, t, stats_full, out_aug, d_out, d_rows, acc)
         grads = input_grads(call, t, acc.pop("gq"), acc.pop("gbuf"), acc.pop("gv3"), acc["g_small"],
                             acc["g_states"], acc["g_tau_alibi"], ctx.needs_input_grad)  # fmt: skip
         return (None, *grads)

@@ -22,6 +22,28 @@ def moment_state_index(c0: int, causal: bool) -> tuple[int, int]:
     return si, (si * MOMENT_STRIDE if causal else c0)
 
 
+def chunk_groups(chunks: list[tuple[int, int]], causal: bool, n: int) -> list[tuple[int, int, list]]:
+    """Consecutive query chunks grouped (g0, g1, chunks) so that the per-row work that reads no
+    tile (the Alignment block) runs once per group instead of once per chunk. Causal: chunks
+    starting in one moment stride (they read the same state), while the group's [G, g1 - s0]
+    moment tile stays within one chunk's [C, n] score tile; bidirectional: at most
+    MOMENT_STRIDE rows (or one chunk)."""
+    groups: list[tuple[int, int, list]] = []
+    for c0, c1 in chunks:
+        if groups:
+            g0, _, members = groups[-1]
+            s0 = g0 // MOMENT_STRIDE * MOMENT_STRIDE
+            if causal:
+                fits = c0 // MOMENT_STRIDE == g0 // MOMENT_STRIDE and 4 * (c1 - g0) * (c1 - s0) <= (c1 - c0) * n
+            else:
+                fits = c1 - g0 <= MOMENT_STRIDE
+            if fits:
+                groups[-1] = (g0, c1, members + [(c0, c1)])
+                continue
+        groups.append((c0, c1, [(c0, c1)]))
+    return groups
+
+
 def moment_states(y3: torch.Tensor, causal: bool, starts: list[int]) -> list[tuple]:
     """Moment states of the keys y3 [B, s, e] for row_moments_chunk.
 
@@ -92,24 +114,60 @@ def moment_states_backward(y3, states, grads: dict, causal: bool, gy3: torch.Ten
             gy3[:, s0:s1] += swap_last_two(grad) if swap else grad
 
 
-def row_moments_chunk(causal: bool, x, state, yb, c0: int, s0: int):
+def row_moments_chunk(causal: bool, x, state, yb, c0: int, s0: int, saved: dict | None = None):
     """Mean and population variance over visible keys j of p_ij = x_i . y_j for query rows
     [c0, c1), without the [C, s] p: from the state of the keys j < s0 (s0 <= c0: states are
     kept every MOMENT_STRIDE rows only, so their number, each e x e, stays small at long s)
     plus the keys yb = y[s0:c1] themselves (an autograd leaf in backward); the p are shifted by
-    the state mean so that E[p^2] - E[p]^2 does not cancel. Returns (mean, var_pop), [b, np, C]."""
+    the state mean so that E[p^2] - E[p]^2 does not cancel. Returns (mean, var_pop), [b, np, C].
+    saved: filled with what row_moments_backward reads."""
     if not causal:
         mean, cov = state
+        if saved is not None:
+            saved.update(causal=False, x=x, state=state)
         return (x * mean).sum(-1), ((x @ cov) * x).sum(-1)
     C = x.shape[-2]
     shift = state[0] if state else yb[..., :1, :]
     keys = torch.arange(s0, s0 + yb.shape[-2], device=x.device)
     vis = keys[None, :] <= torch.arange(c0, c0 + C, device=x.device)[:, None]  # [C, c1 - s0]
-    p = (x @ (yb - shift).transpose(-1, -2)) * vis
+    yc = yb - shift
+    p = (x @ yc.transpose(-1, -2)) * vis
     t1, t2 = p.sum(-1), (p * p).sum(-1)
     if state:
         t2 = t2 + ((x @ state[1]) * x).sum(-1)
     count = c0 + torch.arange(1, C + 1, dtype=x.dtype, device=x.device)
     m = t1 / count
-    var = (t2 / count - m * m).clamp(min=0)
-    return m + (x * shift).sum(-1), var
+    raw = t2 / count - m * m
+    if saved is not None:
+        saved.update(causal=True, x=x, state=state, shift=shift, vis=vis, yc=yc, p=p, count=count, m=m, raw=raw)
+    return m + (x * shift).sum(-1), raw.clamp(min=0)
+
+
+def row_moments_backward(saved: dict, g_mean, g_var):
+    """Closed-form backward of row_moments_chunk (its ``saved``) for the gradients g_mean, g_var
+    [b, np, C] (either may be None): (g_x [b, np, C, e], g_yb [b, np, c1 - s0, e] or None,
+    g_state: () or (g_state_mean, g_state_second) shaped as the state)."""
+    x, state = saved["x"], saved["state"]
+    zero = torch.zeros_like(x[..., 0])
+    g_mean = zero if g_mean is None else g_mean
+    g_var = zero if g_var is None else g_var
+    if not saved["causal"]:
+        mean, cov = state
+        g_x = g_mean[..., None] * mean + g_var[..., None] * (x @ (cov + cov.transpose(-1, -2)))
+        g_cov = (x * g_var[..., None]).transpose(-1, -2) @ x
+        return g_x, None, ((g_mean[..., None] * x).sum(-2, keepdim=True), g_cov)
+    count, p, yc, shift = saved["count"], saved["p"], saved["yc"], saved["shift"]
+    g_var = g_var * (saved["raw"] >= 0)  # clamp(min=0)
+    g_t1 = (g_mean - 2 * saved["m"] * g_var) / count
+    g_t2 = g_var / count
+    g_p = (p * (2 * g_t2)[..., None]).add_(g_t1[..., None]).mul_(saved["vis"])  # [b, np, C, c1 - s0]
+    g_x = g_p @ yc
+    g_x.addcmul_(g_mean[..., None], shift)
+    g_yb = g_p.transpose(-1, -2) @ x
+    g_shift = (g_mean[..., None] * x).sum(-2, keepdim=True) - g_yb.sum(-2, keepdim=True)
+    if not state:
+        g_yb[..., :1, :] += g_shift
+        return g_x, g_yb, ()
+    second = state[1]
+    g_x.addcmul_(g_t2[..., None], x @ (second + second.transpose(-1, -2)))
+    return g_x, g_yb, (g_shift, (x * g_t2[..., None]).transpose(-1, -2) @ x)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ascender_dist.config.ascender_hparams import AscenderHParams
 from .common import count_denom, swap_last_two
-from .fast_moments import moment_chunks, moment_states
+from .fast_moments import chunk_groups, moment_chunks, moment_states
 from .fast_neighbours import NEG_INF, tile_visibility
 from .params import ALIGN, COH
 from .reference import mass_moved
@@ -47,11 +47,12 @@ from .reference import mass_moved
 LOG2E = 1.0 / math.log(2.0)
 
 
-def exp_(x: torch.Tensor) -> torch.Tensor:
-    """exp(x) in place, as exp2(x log2 e): torch's CPU exp2 kernel takes less than half the time
-    of its exp on a tile here (docs/ascender.md, Cost); exp2(0) = 1 and exp2(-inf) = 0 exactly,
-    as exp; the product's rounding moves w by < 4e-6 relative (float32) at the lower clamp."""
-    return x.mul_(LOG2E).exp2_()
+def exp2_(x: torch.Tensor) -> torch.Tensor:
+    """2^x in place: the kernels are exp(x) = 2^(x log2 e), with log2 e folded into the distance
+    GEMM's left operand (no extra pass over the tile); torch's CPU exp2 kernel takes less than
+    half the time of its exp on a tile here (docs/ascender.md, Cost); exp2(0) = 1 and
+    exp2(-inf) = 0 exactly, as exp."""
+    return x.exp2_()
 
 
 # ----------------------------------------------------------------------------- one chunk
@@ -72,6 +73,7 @@ class Spec:
 
     def __init__(self, call: Call, chunks):
         self.call, self.chunks = call, chunks
+        self.groups = chunk_groups(chunks, call.hp.causal, call.n)
         self.row_keys: list[str] = []
         self.stat_keys: list[str] = []
         self.moved: dict = {}
@@ -141,28 +143,33 @@ def kernel_tiles(call: Call, c0: int, c1: int, L: int, t: dict, keep: bool, save
 def _kernel_weights(call: Call, c0: int, c1: int, L: int, t: dict, keep: bool):
     """The kernels w = exp(-|z_i - z_j|^2 / k) of one tile [B, C, L], 0 where invisible, 1 on
     the diagonal: (w_sep, w_coh) (the same tensor when both widths agree; None when unused),
-    the entries clamped at 0 (with keep; no gradient there) and the causal upper mask [C, C]."""
+    the entries clamped at 0 (with keep, None when there are none; no gradient there) and the
+    causal upper mask [C, C]."""
     hp = call.hp
     C = c1 - c0
     Zr = t["Zr"]
     ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
-    x = torch.bmm(swap_last_two(Zr[:, c0:c1]), Zr[:, :L].transpose(1, 2))  # -|z_i - z_j|^2 / k_main
-    clamped = (x > 0) if keep else None  # |z_i - z_j|^2 < 0 by rounding: clamped, no gradient
+    # x = -|z_i - z_j|^2 log2(e) / k_main: the base-2 exponent of the kernel (LOG2E on the left
+    # operand, [C, e], instead of a pass over the tile)
+    x = torch.bmm(swap_last_two(Zr[:, c0:c1]).mul_(LOG2E), Zr[:, :L].transpose(1, 2))
+    blk = x[:, :, c0:c1]  # the [C, C] block holding the diagonal (and the causal triangle)
+    blk.diagonal(dim1=1, dim2=2).fill_(0.0)  # d_ii = 0 exactly
+    # |z_i - z_j|^2 < 0 by rounding off the diagonal: clamped, no gradient there (rare: the mask
+    # is only built when some entry is positive; None means none is)
+    clamped = (x > 0) if keep and bool(x.amax() > 0) else None
     ratio = t["ratio"]
     # Lower clamp: exp of arguments in [-104, -87] (float32) lands in the denormals and is ~30x
     # slower than elsewhere; clamping there changes w by < 2e-38 (float32), 3e-308 (float64).
-    lo = math.log(torch.finfo(x.dtype).tiny) * 0.999 / max(1.0, ratio)
+    lo = math.log2(torch.finfo(x.dtype).tiny) * 0.999 / max(1.0, ratio)
     x.clamp_(min=lo, max=0)
-    blk = x[:, :, c0:c1]  # the [C, C] block holding the diagonal (and the causal triangle)
-    blk.diagonal(dim1=1, dim2=2).fill_(0.0)  # d_ii = 0 exactly
     upper = None
     if hp.causal and C > 1:
         upper = torch.ones(C, C, dtype=torch.bool, device=x.device).triu(1)
         blk.masked_fill_(upper, NEG_INF)  # invisible: every kernel exactly 0
     w_sep = w_coh = None
     if ratio != 1.0:
-        w_coh = exp_(x * ratio)
-    w = exp_(x)
+        w_coh = exp2_(x * ratio)
+    w = exp2_(x)
     if call.use_sep:
         w_sep = w
         if hp.use_coh and kc == ks:
