@@ -14,15 +14,17 @@ h: [b, np, s, d_a]) and the same math, rearranged (docs/ascender.md, "Fast path"
   Separation are built per query chunk on a [chunk, keys] tile from two augmented operands
   (Zr, Hr: a distance and a thresholded affinity are one GEMM each). One autograd.Function
   (fast_function.FusedChunks) takes the raw inputs, derives every whole-sequence operand itself in forward
-  and again in backward, keeps no tile and nothing derived, and differentiates the tile math by
-  hand, one chunk at a time, with the O(chunk) per-row algebra re-run under autograd.
+  and again in backward, keeps no tile and nothing derived, and differentiates the tile math and
+  the O(chunk) per-row algebra by hand, one chunk at a time (the Alignment rows, which read no
+  tile, once per group of chunks).
 * Neighbourhoods (no gradient flows through the choice of neighbours) are found chunk by
   chunk over a band of +-window keys plus the globals (O(s * window)), or over all visible
   keys when window == 0 (O(s * chunk) memory).
 
 Modules: fast_neighbours (chunks, neighbours, headings), fast_moments (causal moment states and
 their backward), fast_tiles (operands, kernel / Separation tiles, scores), fast_rows (the per-row
-algebra, its backward and gradient scatter), fast_grads (input gradients from the buffers),
+algebra and its gradient scatter), fast_row_grads (its closed-form backward), fast_grads (input
+gradients from the buffers),
 fast_function (the autograd.Function). The GPU path is the Triton kernels in ``kernels/``, which
 reuse the operand and row helpers.
 """

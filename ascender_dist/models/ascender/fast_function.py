@@ -4,8 +4,9 @@ hand-written backward (layout and operands: see fast_tiles).
 Forward keeps no tile and nothing derived: only the inputs, the output, the neighbour indices and
 O(s) row statistics. Backward derives the operands again and, one chunk at a time, rebuilds the
 tiles and back-propagates through them in named steps: the output rows' gradient, the softmax,
-the folded query / key GEMMs, the per-row algebra (re-run under autograd), the Separation tile
-and the kernel tile. Gradients of whole-sequence operands accumulate in place into one buffer
+the folded query / key GEMMs, the per-row algebra (closed form, fast_row_grads), the Separation
+tile and the kernel tile. The Alignment rows read no tile: they run, forward and backward, once
+per group of chunks (Spec.groups). Gradients of whole-sequence operands accumulate in place into one buffer
 each (a per-chunk slice of a full-size tensor would allocate a full-size gradient per chunk).
 """
 

@@ -3,7 +3,8 @@
 Every step is [b, np, C]-sized; written out by hand because re-running the algebra under
 autograd cost more per chunk (graph building, one engine node per op) than the algebra itself.
 The result has the keys and shapes of fast_rows.rows_backward's (leaf name -> gradient), so
-fast_rows.scatter_row_grads adds it into the whole-sequence buffers unchanged.
+fast_rows.scatter_row_grads adds it into the whole-sequence buffers unchanged; align_backward is
+the Alignment block alone, run once per group of chunks.
 tests/unit/test_ascender_row_grads.py checks it against autograd in float64.
 """
 
@@ -189,7 +190,6 @@ def _sep_backward(call: Call, x: dict, saved: dict, g_factor, d, acc: _Grads) ->
     g_ratio = g_eta * (sv["ratio"] <= 1.0)  # clamp(max=1)
     kappa = x["kappa"].view(1, -1, 1)
     acc.gx["rho"] = _add(g_ratio / kappa, d("rho"))
-    acc.kappa = -_per_head(g_ratio * x["rho"]) / (x["kappa"] * x["kappa"])
+    acc.gx["kappa"] = -_per_head(g_ratio * x["rho"]) / (x["kappa"] * x["kappa"])
     if d("sep_mean") is not None:  # sep_mean = mu
         acc.gx["mu"] = d("sep_mean")
-    acc.gx["kappa"] = acc.kappa

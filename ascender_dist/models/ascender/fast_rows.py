@@ -1,6 +1,8 @@
 """Per-row algebra of one query chunk of the fused fast path ([b, np, C]-sized tensors only):
-its inputs, the algebra itself (headings, gates, row scales, centroids, folded queries), its
-backward re-run under autograd, and the scatter of its gradients into the whole-sequence buffers."""
+its inputs, the algebra itself (headings, gates, row scales, centroids, folded queries; the
+Alignment block also over a group of chunks), its backward re-run under autograd (the Triton
+path; the CPU path uses the closed form of fast_row_grads), and the scatter of its gradients
+into the whole-sequence buffers."""
 
 from __future__ import annotations
 
