@@ -108,6 +108,10 @@ class DataConfig:
     # read shards through a URL template, e.g. "pipe:aws s3 cp s3://bucket/{name} -"
     url_template: Optional[str] = None
     on_corrupt: Literal["error", "skip"] = "error"
+    # true: every rank reads whole shards and checks each one's sha256 (every rank then decodes every
+    # shard); false: with data parallelism a rank reads only its own samples, checking sizes, headers
+    # and token ids but not the shard's sha256 (docs/data.md)
+    verify_shard_sha256: bool = False
     # resume on data whose manifest content differs from the checkpoint's (else refused)
     allow_change_on_resume: bool = False
 

@@ -61,6 +61,7 @@ def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = 
         tokenizer_sha256=tokenizer.sha256 if tokenizer else None,
         vocab_size=tokenizer.vocab_size if tokenizer else cfg.model.vocab_size,
         on_corrupt=d.on_corrupt,
+        partial_reads=False if d.verify_shard_sha256 else None,  # None: partial reads when dp_size > 1
     )
 
 

@@ -213,3 +213,24 @@ def test_whole_reads_at_dp2_keep_the_sha256_check(ds):
         for r in range(2):
             batches(loader(ds, micro_batch_size=MBS, global_batch_size=GBS, dp_rank=r, dp_size=2,
                            partial_reads=False), 3, 2)
+
+
+@pytest.mark.parametrize("verify, partial", [(False, True), (True, False)])
+def test_run_config_chooses_partial_reads_or_whole_shard_sha256(ds, tmp_path, verify, partial):
+    """``data.verify_shard_sha256`` in the run config: whole shards (sha256 checked) on every rank, or,
+    by default with data parallelism, each rank's own samples only."""
+    import torch
+
+    from ascender_dist.config.resolve import config_from_dict
+    from ascender_dist.parallel.setup import ParallelState
+    from ascender_dist.training.run import build_loader
+    from tests.helpers.data import tiny_run_config
+
+    raw = tiny_run_config({"manifest": str(ds / "manifest.json"), "tokenizer": ""}, tmp_path / "run",
+                          model={"seq_length": SEQ, "vocab_size": 512},
+                          train={"micro_batch_size": MBS, "global_batch_size": GBS})
+    raw["data"]["verify_shard_sha256"] = verify
+    pstate = ParallelState(rank=1, world_size=2, local_rank=1, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
+                           dp_rank=1, dp_size=2, device=torch.device("cpu"))
+    ld = build_loader(config_from_dict(raw), None, pstate)
+    assert [d.partial for d in ld.datasets] == [partial]
