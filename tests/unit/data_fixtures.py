@@ -63,6 +63,19 @@ def make_dataset(out_dir: Path, train_counts, val_counts=(), seq_length: int = S
     return m
 
 
+def tar_of(members) -> bytes:
+    """A ustar archive of ``members`` [(name, payload bytes)], in order."""
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tf.addfile(info, io.BytesIO(payload))
+    return buf.getvalue()
+
+
 def _empty_tar() -> bytes:
     """A valid tar archive with no members."""
     import io

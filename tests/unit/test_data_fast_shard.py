@@ -3,8 +3,6 @@ refusal (None -> general path) of anything outside the exact layout encode_shard
 
 from __future__ import annotations
 
-import io
-import tarfile
 
 import numpy as np
 import pytest
@@ -12,6 +10,8 @@ import pytest
 from data_pipeline.fast_shard import decode_regular_shard, probe_layout
 from data_pipeline.loader import ShardChecks, ShardSpec, _decode_samples, _parse_tar
 from data_pipeline.shards import encode_shard, npy_bytes
+
+from .data_fixtures import tar_of
 
 META = {"tokenizer_sha256": "f" * 64, "seq_length": 9, "dtype": "uint16", "vocab_size": 70000}
 
@@ -29,16 +29,6 @@ def test_fast_decoder_equals_webdataset_parser(dtype, n):
     ref = reference(data, 9)
     assert arr.dtype == ref.dtype and np.array_equal(arr, ref) and np.array_equal(arr, np.stack(rows))
     assert meta is not None and b'"seq_length": 9' in meta
-
-
-def tar_of(members) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-        for name, payload in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            tf.addfile(info, io.BytesIO(payload))
-    return buf.getvalue()
 
 
 def test_anything_irregular_goes_to_the_general_parser():

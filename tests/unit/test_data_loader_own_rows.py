@@ -5,9 +5,7 @@ from that definition (loader.py's module docstring) and slices it."""
 from __future__ import annotations
 
 import functools
-import io
 import logging
-import tarfile
 
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ from data_pipeline._io import sha256_bytes
 from data_pipeline.errors import DataError
 from data_pipeline.shards import load_manifest, npy_bytes
 
-from .data_fixtures import SEQ, loader, make_dataset, run_global, sample_tokens
+from .data_fixtures import SEQ, loader, make_dataset, run_global, sample_tokens, tar_of
 
 COUNTS = [13, 5, 9, 1, 17, 7, 11, 2]  # 65 samples, uneven shards: epochs end inside batches of 24
 SEED, MBS, GBS = 3, 2, 24  # 24 divides by MBS * dp for dp in 1..4
@@ -157,13 +155,7 @@ def test_a_rank_reads_only_its_own_samples(tmp_path):
 # ------------------------------------------------------------------ shards a partial read cannot use
 def _rewrite_shard(ds, index: int, members) -> None:
     """Replace train shard ``index`` by a tar of ``members`` and update its manifest entry."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-        for name, payload in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            tf.addfile(info, io.BytesIO(payload))
-    data = buf.getvalue()
+    data = tar_of(members)
     m = load_manifest(ds)
     shard = m.split_shards("train")[index]
     (ds / shard.name).write_bytes(data)
