@@ -10,7 +10,7 @@ import torch
 from ascender_dist.models.ascender import fast_moments
 from ascender_dist.models.ascender.fast_neighbours import chunk_bounds, neighbours, search_vectors
 from ascender_dist.models.ascender.fast_row_grads import row_algebra_backward
-from ascender_dist.models.ascender.fast_rows import grad_sinks, row_algebra, row_inputs
+from ascender_dist.models.ascender.fast_rows import row_algebra, row_inputs
 from ascender_dist.models.ascender.fast_tiles import Call, kernel_tiles, operands
 from tests.unit.test_ascender_fast import base_hp, make_inputs, make_params
 
@@ -28,6 +28,19 @@ CONFIGS = {
 }
 
 
+def _as_leaves(x: dict) -> dict:
+    """The chunk's inputs as autograd leaves: detached copies that require grad (tuples entry by entry)."""
+    out = {}
+    for key, val in x.items():
+        if isinstance(val, tuple):
+            out[key] = tuple(v_.detach().requires_grad_() for v_ in val)
+        elif isinstance(val, torch.Tensor) and val.is_floating_point():
+            out[key] = val.detach().requires_grad_()
+        else:
+            out[key] = val
+    return out
+
+
 def _chunk_case(hp, n, chunk):
     """Operands, the leaf inputs of one chunk and autograd's row_algebra on them."""
     inputs = [t.detach() for t in make_inputs(n=n, dtype=F64)]
@@ -39,7 +52,6 @@ def _chunk_case(hp, n, chunk):
     p = {name: getattr(params, name).detach() for name in ("omega", "lambdas", "delta", "kappa", "tau_score")}
     t = operands(call, q, k, v, z, h, p["delta"], p["tau_score"], params.alibi_slope)
     t.update(omega=p["omega"], lambdas=p["lambdas"], kappa=p["kappa"], tau=p["tau_score"], idx=idx, valid=valid)
-    grad_sinks(t)  # the per-head leaves t["leaf_*"]
     c0, c1 = chunks[chunk]
     L = c1 if hp.causal else n
     stats, _ = kernel_tiles(call, c0, c1, L, t, keep=False)
@@ -55,7 +67,7 @@ def test_row_algebra_backward_matches_autograd(monkeypatch, config, chunk, strid
     call, t, stats, c0, c1, L = _chunk_case(hp, 29, chunk)
     g = torch.Generator().manual_seed(3)
     with torch.enable_grad():
-        x = row_inputs(call, c0, c1, t, stats, leaf=True)
+        x = _as_leaves(row_inputs(call, c0, c1, t, stats))
         parts, factor, rows = row_algebra(call, c0, c1, L, x)
     g_parts = {key: torch.randn(p.shape, generator=g, dtype=F64) for key, p in parts}
     g_factor = torch.randn(factor.shape, generator=g, dtype=F64) if factor is not None else None
@@ -71,7 +83,7 @@ def test_row_algebra_backward_matches_autograd(monkeypatch, config, chunk, strid
     auto = torch.autograd.grad(outs, list(leaves.values()), gouts, allow_unused=True)
     auto = {name: a for name, a in zip(leaves, auto) if a is not None}
     with torch.no_grad():
-        x = row_inputs(call, c0, c1, t, stats, leaf=False)
+        x = row_inputs(call, c0, c1, t, stats)
         saved = {}
         row_algebra(call, c0, c1, L, x, saved=saved)
         mine = row_algebra_backward(call, c0, c1, x, saved, rows, g_parts, g_factor, d_rows, d_c)

@@ -39,7 +39,7 @@ def _forward_chunk(call: Call, c0: int, c1: int, t: dict, out_aug, row_out: dict
     L = c1 if hp.causal else n
     C = c1 - c0
     stats, tiles = kernel_tiles(call, c0, c1, L, t, keep=call.want_lsep)
-    x = row_inputs(call, c0, c1, t, stats, leaf=False, align=align is None)
+    x = row_inputs(call, c0, c1, t, stats, align=align is None)
     parts, factor, rows = row_algebra(call, c0, c1, L, x, align=align)
     dev = tiles.get("dev")
     if call.with_stats:
@@ -59,7 +59,7 @@ def _forward_chunk(call: Call, c0: int, c1: int, t: dict, out_aug, row_out: dict
 
 
 def _grad_buffers(t: dict) -> dict:
-    """rows_backward's sinks (grad_sinks) plus the value buffer and ALiBi's per-(batch, head)
+    """The row gradients' sinks (grad_sinks) plus the value buffer and ALiBi's per-(batch, head)
     tau gradient, accumulated over the chunks."""
     q = t["q"]
     acc = grad_sinks(t)
@@ -220,7 +220,7 @@ def _backward_chunk(call: Call, c0: int, c1: int, t: dict, stats_full: dict, out
     stats = {k_: v_[:, :, c0:c1] for k_, v_ in stats_full.items()}
     fresh, tiles = kernel_tiles(call, c0, c1, L, t, keep=True, saved=stats)
     stats.update(fresh)
-    x = row_inputs(call, c0, c1, t, stats, leaf=False, align=align is None)
+    x = row_inputs(call, c0, c1, t, stats, align=align is None)
     saved = {}
     parts, factor, rows = row_algebra(call, c0, c1, L, x, saved=saved, align=align)
     dev = tiles.get("dev")
@@ -245,7 +245,7 @@ def _align_group(call: Call, g0: int, g1: int, t: dict, saved: dict | None):
     """The Alignment block of rows [g0, g1) (a group of chunks, fast_moments.chunk_groups):
     (its inputs x, its part [b, np, G, hd], its row statistics)."""
     L = g1 if call.hp.causal else t["q"].shape[2]
-    x = row_inputs(call, g0, g1, t, {}, leaf=False)
+    x = row_inputs(call, g0, g1, t, {})
     part, rows = align_rows(call, g0, g1, L, x, saved)
     return x, part, rows
 

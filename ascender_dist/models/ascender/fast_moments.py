@@ -118,8 +118,7 @@ def row_moments_chunk(causal: bool, x, state, yb, c0: int, s0: int, saved: dict 
     """Mean and population variance over visible keys j of p_ij = x_i . y_j for query rows
     [c0, c1), without the [C, s] p: from the state of the keys j < s0 (s0 <= c0: states are
     kept every MOMENT_STRIDE rows only, so their number, each e x e, stays small at long s)
-    plus the keys yb = y[s0:c1] themselves (an autograd leaf in backward); the p are shifted by
-    the state mean so that E[p^2] - E[p]^2 does not cancel. Returns (mean, var_pop), [b, np, C].
+    plus the keys yb = y[s0:c1] themselves; the p are shifted by the state mean so that E[p^2] - E[p]^2 does not cancel. Returns (mean, var_pop), [b, np, C].
     saved: filled with what row_moments_backward reads."""
     if not causal:
         mean, cov = state

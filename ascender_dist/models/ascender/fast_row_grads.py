@@ -2,8 +2,9 @@
 
 Every step is [b, np, C]-sized; written out by hand because re-running the algebra under
 autograd cost more per chunk (graph building, one engine node per op) than the algebra itself.
-The result has the keys and shapes of fast_rows.rows_backward's (leaf name -> gradient), so
-fast_rows.scatter_row_grads adds it into the whole-sequence buffers unchanged; align_backward is
+The result maps each input of the algebra (row_inputs' names; ``name#i`` for the entries of a
+moment state) to its gradient, which fast_rows.scatter_row_grads adds into the whole-sequence
+buffers; the fast path and the Triton path both use it; align_backward is
 the Alignment block alone, run once per group of chunks.
 tests/unit/test_ascender_row_grads.py checks it against autograd in float64.
 """

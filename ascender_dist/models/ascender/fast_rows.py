@@ -1,8 +1,7 @@
 """Per-row algebra of one query chunk of the fused fast path ([b, np, C]-sized tensors only):
 its inputs, the algebra itself (headings, gates, row scales, centroids, folded queries; the
-Alignment block also over a group of chunks), its backward re-run under autograd (the Triton
-path; the CPU path uses the closed form of fast_row_grads), and the scatter of its gradients
-into the whole-sequence buffers."""
+Alignment block also over a group of chunks) and the scatter of its gradients (the closed form
+of fast_row_grads) into the whole-sequence buffers."""
 
 from __future__ import annotations
 
@@ -20,16 +19,15 @@ from .params import ALIGN, COH, SEP
 SMALL = ("omega", "lambdas", "kappa", "tau")
 
 
-def row_inputs(call: Call, c0: int, c1: int, t: dict, stats: dict, leaf: bool, align: bool = True):
-    """Inputs of row_algebra for one chunk; with leaf, detached copies that require grad (the
-    per-head parameters: the shared leaves t['leaf_*']); without align, none of the Alignment
-    block's (its rows come from align_rows over a group of chunks)."""
+def row_inputs(call: Call, c0: int, c1: int, t: dict, stats: dict, align: bool = True):
+    """Inputs of row_algebra for one chunk; without align, none of the Alignment block's (its
+    rows come from align_rows over a group of chunks)."""
     hp = call.hp
     b, nh = t["q"].shape[:2]
     si, s0 = moment_state_index(c0, hp.causal)  # moment state si holds the keys j < s0
     x = {"q": t["q"][..., c0:c1, :]}
     for key in SMALL:
-        x[key] = t["leaf_" + key] if leaf else t[key]
+        x[key] = t[key]
     as4 = lambda y: y.view(b, nh, *y.shape[1:])  # noqa: E731  [B, ...] -> [b, np, ...]
     if hp.use_align and align:
         x["ktot"], x["ksq"], x["npos"], x["nweight"] = neighbour_sums(t, c0, c1)
@@ -41,14 +39,6 @@ def row_inputs(call: Call, c0: int, c1: int, t: dict, stats: dict, leaf: bool, a
         x["s_z"], x["a"] = t["s"], t["a"]
     x.update(stats)
     x["s0"], x["si"] = s0, si
-    if leaf:
-        for key, val in list(x.items()):
-            if key in SMALL:
-                continue
-            if isinstance(val, tuple):
-                x[key] = tuple(v_.detach().requires_grad_() for v_ in val)
-            elif isinstance(val, torch.Tensor) and val.is_floating_point():
-                x[key] = val.detach().requires_grad_()
     return x
 
 
@@ -145,32 +135,12 @@ def row_algebra(call: Call, c0: int, c1: int, L: int, x: dict, saved: dict | Non
 
 
 def grad_sinks(t: dict) -> dict:
-    """Zero gradient buffers that rows_backward scatters into (one full-size buffer per
+    """Zero gradient buffers that scatter_row_grads adds into (one full-size buffer per
     whole-sequence operand, filled chunk by chunk in place; the per-head parameters; the moment
-    states by index), and the shared per-head leaves t['leaf_*'] of row_inputs."""
+    states by index)."""
     gbuf = {key: torch.zeros_like(t[key]) for key in ("k3", "khat3", "khat_sq", "Zr", "Hr") if key in t}
-    for key in SMALL:
-        t["leaf_" + key] = t[key].detach().requires_grad_()
     g_small = {key: torch.zeros_like(t[key]) for key in SMALL}
     return {"gq": torch.zeros_like(t["q"]), "gbuf": gbuf, "g_small": g_small, "g_states": {"align": {}, "coh": {}}}
-
-
-def rows_backward(c0: int, c1: int, x: dict, rows: dict, outs: list, gouts: list, d_rows: dict, sinks) -> dict:
-    """Backward of one chunk's per-row algebra (:func:`row_algebra`, re-run under autograd): ``outs``/``gouts``
-    hold the row outputs the tile backward already has gradients for; the returned row statistics
-    with a gradient in ``d_rows`` join them. The leaves' gradients go into ``sinks`` = (gbuf, gq,
-    g_small, g_states) (:func:`scatter_row_grads`) and are returned by leaf name."""
-    for key, g in d_rows.items():
-        if g is not None and key in rows:
-            outs.append(rows[key])
-            gouts.append(g[:, :, c0:c1])
-    leaves = [(k_, v_) for k_, v_ in x.items() if isinstance(v_, torch.Tensor) and v_.requires_grad]
-    leaves += [(f"{k_}#{i}", v_) for k_, val in x.items() if isinstance(val, tuple)
-               for i, v_ in enumerate(val)]  # fmt: skip
-    grads = torch.autograd.grad(outs, [v_ for _, v_ in leaves], gouts, allow_unused=True)
-    gx = {name: g for (name, _), g in zip(leaves, grads) if g is not None}
-    scatter_row_grads(c0, c1, x, gx, *sinks)
-    return gx
 
 
 def scatter_row_grads(c0: int, c1: int, x: dict, gx: dict, gbuf: dict, gq, g_small: dict, g_states: dict) -> None:

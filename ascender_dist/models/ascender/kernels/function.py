@@ -24,7 +24,8 @@ from ..common import count_denom, swap_last_two
 from ..fast_grads import input_grads
 from ..fast_moments import MOMENT_STRIDE
 from ..fast_neighbours import chunk_bounds, neighbours, search_vectors
-from ..fast_rows import aux_losses, grad_sinks, row_algebra, row_inputs, rows_backward, store_rows
+from ..fast_row_grads import row_algebra_backward
+from ..fast_rows import aux_losses, grad_sinks, row_algebra, row_inputs, scatter_row_grads, store_rows
 from ..fast_tiles import Call, Spec, kernel_tiles, moved_stats, operands
 from ascender_dist.config.ascender_hparams import AscenderHParams
 from ..params import AscenderHeadParams
@@ -129,7 +130,7 @@ def _row_parts(spec: Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
     row_out, moved = {}, {}
     for c0, c1 in spec.chunks:
         L = c1 if hp.causal else n
-        x = row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=False)
+        x = row_inputs(call, c0, c1, t, _slice(stats, c0, c1))
         parts, factor, rows = row_algebra(call, c0, c1, L, x)
         for key, p in parts:
             q3[key][:, c0:c1] = p
@@ -233,32 +234,28 @@ def _output_grad(call: Call, out_aug, d_out, d_rows: dict, row_out: dict, lsep):
 
 
 def _rows_backward_all(spec: Spec, t: dict, stats: dict, g_parts: dict, d_rows: dict):
-    """The per-row algebra under autograd, chunk by chunk (the fast path's leaves and scatter):
-    returns the sinks (fast_rows.grad_sinks), the row-statistic gradients row_g {var, mu, rho} [B, s] and
-    the Cohesion moments' gradient gmom [B, s, e] (or None) that the geometry kernels read."""
+    """The per-row algebra's closed-form backward (fast_row_grads, as the fast path), chunk by
+    chunk: returns the sinks (fast_rows.grad_sinks), the row-statistic gradients row_g {var, mu,
+    rho} [B, s] and the Cohesion moments' gradient gmom [B, s, e] (or None) that the geometry
+    kernels read."""
     call, hp = spec.call, spec.call.hp
     b, nh, n, _ = t["q"].shape
     B = b * nh
     dtype, dev_ = t["q"].dtype, t["q"].device
     acc = grad_sinks(t)
-    sinks = (acc["gbuf"], acc["gq"], acc["g_small"], acc["g_states"])
     row_g = {key: torch.zeros(B, n, dtype=dtype, device=dev_) for key in ("var", "mu", "rho")}
     gmom = torch.zeros_like(t["Zr"]) if hp.use_coh else None
     for c0, c1 in spec.chunks:
         L = c1 if hp.causal else n
         C = c1 - c0
-        with torch.enable_grad():
-            x = row_inputs(call, c0, c1, t, _slice(stats, c0, c1), leaf=True)
-            parts, factor, rows = row_algebra(call, c0, c1, L, x)
-        outs = [qp for _, qp in parts]
-        gouts = [g_parts[key][:, c0:c1] for key, _ in parts]
-        if factor is not None:
-            outs.append(factor)
-            gouts.append(g_parts["fac"][:, c0:c1].view(b, nh, C))
-        if g_parts["centroid"] is not None:
-            outs.append(rows["centroid"])
-            gouts.append(g_parts["centroid"][:, :, c0:c1])
-        gx = rows_backward(c0, c1, x, rows, outs, gouts, d_rows, sinks)
+        x = row_inputs(call, c0, c1, t, _slice(stats, c0, c1))
+        saved: dict = {}
+        parts, factor, rows = row_algebra(call, c0, c1, L, x, saved=saved)
+        g_chunk = {key: g_parts[key][:, c0:c1] for key, _ in parts}  # [B, C, e]
+        g_factor = g_parts["fac"][:, c0:c1] if factor is not None else None  # [B, C]
+        d_c = g_parts["centroid"][:, :, c0:c1] if g_parts["centroid"] is not None else None
+        gx = row_algebra_backward(call, c0, c1, x, saved, rows, g_chunk, g_factor, d_rows, d_c)
+        scatter_row_grads(c0, c1, x, gx, acc["gbuf"], acc["gq"], acc["g_small"], acc["g_states"])
         for key in row_g:
             if key in gx:
                 row_g[key][:, c0:c1] = gx[key].reshape(B, C)
