@@ -50,7 +50,9 @@ def test_two_rank_grid_records_provenance_documents_curves_and_rebuilds(tmp_path
         assert r["val_example_index"] == list(range(16)) and r["val_sequences"] == 16
         assert r["val_loss"] == pytest.approx(np.mean(r["val_example_losses"]), rel=1e-5)
         docs = r["val_example_documents"]
-        assert len(docs) == 16 and docs[0] == 0 and all(b - a in (0, 1) for a, b in zip(docs, docs[1:]))
+        # ids count documents along the stream: non-decreasing, and the tiny corpus's short documents
+        # give these 16 windows several (packed windows straddle boundaries; one id for all was a bug)
+        assert len(docs) == 16 and docs == sorted(docs) and len(set(docs)) > 1
         assert [p[0] for p in r["val_curve"]] == [2, 4]
         prov = r["provenance"]
         assert len(prov["git_commit"]) == 40 and isinstance(prov["git_dirty"], bool)

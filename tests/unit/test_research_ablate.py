@@ -242,8 +242,16 @@ def test_validation_order_and_document_blocks():
     values, index = order_validation([[0, 1, 4, 5], [2, 3, 6, 7]], 2)
     assert values == [0, 1, 2, 3, 4, 5, 6, 7] and index == list(range(8))
     eos = 9
-    # window 0 ends a document, 1 and 2 are one document spanning the boundary, 2 ends it, 3 ends
-    assert document_blocks([9, 4, 9, 9, 5], eos) == [0, 1, 1, 2, 3]
+    # packed windows of 6 tokens: a window goes with the document of its middle token (index 3)
+    windows = [[1, 2, 9, 3, 4, 5],  # doc 0 ends early: the middle token is in doc 1
+               [5, 5, 5, 5, 5, 5],  # doc 1 continues
+               [5, 5, 5, 5, 9, 6],  # doc 1 ends after the middle
+               [6, 9, 7, 9, 8, 8],  # doc 2 ends before the middle token, which is doc 3's EOS
+               [8, 8, 8, 8, 8, 8]]  # doc 4 continues
+    assert document_blocks(windows, eos) == [1, 1, 1, 3, 4]
+    # no EOS at all: one document; EOS only at window ends: one document per window
+    assert document_blocks([[5] * 4] * 3, eos) == [0, 0, 0]
+    assert document_blocks([[5, 5, 5, 9]] * 3, eos) == [0, 1, 2]
 
 
 # ---------------------------------------------------------------------------------- aggregation

@@ -112,7 +112,9 @@ def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: i
                      f"{_fmt(c['mean_diff'], digits)} [{_fmt(c['ci_low'], digits)}, {_fmt(c['ci_high'], digits)}] "
                      f"| {_fmt(c['p_value'], 3)} | {_fmt(c['p_holm'], 3)} |")
     units = sorted({e["unit"] for e in entries if e.get("unit")})
-    if units == ["document"]:
+    if not units:  # every row was skipped (its note says why)
+        how = "No per-sequence test in this table."
+    elif units == ["document"]:
         how = ("Resampling unit: the document (all validation windows of a document drawn together; percentile "
                "bootstrap over documents, sign-flip test on documents' summed differences).")
     else:

@@ -74,19 +74,22 @@ def order_validation(per_rank: Sequence[Sequence[float]], micro_batch_size: int)
     return [v for _, v in pairs], [i for i, _ in pairs]
 
 
-def document_blocks(last_tokens: Sequence[int], eos_id: int) -> list[int]:
-    """Document id of each validation window from its last token.
+def document_blocks(windows: Sequence[Sequence[int]], eos_id: int) -> list[int]:
+    """Document id of each validation window (token ids, in validation order): the document that
+    holds the window's middle token.
 
-    Shards pack documents (each followed by EOS) into consecutive windows of ``seq_length + 1`` tokens,
-    so window ``i + 1`` starts a new document exactly when window ``i`` ends with EOS; otherwise a
-    document continues across the boundary and both windows get the same id. Windows of one id are
-    resampled together. (Where two validation shards are not adjacent in the packed stream, blocks
-    merge across the gap: merging keeps the resampling valid, only coarser.)"""
-    ids, current = [], 0
-    for i, last in enumerate(last_tokens):
-        if i and int(last_tokens[i - 1]) == eos_id:
-            current += 1
-        ids.append(current)
+    Shards pack documents (each followed by EOS) back to back into windows, so a window usually ends
+    one document and starts the next; grouping windows that share any document would chain nearly
+    every window into one block. Each window goes instead with the document of its middle token (ids
+    count the EOS tokens of the stream before that token), so the windows of a long document are
+    resampled together and a window straddling a boundary goes with one of its two documents.
+    Validation shards that are not adjacent in the packed stream are read as one stream: ids stay
+    distinct across the gap."""
+    ids, before = [], 0
+    for window in windows:
+        is_eos = [int(t) == eos_id for t in window]
+        ids.append(before + sum(is_eos[: len(is_eos) // 2]))
+        before += sum(is_eos)
     return ids
 
 
@@ -102,12 +105,12 @@ def validation_documents(cfg, tokenizer, indices: Sequence[int]) -> Optional[lis
         return None
     one = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=1, global_batch_size=1))
     loader = build_loader(one, tokenizer, SimpleNamespace(dp_rank=0, dp_size=1), split="val")
-    last = []
+    windows = []
     for k, batch in enumerate(loader):
         if k > max(indices):
             break
-        last.append(int(batch["tokens"][0, -1]))
-    blocks = document_blocks(last, int(tokenizer.eos_id))
+        windows.append(batch["tokens"][0].tolist())  # the whole window: inputs and the last label
+    blocks = document_blocks(windows, int(tokenizer.eos_id))
     return [blocks[i] for i in indices]
 
 
