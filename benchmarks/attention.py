@@ -63,9 +63,10 @@ def _peak_delta_mib(fn) -> float:
     return (_status_kib("VmHWM") - before) / 1024
 
 
-def _layer(impl: str, n: int, device: str = "cpu", dtype: str = "float32"):
+def _layer(impl: str, n: int, device: str = "cpu", dtype: str = "float32", heads: int = HEADS, **hp_overrides):
     """A closure running one fwd+bwd of impl on fresh leaf inputs of length n (inputs and the
-    per-head parameters on ``device`` in ``dtype``, a torch dtype name; benchmarks/gpu_check uses bf16 on CUDA)."""
+    per-head parameters on ``device`` in ``dtype``, a torch dtype name; benchmarks/gpu_check uses bf16 on CUDA).
+    heads, hp_overrides: another head count / AscenderHParams fields (attention_fixed_cost.py)."""
     import torch
     import torch.nn.functional as F
 
@@ -75,11 +76,11 @@ def _layer(impl: str, n: int, device: str = "cpu", dtype: str = "float32"):
     to = dict(device=device, dtype=getattr(torch, dtype))
 
     def mk(d):  # [b, np, s, d], drawn on the CPU generator so every device sees the same numbers
-        return torch.randn(1, HEADS, n, d, generator=g).to(**to).requires_grad_()
+        return torch.randn(1, heads, n, d, generator=g).to(**to).requires_grad_()
 
     q, k, v, z, h = mk(HEAD_DIM), mk(HEAD_DIM), mk(HEAD_DIM), mk(D_Z), mk(D_A)
-    hp = AscenderHParams(d_z=D_Z, d_a=D_A, k=K_TOP, window=WINDOW, num_global=GLOBALS, causal=True)
-    params = AscenderHeadParams(hp, HEADS).to(**to)
+    hp = AscenderHParams(d_z=D_Z, d_a=D_A, k=K_TOP, window=WINDOW, num_global=GLOBALS, causal=True, **hp_overrides)
+    params = AscenderHeadParams(hp, heads).to(**to)
     if impl == "seed":  # benchmarks/seed_reference.py: importable here when this file runs as a script
         from seed_reference import seed_attention, seed_params
 
