@@ -389,3 +389,15 @@ def test_equal_flops_grid_gives_each_variant_the_steps_of_the_reference_budget()
     for name, (total, step) in per_run.items():
         assert abs(total - budget) <= step / 2 + 1e-6 * budget, name  # within half a step of the budget
     assert ablate.load_grid(REPO / "configs" / "ablations" / "architectures.yaml").budget == "equal training tokens"
+
+
+def test_per_sequence_table_with_every_row_in_one_document_names_no_resampling_unit():
+    from ascender_dist.research.ablate.collect import per_example_table
+
+    records = _records()
+    for r in records:
+        r["val_example_index"] = list(range(40))
+        r["val_example_documents"] = [0] * 40  # all windows in one document: no per-document test possible
+    md, table = per_example_table(records, "gpt", n_resamples=200, n_permutations=200)
+    assert all(e["comparison"] is None for e in table["configs"])
+    assert "No per-sequence test in this table." in md and "single validation sequences" not in md
