@@ -226,11 +226,11 @@ def _machine() -> dict:
     cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                 if l.startswith("model name")), platform.processor() or "?")
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    from importlib.metadata import version
+    from ascender_dist.versions import package_versions
 
     return {"cpu_model": cpu, "cores": os.cpu_count(), "mem_gib": round(mem, 1), "torch": torch.__version__,
             "python": platform.python_version(),
-            "versions": {n: version(n) for n in ("deepspeed", "megatron-core")},
+            "versions": package_versions(("deepspeed", "megatron-core")),
             "gpu": torch.cuda.is_available(), **_git()}
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Optional
 
 import torch
 
@@ -42,10 +43,10 @@ class UnsupportedMegatronVersion(RuntimeError):
     pass
 
 
-def megatron_core_version() -> str:
-    from importlib.metadata import version
+def megatron_core_version() -> Optional[str]:
+    from ascender_dist.versions import package_version
 
-    return version("megatron-core")
+    return package_version("megatron-core")
 
 
 def is_installed() -> bool:
@@ -159,7 +160,7 @@ def install() -> None:
     found = megatron_core_version()
     if found not in SUPPORTED_MEGATRON_CORE:
         raise UnsupportedMegatronVersion(
-            f"megatron-core {found}: the CPU compatibility layer was written for "
+            f"megatron-core {found or '(not installed)'}: the CPU compatibility layer was written for "
             f"{', '.join(SUPPORTED_MEGATRON_CORE)}; install megatron-core=={SUPPORTED_MEGATRON_CORE[-1]}"
         )
     _patch_current_device_and_sync()

@@ -441,14 +441,9 @@ def write_report(out: Path, rows: list[dict], tasks: list[str], args: argparse.N
                  error: Optional[str] = None) -> dict:
     """Write ``results.json`` / ``results.md`` for ``rows`` (``error``: why the tasks are missing)."""
     rows = sorted(rows, key=_order)
-    from importlib.metadata import PackageNotFoundError, version
+    from ascender_dist.versions import package_versions
 
-    versions = {}
-    for package in ("ascender-dist", "torch", "transformers", "lm_eval"):
-        try:
-            versions[package] = version(package)
-        except PackageNotFoundError:
-            pass
+    versions = {k: v for k, v in package_versions(("ascender-dist", "torch", "transformers", "lm_eval")).items() if v}
     report = {"runs": rows, "columns": columns(rows), "tasks": tasks,
               "settings": {"manifest": args.manifest, "val_samples": args.val_samples, "limit": args.limit,
                            "num_fewshot": args.num_fewshot, "device": device},

@@ -24,6 +24,7 @@ from ascender_dist.training.layer_stats import set_training_step
 from ascender_dist.training.lr_schedule import lr_at, set_lr
 from ascender_dist.training.resume_check import check_resume, data_fingerprint
 from ascender_dist.training.rollback import DivergenceError, RollbackPolicy
+from ascender_dist.versions import package_versions
 from ascender_dist.training.run import aux_loss_gradient_scale, build_loader, build_run  # noqa: F401 (re-exported)
 
 log = logging.getLogger("ascender_dist")
@@ -100,8 +101,6 @@ class Trainer:
 
     def checkpoint_meta(self, step: Optional[int] = None) -> dict:
         """What a converter needs to read this checkpoint without the run's YAML or launch."""
-        from importlib.metadata import version
-
         p = self.pstate
         return {
             "format": ckpt.FORMAT_VERSION, "step": self.step if step is None else step, "architecture": self.cfg.model.architecture,
@@ -111,7 +110,7 @@ class Trainer:
             "vocab_size": self.cfg.model.vocab_size or (self.tokenizer.vocab_size if self.tokenizer else None),
             "padded_vocab_size": self.derived.padded_vocab_size,
             "data": self.loader.state_dict(), **self.data_record,
-            "versions": {name: version(name) for name in ("ascender-dist", "megatron-core", "deepspeed", "torch")},
+            "versions": package_versions(("ascender-dist", "megatron-core", "deepspeed", "torch")),
         }
 
     def save(self, step: Optional[int] = None) -> str:

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import datetime
 import os
-from importlib.metadata import PackageNotFoundError, version
 
+from ascender_dist.versions import package_version
 from benchmarks.scaling import _machine
 
 SOURCE_COMMIT_VAR = "ASCENDER_SOURCE_COMMIT"
 
-
-def _version(package: str):
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
 
 
 def machine_info(device: str) -> dict:
@@ -25,7 +19,7 @@ def machine_info(device: str) -> dict:
 
     from ascender_dist.training.metrics import peak_tflops_per_device
 
-    info = {**_machine(), "device": device, "triton": _version("triton"),
+    info = {**_machine(), "device": device, "triton": package_version("triton"),
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}
     info.pop("gpu", None)  # "is a GPU visible": replaced by the fields below, which say which one
     given = os.environ.get(SOURCE_COMMIT_VAR)  # a copy of the tree (a docker image, a copy sent to a GPU

@@ -8,9 +8,10 @@ import hashlib
 import json
 import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional, Sequence
+
+from ascender_dist.versions import package_versions
 
 PACKAGES = ("torch", "megatron-core", "deepspeed", "ascender-dist")
 # per-run fields of a run config: differ between the seeds of one variant, not part of its hash
@@ -33,13 +34,7 @@ def git_state(root: Path = REPO) -> dict:
 
 
 def versions() -> dict:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
+    return package_versions(PACKAGES)
 
 
 def file_sha256(path) -> Optional[str]:
