@@ -147,11 +147,18 @@ def tables_main(argv: Optional[Sequence[str]] = None) -> int:
     """``ascender-dist tables DIR``: rebuild DIR's results.md, results.json and figures from its
     results.json and per_sequence.npz, without training. Exit 2 on a user error."""
     p = argparse.ArgumentParser(prog="ascender-dist tables", description=tables_main.__doc__.split("\n")[0])
-    p.add_argument("directory", help="a report directory (results.json, per_sequence.npz)")
+    p.add_argument("directory", help="a report directory (results.json, per_sequence.npz); with --index, a folder "
+                                     "of report directories")
     p.add_argument("--n-resamples", type=int, default=10_000)
+    p.add_argument("--index", action="store_true",
+                   help="write DIRECTORY/results.md, the index of the reports below it (run commits, state of the "
+                        "code since, every comparison), from their results.json alone")
+    p.add_argument("--grids", default="configs/ablations", help="with --index: the grid YAMLs, to list those not run")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     setup_cli_logging()
     directory = Path(args.directory)
+    if args.index:
+        return _index_main(directory, Path(args.grids))
     if not (directory / "results.json").is_file():
         print(f"error: {directory / 'results.json'}: not found (a report directory written by ablate)",
               file=sys.stderr)
@@ -164,4 +171,16 @@ def tables_main(argv: Optional[Sequence[str]] = None) -> int:
     if full.get("mixed_commits"):
         print(full["mixed_commits"].strip("*"), file=sys.stderr)
     print(f"wrote {directory}/results.md, results.json and the figures")
+    return 0
+
+
+def _index_main(directory: Path, grids: Path) -> int:
+    from .index import write_index
+
+    try:
+        out = write_index(directory, grids)
+    except AblationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
     return 0

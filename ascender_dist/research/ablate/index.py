@@ -1,0 +1,252 @@
+"""The index of a folder of ablation reports: one ``results.md`` generated from every report's
+``results.json`` below it (``ascender-dist tables --index DIR``).
+
+It says, for each report, which commit its runs came from and whether the model, trainer or data
+code has changed since (``git log`` over :data:`MODEL_CODE`; a later commit that touches that code but
+was reviewed not to change what a run computes is named, with its reason, in the folder's
+``neutral-commits.yaml``), lists the grids of ``configs/ablations/`` that have no report yet, and
+gives each report's comparisons in one table with a generated reading. Every sentence comes from the
+JSON, so the index cannot drift from the reports it summarises."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+from .grid import AblationError, load_grid
+from .provenance import REPO
+
+# code whose change can change what a run computes
+MODEL_CODE = ("ascender_dist/models", "ascender_dist/training", "ascender_dist/parallel", "ascender_dist/config",
+              "ascender_dist/compat", "data_pipeline")
+NEUTRAL_FILE = "neutral-commits.yaml"
+INDEX_FILE = "results.md"
+
+
+def read_reports(folder: Path) -> list[tuple[str, dict]]:
+    """(sub-folder name, results.json object) of every report directly under ``folder``, by name."""
+    out = []
+    for path in sorted(folder.glob("*/results.json")):
+        try:
+            full = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise AblationError(f"{path}: not readable as JSON ({exc})") from exc
+        if not isinstance(full, dict) or "grid" not in full or "records" not in full:
+            raise AblationError(f"{path}: not a results.json written by ablate (no 'grid' / 'records')")
+        out.append((path.parent.name, full))
+    return out
+
+
+def read_neutral(folder: Path) -> dict:
+    """``{commit prefix: reason}`` from ``folder/neutral-commits.yaml`` (empty when absent)."""
+    path = folder / NEUTRAL_FILE
+    if not path.exists():
+        return {}
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or not all(isinstance(v, str) and v.strip() for v in data.values()):
+        raise AblationError(f"{path}: expected a mapping 'commit: reason' with a non-empty reason for each")
+    return {str(k): v.strip() for k, v in data.items()}
+
+
+def later_model_commits(commit: str, root: Path = REPO) -> Optional[list[tuple[str, str]]]:
+    """(short sha, subject) of the commits after ``commit`` up to HEAD that touch MODEL_CODE, oldest
+    first; None when git cannot answer (not a checkout, unknown commit)."""
+    try:
+        proc = subprocess.run(["git", "-C", str(root), "log", "--reverse", "--format=%h%x09%s", f"{commit}..HEAD",
+                               "--", *MODEL_CODE], capture_output=True, text=True, timeout=60)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    return [tuple(line.split("\t", 1)) for line in proc.stdout.splitlines() if line.strip()]
+
+
+def code_state(commits: list, neutral: dict, root: Path = REPO) -> tuple[str, str]:
+    """("current" / "stale" / "unknown", why) for runs made at ``commits``."""
+    if not commits or None in commits:
+        return "stale", "no git commit recorded in its runs: re-run"
+    changed, judged = [], []
+    for commit in commits:
+        later = later_model_commits(commit, root)
+        if later is None:
+            return "unknown", f"git cannot compare {commit[:7]} with HEAD here"
+        for sha, subject in later:
+            reason = next((r for prefix, r in neutral.items() if sha.startswith(prefix) or prefix.startswith(sha)),
+                          None)  # fmt: skip
+            (judged if reason else changed).append((sha, reason or subject))
+    if changed:
+        shas = sorted({sha for sha, _ in changed})
+        return "stale", f"model/trainer/data code changed since, in {', '.join(shas)}: re-run"
+    if judged:
+        shas = sorted({sha for sha, _ in judged})
+        return "current", (f"the later model/trainer/data commits {', '.join(shas)} were reviewed as not changing "
+                           f"a run (`{NEUTRAL_FILE}`)")
+    return "current", "no model/trainer/data code changed since"
+
+
+def run_commits(full: dict) -> list:
+    """The distinct git commits of a report's runs (None for a run without one), sorted."""
+    found = {(r.get("provenance") or {}).get("git_commit") for r in full["records"]}
+    return sorted(found, key=lambda c: (c is None, c or ""))
+
+
+def _short(commits: list) -> str:
+    return ", ".join(c[:7] if c else "none recorded" for c in commits)
+
+
+def comparison_rows(full: dict) -> list[dict]:
+    """One row per (reference, config) comparison of a report's over-seed tables, with the seeds where
+    the config's metric was lower and, where stored, the per-sequence (document-resampled) result."""
+    tables = full["tables"]
+    per_example = tables.get("per_example") or {}
+    rows, seen = [], set()
+    for table in [tables["main"], *tables.get("vs", {}).values()]:
+        ref = table["baseline"]
+        docs = {c["config"]: c for c in (per_example.get(ref) or {}).get("configs", [])}
+        for c in table["configs"]:
+            cmp_ = c.get("comparison")
+            if not cmp_ or (ref, c["config"]) in seen:  # b − a after a − b: the same comparison again
+                continue
+            seen.add((c["config"], ref))
+            diffs = [d for d in (c.get("per_seed_difference") or {}).values() if d is not None]
+            doc = (docs.get(c["config"]) or {}).get("comparison")
+            rows.append({"reference": ref, "config": c["config"], "n": cmp_["n"], "diff": cmp_["mean_diff"],
+                         "low": cmp_["ci_low"], "high": cmp_["ci_high"], "p_holm": cmp_.get("p_holm"),
+                         "lower": sum(d < 0 for d in diffs), "equal": sum(d == 0 for d in diffs),
+                         "seeds": len(diffs), "doc": doc})
+    return rows
+
+
+def _seed_count(r: dict) -> str:
+    equal = f", equal in {r['equal']}" if r["equal"] else ""
+    return f"lower in {r['lower']}{equal} of {r['seeds']} seeds"
+
+
+def _num(x, fmt: str = "+.4f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _excludes_zero(low, high) -> bool:
+    return low is not None and high is not None and (low > 0 or high < 0)
+
+
+def comparison_table(rows: list[dict], metric: str) -> list[str]:
+    lines = [f"| {metric}: config − reference | Δ over seeds [95% paired t] | p Holm | seeds | "
+             "Δ per sequence [95%, documents resampled] | p Holm |", "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        doc = r["doc"]
+        per_seq = (f"{_num(doc['mean_diff'])} [{_num(doc['ci_low'])}, {_num(doc['ci_high'])}]" if doc else "—")
+        lines.append(f"| {r['config']} − {r['reference']} | {_num(r['diff'])} [{_num(r['low'])}, {_num(r['high'])}] | "
+                     f"{_num(r['p_holm'], '.2g')} | {_seed_count(r)} | {per_seq} | "
+                     f"{_num(doc.get('p_holm'), '.2g') if doc else '—'} |")
+    return lines
+
+
+def reading(rows: list[dict]) -> str:
+    """What the over-seed intervals say, as one generated sentence."""
+    clear = [r for r in rows if _excludes_zero(r["low"], r["high"])]
+    if not clear:
+        return ("Reading: no paired t interval over seeds excludes 0: at this scale no variant differs from its "
+                "reference by more than the seed-to-seed spread.")
+    parts = [f"{r['config']} {'lower' if r['diff'] < 0 else 'higher'} than {r['reference']} "
+             f"({_num(r['diff'])}, {_seed_count(r)}, Holm p {_num(r['p_holm'], '.2g')})" for r in clear]
+    held = [r for r in clear if r["p_holm"] is not None and r["p_holm"] < 0.05]
+    return ("Reading: paired t intervals over seeds (each at 95%, not adjusted) that exclude 0: " + "; ".join(parts)
+            + f". Of these, {len(held)} keep Holm p < 0.05 over the comparisons of their table"
+            + (": " + ", ".join(f"{r['config']} − {r['reference']}" for r in held) if held else "") + ".")
+
+
+def connection_reading(summary: dict) -> str:
+    """Whether the adaptive stop ended any reasoning early, per config, from the validation pass."""
+    early = [f"{cfg} ({c['mean_steps']:.2f} of {c['max_steps']})" for cfg, c in summary.items()
+             if c["mean_steps"] < c["max_steps"] - 1e-9]
+    if not early:
+        return ("Adaptive stop: every Connection config ran its maximum number of reasoning steps on every "
+                "validation state (the stop never ended reasoning early).")
+    return "Adaptive stop: mean reasoning steps below the maximum in " + ", ".join(early) + "."
+
+
+def _display(path: Path, root: Path) -> str:
+    """``path`` relative to the repository root when inside it (the index reads the same from anywhere)."""
+    try:
+        return str(Path(path).resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def configured_grids(grids_dir: Path, root: Path = REPO) -> list[tuple[str, str, int]]:
+    """(grid name, path, number of runs) of every grid YAML in ``grids_dir``."""
+    out = []
+    for path in sorted(grids_dir.glob("*.yaml")):
+        grid = load_grid(path)
+        out.append((grid.name, _display(path, root), len(grid.variants) * len(grid.seeds)))
+    return out
+
+
+def status_table(reports: list, neutral: dict, configured: list, root: Path) -> list[str]:
+    lines = ["| report | grid | runs | seeds | run commit(s) | state |", "|---|---|---:|---|---|---|"]
+    names = set()
+    for folder, full in reports:
+        g = full["grid"]
+        names.add(g["name"])
+        seeds = sorted({r["seed"] for r in full["records"]})
+        commits = run_commits(full)
+        state, why = code_state(commits, neutral, root)
+        mark = f"**{state}**" if state != "current" else state
+        lines.append(f"| [`{folder}/`]({folder}/results.md) | `{g['path']}` | {len(full['records'])} | "
+                     f"{', '.join(map(str, seeds))} | {_short(commits)} | {mark}: {why} |")
+    for name, path, runs in configured:
+        if name not in names:
+            lines.append(f"| — | `{path}` | {runs} planned | — | — | **not run** |")
+    return lines
+
+
+def section(folder: str, full: dict) -> list[str]:
+    g, recs = full["grid"], full["records"]
+    steps = sorted({r["steps"] for r in recs})
+    devices = sorted({str(r.get("device", "cpu")).split(":")[0] for r in recs})
+    env = full.get("environment") or {}
+    lines = [f"## `{g['name']}` — [`{folder}/results.md`]({folder}/results.md)", ""]
+    if g.get("description"):
+        lines += [g["description"], ""]
+    lines += [f"Compared at {g.get('budget') or 'equal training tokens'}; {len(recs)} runs, "
+              f"{'/'.join(map(str, steps))} steps each, on {'/'.join(devices)}"
+              + (f" ({env.get('cpu_count')} cores, Python {env.get('python')})" if env else "") + ".", ""]
+    rows = comparison_rows(full)
+    if rows:
+        lines += comparison_table(rows, full["tables"]["metric"]) + ["", reading(rows), ""]
+    if full.get("connection"):
+        lines += [connection_reading(full["connection"]), ""]
+    if full.get("mixed_commits"):
+        lines += [full["mixed_commits"], ""]
+    return lines
+
+
+def index_markdown(folder: Path, grids_dir: Path, root: Path = REPO) -> str:
+    """The index of ``folder`` (see the module docstring)."""
+    reports = read_reports(folder)
+    if not reports:
+        raise AblationError(f"{folder}: no */results.json below it (a folder of ablate report directories)")
+    neutral = read_neutral(folder)
+    configured = configured_grids(grids_dir, root) if grids_dir.is_dir() else []
+    lines = ["# Research results: index of the ablation reports", "",
+             f"Generated by `ascender-dist tables --index {_display(folder, root)}` from the `results.json` of each report below "
+             "(every number and sentence of this file comes from them); each report's own `results.md` has the "
+             "per-seed values, the cost and the figures. State: whether the model, trainer or data code "
+             f"({', '.join(f'`{p}`' for p in MODEL_CODE)}) changed after the commit the runs were made at"
+             + (f"; commits reviewed as not changing a run are listed in `{NEUTRAL_FILE}`" if neutral else "") + ".",
+             "", *status_table(reports, neutral, configured, root), ""]
+    for name, full in reports:
+        lines += section(name, full)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_index(folder: Path, grids_dir: Path, root: Path = REPO) -> Path:
+    out = folder / INDEX_FILE
+    out.write_text(index_markdown(folder, grids_dir, root))
+    return out

@@ -1,0 +1,133 @@
+"""`ascender-dist tables --index`: the generated index of a folder of ablation reports (state of the
+code since each report's commit, grids not run, every comparison and its reading)."""
+
+import copy
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ascender_dist.research.ablate import index
+from ascender_dist.research.ablate.grid import AblationError
+from ascender_dist.research.ablate.main import tables_main
+
+ROOT = Path(__file__).resolve().parents[2]
+BIAS = ROOT / "benchmarks" / "results" / "research" / "bias" / "results.json"
+
+
+def _git(repo: Path, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _commit(repo: Path, path: str, text: str) -> str:
+    f = repo / path
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(text)
+    _git(repo, "add", path)
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"change {path}")
+    return _git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture()
+def repo(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    return repo
+
+
+def test_docs_only_commits_keep_a_report_current(repo):
+    run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
+    _commit(repo, "docs/notes.md", "text\n")
+    assert index.code_state([run], {}, repo) == ("current", "no model/trainer/data code changed since")
+
+
+def test_a_later_trainer_commit_makes_it_stale_and_is_named(repo):
+    run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
+    later = _commit(repo, "ascender_dist/training/trainer.py", "b = 2\n")
+    state, why = index.code_state([run], {}, repo)
+    assert state == "stale" and later[:7] in why
+
+
+def test_a_reviewed_commit_is_named_not_counted(repo):
+    run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
+    later = _commit(repo, "data_pipeline/shard.py", "c = 3\n")
+    state, why = index.code_state([run], {later[:7]: "metadata only"}, repo)
+    assert state == "current" and later[:7] in why and index.NEUTRAL_FILE in why
+    _commit(repo, "ascender_dist/config/schema.py", "d = 4\n")  # a second, unreviewed one
+    assert index.code_state([run], {later[:7]: "metadata only"}, repo)[0] == "stale"
+
+
+def test_runs_without_a_commit_or_with_an_unknown_one(repo):
+    _commit(repo, "README.md", "x\n")
+    assert index.code_state([None], {}, repo)[0] == "stale"
+    assert index.code_state(["0" * 40], {}, repo)[0] == "unknown"
+
+
+def _report(folder: Path, name: str, commit) -> dict:
+    full = json.loads(BIAS.read_text())
+    for r in full["records"]:
+        r.setdefault("provenance", {})["git_commit"] = commit
+    (folder / name).mkdir(parents=True)
+    (folder / name / "results.json").write_text(json.dumps(full))
+    return full
+
+
+def test_reversed_comparisons_appear_once_and_ties_are_counted():
+    full = json.loads(BIAS.read_text())
+    rows = index.comparison_rows(full)
+    pairs = [(r["config"], r["reference"]) for r in rows]
+    assert ("ascender", "gpt") in pairs and ("gpt", "ascender") not in pairs
+    assert len(pairs) == len(set(pairs)) == 4 + 3  # 4 vs gpt, then 3 vs ascender (gpt − ascender dropped)
+    tied = copy.deepcopy(full)
+    c = tied["tables"]["main"]["configs"][1]
+    c["per_seed_difference"] = {k: 0.0 for k in c["per_seed_difference"]}
+    row = index.comparison_rows(tied)[0]
+    assert (row["lower"], row["equal"]) == (0, 5) and "equal in 5 of 5" in index._seed_count(row)
+
+
+def test_reading_names_only_intervals_that_exclude_zero():
+    rows = [{"config": "a", "reference": "r", "diff": 0.01, "low": 0.002, "high": 0.02, "p_holm": 0.03,
+             "lower": 0, "equal": 0, "seeds": 5},
+            {"config": "b", "reference": "r", "diff": -0.01, "low": -0.02, "high": 0.001, "p_holm": 0.5,
+             "lower": 4, "equal": 0, "seeds": 5}]
+    text = index.reading(rows)
+    assert "a higher than r" in text and "b " not in text and "1 keep Holm p < 0.05" in text
+    assert "no paired t interval" in index.reading(rows[1:])
+
+
+def test_index_lists_every_report_and_each_grid_not_run(tmp_path, capsys):
+    folder = tmp_path / "research"
+    full = _report(folder, "bias", None)
+    grids = tmp_path / "grids"
+    grids.mkdir()
+    shutil.copy(ROOT / "configs" / "ablations" / "bias.yaml", grids / "bias.yaml")
+    shutil.copy(ROOT / "configs" / "ablations" / "omega-sharing.yaml", grids / "omega-sharing.yaml")
+    assert tables_main([str(folder), "--index", "--grids", str(grids)]) == 0
+    text = (folder / "results.md").read_text()
+    assert "| [`bias/`](bias/results.md) |" in text and "**stale**: no git commit recorded" in text
+    assert f"`{grids / 'omega-sharing.yaml'}` | 10 planned |" in text  # outside the repository: as given
+    assert f"{len(full['records'])} runs" in text and "Reading:" in text
+
+
+def test_index_of_a_folder_without_reports_is_a_one_line_error(tmp_path, capsys):
+    assert tables_main([str(tmp_path), "--index", "--grids", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "no */results.json" in err and "\n" not in err
+
+
+def test_a_neutral_file_without_reasons_is_rejected(tmp_path):
+    (tmp_path / index.NEUTRAL_FILE).write_text("abc1234:\n")
+    with pytest.raises(AblationError, match="non-empty reason"):
+        index.read_neutral(tmp_path)
+
+
+def test_committed_index_is_what_the_reports_and_the_code_say_now():
+    """benchmarks/results/research/results.md must be regenerated when a report is added or when a later
+    commit changes model, trainer or data code (which makes reports stale): `ascender-dist tables --index
+    benchmarks/results/research`."""
+    folder = ROOT / "benchmarks" / "results" / "research"
+    generated = index.index_markdown(folder, ROOT / "configs" / "ablations", ROOT)
+    assert (folder / index.INDEX_FILE).read_text() == generated
