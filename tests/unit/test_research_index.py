@@ -131,3 +131,15 @@ def test_committed_index_is_what_the_reports_and_the_code_say_now():
     folder = ROOT / "benchmarks" / "results" / "research"
     generated = index.index_markdown(folder, ROOT / "configs" / "ablations", ROOT)
     assert (folder / index.INDEX_FILE).read_text() == generated
+
+
+def test_a_report_with_runs_from_a_dirty_checkout_is_not_called_current(tmp_path):
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    folder = tmp_path / "research"
+    full = _report(folder, "bias", head)
+    assert "| current: no model/trainer/data code changed since |" in index.index_markdown(folder, tmp_path, ROOT)
+    full["records"][0]["provenance"]["git_dirty"] = True
+    (folder / "bias" / "results.json").write_text(json.dumps(full))
+    assert "**unknown**: 1 run(s) made from a checkout with uncommitted changes" in index.index_markdown(
+        folder, tmp_path, ROOT)

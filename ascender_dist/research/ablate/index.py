@@ -197,6 +197,9 @@ def status_table(reports: list, neutral: dict, configured: list, root: Path) -> 
         seeds = sorted({r["seed"] for r in full["records"]})
         commits = run_commits(full)
         state, why = code_state(commits, neutral, root)
+        dirty = sum(bool((r.get("provenance") or {}).get("git_dirty")) for r in full["records"])
+        if dirty and state == "current":
+            state, why = "unknown", f"{dirty} run(s) made from a checkout with uncommitted changes to tracked files"
         mark = f"**{state}**" if state != "current" else state
         lines.append(f"| [`{folder}/`]({folder}/results.md) | `{g['path']}` | {len(full['records'])} | "
                      f"{', '.join(map(str, seeds))} | {_short(commits)} | {mark}: {why} |")
