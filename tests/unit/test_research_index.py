@@ -119,9 +119,17 @@ def test_index_of_a_folder_without_reports_is_a_one_line_error(tmp_path, capsys)
 
 
 def test_a_neutral_file_without_reasons_is_rejected(tmp_path):
-    (tmp_path / index.NEUTRAL_FILE).write_text("abc1234:\n")
+    (tmp_path / index.NEUTRAL_FILE).write_text('"abc1234":\n')
     with pytest.raises(AblationError, match="non-empty reason"):
         index.read_neutral(tmp_path)
+
+
+def test_a_commit_yaml_reads_as_a_number_must_be_quoted(tmp_path):
+    (tmp_path / index.NEUTRAL_FILE).write_text("0123456: metadata only\n")  # YAML 1.1: octal
+    with pytest.raises(AblationError, match="must be quoted"):
+        index.read_neutral(tmp_path)
+    (tmp_path / index.NEUTRAL_FILE).write_text('"0123456": metadata only\n')
+    assert index.read_neutral(tmp_path) == {"0123456": "metadata only"}
 
 
 def test_committed_index_is_what_the_reports_and_the_code_say_now():
