@@ -12,7 +12,8 @@ are not independent, so the per-sequence statistics resample whole documents
 (:func:`document_bootstrap_ci`, :func:`document_randomization_test`). :func:`holm` adjusts the
 p-values of the comparisons of one table (Holm 1979).
 
-The seed-level bootstrap is :func:`scipy.stats.bootstrap` (percentile method); the randomisation test is a
+The paired bootstrap (:func:`paired_bootstrap_ci`, :func:`scipy.stats.bootstrap`, percentile method) is
+used over seeds only from 10 seeds (``compare_paired`` refuses it below) and over examples; the randomisation test is a
 sign-flip loop written here, because ``scipy.stats.permutation_test(permutation_type="samples")`` is
 ~20x slower on per-example data (argsort-based pair shuffles) and its two-sided p-value is twice the
 smaller one-sided p rather than ``|statistic|``-based. Both are driven by a

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ascender_dist.plotting import EXTRA_HINT
 from benchmarks.gpu_check import attention_table, kernel_tests, training
 from benchmarks.gpu_check.machine import header_lines
 
@@ -31,7 +32,7 @@ def section_lines(name: str, result: dict) -> list[str]:
 def write_section(out: Path, name: str, result: dict, machine: dict, mode: str) -> None:
     if name == "attention" and "points" in result:
         result["plot"] = "attention.png" if attention_table.plot(result, out / "attention.png") else \
-            "not drawn: matplotlib is not installed"
+            f"not drawn: matplotlib is not installed ({EXTRA_HINT})"
     (out / f"{name}.json").write_text(json.dumps({"mode": mode, "machine": machine, **result}, indent=1) + "\n")
     lines = [_title(mode, name), "", *header_lines(machine), "", *section_lines(name, result)]
     if result.get("plot") == "attention.png":

@@ -83,13 +83,21 @@ def test_grid_report_tables_json_and_pngs(grid_run):
     assert full["missing_runs"] == []
 
 
-def test_grid_is_resumable(grid_run):
-    """A second invocation finds every result.json and trains nothing."""
-    result = grid_run["root"] / "runs" / "gpt" / "seed1" / "result.json"
-    before = result.stat().st_mtime_ns
+def test_half_finished_grid_resumes_only_the_unfinished_run(grid_run):
+    """A grid stopped mid-run (one run's directory without its result.json) resumes: the next
+    invocation trains that run again from scratch and leaves every finished run alone."""
+    runs = grid_run["root"] / "runs" / "gpt"
+    finished, interrupted = runs / "seed1" / "result.json", runs / "seed2" / "result.json"
+    before = finished.stat().st_mtime_ns
+    old_record = json.loads(interrupted.read_text())
+    interrupted.unlink()  # as a run killed before it wrote its result
+    (runs / "seed2" / "partial.txt").write_text("left by the killed run")
     _run("-m", "ascender_dist.research.ablate", str(grid_run["grid"]), "--n-resamples", "200", "--no-progress",
-         "--only", "gpt", timeout=120)
-    assert result.stat().st_mtime_ns == before
+         "--only", "gpt", timeout=300)
+    assert finished.stat().st_mtime_ns == before
+    record = json.loads(interrupted.read_text())
+    assert not (runs / "seed2" / "partial.txt").exists()  # started again in a fresh directory
+    assert record["val_loss"] == pytest.approx(old_record["val_loss"], abs=1e-4)  # same seed, same run
 
 
 def test_figures_from_consolidated_checkpoints(grid_run, tmp_path):

@@ -5,8 +5,6 @@ No training here (tests/integration/test_research_figures.py runs a real grid en
 
 import json
 import math
-from pathlib import Path
-
 import shlex
 from pathlib import Path
 
@@ -227,12 +225,46 @@ def test_cli_dry_run_prints_hostfile_and_slurm_commands(tmp_path, capsys):
     cmd = shlex.split(capsys.readouterr().out.strip().splitlines()[1])
     assert cmd[1:7] == ["--hostfile", "hosts", "--master_addr", "node-1", "--num_accelerators", "4"]
     assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "r"), "--slurm"]) == 0
-    cmd = shlex.split(capsys.readouterr().out.strip().splitlines()[1])
+    line = capsys.readouterr().out.strip().splitlines()[1].strip()
+    # pasteable inside the allocation: the line first writes the hostfile the command reads
+    prelude, mkdir, hostfile, launch = line.split("; ", 3)
+    run = tmp_path / "r" / "gpt" / "seed1"
+    assert prelude.startswith(f"export ABLATE_HOSTFILE={run / 'hostfile'} ABLATE_MASTER_ADDR=$(scontrol show")
+    assert mkdir == f"mkdir -p {run}"
+    assert hostfile == 'scontrol show hostnames "$SLURM_JOB_NODELIST" | sed \'s/$/ slots=1/\' > "$ABLATE_HOSTFILE"'
+    cmd = shlex.split(launch)
     assert cmd[:5] == ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c"]
     inner = cmd[5]
     for part in ("--hostfile $ABLATE_HOSTFILE", "--no_ssh", "--node_rank $SLURM_NODEID",
                  "--master_addr $ABLATE_MASTER_ADDR", "run_entry.py --run-one"):
         assert part in inner
+
+
+def test_concurrent_gpu_runs_get_disjoint_devices():
+    from ascender_dist.research.ablate.launch import Launcher, launch_command
+
+    gpu = Launcher(ranks=2, cuda=True)
+    cmds = [launch_command(gpu, ["--run-one", "c.yaml"], 29500, slot) for slot in range(3)]
+    assert [c[c.index("--include") + 1] for c in cmds] == ["localhost:0,1", "localhost:2,3", "localhost:4,5"]
+    assert not any("--num_accelerators" in c for c in cmds)
+    gpu.check_jobs(3, gpus=6)
+    with pytest.raises(ablate.AblationError, match="needs 8 GPUs, this host has 6"):
+        gpu.check_jobs(4, gpus=6)
+    with pytest.raises(ablate.AblationError, match="--jobs 2 with --hostfile"):
+        Launcher(ranks=2, hostfile="hosts", cuda=True).check_jobs(2, gpus=8)
+    cpu = Launcher(ranks=2, cuda=False)
+    cpu.check_jobs(4, gpus=0)  # CPU processes share the cores, no device to split
+    assert launch_command(cpu, [], 29500, 1)[1:3] == ["--num_accelerators", "2"]
+
+
+def test_connection_statistics_add_up_over_data_parallel_ranks():
+    from ascender_dist.research.ablate.launch import merge_connection_stats
+
+    rank0 = {"1": {"max_steps": 2, "steps_hist": [0, 1, 5], "slot_load": [1.0, 2.0]}}
+    rank1 = {"1": {"max_steps": 2, "steps_hist": [1, 0, 3], "slot_load": [0.5, 4.0]}}
+    merged = merge_connection_stats([rank0, rank1])
+    assert merged == {"1": {"max_steps": 2, "steps_hist": [1, 1, 8], "slot_load": [1.5, 6.0]}}
+    assert merge_connection_stats([rank0]) == rank0 and merge_connection_stats([{}, {}]) == {}
 
 
 def test_validation_order_and_document_blocks():

@@ -4,6 +4,7 @@ results.json, ``ascender-dist tables`` rebuilding the report from them, and the 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -45,6 +46,31 @@ def test_one_commit_no_flag_two_commits_or_none_flagged_in_the_first_line():
     assert line.startswith("**Mixed commits") and "aaaaaaaaaaaa" in line and "bbbbbbbbbbbb" in line
     old = [{k: v for k, v in r.items() if k != "provenance"} for r in _records()]
     assert "no git commit" in provenance.mixed_commit_line(old)
+
+
+def test_runs_from_a_dirty_checkout_are_named_in_the_first_line():
+    records = _records()
+    for r in records:
+        r["provenance"]["git_dirty"] = True
+    line = provenance.mixed_commit_line(records)
+    assert line.startswith("**Uncommitted changes") and "aaaaaaaaaaaa" in line
+    records[0]["provenance"]["git_dirty"] = False  # clean and dirty runs of one commit: two states
+    assert provenance.mixed_commit_line(records).startswith("**Mixed commits")
+
+
+def test_untracked_files_make_a_checkout_dirty(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("runs/\n")
+    git("add", ".gitignore")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "result.json").write_text("{}")  # ignored: still clean
+    assert provenance.git_state(tmp_path)["git_dirty"] is False
+    (tmp_path / "new_module.py").write_text("x = 1\n")
+    assert provenance.git_state(tmp_path)["git_dirty"] is True
 
 
 def test_report_of_mixed_commits_says_so_first(tmp_path):
@@ -117,7 +143,25 @@ def test_core_dependencies_leave_out_the_research_packages():
     research = {"matplotlib", "scikit-learn", "scipy"}
     assert not research & names(project["dependencies"])
     assert names(project["optional-dependencies"]["research"]) == research
-    assert research <= names(project["optional-dependencies"]["dev"])
+    dev = project["optional-dependencies"]["dev"]
+    assert any(d.startswith("ascender-dist[") and "research" in d for d in dev)  # [dev] includes [research]
+
+
+def test_core_commands_run_without_the_research_packages():
+    """With matplotlib, scipy and scikit-learn unimportable, the training stack imports and the
+    config and plan commands and the converters load; a plotting command says which extra it needs."""
+    code = "\n".join([
+        "import sys",
+        "for name in ('matplotlib', 'scipy', 'sklearn'): sys.modules[name] = None",
+        "import ascender_dist.training.trainer, ascender_dist.tools.convert, ascender_dist.tools.hf_export",
+        "from ascender_dist.cli import main",
+        "assert main(['print-config', '--config', 'configs/demo.yaml', '--vocab-size', '512']) == 0",
+        "assert main(['plan', '--config', 'configs/demo.yaml', '--vocab-size', '512', '--gpus-per-node', '2']) == 0",
+        "main(['inspect-connection', '--help'])",
+    ])
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"# parameters: [\d,]+ total", proc.stdout) and "| layout " in proc.stdout
 
 
 def test_connection_steps_histogram_and_slot_usage(tmp_path):

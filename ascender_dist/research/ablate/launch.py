@@ -6,6 +6,7 @@ import concurrent.futures
 import hashlib
 import json
 import os
+import queue
 import re
 import shlex
 import shutil
@@ -149,6 +150,20 @@ def _connection_hooks(model, stats: dict) -> list:
     return hooks
 
 
+def merge_connection_stats(per_rank: Sequence[dict]) -> dict:
+    """The Connection statistics of the whole validation set from each data-parallel rank's share
+    (_connection_hooks): step histograms and slot loads add up, layer by layer."""
+    merged: dict = {}
+    for stats in per_rank:
+        for layer, entry in stats.items():
+            into = merged.setdefault(layer, {"max_steps": entry["max_steps"],
+                                             "steps_hist": [0] * len(entry["steps_hist"]),
+                                             "slot_load": [0.0] * len(entry["slot_load"])})
+            into["steps_hist"] = [a + b for a, b in zip(into["steps_hist"], entry["steps_hist"])]
+            into["slot_load"] = [a + b for a, b in zip(into["slot_load"], entry["slot_load"])]
+    return merged
+
+
 def _gather(obj, group=None) -> list:
     import torch.distributed as dist
 
@@ -207,6 +222,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     per_example = per_sequence.losses
     dp_group = mps.get_data_parallel_group()
     example_losses, example_index = order_validation(_gather(per_example, dp_group), cfg.train.micro_batch_size)
+    connection_stats = merge_connection_stats(_gather(connection_stats, dp_group))
     rank_digests = _gather(digest.hexdigest())  # every rank hashes the tokens it read
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return {}
@@ -243,7 +259,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         "train_peak_rss_delta_mib": ((train_peak - rss_before) / 1024
                                      if peak_resettable and train_peak and rss_before else None),
         "omega": _ascender_omegas(trainer.engine.module),
-        "connection": connection_stats or None,  # this rank's validation share (rank 0)
+        "connection": connection_stats or None,  # summed over the data-parallel ranks' validation shares
         "data_sha256": data_sha,
         "setup_s": setup_s, "fit_s": fit_s, "val_s": val_s,
         "torch_threads": torch.get_num_threads(),
@@ -287,12 +303,37 @@ class Launcher:
             self.cuda = bool(torch.cuda.is_available())
         return self.cuda
 
+    def device_ids(self, slot: int) -> Optional[list[int]]:
+        """The GPUs of job slot ``slot`` (0 .. jobs - 1) on a single CUDA host: slot k owns GPUs
+        ``[k * ranks, (k + 1) * ranks)``, so runs that train at the same time never share a GPU (the
+        launcher's ``--num_accelerators`` would start every run on GPUs 0 .. ranks - 1). None on CPU
+        and on multi-node runs (one run at a time there: check_jobs)."""
+        if not self.use_cuda() or self.hostfile or self.slurm:
+            return None
+        return list(range(slot * self.ranks, (slot + 1) * self.ranks))
+
+    def check_jobs(self, jobs: int, gpus: Optional[int] = None) -> None:
+        """Refuse a ``jobs`` x ``ranks`` layout that would put two concurrent runs on one GPU."""
+        if jobs <= 1 or not self.use_cuda():
+            return
+        if self.hostfile or self.slurm:
+            raise AblationError(f"--jobs {jobs} with --hostfile/--slurm: runs at the same time would share the "
+                                "hosts' GPUs; use --jobs 1 (each run spans the hosts)")
+        if gpus is None:
+            import torch
+
+            gpus = torch.cuda.device_count()
+        if jobs * self.ranks > gpus:
+            raise AblationError(f"--jobs {jobs} x --ranks {self.ranks} needs {jobs * self.ranks} GPUs, this host "
+                                f"has {gpus}: lower --jobs")
+
 
 ENTRY = Path(__file__).resolve().with_name("run_entry.py")
 
 
-def launch_command(launcher: Launcher, child_args: Sequence[str], port: int) -> list[str]:
-    """The command line that starts one run's ranks (what ``--dry-run`` prints)."""
+def launch_command(launcher: Launcher, child_args: Sequence[str], port: int, slot: int = 0) -> list[str]:
+    """The command line that starts one run's ranks (what ``--dry-run`` prints); ``slot``: the job slot
+    the run holds (its GPUs on a CUDA host, Launcher.device_ids)."""
     deepspeed = str(Path(sys.executable).with_name("deepspeed"))
     if launcher.slurm:
         inner = [deepspeed, "--hostfile", launcher.hostfile or "$ABLATE_HOSTFILE", "--no_ssh",
@@ -305,7 +346,12 @@ def launch_command(launcher: Launcher, child_args: Sequence[str], port: int) -> 
         cmd += ["--hostfile", launcher.hostfile]
         if launcher.master_addr:
             cmd += ["--master_addr", launcher.master_addr]
-    cmd += ["--num_accelerators", str(launcher.ranks), "--master_port", str(port), str(ENTRY), *child_args]
+    devices = launcher.device_ids(slot)
+    if devices is None:
+        cmd += ["--num_accelerators", str(launcher.ranks)]
+    else:
+        cmd += ["--include", "localhost:" + ",".join(map(str, devices))]
+    cmd += ["--master_port", str(port), str(ENTRY), *child_args]
     return cmd
 
 
@@ -319,6 +365,17 @@ def slurm_hostfile(path: Path, ranks: int) -> tuple[Path, str]:
                            check=True).stdout.split()
     path.write_text("".join(f"{h} slots={ranks}\n" for h in hosts))
     return path, hosts[0]
+
+
+def slurm_prelude(directory: Path, ranks: int, master_addr: Optional[str]) -> str:
+    """The shell line that sets what a ``--slurm`` launch command reads (``$ABLATE_HOSTFILE``,
+    ``$ABLATE_MASTER_ADDR``) as slurm_hostfile does, so a printed command runs when pasted inside the
+    allocation."""
+    hosts = 'scontrol show hostnames "$SLURM_JOB_NODELIST"'
+    hostfile = shlex.quote(str(directory / "hostfile"))
+    master = shlex.quote(master_addr) if master_addr else f"$({hosts} | head -n 1)"
+    return (f"export ABLATE_HOSTFILE={hostfile} ABLATE_MASTER_ADDR={master}; mkdir -p {shlex.quote(str(directory))}; "
+            f"{hosts} | sed 's/$/ slots={ranks}/' > \"$ABLATE_HOSTFILE\"")
 
 
 def _child_env(threads: int, launcher: Launcher) -> dict:
@@ -351,8 +408,9 @@ def _last_error_line(log_file: Path) -> str:
 
 
 def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: Optional[float] = None,
-               launcher: Optional[Launcher] = None) -> dict:
-    """Run one (variant, seed) through the launcher unless its result exists; return its record."""
+               launcher: Optional[Launcher] = None, slot: int = 0) -> dict:
+    """Run one (variant, seed) through the launcher unless its result exists; return its record.
+    ``slot``: the job slot it holds (which GPUs it may use)."""
     launcher = launcher or Launcher()
     directory = run_dir(grid, variant, seed)
     result_file = directory / RESULT
@@ -369,7 +427,7 @@ def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: O
     if launcher.slurm and not launcher.hostfile:
         hostfile, master = slurm_hostfile(directory / "hostfile", launcher.ranks)
         env["ABLATE_HOSTFILE"], env["ABLATE_MASTER_ADDR"] = str(hostfile), launcher.master_addr or master
-    cmd = launch_command(launcher, child_args(grid, variant, seed), _free_port())
+    cmd = launch_command(launcher, child_args(grid, variant, seed), _free_port(), slot)
     log_file = directory / "run.log"
     (directory / "launch.txt").write_text(shlex.join(cmd) + "\n")
     with open(log_file, "w") as out:
@@ -394,10 +452,23 @@ def run_grid(grid: Grid, jobs: Optional[int] = None, threads: Optional[int] = No
     done = [(v, s) for v, s in todo if (run_dir(grid, v, s) / RESULT).exists()]
     pending = [t for t in todo if t not in done]
     bar = tqdm(total=len(todo), initial=len(done), unit="run", desc=f"ablate {grid.name}", disable=not progress)
+    launcher = launcher or Launcher()
+    launcher.check_jobs(min(jobs, max(1, len(pending))))
+    slots: queue.Queue = queue.Queue()
+    for k in range(jobs):
+        slots.put(k)
+
+    def in_slot(v: Variant, s: int) -> dict:  # holds a job slot (its GPUs) while the run trains
+        k = slots.get()
+        try:
+            return launch_run(grid, v, s, threads, None, launcher, k)
+        finally:
+            slots.put(k)
+
     records = []
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(launch_run, grid, v, s, threads, None, launcher): (v, s) for v, s in pending}
+            futures = {pool.submit(in_slot, v, s): (v, s) for v, s in pending}
             for future in concurrent.futures.as_completed(futures):
                 v, s = futures[future]
                 record = future.result()  # AblationError propagates (other runs finish first)

@@ -15,8 +15,8 @@ from ascender_dist.logs import setup_cli_logging
 
 from .collect import collect_records
 from .grid import RESULT, AblationError, ensure_dataset, load_grid, run_config, run_dir
-from .launch import Launcher, child_args, launch_command, run_grid, run_one
-from .provenance import commits_of, mixed_commit_line
+from .launch import Launcher, child_args, launch_command, run_grid, run_one, slurm_prelude
+from .provenance import commits_of
 from .report import rebuild, write_report
 
 
@@ -70,16 +70,21 @@ def estimate(grid, variant, seed, ranks: int) -> str:
             f"{p.memory.total / 2**30:.2f} GiB/GPU, ~{p.train_seconds:.3g} s on {ranks} H100 at 40% MFU")
 
 
-def dry_run(grid, launcher: Launcher) -> None:
+def dry_run(grid, launcher: Launcher, jobs: Optional[int] = None) -> None:
     """Every run: name, seed, directory, done/pending, estimated cost, launch command, overrides."""
-    port = 29500
+    port, jobs, k = 29500, max(1, jobs or grid.jobs), 0
+    launcher.check_jobs(jobs)
     for s in grid.seeds:
         for v in grid.variants:
             directory = run_dir(grid, v, s)
             done = (directory / RESULT).exists()
-            cmd = shlex.join(launch_command(launcher, child_args(grid, v, s), port))
+            # job slots are taken as runs finish; the dry run shows them round robin
+            cmd = shlex.join(launch_command(launcher, child_args(grid, v, s), port, k % jobs))
+            k += 0 if done else 1
             print(f"{v.name}\tseed {s}\t{directory}\t{'done' if done else 'pending'}\t"
                   f"{estimate(grid, v, s, launcher.ranks)}\t{json.dumps(v.overrides)}")
+            if launcher.slurm and not launcher.hostfile:
+                cmd = slurm_prelude(directory, launcher.ranks, launcher.master_addr) + "; " + cmd
             print(f"    {cmd}")
 
 
@@ -119,7 +124,7 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
         launcher = Launcher(ranks=max(1, args.ranks or grid.ranks), hostfile=args.hostfile, slurm=args.slurm,
                             master_addr=args.master_addr)
         if args.dry_run:
-            dry_run(grid, launcher)
+            dry_run(grid, launcher, args.jobs)
             return 0
         if not args.report_only:
             if grid.dataset is not None:
@@ -129,9 +134,9 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
         if not records:
             print(f"error: {grid.runs_dir}: no finished runs to report", file=sys.stderr)
             return 2
-        mixed = mixed_commit_line(records)
-        if mixed and not args.allow_mixed_commits:
-            commits = ", ".join(f"{c[:12]}: {len(r)} runs" for c, r in commits_of(records).items())
+        by_commit = commits_of(records)  # one clean or dirty commit: reported in the first line, not refused
+        if (len(by_commit) > 1 or "unrecorded" in by_commit) and not args.allow_mixed_commits:
+            commits = ", ".join(f"{c[:12]}: {len(r)} runs" for c, r in by_commit.items())
             print(f"error: {grid.runs_dir}: records of more than one commit, or without one ({commits}); "
                   "re-run them on one commit, or pass --allow-mixed-commits", file=sys.stderr)
             return 2

@@ -22,11 +22,12 @@ REPO = Path(__file__).resolve().parents[3]
 
 def git_state(root: Path = REPO) -> dict:
     """``{"git_commit": sha or None, "git_dirty": bool or None}`` (None: not a git checkout).
-    Dirty: tracked files differ from the commit (untracked files are not counted)."""
+    Dirty: tracked files differ from the commit, or files that git does not ignore are untracked (a
+    new module that is not committed changes what runs as much as an edit)."""
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=30, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=normal"],
                                 capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return {"git_commit": None, "git_dirty": None}
@@ -75,9 +76,14 @@ def commits_of(records: Sequence[dict]) -> dict:
 
 def mixed_commit_line(records: Sequence[dict]) -> Optional[str]:
     """The first line of a table built from records of more than one commit (or of records that
-    predate provenance recording, "unrecorded"); None when every record names the same commit."""
+    predate provenance recording, "unrecorded"), or of one commit with uncommitted changes; None when
+    every record names the same clean commit."""
     commits = commits_of(records)
     if len(commits) == 1 and "unrecorded" not in commits:
+        (only,) = commits
+        if only.endswith("+dirty"):
+            return (f"**Uncommitted changes: every run was made from commit {only[:12]} with uncommitted changes "
+                    "(git status not clean); the commit alone may not reproduce them.**")
         return None
     parts = [f"{c[:12] if c != 'unrecorded' else 'no recorded commit'} ({len(runs)} runs)"
              for c, runs in commits.items()]
