@@ -92,13 +92,12 @@ def _under_launcher() -> bool:
 def _relaunch(world_size: int, argv: list[str]) -> None:
     """Run this command again on ``world_size`` local ranks through the deepspeed launcher."""
     import os
-    import socket
     import subprocess
 
+    from ascender_dist.ports import free_port
+
     launcher = Path(sys.executable).with_name("deepspeed")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
     script = Path(__file__).resolve().parent / "launch_entry.py"

@@ -26,7 +26,7 @@ fi
 # The deepspeed launcher leaves OMP_NUM_THREADS unset (every rank would use every core).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NUM_RANKS > 0 ? $(nproc) / NUM_RANKS : 1 ))}
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
-PORT=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+PORT=$(python -c 'from ascender_dist.ports import free_port; print(free_port())')  # below the ephemeral range
 deepspeed --num_accelerators "$NUM_RANKS" --master_port "$PORT" launch/train.py \
   --config "$DEMO_CONFIG" \
   --set "output_dir=$DEMO_DIR" \

@@ -49,7 +49,7 @@ if [ -z "${NUM_RANKS:-}" ]; then
   [ "$gpus" -eq 0 ] || [ -z "${CUDA_VISIBLE_DEVICES:-}" ] || ranks_arg=()
 fi
 [ "$NUM_RANKS" -ge 1 ] || die "NUM_RANKS must be at least 1"
-MASTER_PORT=${MASTER_PORT:-$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+MASTER_PORT=${MASTER_PORT:-$(python -c 'from ascender_dist.ports import free_port; print(free_port())')}
 # The launcher leaves OMP_NUM_THREADS unset: every rank would use every core.
 cores=$(nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / NUM_RANKS > 0 ? cores / NUM_RANKS : 1 ))}

@@ -144,15 +144,13 @@ def shutdown_process_group() -> None:
 def init_single_process() -> None:
     """A private 1-rank gloo group for single-process tools (inspection, figures). A fresh port is
     picked every time: an inherited MASTER_PORT may belong to another live group."""
-    import socket
-
     import torch.distributed as dist
+
+    from ascender_dist.ports import free_port
 
     if dist.is_initialized():
         return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     init_process_group()

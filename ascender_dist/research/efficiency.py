@@ -219,11 +219,9 @@ def row_config(row: str, preset: str, batch: int, vocab: int, overrides: Sequenc
 
 
 def _run_child(spec: dict, threads: int, timeout: float) -> dict:
-    import socket
+    from ascender_dist.ports import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(threads)}
     env.setdefault("DS_ACCELERATOR", "cuda" if _cuda() else "cpu")

@@ -18,13 +18,14 @@ import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+
+from ascender_dist.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,10 +34,6 @@ class RankFailure(AssertionError):
     pass
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_launcher_job(config: Path, stdout: Path, stderr: Path | None = None, *extra: str) -> subprocess.Popen:

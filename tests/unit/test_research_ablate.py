@@ -240,9 +240,10 @@ def test_cli_dry_run_prints_hostfile_and_slurm_commands(tmp_path, capsys):
         assert part in inner
 
 
-def test_concurrent_gpu_runs_get_disjoint_devices():
+def test_concurrent_gpu_runs_get_disjoint_devices(monkeypatch):
     from ascender_dist.research.ablate.launch import Launcher, launch_command
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     gpu = Launcher(ranks=2, cuda=True)
     cmds = [launch_command(gpu, ["--run-one", "c.yaml"], 29500, slot) for slot in range(3)]
     assert [c[c.index("--include") + 1] for c in cmds] == ["localhost:0,1", "localhost:2,3", "localhost:4,5"]
@@ -255,6 +256,12 @@ def test_concurrent_gpu_runs_get_disjoint_devices():
     cpu = Launcher(ranks=2, cuda=False)
     cpu.check_jobs(4, gpus=0)  # CPU processes share the cores, no device to split
     assert launch_command(cpu, [], 29500, 1)[1:3] == ["--num_accelerators", "2"]
+    # an allocation that shows some GPUs: slots take the visible ones in groups (--include is physical)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    assert [gpu.device_ids(k) for k in (0, 1)] == [[4, 5], [6, 7]]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f3a")
+    with pytest.raises(ablate.AblationError, match="not UUIDs"):
+        gpu.device_ids(0)
 
 
 def test_connection_statistics_add_up_over_data_parallel_ranks():

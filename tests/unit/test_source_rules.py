@@ -82,3 +82,20 @@ METADATA_ALLOWED = {ROOT / "ascender_dist" / "versions.py", ROOT / "launch" / "t
 def test_only_versions_module_reads_package_metadata():
     files = [p for p in _python_files() if p not in METADATA_ALLOWED]
     assert _offences(METADATA_VERSION_CALL, files) == []
+
+
+# a port from bind(("127.0.0.1", 0)) lies in the ephemeral range, where outgoing connections can take it
+# before the launched process listens: rendezvous ports come from ascender_dist/ports.py alone
+PORT_ZERO_BIND = re.compile(r"\.bind\(\s*\([^()]*,\s*0\s*\)\s*\)")
+
+
+def test_port_zero_bind_pattern():
+    assert PORT_ZERO_BIND.search('sock.bind(("127.0.0.1", 0))') and PORT_ZERO_BIND.search("s.bind((host, 0))")
+    assert not PORT_ZERO_BIND.search("sock.bind((host, port))")
+
+
+def test_only_the_ports_module_picks_ports_by_binding_port_zero():
+    files = [p for p in _python_files() if p != ROOT / "ascender_dist" / "ports.py"]
+    files += sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "launch").rglob("*.sh"))  # the scripts' one-liners
+    exempt = {"test_source_rules.py", "test_ports.py"}  # the rule itself; the test holding a kernel-picked port
+    assert _offences(PORT_ZERO_BIND, [p for p in files if p.name not in exempt]) == []

@@ -10,7 +10,6 @@ import queue
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import torch
 import yaml
 
 
+from ascender_dist.ports import free_port
 from ascender_dist.training.callbacks import Callback
 
 from .collect import _load_record
@@ -275,12 +275,6 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
 
 # ============================================================================ running the grid (parent)
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @dataclass
 class Launcher:
     """How each run is started: the ``deepspeed`` launcher, as training is (docs/cluster.md).
@@ -310,7 +304,16 @@ class Launcher:
         and on multi-node runs (one run at a time there: check_jobs)."""
         if not self.use_cuda() or self.hostfile or self.slurm:
             return None
-        return list(range(slot * self.ranks, (slot + 1) * self.ranks))
+        mine = slice(slot * self.ranks, (slot + 1) * self.ranks)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+        if not visible:
+            return list(range(mine.start, mine.stop))
+        # --include names physical GPUs (the launcher drops CUDA_VISIBLE_DEVICES): slot k gets the
+        # k-th group of the visible ones
+        try:
+            return [int(x) for x in visible.split(",")][mine]
+        except ValueError:
+            raise AblationError(f"CUDA_VISIBLE_DEVICES={visible!r}: --jobs needs GPU indices, not UUIDs") from None
 
     def check_jobs(self, jobs: int, gpus: Optional[int] = None) -> None:
         """Refuse a ``jobs`` x ``ranks`` layout that would put two concurrent runs on one GPU."""
@@ -427,7 +430,7 @@ def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: O
     if launcher.slurm and not launcher.hostfile:
         hostfile, master = slurm_hostfile(directory / "hostfile", launcher.ranks)
         env["ABLATE_HOSTFILE"], env["ABLATE_MASTER_ADDR"] = str(hostfile), launcher.master_addr or master
-    cmd = launch_command(launcher, child_args(grid, variant, seed), _free_port(), slot)
+    cmd = launch_command(launcher, child_args(grid, variant, seed), free_port(), slot)
     log_file = directory / "run.log"
     (directory / "launch.txt").write_text(shlex.join(cmd) + "\n")
     with open(log_file, "w") as out:
