@@ -88,8 +88,8 @@ def code_state(commits: list, neutral: dict, root: Path = REPO) -> tuple[str, st
         return "stale", f"model/trainer/data code changed since, in {', '.join(shas)}: re-run"
     if judged:
         shas = sorted({sha for sha, _ in judged})
-        return "current", (f"the later model/trainer/data commits {', '.join(shas)} were reviewed as not changing "
-                           f"a run (`{NEUTRAL_FILE}`)")
+        which = f"commits {', '.join(shas)} were" if len(shas) > 1 else f"commit {shas[0]} was"
+        return "current", f"the later model/trainer/data {which} reviewed as not changing a run (`{NEUTRAL_FILE}`)"
     return "current", "no model/trainer/data code changed since"
 
 
