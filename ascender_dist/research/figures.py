@@ -255,7 +255,7 @@ def plot_decomposition(maps: dict, labels: list[str], path: Path, title: str, he
     """Figure 1: one row per head, columns S_base, β̃_align, β̃_sep, β̃_coh, S, A."""
     plt = _plt()
     n = len(labels)
-    size = max(1.8, min(3.2, 0.075 * n + 0.6))
+    size = max(2.2, min(4.2, 0.12 * n + 0.6))  # inches per panel: ~7-pt token labels stay apart
     fig, axes = plt.subplots(len(heads), len(PANELS), figsize=(size * len(PANELS) + 1, size * len(heads) + 0.8),
                              squeeze=False)
     vis = torch.ones(n, n, dtype=torch.bool).tril()
@@ -287,11 +287,13 @@ def plot_decomposition(maps: dict, labels: list[str], path: Path, title: str, he
                 image = ax.imshow(m, cmap=cmap, interpolation="nearest")
             fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02).ax.tick_params(labelsize=5)
             ax.set_title(f"head {head}: {panel}" if col == 0 else panel, fontsize=7)
-            fs = max(3, min(6, int(220 / max(n, 1))))
-            ax.set_xticks(range(n))
-            ax.set_yticks(range(n))
-            ax.set_xticklabels(labels, rotation=90, fontsize=fs, family="monospace")
-            ax.set_yticklabels(labels, fontsize=fs, family="monospace")
+            # 7-pt labels (readable at 100%), every `step`-th token when more would overlap
+            step = max(1, math.ceil(n / 24))
+            ticks = list(range(0, n, step))
+            ax.set_xticks(ticks)
+            ax.set_yticks(ticks)
+            ax.set_xticklabels([labels[t] for t in ticks], rotation=90, fontsize=7, family="monospace")
+            ax.set_yticklabels([labels[t] for t in ticks], fontsize=7, family="monospace")
             ax.tick_params(length=0)
             if row == len(heads) - 1:
                 ax.set_xlabel("key j", fontsize=6)
@@ -304,14 +306,17 @@ def plot_decomposition(maps: dict, labels: list[str], path: Path, title: str, he
 
 
 def plot_head_heatmaps(values: np.ndarray, stds: Optional[np.ndarray], layer_numbers: Sequence, path: Path,
-                       title: str, panel_names: Sequence[str]) -> None:
+                       title: str, panel_names: Sequence[str],
+                       value_range: Optional[tuple[float, float]] = None) -> None:
     """Figure 4: values [rows, heads, len(panel_names)] as one annotated heatmap per panel; a row is a
-    layer (int: "layer n") or any labelled row (str, e.g. "seed 2, layer 1")."""
+    layer (int: "layer n") or any labelled row (str, e.g. "seed 2, layer 1"). ``value_range``: the
+    colour scale (default: this figure's values), shared when several figures are compared."""
     plt = _plt()
     L, H, P = values.shape
     fig, axes = plt.subplots(1, P, figsize=(P * (0.55 * H + 1.6) + 1.0, 0.5 * L + 1.6), squeeze=False,
                              layout="constrained")
-    lo, hi = float(np.nanmin(values)), float(np.nanmax(values))  # one colour scale: panels are compared
+    # one colour scale: the panels (and, with value_range, the figures) are compared
+    lo, hi = value_range or (float(np.nanmin(values)), float(np.nanmax(values)))
     mid = (lo + hi) / 2
     for p in range(P):
         ax = axes[0][p]
@@ -455,47 +460,121 @@ def make_figures(models: Sequence[tuple[Optional[str], Path]], out_dir: Path, *,
                                        f"({directory.name}, step {lm.step}), layer {number}, example {e}", chosen)
                     summary["figure1"].append(str(path))
         del lm
-    # ---- Figure 4 per label (mean over its directories)
+    # ---- Figure 4: per label, one row per (seed, layer); drawn together so they share colour scales
     for label, entries in by_label.items():
         numbers = sorted(set.intersection(*[set(e["omega"]) for e in entries])) if entries[0]["omega"] else []
         if not numbers:
             continue
         # head h of one seed and head h of another are unrelated: one row per (seed, layer), never a mean
         omega = np.stack([np.stack([e["omega"][n] for n in numbers]) for e in entries])  # [seeds, L, H, 3]
-        rows = [f"run {i + 1}, layer {n}" for i in range(len(entries)) for n in numbers]
-        path = out_dir / f"fig4_{_safe(label)}_omega.png"
-        plot_head_heatmaps(omega.reshape(-1, *omega.shape[2:]), None, rows, path,  # [seeds*L, H, 3]
-                           f"Figure 4: learned ω per head, {label}, one row per run (seed) and layer",
-                           [f"ω_{b}" for b in BIASES])
-        fig4 = {"omega_png": str(path), "layers": numbers, "n_seeds": len(entries),
-                "omega_per_run": omega.tolist(), "dirs": [e["record"]["dir"] for e in entries]}
+        fig4 = {"layers": numbers, "n_seeds": len(entries), "omega_per_run": omega.tolist(),
+                "dirs": [e["record"]["dir"] for e in entries]}
         if all(set(numbers) <= set(e["mass_moved"]) for e in entries):
             mm = np.stack([np.stack([e["mass_moved"][n] for n in numbers]) for e in entries])  # [seeds, L, H, 3]
-            mpath = out_dir / f"fig4_{_safe(label)}_mass_moved.png"
-            plot_head_heatmaps(mm.reshape(-1, *mm.shape[2:]), None, rows, mpath,
-                               f"Figure 4b: attention mass moved by each bias (TV distance), {label}, mean over "
-                               "examples, one row per run (seed) and layer", [f"mass moved: {b}" for b in BIASES])
-            fig4.update(mass_moved_png=str(mpath), mass_moved_per_run=mm.tolist())
+            fig4["mass_moved_per_run"] = mm.tolist()
         summary["figure4"][label] = fig4
+    seed_of_dir = {m["dir"]: m["seed"] for m in summary["models"]}
+    draw_figure4(summary["figure4"], seed_of_dir, out_dir)
     # ---- Table 4
     if cluster_records:
-        md_s, obj_s = summary_table(cluster_records, METRICS)
-        md_a, obj_a = summary_table([{"config": r["config"], "seed": r["seed"],
-                                      **{m: r[f"argmax_{m}"] for m in METRICS}} for r in cluster_records], METRICS)
-        md = ("# Table 4: cluster quality of attention-induced token groups\n\n"
-              "Groups from the head-averaged attention map of every attention layer; pseudo-labels: lexical "
-              "token classes (`research.clusters.pseudo_labels_from_tokens`); Calinski-Harabasz and silhouette "
-              "in the space of the hidden states entering the layer. Per directory: mean over "
-              f"{cluster_examples} validation sequences × layers; table: mean ± std over directories (seeds).\n\n"
-              "## spectral clustering (k = number of pseudo-label classes in the sequence)\n\n" + md_s +
-              "\n## argmax groups (each token joins the key it attends to most)\n\n" + md_a)
-        (out_dir / "table4_clusters.md").write_text(md)
+        _, obj_s = summary_table(cluster_records, METRICS)
+        _, obj_a = summary_table(_argmax_rows(cluster_records), METRICS)
         table4 = {"metrics": list(METRICS), "spectral": obj_s, "argmax": obj_a, "rows": cluster_records,
                   "per_layer": per_layer, "settings": {"cluster_examples": cluster_examples,
                                                        "cluster_tokens": cluster_tokens, "features": "hidden states "
                                                        "entering the layer", "attention": "mean over heads"}}
+        (out_dir / "table4_clusters.md").write_text(table4_markdown(table4, seed_of_dir))
         (out_dir / "table4_clusters.json").write_text(json.dumps(_json_safe(table4), indent=1))
         summary["table4"] = {"md": str(out_dir / "table4_clusters.md"), "json": str(out_dir / "table4_clusters.json")}
+    (out_dir / "figures.json").write_text(json.dumps(_json_safe(summary), indent=1))
+    return summary
+
+
+def _row_labels(seeds: Sequence, layers: Sequence[int]) -> list[str]:
+    return [f"seed {s}, layer {n}" for s in seeds for n in layers]
+
+
+def _shared_range(arrays: Sequence[np.ndarray]) -> Optional[tuple[float, float]]:
+    finite = [a[np.isfinite(a)] for a in arrays]
+    finite = [a for a in finite if a.size]
+    if not finite:
+        return None
+    return float(min(a.min() for a in finite)), float(max(a.max() for a in finite))
+
+
+def draw_figure4(fig4: dict, seed_of_dir: dict, out_dir: Path) -> None:
+    """Figure 4 from its data (``figures.json``'s ``figure4``): per label the learned ω and the mass each
+    bias moves, one row per (seed, layer); every ω figure shares one colour scale, every mass-moved
+    figure another, so the labels (all biases vs one removed) can be compared by colour. Writes the PNG
+    paths into ``fig4``."""
+    key = lambda name: [np.asarray(e[name], dtype=float) for e in fig4.values() if name in e]  # noqa: E731
+    omega_range, mass_range = _shared_range(key("omega_per_run")), _shared_range(key("mass_moved_per_run"))
+    for label, e in fig4.items():
+        rows = _row_labels([seed_of_dir.get(d, "?") for d in e["dirs"]], e["layers"])
+        omega = np.asarray(e["omega_per_run"], dtype=float)  # [seeds, L, H, 3]
+        path = out_dir / f"fig4_{_safe(label)}_omega.png"
+        plot_head_heatmaps(omega.reshape(-1, *omega.shape[2:]), None, rows, path,  # [seeds*L, H, 3]
+                           f"Figure 4: learned ω per head, {label}, one row per seed and layer (colour scale "
+                           "shared by every label)", [f"ω_{b}" for b in BIASES], omega_range)
+        e["omega_png"] = str(path)
+        if "mass_moved_per_run" in e:
+            mm = np.asarray(e["mass_moved_per_run"], dtype=float)  # [seeds, L, H, 3]
+            mpath = out_dir / f"fig4_{_safe(label)}_mass_moved.png"
+            plot_head_heatmaps(mm.reshape(-1, *mm.shape[2:]), None, rows, mpath,
+                               f"Figure 4b: attention mass moved by each bias (TV distance), {label}, mean over "
+                               "examples, one row per seed and layer (colour scale shared by every label)",
+                               [f"mass moved: {b}" for b in BIASES], mass_range)
+            e["mass_moved_png"] = str(mpath)
+
+
+def _argmax_rows(rows: Sequence[dict]) -> list[dict]:
+    return [{"config": r["config"], "seed": r["seed"], **{m: r[f"argmax_{m}"] for m in METRICS}} for r in rows]
+
+
+def _per_seed_table(rows: Sequence[dict], metrics: Sequence[str], seed_of_dir: dict) -> str:
+    """One line per directory (its "seed" key): the training seed it was made with, every metric."""
+    lines = ["| config | seed | " + " | ".join(metrics) + " |", "|---|---:|" + "---:|" * len(metrics)]
+    for r in rows:
+        cells = [f"{r[m]:.4g}" if isinstance(r.get(m), (int, float)) and math.isfinite(r[m]) else "—" for m in metrics]
+        lines.append(f"| {r['config']} | {seed_of_dir.get(r['seed'], r['seed'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def table4_markdown(table4: dict, seed_of_dir: dict) -> str:
+    """table4_clusters.md from its JSON: mean ± std over seeds, then every seed's value, for spectral
+    and argmax groups (rows name their directory; ``seed_of_dir`` gives its training seed)."""
+    from .tables import summary_table
+
+    metrics, settings, rows = table4["metrics"], table4["settings"], table4["rows"]
+    argmax = _argmax_rows(rows)
+    md_s, _ = summary_table(rows, metrics)
+    md_a, _ = summary_table(argmax, metrics)
+    return ("# Table 4: cluster quality of attention-induced token groups\n\n"
+            "Groups from the head-averaged attention map of every attention layer; pseudo-labels: lexical "
+            "token classes (`research.clusters.pseudo_labels_from_tokens`); Calinski-Harabasz and silhouette "
+            "in the space of the hidden states entering the layer. Per directory: mean over "
+            f"{settings['cluster_examples']} validation sequences × layers; tables: mean ± std over directories "
+            "(seeds), then every seed's value.\n\n"
+            "## spectral clustering (k = number of pseudo-label classes in the sequence)\n\n" + md_s +
+            "\nPer seed:\n\n" + _per_seed_table(rows, metrics, seed_of_dir) +
+            "\n## argmax groups (each token joins the key it attends to most)\n\n" + md_a +
+            "\nPer seed:\n\n" + _per_seed_table(argmax, metrics, seed_of_dir))
+
+
+def redraw(out_dir: Path) -> dict:
+    """Figure 4 and Table 4 again from ``figures.json`` and ``table4_clusters.json`` in ``out_dir``,
+    without the checkpoints (Figure 1 needs the models: its attention maps are not stored)."""
+    from ascender_dist.config.errors import UserError
+
+    try:
+        summary = json.loads((out_dir / "figures.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{out_dir / 'figures.json'}: cannot read it ({exc})") from None
+    seed_of_dir = {m["dir"]: m["seed"] for m in summary["models"]}
+    draw_figure4(summary["figure4"], seed_of_dir, out_dir)
+    table4_json = out_dir / "table4_clusters.json"
+    if table4_json.exists():
+        (out_dir / "table4_clusters.md").write_text(table4_markdown(json.loads(table4_json.read_text()), seed_of_dir))
     (out_dir / "figures.json").write_text(json.dumps(_json_safe(summary), indent=1))
     return summary
 
@@ -538,12 +617,23 @@ def figures_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--heads", default=None, help="Figure 1: comma-separated heads (default: all)")
     p.add_argument("--cluster-examples", type=int, default=8, help="Table 4 / Fig. 4b: validation sequences")
     p.add_argument("--cluster-tokens", type=int, default=None, help="Table 4: tokens per sequence (default: seq_length)")
+    p.add_argument("--redraw", action="store_true",
+                   help="draw Figure 4 and write Table 4 again from --out's figures.json and table4_clusters.json "
+                        "(no models; Figure 1 needs them)")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     from ascender_dist.config.errors import UserError
     from ascender_dist.logs import quiet_library_warnings
 
     quiet_library_warnings()
     setup_cli_logging()
+    if args.redraw:
+        try:
+            summary = redraw(Path(args.out))
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"redrew Figure 4 for {sorted(summary['figure4'])} and Table 4 in {args.out}")
+        return 0
     models = [(None, Path(d)) for d in args.dirs] + _parse_models(args.model)
     if not models:
         print("error: give consolidated directories (positional or --model LABEL=DIR)", file=sys.stderr)

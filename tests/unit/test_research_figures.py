@@ -1,0 +1,54 @@
+"""Figure 4 and Table 4 redrawn from their JSON (no checkpoints): rows name seeds, every label's
+heatmap shares one colour scale, Table 4 lists every seed's value."""
+
+import json
+
+import numpy as np
+
+from ascender_dist.research import figures
+
+
+def _summary(tmp_path):
+    rng = np.random.default_rng(0)
+    dirs = {"ascender": ["runs/a-seed3", "runs/a-seed7"], "no_align": ["runs/n-seed3", "runs/n-seed7"]}
+    scale = {"ascender": 1.0, "no_align": 3.0}  # different ranges: a per-figure scale would hide it
+    fig4 = {label: {"layers": [1, 2], "n_seeds": 2, "dirs": ds,
+                    "omega_per_run": (scale[label] * rng.random((2, 2, 4, 3))).tolist(),
+                    "mass_moved_per_run": rng.random((2, 2, 4, 3)).tolist()} for label, ds in dirs.items()}
+    models = [{"dir": d, "seed": int(d[-1]), "label": label} for label, ds in dirs.items() for d in ds]
+    rows = [{"config": m["label"], "seed": m["dir"], **{k: float(i) for k in figures.METRICS},
+             **{f"argmax_{k}": float(-i) for k in figures.METRICS}} for i, m in enumerate(models)]
+    table4 = {"metrics": list(figures.METRICS), "rows": rows, "settings": {"cluster_examples": 2}}
+    (tmp_path / "figures.json").write_text(json.dumps({"figure1": [], "figure4": fig4, "table4": None,
+                                                       "models": models}))
+    (tmp_path / "table4_clusters.json").write_text(json.dumps(table4))
+    return fig4
+
+
+def test_redraw_labels_rows_by_seed_and_shares_one_scale(tmp_path, monkeypatch):
+    fig4 = _summary(tmp_path)
+    calls = []
+    monkeypatch.setattr(figures, "plot_head_heatmaps",
+                        lambda values, stds, rows, path, title, panels, value_range=None:
+                        calls.append((path.name, rows, value_range)))
+    figures.redraw(tmp_path)
+    omega = {name: (rows, vr) for name, rows, vr in calls if name.endswith("_omega.png")}
+    assert set(omega) == {"fig4_ascender_omega.png", "fig4_no_align_omega.png"}
+    rows, shared = omega["fig4_ascender_omega.png"]
+    assert rows == ["seed 3, layer 1", "seed 3, layer 2", "seed 7, layer 1", "seed 7, layer 2"]
+    every = np.concatenate([np.ravel(e["omega_per_run"]) for e in fig4.values()])
+    assert shared == (every.min(), every.max()) and omega["fig4_no_align_omega.png"][1] == shared
+    assert shared[1] > 1.0  # the scale reaches no_align's larger values in ascender's figure too
+
+
+def test_redraw_writes_pngs_and_table4_with_every_seed(tmp_path):
+    _summary(tmp_path)
+    figures.redraw(tmp_path)
+    for label in ("ascender", "no_align"):
+        assert (tmp_path / f"fig4_{label}_omega.png").stat().st_size > 0
+        assert (tmp_path / f"fig4_{label}_mass_moved.png").stat().st_size > 0
+    md = (tmp_path / "table4_clusters.md").read_text()
+    assert md.count("Per seed:") == 2
+    assert "| ascender | 3 | 0 | 0 | 0 | 0 |" in md and "| no_align | 7 | 3 | 3 | 3 | 3 |" in md
+    summary = json.loads((tmp_path / "figures.json").read_text())
+    assert summary["figure4"]["ascender"]["omega_png"].endswith("fig4_ascender_omega.png")
