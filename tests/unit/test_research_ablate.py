@@ -240,28 +240,32 @@ def test_cli_dry_run_prints_hostfile_and_slurm_commands(tmp_path, capsys):
         assert part in inner
 
 
-def test_concurrent_gpu_runs_get_disjoint_devices(monkeypatch):
+def test_concurrent_gpu_runs_get_disjoint_devices(monkeypatch, caplog):
     from ascender_dist.research.ablate.launch import Launcher, launch_command
 
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    gpu = Launcher(ranks=2, cuda=True)
+    gpu = Launcher(ranks=2, cuda=True, gpu_ids=list(range(6)))
     cmds = [launch_command(gpu, ["--run-one", "c.yaml"], 29500, slot) for slot in range(3)]
     assert [c[c.index("--include") + 1] for c in cmds] == ["localhost:0,1", "localhost:2,3", "localhost:4,5"]
     assert not any("--num_accelerators" in c for c in cmds)
-    gpu.check_jobs(3, gpus=6)
-    with pytest.raises(ablate.AblationError, match="needs 8 GPUs, this host has 6"):
-        gpu.check_jobs(4, gpus=6)
+    gpu.check_jobs(3)
+    assert not caplog.records
+    # more slots than GPU groups: slots wrap round (runs share GPUs) and the grid warns
+    assert gpu.device_ids(3) == [0, 1] and gpu.device_ids(5) == [4, 5]
+    gpu.check_jobs(4)
+    assert "concurrent runs share GPUs" in caplog.text
+    with pytest.raises(ablate.AblationError, match="--ranks 8 needs 8 GPUs, this host has 6"):
+        Launcher(ranks=8, cuda=True, gpu_ids=list(range(6))).device_ids(0)
     with pytest.raises(ablate.AblationError, match="--jobs 2 with --hostfile"):
-        Launcher(ranks=2, hostfile="hosts", cuda=True).check_jobs(2, gpus=8)
+        Launcher(ranks=2, hostfile="hosts", cuda=True, gpu_ids=list(range(8))).check_jobs(2)
     cpu = Launcher(ranks=2, cuda=False)
-    cpu.check_jobs(4, gpus=0)  # CPU processes share the cores, no device to split
+    cpu.check_jobs(4)  # CPU processes share the cores, no device to split
     assert launch_command(cpu, [], 29500, 1)[1:3] == ["--num_accelerators", "2"]
     # an allocation that shows some GPUs: slots take the visible ones in groups (--include is physical)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    assert [gpu.device_ids(k) for k in (0, 1)] == [[4, 5], [6, 7]]
+    assert [Launcher(ranks=2, cuda=True).device_ids(k) for k in (0, 1)] == [[4, 5], [6, 7]]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f3a")
     with pytest.raises(ablate.AblationError, match="not UUIDs"):
-        gpu.device_ids(0)
+        Launcher(ranks=1, cuda=True).device_ids(0)
 
 
 def test_connection_statistics_add_up_over_data_parallel_ranks():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import logging
 import os
 import queue
 import re
@@ -289,6 +290,7 @@ class Launcher:
     slurm: bool = False
     master_addr: Optional[str] = None
     cuda: Optional[bool] = None  # None: whatever torch sees on this host
+    gpu_ids: Optional[list[int]] = None  # None: CUDA_VISIBLE_DEVICES, else every device torch sees
 
     def use_cuda(self) -> bool:
         if self.cuda is None:
@@ -297,38 +299,48 @@ class Launcher:
             self.cuda = bool(torch.cuda.is_available())
         return self.cuda
 
+    def gpus(self) -> list[int]:
+        """The GPU indices runs may use: ``CUDA_VISIBLE_DEVICES`` when set (``--include`` names physical
+        GPUs, and the launcher drops that variable), else every device torch sees."""
+        if self.gpu_ids is None:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+            try:
+                self.gpu_ids = [int(x) for x in visible.split(",")] if visible else None
+            except ValueError:
+                raise AblationError(f"CUDA_VISIBLE_DEVICES={visible!r}: ablate needs GPU indices, not UUIDs") from None
+            if self.gpu_ids is None:
+                import torch
+
+                self.gpu_ids = list(range(torch.cuda.device_count()))
+        return self.gpu_ids
+
     def device_ids(self, slot: int) -> Optional[list[int]]:
-        """The GPUs of job slot ``slot`` (0 .. jobs - 1) on a single CUDA host: slot k owns GPUs
-        ``[k * ranks, (k + 1) * ranks)``, so runs that train at the same time never share a GPU (the
-        launcher's ``--num_accelerators`` would start every run on GPUs 0 .. ranks - 1). None on CPU
-        and on multi-node runs (one run at a time there: check_jobs)."""
+        """The GPUs of job slot ``slot`` (0 .. jobs - 1) on a single CUDA host: the host's GPUs form
+        groups of ``ranks`` and slot k takes group k mod (number of groups), so runs that train at the
+        same time share a GPU only when there are more slots than groups (the launcher's
+        ``--num_accelerators`` would start every run on GPUs 0 .. ranks - 1). None on CPU and on
+        multi-node runs (one run at a time there: check_jobs)."""
         if not self.use_cuda() or self.hostfile or self.slurm:
             return None
-        mine = slice(slot * self.ranks, (slot + 1) * self.ranks)
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-        if not visible:
-            return list(range(mine.start, mine.stop))
-        # --include names physical GPUs (the launcher drops CUDA_VISIBLE_DEVICES): slot k gets the
-        # k-th group of the visible ones
-        try:
-            return [int(x) for x in visible.split(",")][mine]
-        except ValueError:
-            raise AblationError(f"CUDA_VISIBLE_DEVICES={visible!r}: --jobs needs GPU indices, not UUIDs") from None
+        ids = self.gpus()
+        if len(ids) < self.ranks:
+            raise AblationError(f"--ranks {self.ranks} needs {self.ranks} GPUs, this host has {len(ids)}")
+        group = slot % (len(ids) // self.ranks)
+        return ids[group * self.ranks:(group + 1) * self.ranks]
 
-    def check_jobs(self, jobs: int, gpus: Optional[int] = None) -> None:
-        """Refuse a ``jobs`` x ``ranks`` layout that would put two concurrent runs on one GPU."""
+    def check_jobs(self, jobs: int) -> None:
+        """Refuse concurrent runs across hosts; warn when concurrent runs must share GPUs (their
+        tokens/s then measure the sharing, not the model)."""
         if jobs <= 1 or not self.use_cuda():
             return
         if self.hostfile or self.slurm:
             raise AblationError(f"--jobs {jobs} with --hostfile/--slurm: runs at the same time would share the "
                                 "hosts' GPUs; use --jobs 1 (each run spans the hosts)")
-        if gpus is None:
-            import torch
-
-            gpus = torch.cuda.device_count()
-        if jobs * self.ranks > gpus:
-            raise AblationError(f"--jobs {jobs} x --ranks {self.ranks} needs {jobs * self.ranks} GPUs, this host "
-                                f"has {gpus}: lower --jobs")
+        groups = len(self.gpus()) // self.ranks
+        if jobs > groups:
+            logging.getLogger("ascender_dist").warning(
+                "--jobs %d x --ranks %d on %d GPUs: concurrent runs share GPUs (tokens/s are not comparable "
+                "between runs; losses are unaffected)", jobs, self.ranks, len(self.gpus()))
 
 
 ENTRY = Path(__file__).resolve().with_name("run_entry.py")
