@@ -570,6 +570,9 @@ def redraw(out_dir: Path) -> dict:
         summary = json.loads((out_dir / "figures.json").read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"{out_dir / 'figures.json'}: cannot read it ({exc})") from None
+    missing = [key for key in ("figure4", "models") if key not in summary]
+    if missing:
+        raise UserError(f"{out_dir / 'figures.json'}: not written by `ascender-dist figures` (no {', '.join(missing)})")
     seed_of_dir = {m["dir"]: m["seed"] for m in summary["models"]}
     draw_figure4(summary["figure4"], seed_of_dir, out_dir)
     table4_json = out_dir / "table4_clusters.json"

@@ -52,3 +52,12 @@ def test_redraw_writes_pngs_and_table4_with_every_seed(tmp_path):
     assert "| ascender | 3 | 0 | 0 | 0 | 0 |" in md and "| no_align | 7 | 3 | 3 | 3 | 3 |" in md
     summary = json.loads((tmp_path / "figures.json").read_text())
     assert summary["figure4"]["ascender"]["omega_png"].endswith("fig4_ascender_omega.png")
+
+
+def test_redraw_of_a_folder_without_figures_json_is_one_line(tmp_path, capsys):
+    assert figures.figures_main(["--out", str(tmp_path), "--redraw"]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
+    (tmp_path / "figures.json").write_text("{}")
+    assert figures.figures_main(["--out", str(tmp_path), "--redraw"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "figures.json: not written by `ascender-dist figures` (no figure4, models)" in err
