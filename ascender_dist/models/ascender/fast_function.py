@@ -18,7 +18,7 @@ from .common import count_denom, swap_last_two
 from .fast_grads import input_grads
 from .fast_row_grads import align_backward, row_algebra_backward
 from .fast_rows import align_rows, grad_sinks, row_algebra, row_inputs, scatter_row_grads, store_rows
-from .fast_tiles import Call, Spec, alibi_tile, fold_scores, kernel_tiles, moved_stats, operands
+from .fast_tiles import Call, Spec, alibi_tile, fold_scores, kernel_tiles, moved_stats, operands, softmax_into
 
 
 def _all_operands(call: Call, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid) -> dict:
@@ -46,7 +46,7 @@ def _forward_chunk(call: Call, c0: int, c1: int, t: dict, out_aug, row_out: dict
         for key, val in moved_stats(call, c0, c1, L, t, rows, factor, dev).items():
             moved[key] = moved.get(key, 0) + val
     S = fold_scores(call, c0, c1, L, t, parts, factor, dev, keep_dev=False)
-    P = torch.softmax(S, -1)  # one row-wise kernel (rows stay in cache)
+    P = softmax_into(t["ws"], S)  # one row-wise kernel (rows stay in cache)
     del S
     out_aug[..., c0:c1, :] = torch.bmm(P, t["v_aug3"][:, :L]).view(b, nh, C, ve)  # [B, C, ve] -> [b, np, C, ve]
     if call.want_lsep:  # sum_j A_ij phi_ij
@@ -97,9 +97,10 @@ def _softmax_backward(call: Call, c0: int, c1: int, L: int, t: dict, parts, fact
     L_sep row gradient [B, C] (or None)."""
     B, C = dO3.shape[:2]
     S = fold_scores(call, c0, c1, L, t, parts, factor, tiles.get("dev"), keep_dev=True)
-    P = torch.softmax(S, -1)
+    P = softmax_into(t["ws"], S)
     del S
-    dP = torch.bmm(dO3, t["v_aug3"][:, :L].transpose(1, 2))
+    # S is dead: its role's buffer takes dP (then dS, dphi, dw in place)
+    dP = torch.bmm(dO3, t["v_aug3"][:, :L].transpose(1, 2), out=t["ws"].tile("S", (B, C, L)))
     gl = None
     if call.want_lsep and g_lsep is not None:
         gl = g_lsep[..., c0:c1].reshape(B, C)  # [b, np, C] -> [B, C]
@@ -154,7 +155,7 @@ def _separation_backward(c0: int, c1: int, L: int, t: dict, tiles: dict, dphi, g
     tile); returns (dw in place of dphi, the density gradient g_mass [B, C, 1] or 0)."""
     B, C = dphi.shape[:2]
     r, w_sep = tiles.pop("r"), tiles["w_sep"]
-    da = dphi * w_sep
+    da = torch.mul(dphi, w_sep, out=t["ws"].tile("P", dphi.shape))  # P is dead (its last reader: dphi)
     dw = dphi.mul_(r)
     da.mul_(r.sign_())  # relu'(a - delta) = [r > 0], r >= 0; r is not needed after
     del r
@@ -173,8 +174,8 @@ def _distance_grad(call: Call, L: int, t: dict, tiles: dict, dw, g_mass, gmom3):
     Zr, w_coh = t["Zr"], tiles["w_coh"]
     same = not call.use_sep or not call.hp.use_coh or w_coh is tiles["w_sep"]
     if same:
-        if dw is None:
-            dw = torch.zeros_like(w_coh)
+        if dw is None:  # no Separation: the score gradient (role "S") is dead
+            dw = t["ws"].tile("S", w_coh.shape).zero_()
         if gmom3 is not None:
             gm = gmom3.clone()
             gm[..., -2:-1] += g_mass  # the kernel-mass column of Zr is 1
@@ -186,7 +187,7 @@ def _distance_grad(call: Call, L: int, t: dict, tiles: dict, dw, g_mass, gmom3):
         dw.add_(g_mass)
     dx = dw.mul_(tiles["w_sep"])
     if gmom3 is not None:
-        dwc = torch.bmm(gmom3, Zr[:, :L].transpose(1, 2))
+        dwc = torch.bmm(gmom3, Zr[:, :L].transpose(1, 2), out=t["ws"].tile("dwc", tiles["w_sep"].shape))
         dx.add_(dwc.mul_(w_coh), alpha=t["ratio"])
     return dx
 

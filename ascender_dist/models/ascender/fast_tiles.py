@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from ascender_dist.config.ascender_hparams import AscenderHParams
 from .common import count_denom, swap_last_two
 from .fast_moments import chunk_groups, moment_chunks, moment_states
-from .fast_neighbours import NEG_INF, tile_visibility
+from .fast_neighbours import NEG_INF, chunk_bounds, tile_visibility
+from .fast_workspace import TileWorkspace, max_tile_numel
 from .params import ALIGN, COH
 from .reference import mass_moved
 
@@ -22,8 +23,10 @@ from .reference import mass_moved
 # O(s) row statistics), and backward derives the operands again, recomputes one chunk's tiles
 # at a time and back-propagates through them by hand (the Separation tile, the kernels and the
 # attention, FlashAttention-style). The O(chunk) per-row algebra between them (headings from the
-# gathered neighbours, row scales, gates, eta, centroids, the folded queries) is re-run under
-# autograd. Gradients of whole-sequence operands accumulate in place into one buffer each
+# gathered neighbours, row scales, gates, eta, centroids, the folded queries) is recomputed and
+# differentiated in closed form (fast_row_grads). Each tile is written into its role's buffer of
+# the pass's workspace (fast_workspace), not into fresh memory per chunk. Gradients of
+# whole-sequence operands accumulate in place into one buffer each
 # (slicing a full-size tensor per chunk would allocate a full-size gradient per chunk).
 #
 # The folded scores are never formed from a concatenated [s, hd + hd + dz + 2] key tensor:
@@ -82,11 +85,13 @@ class Spec:
 def operands(call: Call, q, k, v, z, h, delta, tau, slope) -> dict:
     """The whole-sequence operands every chunk reads, O(s) each, derived from the inputs in
     forward and again in backward (nothing derived is kept in between): 4-d views of the
-    inputs, [B, s, e] GEMM operands (k3, khat3, Zr, Hr, v_aug3) and the moment states."""
+    inputs, [B, s, e] GEMM operands (k3, khat3, Zr, Hr, v_aug3), the moment states and the
+    pass's tile workspace ("ws", sized for the largest tile of the call's chunks)."""
     hp = call.hp
     b, nh, n, hd = q.shape
     B = b * nh
     t = dict(q=q, z=z, h=h, k=k, k3=k.reshape(B, n, hd))  # k3: [b, np, s, hd] -> [B, s, hd]
+    t["ws"] = TileWorkspace(max_tile_numel(chunk_bounds(n, B, hp), n, B, hp.causal), q.dtype, q.device)
     starts = [s0 for s0, _ in moment_chunks(n)]
     if call.want_lcoh:  # the value columns of L_coh: sum_j A_ij [z_j, |z_j|^2]
         t["v_aug3"] = torch.cat([v, z, (z * z).sum(-1, keepdim=True)], -1).reshape(B, n, -1)
@@ -151,12 +156,14 @@ def _kernel_weights(call: Call, c0: int, c1: int, L: int, t: dict, keep: bool):
     ks, kc = hp.kernel_denominator(hp.tau_sep), hp.kernel_denominator(hp.tau_coh)
     # x = -|z_i - z_j|^2 log2(e) / k_main: the base-2 exponent of the kernel (LOG2E on the left
     # operand, [C, e], instead of a pass over the tile)
-    x = torch.bmm(swap_last_two(Zr[:, c0:c1]).mul_(LOG2E), Zr[:, :L].transpose(1, 2))
+    ws = t["ws"]
+    x = torch.bmm(swap_last_two(Zr[:, c0:c1]).mul_(LOG2E), Zr[:, :L].transpose(1, 2),
+                  out=ws.tile("w", (Zr.shape[0], C, L)))  # fmt: skip
     blk = x[:, :, c0:c1]  # the [C, C] block holding the diagonal (and the causal triangle)
     blk.diagonal(dim1=1, dim2=2).fill_(0.0)  # d_ii = 0 exactly
     # |z_i - z_j|^2 < 0 by rounding off the diagonal: clamped, no gradient there (rare: the mask
     # is only built when some entry is positive; None means none is)
-    clamped = (x > 0) if keep and bool(x.amax() > 0) else None
+    clamped = torch.gt(x, 0, out=ws.tile("clamped", x.shape, torch.bool)) if keep and bool(x.amax() > 0) else None
     ratio = t["ratio"]
     # Lower clamp: exp of arguments in [-104, -87] (float32) lands in the denormals and is ~30x
     # slower than elsewhere; clamping there changes w by < 2e-38 (float32), 3e-308 (float64).
@@ -168,7 +175,7 @@ def _kernel_weights(call: Call, c0: int, c1: int, L: int, t: dict, keep: bool):
         blk.masked_fill_(upper, NEG_INF)  # invisible: every kernel exactly 0
     w_sep = w_coh = None
     if ratio != 1.0:
-        w_coh = exp2_(x * ratio)
+        w_coh = exp2_(torch.mul(x, ratio, out=ws.tile("w_coh", x.shape)))
     w = exp2_(x)
     if call.use_sep:
         w_sep = w
@@ -193,9 +200,9 @@ def _separation_tile(call: Call, c0: int, c1: int, L: int, t: dict, w_sep, upper
         stats["rho"] = w_sep.sum(-1).view(b, nh, C)  # sum over visible l != i (no 1 - 1 cancelling)
         dg.fill_(1.0)
     Hr = t["Hr"]
-    r = torch.bmm(swap_last_two(Hr[:, c0:c1]), Hr[:, :L].transpose(1, 2))
+    r = torch.bmm(swap_last_two(Hr[:, c0:c1]), Hr[:, :L].transpose(1, 2), out=t["ws"].tile("r", (B, C, L)))
     r.clamp_(min=0)  # relu(a - delta)
-    phi = r * w_sep if keep else r.mul_(w_sep)
+    phi = torch.mul(r, w_sep, out=t["ws"].tile("phi", r.shape)) if keep else r.mul_(w_sep)
     if saved is None:
         count, denom = count_denom(c0, c1, L, hp, phi.dtype, phi.device)
         mu = phi.sum(-1) / count  # [B, C]
@@ -212,6 +219,11 @@ def _separation_tile(call: Call, c0: int, c1: int, L: int, t: dict, w_sep, upper
         tiles.update(r=r, w_sep=w_sep)
 
 
+def softmax_into(ws: TileWorkspace, S: torch.Tensor) -> torch.Tensor:
+    """softmax(S, -1) written into the workspace's "P" tile (torch.softmax's kernel)."""
+    return torch.ops.aten._softmax.out(S, -1, False, out=ws.tile("P", S.shape))
+
+
 def alibi_tile(c0: int, c1: int, L: int, dtype, device):
     """|i - j| for query rows [c0, c1) and keys [0, L): the ALiBi distance tile [C, L]."""
     return (torch.arange(c0, c1, device=device)[:, None] - torch.arange(L, device=device)).abs().to(dtype)
@@ -221,13 +233,14 @@ def fold_scores(call: Call, c0, c1, L, t, parts, factor, dev, keep_dev: bool):
     """S = sum over parts of q_part k_part^T + omega_s s_i dev_ij / tau (+ ALiBi / tau), -inf
     where invisible; one GEMM per folded part, accumulated in place."""
     hp = call.hp
+    ws = t["ws"]
     S = None
     if factor is not None:
         f = factor.reshape(-1, c1 - c0, 1)  # [b, np, C] -> [B, C, 1]
-        S = dev * f if keep_dev else dev.mul_(f)
+        S = torch.mul(dev, f, out=ws.tile("S", dev.shape)) if keep_dev else dev.mul_(f)
     for key, qp in parts:
         kT = t[key][:, :L].transpose(1, 2)
-        S = torch.bmm(qp, kT) if S is None else S.baddbmm_(qp, kT)
+        S = torch.bmm(qp, kT, out=ws.tile("S", (qp.shape[0], c1 - c0, L))) if S is None else S.baddbmm_(qp, kT)
     if hp.other_bias == "alibi":
         S.sub_(alibi_tile(c0, c1, L, S.dtype, S.device) * t["slope_tau_b"][:, None, None])
     if hp.causal and c1 - c0 > 1:
