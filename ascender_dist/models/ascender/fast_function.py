@@ -18,7 +18,8 @@ from .common import count_denom, swap_last_two
 from .fast_grads import input_grads
 from .fast_row_grads import align_backward, row_algebra_backward
 from .fast_rows import align_rows, grad_sinks, row_algebra, row_inputs, scatter_row_grads, store_rows
-from .fast_tiles import Call, Spec, alibi_tile, fold_scores, kernel_tiles, moved_stats, operands, softmax_into
+from .fast_tiles import (Call, Spec, alibi_tile, fold_scores, kernel_tiles, moved_stats, operands, row_dot,
+                         softmax_into)
 
 
 def _all_operands(call: Call, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid) -> dict:
@@ -46,7 +47,9 @@ def _forward_chunk(call: Call, c0: int, c1: int, t: dict, out_aug, row_out: dict
         for key, val in moved_stats(call, c0, c1, L, t, rows, factor, dev).items():
             moved[key] = moved.get(key, 0) + val
     S = fold_scores(call, c0, c1, L, t, parts, factor, dev, keep_dev=False)
-    P = softmax_into(t["ws"], S)  # one row-wise kernel (rows stay in cache)
+    # one row-wise kernel (rows stay in cache), into the kernels' tile unless L_sep still reads them:
+    # the forward then holds two tiles, not three
+    P = softmax_into(t["ws"], "P" if call.want_lsep else "w", S)
     del S
     out_aug[..., c0:c1, :] = torch.bmm(P, t["v_aug3"][:, :L]).view(b, nh, C, ve)  # [B, C, ve] -> [b, np, C, ve]
     if call.want_lsep:  # sum_j A_ij phi_ij
@@ -97,7 +100,7 @@ def _softmax_backward(call: Call, c0: int, c1: int, L: int, t: dict, parts, fact
     L_sep row gradient [B, C] (or None)."""
     B, C = dO3.shape[:2]
     S = fold_scores(call, c0, c1, L, t, parts, factor, tiles.get("dev"), keep_dev=True)
-    P = softmax_into(t["ws"], S)
+    P = softmax_into(t["ws"], "P", S)
     del S
     # S is dead: its role's buffer takes dP (then dS, dphi, dw in place)
     dP = torch.bmm(dO3, t["v_aug3"][:, :L].transpose(1, 2), out=t["ws"].tile("S", (B, C, L)))
@@ -114,10 +117,10 @@ def _softmax_backward(call: Call, c0: int, c1: int, L: int, t: dict, parts, fact
     return dS, (P if gl is not None else None), gl
 
 
-def _fold_grads(call: Call, c0: int, c1: int, L: int, t: dict, parts, factor, dev, dS, acc: dict):
+def _fold_grads(call: Call, c0: int, c1: int, L: int, t: dict, parts, factor, dev, dS, acc: dict, scratch: str):
     """Gradients through the folded score GEMMs: the key-side operands' buffers and ALiBi's tau
     in place; returns (g_parts {operand name: [B, C, e]}, g_factor [B, C] or None), the
-    gradients of the query-side parts and of the Separation row factor."""
+    gradients of the query-side parts and of the Separation row factor. scratch: a dead tile role."""
     g_parts = {}
     for key, qp in parts:
         g_parts[key] = torch.bmm(dS, t[key][:, :L])
@@ -127,7 +130,7 @@ def _fold_grads(call: Call, c0: int, c1: int, L: int, t: dict, parts, factor, de
         B = dS.shape[0]
         alibi = alibi_tile(c0, c1, L, dS.dtype, dS.device)
         acc["g_tau_alibi"] += torch.linalg.vecdot(dS.view(B, -1), alibi.reshape(1, -1).expand(B, -1))
-    g_factor = torch.linalg.vecdot(dS, dev) if factor is not None else None
+    g_factor = row_dot(t["ws"], scratch, dS, dev) if factor is not None else None
     return g_parts, g_factor
 
 
@@ -227,7 +230,8 @@ def _backward_chunk(call: Call, c0: int, c1: int, t: dict, stats_full: dict, out
     dev = tiles.get("dev")
     dO3, d_c = _output_grad(call, c0, c1, out_aug, d_out, d_rows.get("lcoh"), rows)
     dS, P, gl = _softmax_backward(call, c0, c1, L, t, parts, factor, tiles, dO3, d_rows.get("lsep"), acc["gv3"])
-    g_parts, g_factor = _fold_grads(call, c0, c1, L, t, parts, factor, dev, dS, acc)
+    # the probabilities' role is free unless L_sep still reads P
+    g_parts, g_factor = _fold_grads(call, c0, c1, L, t, parts, factor, dev, dS, acc, "P" if P is None else "dot")
     if g_align is not None:  # the Alignment block's backward runs once per group (_backward_group)
         g_align.copy_(g_parts.pop("khat3").view(g_align.shape))  # [B, C, hd] -> [b, np, C, hd]
     gx = row_algebra_backward(call, c0, c1, x, saved, rows, g_parts, g_factor, d_rows, d_c)
@@ -291,6 +295,7 @@ class FusedChunks(torch.autograd.Function):
             for c0, c1 in chunks:
                 align = None if group is None else _sliced(group[1:], c0 - g0, c1 - g0)
                 _forward_chunk(call, c0, c1, t, out_aug, row_out, stats_full, moved, align)
+        del t["ws"]  # the tile buffers go before anything else is allocated
         spec.row_keys = list(row_out)
         spec.stat_keys = list(stats_full)
         spec.moved = {k_: v_ / n for k_, v_ in moved.items()}
@@ -312,6 +317,7 @@ class FusedChunks(torch.autograd.Function):
         acc = _grad_buffers(t)
         for g0, g1, chunks in spec.groups:
             _backward_group(call, g0, g1, chunks, t, stats_full, out_aug, d_out, d_rows, acc)
+        del t["ws"]  # the tile buffers go before the input gradients are formed
         grads = input_grads(call, t, acc.pop("gq"), acc.pop("gbuf"), acc.pop("gv3"), acc["g_small"],
                             acc["g_states"], acc["g_tau_alibi"], ctx.needs_input_grad)  # fmt: skip
         return (None, *grads)

@@ -213,15 +213,23 @@ def _separation_tile(call: Call, c0: int, c1: int, L: int, t: dict, w_sep, upper
         dev[:, :, c0:c1].masked_fill_(upper, 0.0)
     if saved is None:
         stats["mu"] = mu.view(b, nh, C)  # [B, C] -> [b, np, C]
-        stats["var"] = (torch.linalg.vecdot(dev, dev) / denom).view(b, nh, C)  # [B, C] -> [b, np, C]
+        # forward only (saved is None): the kernels' tile is dead unless kept, the probabilities'
+        # is free until the softmax
+        stats["var"] = (row_dot(t["ws"], "P" if keep else "w", dev, dev) / denom).view(b, nh, C)  # [B, C] -> [b, np, C]
     tiles["dev"] = dev
     if keep:
         tiles.update(r=r, w_sep=w_sep)
 
 
-def softmax_into(ws: TileWorkspace, S: torch.Tensor) -> torch.Tensor:
-    """softmax(S, -1) written into the workspace's "P" tile (torch.softmax's kernel)."""
-    return torch.ops.aten._softmax.out(S, -1, False, out=ws.tile("P", S.shape))
+def row_dot(ws: TileWorkspace, role: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """sum_j x_ij y_ij over the last dim, with the product written into ``role``'s tile, which
+    must be dead: torch.linalg.vecdot's kernels (bit-identical), without its fresh temporary tile."""
+    return torch.mul(x, y, out=ws.tile(role, x.shape)).sum(-1)
+
+
+def softmax_into(ws: TileWorkspace, role: str, S: torch.Tensor) -> torch.Tensor:
+    """softmax(S, -1) written into ``role``'s tile, which must be dead (torch.softmax's kernel)."""
+    return torch.ops.aten._softmax.out(S, -1, False, out=ws.tile(role, S.shape))
 
 
 def alibi_tile(c0: int, c1: int, L: int, dtype, device):

@@ -9,9 +9,11 @@ Writing each tile into the buffer of its role, allocated once per pass at the la
 size, removes that cost and changes no value: the same kernels write the same numbers.
 
 A role's buffer holds one live tile at a time: a role is requested again only after its
-previous tile is dead (the fused path names which tiles may share a role). The buffers live as
-long as the pass, so a pass holds at most one largest tile per role, which is what the chunk
-at the peak held anyway.
+previous tile is dead, and a tile whose role-mate is dead takes that role (the fused path names
+them: the forward's probabilities go into the kernels' buffer, the backward's affinity gradient
+and row-dot products into the probabilities'). The buffers live as long as the chunk loop, one
+largest tile per role: two in forward, five in backward, as many as the largest chunk held at
+once before, so the peak memory is unchanged.
 """
 
 from __future__ import annotations
