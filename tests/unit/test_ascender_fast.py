@@ -15,6 +15,7 @@ from ascender_dist.models.ascender import (
     fast_attention,
     reference_attention,
 )
+from ascender_dist.models.ascender.fast_moments import MOMENT_STRIDE
 
 torch.set_num_threads(1)
 F64, F32 = torch.float64, torch.float32
@@ -184,6 +185,41 @@ def test_fast_path_never_builds_an_n_by_n_tensor(causal, window):
     widest_row = max(chunk, 8)  # a [chunk, n] tile, or a whole-sequence [n, hd] tensor
     assert mode.largest <= nh * n * widest_row, mode.largest
     assert mode.largest < nh * n * n / 8
+
+
+class _TileStorages(TorchDispatchMode):
+    """Records the storages of every [B, chunk, L >= min_keys] tile an op writes (forward and backward)."""
+
+    def __init__(self, chunk: int, min_keys: int):
+        super().__init__()
+        self.chunk, self.min_keys, self.storages, self.tiles = chunk, min_keys, set(), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            is_tile = isinstance(o, torch.Tensor) and o.dim() == 3 and o.shape[1] == self.chunk
+            if is_tile and o.shape[2] >= self.min_keys:
+                self.storages.add(o.untyped_storage().data_ptr())
+                self.tiles += 1
+        return out
+
+
+def test_fast_path_writes_every_chunk_tile_into_a_few_reused_buffers():
+    """Fresh tiles per chunk cost page faults (docs/ascender.md, Cost): the tiles of all chunks
+    share one buffer per role, two in forward and five in backward. Counted: tiles with more
+    keys than a moment stride plus a chunk (the row moments' [C, keys since the last state]
+    products are not chunk tiles), neighbours searched in a band (a full search scores
+    [C, keys] tiles of its own, outside the fused path)."""
+    n, nh, chunk = 2 * MOMENT_STRIDE, 2, 16
+    # one kernel width (a second adds its own kernel and gradient tiles); a banded neighbour search
+    hp = base_hp(causal=True, chunk_size=chunk, k=4, window=6, num_global=2, tau_sep=1.0, tau_coh=1.0)
+    inputs = make_inputs(b=1, nh=nh, n=n, dtype=F32)
+    params = make_params(hp, nh, dtype=F32)
+    with _TileStorages(chunk, MOMENT_STRIDE + chunk + 1) as mode:
+        out = fast_attention(*inputs, params, hp, use_sep=True).out
+        out.square().sum().backward()
+    assert mode.tiles >= 15 * 7  # the last 15 chunks each write several tiles ...
+    assert len(mode.storages) <= 2 + 5 + 1, len(mode.storages)  # ... into 2 + 5 buffers (+ the rare clamp mask)
 
 
 def test_entry_point_schedule_and_unused_parameters_get_zero_grad():
