@@ -71,6 +71,19 @@ def differing(a: dict, b: dict) -> list[str]:
     return bad
 
 
+def _load_results(ap: argparse.ArgumentParser, path: str) -> dict:
+    """A file written by ``save``, or a one-line error naming the file."""
+    try:
+        results = torch.load(path)
+    except FileNotFoundError:
+        ap.error(f"{path}: no such file (write it with: save {path})")
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-line error
+        ap.error(f"{path}: not a file written by 'save' ({type(exc).__name__})")
+    if not isinstance(results, dict) or not all(isinstance(v, list) for v in results.values()):
+        ap.error(f"{path}: not a file written by 'save' (expected {{name: [tensors]}})")
+    return results
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -85,7 +98,7 @@ def main(argv=None) -> int:
         torch.save(results, args.path)
         print(f"saved {len(results)} fwd+bwd results to {args.path}")
         return 0
-    before, after = torch.load(args.before), torch.load(args.after)
+    before, after = (_load_results(ap, path) for path in (args.before, args.after))
     bad = differing(before, after)
     print("\n".join(bad) if bad else f"bit-identical: {len(before)} fwd+bwd results, every output and gradient")
     return 1 if bad else 0
