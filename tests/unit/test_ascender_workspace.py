@@ -28,3 +28,4 @@ def test_max_tile_numel_is_the_largest_chunk_tile():
     chunks = [(0, 4), (4, 8), (8, 10)]
     assert max_tile_numel(chunks, n=10, batch_heads=3, causal=True) == 3 * 4 * 8
     assert max_tile_numel(chunks, n=10, batch_heads=3, causal=False) == 3 * 4 * 10
+    assert max_tile_numel([], n=0, batch_heads=3, causal=True) == 0  # an empty sequence has no chunk

@@ -44,4 +44,4 @@ class TileWorkspace:
 
 def max_tile_numel(chunks: list[tuple[int, int]], n: int, batch_heads: int, causal: bool) -> int:
     """Entries of the largest [B, C, L] tile over the chunks (causal: L = the chunk's end)."""
-    return max(batch_heads * (c1 - c0) * (c1 if causal else n) for c0, c1 in chunks)
+    return max((batch_heads * (c1 - c0) * (c1 if causal else n) for c0, c1 in chunks), default=0)

@@ -142,6 +142,7 @@ def _row_parts(spec: Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
                 moved[key] = moved.get(key, 0) + val
         if with_rows:
             store_rows(row_out, rows, c0, c1, n)
+    t.pop("ws")  # the diagnostics' tile buffers go before the kernels run
     ops.qk = q3["k3"]
     ops.qa = q3.get("khat3")
     ops.qc = q3.get("Zr")
