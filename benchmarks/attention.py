@@ -115,6 +115,13 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def cpu_time(fn) -> float:
+    """This thread's CPU time for fn() (leaves out the time other processes held the core)."""
+    t0 = time.thread_time()
+    fn()
+    return time.thread_time() - t0
+
+
 def _timed_both(fn) -> tuple[float, float]:
     """(wall time, this thread's CPU time) of fn(): with one torch thread the CPU time leaves out
     the time other processes held the core (not their cache and memory-bandwidth contention)."""

@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,18 +32,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ascender_dist.research.ablate.provenance import git_state  # noqa: E402
-from benchmarks.attention import HEADS, _layer, machine  # noqa: E402
+from benchmarks.attention import HEADS, _layer, cpu_time, machine  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 ROW_COUNTS = (32, 64, 128)
 LONGEST = 8192
 TILES_IN_BACKWARD = 5
-
-
-def _cpu_time(fn) -> float:
-    t0 = time.thread_time()
-    fn()
-    return time.thread_time() - t0
 
 
 def tile_mib_at_longest(rows: int, n: int) -> float:
@@ -65,9 +58,9 @@ def measure(n: int, rounds: int) -> dict:
     load_start = os.getloadavg()[0]
     per_round = []
     for i in range(rounds):
-        sdpa_s = _cpu_time(sdpa)
+        sdpa_s = cpu_time(sdpa)
         order = ROW_COUNTS[i % len(ROW_COUNTS):] + ROW_COUNTS[: i % len(ROW_COUNTS)]
-        per_round.append(dict(sdpa_s=sdpa_s, fast_s={str(r): _cpu_time(fast[r]) for r in order}))
+        per_round.append(dict(sdpa_s=sdpa_s, fast_s={str(r): cpu_time(fast[r]) for r in order}))
         print(f"round {i + 1}/{rounds}: " + ", ".join(f"{r} rows {per_round[-1]['fast_s'][str(r)] / sdpa_s:.2f}x"
                                                        for r in ROW_COUNTS), flush=True)  # fmt: skip
     return dict(n=n, rounds=per_round, load_start=load_start, load_end=os.getloadavg()[0],

@@ -25,24 +25,17 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.attention import HEADS, _layer, machine  # noqa: E402
+from benchmarks.attention import HEADS, _layer, cpu_time, machine  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 HEAD_COUNTS = (1, 2, 4, 8)
 CHUNK_ROWS = 64
-
-
-def _cpu_time(fn) -> float:
-    t0 = time.thread_time()
-    fn()
-    return time.thread_time() - t0
 
 
 def fit_line(xs, ys) -> tuple[float, float]:
@@ -64,9 +57,9 @@ def measure(n: int, rounds: int) -> dict:
     load_start = os.getloadavg()[0]
     per_round = []
     for r in range(rounds):
-        sdpa_s = _cpu_time(sdpa)
+        sdpa_s = cpu_time(sdpa)
         order = HEAD_COUNTS[r % len(HEAD_COUNTS):] + HEAD_COUNTS[: r % len(HEAD_COUNTS)]
-        times = {h: _cpu_time(fast[h]) for h in order}
+        times = {h: cpu_time(fast[h]) for h in order}
         fixed, per_head = fit_line(list(HEAD_COUNTS), [times[h] for h in HEAD_COUNTS])
         per_round.append(dict(sdpa_s=sdpa_s, fast_s={str(h): times[h] for h in HEAD_COUNTS}, fixed_s=fixed,
                               per_head_s=per_head))
