@@ -1,0 +1,218 @@
+"""Would torch.compile (inductor, dynamic shapes) make the CPU fast path faster? Two measurements.
+
+Issue 16 proposed compiling the fast path's per-tile functions to remove the time outside the
+GEMMs. This script measures the two halves of that proposal on the current code, same layer as
+benchmarks/attention.py (batch 1, 8 heads x 64, causal, fp32, one torch thread):
+
+* ``layer``: one fwd+bwd of SDPA, of the fast path as it is (``eager``), and of the fast path
+  with its per-row algebra (``row_algebra``, ``align_rows`` and their closed-form backwards, the
+  ~200 small ops per chunk that make the fixed cost of a call) compiled with
+  ``torch.compile(dynamic=True)``, swapped in with ``unittest.mock.patch`` for those calls only.
+  One process, rotated order per round, thread CPU time; median and minimum of the same-round
+  ratios to SDPA. The first compiled call's wall time (compilation) and the number of graphs
+  dynamo built are recorded. The tile functions themselves (``kernel_tiles`` and the backward
+  steps) cannot be compiled as written: inductor fails on their ``out=`` writes into the tile
+  workspace under dynamic shapes.
+* ``tile chain``: the forward elementwise passes of one chunk's kernel and Separation tiles
+  (clamp, causal mask, exp2, row sums, relu, product, centring, variance; ``fast_tiles``'
+  ``_kernel_weights`` + ``_separation_tile``) at the last chunk's shape [8, 64, n - 64]:
+  written as the fast path writes them (in place into existing tiles), as one pure function
+  (fresh tensors, ``torch.where`` masks), and that pure function compiled (inductor fuses it
+  into one loop). Per round each variant runs ``--calls`` times on fresh copies of the same
+  inputs; the table gives the median over rounds of each round's minimum, in ms.
+
+    .venv/bin/python benchmarks/attention_compile.py          # ~4 min on a 2-core CPU
+
+Writes benchmarks/results/attention_compile.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from ascender_dist.research.ablate.provenance import git_state  # noqa: E402
+from benchmarks.attention import HEADS, _layer, cpu_time, machine  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+ROW_FUNCTIONS = ("row_algebra", "row_algebra_backward", "align_rows", "align_backward")  # in fast_function
+CHUNK_ROWS = 64
+
+
+def compiled_row_algebra():
+    """mock.patch.multiple context that swaps fast_function's per-row algebra for compiled copies."""
+    import torch
+
+    from ascender_dist.models.ascender import fast_function
+
+    return mock.patch.multiple(fast_function, **{name: torch.compile(getattr(fast_function, name), dynamic=True)
+                                                 for name in ROW_FUNCTIONS})  # fmt: skip
+
+
+def measure_layer(n: int, rounds: int) -> dict:
+    import torch
+    from torch._dynamo.utils import counters
+
+    sdpa, fast = _layer("sdpa", n), _layer("fast", n)
+    sdpa(), fast()
+    patch = compiled_row_algebra()
+    with patch:
+        t0 = time.perf_counter()
+        fast()
+        compile_s = time.perf_counter() - t0
+    graphs = int(counters["stats"]["unique_graphs"])
+    runs = {"eager": fast, "compiled row algebra": fast}
+    per_round = []
+    for i in range(rounds):
+        sdpa_s = cpu_time(sdpa)
+        names = list(runs)[i % 2:] + list(runs)[: i % 2]
+        times = {}
+        for name in names:
+            if name == "eager":
+                times[name] = cpu_time(fast)
+            else:
+                with patch:
+                    times[name] = cpu_time(fast)
+        per_round.append(dict(sdpa_s=sdpa_s, fast_s=times))
+        print(f"round {i + 1}/{rounds}: " + ", ".join(f"{k} {v / sdpa_s:.2f}x" for k, v in times.items()), flush=True)
+    torch._dynamo.reset()
+    return dict(rounds=per_round, compile_s=compile_s, graphs=graphs)
+
+
+def chain_in_place(x, r, upper, c0: int, lo: float, count, scratch):
+    """The fast path's forward tile passes as it runs them (in place into x and r)."""
+    import torch
+
+    x.clamp_(min=lo, max=0)
+    x[:, :, c0:].masked_fill_(upper, -math.inf)
+    w = x.exp2_()
+    rho = w.sum(-1)
+    r.clamp_(min=0)
+    dev = r.mul_(w)
+    mu = dev.sum(-1) / count
+    dev.sub_(mu[:, :, None])
+    dev[:, :, c0:].masked_fill_(upper, 0.0)
+    var = torch.mul(dev, dev, out=scratch).sum(-1) / count
+    return w, dev, rho, mu, var
+
+
+def chain_pure(x, r, upper_full, lo: float, count):
+    """The same passes as one pure function (what inductor can fuse); upper_full: [C, L] mask."""
+    import torch
+
+    w = torch.where(upper_full, 0.0, torch.exp2(x.clamp(min=lo, max=0)))
+    rho = w.sum(-1)
+    phi = r.clamp(min=0) * w
+    mu = phi.sum(-1) / count
+    dev = torch.where(upper_full, 0.0, phi - mu[..., None])
+    var = (dev * dev).sum(-1) / count
+    return w, dev, rho, mu, var
+
+
+def measure_chain(n: int, rounds: int, calls: int) -> dict:
+    import torch
+
+    B, C, L = HEADS, CHUNK_ROWS, n
+    c0 = L - C
+    gen = torch.Generator().manual_seed(0)
+    x0, r0 = -10 * torch.rand(B, C, L, generator=gen), torch.randn(B, C, L, generator=gen)
+    upper = torch.ones(C, C, dtype=torch.bool).triu(1)
+    upper_full = torch.cat([torch.zeros(C, c0, dtype=torch.bool), upper], 1)
+    lo = math.log2(torch.finfo(torch.float32).tiny) * 0.999
+    count = torch.arange(c0 + 1, L + 1, dtype=torch.float32)
+    scratch = torch.empty(B, C, L)
+    compiled = torch.compile(chain_pure, dynamic=True)
+    t0 = time.perf_counter()
+    compiled(x0, r0, upper_full, lo, count)
+    compile_s = time.perf_counter() - t0
+    variants = {
+        "in place (fast path)": lambda x, r: chain_in_place(x, r, upper, c0, lo, count, scratch),
+        "pure, eager": lambda x, r: chain_pure(x, r, upper_full, lo, count),
+        "pure, compiled": lambda x, r: compiled(x, r, upper_full, lo, count),
+    }
+    ref = chain_in_place(x0.clone(), r0.clone(), upper, c0, lo, count, scratch)
+    got = compiled(x0.clone(), r0.clone(), upper_full, lo, count)
+    max_rel = max(float((a - b).abs().max() / b.abs().max().clamp(min=1e-30)) for a, b in zip(got, ref))
+    per_round = []
+    for i in range(rounds):
+        names = list(variants)[i % 3:] + list(variants)[: i % 3]
+        best = {}
+        for name in names:
+            ts = []
+            for _ in range(calls):
+                x, r = x0.clone(), r0.clone()
+                ts.append(cpu_time(lambda: variants[name](x, r)))
+            best[name] = min(ts)
+        per_round.append(best)
+    torch._dynamo.reset()
+    return dict(rounds=per_round, compile_s=compile_s, shape=[B, C, L], max_rel_diff=max_rel)
+
+
+def write_results(result: dict) -> None:
+    layer, chain = result["layer"], result["chain"]
+    rows = layer["rounds"]
+    lines = [
+        "# ASCender fast path on CPU: what torch.compile would change",
+        "",
+        f"Machine: {result['machine']}. Commit {str(result['git_commit'])[:12]}"
+        f"{' (dirty)' if result['git_dirty'] else ''}. Generated by `benchmarks/attention_compile.py` "
+        "(see its docstring).",
+        "",
+        f"Layer: n = {result['n']}, causal, 8 heads x 64, fp32, fwd+bwd, {len(rows)} interleaved rounds, thread CPU "
+        f"time; load {result['load_start']:.1f} / {result['load_end']:.1f} (1-minute average at start / end).",
+        "",
+        "| fast path | CPU s (median) | x SDPA median | x SDPA min |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in rows[0]["fast_s"]:
+        ratios = [x["fast_s"][name] / x["sdpa_s"] for x in rows]
+        lines.append(f"| {name} | {statistics.median(x['fast_s'][name] for x in rows):.3f} | "
+                     f"{statistics.median(ratios):.2f} | {min(ratios):.2f} |")
+    lines += [f"| SDPA | {statistics.median(x['sdpa_s'] for x in rows):.3f} | 1.00 | 1.00 |", "",
+              f"Compiling the per-row algebra: first call {layer['compile_s']:.1f} s, {layer['graphs']} graphs "
+              "(dynamo splits the functions at graph breaks).", "",
+              f"Tile chain: forward kernel + Separation passes of one chunk, shape {chain['shape']}, "
+              f"{len(chain['rounds'])} rounds; ms per call (median over rounds of the round's minimum).", "",
+              "| variant | ms |", "|---|---:|"]
+    for name in chain["rounds"][0]:
+        lines.append(f"| {name} | {1e3 * statistics.median(x[name] for x in chain['rounds']):.2f} |")
+    lines += ["", f"Compiled chain: first call {chain['compile_s']:.1f} s; largest difference from the in-place "
+              f"passes {chain['max_rel_diff']:.1e} relative to each output's largest entry.", ""]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "attention_compile.md").write_text("\n".join(lines))
+    (RESULTS / "attention_compile.json").write_text(json.dumps(result, indent=1))
+
+
+def main() -> None:
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=10, help="tile-chain calls per variant and round")
+    args = ap.parse_args()
+    if args.rounds < 5:
+        ap.error("--rounds must be >= 5 (median and minimum of at least five same-round ratios)")
+    torch.set_num_threads(1)
+    load_start = os.getloadavg()[0]
+    result = dict(n=args.n, layer=measure_layer(args.n, args.rounds),
+                  chain=measure_chain(args.n, args.rounds, args.calls))
+    result.update(load_start=load_start, load_end=os.getloadavg()[0], threads=torch.get_num_threads(),
+                  machine=machine(), **git_state())
+    write_results(result)
+    print((RESULTS / "attention_compile.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
