@@ -18,6 +18,13 @@ its share of the profiled self time scaled to the unprofiled median wall time:
 "GEMM x SDPA" is the time of the fast path's GEMMs alone against SDPA's whole fwd+bwd: no
 amount of work on the elementwise passes can bring the ratio below it.
 
+A second split, by step of the algorithm (``STEPS``: the fast path's own functions), comes from
+one fwd+bwd under cProfile without builtins (it times Python functions only, so the torch ops
+cost no extra): each step's cumulative time (``fold_scores`` counted where the forward calls
+it; backward's recompute is inside the softmax backward) as a share of the profiled wall time,
+scaled to the unprofiled ratio; "rest" is what no step claims (the loop bodies themselves, the
+output assembly, aux losses).
+
     .venv/bin/python benchmarks/attention_breakdown.py            # ~3 min on a 2-core CPU
 
 Writes benchmarks/results/attention_breakdown.{json,md,png}.
@@ -57,6 +64,53 @@ def keep_freed_memory() -> None:
 
 TILE_OP_US = 50.0  # average self time per call above which a non-GEMM op counts as a tile pass
 
+# step of the algorithm -> the fast path's functions (module, name[, the caller it is counted under]) whose
+# cumulative time it is; no function is nested in another of the list under the callers given
+STEPS = {
+    "neighbour search": [("fast_neighbours", "search_vectors"), ("fast_neighbours", "neighbours")],
+    "whole-sequence operands and gradients": [("fast_function", "_all_operands"), ("fast_function", "_grad_buffers"),
+                                              ("fast_grads", "input_grads")],
+    "kernel + Separation tiles (fwd, bwd recompute)": [("fast_tiles", "kernel_tiles")],
+    "per-row algebra (fwd, bwd recompute, closed-form bwd, scatter)": [
+        ("fast_rows", "row_inputs"), ("fast_rows", "row_algebra"), ("fast_rows", "align_rows"),
+        ("fast_row_grads", "row_algebra_backward"), ("fast_row_grads", "align_backward"),
+        ("fast_rows", "scatter_row_grads"), ("fast_rows", "store_rows")],
+    "scores + softmax (fwd)": [("fast_tiles", "fold_scores", "_forward_chunk"),
+                                     ("fast_tiles", "softmax_into", "_forward_chunk")],
+    "softmax bwd (scores recomputed, dP, dV)": [("fast_function", "_softmax_backward")],
+    "folded-score gradients (query and key sides)": [("fast_function", "_fold_grads")],
+    "Separation + kernel bwd": [("fast_function", "_separation_dphi"), ("fast_function", "_separation_backward"),
+                                ("fast_function", "_kernel_backward")],
+}  # fmt: skip
+
+
+def _step_shares(run) -> dict:
+    """{step: fraction of one cProfiled fwd+bwd's wall time} for STEPS, plus "rest"."""
+    import cProfile
+    import pstats
+    import time
+
+    prof = cProfile.Profile(builtins=False)
+    t0 = time.perf_counter()
+    prof.runcall(run)
+    wall = time.perf_counter() - t0
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
+    by_name = {(Path(f).stem, name): v for (f, _, name), v in stats.items() if "models/ascender" in f}
+    shares = {}
+    for step, funcs in STEPS.items():
+        total = 0.0
+        for module, name, *caller in funcs:
+            entry = by_name.get((module, name))
+            if entry is None:
+                continue
+            if caller:
+                total += sum(c[3] for (_, _, cname), c in entry[4].items() if cname == caller[0])
+            else:
+                total += entry[3]
+        shares[step] = total / wall
+    shares["rest"] = 1.0 - sum(shares.values())
+    return shares
+
 
 def _shares(run) -> tuple[float, float]:
     """(GEMM, elementwise) fractions of one profiled fwd+bwd's wall time (see the docstring)."""
@@ -94,9 +148,10 @@ def worker(n: int, allocator: str, reps: int) -> dict:
     ratio = _median([f / s_ for f, s_ in zip(t_fast, t_sdpa)])  # same-round ratios
     t_sdpa, t_fast = _median(t_sdpa), _median(t_fast)
     share, tile = _shares(fast)
+    steps = {step: f * ratio for step, f in _step_shares(fast).items()}
     return dict(n=n, allocator=allocator, sdpa_s=t_sdpa, fast_s=t_fast, ratio=ratio, page_faults=faults,
                 gemm_s=share * t_fast, gemm_x_sdpa=share * ratio, elementwise_x_sdpa=tile * ratio,
-                overhead_x_sdpa=(1 - share - tile) * ratio, load_start=load_start,
+                overhead_x_sdpa=(1 - share - tile) * ratio, steps_x_sdpa=steps, load_start=load_start,
                 load_1m=os.getloadavg()[0], reps=reps)
 
 
@@ -143,8 +198,22 @@ def write_results(points: list[dict]) -> None:
                      f"({base['gemm_s']:.2f} of {base['fast_s']:.2f} s); keeping freed memory cuts the page "
                      f"faults from {base['page_faults']} to {kept['page_faults']} and changes the time by "
                      f"{100 * (kept['fast_s'] / base['fast_s'] - 1):+.0f}%.")
+    lines += step_lines(points)
     (RESULTS / "attention_breakdown.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def step_lines(points: list[dict]) -> list[str]:
+    """The by-step table (glibc-default rows that have it): x SDPA per step, one column per n."""
+    rows = [p for p in points if p["allocator"] == ALLOCATORS[0] and "steps_x_sdpa" in p]
+    if not rows:
+        return []
+    lines = ["", "By step of the algorithm (cProfile, see the docstring), as multiples of SDPA's fwd+bwd:", "",
+             "| step | " + " | ".join(f"n = {p['n']}" for p in rows) + " |", "|---|" + "---:|" * len(rows)]
+    for step in [*STEPS, "rest"]:
+        lines.append(f"| {step} | " + " | ".join(f"{p['steps_x_sdpa'][step]:.2f}" for p in rows) + " |")
+    lines.append("| **total (fast x SDPA)** | " + " | ".join(f"{p['ratio']:.2f}" for p in rows) + " |")
+    return lines
 
 
 def plot(points: list[dict]) -> None:
