@@ -9,7 +9,8 @@ error line in its results and the next one still runs; the exit status is 1 if a
     tests      pytest on the Triton kernel tests (compiled for real on CUDA; TRITON_INTERPRET=1 and a
                quick ``-k`` subset in the dry run) and on every test marked ``cuda``; pass/fail/skip counts
     attention  one causal layer, fwd+bwd: ASCender (``impl="auto"``) vs SDPA under the first backend
-               that runs (FlashAttention first), time (CUDA events, median and min) and peak memory
+               that runs (FlashAttention first), time (CUDA events, median and min) and peak memory;
+               ASCender's fwd+bwd also captured in a CUDA graph and replayed (time without launch overhead)
     training   one-rank training throughput (tokens/s) and MFU of the gpt / ascender / connection
                presets through the real trainer (``benchmarks/scaling.py``'s worker), bf16
     nccl       a 2-rank data-parallel training run when two GPUs exist (gloo on CPU in the dry run),

@@ -11,6 +11,11 @@ with CUDA events (perf_counter on CPU); median and min. Peak memory: ``torch.cud
 during one more call, above what was allocated before it (inputs and parameters excluded); none on CPU.
 Before each length the section checks that 4x the previous length's time (attention is quadratic) fits
 in what is left of its budget; lengths that do not fit are recorded as not measured.
+
+CUDA graph (CUDA only): the same ASCender fwd+bwd captured once per length in a ``torch.cuda.CUDAGraph``
+(after warm-up calls on a side stream, as torch's docs prescribe) and replayed, timed like the eager calls:
+what the layer costs without the host launching its ~1,200 kernels one by one. The capture fails if the
+path synchronises with the host (a copy from pageable memory, ``.item()``); the failure is recorded.
 """
 
 from __future__ import annotations
@@ -111,6 +116,26 @@ def peak_mib(run, device: str):
     return cuda_peak_mib(run) if device == "cuda" else None
 
 
+def graph_time(run, plan: Plan) -> dict:
+    """run() captured in a CUDA graph and replayed: {graph_median_s, graph_min_s} or {graph_status}."""
+    import torch
+
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream before capture (torch.cuda.graphs docs)
+            for _ in range(plan.warmup):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        timed = time_fwd_bwd(graph.replay, plan)
+    except Exception as exc:  # a capture failure is a finding, recorded; the eager numbers stand
+        return {"graph_status": f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"}
+    return {"graph_status": "ok", "graph_median_s": timed["median_s"], "graph_min_s": timed["min_s"]}
+
+
 def measure_point(impl: str, n: int, plan: Plan, ascender_impl: str) -> dict:
     import torch
 
@@ -121,15 +146,20 @@ def measure_point(impl: str, n: int, plan: Plan, ascender_impl: str) -> dict:
         else:
             run, point["backend"] = _layer("auto", n, plan.device, plan.dtype), ascender_impl
         point.update(time_fwd_bwd(run, plan), peak_mib=peak_mib(run, plan.device), status="ok")
+        if impl != "sdpa" and plan.device == "cuda":
+            point.update(graph_time(run, plan))
     except Exception as exc:  # one failed point (e.g. out of memory) is recorded; the others still run
         point["status"] = f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
     finally:
         run = None
         if plan.device == "cuda":
             torch.cuda.empty_cache()
+    graph = point.get("graph_status")
     log.info("[attention] n=%d %s (%s): %s", n, impl, point.get("backend", "?"),
              f"median {point['median_s'] * 1e3:.2f} ms, min {point['min_s'] * 1e3:.2f} ms" +
-             (f", peak {point['peak_mib']:.0f} MiB" if point["peak_mib"] is not None else "")
+             (f", peak {point['peak_mib']:.0f} MiB" if point["peak_mib"] is not None else "") +
+             (f"; CUDA graph replay median {point['graph_median_s'] * 1e3:.2f} ms" if graph == "ok" else
+              f"; CUDA graph {graph}" if graph else "")
              if point["status"] == "ok" else point["status"])
     return point
 
@@ -168,7 +198,9 @@ def next_length_seconds(pair: list[dict], plan: Plan, wall_s: float) -> float:
     not per length); the wall time when a point failed. The next (doubled) length costs ~4x this."""
     if any(p["status"] != "ok" for p in pair):
         return wall_s
-    return sum(p["median_s"] * (plan.warmup + plan.repeats + 1) for p in pair)
+    calls = plan.warmup + plan.repeats + 1
+    graphs = sum(p.get("graph_median_s", p["median_s"]) * (calls + 1) for p in pair if "graph_status" in p)
+    return sum(p["median_s"] * calls for p in pair) + graphs
 
 
 def run(plan: Plan, work: Path, budget: Budget) -> dict:
@@ -216,6 +248,8 @@ def table_rows(points: list[dict]) -> list[dict]:
         row = {"n": n, "ascender": a, "sdpa": s, "flop_ratio": flops["ascender"] / flops["sdpa"]}
         if a["status"] == s["status"] == "ok":
             row["time_ratio"] = a["median_s"] / s["median_s"]
+            if a.get("graph_status") == "ok":
+                row["graph_ratio"] = a["graph_median_s"] / s["median_s"]
             if a["peak_mib"] is not None and s["peak_mib"]:
                 row["memory_ratio"] = a["peak_mib"] / s["peak_mib"]
         rows.append(row)
@@ -224,6 +258,13 @@ def table_rows(points: list[dict]) -> list[dict]:
 
 def _ms(p: dict) -> str:
     return f"{p['median_s'] * 1e3:.3f} / {p['min_s'] * 1e3:.3f}" if p["status"] == "ok" else p["status"]
+
+
+def _graph_ms(p: dict) -> str:
+    status = p.get("graph_status")
+    if status is None:
+        return "n/a (CPU)" if p.get("peak_mib", 0) is None else ""
+    return f"{p['graph_median_s'] * 1e3:.3f} / {p['graph_min_s'] * 1e3:.3f}" if status == "ok" else status
 
 
 def _mib(p: dict) -> str:
@@ -242,13 +283,16 @@ def markdown(result: dict) -> list[str]:
              f"{sh['window']} + {sh['num_global']} globals. ASCender: `ascender_attention(impl=\"auto\")` -> {impl}; "
              f"SDPA backend: {', '.join(backends) or 'none ran'}. Time: median / min of {result['repeats']} calls "
              f"after {result['warmup']} warm-up call(s) (ms); peak: allocated memory above the inputs during one "
-             "call (MiB). FLOP ratio: analytic forward FLOPs, ASCender (windowed neighbourhoods) / SDPA "
+             "call (MiB). CUDA graph: the same ASCender fwd+bwd captured once and replayed (ms; its ratio to "
+             "SDPA beside it). FLOP ratio: analytic forward FLOPs, ASCender (windowed neighbourhoods) / SDPA "
              "(`benchmarks/attention.py: attention_gflops`).", "",
-             "| n | ASCender ms (median / min) | SDPA ms (median / min) | time ratio | ASCender peak MiB "
-             "| SDPA peak MiB | memory ratio | FLOP ratio |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| n | ASCender ms (median / min) | SDPA ms (median / min) | time ratio | ASCender CUDA graph ms "
+             "(median / min) | graph ratio | ASCender peak MiB | SDPA peak MiB | memory ratio | FLOP ratio |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         ratio = lambda key: f"{r[key]:.2f}" if key in r else ""  # noqa: E731
         lines.append(f"| {r['n']} | {_ms(r['ascender'])} | {_ms(r['sdpa'])} | {ratio('time_ratio')} | "
+                     f"{_graph_ms(r['ascender'])} | {ratio('graph_ratio')} | "
                      f"{_mib(r['ascender'])} | {_mib(r['sdpa'])} | {ratio('memory_ratio')} | {r['flop_ratio']:.2f} |")
     firsts = [f"n={r['n']}: {r['ascender']['first_call_s']:.1f} s" for r in result["rows"]
               if "first_call_s" in r["ascender"]]
@@ -286,6 +330,10 @@ def plot(result: dict, path: Path) -> bool:
             continue
         label = f"{impl} ({ok[0]['backend']})"
         axes[0].plot([p["n"] for p in ok], [p["median_s"] * 1e3 for p in ok], "o-", label=label)
+        graphed = [p for p in ok if p.get("graph_status") == "ok"]
+        if graphed:
+            axes[0].plot([p["n"] for p in graphed], [p["graph_median_s"] * 1e3 for p in graphed], "o--",
+                         label=f"{label}, CUDA graph replay")
         mem = [p for p in ok if p["peak_mib"] is not None]
         if mem:
             axes[1].plot([p["n"] for p in mem], [p["peak_mib"] for p in mem], "o-", label=label)

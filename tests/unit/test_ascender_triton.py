@@ -234,6 +234,47 @@ def test_auto_resolves_to_triton_on_cuda_and_matches_reference():
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_check runs it)")
+def test_triton_fwd_bwd_never_syncs_with_the_host_and_replays_in_a_cuda_graph():
+    """One fwd+bwd issues no host synchronisation (a copy from pageable host memory in the
+    operand setup once made every call sync and uncapturable), so it captures in a CUDA graph,
+    and the replay gives the eager gradients (float64; the kernels' atomic adds reorder sums
+    only at rounding level)."""
+    hp = base_hp(causal=True)
+    inputs = [x.detach().cuda().requires_grad_() for x in make_inputs(b=1, n=70, hd=64)]
+    params = make_params(hp, 2).cuda()
+
+    def step():
+        ascender_attention(*inputs, params, hp, step=0, impl="triton").sum().backward()
+
+    step()  # compiles the kernels and allocates every .grad
+    leaves = [t for t in (*inputs, *params.parameters()) if t.grad is not None]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for t in leaves:
+        t.grad.zero_()
+    step()
+    eager = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    for t, want in zip(leaves, eager):
+        torch.testing.assert_close(t.grad, want, rtol=1e-9, atol=1e-12)
+
+
 def test_impl_triton_runs_on_cpu_tensors_under_the_interpreter():
     if torch.cuda.is_available():
         pytest.skip("CUDA present")

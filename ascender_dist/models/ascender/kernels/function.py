@@ -91,7 +91,10 @@ def _make_ops(call: Call, t: dict, ieee: bool) -> Ops:
     if hp.other_bias == "alibi":
         ops.slope = t["slope_tau_b"].to(dtype).contiguous()
     lo = kernel_arg_floor(dtype, ratio)
-    ops.consts = torch.tensor([lo, ratio], dtype=dtype, device=t["k3"].device)
+    # filled on the device: torch.tensor([...], device=cuda) copies from pageable host memory, a
+    # synchronising copy that also makes the call impossible to capture in a CUDA graph
+    ops.consts = torch.full((2,), lo, dtype=dtype, device=t["k3"].device)
+    ops.consts[1].fill_(ratio)
     ops.flags = dict(CAUSAL=hp.causal, ALIGN=hp.use_align, COH=hp.use_coh, SEP=call.use_sep,
                      ALIBI=hp.other_bias == "alibi", LSEP=call.want_lsep, RATIO_ONE=ratio == 1.0,
                      F64=dtype == torch.float64, IEEE=ieee)  # fmt: skip
