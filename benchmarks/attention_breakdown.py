@@ -76,7 +76,7 @@ STEPS = {
         ("fast_row_grads", "row_algebra_backward"), ("fast_row_grads", "align_backward"),
         ("fast_rows", "scatter_row_grads"), ("fast_rows", "store_rows")],
     "scores + softmax (fwd)": [("fast_tiles", "fold_scores", "_forward_chunk"),
-                                     ("fast_tiles", "softmax_into", "_forward_chunk")],
+                               ("fast_tiles", "softmax_into", "_forward_chunk")],
     "softmax bwd (scores recomputed, dP, dV)": [("fast_function", "_softmax_backward")],
     "folded-score gradients (query and key sides)": [("fast_function", "_fold_grads")],
     "Separation + kernel bwd": [("fast_function", "_separation_dphi"), ("fast_function", "_separation_backward"),
