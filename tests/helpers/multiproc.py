@@ -164,6 +164,12 @@ def _rank_main(target: str, workdir: str) -> None:
     tmp = Path(workdir) / f"rank{rank}.json.tmp"
     tmp.write_text(json.dumps(result, default=str))
     os.replace(tmp, Path(workdir) / f"rank{rank}.json")
+    # end torch.distributed on every rank together, as the trainer does: groups left to interpreter
+    # exit were torn down by each rank alone, and a rank whose results were all written once died
+    # there with SIGABRT ("terminate called without an active exception") in a CI run
+    from ascender_dist.parallel.setup import shutdown_process_group
+
+    shutdown_process_group()
 
 
 if __name__ == "__main__":
