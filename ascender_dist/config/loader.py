@@ -9,6 +9,7 @@ fields, every value against the annotated type, and every error is one line nami
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 from collections.abc import Hashable
@@ -20,32 +21,59 @@ import yaml
 from ascender_dist.config.errors import ConfigError
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that parses YAML 1.2 floats and rejects duplicate keys."""
+    """SafeLoader with YAML 1.2 numbers (below) and plain-name mapping keys."""
 
     def construct_mapping(self, node, deep=False):
-        seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, Hashable):
                 raise ConfigError(f"line {key_node.start_mark.line + 1}",
                                   f"mapping keys must be plain names, got a {key_node.id} as a key")
-            if key in seen:
-                raise ConfigError(str(key), f"duplicate key (line {key_node.start_mark.line + 1})")
-            seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
 
-# YAML 1.2 float syntax, so that 1e-3 and 3E5 are floats (PyYAML's YAML 1.1 resolver wants a dot).
+# Numbers as YAML 1.2 reads them: 1e-3 and 3E5 are floats (YAML 1.1 wants a dot), and none of
+# YAML 1.1's other integer forms, which read 010 as 8 and 1:30 as 90, is a number; such a value
+# stays a string and the typed loading names the field that expected a number.
+_YAML11_NUMBERS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML11_NUMBERS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
 _StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d[\d_]*\.[\d_]*(?:[eE][-+]?\d+)?|\d[\d_]*[eE][-+]?\d+|\.\d[\d_]*(?:[eE][-+]?\d+)?)$"),
+    re.compile(r"^(?:[-+]?(?:\d[\d_]*\.[\d_]*(?:[eE][-+]?\d+)?|\d[\d_]*[eE][-+]?\d+|\.\d[\d_]*(?:[eE][-+]?\d+)?)"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
     list("-+0123456789."),
 )
 
 
+def _reject_duplicate_keys(node, path: str = "") -> None:
+    """ConfigError naming the dotted path of the first key that a mapping repeats."""
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            dotted = f"{path}.{key}" if path else str(key)
+            if key is not None and key in seen:
+                raise ConfigError(dotted, f"duplicate key (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+            _reject_duplicate_keys(value_node, dotted)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _reject_duplicate_keys(item, f"{path}[{i}]")
+
+
 def parse_yaml_text(text: str, source: str = "<string>") -> Any:
+    loader = _StrictLoader(text)
     try:
-        return yaml.load(text, Loader=_StrictLoader)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _reject_duplicate_keys(node)
+        return loader.construct_document(node)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc.path}", exc.message) from None
     except yaml.YAMLError as exc:
@@ -53,6 +81,8 @@ def parse_yaml_text(text: str, source: str = "<string>") -> Any:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(source, f"invalid YAML{where}: {problem}") from None
+    finally:
+        loader.dispose()
 
 
 def read_yaml_file(path: str | Path) -> dict:
@@ -131,6 +161,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(path, f"expected float, got {type(value).__name__} {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(path, f"must be a finite number (got {value})")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

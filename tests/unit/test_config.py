@@ -134,6 +134,11 @@ def test_unknown_preset(tmp_path):
 
 def test_duplicate_key_and_bad_yaml_are_one_line(tmp_path):
     assert "duplicate key" in _error(tmp_path, "name: a\nname: b\n")
+    # named by its dotted path, however deep
+    assert "run.yaml: model.ascender.k: duplicate key (line 4)" in _error(
+        tmp_path, "model:\n  ascender:\n    k: 8\n    k: 16\n")
+    assert "data.mixture[1].weight: duplicate key" in _error(
+        tmp_path, "data:\n  mixture:\n    - {manifest: a.json}\n    - {manifest: b.json, weight: 1, weight: 2}\n")
     assert "invalid YAML" in _error(tmp_path, "model: [unclosed\n")
 
 
@@ -145,6 +150,29 @@ def test_missing_file():
 def test_yaml_12_floats_but_strings_stay_strings():
     data = parse_yaml_text("a: 1e-3\nb: 3E5\nc: .5\nd: '1e-3'\ne: 12\nf: abc\n")
     assert data == {"a": 1e-3, "b": 3e5, "c": 0.5, "d": "1e-3", "e": 12, "f": "abc"}
+    data = parse_yaml_text("a: -7\nb: 1_000\nc: 0\nd: 1.0e+20\ne: -.inf\n")
+    assert data == {"a": -7, "b": 1000, "c": 0, "d": 1e20, "e": float("-inf")}
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("model:\n  num_layers: 010\n", "model.num_layers: expected int, got str '010'"),  # YAML 1.1: octal 8
+    ("train:\n  train_steps: 1:30\n", "train.train_steps: expected int, got str '1:30'"),  # YAML 1.1: 90
+    ("model:\n  hidden_size: 0x40\n", "model.hidden_size: expected int, got str '0x40'"),
+    ("optimizer:\n  lr: 1:30.5\n", "optimizer.lr: expected float, got str '1:30.5'"),
+])
+def test_yaml_11_number_forms_are_not_numbers(tmp_path, text, expected):
+    assert expected in _error(tmp_path, text)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("model:\n  ascender:\n    lambda_align: .nan\n", "model.ascender.lambda_align: must be a finite number (got nan)"),
+    ("model:\n  ascender:\n    omega_init: -.inf\n", "model.ascender.omega_init: must be a finite number (got -inf)"),
+    ("model:\n  ascender:\n    delta_init: .nan\n", "model.ascender.delta_init: must be a finite number"),
+    ("model:\n  connection:\n    threshold: .nan\n", "model.connection.threshold: must be a finite number"),
+    ("model:\n  connection:\n    connection_init_scale: .inf\n", "model.connection.connection_init_scale: must be a fin"),
+])
+def test_every_float_field_must_be_finite(tmp_path, text, expected):
+    assert expected in _error(tmp_path, text)
 
 
 def test_vocab_padding_divisible_by_tensor_parallel():
