@@ -8,7 +8,9 @@ Formats (chosen by file name; a directory or glob expands to the files below it,
 * ``.parquet`` (pyarrow, read one record batch at a time): the column ``text_field`` per row;
 * a directory written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict``: every split, in
   the order ``dataset_dict.json`` lists them): the column ``text_field`` per row;
-* ``.tar`` / ``.tar.gz`` / ``.tgz`` text shards: members ``*.txt`` or ``*.json`` with ``"text"``.
+* ``.tar`` / ``.tar.gz`` / ``.tgz`` text shards: members ``*.txt`` / ``*.text`` / ``*.md`` (one document
+  each), ``*.json`` (one object with ``text_field``, as webdataset writes) or ``*.jsonl`` / ``*.ndjson``
+  (JSON lines, as above); a member of any other type is an error, never silently skipped.
 
 Every problem is a one-line :class:`DataError` naming the file and the line (``path:17``) or row
 (``path:row 17``), so a bad record in a 20 GB corpus is found without a traceback.
@@ -397,32 +399,51 @@ def iter_datasets_texts(path: Path, field: str = DEFAULT_TEXT_FIELD) -> Iterator
 
 
 # --------------------------------------------------------------------------- tar text shards
+_TAR_MEMBER_KINDS = {**{ext: "text" for ext in _TEXT}, ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+
+
 def iter_tar_texts(path: Path, field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
-    """Texts of a webdataset-style text shard: members ``*.txt``/``*.text`` or ``*.json`` with ``field``."""
+    """Texts of a webdataset-style text shard, member by member in archive order (see the module
+    docstring for the member types; directories and links hold no text and are passed over)."""
     try:
         with tarfile.open(path, "r:*") as tf:
             for member in tf:
-                if not member.isreg():
-                    continue
-                ext = member.name.rsplit(".", 1)[-1].lower()
-                if ext not in ("txt", "text", "json"):
-                    continue
-                data = tf.extractfile(member).read()
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}:{member.name}", f"not valid UTF-8 (byte {e.start})") from None
-                if ext == "json":
-                    try:
-                        text = json.loads(text)[field]
-                        if not isinstance(text, str):
-                            raise TypeError(text)
-                    except (json.JSONDecodeError, KeyError, TypeError):
-                        raise DataError(f"{path}:{member.name}", f'invalid JSON or no string "{field}" field') \
-                            from None
-                yield text
+                if member.isreg():
+                    yield from _tar_member_texts(path, tf, member, field)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
         raise DataError(str(path), f"truncated or corrupt tar ({e})") from None
+
+
+def _tar_member_texts(path: Path, tf: tarfile.TarFile, member: tarfile.TarInfo, field: str) -> Iterator[str]:
+    """Documents of one regular tar member, read as a file of the same type would be; a member of
+    a type no reader takes is a DataError (a skipped member would be silently lost data)."""
+    where = f"{path}:{member.name}"
+    name = member.name.lower()
+    kind = next((k for ext, k in _TAR_MEMBER_KINDS.items() if name.endswith(ext)), None)
+    if kind is None:
+        raise DataError(where, f"unsupported tar member type (supported: {', '.join(_TAR_MEMBER_KINDS)})")
+    stream = tf.extractfile(member)
+    if kind == "jsonl":
+        for lineno, raw in enumerate(stream, 1):
+            try:
+                text = _parse_json_line(raw, field)
+            except _BadRecord as e:
+                raise DataError(f"{where}:{lineno}", str(e)) from None
+            if text is not None:
+                yield text
+        return
+    try:
+        text = stream.read().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(where, f"not valid UTF-8 (byte {e.start})") from None
+    if kind == "json":
+        try:
+            text = json.loads(text)[field]
+            if not isinstance(text, str):
+                raise TypeError(text)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise DataError(where, f'invalid JSON or no string "{field}" field') from None
+    yield text
 
 
 def _first_line(e: BaseException) -> str:

@@ -134,6 +134,12 @@ def _tokenize_part(pieces: list[Piece], model_path: str, dtype_name: str, text_f
     return {"num_documents": n_docs, "num_tokens": n_tokens, "text_bytes": n_bytes}
 
 
+def check_workers(workers: int, command: str = "shard") -> None:
+    """``--workers`` is a process count: >= 1 (below 1 would quietly mean one process, or crash the pool)."""
+    if workers < 1:
+        raise DataError(command, f"--workers must be >= 1 (got {workers})")
+
+
 def _pool(workers: int) -> ProcessPoolExecutor:
     """Worker processes started fresh (spawn): safe from any parent, threads or torch included."""
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
@@ -148,8 +154,7 @@ def run_job(inputs, tokenizer: Tokenizer, parts_dir: Path, settings: dict, *, jo
     ``pool``: processes to use instead of starting ``workers`` new ones."""
     if not (job_count >= 1 and 0 <= job_index < job_count):
         raise DataError("shard", f"--job-index must be in [0, --job-count) (got {job_index} of {job_count})")
-    if workers < 1:
-        raise DataError("shard", f"--workers must be >= 1 (got {workers})")
+    check_workers(workers)
     if tokenizer.model_path is None:
         raise DataError("shard", "parallel sharding needs a tokenizer loaded from a .model file")
     files = expand_inputs(inputs)
@@ -215,6 +220,39 @@ def _write_shard(files, counts, dtype_name: str, meta: dict, first: int, count: 
                   "bytes": len(data)}
 
 
+# what run_job writes into a job mark: field -> type (nested objects by their own table)
+_MARK_FIELDS = {"job_index": int, "job_count": int, "plan": str, "tokenizer": dict, "settings": dict, "parts": list}
+_MARK_TOKENIZER = {"tokenizer_sha256": str, "vocab_size": int, "padded_vocab_size": int, "eos_id": int,
+                   "pad_id": int}
+_MARK_SETTINGS = {"seq_length": int, "samples_per_shard": (int, type(None)), "shard_max_bytes": (int, type(None)),
+                  "val_fraction": (int, float), "prefix": str}
+_MARK_PART = {"file": str, "num_documents": int, "num_tokens": int}
+
+
+def _check_record(where: str, record, fields: dict, prefix: str = "") -> None:
+    """``record`` is an object holding every field of ``fields`` with its type (a bool is no
+    number); a one-line DataError naming ``where`` and the field otherwise."""
+    if not isinstance(record, dict):
+        raise DataError(where, f"{prefix.rstrip('.') or 'job mark'}: expected a JSON object, "
+                               f"got {type(record).__name__}")
+    for key, kind in fields.items():
+        if key not in record:
+            raise DataError(where, f"{prefix}{key}: missing")
+        value = record[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise DataError(where, f"{prefix}{key}: expected {names}, got {type(value).__name__} {value!r}")
+
+
+def _check_mark(path: Path, mark) -> None:
+    """A job mark has the shape :func:`run_job` writes, so merge never trips over a KeyError."""
+    _check_record(str(path), mark, _MARK_FIELDS)
+    _check_record(str(path), mark["tokenizer"], _MARK_TOKENIZER, "tokenizer.")
+    _check_record(str(path), mark["settings"], _MARK_SETTINGS, "settings.")
+    for i, part in enumerate(mark["parts"]):
+        _check_record(str(path), part, _MARK_PART, f"parts[{i}].")
+
+
 def _read_marks(parts_dir: Path) -> list[dict]:
     """Completion marks of every job, checked to belong to one plan with every job present."""
     marks = []
@@ -223,6 +261,7 @@ def _read_marks(parts_dir: Path) -> list[dict]:
             marks.append(json.loads(path.read_text()))
         except (OSError, ValueError) as e:
             raise DataError(str(path), f"unreadable job mark ({e})") from None
+        _check_mark(path, marks[-1])
     if not marks:
         raise DataError(str(parts_dir), "no finished shard jobs to merge (run `shard --job-index I --job-count J`)")
     count = marks[0]["job_count"]
@@ -240,6 +279,7 @@ def _read_marks(parts_dir: Path) -> list[dict]:
 def merge(out_dir: Path, *, parts_dir: Path | None = None, workers: int = 1, keep_parts: bool = False,
           pool: ProcessPoolExecutor | None = None) -> Manifest:
     """Cut the finished jobs' token streams into shards and write the manifest (see module docstring)."""
+    check_workers(workers, "merge")
     out_dir = Path(out_dir)
     parts_dir = Path(parts_dir) if parts_dir is not None else out_dir / PARTS_DIR
     marks = _read_marks(parts_dir)
@@ -288,7 +328,8 @@ def write_shards_parallel(inputs, tokenizer: Tokenizer, out_dir: Path, seq_lengt
                           text_field: str = DEFAULT_TEXT_FIELD) -> Manifest:
     """:func:`data_pipeline.shards.write_shards` with ``workers`` processes: same bytes, same manifest."""
     out_dir = Path(out_dir)
-    check_shard_settings(out_dir, seq_length, val_fraction)
+    check_workers(workers)
+    check_shard_settings(out_dir, seq_length, val_fraction, samples_per_shard, shard_max_bytes)
     parts_dir = Path(tempfile.mkdtemp(prefix=".parts-tmp-", dir=out_dir))
     try:
         with _pool(workers) as pool:  # one set of processes for both phases

@@ -123,6 +123,7 @@ _MANIFEST_TYPES = {"seq_length": int, "tokenizer_sha256": str, "vocab_size": int
                    "version": int}
 _SHARD_TYPES = {"name": str, "split": str, "num_samples": int, "num_tokens": int, "sha256": str, "bytes": int}
 _NULLABLE = {"sha256", "bytes"}  # unknown checksum / size: the shard is read without those checks
+_SPLITS = ("train", "val")  # what _finalize writes and the loaders read
 
 
 def check_field_types(where: str, record: dict, types: dict, prefix: str = "", error=None,
@@ -153,22 +154,40 @@ def load_manifest(path) -> Manifest:
     if not isinstance(raw, dict):
         raise DataError(str(path), f"manifest must be a JSON object, got {type(raw).__name__}")
     check_field_types(str(path), raw, _MANIFEST_TYPES)
+    if raw.get("version", MANIFEST_VERSION) > MANIFEST_VERSION:  # before the shards: their fields may be new
+        raise DataError(str(path), f"manifest version {raw['version']} is newer than this code ({MANIFEST_VERSION})")
     if "shards" in raw and not isinstance(raw["shards"], list):
         raise DataError(str(path), f"shards: expected a list, got {type(raw['shards']).__name__}")
+    first_of: dict[str, int] = {}
     for i, s in enumerate(raw.get("shards") or []):
-        if not isinstance(s, dict):
-            raise DataError(str(path), f"shards[{i}]: expected an object, got {type(s).__name__} {s!r}")
-        check_field_types(str(path), s, _SHARD_TYPES, prefix=f"shards[{i}].")
+        _check_shard_record(str(path), i, s, first_of)
     try:
         shards = [ShardInfo(**s) for s in raw.pop("shards")]
         known = {f.name for f in dataclasses.fields(Manifest)}
         manifest = Manifest(shards=shards, **{k: v for k, v in raw.items() if k in known and k != "path"})
     except (KeyError, TypeError) as e:
         raise DataError(str(path), f"manifest is missing or has unexpected fields ({e})") from None
-    if manifest.version > MANIFEST_VERSION:
-        raise DataError(str(path), f"manifest version {manifest.version} is newer than this code ({MANIFEST_VERSION})")
     manifest.path = path
     return manifest
+
+
+def _check_shard_record(where: str, i: int, s, first_of: dict[str, int]) -> None:
+    """Shard entry ``i`` has exactly the ShardInfo fields, their types, a known split and a name no
+    earlier entry has (``first_of``: name -> index, filled here). A shard the loaders would not
+    read (another split, a second copy) is an error, never silently dropped or read twice."""
+    if not isinstance(s, dict):
+        raise DataError(where, f"shards[{i}]: expected an object, got {type(s).__name__} {s!r}")
+    check_field_types(where, s, _SHARD_TYPES, prefix=f"shards[{i}].")
+    unknown, missing = sorted(set(s) - set(_SHARD_TYPES)), [k for k in _SHARD_TYPES if k not in s]
+    if unknown:
+        raise DataError(where, f"shards[{i}]: unknown field(s) {', '.join(map(repr, unknown))}")
+    if missing:
+        raise DataError(where, f"shards[{i}]: missing field(s) {', '.join(map(repr, missing))}")
+    if s["split"] not in _SPLITS:
+        raise DataError(where, f'shards[{i}].split: must be "train" or "val" (got {s["split"]!r})')
+    if s["name"] in first_of:
+        raise DataError(where, f"shards[{i}].name: {s['name']!r} is already shards[{first_of[s['name']]}]")
+    first_of[s["name"]] = i
 
 
 # --------------------------------------------------------------------------- sample encoding
@@ -292,12 +311,18 @@ def val_shard_indices(num_shards: int, val_fraction: float) -> set[int]:
     return {int((j + 0.5) * num_shards / n_val) for j in range(n_val)}
 
 
-def check_shard_settings(out_dir: Path, seq_length: int, val_fraction: float) -> None:
+def check_shard_settings(out_dir: Path, seq_length: int, val_fraction: float, samples_per_shard: int | None = None,
+                         shard_max_bytes: int | None = None) -> None:
     """What every shard writer checks before reading anything (the serial one here, the parallel
-    jobs of :mod:`.parallel`, the CLI before launching them), then ``out_dir`` created."""
+    jobs of :mod:`.parallel`, the CLI before launching them), then ``out_dir`` created. The shard
+    sizes are None (default size) or >= 1; 0 or a negative size would otherwise mean the default
+    or one-sample shards without a word."""
     out_dir = Path(out_dir)
     if seq_length < 1:
         raise DataError("write_shards", f"seq_length must be >= 1 (got {seq_length})")
+    for name, value in (("samples_per_shard", samples_per_shard), ("shard_max_bytes", shard_max_bytes)):
+        if value is not None and value < 1:
+            raise DataError("write_shards", f"{name} must be >= 1 (got {value})")
     if not 0 <= val_fraction < 1:
         raise DataError("write_shards", f"val_fraction must be in [0, 1) (got {val_fraction})")
     if out_dir.exists() and not out_dir.is_dir():
@@ -320,7 +345,7 @@ def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, ou
     has been written successfully.
     """
     out_dir = Path(out_dir)
-    check_shard_settings(out_dir, seq_length, val_fraction)
+    check_shard_settings(out_dir, seq_length, val_fraction, samples_per_shard, shard_max_bytes)
     dtype = token_dtype(tokenizer.padded_vocab_size)
     sample_len = seq_length + 1
     capacity = _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len, dtype)

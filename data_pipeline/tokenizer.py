@@ -34,6 +34,14 @@ DEFAULT_INPUT_SENTENCE_SIZE = 2_000_000
 _MAX_LINE_BYTES = 16384  # sentencepiece silently drops longer "sentences"; we split instead
 
 
+def check_pad_multiple(where: str, multiple) -> None:
+    """A padding multiple is an integer >= 1 (1: no padding); anything else is a DataError naming
+    the field, so a typo never silently means "unpadded" (which breaks tensor-parallel embeddings)."""
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise DataError(where, f"pad_vocab_to_multiple_of: must be an integer >= 1, 1 meaning no padding "
+                               f"(got {multiple!r})")
+
+
 def padded_size(vocab_size: int, multiple: int | None) -> int:
     """Smallest multiple of ``multiple`` that is >= ``vocab_size`` (no padding for None/<=1)."""
     if multiple is None or multiple <= 1:
@@ -82,6 +90,7 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
     The ``.json`` sidecar records vocab size, padded vocab size, the sha256 of the ``.model`` file
     (shards and checkpoints carry it, so a run refuses data made with another tokenizer) and the
     special ids. Returns the ``.model`` path. All three files are written atomically.
+    ``input_sentence_size``: lines sentencepiece samples for training; 0 keeps every line.
     """
     out_prefix = Path(out_prefix)
     inputs = [Path(p) for p in ([inputs] if isinstance(inputs, (str, Path)) else inputs)]
@@ -91,6 +100,10 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
         raise DataError(str(out_prefix), f"model_type must be bpe, unigram, char or word (got {model_type!r})")
     if vocab_size < 8:
         raise DataError(str(out_prefix), f"vocab_size must be >= 8 (got {vocab_size})")
+    if input_sentence_size < 0:
+        raise DataError(str(out_prefix), f"input_sentence_size must be >= 0, 0 meaning every line "
+                                         f"(got {input_sentence_size})")
+    check_pad_multiple(str(out_prefix), pad_vocab_to_multiple_of)
     symbols = ["\n"] + [s for s in user_defined_symbols if s != "\n"]
     model_buf = io.BytesIO()
     spm.set_random_generator_seed(seed)
@@ -107,7 +120,7 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
         )
     except DataError:
         raise
-    except (RuntimeError, OSError) as e:
+    except (RuntimeError, OSError, ValueError) as e:  # ValueError: a setting sentencepiece cannot parse
         raise DataError(str(out_prefix), f"sentencepiece training failed: {str(e).strip().splitlines()[-1]}") from None
     return _write_model_files(out_prefix, model_buf.getvalue(), model_type, pad_vocab_to_multiple_of, symbols)
 
@@ -148,7 +161,8 @@ class Tokenizer:
 
     @classmethod
     def load(cls, model_path: Path, pad_vocab_to_multiple_of: int | None = None) -> "Tokenizer":
-        """Load ``model_path``; padding comes from the argument, else the ``.json`` sidecar, else 128."""
+        """Load ``model_path``; padding comes from the argument, else the ``.json`` sidecar, else 128.
+        A malformed sidecar or padding multiple is a DataError naming it."""
         model_path = Path(model_path)
         try:
             data = model_path.read_bytes()
@@ -158,9 +172,11 @@ class Tokenizer:
             sp = spm.SentencePieceProcessor(model_proto=data)
         except (RuntimeError, TypeError, OSError):
             raise DataError(str(model_path), "not a sentencepiece model") from None
-        multiple = pad_vocab_to_multiple_of
+        multiple, where = pad_vocab_to_multiple_of, str(model_path)
         if multiple is None:
+            where = str(model_path.with_suffix(".json"))
             multiple = _sidecar(model_path).get("pad_vocab_to_multiple_of", 128)
+        check_pad_multiple(where, multiple)
         return cls(sp, sha256_bytes(data), padded_size(sp.get_piece_size(), multiple), model_path)
 
     def encode(self, text: str) -> list[int]:
@@ -185,12 +201,16 @@ class Tokenizer:
 
 
 def _sidecar(model_path: Path) -> dict:
-    """The ``.json`` written next to a ``.model`` by :func:`train_tokenizer`, or {} when absent/unreadable."""
+    """The ``.json`` written next to a ``.model`` by :func:`train_tokenizer`, or {} when absent/unreadable.
+    Valid JSON that is not an object is a DataError naming the file (it is a sidecar, but a broken one)."""
     side = model_path.with_suffix(".json")
     try:
-        return json.loads(side.read_text(encoding="utf-8"))
+        data = json.loads(side.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    if not isinstance(data, dict):
+        raise DataError(str(side), f"tokenizer sidecar must be a JSON object, got {type(data).__name__}")
+    return data
 
 
 def tokenizer_sha256(model_path: Path) -> str:

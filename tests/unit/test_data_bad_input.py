@@ -204,6 +204,34 @@ def test_failed_shard_write_keeps_previous_dataset(tmp_path, tiny_tokenizer, tex
     assert after == before and load_manifest(out).to_json() == m1.to_json()
 
 
+@pytest.mark.parametrize("sidecar,needle", [
+    ("[]", "tokenizer sidecar must be a JSON object, got list"),
+    ('{"pad_vocab_to_multiple_of": "128"}', "pad_vocab_to_multiple_of: must be an integer >= 1"),
+    ('{"pad_vocab_to_multiple_of": true}', "pad_vocab_to_multiple_of: must be an integer >= 1"),
+    ('{"pad_vocab_to_multiple_of": 0}', "pad_vocab_to_multiple_of: must be an integer >= 1"),
+], ids=["list", "str", "bool", "zero"])
+def test_malformed_tokenizer_sidecar(tiny_tokenizer, sidecar, needle):
+    from data_pipeline.tokenizer import Tokenizer
+    side = tiny_tokenizer.model_path.with_suffix(".json")
+    side.write_text(sidecar)
+    with pytest.raises(DataError) as e:
+        Tokenizer.load(tiny_tokenizer.model_path)
+    one_line_error(e, str(side), needle)
+    assert Tokenizer.load(tiny_tokenizer.model_path, pad_vocab_to_multiple_of=64).padded_vocab_size == 448
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(input_sentence_size=-1), "input_sentence_size must be >= 0"),
+    (dict(input_sentence_size=1.5), 'sentencepiece training failed: INVALID_ARGUMENT: cannot parse "1.5"'),
+    (dict(pad_vocab_to_multiple_of=0), "pad_vocab_to_multiple_of: must be an integer >= 1"),
+], ids=["negative-sentences", "fractional-sentences", "zero-pad-multiple"])
+def test_bad_tokenizer_training_setting(tmp_path, text_file, kw, needle):
+    with pytest.raises(DataError) as e:
+        train_tokenizer([text_file], tmp_path / "tok", 300, progress=False, **kw)
+    one_line_error(e, str(tmp_path / "tok"), needle)
+    assert not list(tmp_path.glob("tok.*"))
+
+
 def test_not_a_tokenizer_model(tmp_path):
     from data_pipeline.tokenizer import Tokenizer
     (tmp_path / "x.model").write_bytes(b"garbage")
@@ -229,7 +257,20 @@ def _edit_manifest(ds, edit):
     (lambda m: {**m, "shards": ["syn-train-000000.tar"]}, ["shards[0]: expected an object"]),
     (lambda m: {**m, "shards": 3}, ["shards: expected a list"]),
     (lambda m: [m], ["manifest must be a JSON object"]),
-], ids=["version-str", "seq_length-str", "sha-int", "num_samples-str", "shard-str", "shards-int", "list"])
+    (lambda m: {**m, "shards": m["shards"][:4] + [{**m["shards"][4], "split": "validation"}]},
+     ['shards[4].split: must be "train" or "val" (got \'validation\')']),
+    (lambda m: {**m, "shards": [{**m["shards"][0], "split": "Train"}] + m["shards"][1:]},
+     ['shards[0].split: must be "train" or "val" (got \'Train\')']),
+    (lambda m: {**m, "shards": m["shards"] + [m["shards"][1]]},
+     ["shards[5].name: 'syn-train-000001.tar' is already shards[1]"]),
+    (lambda m: {**m, "shards": m["shards"][:2] + [{**m["shards"][2], "foo": 1, "bar": 2}] + m["shards"][3:]},
+     ["shards[2]: unknown field(s) 'bar', 'foo'"]),
+    (lambda m: {**m, "shards": [{k: v for k, v in m["shards"][0].items() if k != "bytes"}] + m["shards"][1:]},
+     ["shards[0]: missing field(s) 'bytes'"]),
+    (lambda m: {**m, "version": 2, "shards": [{**m["shards"][0], "new_field": 1}] + m["shards"][1:]},
+     ["manifest version 2 is newer than this code"]),
+], ids=["version-str", "seq_length-str", "sha-int", "num_samples-str", "shard-str", "shards-int", "list",
+        "split-validation", "split-Train", "duplicate-name", "unknown-field", "missing-field", "newer-version"])
 def test_manifest_field_types(ds, edit, needles):
     path = _edit_manifest(ds, edit)
     with pytest.raises(DataError) as e:

@@ -88,3 +88,36 @@ def test_inspect_malformed_manifest_is_one_line(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "manifest.json: version: expected an integer" in err and "\n" not in err
+
+
+def test_negative_input_sentence_size_is_one_line(tmp_path, text_file, capsys):
+    cfg = tmp_path / "tok.yaml"
+    cfg.write_text("vocab_size: 300\ninput_sentence_size: -1\n")
+    common = ["--quiet", "train-tokenizer", "--input", str(text_file), "--out-prefix", str(tmp_path / "t")]
+    for extra in (["--vocab-size", "300", "--input-sentence-size", "-1"], ["--config", str(cfg)]):
+        assert main(common + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: {tmp_path / 't'}: input_sentence_size must be >= 0, 0 meaning every line (got -1)"
+    assert not list(tmp_path.glob("t.*"))
+
+
+def test_bad_shard_sizes_and_workers_are_refused(tmp_path, text_file, capsys):
+    from data_pipeline.tokenizer import train_tokenizer
+
+    model = train_tokenizer([text_file], tmp_path / "tok", 400, progress=False)
+    common = ["--quiet", "shard", "--input", str(text_file), "--tokenizer", str(model), "--seq-length", "16",
+              "--out-dir", str(tmp_path / "ds")]
+    jobs = ["--job-index", "0", "--job-count", "2"]
+    for extra, expected in [(["--shard-max-bytes", "-5"], "write_shards: shard_max_bytes must be >= 1 (got -5)"),
+                            (["--shard-max-bytes", "0"], "write_shards: shard_max_bytes must be >= 1 (got 0)"),
+                            (["--shard-max-bytes", "0", "--workers", "2"], "shard_max_bytes must be >= 1 (got 0)"),
+                            (["--shard-max-bytes", "0", *jobs], "shard_max_bytes must be >= 1 (got 0)"),
+                            (["--samples-per-shard", "0", *jobs], "samples_per_shard must be >= 1 (got 0)"),
+                            (["--workers", "-2"], "shard: --workers must be >= 1 (got -2)"),
+                            (["--workers", "0", *jobs], "shard: --workers must be >= 1 (got 0)")]:
+        assert main(common + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and err.endswith(expected) and "\n" not in err, err
+        assert not (tmp_path / "ds").exists() or not any((tmp_path / "ds").iterdir()), extra
+    assert main(["--quiet", "merge", str(tmp_path / "ds"), "--workers", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: merge: --workers must be >= 1 (got 0)"

@@ -17,7 +17,7 @@ from data_pipeline.formats import Piece, expand_inputs, iter_documents, iter_pie
 from data_pipeline.shards import load_manifest, write_shards
 from data_pipeline.tokenizer import train_tokenizer
 
-from .data_fixtures import TEXT, tiny_tokenizer, text_file  # noqa: F401
+from .data_fixtures import TEXT, tar_of, tiny_tokenizer, text_file  # noqa: F401
 
 pa = pytest.importorskip("pyarrow", reason="pyarrow is in the [data] and [dev] extras")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -118,6 +118,31 @@ def one_line(e, *needles):
     assert isinstance(e.value, DataError) and "\n" not in msg
     for n in needles:
         assert n in msg, msg
+
+
+def test_tar_members_are_read_like_files_of_their_type(tmp_path):
+    """.md and .jsonl members are documents (as the same files outside a tar), not silently skipped."""
+    tar = tmp_path / "mixed.tar"
+    tar.write_bytes(tar_of([("a.txt", DOCS[0].encode()), ("b.md", DOCS[1].encode()),
+                            ("c.jsonl", jsonl_bytes(DOCS[2:5])), ("d.json", json.dumps({"text": DOCS[5]}).encode()),
+                            ("e.TEXT", DOCS[6].encode())]))
+    assert list(iter_documents([tar])) == DOCS[:7]
+
+
+@pytest.mark.parametrize("member,payload,needle", [
+    ("x.png", b"\x89PNG", "unsupported tar member type (supported: .txt, .text, .md, .json, .jsonl, .ndjson)"),
+    ("x.jsonl.gz", gzip.compress(jsonl_bytes(DOCS[:2])), "unsupported tar member type"),
+    ("README", b"hello", "unsupported tar member type"),
+    ("c.jsonl", jsonl_bytes(DOCS[:2]) + b"{oops\n", "invalid JSON"),
+], ids=["png", "jsonl.gz", "no-suffix", "bad-jsonl-line"])
+def test_bad_tar_member_names_archive_and_member(tmp_path, member, payload, needle):
+    tar = tmp_path / "docs.tar"
+    tar.write_bytes(tar_of([("a.txt", b"fine"), (member, payload)]))
+    with pytest.raises(DataError) as e:
+        list(iter_documents([tar]))
+    one_line(e, f"{tar}:{member}", needle)
+    if member == "c.jsonl":
+        one_line(e, f"{tar}:c.jsonl:3")
 
 
 def test_bad_line_in_compressed_jsonl_names_file_and_line(tmp_path):

@@ -106,3 +106,26 @@ def test_cli_jobs_then_merge(tmp_path, inputs, tiny_tokenizer, capsys):
     capsys.readouterr()
     assert main(common + ["--out-dir", str(tmp_path / "x"), "--job-index", "2", "--job-count", "2"]) == 2
     assert "--job-index must be in [0, --job-count)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda m: [], "job mark: expected a JSON object, got list"),
+    (lambda m: {}, "job_index: missing"),
+    (lambda m: {**m, "job_count": "2"}, "job_count: expected int, got str '2'"),
+    (lambda m: {**m, "tokenizer": {**m["tokenizer"], "padded_vocab_size": True}},
+     "tokenizer.padded_vocab_size: expected int, got bool True"),
+    (lambda m: {**m, "settings": {k: v for k, v in m["settings"].items() if k != "seq_length"}},
+     "settings.seq_length: missing"),
+    (lambda m: {**m, "parts": [5]}, "parts[0]: expected a JSON object, got int"),
+    (lambda m: {**m, "parts": [{**m["parts"][0], "num_tokens": None}]},
+     "parts[0].num_tokens: expected int, got NoneType"),
+], ids=["list", "empty", "count-str", "tokenizer-bool", "no-seq_length", "part-int", "part-null"])
+def test_malformed_job_mark_names_the_file(tmp_path, inputs, tiny_tokenizer, edit, needle):
+    out = tmp_path / "jobs"
+    mark = run_job(inputs[:2], tiny_tokenizer, out / PARTS_DIR, shard_settings(16, 7, None, 0.1, "shard"))
+    mark.write_text(json.dumps(edit(json.loads(mark.read_text()))))
+    with pytest.raises(DataError) as e:
+        merge(out)
+    msg = str(e.value)
+    assert msg.startswith(f"{mark}: ") and needle in msg and "\n" not in msg, msg
+    assert sorted(p.name for p in out.iterdir()) == [PARTS_DIR]
