@@ -42,6 +42,8 @@ LATEST = "latest"
 COMPLETE = "COMPLETE"
 PARTIAL = ".partial"  # suffix of a tag being written
 REPLACED = ".replaced"  # suffix of a complete tag moved aside by a save of the same step
+DELETING = ".deleting"  # suffix of a tag being pruned (renamed first: a crash never leaves half a tag)
+UNIVERSAL = "-universal"  # suffix of a tag's DeepSpeed universal copy (ensure_universal)
 _TAG_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -72,6 +74,15 @@ def atomic_write_text(path: Path, text: str) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the entries of ``directory`` (files created or renamed in it) survive a power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def prepare_checkpoint_dir(checkpoint_dir: Path) -> None:
@@ -138,9 +149,18 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _remove_tag(path: Path) -> None:
+    """Delete a tag directory: renamed aside first, so a crash mid-delete leaves no tag that looks
+    complete with files missing (_prune removes the leftover)."""
+    aside = path.with_name(path.name + DELETING)
+    os.replace(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
-    """Delete complete checkpoints beyond the newest ``keep_last``, incomplete ones older than
-    latest, and what crashed saves left behind (staging and moved-aside directories)."""
+    """Delete complete checkpoints beyond the newest ``keep_last`` (and their universal copies),
+    incomplete ones older than latest, and what crashed saves left behind (staging, moved-aside
+    and half-deleted directories)."""
     keep = set(complete_tags(checkpoint_dir)[-keep_last:]) | {latest}
     latest_step = step_of_tag(latest)
     for path in list(Path(checkpoint_dir).iterdir()):
@@ -149,10 +169,13 @@ def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
         base = path.with_name(path.name.rsplit(".", 1)[0])
         if path.name.endswith(REPLACED) and not base.exists() and (path / COMPLETE).is_file():
             os.replace(path, base)  # a save crashed mid-swap: this is still that step's checkpoint
-        elif path.name.endswith((PARTIAL, REPLACED)) and _TAG_RE.match(base.name):
+        elif path.name.endswith((PARTIAL, REPLACED, DELETING)) and _TAG_RE.match(base.name.removesuffix(UNIVERSAL)):
             shutil.rmtree(path, ignore_errors=True)
+        elif path.name.endswith(UNIVERSAL) and _TAG_RE.match(path.name.removesuffix(UNIVERSAL)):
+            if path.name.removesuffix(UNIVERSAL) not in keep:
+                _remove_tag(path)  # its source is pruned: a copy is made again when needed
         elif _TAG_RE.match(path.name) and ((path / COMPLETE).is_file() or step_of_tag(path.name) < latest_step):
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_tag(path)
 
 
 def _publish(checkpoint_dir: Path, tag: str) -> None:
@@ -169,11 +192,14 @@ def _publish(checkpoint_dir: Path, tag: str) -> None:
     os.replace(staged, final)
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, sync: bool = False) -> str:
+    """sha256 of a file; with ``sync`` its data is also forced to stable storage (fsync)."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
+        if sync:
+            os.fsync(fh.fileno())
     return digest.hexdigest()
 
 
@@ -232,15 +258,16 @@ def _writing(fn, checkpoint_dir: Path) -> Optional[str]:
 
 
 def _hash_share(staged_dir: Path) -> dict:
-    """Collective: size and sha256 of every file of the staging directory; each rank hashes every
-    world-size-th file (in parallel on shared storage), every rank receives them all."""
+    """Collective: size and sha256 of every file of the staging directory; each rank hashes (and
+    fsyncs, so that ``latest`` never names data still in a page cache) every world-size-th file
+    (in parallel on shared storage), every rank receives them all."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine: dict = {}
 
     def hash_mine():
         names = _files_under(staged_dir)
-        mine.update({name: {"size": (staged_dir / name).stat().st_size, "sha256": _sha256(staged_dir / name)}
-                     for name in names[rank::world]})
+        mine.update({name: {"size": (staged_dir / name).stat().st_size,
+                            "sha256": _sha256(staged_dir / name, sync=True)} for name in names[rank::world]})
 
     failure = first_failure(_writing(hash_mine, staged_dir.parent))
     if failure:
@@ -300,8 +327,11 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
         for name, text in _with_file_records(extra_files or {}, records).items():
             atomic_write_text(checkpoint_dir / staged / name, text)
         atomic_write_text(checkpoint_dir / staged / COMPLETE, f"{step}\n")
+        for directory in {p.parent for p in (checkpoint_dir / staged).rglob("*")}:
+            fsync_dir(directory)
         _publish(checkpoint_dir, tag)
         atomic_write_text(checkpoint_dir / LATEST, tag)
+        fsync_dir(checkpoint_dir)
         _prune(checkpoint_dir, keep_last, tag)
 
     failure = first_failure(_writing(publish, checkpoint_dir) if rank == 0 else None)
@@ -391,11 +421,13 @@ def load_checkpoint(engine, checkpoint_dir: Path, tag: Optional[str] = None) -> 
     tag = tag or latest_tag(checkpoint_dir)
     if tag is None:
         return None
-    if not tag.endswith("-universal"):  # a universal copy's source is verified before conversion
+    if not tag.endswith(UNIVERSAL):  # a universal copy's source is verified before conversion
         verify_files(checkpoint_dir, tag)
     try:
         path, client_state = engine.load_checkpoint(str(checkpoint_dir), tag=tag)
-    except (RuntimeError, OSError, EOFError, ValueError, KeyError, pickle.UnpicklingError) as exc:
+    except Exception as exc:  # torch, pickle and DeepSpeed's own (ZeRORuntimeException) errors
+        if isinstance(exc, dist.DistError):  # a peer is gone: not this checkpoint's problem
+            raise
         raise CheckpointError(f"{checkpoint_dir / tag}: unreadable on rank {dist.get_rank()} "
                               f"({_first_line(exc)})") from exc
     if path is None:
@@ -454,8 +486,12 @@ def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
 
     checkpoint_dir = Path(checkpoint_dir)
     verify_files(checkpoint_dir, tag)
-    universal = f"{tag}-universal"
-    if dist.get_rank() == 0 and not (checkpoint_dir / universal / COMPLETE).is_file():
+    universal = f"{tag}{UNIVERSAL}"
+    # the copy records which save of the tag it was made from: a tag saved again (same step, after
+    # a rollback) gets a new copy
+    marker = f"universal {_sha256(checkpoint_dir / tag / 'meta.json')}\n"
+    done = checkpoint_dir / universal / COMPLETE
+    if dist.get_rank() == 0 and not (done.is_file() and done.read_text(encoding="utf-8") == marker):
         work = checkpoint_dir / f".{universal}.tmp"
         shutil.rmtree(work, ignore_errors=True)
         _universal_input_view(checkpoint_dir / tag, work / tag)
@@ -466,7 +502,7 @@ def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
         if result.returncode:
             tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["?"]
             raise CheckpointError(f"{checkpoint_dir / tag}: conversion to a universal checkpoint failed: {tail[0]}")
-        atomic_write_text(work / universal / COMPLETE, "universal\n")
+        atomic_write_text(work / universal / COMPLETE, marker)
         shutil.rmtree(checkpoint_dir / universal, ignore_errors=True)
         (work / universal).rename(checkpoint_dir / universal)
         shutil.rmtree(work, ignore_errors=True)

@@ -23,7 +23,7 @@ import yaml
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.loader import to_dict
 from ascender_dist.config.schema import RunConfig
-from ascender_dist.training.checkpoint import CheckpointError, read_meta
+from ascender_dist.training.checkpoint import UNIVERSAL, CheckpointError, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def check_resume(cfg: RunConfig, checkpoint_dir: Path, tag: str, log_it: bool) -
     """Raise ConfigError if ``tag`` (a universal copy: its source) holds another model or was
     trained on other data (unless allowed). Returns the data record for the run's next
     checkpoints: ``data_fingerprint`` and the list of ``data_changes`` made on resumes."""
-    source = tag.removesuffix("-universal")
+    source = tag.removesuffix(UNIVERSAL)
     tag_dir = Path(checkpoint_dir) / source
     check_model(cfg, tag_dir)
     meta = read_meta(checkpoint_dir, source)

@@ -90,23 +90,35 @@ class Run:
     callbacks: list[Callback] = field(default_factory=list)
 
 
-def resume_tag_for_layout(directory: Path, pstate: ParallelState) -> str:
-    """The latest tag, or its universal copy when the data-parallel size changed since it was saved
-    (tensor and pipeline sizes must match; change those with consolidate + reshard)."""
-    tag = ckpt.latest_tag(directory)
+def _check_saved_layout(tag_dir: Path, meta: dict, pstate: ParallelState, zero_stage: int) -> None:
+    """ConfigError naming the parallel setting that differs from the one ``tag_dir`` was saved with
+    and cannot be bridged on load (the data-parallel size can: resume_tag_for_layout)."""
+    from ascender_dist.config.errors import ConfigError
+
+    saved = (meta.get("tensor_model_parallel_size", pstate.tp_size), meta.get("pipeline_model_parallel_size", pstate.pp_size))
+    if saved != (pstate.tp_size, pstate.pp_size):
+        raise ConfigError("parallel", f"{tag_dir} was saved at tp x pp = {saved[0]} x {saved[1]}; resuming "
+                          f"at {pstate.tp_size} x {pstate.pp_size} needs `ascender-dist consolidate` then `reshard`")
+    saved_stage = meta.get("zero_stage", zero_stage)
+    if saved_stage != zero_stage:  # DeepSpeed's optimizer state differs by stage
+        raise ConfigError("parallel.zero_stage", f"{tag_dir} was saved with ZeRO stage {saved_stage}, this run uses "
+                          f"{zero_stage}: resume with parallel.zero_stage: {saved_stage}, or start from its "
+                          f"weights (`ascender-dist consolidate`, then checkpoint.init_from)")
+
+
+def resume_tag_for_layout(directory: Path, pstate: ParallelState, zero_stage: int, tag: Optional[str] = None) -> str:
+    """``tag`` (default: the latest), or its universal copy when the data-parallel size changed since
+    it was saved; the tensor and pipeline sizes and the ZeRO stage must match (_check_saved_layout).
+    Collective: every rank calls it (a rollback target goes through it too)."""
+    tag = tag or ckpt.latest_tag(directory)
     meta = ckpt.read_meta(directory, tag)
+    _check_saved_layout(directory / tag, meta, pstate, zero_stage)
     saved_dp = meta.get("data_parallel_size", pstate.dp_size)
     if saved_dp == pstate.dp_size:
         return tag
-    saved = (meta.get("tensor_model_parallel_size"), meta.get("pipeline_model_parallel_size"))
-    if saved != (pstate.tp_size, pstate.pp_size):
-        from ascender_dist.config.errors import ConfigError
-
-        raise ConfigError("parallel", f"{directory / tag} was saved at tp x pp = {saved[0]} x {saved[1]}; resuming "
-                          f"at {pstate.tp_size} x {pstate.pp_size} needs `ascender-dist consolidate` then `reshard`")
     if pstate.is_logging_rank:
-        log.info("data-parallel size changed %d -> %d: resuming through a universal checkpoint",
-                 saved_dp, pstate.dp_size)
+        log.info("data-parallel size changed %d -> %d: reading %s through a universal checkpoint",
+                 saved_dp, pstate.dp_size, tag)
     return ckpt.ensure_universal(directory, tag)
 
 
@@ -131,8 +143,8 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     if init_state is not None:
         init_state = pad_vocab(init_state, derived.padded_vocab_size)
     guard = LossGuard(spike_factor=cfg.train.loss_spike_factor, initial_loss=math.log(derived.vocab_size))
-    resume_tag = resume_tag_for_layout(derived.checkpoint_dir, pstate) if resuming else None
-    universal = resume_tag is not None and resume_tag.endswith("-universal")
+    resume_tag = resume_tag_for_layout(derived.checkpoint_dir, pstate, p.zero_stage) if resuming else None
+    universal = resume_tag is not None and resume_tag.endswith(ckpt.UNIVERSAL)
     engine = build_engine(cfg, derived, init_state, guard, load_universal=universal)
     vocab = cfg.model.vocab_size or (tokenizer.vocab_size if tokenizer else derived.padded_vocab_size)
     metrics = MetricLogger(derived.tensorboard_dir if cfg.logging.tensorboard else None,

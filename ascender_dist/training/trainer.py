@@ -26,6 +26,7 @@ from ascender_dist.training.resume_check import check_resume, data_fingerprint
 from ascender_dist.training.rollback import DivergenceError, RollbackPolicy
 from ascender_dist.versions import package_versions
 from ascender_dist.training.run import aux_loss_gradient_scale, build_loader, build_run  # noqa: F401 (re-exported)
+from ascender_dist.training.run import resume_tag_for_layout
 
 log = logging.getLogger("ascender_dist")
 
@@ -73,13 +74,17 @@ class Trainer:
         universal checkpoints (its ``checkpoint.load_universal`` config); after a resume through a
         universal copy, loading one of our own checkpoints (a rollback) needs an engine built
         without it: the weights, optimizer state and RNG all come from the checkpoint."""
-        reads_universal = bool(tag) and tag.endswith("-universal")
+        reads_universal = bool(tag) and tag.endswith(ckpt.UNIVERSAL)
         if tag is None or self.engine.load_universal_checkpoint() == reads_universal:
             return self.engine
         self.engine = None  # the old engine's memory goes before the new one's is allocated
         return build_engine(self.cfg, self.derived, None, self.guard, load_universal=reads_universal)
 
     def resume(self, tag: Optional[str] = None) -> bool:
+        """Load ``tag`` (a rollback target; default: the tag build_run chose, else the latest):
+        through its universal copy when it was saved at another data-parallel size."""
+        if tag is not None:
+            tag = resume_tag_for_layout(self.derived.checkpoint_dir, self.pstate, self.cfg.parallel.zero_stage, tag)
         tag = tag or self.resume_tag or ckpt.latest_tag(self.derived.checkpoint_dir)
         self.resume_tag = None  # a universal copy is read once; later rollbacks use our own checkpoints
         if tag is not None:  # same model, same data (or a change the config allows), before loading
@@ -89,7 +94,7 @@ class Trainer:
         if client_state is None:
             return False
         if "step" not in client_state:  # a universal copy may not carry our client state
-            client_state = ckpt.read_meta(self.derived.checkpoint_dir, tag.removesuffix("-universal"))
+            client_state = ckpt.read_meta(self.derived.checkpoint_dir, tag.removesuffix(ckpt.UNIVERSAL))
         self.step = int(client_state["step"])
         self.loader.load_state_dict(client_state["data"])
         if "guard" in client_state:

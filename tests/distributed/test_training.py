@@ -45,6 +45,8 @@ def test_resume_at_another_data_parallel_size_continues_the_same_losses(results,
     # then our own DP=1 checkpoint loads through an engine built to read native checkpoints
     assert value["read_universal"] and value["reloaded"] and not value["reads_universal_after"]
     assert value["step_after"] == 6 and value["val_after"] == value["val_before"]
+    # and a rollback target saved at DP=2 is read through its universal copy, not refused by DeepSpeed
+    assert value["rolled_back"] and value["rolled_back_step"] == 3 and value["rolled_back_reads_universal"]
     # callbacks: hooks in order, the step they saw; validation every 2 steps; per-sequence losses
     # of the last validation (2 batches of micro-batch 4, one rank) average to its loss
     step_hooks = [("on_step_start", s) for s in (3, 4, 5)]

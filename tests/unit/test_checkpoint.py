@@ -221,3 +221,76 @@ def test_each_file_is_checked_by_the_rank_that_reads_it():
     assert owners["zero_pp_rank_0_mp_rank_01_optim_states.pt"] == 1
     assert owners["mp_rank_01_model_states.pt"] == 1 and owners["mp_rank_00_model_states.pt"] == 0
     assert owners["layer_01-model_00-model_states.pt"] == names.index("layer_01-model_00-model_states.pt") % 4
+
+
+def test_a_crash_while_pruning_leaves_no_complete_looking_tag_with_files_missing(single_rank_group, tmp_path,
+                                                                                 monkeypatch):
+    for step in (1, 2, 3):
+        _save(tmp_path, step, f"v{step}")
+    real_rmtree = ckpt.shutil.rmtree
+
+    def delete_one_file_then_die(path, ignore_errors=False):
+        if Path(path).name.startswith("step_00000001"):  # pruned by the save of step 4 (keep_last=3)
+            (Path(path) / "weights.txt").unlink()
+            raise Crash("killed while deleting")
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", delete_one_file_then_die)
+    with pytest.raises(Crash):
+        _save(tmp_path, 4, "v4")
+    monkeypatch.setattr(ckpt.shutil, "rmtree", real_rmtree)
+    # the half-deleted tag is no longer a checkpoint a rollback could pick
+    assert ckpt.complete_tags(tmp_path) == ["step_00000002", "step_00000003", "step_00000004"]
+    assert ckpt.latest_tag(tmp_path) == "step_00000004"
+    _save(tmp_path, 5, "v5")  # the next save removes the leftover
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_00000003", "step_00000004",
+                                                                        "step_00000005"]
+
+
+def test_universal_copies_go_with_their_source_tag(single_rank_group, tmp_path):
+    for step in (1, 2, 3):
+        _save(tmp_path, step, f"v{step}")
+    for step in (1, 3):
+        copy = tmp_path / f"{ckpt.tag_for_step(step)}{ckpt.UNIVERSAL}"
+        copy.mkdir()
+        (copy / ckpt.COMPLETE).write_text("universal\n")
+    _save(tmp_path, 4, "v4")  # keep_last=3: step 1 goes, and its universal copy with it
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [
+        "step_00000002", "step_00000003", "step_00000003-universal", "step_00000004"]
+
+
+def test_a_universal_copy_is_made_again_when_its_source_was_saved_again(single_rank_group, tmp_path, monkeypatch):
+    import subprocess
+
+    conversions = []
+
+    def fake_ds_to_universal(cmd, **kwargs):
+        out = Path(cmd[cmd.index("--output_folder") + 1])
+        out.mkdir(parents=True)
+        (out / "weights.txt").write_text(f"converted {len(conversions)}")
+        conversions.append(out.name)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_ds_to_universal)
+    _save(tmp_path, 1, "first")
+    assert ckpt.ensure_universal(tmp_path, "step_00000001") == "step_00000001-universal"
+    assert ckpt.ensure_universal(tmp_path, "step_00000001") == "step_00000001-universal"
+    assert len(conversions) == 1  # the copy of the same save is reused
+    _save(tmp_path, 1, "saved again")  # e.g. the same step after a rollback: a new meta.json
+    ckpt.ensure_universal(tmp_path, "step_00000001")
+    assert len(conversions) == 2
+    assert (tmp_path / "step_00000001-universal" / "weights.txt").read_text() == "converted 1"
+
+
+def test_any_error_from_the_engine_load_is_one_line(single_rank_group, tmp_path):
+    class ZeRORuntimeException(Exception):  # DeepSpeed's, which derives from Exception only
+        pass
+
+    class RefusingEngine(FakeEngine):
+        def load_checkpoint(self, load_dir, tag):
+            raise ZeRORuntimeException("The checkpoint being loaded used a DP world size of 1 but\nthe current ...")
+
+    _save(tmp_path, 1, "v1")
+    with pytest.raises(ckpt.CheckpointError, match=r"step_00000001: unreadable on rank 0 \(ZeRORuntimeException: "
+                                                   r"The checkpoint being loaded used a DP world size of 1 but\)$"):
+        ckpt.load_checkpoint(RefusingEngine(""), tmp_path)

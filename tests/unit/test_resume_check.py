@@ -71,3 +71,38 @@ def test_other_data_is_refused_unless_allowed_and_then_recorded(tmp_path, manife
                                        "manifests": str(manifest)}]
     weighted = config_from_dict({"data": {"mixture": [{"manifest": str(manifest), "weight": 2.0}]}})
     assert data_fingerprint(weighted) != data_fingerprint(cfg)  # the mixture weight is part of the data
+
+
+def _tag_saved_with(directory, **layout):
+    import json
+
+    tag_dir = directory / "step_00000004"
+    tag_dir.mkdir(parents=True)
+    meta = {"step": 4, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+            "data_parallel_size": 2, "zero_stage": 1, **layout}
+    (tag_dir / "meta.json").write_text(json.dumps(meta))
+    (tag_dir / "COMPLETE").write_text("4\n")
+    (directory / "latest").write_text("step_00000004")
+
+
+@pytest.mark.parametrize("layout,run,message", [
+    ({"zero_stage": 1}, dict(tp_size=1, pp_size=1, dp_size=2, zero_stage=0),
+     r"^parallel\.zero_stage: .*step_00000004 was saved with ZeRO stage 1, this run uses 0: resume with "
+     r"parallel\.zero_stage: 1"),
+    ({"tensor_model_parallel_size": 1}, dict(tp_size=2, pp_size=1, dp_size=2, zero_stage=1),
+     r"^parallel: .*step_00000004 was saved at tp x pp = 1 x 1; resuming at 2 x 1 needs"),
+])
+def test_a_layout_that_cannot_be_bridged_is_named_before_loading(tmp_path, layout, run, message):
+    """Checked on every resume, the data-parallel size unchanged too (DeepSpeed's own failures
+    there are tracebacks from inside the optimizer or a misleading state-dict error)."""
+    from types import SimpleNamespace
+
+    from ascender_dist.training.run import resume_tag_for_layout
+
+    _tag_saved_with(tmp_path, **layout)
+    zero_stage = run.pop("zero_stage")
+    with pytest.raises(ConfigError, match=message):
+        resume_tag_for_layout(tmp_path, SimpleNamespace(is_logging_rank=True, **run), zero_stage)
+    # the same layout resumes from the tag itself
+    assert resume_tag_for_layout(tmp_path, SimpleNamespace(is_logging_rank=True, tp_size=1, pp_size=1, dp_size=2),
+                                 1) == "step_00000004"

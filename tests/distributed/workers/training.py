@@ -84,9 +84,14 @@ def resume_at_dp1(args):
         before = trainer.validate(2)
         read_universal = trainer.engine.load_universal_checkpoint()
         reloaded = trainer.resume(tag_for_step(6))
-        return {"start": start, "losses": losses, "read_universal": read_universal, "reloaded": reloaded,
-                "reads_universal_after": trainer.engine.load_universal_checkpoint(), "step_after": trainer.step,
-                "val_before": before, "val_after": trainer.validate(2), "fit_calls": fit_calls,
-                "curve": curve.curve, "per_sequence": per_sequence.losses}
+        value = {"start": start, "losses": losses, "read_universal": read_universal, "reloaded": reloaded,
+                 "reads_universal_after": trainer.engine.load_universal_checkpoint(), "step_after": trainer.step,
+                 "val_before": before, "val_after": trainer.validate(2), "fit_calls": fit_calls,
+                 "curve": curve.curve, "per_sequence": per_sequence.losses}
+        # a rollback to the checkpoint saved at DP=2 reads it through its universal copy again
+        value["rolled_back"] = trainer.resume(tag_for_step(3))
+        value["rolled_back_step"] = trainer.step
+        value["rolled_back_reads_universal"] = trainer.engine.load_universal_checkpoint()
+        return value
 
     return run_checks({f"resume_dp1_zero{stage}": (lambda stage=stage: leg(stage)) for stage in DP_CHANGE_STAGES})
