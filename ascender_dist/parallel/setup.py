@@ -56,10 +56,24 @@ DEFAULT_TIMEOUT_MINUTES = 10  # parallel.distributed_timeout_minutes (torch's gl
 _job_store = None  # (environment key, store) of this process
 
 
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+
+
 def launcher_env() -> tuple[str, int, int, int]:
-    """(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) as the launcher (deepspeed, torchrun) sets them."""
-    return (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["RANK"]),
-            int(os.environ["WORLD_SIZE"]))
+    """(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) as the launcher (deepspeed, torchrun) sets them;
+    a UserError naming what is missing or malformed when the process was started some other way."""
+    from ascender_dist.config.errors import UserError
+
+    missing = [name for name in LAUNCHER_VARIABLES if not os.environ.get(name)]
+    if missing:
+        raise UserError(f"{', '.join(missing)} not set: start training through a launcher, e.g. "
+                        f"`deepspeed --num_accelerators 2 launch/train.py --config run.yaml` (README)")
+    try:
+        return (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["RANK"]),
+                int(os.environ["WORLD_SIZE"]))
+    except ValueError:
+        values = ", ".join(f"{name}={os.environ[name]!r}" for name in LAUNCHER_VARIABLES[1:])
+        raise UserError(f"launcher environment: MASTER_PORT, RANK and WORLD_SIZE must be integers ({values})") from None
 
 
 def job_store(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES):

@@ -276,3 +276,21 @@ def test_relaunched_conversion_ranks_never_see_gpus():
     env = {"DS_ACCELERATOR": "cuda", "CUDA_VISIBLE_DEVICES": "0,1"}
     hide_gpus_for_cpu_ranks(env)
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"  # a user who chose GPU ranks keeps them
+
+
+@pytest.mark.parametrize("env,message", [
+    ({}, r"^MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE not set: start training through a launcher"),
+    ({"MASTER_ADDR": "h", "MASTER_PORT": "29500", "RANK": "0"}, r"^WORLD_SIZE not set"),
+    ({"MASTER_ADDR": "h", "MASTER_PORT": "x", "RANK": "0", "WORLD_SIZE": "2"},
+     r"MASTER_PORT, RANK and WORLD_SIZE must be integers \(MASTER_PORT='x', RANK='0', WORLD_SIZE='2'\)$"),
+])
+def test_training_started_without_a_launcher_is_one_line(monkeypatch, env, message):
+    from ascender_dist.config.errors import UserError
+    from ascender_dist.parallel.setup import LAUNCHER_VARIABLES, launcher_env
+
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=message):
+        launcher_env()
