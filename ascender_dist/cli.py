@@ -109,9 +109,10 @@ def _relaunch(world_size: int, argv: list[str]) -> None:
 
 
 def consolidate_cmd(args: argparse.Namespace) -> None:
-    from ascender_dist.tools.convert import consolidate, read_meta, resolve_tag
+    from ascender_dist.tools.convert import check_consolidate_out, consolidate, read_meta, resolve_tag
 
     if not _under_launcher():
+        check_consolidate_out(Path(args.out), Path(args.checkpoint))  # before any rank starts
         meta = read_meta(resolve_tag(Path(args.checkpoint), args.tag), args.architecture)
         _relaunch(meta["world_size"], ["consolidate", *args.argv])
         return
@@ -119,10 +120,11 @@ def consolidate_cmd(args: argparse.Namespace) -> None:
 
 
 def reshard_cmd(args: argparse.Namespace) -> None:
-    from ascender_dist.tools.convert import read_consolidated, reshard, reshard_config
+    from ascender_dist.tools.convert import check_reshard_out, read_consolidated, reshard, reshard_config
 
     if not _under_launcher():
         # fail early, in one line, on a bad directory, a bad --set or a layout that does not fit
+        check_reshard_out(Path(args.out), Path(args.consolidated))
         _, cfg, _ = read_consolidated(Path(args.consolidated))
         cfg = reshard_config(cfg, Path(args.out), args.overrides, Path(args.consolidated) / "config.yaml",
                              data_parallel=args.data_parallel)

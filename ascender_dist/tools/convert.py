@@ -81,6 +81,15 @@ def require_fields(meta: dict, meta_file: Path, fields: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- reading checkpoints
+def _available_tags(checkpoint_dir: Path, shown: int = 8) -> str:
+    """``available: step_2, step_4`` (the newest ``shown`` complete tags), or that there are none."""
+    tags = ckpt.complete_tags(checkpoint_dir)
+    if not tags:
+        return "the directory holds no complete checkpoint"
+    listed = ", ".join(tags[-shown:])
+    return f"available: {listed}" if len(tags) <= shown else f"available: ..., {listed} ({len(tags)} in all)"
+
+
 def resolve_tag(checkpoint_dir: Path, tag: Optional[str]) -> Path:
     checkpoint_dir = Path(checkpoint_dir)
     if not checkpoint_dir.is_dir():
@@ -93,6 +102,8 @@ def resolve_tag(checkpoint_dir: Path, tag: Optional[str]) -> Path:
         if tag is None:
             raise ConversionError(checkpoint_dir, f"no '{ckpt.LATEST}' file: not a training checkpoint directory")
     tag_dir = checkpoint_dir / tag
+    if not tag_dir.is_dir():
+        raise ConversionError(tag_dir, f"no such checkpoint tag ({_available_tags(checkpoint_dir)})")
     if not (tag_dir / ckpt.COMPLETE).is_file():
         raise ConversionError(tag_dir, f"incomplete checkpoint (no {ckpt.COMPLETE} marker: the save did not finish)")
     return tag_dir
@@ -127,6 +138,81 @@ def read_config(directory: Path):
         raise ConversionError(config_file, str(exc)) from None
 
 
+# ----------------------------------------------------------------------------- output directories
+CONSOLIDATED_FORMAT = "ascender-dist-consolidated"  # model.safetensors header metadata: our own output
+
+
+def is_consolidated_output(directory: Path) -> bool:
+    """``directory`` was written by :func:`write_consolidated` (its meta.json and config.yaml next to a
+    model.safetensors whose header says ``format: ascender-dist-consolidated``), so replacing it
+    loses nothing the user did not ask to replace. A training checkpoint tag holds meta.json and
+    config.yaml too, but no such weights file."""
+    from safetensors import SafetensorError, safe_open
+
+    directory = Path(directory)
+    if not ((directory / "meta.json").is_file() and (directory / "config.yaml").is_file()):
+        return False
+    try:
+        with safe_open(str(directory / "model.safetensors"), "pt") as f:
+            return (f.metadata() or {}).get("format") == CONSOLIDATED_FORMAT
+    except (SafetensorError, OSError):
+        return False
+
+
+def _within(path: Path, ancestor: Path) -> bool:
+    return path == ancestor or ancestor in path.parents
+
+
+def check_output_dir(out_dir: Path, source: Path, tool: str, is_previous_output, marker: str,
+                     inside_source_ok: bool = False) -> None:
+    """Refuse an ``--out`` whose replacement would lose data, before any work (and before a command
+    re-launches itself on several ranks): the converters write a temporary sibling, then delete
+    whatever ``out_dir`` holds and rename. ``out_dir`` may be missing, empty or a previous output of
+    ``tool`` (``is_previous_output(dir)``, recognised by ``marker``: users re-run exports); never the
+    input ``source``, a directory holding it, a path inside it (unless ``inside_source_ok``), a file,
+    or a directory of anything else. Errors are one line naming the path and why."""
+    out_dir, source = Path(out_dir), Path(source)
+    if out_dir.is_symlink():
+        raise ConversionError(out_dir, "output path is a symbolic link: name the directory itself")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConversionError(out_dir, "output path is an existing file, not a directory")
+    out, src = out_dir.resolve(), source.resolve()
+    if out == src:
+        raise ConversionError(out_dir, f"output is the input directory {source}: writing it would replace the "
+                                       "input; choose another --out")
+    if _within(src, out):
+        raise ConversionError(out_dir, f"output directory contains the input {source}: replacing it would delete "
+                                       "the input; choose another --out")
+    if _within(out, src) and not inside_source_ok:
+        raise ConversionError(out_dir, f"output is inside the input directory {source}; choose a directory "
+                                       "outside it")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not is_previous_output(out_dir):
+        raise ConversionError(out_dir, f"exists, is not empty and is not a previous {tool} output (no {marker}): "
+                                       "refusing to replace it; choose a new --out or empty it yourself")
+
+
+def check_consolidate_out(out_dir: Path, checkpoint_dir: Path) -> None:
+    """:func:`check_output_dir` for ``consolidate`` (input: the training checkpoint directory)."""
+    check_output_dir(out_dir, checkpoint_dir, "consolidate", is_consolidated_output,
+                     f"meta.json + config.yaml + model.safetensors of format {CONSOLIDATED_FORMAT!r}")
+
+
+def check_reshard_out(out_dir: Path, consolidated_dir: Path) -> None:
+    """``reshard`` starts a training checkpoint directory: refuse the input itself, a path inside it,
+    a file, and a directory that already holds training checkpoints (its ``latest`` would move back
+    to the consolidated step, behind newer checkpoints that pruning could then delete)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConversionError(out_dir, "output path is an existing file, not a directory")
+    if _within(out_dir.resolve(), Path(consolidated_dir).resolve()):
+        raise ConversionError(out_dir, f"output is or is inside the input directory {consolidated_dir}; "
+                                       "choose a directory outside it")
+    held = ckpt.complete_tags(out_dir)
+    if held:
+        raise ConversionError(out_dir, f"already holds training checkpoints (newest {held[-1]}): reshard into "
+                                       "a new directory")
+
+
 # ----------------------------------------------------------------------------- collective steps
 def _setup(cfg, vocab_size: int):
     import torch.distributed as dist
@@ -149,6 +235,7 @@ def consolidate(checkpoint_dir: Path, out_dir: Path, tag: Optional[str] = None,
     from ascender_dist.training.engine import build_engine
     from ascender_dist.training.weights import gather_canonical_state
 
+    check_consolidate_out(out_dir, checkpoint_dir)  # every rank, before the process group: no rank waits
     tag_dir = resolve_tag(checkpoint_dir, tag)
     meta = read_meta(tag_dir, expect_architecture)
     cfg = read_config(tag_dir)
@@ -167,7 +254,8 @@ def consolidate(checkpoint_dir: Path, out_dir: Path, tag: Optional[str] = None,
 
 
 def write_consolidated(out_dir: Path, state: dict, cfg, meta: dict) -> None:
-    """Write into a temporary sibling directory, then rename: never a half-written export."""
+    """Write into a temporary sibling directory, then rename: never a half-written export. What
+    ``out_dir`` held is deleted: callers check it first (:func:`check_consolidate_out`)."""
     import yaml
 
     out_dir = Path(out_dir)
@@ -176,7 +264,7 @@ def write_consolidated(out_dir: Path, state: dict, cfg, meta: dict) -> None:
     tmp.mkdir(parents=True)
     from ascender_dist.training.weights import write_weights_file
 
-    write_weights_file(state, tmp / "model.safetensors", metadata={"format": "ascender-dist-consolidated"})
+    write_weights_file(state, tmp / "model.safetensors", metadata={"format": CONSOLIDATED_FORMAT})
     raw = to_dict(cfg)
     raw["parallel"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     raw["checkpoint"]["init_from"] = None
@@ -231,6 +319,7 @@ def reshard(consolidated_dir: Path, checkpoint_dir: Path, overrides: list[str]) 
     Weights, step, LR schedule position and data position carry over; AdamW moments start at zero."""
     from ascender_dist.training.trainer import Trainer
 
+    check_reshard_out(checkpoint_dir, consolidated_dir)  # every rank, before the process group
     state, cfg, meta = read_consolidated(consolidated_dir)
     require_fields(meta, Path(consolidated_dir) / "meta.json", {"step": int, "data": dict})
     cfg = reshard_config(cfg, checkpoint_dir, overrides, Path(consolidated_dir) / "config.yaml")

@@ -131,9 +131,10 @@ def load_model(run: Run, device: str = "cpu"):
     if run.kind == "consolidated":
         from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
         from ascender_dist.tools.convert import read_consolidated
-        from ascender_dist.tools.hf_export import remote_code_config, remote_code_state
+        from ascender_dist.tools.hf_export import check_weights_fit_config, remote_code_config, remote_code_state
 
         state, cfg, meta = read_consolidated(run.path)
+        check_weights_fit_config(state, cfg, meta, run.path)  # load_state_dict raises on shapes, in many lines
         tied = not cfg.model.untie_embeddings_and_output_weights
         config = remote_code_config(cfg, meta, state["embedding.word_embeddings.weight"].shape[0], tied)
         model = AscenderDistForCausalLM(config)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ascender_dist.tools.convert import ConversionError, read_consolidated
+from ascender_dist.tools.convert import ConversionError, check_output_dir, read_consolidated
 from data_pipeline._io import honour_umask
 
 
@@ -186,8 +186,14 @@ def remote_code_state(state: dict, config) -> dict:
     return out
 
 
-def _check_against_model(hf_state: dict, config, where) -> None:
-    """Every tensor the Hugging Face model has, with its shape, and nothing else (built on meta)."""
+def _canonical_name(hf_name: str) -> str:
+    """The consolidated (canonical) name of a :func:`remote_code_state` key, as model.safetensors has it."""
+    return "output_layer.weight" if hf_name == "lm_head.weight" else hf_name.removeprefix("model.")
+
+
+def _check_against_model(hf_state: dict, config, where, described_by: str = "the Hugging Face model") -> None:
+    """Every tensor the Hugging Face model has, with its shape, and nothing else (built on meta).
+    Tensors are named as model.safetensors names them; ``described_by`` says what defined the model."""
     from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
 
     with torch.device("meta"):
@@ -195,18 +201,38 @@ def _check_against_model(hf_state: dict, config, where) -> None:
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
-    missing = sorted(set(expected) - set(hf_state))
-    extra = sorted(set(hf_state) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(hf_state) if tuple(hf_state[k].shape) != expected[k])
+    missing = [_canonical_name(k) for k in sorted(set(expected) - set(hf_state))]
+    extra = [_canonical_name(k) for k in sorted(set(hf_state) - set(expected))]
+    wrong = [k for k in expected if k in hf_state and tuple(hf_state[k].shape) != expected[k]]  # model order
     if missing or extra or wrong:
         problems = [f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else "",
-                    f"shape of {wrong[0]} {tuple(hf_state[wrong[0]].shape)} != {expected[wrong[0]]}" if wrong else ""]
-        raise ConversionError(where, "weights do not fit the Hugging Face model: " + "; ".join(p for p in problems if p))
+                    f"{_canonical_name(wrong[0])} has shape {tuple(hf_state[wrong[0]].shape)}, the model needs "
+                    f"{expected[wrong[0]]}" if wrong else ""]
+        raise ConversionError(where, f"weights do not fit {described_by}: " + "; ".join(p for p in problems if p))
+
+
+def check_weights_fit_config(state: dict, cfg, meta: dict, directory: Path) -> None:
+    """The consolidated weights of ``directory`` are exactly the tensors, with their shapes, of the model
+    its config.yaml describes (built on the meta device: nothing allocated). Every consumer of a
+    consolidated directory runs this before building or writing anything: a config.yaml edited by
+    hand (ffn_hidden_size...) or weights of another run is then one line naming the first wrong
+    tensor and the config file, not a size-mismatch traceback from load_state_dict nor an export
+    that transformers refuses to load."""
+    directory = Path(directory)
+    embedding = state.get("embedding.word_embeddings.weight")
+    if embedding is None or embedding.dim() != 2:
+        raise ConversionError(directory / "model.safetensors", "no 2-d embedding.word_embeddings.weight tensor: "
+                                                               "not consolidated weights")
+    tied = not cfg.model.untie_embeddings_and_output_weights
+    config = remote_code_config(cfg, meta, embedding.shape[0], tied)
+    _check_against_model(remote_code_state(state, config), config, directory / "model.safetensors",
+                         f"the model of {directory / 'config.yaml'}")
 
 
 def write_remote_code(state: dict, cfg, meta: dict, out: Path, special_ids: dict | None, where) -> str:
     """Fill ``out`` with a trust_remote_code model directory (weights, config, code; the tokenizer
-    is written by :func:`export_hf`); returns the architecture name."""
+    is written by :func:`export_hf`, which checked the weights against the config first:
+    :func:`check_weights_fit_config`); returns the architecture name."""
     import shutil
 
     from safetensors.torch import save_file
@@ -218,7 +244,6 @@ def write_remote_code(state: dict, cfg, meta: dict, out: Path, special_ids: dict
     vocab = state["embedding.word_embeddings.weight"].shape[0]
     config = remote_code_config(cfg, meta, vocab, tied, special_ids)
     hf_state = remote_code_state(state, config)
-    _check_against_model(hf_state, config, where)
     source = Path(hf_package.__file__).parent
     for name in hf_package.REMOTE_CODE_FILES:
         shutil.copyfile(source / name, out / name)
@@ -253,6 +278,22 @@ def check_tokenizer(tokenizer: Path, cfg, meta: dict) -> None:
                                          "(meta.json vocab_size): not the tokenizer this model was trained with")
 
 
+EXPORT_MARKER = "ascender_dist.json"  # written last into every export: a previous export may be replaced
+LM_EVAL_EXPORT_SUBDIR = ".hf-export"  # = lm_eval_adapter.EXPORT_SUBDIR (not imported: it imports this module)
+
+
+def is_export_output(directory: Path) -> bool:
+    """``directory`` was written by :func:`export_hf` (its ``ascender_dist.json`` and config.json)."""
+    return (Path(directory) / EXPORT_MARKER).is_file() and (Path(directory) / "config.json").is_file()
+
+
+def check_export_out(out_dir: Path, consolidated_dir: Path) -> None:
+    """:func:`~ascender_dist.tools.convert.check_output_dir` for ``export-hf``. The one path inside the
+    input allowed is the lm-eval adapter's export cache ``<consolidated>/.hf-export``."""
+    cache = Path(out_dir).resolve() == Path(consolidated_dir).resolve() / LM_EVAL_EXPORT_SUBDIR
+    check_output_dir(out_dir, consolidated_dir, "export-hf", is_export_output, EXPORT_MARKER, inside_source_ok=cache)
+
+
 def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = None,
               remote_code: bool | None = None) -> Path:
     """Write ``out_dir`` (config.json + model.safetensors [+ tokenizer]) for ``from_pretrained``.
@@ -269,6 +310,8 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
 
     from safetensors.torch import save_file
 
+    out_dir = Path(out_dir)
+    check_export_out(out_dir, Path(consolidated_dir))  # before reading anything
     state, cfg, meta = read_consolidated(consolidated_dir)
     kind = standard_architecture(cfg)
     if remote_code is False and kind is None:
@@ -286,9 +329,7 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
 
         fast = fast_tokenizer(Path(tokenizer))
         special_ids = special_tokens(load_proto(Path(tokenizer))).config_ids()
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConversionError(out_dir, "output path is an existing file, not a directory")
+    check_weights_fit_config(state, cfg, meta, Path(consolidated_dir))  # the standard classes too
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:

@@ -158,3 +158,22 @@ def test_bad_checkpoints_fail_in_one_line(runs, tmp_path):
     assert "written with megatron-core 0.9.0, the converter knows 0.16.1" in proc.stderr.strip().splitlines()[-1]
     proc = cli("export-hf", "--consolidated", str(tmp_path / "missing"), "--out", str(tmp_path / "w"), check=False)
     assert proc.returncode == 2 and "not a consolidated directory" in proc.stderr
+
+
+def test_out_that_would_lose_data_is_refused_on_every_rank(runs, tmp_path):
+    """The 2-rank checkpoint: the re-launched ranks refuse --out inside the checkpoint before any work
+    (exit 2, one error line, no hang), and the latest tag survives; export-hf keeps its input."""
+    source = runs["root"] / "gpt_tp2" / "checkpoints"
+    tag = source / "step_00000003"
+    before = sorted(p.relative_to(tag) for p in tag.rglob("*"))
+    proc = cli("consolidate", "--checkpoint", str(source), "--out", str(tag), check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert any(line.rstrip().endswith(f"{tag}: output is inside the input directory {source}; choose a directory "
+                                      "outside it") for line in proc.stderr.splitlines()), proc.stderr[-3000:]
+    assert sorted(p.relative_to(tag) for p in tag.rglob("*")) == before and (tag / "COMPLETE").is_file()
+    proc = cli("consolidate", "--checkpoint", str(source), "--tag", "step_5", "--out", str(tmp_path / "x"), check=False)
+    assert proc.returncode == 2 and "no such checkpoint tag (available: " in proc.stderr.strip().splitlines()[-1]
+    exported = runs["exports"] / "gpt_tp2"
+    proc = cli("export-hf", "--consolidated", str(exported), "--out", str(exported), check=False)
+    assert proc.returncode == 2 and "output is the input directory" in proc.stderr.strip().splitlines()[-1]
+    assert (exported / "meta.json").is_file() and not (exported / "ascender_dist.json").exists()

@@ -1,0 +1,201 @@
+"""consolidate / export-hf / evaluate never lose data and refuse bad input in one line:
+an ``--out`` that is the input, inside it, holding it, a file or someone else's directory; a
+``--tag`` that does not exist; a consolidated directory whose config.yaml does not fit its weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from ascender_dist.cli import main
+from ascender_dist.config.resolve import config_from_dict
+from ascender_dist.tools.convert import (ConversionError, check_consolidate_out, consolidate, is_consolidated_output,
+                                         read_consolidated, resolve_tag, write_consolidated)
+from ascender_dist.tools.hf_export import (LM_EVAL_EXPORT_SUBDIR, check_export_out, check_weights_fit_config,
+                                           export_hf)
+
+META = {"format": 1, "step": 3, "architecture": "gpt", "world_size": 1, "vocab_size": 96, "padded_vocab_size": 128,
+        "data": {"consumed_samples": 8, "seed": 1}, "versions": {"megatron-core": "0.16.1", "deepspeed": "0.19.8"}}
+
+
+def _one_line(exc: BaseException, *needles: str) -> str:
+    message = str(exc)
+    assert "\n" not in message, message
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+def _tree(directory) -> dict:
+    """Every file under ``directory`` and its bytes: what must survive a refused command."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A training checkpoint directory with two complete tags (what resolve_tag and the checks read)."""
+    ck = tmp_path / "ck"
+    for step in (2, 4):
+        tag = ck / f"step_0000000{step}"
+        tag.mkdir(parents=True)
+        (tag / "COMPLETE").write_text(f"{step}\n")
+        (tag / "meta.json").write_text(json.dumps({**META, "step": step}))
+        (tag / "mp_rank_00_model_states.pt").write_bytes(b"weights")
+    (ck / "latest").write_text("step_00000004")
+    return ck
+
+
+@pytest.fixture
+def consolidated(tmp_path):
+    """A real consolidated directory of the default (tiny gpt) model, written by write_consolidated."""
+    from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
+    from ascender_dist.tools.hf_export import remote_code_config
+
+    cfg = config_from_dict({"name": "tiny"})
+    model = AscenderDistForCausalLM(remote_code_config(cfg, META, META["vocab_size"], tied=True))
+    state = {name.removeprefix("model."): t for name, t in model.state_dict().items() if name != "lm_head.weight"}
+    out = tmp_path / "cons"
+    write_consolidated(out, state, cfg, META)
+    return out
+
+
+# ----------------------------------------------------------------------------- --out (defects 1, 2)
+def test_consolidate_refuses_an_out_that_is_or_holds_or_is_inside_the_checkpoint(checkpoint, tmp_path):
+    before = _tree(checkpoint)
+    for out, needle in [(checkpoint, "output is the input directory"),
+                        (checkpoint / "step_00000004", "inside the input directory"),
+                        (checkpoint / "consolidated", "inside the input directory"),
+                        (tmp_path, "contains the input")]:
+        with pytest.raises(ConversionError) as info:
+            check_consolidate_out(out, checkpoint)
+        _one_line(info.value, str(out), needle)
+    assert _tree(checkpoint) == before
+
+
+def test_consolidate_checks_out_before_any_work(checkpoint, tmp_path, monkeypatch):
+    """On every re-launched rank, before the process group and the gather (which would take minutes)."""
+    monkeypatch.setattr("ascender_dist.tools.convert._setup", lambda *a: pytest.fail("started the conversion"))
+    before = _tree(checkpoint)
+    with pytest.raises(ConversionError) as info:
+        consolidate(checkpoint, checkpoint)
+    _one_line(info.value, "output is the input directory")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ConversionError) as info:
+        consolidate(checkpoint, afile)
+    _one_line(info.value, str(afile), "existing file")
+    assert afile.read_text() == "x" and not (tmp_path / ".afile.tmp").exists()
+    assert _tree(checkpoint) == before
+
+
+def test_consolidate_command_on_a_rank_exits_2_in_one_line(checkpoint, capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr("ascender_dist.tools.convert._setup", lambda *a: pytest.fail("started the conversion"))
+    out = checkpoint / "step_00000004"
+    assert main(["consolidate", "--checkpoint", str(checkpoint), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and str(out) in err and "inside the input directory" in err and "\n" not in err
+    assert (out / "COMPLETE").is_file() and (out / "mp_rank_00_model_states.pt").read_bytes() == b"weights"
+
+
+def test_both_tools_refuse_a_foreign_non_empty_directory_and_replace_their_own(consolidated, tmp_path):
+    keep = tmp_path / "keepme"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("mine")
+    with pytest.raises(ConversionError) as info:
+        check_consolidate_out(keep, tmp_path / "ck")
+    _one_line(info.value, str(keep), "not a previous consolidate output")
+    with pytest.raises(ConversionError) as info:
+        export_hf(consolidated, keep)
+    _one_line(info.value, str(keep), "not a previous export-hf output")
+    assert (keep / "notes.txt").read_text() == "mine" and not (tmp_path / ".keepme.tmp").exists()
+    (tmp_path / "empty").mkdir()
+    check_consolidate_out(tmp_path / "empty", tmp_path / "ck")  # an empty directory is fine
+    assert is_consolidated_output(consolidated)
+    check_consolidate_out(consolidated, tmp_path / "ck")  # re-running into a previous output replaces it
+    hf = export_hf(consolidated, tmp_path / "hf")
+    assert export_hf(consolidated, hf) == hf and (hf / "config.json").is_file()
+
+
+def test_export_hf_refuses_its_input_as_out(consolidated, tmp_path):
+    before = _tree(consolidated)
+    for out, needle in [(consolidated, "output is the input directory"),
+                        (consolidated / "sub", "inside the input directory"),
+                        (tmp_path, "contains the input")]:
+        with pytest.raises(ConversionError) as info:
+            export_hf(consolidated, out)
+        _one_line(info.value, str(out), needle)
+    assert _tree(consolidated) == before and is_consolidated_output(consolidated)
+
+
+def test_export_hf_may_write_the_lm_eval_cache_inside_the_input(consolidated):
+    from ascender_dist.tools.lm_eval_adapter import EXPORT_SUBDIR
+
+    assert LM_EVAL_EXPORT_SUBDIR == EXPORT_SUBDIR  # hf_directory() exports a consolidated run there
+    check_export_out(consolidated / EXPORT_SUBDIR, consolidated)
+
+
+# ----------------------------------------------------------------------------- --tag (defect 3)
+def test_a_missing_tag_says_so_and_lists_the_tags(checkpoint):
+    with pytest.raises(ConversionError) as info:
+        resolve_tag(checkpoint, "step_5")
+    message = _one_line(info.value, str(checkpoint / "step_5"), "no such checkpoint tag",
+                        "available: step_00000002, step_00000004")
+    assert "did not finish" not in message
+    assert resolve_tag(checkpoint, "step_00000002") == checkpoint / "step_00000002"
+
+
+# ----------------------------------------------------------------------------- config.yaml vs weights (defect 4)
+def _edit_ffn(consolidated, size: int) -> None:
+    path = consolidated / "config.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["model"]["ffn_hidden_size"] = size
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def test_config_that_does_not_fit_the_weights_is_one_line(consolidated):
+    check_weights_fit_config(*read_consolidated(consolidated), consolidated)  # the real one fits
+    _edit_ffn(consolidated, 128)  # the weights have 4 * 64 = 256
+    with pytest.raises(ConversionError) as info:
+        check_weights_fit_config(*read_consolidated(consolidated), consolidated)
+    _one_line(info.value, str(consolidated / "config.yaml"), "decoder.layers.0.mlp.linear_fc1.weight",
+              "(256, 64)", "(128, 64)")
+
+
+def test_export_hf_standard_architecture_refuses_a_config_that_does_not_fit(consolidated, tmp_path):
+    _edit_ffn(consolidated, 128)
+    with pytest.raises(ConversionError) as info:
+        export_hf(consolidated, tmp_path / "hf")  # a gpt GPT-NeoX expresses: the path without remote code
+    _one_line(info.value, str(consolidated / "config.yaml"), "linear_fc1.weight")
+    assert not (tmp_path / "hf").exists() and not (tmp_path / ".hf.tmp").exists()
+
+
+def test_evaluate_refuses_a_config_that_does_not_fit(consolidated):
+    from ascender_dist.tools.evaluate import load_model, parse_run
+
+    _edit_ffn(consolidated, 128)
+    with pytest.raises(ConversionError) as info:
+        load_model(parse_run(str(consolidated), None))
+    _one_line(info.value, str(consolidated / "config.yaml"), "linear_fc1.weight")
+
+
+def test_reshard_refuses_a_directory_of_training_checkpoints_and_its_own_input(checkpoint, tmp_path, capsys):
+    from ascender_dist.tools.convert import check_reshard_out
+
+    consolidated = tmp_path / "consolidated"
+    consolidated.mkdir()
+    before = _tree(checkpoint)
+    # checked before the command relaunches itself: latest would move back to the consolidated step
+    assert main(["reshard", "--consolidated", str(consolidated), "--out", str(checkpoint)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {checkpoint}: already holds training checkpoints (newest step_00000004): reshard into " \
+                  "a new directory"
+    assert _tree(checkpoint) == before
+    for out in (consolidated, consolidated / "ck"):
+        with pytest.raises(ConversionError) as info:
+            check_reshard_out(out, consolidated)
+        _one_line(info.value, "is or is inside the input directory")
+    check_reshard_out(tmp_path / "new", consolidated)  # a new directory is fine
