@@ -40,6 +40,7 @@ def four_ranks(args):
 
 def _check(results, name):
     value = assert_check(results, name)[0]  # rank 0 holds the comparison
+    assert value["layout_used"] == value["layout_expected"], value  # the layout really ran, not a fallback
     assert len(value["losses"]) == len(value["reference_losses"]) > 0
     assert value["loss_diff"] < LOSS_TOL, value
     tolerance = ASCENDER_TP_PARAM_TOL if name.startswith("ascender") and "tp2" in name else PARAM_TOL

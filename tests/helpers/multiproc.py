@@ -145,11 +145,11 @@ def run_checks(checks: dict) -> dict:
 
 def assert_check(results: list[dict], name: str):
     """Assert that check ``name`` passed on every rank; return the per-rank values."""
-    errors = [f"rank {r}: {res[name]['error']}\n{res[name]['traceback']}"
-              for r, res in enumerate(results) if not res.get(name, {}).get("ok")]
     missing = [r for r, res in enumerate(results) if name not in res]
     if missing:
         raise AssertionError(f"check {name} did not run on ranks {missing}")
+    errors = [f"rank {r}: {res[name]['error']}\n{res[name]['traceback']}"
+              for r, res in enumerate(results) if not res[name]["ok"]]
     if errors:
         raise AssertionError(f"check {name} failed:\n" + "\n".join(errors))
     return [res[name]["value"] for res in results]

@@ -108,3 +108,64 @@ def test_shared_omega_in_megatron_counts_no_decay_and_replicated(single_rank_gro
     sharded = model.sharded_state_dict()
     key = next(k for k in sharded if k.endswith("params.omega_shared"))
     assert sharded[key].global_shape == (layers, 1, 3)  # [layers (stacked by megatron), 1, 3]
+
+
+def test_megatron_wiring_matches_the_float64_reference_with_the_biases_on(single_rank_group):
+    """With omega != 0, grouped-query attention (4 heads, 2 groups) and RoPE, layer 0's core
+    attention output equals reference_attention in float64 on q, k, v, z, h split by hand from its
+    QKV projection as documented: [q | k | v | z | h] per query group, RoPE on q and k only, query
+    head i reading group i // (heads / groups). (omega = 0 above hides z and h entirely.)"""
+    import copy
+
+    from ascender_dist.models.ascender import ascender_attention
+
+    cfg, asc = _build({"model": {**MODEL, "architecture": "ascender", "ascender": ASC}})
+    with torch.no_grad():
+        for name, p in asc.named_parameters():
+            if name.endswith("params.omega"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=torch.Generator().manual_seed(1)))
+    attention = asc.decoder.layers[0].self_attention
+    seen = {}
+
+    def keep(name, pick):
+        def hook(module, inputs, output):  # returns None: the output is left as it is
+            seen[name] = pick(output).detach()
+        return hook
+
+    attention.linear_qkv.register_forward_hook(keep("mixed", lambda out: out[0]))  # (output, bias)
+    attention.core_attention.register_forward_hook(keep("out", lambda out: out))
+    # distinct tokens: a repeated token has the same h at layer 0, and the top-k choice among exactly
+    # tied affinities is not the same in the dense reference and the chunked path (docs/ascender.md)
+    tokens = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[: 2 * MODEL["seq_length"]].view(2, -1)
+    with torch.no_grad():
+        asc(tokens, torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens), None)
+
+    m, hp = cfg.model, cfg.model.ascender
+    heads, groups = m.num_attention_heads, m.num_query_groups
+    hn, per = m.hidden_size // heads, heads // groups
+    s, b = seen["mixed"].shape[:2]
+    mixed = seen["mixed"].double().view(s, b, groups, -1)  # [s, b, ng, per_group]
+    sizes = [per * hn, hn, hn, per * hp.d_z, per * hp.d_a]
+    q, k, v, z, h = torch.split(mixed, sizes, dim=-1)
+    q = q.reshape(s, b, heads, hn)  # [s, b, np, hn]
+    z, h = z.reshape(s, b, heads, hp.d_z), h.reshape(s, b, heads, hp.d_a)
+    inv_freq = 1.0 / m.rotary_base ** (torch.arange(0, hn, 2, dtype=torch.float64) / hn)
+    angle = torch.arange(s, dtype=torch.float64)[:, None] * inv_freq  # [s, hn / 2]
+    angle = torch.cat([angle, angle], -1)[:, None, None, :]  # [s, 1, 1, hn]
+
+    def rope(t):  # rotate-half RoPE, megatron's default layout
+        return t * angle.cos() + torch.cat([-t[..., hn // 2:], t[..., : hn // 2]], -1) * angle.sin()
+
+    q, k = rope(q), rope(k)
+    k, v = k.repeat_interleave(per, dim=2), v.repeat_interleave(per, dim=2)  # [s, b, np, hn]
+    to_bhsd = lambda t: t.permute(1, 2, 0, 3)  # noqa: E731  [s, b, np, d] -> [b, np, s, d]
+    params = copy.deepcopy(attention.core_attention.params).double()
+    out = ascender_attention(to_bhsd(q), to_bhsd(k), to_bhsd(v), to_bhsd(z), to_bhsd(h), params, hp, step=0,
+                             impl="reference")
+    expected = out.permute(2, 0, 1, 3).reshape(s, b, heads * hn)  # [s, b, np * hn]
+    error = (seen["out"].double() - expected).abs().max().item()
+    assert error < 1e-5 * expected.abs().max().item(), error
+    # not vacuous: the same split with z and h swapped between heads gives another output
+    out_swapped = ascender_attention(to_bhsd(q), to_bhsd(k), to_bhsd(v), to_bhsd(z.roll(1, dims=2)), to_bhsd(h),
+                                     params, hp, step=0, impl="reference")
+    assert (out_swapped - out).abs().max().item() > 1e-3

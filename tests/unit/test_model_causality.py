@@ -70,7 +70,8 @@ def _assert_causal(logits_fn, t: int):
     tokens, changed = _token_pair(t)
     a, b = logits_fn(tokens), logits_fn(changed)
     assert a.shape[:2] == (2, SEQ)
-    assert torch.equal(a[:, : t + 1], b[:, : t + 1]), (a[:, : t + 1] - b[:, : t + 1]).abs().max()
+    assert torch.equal(a[:, : t + 1], b[:, : t + 1]), \
+        f"future leak: positions <= {t} changed by {(a[:, : t + 1] - b[:, : t + 1]).abs().max():.3g}"
     assert not torch.equal(a[:, t + 1:], b[:, t + 1:])  # the changed future does matter
 
 
@@ -102,7 +103,7 @@ def test_the_leak_check_catches_a_bidirectional_layer(single_rank_group, name):
     """The comparison above is not vacuous: with one layer kind made bidirectional it fails."""
     model = _build(MODELS[name])
     assert _make_bidirectional(model) > 0
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="future leak: positions <= "):  # the leak, not another assert
         _assert_causal(lambda x: _megatron_logits(model, x), POSITIONS[0])
 
 

@@ -119,12 +119,40 @@ def _tp_replica_diff(trainer) -> float:
     return worst.item()
 
 
+def _layout_used(trainer) -> dict:
+    """The layout the run really trained with, read back from megatron's process groups, DeepSpeed's
+    engine and the built model: a config regression that quietly ran another layout (pp2 as DP=2,
+    ZeRO-3 as stage 0, recompute off) would still match the reference. Collective-free."""
+    from megatron.core import parallel_state as mps
+
+    module = trainer.engine.module
+    configs = [m.config for m in module.modules() if hasattr(getattr(m, "config", None), "sequence_parallel")]
+    return {"tensor_model_parallel_size": mps.get_tensor_model_parallel_world_size(),
+            "pipeline_model_parallel_size": mps.get_pipeline_model_parallel_world_size(),
+            "data_parallel_size": mps.get_data_parallel_world_size(),
+            "zero_stage": trainer.engine.zero_optimization_stage(),
+            "sequence_parallel": any(c.sequence_parallel for c in configs),
+            "activation_checkpointing": any(c.recompute_granularity == "full" for c in configs)
+            or getattr(module, "activation_checkpoint_interval", 0) > 0}  # megatron's, or the pipeline's
+
+
+def layout_expected(parallel: dict, world: int, default_zero_stage: int) -> dict:
+    """What a LAYOUTS entry asks for, with the run config's defaults filled in."""
+    tp, pp = parallel.get("tensor_model_parallel_size", 1), parallel.get("pipeline_model_parallel_size", 1)
+    return {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "data_parallel_size": world // (tp * pp),
+            "zero_stage": parallel.get("zero_stage", default_zero_stage),
+            "sequence_parallel": parallel.get("sequence_parallel", False),
+            "activation_checkpointing": parallel.get("activation_checkpointing", False)}
+
+
 def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     from ascender_dist.training.trainer import Trainer
     from ascender_dist.training.weights import gather_canonical_state, read_weights_file
 
     files = _files(args, arch)
     trainer = Trainer(_config(args, arch, name, parallel, init_from=str(files["init"])))
+    used = _layout_used(trainer)
+    expected = layout_expected(parallel, dist.get_world_size(), _config(args, arch, "reference", {}).parallel.zero_stage)
     losses = trainer.fit()
     final = gather_canonical_state(trainer.engine.module, trainer.cfg)
     replica_diff = _tp_replica_diff(trainer)
@@ -139,7 +167,7 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     worst = max(param_diff, key=param_diff.get)
     shared = [k for k in ref_final if k.endswith("omega_shared")]
     init = read_weights_file(files["init"]) if shared else {}
-    return {"losses": losses, "reference_losses": ref_losses,
+    return {"layout_used": used, "layout_expected": expected, "losses": losses, "reference_losses": ref_losses,
             "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
             "param_diff": param_diff[worst], "worst_param": worst, "replica_diff": replica_diff,
             "shared_omega": {"count": len(shared), "diff": max((param_diff[k] for k in shared), default=0.0),
