@@ -27,7 +27,11 @@ def _run(fn, *args) -> int:
     together: :mod:`ascender_dist.parallel.job_errors`) and status 2."""
     from ascender_dist.parallel import job_errors
 
-    job_errors.connect()
+    try:
+        job_errors.connect()
+    except UserError as exc:  # no rendezvous: no job-wide report either, each rank says it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         fn(*args)
     except UserError as exc:

@@ -73,11 +73,16 @@ CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
 
 # The hostfile, parsed as DeepSpeed does: "<host> slots=<n>", '#' comments and blank lines ignored.
 mapfile -t HOSTS < <(awk '/^[[:space:]]*(#|$)/ {next}
+  $2 ~ /^slots=[0-9]+$/ && seen[$1]++ {print "DUP " NR " " $1; exit}
   $2 ~ /^slots=[0-9]+$/ {print $1, substr($2, 7); next}
   {print "BAD " NR ": " $0; exit}' "$HOSTFILE")
 [ ${#HOSTS[@]} -gt 0 ] || die "hostfile $HOSTFILE lists no host (format: launch/hostfile.example)"
 last=${HOSTS[${#HOSTS[@]}-1]}
-case "$last" in "BAD "*) die "hostfile $HOSTFILE line ${last#BAD } is not '<host> slots=<n>'" ;; esac
+case "$last" in
+  "BAD "*) die "hostfile $HOSTFILE line ${last#BAD } is not '<host> slots=<n>'" ;;
+  "DUP "*) read -r _ line host <<< "$last"
+           die "hostfile $HOSTFILE line $line lists $host a second time (one line per host)" ;;
+esac
 [ -z "$NUM_NODES" ] || [ "$NUM_NODES" -ge 1 ] || die "NUM_NODES must be at least 1"
 if [ -n "$NUM_NODES" ] && [ "$NUM_NODES" -lt ${#HOSTS[@]} ]; then HOSTS=("${HOSTS[@]:0:$NUM_NODES}"); fi
 [ -n "$MASTER_ADDR" ] || MASTER_ADDR=${HOSTS[0]%% *}
@@ -96,7 +101,14 @@ if [ -n "$NODE_RANK" ]; then
   local_host=${HOSTS[$NODE_RANK]}
 else
   command -v pdsh >/dev/null || die "pdsh not found: install it (ssh mode), or start every node yourself with --node_rank"
+  for entry in "${HOSTS[@]}"; do  # DeepSpeed would end in a traceback for an unreachable one
+    ssh -o BatchMode=yes -o ConnectTimeout=10 ${SSH_PORT:+-p "$SSH_PORT"} "${entry%% *}" true </dev/null >/dev/null 2>&1 ||
+      die "host ${entry%% *} is not reachable by passwordless ssh${SSH_PORT:+ on port $SSH_PORT} (ssh mode needs it; or start every node yourself with --node_rank)"
+  done
   local_host=${HOSTS[0]}  # nodes are assumed alike: threads per rank are computed here for all
+fi
+if command -v getent >/dev/null; then  # else every rank would wait out the rendezvous timeout
+  getent hosts "$MASTER_ADDR" >/dev/null || die "master address $MASTER_ADDR does not resolve on this node (set MASTER_ADDR, or fix the hostfile's first host)"
 fi
 local_ranks=${GPUS_PER_NODE:-${local_host##* }}
 [ "$local_ranks" -ge 1 ] || die "no ranks on this node (slots=0)"

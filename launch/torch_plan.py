@@ -8,7 +8,9 @@ CUDA build):
 2. a torch inside the project's range (``pyproject.toml``) is already installed, in ``.venv`` or
    in the Python that creates it: keep it (the venv then sees the base Python's packages).
 3. no CUDA device (probe ``nvidia-smi -L``, else ``/proc/driver/nvidia/gpus``): the CPU build,
-   ``torch==<tested version>`` with ``TORCH_CPU_INDEX`` as the index when set.
+   ``torch==<tested version>`` from ``TORCH_CPU_INDEX`` (default the PyTorch CPU wheel index: on
+   Linux x86_64, PyPI's own ``torch==<version>`` is the CUDA build; set it empty for pip's default
+   index, e.g. a site mirror that holds CPU wheels).
 4. a CUDA device: ``torch==<tested version>`` from ``TORCH_CUDA_INDEX`` (default the PyTorch CUDA
    12.6 wheel index; set it empty for the default index, whose Linux wheels are CUDA builds).
 
@@ -33,6 +35,7 @@ from pathlib import Path
 
 TESTED_TORCH = "2.13.0"  # the version CI installs and the README's tested combinations name
 DEFAULT_CUDA_INDEX = "https://download.pytorch.org/whl/cu126"
+DEFAULT_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -108,7 +111,7 @@ def decide(venv_python: str, base_python: str) -> dict:
         index = os.environ.get("TORCH_CUDA_INDEX", DEFAULT_CUDA_INDEX)
         return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=index, SYSTEM_SITE="0",
                     REASON="a CUDA device is present: CUDA build")
-    return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=os.environ.get("TORCH_CPU_INDEX", ""),
+    return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=os.environ.get("TORCH_CPU_INDEX", DEFAULT_CPU_INDEX),
                 SYSTEM_SITE="0", REASON="no CUDA device: CPU build")
 
 

@@ -90,8 +90,15 @@ def job_store(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES):
     if _job_store is None or _job_store[0] != key:
         addr, port, rank, world = key
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun's agent hosts it
-        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
-                              timeout=timedelta(minutes=timeout_minutes), wait_for_workers=False)
+        try:
+            store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent,
+                                  timeout=timedelta(minutes=timeout_minutes), wait_for_workers=False)
+        except dist.DistError as exc:  # unreachable or unresolvable master, port taken, timeout
+            from ascender_dist.config.errors import UserError
+
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"rank {rank}: cannot reach the job's rendezvous {addr}:{port} within "
+                            f"{timeout_minutes:g} min ({first})") from None
         if agent:  # the key space torch's own env:// rendezvous uses under torchrun
             store = dist.PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
         _job_store = (key, store)

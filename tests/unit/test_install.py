@@ -14,7 +14,7 @@ import pytest
 from tests.helpers.multiproc import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "launch"))
-from torch_plan import DEFAULT_CUDA_INDEX, TESTED_TORCH, in_range, torch_range  # noqa: E402
+from torch_plan import DEFAULT_CPU_INDEX, DEFAULT_CUDA_INDEX, TESTED_TORCH, in_range, torch_range  # noqa: E402
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
 DOCKERFILE = (REPO_ROOT / "docker" / "Dockerfile").read_text()
@@ -34,14 +34,14 @@ def dry_run(gpu: bool, installed: str | None, **env: str) -> str:
 
 
 @pytest.mark.parametrize("gpu,installed,expected", [
-    (False, None, f"install torch=={TESTED_TORCH}: no CUDA device"),
+    (False, None, f"install torch=={TESTED_TORCH} (index {DEFAULT_CPU_INDEX}): no CUDA device"),  # PyPI's: CUDA
     (True, None, f"install torch=={TESTED_TORCH} (index {DEFAULT_CUDA_INDEX}): a CUDA device is present"),
     (True, "2.13.0a0+nv25.02", "keep torch==2.13.0a0+nv25.02:"),     # an NGC container's build stays
     (True, "2.13.0+cu126", "keep torch==2.13.0+cu126:"),
     (False, "2.13.0+cpu", "keep torch==2.13.0+cpu:"),
     (True, "2.13.1", "keep torch==2.13.1:"),
     (True, "2.9.1", f"install torch=={TESTED_TORCH} (index {DEFAULT_CUDA_INDEX})"),  # out of range: replaced
-    (False, "2.14.0", f"install torch=={TESTED_TORCH}: no CUDA device"),
+    (False, "2.14.0", f"install torch=={TESTED_TORCH} (index {DEFAULT_CPU_INDEX}): no CUDA device"),
 ], ids=["cpu-fresh", "gpu-fresh", "gpu-ngc", "gpu-cuda", "cpu-kept", "gpu-patch", "gpu-old", "cpu-newer"])
 def test_setup_torch_decision(gpu, installed, expected):
     assert dry_run(gpu, installed).startswith(expected)
@@ -53,6 +53,7 @@ def test_torch_spec_overrides_and_indexes_are_settable():
     assert dry_run(True, None, TORCH_CUDA_INDEX="") == f"install torch=={TESTED_TORCH}: a CUDA device is present: " \
                                                          "CUDA build"
     assert "(index file:///x)" in dry_run(False, None, TORCH_CPU_INDEX="file:///x")
+    assert dry_run(False, None, TORCH_CPU_INDEX="") == f"install torch=={TESTED_TORCH}: no CUDA device: CPU build"
 
 
 def test_torch_range_is_pips_rule():

@@ -137,6 +137,26 @@ def test_multi_node_bad_hostfile_and_node_rank(tmp_path):
     hosts.write_text("a slots=1\nb slots=1\n")
     _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "2",
                                  "--config", "configs/demo.yaml"]), "--node_rank 2")
+    hosts.write_text("a slots=1\n# again\na slots=2\n")  # DeepSpeed: a traceback
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "0",
+                                 "--config", "configs/demo.yaml"]), "line 3 lists a a second time")
+
+
+def test_multi_node_unresolvable_master_and_unreachable_host(stubs, tmp_path):
+    env, out, calls = stubs
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a slots=2\nnode-b slots=2\n")
+    (Path(env["DEEPSPEED"]).parent / "getent").write_text("#!/bin/sh\nexit 2\n")  # nothing resolves
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "1",
+                                 "--config", "configs/demo.yaml"], env=env), "master address node-a does not resolve")
+    (Path(env["DEEPSPEED"]).parent / "getent").write_text("#!/bin/sh\nexit 0\n")
+    # node-b does not answer (the host is the argument before the remote command)
+    (Path(env["DEEPSPEED"]).parent / "ssh").write_text('#!/usr/bin/env bash\nfor a; do host=$prev; prev=$a; done\n'
+                                                       '[ "$host" != node-b ]\n')
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--ssh_port", "2222",
+                                 "--config", "configs/demo.yaml"], env=env),
+                           "host node-b is not reachable by passwordless ssh on port 2222")
+    assert calls() == []  # nothing was launched
 
 
 def test_single_node_without_config():
@@ -176,7 +196,8 @@ def stubs(tmp_path):
     bin_dir.mkdir()
     out.mkdir()
     for name, text in (("deepspeed", STUB_DEEPSPEED), ("srun", STUB_SRUN), ("scontrol", STUB_SCONTROL),
-                       ("pdsh", "#!/bin/sh\nexit 1\n")):
+                       ("pdsh", "#!/bin/sh\nexit 1\n"), ("getent", "#!/bin/sh\nexit 0\n"),  # every host resolves
+                       ("ssh", '#!/bin/sh\necho "$*" >> "$STUB_OUT/ssh.calls"\nexit 0\n')):  # and answers
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = _clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", DEEPSPEED=str(bin_dir / "deepspeed"),
@@ -294,3 +315,18 @@ def test_training_started_without_a_launcher_is_one_line(monkeypatch, env, messa
         monkeypatch.setenv(name, value)
     with pytest.raises(UserError, match=message):
         launcher_env()
+
+
+def test_an_unreachable_rendezvous_is_one_line_within_the_timeout(monkeypatch):
+    """A rank whose master never answers (unresolvable host) fails in one line after the store
+    timeout, not a C++ traceback (the store is made before the config is read: ascender_dist.cli)."""
+    from ascender_dist.config.errors import UserError
+    from ascender_dist.parallel.setup import job_store
+
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    monkeypatch.setenv("MASTER_PORT", "29512")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"^rank 1: cannot reach the job's rendezvous no-such-host\.invalid:29512 "
+                                        r"within 0\.05 min \("):
+        job_store(timeout_minutes=0.05)
