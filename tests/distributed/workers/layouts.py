@@ -35,7 +35,17 @@ ARCHS = {
 # is one more replicated parameter), so it runs there only.
 ARCHS["ascender_shared_omega"] = {**ARCHS["ascender"],
                                   "ascender": {**ARCHS["ascender"]["ascender"], "share_omega_across_heads": True}}
-ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_dp2_zero3")}
+# A real top-k choice (k < window, global tokens) compared after ONE step, where a near-tie cannot
+# have been moved by an earlier step's reduction order (TP's one-step check: test_model_parity); and
+# the mixed ASCender + Connection layer pattern.
+ARCHS["ascender_topk"] = {**ARCHS["ascender"], "ascender": {**ARCHS["ascender"]["ascender"], "k": 4,
+                                                           "num_global": 2}}
+ARCHS["mixed_sc"] = {"architecture": "connection", "layer_pattern": "SC", "add_bias_linear": False,
+                     "ascender": ARCHS["ascender"]["ascender"], "connection": ARCHS["connection"]["connection"]}
+ARCH_STEPS = {"ascender_topk": 1}
+ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_dp2_zero3"),
+                "ascender_topk": ("pp2", "dp2_zero1", "dp2_zero3", "dp2_recompute", "pp2_dp2"),
+                "mixed_sc": ("tp2", "pp2", "dp2_zero1", "tp2_pp2")}
 LAYOUTS = {
     2: {"tp2": {"tensor_model_parallel_size": 2},
         "pp2": {"pipeline_model_parallel_size": 2},
@@ -69,7 +79,8 @@ def _config(args, arch: str, name: str, parallel: dict, init_from=None):
     # bias after 3 steps at TP2). With eps 1e-5 noise moves nothing and real gradients still dominate.
     return config_from_dict(tiny_run_config(
         args["data"], Path(args["root"]) / f"{arch}_{name}",
-        model=ARCHS[arch], parallel=parallel, train={"train_steps": STEPS}, optimizer={"eps": 1e-5},
+        model=ARCHS[arch], parallel=parallel, train={"train_steps": ARCH_STEPS.get(arch, STEPS)},
+        optimizer={"eps": 1e-5, **({"warmup_steps": 0} if arch in ARCH_STEPS else {})},
         checkpoint={"init_from": init_from, "auto_resume": False}))
 
 
