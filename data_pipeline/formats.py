@@ -254,8 +254,9 @@ def _open_compressed(path: Path, kind: str):
     return io.BufferedReader(_ZstdStream(f, str(path)), buffer_size=_READ_CHUNK)
 
 
-def _iter_json_lines(path: Path, stream, field: str) -> Iterator[str]:
-    """JSON lines of a decompressing stream; a truncated or corrupt stream names the file and line."""
+def _iter_json_lines(path: Path | str, stream, field: str) -> Iterator[str]:
+    """JSON lines of a (decompressing) stream; a bad record, or a truncated or corrupt stream, names
+    ``path`` (a file, or ``archive:member``) and the line."""
     lineno = 0
     with stream:
         try:
@@ -424,13 +425,7 @@ def _tar_member_texts(path: Path, tf: tarfile.TarFile, member: tarfile.TarInfo, 
         raise DataError(where, f"unsupported tar member type (supported: {', '.join(_TAR_MEMBER_KINDS)})")
     stream = tf.extractfile(member)
     if kind == "jsonl":
-        for lineno, raw in enumerate(stream, 1):
-            try:
-                text = _parse_json_line(raw, field)
-            except _BadRecord as e:
-                raise DataError(f"{where}:{lineno}", str(e)) from None
-            if text is not None:
-                yield text
+        yield from _iter_json_lines(where, stream, field)
         return
     try:
         text = stream.read().decode("utf-8")

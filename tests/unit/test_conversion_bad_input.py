@@ -17,6 +17,8 @@ from ascender_dist.tools.convert import (ConversionError, read_config, read_cons
                                          reshard_config)
 from ascender_dist.training.weights import read_weights_file
 
+from tests.helpers.errors import one_line as _one_line
+
 from .data_fixtures import text_file, tiny_tokenizer  # noqa: F401
 
 GOOD_META = {"format": 1, "step": 3, "architecture": "gpt", "world_size": 1, "vocab_size": 96,
@@ -24,12 +26,6 @@ GOOD_META = {"format": 1, "step": 3, "architecture": "gpt", "world_size": 1, "vo
              "versions": {"megatron-core": "0.16.1", "deepspeed": "0.19.8"}}
 
 
-def _one_line(exc: BaseException, *needles: str) -> str:
-    message = str(exc)
-    assert "\n" not in message, message
-    for needle in needles:
-        assert needle in message, message
-    return message
 
 
 @pytest.fixture

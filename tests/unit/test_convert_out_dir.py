@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from ascender_dist.cli import main
+from tests.helpers.errors import one_line as _one_line
 from ascender_dist.config.resolve import config_from_dict
 from ascender_dist.tools.convert import (ConversionError, check_consolidate_out, consolidate, is_consolidated_output,
                                          read_consolidated, resolve_tag, write_consolidated)
@@ -20,12 +21,6 @@ META = {"format": 1, "step": 3, "architecture": "gpt", "world_size": 1, "vocab_s
         "data": {"consumed_samples": 8, "seed": 1}, "versions": {"megatron-core": "0.16.1", "deepspeed": "0.19.8"}}
 
 
-def _one_line(exc: BaseException, *needles: str) -> str:
-    message = str(exc)
-    assert "\n" not in message, message
-    for needle in needles:
-        assert needle in message, message
-    return message
 
 
 def _tree(directory) -> dict:

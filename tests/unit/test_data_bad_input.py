@@ -13,17 +13,12 @@ from data_pipeline.loader import MixtureLoader
 from data_pipeline.shards import load_manifest, write_shards
 from data_pipeline.tokenizer import iter_documents, train_tokenizer
 
+from tests.helpers.errors import one_line as one_line_of
+
 from .data_fixtures import FAKE_SHA, loader, make_dataset, run_global, text_file, tiny_tokenizer  # noqa: F401
 
 
-def one_line_error(excinfo, *needles):
-    """The error is a DataError, its message is one line and names everything in ``needles``."""
-    msg = str(excinfo.value)
-    assert isinstance(excinfo.value, DataError)
-    assert "\n" not in msg
-    for n in needles:
-        assert n in msg, msg
-    return msg
+one_line_error = functools.partial(one_line_of, kind=DataError)
 
 
 def drain(ld, n=30):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from functools import partial
 
 import pytest
 
@@ -16,6 +17,8 @@ from data_pipeline.errors import DataError
 from data_pipeline.formats import Piece, expand_inputs, iter_documents, iter_piece
 from data_pipeline.shards import load_manifest, write_shards
 from data_pipeline.tokenizer import train_tokenizer
+
+from tests.helpers.errors import one_line as one_line_of
 
 from .data_fixtures import TEXT, tar_of, tiny_tokenizer, text_file  # noqa: F401
 
@@ -113,11 +116,7 @@ def test_parquet_row_group_ranges(tmp_path):
 
 
 # ------------------------------------------------------------------ bad records and files
-def one_line(e, *needles):
-    msg = str(e.value)
-    assert isinstance(e.value, DataError) and "\n" not in msg
-    for n in needles:
-        assert n in msg, msg
+one_line = partial(one_line_of, kind=DataError)
 
 
 def test_tar_members_are_read_like_files_of_their_type(tmp_path):
