@@ -279,7 +279,7 @@ def check_tokenizer(tokenizer: Path, cfg, meta: dict) -> None:
 
 
 EXPORT_MARKER = "ascender_dist.json"  # written last into every export: a previous export may be replaced
-LM_EVAL_EXPORT_SUBDIR = ".hf-export"  # = lm_eval_adapter.EXPORT_SUBDIR (not imported: it imports this module)
+LM_EVAL_EXPORT_SUBDIR = ".hf-export"  # the lm-eval adapter's export cache inside a consolidated run
 
 
 def is_export_output(directory: Path) -> bool:

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ascender_dist.config.errors import UserError
+from ascender_dist.tools.hf_export import LM_EVAL_EXPORT_SUBDIR as EXPORT_SUBDIR  # the export cache's name
 
 MODEL_NAME = "ascender-dist"
-EXPORT_SUBDIR = ".hf-export"
 
 
 class AdapterError(UserError, ValueError):
