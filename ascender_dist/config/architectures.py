@@ -81,6 +81,10 @@ def check_connection_hparams(cfg) -> None:
     m.connection.validate("model.connection", m.hidden_size, cfg.parallel.tensor_model_parallel_size)
     if not m.connection.causal:
         raise ConfigError("model.connection.causal", "must be true: the model is a causal decoder")
+    if m.connection.causal_chunk_size >= m.seq_length:  # one chunk: its prefix state is the bare slots
+        raise ConfigError("model.connection.causal_chunk_size",
+                          f"must be < model.seq_length ({m.seq_length}; got {m.connection.causal_chunk_size}): with "
+                          "a single chunk no token ever reads a reasoned slot state")
     if cfg.parallel.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel", "not supported with Connection layers ('C' in the pattern)")
 

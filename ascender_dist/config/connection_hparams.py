@@ -41,9 +41,10 @@ class ConnectionHParams:
     Results are identical for every k, because converged samples are frozen by masks."""
     causal: bool = True
     """Decoder mode: the output at position t depends only on tokens <= t."""
-    causal_chunk_size: int = 128
+    causal_chunk_size: int = 32
     """c: tokens of chunk k read the reasoned slot state of chunks < k plus their own chunk's
-    prefix (raw, not reasoned). Reasoning runs on seq_len / c prefix states per sample."""
+    prefix (raw, not reasoned). Reasoning runs on seq_len / c prefix states per sample; c must be
+    below the sequence length, or no token ever reads a reasoned state."""
     normalize_compression: bool = True
     """Divide each slot's accumulated values by the slot's accumulated attention load (a weighted
     mean over tokens) so slot activations do not grow with sequence length."""
@@ -70,6 +71,9 @@ class ConnectionHParams:
         if self.connection not in CONNECTION_TYPES:
             fail("connection", f"must be one of {list(CONNECTION_TYPES)} (got {self.connection!r})")
         if self.connection == "bilinear":  # rank is unused by the linear connection
+            if self.num_slots < 2:  # its maps act on slot pairs i != j only: one slot has none
+                fail("num_slots", f"must be >= 2 for the bilinear connection, which only connects slot pairs i != j "
+                                  f"(got {self.num_slots})")
             if self.rank < 1:
                 fail("rank", f"must be >= 1 (got {self.rank})")
             if self.rank > hidden_size:
@@ -91,8 +95,10 @@ class ConnectionHParams:
             fail("slot_init", f"must be one of {list(SLOT_INITS)} (got {self.slot_init!r})")
         if self.init_std <= 0:
             fail("init_std", f"must be > 0 (got {self.init_std})")
-        if self.connection_init_scale < 0:
-            fail("connection_init_scale", f"must be >= 0 (got {self.connection_init_scale})")
+        if self.connection_init_scale <= 0:  # 0: the influence and every connection gradient stay 0 forever
+            fail("connection_init_scale", f"must be > 0 (got {self.connection_init_scale})")
+        if not -(2**63) <= self.slot_seed < 2**64:  # what torch.Generator.manual_seed takes
+            fail("slot_seed", f"must be in [-2**63, 2**64) (got {self.slot_seed})")
         tp = tensor_parallel_size
         if hidden_size % tp:
             raise ConfigError(prefix, f"hidden size {hidden_size} must be divisible by tensor "

@@ -276,3 +276,13 @@ def test_zero_means_off_or_from_tokenizer(tmp_path):
                                        "  save_interval: 0\noptimizer:\n  grad_clip: 0\n  weight_decay: 0\n"
                                        "data:\n  url_template: 'pipe:cat s3/{name} -'\n"))
     assert derive(cfg, 1, tokenizer_vocab_size=100).padded_vocab_size == 128  # 0 acts like null
+
+
+def test_connection_chunk_must_leave_a_reasoned_prefix(tmp_path):
+    """One causal chunk per sequence: every token would read only the bare slots, never a reasoned
+    state. The defaults (seq_length 128, causal_chunk_size 32) leave four chunks."""
+    text = "model:\n  architecture: connection\n  seq_length: 64\n  connection:\n    causal_chunk_size: {}\n"
+    message = _error(tmp_path, text.format(64))
+    assert "run.yaml: model.connection.causal_chunk_size: must be < model.seq_length (64; got 64)" in message
+    validate(load_config(_write(tmp_path, text.format(32))))
+    validate(load_config(_write(tmp_path, "model:\n  architecture: connection\n")))  # the defaults fit

@@ -19,6 +19,12 @@ from ascender_dist.models.connection import ConnectionHParams, ConnectionLayer, 
         ("stop_granularity", "token", 64, "model.connection.stop_granularity: must be one of"),
         ("causal_chunk_size", 0, 64, "model.connection.causal_chunk_size: must be >= 1"),
         ("slot_init", "random", 64, "model.connection.slot_init: must be one of ['orthogonal']"),
+        # 0 leaves the influence, and so every connection weight's gradient, exactly 0 forever
+        ("connection_init_scale", 0.0, 64, "model.connection.connection_init_scale: must be > 0"),
+        # one slot has no pair i != j: the bilinear maps would be stored, counted and never used
+        ("num_slots", 1, 64, "model.connection.num_slots: must be >= 2 for the bilinear connection"),
+        # torch.Generator.manual_seed overflows past 2**64 - 1 (a traceback when the layer is built)
+        ("slot_seed", 2**64, 64, "model.connection.slot_seed: must be in [-2**63, 2**64)"),
     ],
 )
 def test_validate_names_the_field(field, value, hidden, needle):
@@ -62,3 +68,24 @@ def test_rank_is_only_checked_for_the_bilinear_connection():
     ConnectionHParams(connection="linear", rank=999).validate("m", 64)
     with pytest.raises(ConfigError):
         ConnectionHParams(connection="bilinear", rank=999).validate("m", 64)
+
+
+def test_a_linear_connection_keeps_one_slot_and_seeds_at_the_edges_of_torchs_range():
+    ConnectionHParams(num_slots=1, connection="linear").validate("model.connection", 64)
+    for seed in (-(2**63), 2**64 - 1):
+        ConnectionHParams(num_slots=2, rank=2, slot_seed=seed).validate("model.connection", 8)
+        ConnectionLayer(ConnectionHParams(num_slots=2, rank=2, slot_seed=seed), 8)  # the seed is usable
+
+
+def test_the_connection_trains_from_the_smallest_accepted_init_scale():
+    """With connection_init_scale > 0 the connection weights get a nonzero gradient at step 0."""
+    for kind in ("linear", "bilinear"):
+        hp = ConnectionHParams(num_slots=4, connection=kind, rank=2, connection_init_scale=1e-3, threshold=0.0,
+                               causal=False)
+        layer = ConnectionLayer(hp, 8)
+        x = torch.randn(6, 2, 8, generator=torch.Generator().manual_seed(0))
+        out = layer(x)
+        out = out[0] if isinstance(out, tuple) else out
+        out.square().sum().backward()
+        weights = {n: p.grad for n, p in layer.named_parameters() if n in ("c", "src", "tgt")}
+        assert weights and any(g is not None and g.abs().max() > 0 for g in weights.values()), (kind, weights)
