@@ -51,7 +51,8 @@ class ConnectionHParams:
     compression_eps: float = 1e-6
     """Floor on the slot load used by the normalisation (guards empty prefixes and underflow)."""
     slot_init: str = "orthogonal"
-    """How the fixed (non-trained) slots are made: orthogonal rows scaled to per-element RMS 1."""
+    """How the fixed (non-trained) slots are made: orthogonal rows scaled to per-element RMS 1
+    (N <= D; see make_fixed_slots for N > D)."""
     slot_seed: int = 1234
     """Seed of the fixed slots, so every TP rank and every restart builds identical slots."""
     init_std: float = 0.02

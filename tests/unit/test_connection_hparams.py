@@ -89,3 +89,11 @@ def test_the_connection_trains_from_the_smallest_accepted_init_scale():
         out.square().sum().backward()
         weights = {n: p.grad for n, p in layer.named_parameters() if n in ("c", "src", "tgt")}
         assert weights and any(g is not None and g.abs().max() > 0 for g in weights.values()), (kind, weights)
+
+
+def test_more_slots_than_dims_give_orthonormal_columns_as_documented():
+    from ascender_dist.models.connection import make_fixed_slots
+
+    slots = make_fixed_slots(12, 8, seed=3, dtype=torch.float64)  # N > D: rows cannot be orthogonal
+    assert torch.allclose(slots.T @ slots / 8, torch.eye(8, dtype=torch.float64), atol=1e-12)
+    assert slots.square().mean().sqrt().item() == pytest.approx((8 / 12) ** 0.5)

@@ -80,7 +80,9 @@ def _identity(t: Tensor) -> Tensor:
 
 
 def make_fixed_slots(num_slots: int, hidden_size: int, seed: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Deterministic orthogonal slots [N, D] with per-element RMS 1 (row norm sqrt D when N <= D).
+    """Deterministic orthogonal slots [N, D]: orthonormal rows scaled to norm sqrt D (per-element
+    RMS 1) when N <= D; when N > D, orthonormal columns scaled the same way (per-element RMS
+    sqrt(D / N), rows of unequal norm: N rows in D dims cannot be orthogonal).
 
     Seeded, so every TP rank (and every restart) builds the same buffer without a broadcast.
     """
