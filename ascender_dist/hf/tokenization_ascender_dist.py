@@ -33,6 +33,10 @@ class AscenderDistTokenizer(PreTrainedTokenizer):
                 kwargs.setdefault(name, piece(index))
         kwargs.setdefault("clean_up_tokenization_spaces", False)
         kwargs.setdefault("add_prefix_space", False)
+        # literal "<s>", "</s>", "<pad>", "<unk>" in text are text, as in training (sentencepiece
+        # spells them out); transformers would otherwise cut them out as special ids and encode
+        # the pieces around them separately, each with its own dummy prefix
+        kwargs.setdefault("split_special_tokens", True)
         super().__init__(**kwargs)
 
     @property

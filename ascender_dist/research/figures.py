@@ -69,7 +69,7 @@ class LoadedModel:
         from ascender_dist.config.architectures import expand_layer_pattern
         from ascender_dist.parallel.setup import init_model_parallel
         from ascender_dist.tools.convert import read_consolidated
-        from ascender_dist.training.layer_stats import set_training_step
+        from ascender_dist.training.layer_stats import last_training_step, set_training_step
         from ascender_dist.training.weights import load_canonical_state, pad_vocab
 
         self.directory = Path(directory)
@@ -82,7 +82,7 @@ class LoadedModel:
         derived = derive(cfg, 1, meta["vocab_size"])
         self.model = build_run_model(cfg, derived).eval()
         load_canonical_state(self.model, cfg, pad_vocab(state, derived.padded_vocab_size), source=str(directory))
-        set_training_step(self.model, self.step)  # Separation's warm-up state as at the end of training
+        set_training_step(self.model, last_training_step(self.step))  # Separation's gate as in the last step
         self.layers = list(self.model.decoder.layers)  # TransformerLayer, in order
 
     def core(self, layer) -> torch.nn.Module:

@@ -13,8 +13,9 @@ or a Hugging Face export (``ascender-dist export-hf``). NAME defaults to the dir
   ``data_pipeline.loader.StreamingLoader(split="val")`` in stored order, exactly as training's
   ``val/loss`` (inputs ``tokens[:, :-1]``, labels ``tokens[:, 1:]``), averaged over all tokens;
   perplexity = exp(val loss). The softmax is over the tokenizer's vocabulary (consolidation drops
-  the vocab padding rows, as every export does), so it can differ slightly from training's
-  ``val/loss``, whose softmax also covers the padding ids. The model runs single-process in plain torch: the Hugging Face
+  the vocab padding rows, as every export does), as training's, whose loss gives the padding ids
+  zero probability (``models.build.vocab_cross_entropy``): on the same samples it equals training's
+  ``val/loss`` up to float rounding. The model runs single-process in plain torch: the Hugging Face
   model of :mod:`ascender_dist.hf` (what ``export-hf`` writes, tested to match our megatron model
   at TP=1 within 1e-4) built from the consolidated weights, no megatron, no process group; an
   export directory is loaded with ``AutoModelForCausalLM`` (remote code on).

@@ -69,6 +69,8 @@ def neox_config(cfg, vocab_size: int, tied: bool, special_ids: dict | None = Non
         vocab_size=vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
         num_attention_heads=m.num_attention_heads, intermediate_size=m.ffn_hidden_size or 4 * m.hidden_size,
         hidden_act="gelu", rotary_pct=1.0, rope_theta=float(m.rotary_base), max_position_embeddings=m.seq_length,
+        # transformers 5 reads the base from rope_parameters only (rope_theta alone falls back to 10000)
+        rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base), "partial_rotary_factor": 1.0},
         layer_norm_eps=m.layernorm_epsilon, use_parallel_residual=False, tie_word_embeddings=tied,
         attention_bias=True, hidden_dropout=0.0, attention_dropout=0.0, **_special_ids(special_ids),
     )
@@ -145,6 +147,7 @@ def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool, special_ids
 
     from ascender_dist.hf.configuration_ascender_dist import AscenderDistConfig
     from ascender_dist.config.architectures import expand_layer_pattern
+    from ascender_dist.training.layer_stats import last_training_step
 
     m = cfg.model
     config = AscenderDistConfig(
@@ -154,7 +157,7 @@ def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool, special_ids
         layer_pattern=expand_layer_pattern(cfg.model), normalization=m.normalization, activation=m.activation,
         add_bias_linear=m.add_bias_linear, layernorm_epsilon=m.layernorm_epsilon,
         position_embedding_type=m.position_embedding_type, rotary_base=float(m.rotary_base),
-        ascender=asdict(m.ascender), connection=asdict(m.connection), ascender_step=int(meta.get("step") or 0),
+        ascender=asdict(m.ascender), connection=asdict(m.connection), ascender_step=last_training_step(meta.get("step") or 0),
         initializer_range=m.init_method_std, tie_word_embeddings=tied,
         architectures=["AscenderDistForCausalLM"], auto_map=dict(AUTO_MAP), **_special_ids(special_ids),
     )

@@ -109,6 +109,18 @@ def _bpe_model(proto):
     return BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=proto.trainer_spec.byte_fallback)
 
 
+def _check_bpe_user_pieces(proto, model_file: Path) -> None:
+    """Refuse multi-character user-defined pieces in a BPE model. sentencepiece emits them whole;
+    BPE merges over normal pieces never reach them (their characters come out one by one), and
+    the tokenizers library has no exact alternative: ``ignore_merges`` also emits control and
+    byte pieces (``<s>``, ``<0x41>``) for text segments spelling them, and added tokens either
+    see sentencepiece's dummy prefix in their own text or put it after them."""
+    long = [p.piece for p in proto.pieces if p.type == USER_DEFINED and len(p.piece) > 1]
+    if long:
+        raise ConversionError(model_file, f"bpe model with multi-character user-defined pieces {long[:3]!r}: no exact "
+                                          "fast tokenizer (train it as unigram, or with single-character ones)")
+
+
 def _unigram_model(proto, model_file: Path):
     """Unigram over the piece scores. Pieces sentencepiece never matches in text (control, byte,
     unknown, unused) get a score no segmentation picks while their characters are normal pieces
@@ -141,6 +153,7 @@ def fast_tokenizer(model_file: Path):
                                           "train-tokenizer uses identity normalisation and keeps every space)")
     kinds = sentencepiece_model_pb2.TrainerSpec
     if trainer.model_type == kinds.BPE:
+        _check_bpe_user_pieces(proto, model_file)
         model = _bpe_model(proto)
     elif trainer.model_type == kinds.UNIGRAM:
         model = _unigram_model(proto, model_file)

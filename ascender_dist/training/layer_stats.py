@@ -25,6 +25,13 @@ def set_training_step(model: nn.Module, step: int) -> None:
             module.training_step = step
 
 
+def last_training_step(saved_step: int) -> int:
+    """The training_step the weights of a checkpoint saved at ``saved_step`` last ran with: the
+    trainer sets training_step = step before each optimizer step and counts the step after it,
+    so a save at N follows the steps 0 .. N - 1 (and the validation at N ran with N - 1)."""
+    return max(int(saved_step) - 1, 0)
+
+
 def set_collect_stats(model: nn.Module, enabled: bool) -> None:
     for module in _participants(model):
         module.collect_stats = enabled

@@ -20,8 +20,12 @@ CASES = [
     "def main():\n    return 1\n", "x = 1\n\n    return  y\n\tz\n", "\t\tif x:\n\t\t\tpass\n",
     "1234567890 3.14159 0x1F", "héllo wörld", "漢字 テスト ✓ 😀", "Ωμέγα кириллица العربية",
     "<s> </s> <pad> <unk> <0x41>", "a\u00a0b\u200bc\u0301", "\r\n\r\n", "▁already▁", "x" * 300,
+    "a<|endoftext|>b", "<|endoftext|>", "x<|endoftext|><|endoftext|> y", "def f():\n        return 1\n",
 ]
-ALPHABET = list(" \n\t  abcdefxyz_():=.,0123456789") + ["é", "漢", "😀", "▁", "\u0301", "<s>", "</s>", "\x00", "\r"]
+# multi-character user-defined pieces (data-pipeline train-tokenizer --special-token): sentencepiece
+# always emits them whole; the unigram export does too, a BPE export is refused (below)
+USER_SYMBOLS = {"unigram": ["<|endoftext|>", "    "], "bpe": []}
+ALPHABET = list(" \n\t  abcdefxyz_():=.,0123456789") + ["é", "漢", "😀", "▁", "\u0301", "<s>", "</s>", "\x00", "\r", "<|endoftext|>", "    "]
 
 
 def _random_strings(n: int) -> list[str]:
@@ -35,7 +39,8 @@ def sp_model(request, tmp_path):
     # as any real code corpus, the text has the characters of the special pieces (see test_unconvertible...)
     corpus.write_text(TEXT * 20 + "héllo wörld 漢字 テスト 1234567890\n" * 5 + "a</b> <0xABCDEF> <unk> <pad>\n" * 50,
                       encoding="utf-8")
-    return train_tokenizer([corpus], tmp_path / request.param, 400, model_type=request.param, progress=False)
+    return train_tokenizer([corpus], tmp_path / request.param, 400, model_type=request.param, progress=False,
+                           user_defined_symbols=USER_SYMBOLS[request.param])
 
 
 def test_fast_tokenizer_gives_sentencepiece_ids_and_text(sp_model):
@@ -120,3 +125,31 @@ def test_normalising_models_are_refused_not_approximated(tmp_path):
         model.write_bytes(buf.getvalue())
         with pytest.raises(ConversionError, match=f"{model.name}: {message}: no exact fast tokenizer"):
             fast_tokenizer(model)
+
+
+def test_bpe_with_multi_character_user_pieces_is_refused_not_spelled_out(tmp_path):
+    """BPE merges never reach a multi-character user-defined piece: the fast tokenizer would spell
+    '<|endoftext|>' out character by character where training used one id."""
+    from ascender_dist.tools.convert import ConversionError
+    from ascender_dist.tools.hf_tokenizer import fast_tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TEXT * 20, encoding="utf-8")
+    model = train_tokenizer([corpus], tmp_path / "bpe", 400, model_type="bpe", progress=False,
+                            user_defined_symbols=["<|endoftext|>"])
+    with pytest.raises(ConversionError) as info:
+        fast_tokenizer(model)
+    message = str(info.value)
+    assert "bpe model with multi-character user-defined pieces ['<|endoftext|>']" in message and "\n" not in message
+
+
+def test_slow_tokenizer_of_older_exports_gives_sentencepiece_ids(sp_model):
+    """The slow tokenizer (remote-code exports written before tokenizer.json) encodes literal
+    special-token text as text too: transformers would cut '</s>' out as the EOS id and encode
+    the text around it as separate pieces."""
+    from ascender_dist.hf.tokenization_ascender_dist import AscenderDistTokenizer
+
+    ours = Tokenizer.load(sp_model)
+    slow = AscenderDistTokenizer(str(sp_model))
+    for text in CASES + ["a</s>b", "x <s> y", "<unk>", "a<pad>b"] + _random_strings(300):
+        assert slow.encode(text, add_special_tokens=False) == ours.encode(text), repr(text)

@@ -7,6 +7,8 @@ from tests.helpers.data import tiny_run_config
 from tests.helpers.multiproc import run_checks
 
 LLAMA_LIKE = {"normalization": "RMSNorm", "activation": "swiglu", "add_bias_linear": False, "num_query_groups": 2}
+# a RoPE base other than the default: an export that drops it still loads, with other logits
+GPT_TP2 = {"model": {"rotary_base": 500000}, "parallel": {"tensor_model_parallel_size": 2}}
 
 
 def _train(args, name: str, steps: int, **sections):
@@ -19,7 +21,7 @@ def _train(args, name: str, steps: int, **sections):
 
 def train_sources(args):
     return run_checks({
-        "gpt_tp2": lambda: _train(args, "gpt_tp2", 3, parallel={"tensor_model_parallel_size": 2}),
+        "gpt_tp2": lambda: _train(args, "gpt_tp2", 3, **GPT_TP2),
         "llama_pp2": lambda: _train(args, "llama_pp2", 3, model=LLAMA_LIKE,
                                     parallel={"pipeline_model_parallel_size": 2}),
     })
@@ -30,7 +32,7 @@ def continue_resharded(args):
     from ascender_dist.training.trainer import Trainer
 
     cfg = config_from_dict(tiny_run_config(
-        args["data"], Path(args["root"]) / "resharded_run", train={"train_steps": 5},
+        args["data"], Path(args["root"]) / "resharded_run", train={"train_steps": 5}, model=GPT_TP2["model"],
         parallel={"pipeline_model_parallel_size": 2}, checkpoint={"dir": args["resharded"]}))
 
     def run(cfg):
@@ -52,8 +54,7 @@ def continue_resharded(args):
         if dist.get_rank() == 0:
             shutil.copytree(Path(args["root"]) / "gpt_tp2" / "checkpoints", copy / "checkpoints")
         dist.barrier()
-        return run(config_from_dict(tiny_run_config(args["data"], copy, train={"train_steps": 5},
-                                                    parallel={"tensor_model_parallel_size": 2})))
+        return run(config_from_dict(tiny_run_config(args["data"], copy, train={"train_steps": 5}, **GPT_TP2)))
 
     return run_checks({"resume_resharded": lambda: run(cfg), "resume_original": run_original})
 

@@ -1,0 +1,39 @@
+"""The Hugging Face configs an export writes: what a loaded model reads back from them."""
+
+import pytest
+import torch
+
+from ascender_dist.config.resolve import config_from_dict
+
+pytest.importorskip("transformers")
+
+MODEL = {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 64}
+
+
+def test_neox_export_keeps_a_non_default_rope_base(tmp_path):
+    """transformers 5 reads GPT-NeoX's RoPE base from rope_parameters: a config carrying only
+    rope_theta loads with base 10000 and other logits, without an error."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from ascender_dist.tools.hf_export import neox_config
+
+    cfg = config_from_dict({"model": {**MODEL, "rotary_base": 500000}})
+    neox_config(cfg, vocab_size=64, tied=True).save_pretrained(tmp_path)
+    model = GPTNeoXForCausalLM(GPTNeoXConfig.from_pretrained(tmp_path))
+    head_dim = 32 // 4
+    expected = 1.0 / 500000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    assert torch.allclose(model.gpt_neox.rotary_emb.inv_freq.double(), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("saved_step, expected", [(0, 0), (1, 0), (5, 4)])
+def test_remote_code_export_runs_the_step_the_weights_last_trained_with(saved_step, expected):
+    """A save at step N follows training steps 0 .. N - 1 (the trainer counts a step after running
+    it): with separation_start_step = N the weights never ran with Separation, nor did the
+    validation at N, so the export must not switch it on."""
+    from ascender_dist.tools.hf_export import remote_code_config
+
+    cfg = config_from_dict({"model": {**MODEL, "architecture": "ascender",
+                                      "ascender": {"separation_start_step": saved_step, "d_z": 4, "d_a": 4}}})
+    config = remote_code_config(cfg, {"step": saved_step, "architecture": "ascender"}, vocab_size=64, tied=True)
+    assert config.ascender_step == expected
+    assert cfg.model.ascender.separation_active(config.ascender_step) == (saved_step == 0)
