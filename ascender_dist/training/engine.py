@@ -15,7 +15,7 @@ from ascender_dist.models.build import build_model, lm_loss
 from ascender_dist.parallel.setup import MegatronMPU
 from ascender_dist.training.deepspeed_config import to_deepspeed_config
 from ascender_dist.training.guard import skip_nonfinite_steps
-from ascender_dist.training.weights import load_canonical_state
+from ascender_dist.training.weights import check_all_weights_used, load_canonical_state
 
 
 def model_layout(cfg: RunConfig, derived: Derived) -> ModelLayout:
@@ -80,7 +80,9 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
         module = LanguageModel(build_run_model(cfg, derived), derived.vocab_size)
         mpu = MegatronMPU()
     if init_state is not None:  # before DeepSpeed wraps (and, under ZeRO-3, partitions) the weights
-        load_canonical_state(module, cfg, init_state, source=cfg.checkpoint.init_from or "")
+        source, field = cfg.checkpoint.init_from or "", "checkpoint.init_from"
+        used = load_canonical_state(module, cfg, init_state, source=source, field=field)
+        check_all_weights_used(init_state, used, source=source, field=field)
     engine, _, _, _ = deepspeed.initialize(
         model=module,
         model_parameters=weight_decay_groups(module, cfg.optimizer.weight_decay),

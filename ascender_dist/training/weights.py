@@ -82,21 +82,56 @@ def gather_canonical_state(module: nn.Module, cfg: RunConfig, progress: bool = F
     return merged
 
 
+def _weights_error(field: Optional[str], source: str, problem: str):
+    """One-line ConfigError: ``field: source: problem`` (``source: problem`` without a field)."""
+    from ascender_dist.config.errors import ConfigError
+
+    where = source or "weights"
+    return ConfigError(field, f"{where}: {problem}") if field else ConfigError(where, problem)
+
+
 @torch.no_grad()
-def load_canonical_state(module: nn.Module, cfg: RunConfig, full: dict[str, torch.Tensor], source: str = "") -> None:
-    """Copy this rank's shard of each canonical tensor into ``module`` (before DeepSpeed wraps it)."""
+def load_canonical_state(module: nn.Module, cfg: RunConfig, full: dict[str, torch.Tensor], source: str = "",
+                         field: Optional[str] = None) -> set[str]:
+    """Copy this rank's shard of each canonical tensor into ``module`` (before DeepSpeed wraps it);
+    returns the canonical names it read. A tensor the module needs that ``full`` lacks or has in
+    another shape is a one-line ConfigError naming ``field`` (the config field that named
+    ``source``, when there is one)."""
     from megatron.core import parallel_state as mps
 
     tp_size, tp_rank = mps.get_tensor_model_parallel_world_size(), mps.get_tensor_model_parallel_rank()
+    used = set()
     for name, param in canonical_parameters(module, cfg):
         if name not in full:
-            raise KeyError(f"{source or 'weights'}: parameter {name} missing")
+            raise _weights_error(field, source, f"no tensor {name}, which this model needs (another model.num_layers, "
+                                                "untie_embeddings_and_output_weights or architecture?)")
         sharded, dim, stride = tp_partition(param)
         value = split_full(full[name], dim, tp_size, tp_rank, stride) if sharded and tp_size > 1 else full[name]
         if value.shape != param.shape:
-            raise ValueError(f"{source or 'weights'}: {name} has shape {tuple(full[name].shape)}, "
-                             f"which does not fit this model ({tuple(param.shape)} per TP rank)")
+            raise _weights_error(field, source, f"{name} has shape {tuple(full[name].shape)}, which does not fit this "
+                                                f"model ({tuple(param.shape)} per TP rank)")
         param.copy_(value.to(param.dtype))
+        used.add(name)
+    return used
+
+
+def check_all_weights_used(full: dict[str, torch.Tensor], used: set[str], source: str = "",
+                           field: Optional[str] = None) -> None:
+    """Every tensor of ``full`` was read by some rank (``used``: this rank's names from
+    load_canonical_state; gathered over all ranks when a process group is up, since a pipeline
+    stage reads only its own layers). A leftover tensor means the weights are of another model
+    (more layers, an untied head...): a one-line ConfigError instead of a run that silently drops
+    them. Collective when distributed."""
+    names = set(used)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, sorted(used))
+        names = set().union(*map(set, gathered))
+    unused = sorted(set(full) - names)
+    if unused:
+        raise _weights_error(field, source, f"{len(unused)} tensors this model has no place for, e.g. {unused[:3]} "
+                                            "(another model.num_layers, untie_embeddings_and_output_weights or "
+                                            "architecture?)")
 
 
 def read_weights_file(path: str | Path, field: Optional[str] = "checkpoint.init_from") -> dict[str, torch.Tensor]:

@@ -1,0 +1,65 @@
+"""checkpoint.init_from weights that do not fit the model: one line naming the field, never a
+silently dropped tensor (a file of a deeper model, or with an untied head, into this one)."""
+
+import pytest
+import torch
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.resolve import config_from_dict, derive
+from tests.helpers.errors import one_line
+from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
+
+MODEL = {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "ffn_hidden_size": 64, "seq_length": 16}
+VOCAB = 64
+SOURCE = "/data/init.safetensors"
+
+
+@pytest.fixture()
+def model_and_state(single_rank_group):
+    from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel
+    from ascender_dist.training.engine import build_run_model
+
+    cfg = config_from_dict({"model": MODEL})
+    destroy_model_parallel()
+    init_model_parallel(1, 1, seed=3)
+    model = build_run_model(cfg, derive(cfg, 1, VOCAB))
+    state = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return cfg, model, state
+
+
+def _load(cfg, model, state):
+    from ascender_dist.training.weights import check_all_weights_used, load_canonical_state
+
+    used = load_canonical_state(model, cfg, state, source=SOURCE, field="checkpoint.init_from")
+    check_all_weights_used(state, used, source=SOURCE, field="checkpoint.init_from")
+
+
+def test_a_fitting_file_loads_every_tensor(model_and_state):
+    cfg, model, state = model_and_state
+    state = {k: torch.randn_like(v) for k, v in state.items()}
+    _load(cfg, model, state)
+    assert all(torch.equal(p, state[name]) for name, p in model.named_parameters())
+
+
+def test_tensors_of_a_deeper_model_are_refused_not_dropped(model_and_state):
+    cfg, model, state = model_and_state
+    extra = {k.replace("layers.1.", "layers.2."): v for k, v in state.items() if "layers.1." in k}
+    with pytest.raises(ConfigError) as info:
+        _load(cfg, model, {**state, **extra, "output_layer.weight": state["embedding.word_embeddings.weight"]})
+    one_line(info.value, "checkpoint.init_from", SOURCE, "tensors this model has no place for",
+             "decoder.layers.2.")
+
+
+@pytest.mark.parametrize("problem", ["missing", "shape"])
+def test_a_missing_or_misshapen_tensor_is_one_line(model_and_state, problem):
+    cfg, model, state = model_and_state
+    name = "decoder.layers.1.mlp.linear_fc1.weight"
+    if problem == "missing":
+        state.pop(name)
+        needle = f"no tensor {name}"
+    else:
+        state[name] = torch.zeros(3, 3)
+        needle = f"{name} has shape (3, 3)"
+    with pytest.raises(ConfigError) as info:
+        _load(cfg, model, state)
+    one_line(info.value, "checkpoint.init_from", SOURCE, needle)
