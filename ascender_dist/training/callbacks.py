@@ -70,7 +70,8 @@ def overrides(callback: Callback, hook: str) -> bool:
 
 class LayerStats(Callback):
     """Per-layer statistics (ASCender omegas, Connection steps; see :mod:`.layer_stats`) on the steps
-    that print a console line: switched on before the step, gathered over TP/PP after it."""
+    that print a console line: switched on before the step (every micro-batch contributes), gathered
+    over TP / PP and reduced over the data-parallel replicas after it."""
 
     def __init__(self, log_interval: int):
         self.log_interval = log_interval
@@ -90,7 +91,7 @@ class LayerStats(Callback):
         set_collect_stats(trainer.engine.module, False)
         if self.collecting:
             values.update(gather_layer_stats(trainer.engine.module, mps.get_tensor_model_parallel_group(),
-                                             mps.get_pipeline_model_parallel_group()))
+                                             mps.get_pipeline_model_parallel_group(), mps.get_data_parallel_group()))
 
 
 class Throughput(Callback):
@@ -151,7 +152,12 @@ class MetricLogging(Callback):
         self.metrics.flush()
 
     def on_train_end(self, trainer) -> None:
-        self.metrics.close()
+        """Close the sinks once the run is over; a fit stopped early (``stop_at``) only flushes
+        them, since the next fit of the same trainer logs on (a finished W&B run refuses it)."""
+        if trainer.step >= self.train_steps:
+            self.metrics.close()
+        else:
+            self.metrics.flush()
 
 
 class PerSequenceValidationLosses(Callback):

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Optional
 
 log = logging.getLogger("ascender_dist")
 
 
-# dense bf16 tensor-core peaks (vendor datasheets), matched against torch.cuda.get_device_name()
-# dense bf16 datasheet peaks, matched in this order against torch.cuda.get_device_name() (so the
-# PCIe H100, 756, is found before the SXM one)
-PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+# dense bf16 tensor-core datasheet peaks, matched in this order against torch.cuda.get_device_name()
+# (so the PCIe and NVL H100s, 756 and 835, are found before the SXM one). MFU is against this peak
+# whatever train.precision is (as Megatron and PaLM report it); an fp32 run reads low.
+PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0,
+               "A10G": 125.0}
 
 
 def cuda_peak_mib(fn) -> float:
@@ -53,6 +55,22 @@ def throughput(flops_per_token: float, tokens_per_s: float, world_size: int, pea
 
 # counters that would only clutter the console line while they are zero
 _QUIET_UNLESS_NONZERO = {"train/skipped_steps", "train/step_skipped", "data/skipped_shards"}
+
+
+def prepare_log_dir(log_dir: Path) -> None:
+    """Create the TensorBoard directory at start-up on every rank (as the checkpoint directory), so
+    that an output_dir that is a file or not writable stops the run in one line before the engine
+    is built, not with an OSError on the logging rank alone while the others go on."""
+    from ascender_dist.config.errors import ConfigError
+
+    log_dir = Path(log_dir)
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("output_dir", f"{log_dir}: cannot create the TensorBoard directory "
+                                        f"({exc.strerror or exc})") from None
+    if not os.access(log_dir, os.W_OK):
+        raise ConfigError("output_dir", f"{log_dir}: TensorBoard directory is not writable")
 
 
 class MetricLogger:

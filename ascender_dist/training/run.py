@@ -27,7 +27,7 @@ from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.callbacks import Callback, default_callbacks
 from ascender_dist.training.engine import build_engine
 from ascender_dist.training.guard import LossGuard
-from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device
+from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, prepare_log_dir
 from ascender_dist.training.weights import pad_vocab, read_weights_file
 
 log = logging.getLogger("ascender_dist")
@@ -137,6 +137,8 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     loader = build_loader(cfg, tokenizer, pstate)
     val_loader = build_loader(cfg, tokenizer, pstate, split="val") if cfg.train.eval_interval else None
     ckpt.prepare_checkpoint_dir(derived.checkpoint_dir)
+    if cfg.logging.tensorboard:
+        prepare_log_dir(derived.tensorboard_dir)
     resuming = cfg.checkpoint.auto_resume and ckpt.latest_tag(derived.checkpoint_dir) is not None
     if init_state is None and cfg.checkpoint.init_from and not resuming:
         init_state = read_weights_file(cfg.checkpoint.init_from)

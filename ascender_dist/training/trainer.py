@@ -210,8 +210,8 @@ class Trainer:
             return batches
         self.consecutive_bad += 1
         if self.pstate.is_logging_rank:
-            log.warning("step %d skipped on all ranks: loss %.4g (non-finite, or above %s)", self.step,
-                        values["train/loss"], self.guard.threshold)
+            bound = "" if self.guard.threshold is None else f", or above {self.guard.threshold:.4g}"
+            log.warning("step %d skipped on all ranks: loss %.4g (non-finite%s)", self.step, values["train/loss"], bound)
         limit = t.max_consecutive_bad_steps
         if limit and self.consecutive_bad >= limit:
             return self.rollback(values["train/loss"])
@@ -306,6 +306,10 @@ class Trainer:
                 self.save()
                 saved_at = self.step
         if saved_at != self.step and final_save:
-            self.save()
+            if not self.consecutive_bad:  # the same rule as the interval saves above
+                self.save()
+            elif self.pstate.is_logging_rank:
+                log.warning("no final save at step %d: its last %d steps were skipped, the newest checkpoint "
+                            "stays the latest", self.step, self.consecutive_bad)
         self._call("on_train_end")
         return self.losses

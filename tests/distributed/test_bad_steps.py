@@ -35,6 +35,13 @@ def test_consecutive_bad_steps_roll_back_without_replaying_data(results):
         assert len(value["losses"]) == 10
 
 
+def test_a_run_ending_in_a_row_of_skipped_steps_keeps_the_last_good_checkpoint_latest(results):
+    for value in assert_check(results, "bad_row_at_end"):
+        assert (value["step"], value["bad"]) == (6, 2)
+        assert value["latest"] == "step_00000004"
+        assert "step_00000006" not in value["tags"]
+
+
 def test_a_diverging_run_rolls_back_to_older_checkpoints_then_stops_in_one_line(results):
     for value in assert_check(results, "diverging"):
         # steps 7, 8 bad -> back to step 6; again -> a repeat goes older, to step 4; steps 5, 6 are fine

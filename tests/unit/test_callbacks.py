@@ -61,7 +61,18 @@ def test_metric_logging_lines_on_the_interval_and_the_last_step():
     assert all("ascender/layer1/omega" not in v for _, _, v in metrics.lines)  # per-layer: TensorBoard only
     cb.on_rollback(SimpleNamespace(step=4, rollbacks=1))
     assert metrics.scalars_calls[-1] == (4, {"train/rollbacks": 1.0})
-    cb.on_train_end(None)
+    cb.on_train_end(SimpleNamespace(step=7))
+    assert metrics.closed == 1
+
+
+def test_metric_logging_keeps_the_sinks_open_across_a_stopped_fit():
+    """fit(stop_at=...) then fit() on one trainer: the first fit's end must not finish the W&B run
+    (a finished run refuses every later log) nor close TensorBoard's writer."""
+    metrics = FakeMetrics()
+    cb = MetricLogging(metrics, log_interval=5, train_steps=7)
+    cb.on_train_end(SimpleNamespace(step=3))
+    assert (metrics.closed, metrics.flushed) == (0, 1)
+    cb.on_train_end(SimpleNamespace(step=7))
     assert metrics.closed == 1
 
 

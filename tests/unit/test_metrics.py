@@ -19,6 +19,7 @@ def test_no_mfu_without_a_peak():
 
 
 @pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                        ("NVIDIA H100 NVL", 835.0),
                                         ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
                                         ("Tesla V100-SXM2-32GB", None)])
 def test_peak_by_device_name(monkeypatch, name, peak):
@@ -42,3 +43,15 @@ def test_cuda_peak_mib_is_the_peak_above_what_was_allocated_before(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 7 * 2**20)
     assert cuda_peak_mib(lambda: calls.append("fn")) == 4.0
     assert calls == ["sync", "reset", "fn", "sync"]
+
+
+def test_an_output_dir_that_is_a_file_is_one_line_naming_output_dir(tmp_path):
+    from ascender_dist.config.errors import ConfigError
+    from ascender_dist.training.metrics import prepare_log_dir
+
+    (tmp_path / "out").write_text("not a directory")
+    target = tmp_path / "out" / "tensorboard"
+    with pytest.raises(ConfigError) as info:
+        prepare_log_dir(target)
+    message = str(info.value)
+    assert message.startswith(f"output_dir: {target}: cannot create the TensorBoard directory") and "\n" not in message

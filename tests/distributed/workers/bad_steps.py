@@ -61,6 +61,20 @@ def _rollback_check(args) -> dict:
             "global_batch": trainer.cfg.train.global_batch_size}
 
 
+def _bad_row_at_the_end_check(args) -> dict:
+    """The run ends inside a row of skipped steps (5, 6; the limit of 3 is not reached): no final
+    save, so the newest good checkpoint (step 4) stays the latest one."""
+    from ascender_dist.training import checkpoint as ckpt
+
+    trainer = _trainer(args, "bad_row_at_end", train={"train_steps": 6, "max_consecutive_bad_steps": 3},
+                       checkpoint={"save_interval": 2})
+    _inject(trainer, steps={4, 5}, ranks={1}, how="nan")
+    trainer.fit()
+    directory = trainer.derived.checkpoint_dir
+    return {"step": trainer.step, "bad": trainer.consecutive_bad, "latest": ckpt.latest_tag(directory),
+            "tags": ckpt.complete_tags(directory)}
+
+
 def _diverging_check(args) -> dict:
     """Every step from 7 on is bad, however often the run rolls back: the rollbacks go to older
     checkpoints, then the run stops with one line."""
@@ -93,5 +107,6 @@ def main(args):
         "spike_zero2": lambda: _skip_check(args, "spike2", "spike", parallel={"zero_stage": 2}),
         "nan_pp2": lambda: _skip_check(args, "nanpp", "nan", parallel={"pipeline_model_parallel_size": 2}),
         "rollback": lambda: _rollback_check(args),
+        "bad_row_at_end": lambda: _bad_row_at_the_end_check(args),
         "diverging": lambda: _diverging_check(args),
     })
