@@ -32,6 +32,11 @@ def test_resume_reproduces_straight_run(results, stage):
         assert value["second_leg"] == value["straight"][3:], value
 
 
+def test_layer_statistics_are_reduced_over_the_data_parallel_replicas(results):
+    for value in assert_check(results, "layer_stats_over_replicas"):  # ranks: (1, 2) and (2, 5)
+        assert value == {"connection/steps_mean/layer02": 1.5, "connection/steps_max/layer02": 5.0}
+
+
 @pytest.mark.parametrize("stage", [1, 2])
 def test_resume_at_another_data_parallel_size_continues_the_same_losses(results, dp1_results, stage):
     """Saved at DP=2 after 3 steps, resumed by a 1-rank job (DeepSpeed universal checkpoint)."""

@@ -32,6 +32,7 @@ from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ascender_dist.models.ascender import AscenderHParams, AscenderHeadParams, ascender_attention
 from ascender_dist.models.specs.norm import local_layer_spec, sum_grad_over_tp
+from ascender_dist.models.specs.step_stats import accumulate_stats
 
 
 class AscenderQKVLinear(ColumnParallelLinear):
@@ -106,6 +107,7 @@ class AscenderCoreAttention(MegatronModule):
         self.training_step = 0  # Separation joins after its warm-up step
         self.collect_stats = False  # on logging steps: omega and attention mass moved per head
         self.last_stats: dict = {}
+        self.stats_forwards = 0
         self.stats_prefix = "ascender"
         self.stats_per_head = True
 
@@ -126,7 +128,8 @@ class AscenderCoreAttention(MegatronModule):
         )
         if self.collect_stats:
             out, info = result
-            self.last_stats = info["stats"]
+            self.last_stats = accumulate_stats(self.last_stats, info["stats"], self.stats_forwards)
+            self.stats_forwards += 1
         else:
             out = result
         b, np_, sq, d = out.shape

@@ -22,6 +22,7 @@ from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ascender_dist.models.connection import TP_SHARD_DIM, ConnectionHParams, ConnectionLayer, shard_state_dict
 from ascender_dist.models.specs.norm import local_layer_spec
+from ascender_dist.models.specs.step_stats import accumulate_stats
 from ascender_dist.parallel.mappings import copy_to_tp, reduce_from_tp
 
 
@@ -49,6 +50,7 @@ class ConnectionSelfAttention(MegatronModule):
         # protocol of ascender_dist.training.layer_stats
         self.collect_stats = False
         self.last_stats: dict = {}
+        self.stats_forwards = 0
         self.stats_prefix = "connection"
         self.stats_per_head = False
 
@@ -64,7 +66,9 @@ class ConnectionSelfAttention(MegatronModule):
         output = self.layer(hidden_states)  # [s, b, h]
         if self.collect_stats and self.layer.last_stats is not None:
             steps = self.layer.last_stats.steps.float()
-            self.last_stats = {"steps_mean": steps.mean(), "steps_max": steps.max()}
+            new = {"steps_mean": steps.mean(), "steps_max": steps.max()}
+            self.last_stats = accumulate_stats(self.last_stats, new, self.stats_forwards)
+            self.stats_forwards += 1
         return output, None
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):

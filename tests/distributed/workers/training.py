@@ -51,6 +51,22 @@ def dp2_leg(data, root: Path, zero_stage: int, n: int = 3) -> dict:
     return {"straight": straight}
 
 
+def layer_stats_over_replicas() -> dict:
+    """Each replica's layer saw other tokens: the logged statistics are their mean (``*_max``: max)
+    over the data-parallel group, the same on every rank, not the logging rank's own."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from ascender_dist.training.layer_stats import gather_layer_stats
+
+    rank = dist.get_rank()
+    layer = nn.Linear(1, 1)
+    layer.layer_number, layer.stats_prefix, layer.stats_per_head, layer.collect_stats = 2, "connection", False, True
+    layer.last_stats = {"steps_mean": torch.tensor(1.0 + rank), "steps_max": torch.tensor(2.0 + 3 * rank)}
+    return gather_layer_stats(layer, dp_group=dist.group.WORLD)
+
+
 DP_CHANGE_STAGES = (1, 2)
 
 
@@ -60,6 +76,7 @@ def main(args):
               for stage in (0, 1, 2, 3)}
     checks.update({f"dp2_leg_zero{stage}": (lambda stage=stage: dp2_leg(data, root, stage))
                    for stage in DP_CHANGE_STAGES})
+    checks["layer_stats_over_replicas"] = layer_stats_over_replicas
     return run_checks(checks)
 
 
