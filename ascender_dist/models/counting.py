@@ -101,17 +101,24 @@ def connection_extra_layer_params(m: ModelConfig) -> int:
     return connection_param_count(m.connection, m.hidden_size) - attention_params(m)
 
 
+def connection_layer_flops(hp, d: int, seq_length: int) -> float:
+    """Forward FLOPs per token of one Connection layer (causal chunked form, TP=1), as it runs:
+    four D x D token projections (compression query and values, expansion query, the own-chunk
+    values' output), the token<->slot scores and mixing (8 N D), the own-chunk causal mixing
+    (2 c (N + D)), and per chunk of c tokens the keys and values of the reasoned state (4 N D^2)
+    and max_steps reasoning steps (2 N^2 D linear, 4 N^2 D r bilinear; the masked i == j pairs
+    run too), amortised over the chunk's tokens (an upper bound: converged samples stop early).
+    Leaves out the slot keys, computed once per forward (2 N D^2 per batch)."""
+    n, c = hp.num_slots, min(hp.causal_chunk_size, seq_length)
+    step = 2 * n * n * d if hp.connection == "linear" else 4 * n * n * d * hp.rank
+    per_chunk = 4 * n * d * d + hp.max_steps * step
+    return 2 * 4 * d * d + 8 * n * d + 2 * c * (n + d) + per_chunk / c
+
+
 def connection_extra_layer_flops(m: ModelConfig) -> float:
-    """Forward FLOPs per token: six D x D projections, token<->slot scores and mixing (4 N D),
-    own-chunk causal mixing (2 c (N + D)), and max_steps reasoning steps on one prefix state per
-    chunk, amortised over the chunk's c tokens (an upper bound: converged samples stop early).
-    Minus the attention layer it replaces (QKV + output projections and the s x s scores)."""
-    hp = m.connection
-    d, n, c = m.hidden_size, hp.num_slots, min(hp.causal_chunk_size, m.seq_length)
-    step = 2 * n * n * d if hp.connection == "linear" else 2 * 2 * n * (n - 1) * d * hp.rank
-    connection = 2 * 6 * d * d + 4 * 2 * n * d + 2 * 2 * c * (n + d) + hp.max_steps * step / c
-    attention = attention_flops(m)
-    return connection - attention
+    """The Connection layer's forward FLOPs per token minus the attention layer it replaces (QKV
+    and output projections and the s x s scores)."""
+    return connection_layer_flops(m.connection, m.hidden_size, m.seq_length) - attention_flops(m)
 
 
 # per layer-kind letter (see models.registry): parameters and forward FLOPs per token beyond a GPT

@@ -44,3 +44,25 @@ def test_gpt3_small_shape_is_about_125m():
     # 6 * N + attention term, N counted with the (tied) LM head as a matmul
     assert counts.flops_per_token == pytest.approx(
         6 * (12 * 7_087_872 + 50304 * 768) + 3 * 12 * 4 * 1024 * 768, rel=1e-3)
+
+
+@pytest.mark.parametrize("kind, rank", [("linear", 4), ("bilinear", 4), ("bilinear", 8)])
+def test_connection_flops_count_is_what_the_layer_runs(kind, rank):
+    """The analytic forward FLOPs per token of a Connection layer equal torch's count of its matmuls
+    (every step run: threshold 0), up to the slot keys computed once per forward."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ascender_dist.models.connection import ConnectionHParams, ConnectionLayer
+    from ascender_dist.models.counting import connection_layer_flops
+
+    d, b, s = 32, 2, 64
+    hp = ConnectionHParams(num_slots=6, connection=kind, rank=rank, max_steps=3, threshold=0.0,
+                           causal_chunk_size=16)
+    layer = ConnectionLayer(hp, d)
+    x = torch.randn(s, b, d)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        layer(x)
+    slot_keys = 2 * hp.num_slots * d * d  # once per forward, not per token
+    measured = (counter.get_total_flops() - slot_keys) / (b * s)
+    assert measured == pytest.approx(connection_layer_flops(hp, d, s), rel=1e-9)
