@@ -41,7 +41,7 @@ class ConnectionHParams:
     Results are identical for every k, because converged samples are frozen by masks."""
     causal: bool = True
     """Decoder mode: the output at position t depends only on tokens <= t."""
-    causal_chunk_size: int = 32
+    causal_chunk_size: int = 128
     """c: tokens of chunk k read the reasoned slot state of chunks < k plus their own chunk's
     prefix (raw, not reasoned). Reasoning runs on seq_len / c prefix states per sample; c must be
     below the sequence length, or no token ever reads a reasoned state."""

@@ -280,9 +280,12 @@ def test_zero_means_off_or_from_tokenizer(tmp_path):
 
 def test_connection_chunk_must_leave_a_reasoned_prefix(tmp_path):
     """One causal chunk per sequence: every token would read only the bare slots, never a reasoned
-    state. The defaults (seq_length 128, causal_chunk_size 32) leave four chunks."""
+    state. The bare defaults (seq_length 128, causal_chunk_size 128) are such a model; every preset
+    sets a chunk below its context."""
     text = "model:\n  architecture: connection\n  seq_length: 64\n  connection:\n    causal_chunk_size: {}\n"
     message = _error(tmp_path, text.format(64))
     assert "run.yaml: model.connection.causal_chunk_size: must be < model.seq_length (64; got 64)" in message
     validate(load_config(_write(tmp_path, text.format(32))))
-    validate(load_config(_write(tmp_path, "model:\n  architecture: connection\n")))  # the defaults fit
+    assert "must be < model.seq_length (128; got 128)" in _error(tmp_path, "model:\n  architecture: connection\n")
+    for preset in MODEL_PRESETS:
+        validate(load_config(_write(tmp_path, f"model:\n  architecture: connection\n  preset: {preset}\n")))
