@@ -40,7 +40,6 @@ from collections import OrderedDict
 import multiprocessing
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -363,9 +362,15 @@ class _Dataset:
         self.specs = self._usable_specs(specs, progress)
         self.counts = np.array([s.num_samples for s in self.specs], dtype=np.int64)
         self.num_samples = int(self.counts.sum())
+        self.set_shuffle_buffer(shuffle_buffer)
+
+    def set_shuffle_buffer(self, shuffle_buffer: int) -> None:
+        """Samples per shuffle block (the order depends on it); blocks built for another size are dropped."""
         self.block = max(1, int(shuffle_buffer))  # also bounds memory when not shuffling (val)
         # decoded shards kept: the prefetched ones, the ones one block spans, and two in use
         self.max_cached = self.prefetch + 2 + min(len(self.specs), -(-self.block // int(self.counts.min())) + 1)
+        self._blocks.clear()
+        self._pending.clear()
 
     # ---------------------------------------------------------------- setup checks
     def _usable_specs(self, specs: list[ShardSpec], progress: bool) -> list[ShardSpec]:
@@ -653,20 +658,42 @@ class _Dataset:
 
 
 # =========================================================================== mixtures
+MIXTURE_MAX_PERIOD = 100_000  # slots in one mixture period (one int64 pair per slot, laid out once)
+MIXTURE_SHARE_RTOL = 1e-3  # each dataset's share within 0.1% (relative) of its weight's share
+
+
+def mixture_counts(weights: Sequence[float], names: Sequence[str]) -> np.ndarray:
+    """Integer slots per period ``n_d`` whose shares ``n_d / sum n`` match the weights' shares.
+
+    The shortest period (at most MIXTURE_MAX_PERIOD) that gives every share within MIXTURE_SHARE_RTOL
+    of the request: exact for weights like [3, 1] (period 4) or [0.7, 0.2, 0.1] (period 10), and a
+    small share keeps its size (weights [1, 3000] give a 3001-slot period, not 1:1). Beyond that
+    the longest period, rounded; a dataset whose share rounds to no slot is refused by name, never
+    raised to one slot (which would give it far more than asked)."""
+    p = np.asarray(weights, dtype=np.float64) / float(sum(weights))  # [d]
+    periods = np.arange(1, MIXTURE_MAX_PERIOD + 1, dtype=np.float64)[:, None]  # [T, 1]
+    counts = np.rint(periods * p)  # [T, d]
+    shares = counts / np.maximum(counts.sum(1, keepdims=True), 1)
+    ok = np.all((counts >= 1) & (np.abs(shares - p) <= MIXTURE_SHARE_RTOL * p), axis=1)
+    best = counts[int(np.argmax(ok))] if ok.any() else counts[-1]
+    for name, share, n in zip(names, p, best):
+        if n < 1:
+            raise DataError(name, f"mixture weight is {share:.2g} of the total, below the "
+                                  f"1/{2 * MIXTURE_MAX_PERIOD} a mixture resolves: raise it or drop the dataset")
+    counts = best.astype(np.int64)
+    return counts // math.gcd(*counts.tolist())
+
+
 class _Mixture:
     """Deterministic weighted interleaving: global index ``g`` -> (dataset d, its own index k).
 
-    Weights become integers ``n_d`` (ratios kept to 1/1000) and one period of ``T = sum n_d`` slots is
+    Weights become integers ``n_d`` (mixture_counts) and one period of ``T = sum n_d`` slots is
     laid out by smooth weighted round-robin; ``k = (g // T) * n_d + (slots of d before g % T)``.
     O(1) per index, so resuming at any position costs nothing.
     """
 
     def __init__(self, datasets: list[_Dataset], weights: list[float]):
-        fracs = [Fraction(w / sum(weights)).limit_denominator(1000) for w in weights]
-        denom = math.lcm(*(f.denominator for f in fracs))
-        counts = [max(1, int(f * denom)) for f in fracs]
-        g = math.gcd(*counts)
-        self.counts = np.array([c // g for c in counts], dtype=np.int64)
+        self.counts = mixture_counts(weights, [d.name for d in datasets])
         self.period = int(self.counts.sum())
         self.pattern, self.rank_in_period = self._layout(self.counts)
         self.slots = [np.flatnonzero(self.pattern == d) for d in range(len(self.counts))]
@@ -921,7 +948,8 @@ class StreamingLoader:
             batch_start = consumed
         return {"version": STATE_VERSION, "seed": self.seed, "consumed_samples": consumed,
                 "epoch": consumed // self.samples_per_epoch, "samples_per_epoch": self.samples_per_epoch,
-                "global_batch_size": self.global_batch_size, "batch_start": batch_start}
+                "global_batch_size": self.global_batch_size, "batch_start": batch_start,
+                "shuffle_buffer": self.datasets[0].block}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where ``state`` was taken; nothing already consumed is read again."""
@@ -941,8 +969,19 @@ class StreamingLoader:
         if seed != self.seed:
             log.warning("loader seed %d replaced by the checkpoint's seed %d for an exact resume", self.seed, seed)
             self._reseed(seed)
+        self._adopt_shuffle_buffer(state.get("shuffle_buffer"))
         self._batch_start = batch_start
         self._micro_done = within // (self.micro_batch_size * self.dp_size)
+
+    def _adopt_shuffle_buffer(self, saved) -> None:
+        """The sample order depends on the shuffle block size: the checkpoint's wins, as its seed does
+        (states written before it was recorded carry none and keep the configured size)."""
+        if saved is None or int(saved) == self.datasets[0].block:
+            return
+        log.warning("data.shuffle_buffer %d replaced by the checkpoint's %d for an exact resume",
+                    self.datasets[0].block, int(saved))
+        for d in self.datasets:
+            d.set_shuffle_buffer(int(saved))
 
     def _reseed(self, seed: int) -> None:
         """Adopt another seed: cached orders and blocks of the old seed are no longer valid."""

@@ -178,3 +178,13 @@ def test_checkpoint_seed_wins_on_resume(uneven):
     first, state = run_global(functools.partial(loader, uneven, seed=11), 1, 4)
     rest, _ = run_global(functools.partial(loader, uneven, seed=99), 1, 6, state=state)
     assert first + rest == straight
+
+
+def test_checkpoint_shuffle_buffer_wins_on_resume(uneven):
+    """The order depends on the shuffle block size: a resume with another data.shuffle_buffer
+    continues the saved order (no sample repeated or skipped in the epoch)."""
+    straight, _ = run_global(functools.partial(loader, uneven, shuffle_buffer=8), 1, 10)
+    first, state = run_global(functools.partial(loader, uneven, shuffle_buffer=8), 1, 4)
+    assert state["shuffle_buffer"] == 8
+    rest, _ = run_global(functools.partial(loader, uneven, shuffle_buffer=32), 1, 6, state=state)
+    assert first + rest == straight

@@ -6,7 +6,8 @@ import functools
 
 import pytest
 
-from data_pipeline.loader import MixtureLoader
+from data_pipeline.errors import DataError
+from data_pipeline.loader import MixtureLoader, mixture_counts
 
 from .data_fixtures import SEQ, make_dataset, run_global, sample_ids
 
@@ -59,3 +60,25 @@ def test_mixture_val_visits_every_val_sample_once(two):
 def test_fractional_weights(two):
     ids, _ = run_global(functools.partial(mix, two, wa=0.7, wb=0.3), 1, 25)  # 200 samples
     assert sum(i >= 1000 for i in ids) == 60
+
+
+def test_a_small_weight_keeps_its_small_share(two):
+    """Weights 1 : 3000 give dataset a about 1 sample in 3000, not one in two (a share below the old
+    1/1000 resolution was raised to one slot per period)."""
+    ids, _ = run_global(functools.partial(mix, two, wa=1.0, wb=3000.0), 1, 25)  # 200 samples
+    assert sum(i < 1000 for i in ids) <= 1
+
+
+@pytest.mark.parametrize("weights,period", [([3, 1], 4), ([0.7, 0.2, 0.1], 10), ([2, 1], 3), ([1, 3000], 2999),
+                                            ([0.45, 0.35, 0.2, 0.0001], 9992), ([0.6, 0.3, 0.1, 0.001], 1000)])
+def test_mixture_period_is_short_and_shares_are_within_a_thousandth(weights, period):
+    counts = mixture_counts(weights, [f"d{i}" for i in range(len(weights))])
+    assert int(counts.sum()) == period  # the old lcm of 1/1000 fractions gave 4,860,443 and 5.5e10 here
+    total = sum(weights)
+    for n, w in zip(counts, weights):
+        assert abs(n / counts.sum() - w / total) <= 1e-3 * w / total
+
+
+def test_a_weight_too_small_to_resolve_is_refused_by_name():
+    with pytest.raises(DataError, match=r"^tiny: mixture weight is 1e-06 of the total, below the 1/200000"):
+        mixture_counts([1.0, 1e-6], ["big", "tiny"])
