@@ -69,6 +69,11 @@ def check_heads_divide_hidden(cfg: RunConfig) -> None:
     if m.hidden_size % m.num_attention_heads:
         raise ConfigError("model.num_attention_heads",
                           f"must divide hidden_size (got {m.num_attention_heads} heads, hidden {m.hidden_size})")
+    head_dim = m.hidden_size // m.num_attention_heads
+    if m.position_embedding_type == "rope" and head_dim % 2:
+        raise ConfigError("model.num_attention_heads",
+                          f"hidden_size / num_attention_heads must be even for rope (got {m.hidden_size} / "
+                          f"{m.num_attention_heads} = {head_dim}): rotary embeddings rotate pairs of channels")
     groups = m.num_query_groups
     if groups is not None and (groups < 1 or m.num_attention_heads % groups):
         raise ConfigError("model.num_query_groups",
@@ -112,8 +117,13 @@ def check_zero_stage(cfg: RunConfig) -> None:
 
 
 def check_sequence_parallel(cfg: RunConfig) -> None:
-    if cfg.parallel.sequence_parallel and cfg.parallel.tensor_model_parallel_size == 1:
+    tp = cfg.parallel.tensor_model_parallel_size
+    if cfg.parallel.sequence_parallel and tp == 1:
         raise ConfigError("parallel.sequence_parallel", "needs tensor_model_parallel_size > 1")
+    if cfg.parallel.sequence_parallel and cfg.model.seq_length % tp:
+        raise ConfigError("parallel.sequence_parallel",
+                          f"needs model.seq_length ({cfg.model.seq_length}) divisible by "
+                          f"tensor_model_parallel_size ({tp}): each TP rank holds an equal slice of the sequence")
 
 
 def check_batch_divisibility(cfg: RunConfig) -> None:
@@ -129,9 +139,11 @@ def check_optimizer(cfg: RunConfig) -> None:
         _require_finite(f"optimizer.{name}", getattr(o, name))
     if o.lr <= 0:
         raise ConfigError("optimizer.lr", f"must be > 0 (got {o.lr})")
-    for name, meaning in (("weight_decay", ""), ("eps", ""), ("grad_clip", " (0: no clipping)")):
+    for name, meaning in (("weight_decay", ""), ("grad_clip", " (0: no clipping)")):
         if getattr(o, name) < 0:
             raise ConfigError(f"optimizer.{name}", f"must be >= 0{meaning} (got {getattr(o, name)})")
+    if o.eps <= 0:  # AdamW divides by sqrt(v) + eps: a parameter with an exactly zero gradient becomes 0/0
+        raise ConfigError("optimizer.eps", f"must be > 0 (got {o.eps})")
     if not 0 <= o.min_lr <= o.lr:
         raise ConfigError("optimizer.min_lr", f"must be in [0, optimizer.lr={o.lr}] (got {o.min_lr})")
     if o.warmup_steps < 0 or o.warmup_steps > cfg.train.train_steps:

@@ -161,9 +161,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(path, f"expected float, got {type(value).__name__} {value!r}")
+        try:
+            value = float(value)
+        except OverflowError:  # an int beyond float's range
+            raise ConfigError(path, f"must be a finite number (got an integer of {len(str(value))} digits)") from None
         if not math.isfinite(value):
             raise ConfigError(path, f"must be a finite number (got {value})")
-        return float(value)
+        return value
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(path, f"expected str, got {type(value).__name__} {value!r}")

@@ -36,3 +36,28 @@ def test_budget_is_20_tokens_per_parameter(architecture, size):
     tokens = cfg.train.train_steps * cfg.train.global_batch_size * cfg.model.seq_length
     assert 20 * params <= tokens < 20 * params + cfg.train.global_batch_size * cfg.model.seq_length
     assert cfg.train.global_batch_size * cfg.model.seq_length == 524288  # 0.5M tokens per step
+
+
+def _readme_rows() -> dict[str, list[str]]:
+    """README's scaling table: run name -> its cells (parameters, FLOPs/token, tokens, time)."""
+    text = (SCALING.parents[1] / "README.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] in {f"{a}-{s}" for a, s in RUNS}:
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.mark.parametrize("architecture,size", RUNS)
+def test_readme_table_matches_the_counts(architecture, size):
+    """The README's parameters and FLOPs/token are what count_model gives now (its text says they
+    come from print-config): a change to the counting must come with the table."""
+    from ascender_dist.models.counting import count_model
+
+    cells = _readme_rows()[f"{architecture}-{size}"]
+    cfg = load_config(SCALING / f"{architecture}-{size}.yaml")
+    counts = count_model(cfg.model, GEN.VOCAB, cfg.parallel.tensor_model_parallel_size)
+    assert cells[0] == f"{counts.total_params / 1e6:.1f} M"
+    mantissa, exponent = f"{counts.flops_per_token:.2e}".split("e")
+    assert cells[1] == f"{mantissa}e{int(exponent)}"
