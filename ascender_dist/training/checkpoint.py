@@ -113,7 +113,12 @@ def latest_tag(checkpoint_dir: Path) -> Optional[str]:
                                   f"{found[-1]}); restore it (`echo {found[-1]} > {pointer}`) or use a new "
                                   f"checkpoint.dir")
         return None
-    tag = pointer.read_text(encoding="utf-8").strip()
+    try:
+        tag = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        found = complete_tags(checkpoint_dir)
+        raise CheckpointError(f"{pointer}: unreadable ({_first_line(exc)}); newest complete checkpoint: "
+                              f"{found[-1] if found else 'none'}") from None
     if (Path(checkpoint_dir) / tag / COMPLETE).is_file():
         return tag
     if (Path(checkpoint_dir) / (tag + REPLACED) / COMPLETE).is_file():  # a save crashed mid-swap

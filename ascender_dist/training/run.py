@@ -114,8 +114,15 @@ def resume_tag_for_layout(directory: Path, pstate: ParallelState, zero_stage: in
     meta = ckpt.read_meta(directory, tag)
     _check_saved_layout(directory / tag, meta, pstate, zero_stage)
     saved_dp = meta.get("data_parallel_size", pstate.dp_size)
-    if saved_dp == pstate.dp_size:
+    if saved_dp == pstate.dp_size or zero_stage == 0:  # ZeRO-0: every rank holds the whole optimizer state
         return tag
+    if zero_stage == 3:
+        from ascender_dist.config.errors import ConfigError
+
+        raise ConfigError("parallel", f"{directory / tag} was saved at data-parallel size {saved_dp} with ZeRO-3; "
+                          f"resuming at {pstate.dp_size} is not supported (DeepSpeed's ZeRO-3 universal load "
+                          f"does not restore the optimizer exactly): resume at data-parallel size {saved_dp}, or "
+                          f"start from its weights (`ascender-dist consolidate`, then checkpoint.init_from)")
     if pstate.is_logging_rank:
         log.info("data-parallel size changed %d -> %d: reading %s through a universal checkpoint",
                  saved_dp, pstate.dp_size, tag)

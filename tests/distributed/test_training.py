@@ -37,9 +37,17 @@ def test_layer_statistics_are_reduced_over_the_data_parallel_replicas(results):
         assert value == {"connection/steps_mean/layer02": 1.5, "connection/steps_max/layer02": 5.0}
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+def test_resume_at_another_data_parallel_size_is_refused_in_one_line_under_zero3(results, dp1_results):
+    message = assert_check(dp1_results, "resume_dp1_zero3_refused")[0]
+    assert message and message.startswith("parallel: ") and "\n" not in message, message
+    assert "saved at data-parallel size 2 with ZeRO-3; resuming at 1 is not supported" in message, message
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
 def test_resume_at_another_data_parallel_size_continues_the_same_losses(results, dp1_results, stage):
-    """Saved at DP=2 after 3 steps, resumed by a 1-rank job (DeepSpeed universal checkpoint)."""
+    """Saved at DP=2 after 3 steps, resumed by a 1-rank job (ZeRO 1-3: through a DeepSpeed universal
+    checkpoint; ZeRO-0: natively, every rank holds the whole optimizer state)."""
+    universal = stage != 0
     straight = assert_check(results, f"dp2_leg_zero{stage}")[0]["straight"]
     value = assert_check(dp1_results, f"resume_dp1_zero{stage}")[0]
     assert value["start"] == 3
@@ -48,10 +56,13 @@ def test_resume_at_another_data_parallel_size_continues_the_same_losses(results,
     for got, expected in zip(value["losses"], straight[3:]):
         assert abs(got - expected) < 1e-5, (value["losses"], straight)
     # then our own DP=1 checkpoint loads through an engine built to read native checkpoints
-    assert value["read_universal"] and value["reloaded"] and not value["reads_universal_after"]
+    assert value["read_universal"] == universal and value["reloaded"] and not value["reads_universal_after"]
+    # each optimizer group keeps its own settings (ZeRO-3's universal loader copies group 0's)
+    assert value["weight_decay_by_group"] == [0.1, 0.0], value  # decay, no-decay (the config's 0.1)
     assert value["step_after"] == 6 and value["val_after"] == value["val_before"]
     # and a rollback target saved at DP=2 is read through its universal copy, not refused by DeepSpeed
-    assert value["rolled_back"] and value["rolled_back_step"] == 3 and value["rolled_back_reads_universal"]
+    assert value["rolled_back"] and value["rolled_back_step"] == 3
+    assert value["rolled_back_reads_universal"] == universal
     # callbacks: hooks in order, the step they saw; validation every 2 steps; per-sequence losses
     # of the last validation (2 batches of micro-batch 4, one rank) average to its loss
     step_hooks = [("on_step_start", s) for s in (3, 4, 5)]

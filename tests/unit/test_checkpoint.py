@@ -113,6 +113,14 @@ def test_missing_latest_next_to_complete_checkpoints_is_refused(single_rank_grou
     assert ckpt.latest_tag(tmp_path / "fresh") is None  # no checkpoint at all: a fresh start
 
 
+def test_an_unreadable_latest_is_one_line_naming_the_newest_complete_checkpoint(single_rank_group, tmp_path):
+    _save(tmp_path, 1, "one")
+    (tmp_path / ckpt.LATEST).write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ckpt.CheckpointError, match=r"latest: unreadable \(UnicodeDecodeError.*\); newest complete "
+                                                     r"checkpoint: step_00000001$"):
+        ckpt.latest_tag(tmp_path)
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "meta.json: missing"),
     ('{"step": ', "meta.json: unreadable (JSONDecodeError"),

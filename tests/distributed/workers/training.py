@@ -67,7 +67,7 @@ def layer_stats_over_replicas() -> dict:
     return gather_layer_stats(layer, dp_group=dist.group.WORLD)
 
 
-DP_CHANGE_STAGES = (1, 2)
+DP_CHANGE_STAGES = (0, 1, 2, 3)
 
 
 def main(args):
@@ -92,6 +92,7 @@ def resume_at_dp1(args):
                            train={"train_steps": 6}, callbacks=[recorder, per_sequence, curve])
         recorder.trainer = trainer
         start = trainer.step
+        weight_decay_by_group = [group["weight_decay"] for group in trainer.engine.optimizer.param_groups]
         losses = trainer.fit()
         fit_calls = list(recorder.calls)
         # a later load of our own checkpoint (what a rollback does) goes through an engine that reads
@@ -104,11 +105,23 @@ def resume_at_dp1(args):
         value = {"start": start, "losses": losses, "read_universal": read_universal, "reloaded": reloaded,
                  "reads_universal_after": trainer.engine.load_universal_checkpoint(), "step_after": trainer.step,
                  "val_before": before, "val_after": trainer.validate(2), "fit_calls": fit_calls,
-                 "curve": curve.curve, "per_sequence": per_sequence.losses}
+                 "curve": curve.curve, "per_sequence": per_sequence.losses,
+                 "weight_decay_by_group": weight_decay_by_group}
         # a rollback to the checkpoint saved at DP=2 reads it through its universal copy again
         value["rolled_back"] = trainer.resume(tag_for_step(3))
         value["rolled_back_step"] = trainer.step
         value["rolled_back_reads_universal"] = trainer.engine.load_universal_checkpoint()
         return value
 
-    return run_checks({f"resume_dp1_zero{stage}": (lambda stage=stage: leg(stage)) for stage in DP_CHANGE_STAGES})
+    def refused(stage):
+        from ascender_dist.config.errors import ConfigError
+
+        try:
+            _trainer(data, root / f"dpchange_z{stage}", parallel={"zero_stage": stage}, train={"train_steps": 6})
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    checks = {f"resume_dp1_zero{stage}": (lambda stage=stage: leg(stage)) for stage in DP_CHANGE_STAGES if stage != 3}
+    checks["resume_dp1_zero3_refused"] = lambda: refused(3)
+    return run_checks(checks)
