@@ -242,6 +242,10 @@ class Trainer:
         data_state = self.loader.state_dict()
         self.resume(ckpt.tag_for_step(target))
         self.loader.load_state_dict(data_state)
+        # saved again at once (same weights, the data position past the failed batches) and made
+        # `latest`: a job that dies before its next save resumes here, not at the checkpoint the
+        # rollback passed over, and does not replay the failed batches
+        self.save()
         self.consecutive_bad = 0
         self.rollbacks += 1
         if self.pstate.is_logging_rank:

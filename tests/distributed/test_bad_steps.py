@@ -33,6 +33,12 @@ def test_consecutive_bad_steps_roll_back_without_replaying_data(results):
         # steps 1-4, two bad ones (5, 6), then rollback to step 4 and steps 5-8 again: 10 batches read
         assert value["consumed"] == 10 * value["global_batch"]
         assert len(value["losses"]) == 10
+        # the rollback saves step 4 again at once with the data position past the failed batches:
+        # a job dying before its next save resumes there, without replaying them
+        gb = value["global_batch"]
+        assert [tuple(s) for s in value["saves"]] == [("step_00000002", 2 * gb), ("step_00000004", 4 * gb),
+                                                      ("step_00000004", 6 * gb), ("step_00000006", 8 * gb),
+                                                      ("step_00000008", 10 * gb)], value["saves"]
 
 
 def test_a_run_ending_in_a_row_of_skipped_steps_keeps_the_last_good_checkpoint_latest(results):

@@ -55,9 +55,17 @@ def _rollback_check(args) -> dict:
     trainer = _trainer(args, "rollback", train={"train_steps": 8, "max_consecutive_bad_steps": 2},
                        checkpoint={"save_interval": 2})
     _inject(trainer, steps={4, 5}, ranks={0}, how="nan")
+    saves, save = [], trainer.save
+
+    def recording(step=None):
+        tag = save(step)
+        saves.append((tag, trainer.loader.state_dict()["consumed_samples"]))
+        return tag
+
+    trainer.save = recording
     trainer.fit()
     return {"rollbacks": trainer.rollbacks, "step": trainer.step, "losses": trainer.losses,
-            "consumed": trainer.loader.state_dict()["consumed_samples"],
+            "consumed": trainer.loader.state_dict()["consumed_samples"], "saves": saves,
             "global_batch": trainer.cfg.train.global_batch_size}
 
 
