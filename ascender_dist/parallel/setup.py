@@ -198,8 +198,11 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int,
             tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
             distributed_timeout_minutes=timeout_minutes,
         )
-    torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
+    # each pipeline stage builds its layers from its own stream (Megatron-LM's offset): with one seed
+    # everywhere, stages 1, 2, ... (no embedding drawn first) would start as copies of each other
+    stage_seed = seed + 100 * mps.get_pipeline_model_parallel_rank()
+    torch.manual_seed(stage_seed)
+    model_parallel_cuda_manual_seed(stage_seed)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return ParallelState(
         rank=dist.get_rank(),

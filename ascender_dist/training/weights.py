@@ -73,12 +73,14 @@ def gather_canonical_state(module: nn.Module, cfg: RunConfig, progress: bool = F
             local[name] = full.float().cpu()
     contributes = mps.get_data_parallel_rank() == 0 and mps.get_tensor_model_parallel_rank() == 0
     pieces = [None] * dist.get_world_size()
-    dist.all_gather_object(pieces, local if contributes else {})
+    dist.all_gather_object(pieces, (mps.get_pipeline_model_parallel_rank(), local if contributes else {}))
     if dist.get_rank() != 0:
         return None
     merged: dict[str, torch.Tensor] = {}
-    for piece in pieces:
-        merged.update(piece)  # a tied embedding appears on first and last stage with equal values
+    # the tied embedding module is on the first and the last stage: its word embeddings are equal on
+    # both, but only the first stage's position embeddings are trained, so the first stage's copy wins
+    for _, piece in sorted(pieces, key=lambda stage_piece: -stage_piece[0]):
+        merged.update(piece)
     return merged
 
 

@@ -66,3 +66,10 @@ def test_unsupported_layouts_are_refused_at_config_load(tmp_path, arch, layout):
 @pytest.mark.parametrize("name", [f"{a}_{l}" for a, l in matrix(4)])
 def test_four_rank_layouts_match_single_process(four_ranks, name):
     _check(four_ranks, name)
+
+
+def test_pipeline_stages_draw_their_own_initial_weights(four_ranks):
+    diffs = assert_check(four_ranks, "pp4_stage_init")[0]
+    for pair, by_weight in diffs.items():
+        assert len(by_weight) >= 4, diffs  # QKV, projection and both MLP matrices
+        assert min(by_weight.values()) > 1e-3, (pair, by_weight)  # stages must not start as copies

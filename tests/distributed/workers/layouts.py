@@ -42,8 +42,13 @@ ARCHS["ascender_topk"] = {**ARCHS["ascender"], "ascender": {**ARCHS["ascender"][
                                                            "num_global": 2}}
 ARCHS["mixed_sc"] = {"architecture": "connection", "layer_pattern": "SC", "add_bias_linear": False,
                      "ascender": ARCHS["ascender"]["ascender"], "connection": ARCHS["connection"]["connection"]}
+# Learned absolute positions with tied embeddings: under PP the last stage holds a copy of the whole
+# embedding module for the tied head, whose position table is never trained; the gathered weights
+# must be the first stage's.
+ARCHS["gpt_learned_pos"] = {"position_embedding_type": "learned_absolute"}
 ARCH_STEPS = {"ascender_topk": 1}
 ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_dp2_zero3"),
+                "gpt_learned_pos": ("pp2",),
                 "ascender_topk": ("pp2", "dp2_zero1", "dp2_zero3", "dp2_recompute", "pp2_dp2"),
                 "mixed_sc": ("tp2", "pp2", "dp2_zero1", "tp2_pp2")}
 LAYOUTS = {
@@ -185,8 +190,32 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
                              "moved": max(((final[k] - init[k]).abs().max().item() for k in shared), default=0.0)}}
 
 
+def pp_stage_init(args) -> dict:
+    """Fresh weights (no init_from) of a 4-layer GPT at PP=4, one layer per stage: the largest
+    difference between the same weight of the layers on every pair of stages 1..3 (stage 0 draws
+    the embedding first), by weight name. Equal seeds on every stage would make these 0."""
+    from megatron.core import parallel_state as mps
+
+    from ascender_dist.training.trainer import Trainer
+
+    cfg = config_from_dict(tiny_run_config(
+        args["data"], Path(args["root"]) / "pp4_fresh_init", model={"num_layers": 4},
+        parallel={"pipeline_model_parallel_size": 4}, train={"train_steps": 4}, checkpoint={"auto_resume": False}))
+    trainer = Trainer(cfg)
+    layer = {n.split(".layer.", 1)[1]: p.detach().clone() for n, p in trainer.engine.module.named_parameters()
+             if ".layer." in n}
+    stages = [None] * dist.get_world_size()
+    dist.all_gather_object(stages, (mps.get_pipeline_model_parallel_rank(), layer))
+    by_stage = dict(stages)
+    pairs = [(1, 2), (1, 3), (2, 3)]
+    return {f"{a}-{b}": {n: (by_stage[a][n] - by_stage[b][n]).abs().max().item() for n in by_stage[a]
+                         if by_stage[a][n].dim() > 1} for a, b in pairs}
+
+
 def layouts(args):
     world = dist.get_world_size() if dist.is_initialized() else int(__import__("os").environ["WORLD_SIZE"])
     checks = {f"{arch}_{name}": (lambda arch=arch, name=name: _compare(args, arch, name, LAYOUTS[world][name]))
               for arch, name in matrix(world)}
+    if world == 4:
+        checks["pp4_stage_init"] = lambda: pp_stage_init(args)
     return run_checks(checks)

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import torch
+
 from tests.helpers.multiproc import run_checks
 from tests.helpers.parity import tp_parity
 
@@ -106,12 +108,19 @@ def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
         init_model_parallel(tp, 1, seed=11 + tp)  # different seeds: loading must overwrite everything
         model = build_run_model(cfg, derive(cfg, dist.get_world_size(), 256))
         if tp == 2:
-            for i, param in enumerate(p for n, p in model.named_parameters() if n.endswith("omega_shared")):
-                param.data.add_(0.1 * (i + 1))  # shared omega is a constant at init: make the load visible
+            # every tensor moved away from any fresh initialisation (per-head constants, the Connection
+            # weights seeded the same at any TP size): a tensor the checkpoint drops, or loads into the
+            # wrong heads, then differs after the load. Same noise on both TP ranks (replicas stay equal).
+            noise = torch.Generator().manual_seed(7)
+            for param in model.parameters():
+                param.data.add_(0.1 * torch.randn(param.shape, generator=noise, dtype=param.dtype))
             dist_checkpointing.save(model.sharded_state_dict(), str(path))
             saved = gather_full_state(model, mps.get_tensor_model_parallel_group())
         else:
+            fresh = gather_full_state(model, mps.get_tensor_model_parallel_group())
             dist_checkpointing.load(model.sharded_state_dict(), str(path))
     loaded = gather_full_state(model, mps.get_tensor_model_parallel_group())
     diffs = {name: (loaded[name] - value).abs().max().item() for name, value in saved.items()}
-    return {"max_diff": max(diffs.values()), "num": len(diffs), "same_names": sorted(saved) == sorted(loaded)}
+    equal_before_load = sorted(name for name, value in saved.items() if torch.equal(fresh[name], value))
+    return {"max_diff": max(diffs.values()), "num": len(diffs), "same_names": sorted(saved) == sorted(loaded),
+            "equal_before_load": equal_before_load}
