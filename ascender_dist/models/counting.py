@@ -80,20 +80,32 @@ def ascender_extra_layer_params(m: ModelConfig) -> int:
             + m.num_attention_heads * per_head + shared)
 
 
+def ascender_pair_macs(hp, head_dim: int) -> int:
+    """Multiply-adds per (query, key) pair that ASCender's fast path runs in GEMMs on top of softmax
+    attention's q.k and A v (docs/ascender.md, "Cost"): the folded scores (Alignment's khat, head_dim
+    wide; Cohesion's Zr = [z, 1, |z|^2 term], d_z + 2 wide), and when Separation or Cohesion is on
+    the kernel tile's distance on Zr, Cohesion's moments w Zr and Separation's affinity on
+    Hr = [h, 1, delta term] (d_a + 2 wide)."""
+    zr, hr = hp.d_z + 2, hp.d_a + 2
+    folded = (head_dim if hp.use_align else 0) + (zr if hp.use_coh else 0)
+    kernel = zr if (hp.use_sep or hp.use_coh) else 0
+    return folded + kernel + (zr if hp.use_coh else 0) + (hr if hp.use_sep else 0)
+
+
 def ascender_extra_layer_flops(m: ModelConfig) -> float:
-    """Forward FLOPs per token per layer on top of softmax attention (documented in docs/ascender.md):
-    U/P projections; the folded Alignment+Cohesion dot product widens each score by d + d_z + 1
-    channels over the s keys; Separation's per-pair kernel on d_z + d_a dims; neighbourhood
-    search over the window (or all keys when window == 0): affinities on d_a dims, or base scores
-    on head_dim dims when the neighbours are reused from them (neighbour_source)."""
+    """Forward FLOPs per token per layer on top of softmax attention: the U/P rows of the QKV
+    projection, the pair GEMMs over the s keys (ascender_pair_macs), and the neighbourhood search
+    over the window (or all keys when window == 0): affinities on d_a dims, or base scores on
+    head_dim dims when the neighbours are reused from them (neighbour_source). Leaves out the
+    per-token moment statistics (O(e^2) per token and head, e = head_dim or d_z + 2: a few % at
+    s = 1024, less at longer s)."""
     hp = m.ascender
     heads, s, head_dim = m.num_attention_heads, m.seq_length, m.hidden_size // m.num_attention_heads
     projections = 2 * m.hidden_size * heads * (hp.d_z + hp.d_a)
-    folded = 2 * s * heads * (head_dim + hp.d_z + 1) if (hp.use_align or hp.use_coh) else 0
-    separation = 2 * s * heads * (hp.d_z + hp.d_a) if hp.use_sep else 0
+    pairs = 2 * s * heads * ascender_pair_macs(hp, head_dim)
     search_dim = hp.d_a if hp.neighbour_source == "affinity" else head_dim
     neighbours = 2 * heads * search_dim * ((2 * hp.window + hp.num_global) if hp.window else s)
-    return projections + folded + separation + neighbours
+    return projections + pairs + neighbours
 
 
 def connection_extra_layer_params(m: ModelConfig) -> int:

@@ -66,3 +66,58 @@ def test_connection_flops_count_is_what_the_layer_runs(kind, rank):
     slot_keys = 2 * hp.num_slots * d * d  # once per forward, not per token
     measured = (counter.get_total_flops() - slot_keys) / (b * s)
     assert measured == pytest.approx(connection_layer_flops(hp, d, s), rel=1e-9)
+
+
+class GemmFlops:
+    """2 m k n per matrix product the dispatcher runs, in-place and out= forms included (torch's
+    FlopCounterMode skips baddbmm_ / addmm_, which the fast path accumulates its scores with)."""
+
+    def __enter__(self):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        aten, counter = torch.ops.aten, self
+        products = {aten.mm: 0, aten.bmm: 0, aten.addmm: 1, aten.addmm_: 1, aten.baddbmm: 1, aten.baddbmm_: 1}
+        self.flops = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                first = products.get(func._overloadpacket)
+                if first is not None:
+                    a, b = args[first], args[first + 1]
+                    counter.flops += 2 * a.numel() * b.shape[-1]
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+@pytest.mark.parametrize("flags", [dict(), dict(use_sep=False), dict(use_coh=False), dict(use_align=False),
+                                   dict(neighbour_source="affinity")])
+def test_ascender_pair_flops_are_what_the_fast_path_runs(flags):
+    """The per-pair GEMM work of the counted ASCender layer equals torch's count of the fast path's
+    matmuls: bidirectional with window 0, every per-pair GEMM grows with s per token, so the
+    difference of per-token FLOPs between two lengths isolates it (per-token work cancels)."""
+    import torch
+
+    from ascender_dist.models.ascender import AscenderHeadParams, AscenderHParams, ascender_attention
+    from ascender_dist.models.counting import ascender_pair_macs
+
+    heads, hd = 2, 16
+    hp = AscenderHParams(d_z=6, d_a=4, k=4, window=0, num_global=0, causal=False, chunk_size=32, **flags)
+
+    def per_token(n: int) -> float:
+        g = torch.Generator().manual_seed(0)
+        q, k, v, z, h = (torch.randn(1, heads, n, d, generator=g) for d in (hd, hd, hd, hp.d_z, hp.d_a))
+        with GemmFlops() as counter, torch.no_grad():
+            ascender_attention(q, k, v, z, h, AscenderHeadParams(hp, heads), hp, step=10**6, impl="fast")
+        return counter.flops / n
+
+    n1, n2 = 64, 128
+    search_dim = hp.d_a if hp.neighbour_source == "affinity" else hd
+    slope = 2 * heads * (2 * hd + ascender_pair_macs(hp, hd) + search_dim)  # FLOPs per token per key
+    assert (per_token(n2) - per_token(n1)) / (n2 - n1) == pytest.approx(slope, rel=1e-9)
