@@ -15,10 +15,52 @@ import os
 import tempfile
 from pathlib import Path
 
+from .errors import DataError
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary sibling and a rename, so readers never see half a file."""
+    """Write ``data`` to ``path`` via a temporary sibling and a rename, so readers never see half a file.
+
+    An output path that cannot be written (an existing directory, a path under a regular file, no
+    permission, a full disk) is a one-line DataError naming it, not an OSError traceback."""
     path = Path(path)
+    try:
+        _write_via_temporary(path, data)
+    except OSError as e:
+        raise DataError(str(path), f"cannot write ({_write_problem(path, e)})") from None
+
+
+def check_writable(path: Path) -> None:
+    """Refuse, before the work that produces it, an output file ``path`` that cannot be written:
+    an existing directory, a path under a regular file, or a directory the user may not write."""
+    path = Path(path)
+    if path.is_dir():
+        raise DataError(str(path), "cannot write (Is a directory)")
+    ancestor = _nearest_existing(path.parent)
+    if not ancestor.is_dir():
+        raise DataError(str(path), f"cannot write ({ancestor} is not a directory)")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise DataError(str(path), f"cannot write ({ancestor} is not writable)")
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (the root at worst)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _write_problem(path: Path, error: OSError) -> str:
+    """Why ``path`` could not be written, in words: mkdir under a regular file says only "File
+    exists", so name the ancestor that is not a directory instead."""
+    ancestor = _nearest_existing(path.parent)
+    if not ancestor.is_dir():
+        return f"{ancestor} is not a directory"
+    return error.strerror or str(error)
+
+
+def _write_via_temporary(path: Path, data: bytes) -> None:
+    """The write-and-rename of :func:`atomic_write_bytes`; the temporary file never outlives a failure."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

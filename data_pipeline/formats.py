@@ -27,6 +27,7 @@ import gzip
 import io
 import json
 import os
+import re
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -158,13 +159,17 @@ def iter_documents(inputs: Iterable[Path | str], text_field: str = DEFAULT_TEXT_
 
 # --------------------------------------------------------------------------- plain text
 def read_text_file(path: Path) -> str:
-    """A whole text file as str; a file that is not UTF-8 is a one-line DataError naming it."""
+    """A whole text file as str, its bytes decoded as they are: no newline translation, so ``\\r\\n``
+    and ``\\r`` stay as the tokenizer trainer, tar members and JSON lines see them. A file that is
+    not UTF-8 is a one-line DataError naming it."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(str(path), f"not valid UTF-8 (byte {e.start}: {e.reason})") from None
+        data = Path(path).read_bytes()
     except OSError as e:
         raise DataError(str(path), f"cannot read ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(str(path), f"not valid UTF-8 (byte {e.start}: {e.reason})") from None
 
 
 def iter_text_lines(path: Path) -> Iterator[str]:
@@ -204,7 +209,21 @@ def _parse_json_line(raw: bytes, field: str) -> str | None:
         raise _BadRecord(f"invalid JSON ({e.msg})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
         raise _BadRecord(f'expected an object with a string field "{field}"')
+    if "\\u" in line:  # only a \uXXXX escape can put a surrogate into a str decoded from UTF-8
+        _check_no_surrogate(obj[field], field)
     return obj[field]
+
+
+_SURROGATE = re.compile("[\\ud800-\\udfff]")
+
+
+def _check_no_surrogate(text: str, field: str) -> None:
+    """JSON may escape a lone UTF-16 surrogate (``"\\ud800"``), which is no Unicode character and
+    cannot be UTF-8 encoded: refuse it here (_BadRecord) rather than crash the tokenizer later."""
+    found = _SURROGATE.search(text)
+    if found:
+        raise _BadRecord(f'lone surrogate \\u{ord(found.group()):04x} at character {found.start()} of field '
+                         f'"{field}" is not valid Unicode')
 
 
 def iter_jsonl_texts(path: Path, field: str = DEFAULT_TEXT_FIELD, lo: int = 0, hi: int = -1) -> Iterator[str]:
@@ -255,8 +274,9 @@ def _open_compressed(path: Path, kind: str):
 
 
 def _iter_json_lines(path: Path | str, stream, field: str) -> Iterator[str]:
-    """JSON lines of a (decompressing) stream; a bad record, or a truncated or corrupt stream, names
-    ``path`` (a file, or ``archive:member``) and the line."""
+    """JSON lines of a (decompressing) stream; a bad record names ``path`` (a file, or
+    ``archive:member``) and its line, a truncated or corrupt stream ``path`` and the last line read
+    whole (the stream is decoded in blocks ahead of the lines, so no line of its own is to blame)."""
     lineno = 0
     with stream:
         try:
@@ -269,7 +289,8 @@ def _iter_json_lines(path: Path | str, stream, field: str) -> Iterator[str]:
                     yield text
         except (EOFError, OSError, zlib.error, _ZstdCorrupt) as e:
             problem = str(e) or type(e).__name__
-            raise DataError(f"{path}:{lineno + 1}", f"truncated or corrupt compressed stream ({problem})") from None
+            after = f" after line {lineno}" if lineno else " before its first line"
+            raise DataError(str(path), f"truncated or corrupt compressed stream{after} ({problem})") from None
 
 
 class _ZstdCorrupt(Exception):
@@ -432,13 +453,23 @@ def _tar_member_texts(path: Path, tf: tarfile.TarFile, member: tarfile.TarInfo, 
     except UnicodeDecodeError as e:
         raise DataError(where, f"not valid UTF-8 (byte {e.start})") from None
     if kind == "json":
-        try:
-            text = json.loads(text)[field]
-            if not isinstance(text, str):
-                raise TypeError(text)
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise DataError(where, f'invalid JSON or no string "{field}" field') from None
+        text = _json_member_text(where, text, field)
     yield text
+
+
+def _json_member_text(where: str, text: str, field: str) -> str:
+    """The string ``field`` of a tar ``.json`` member (one object, as webdataset writes)."""
+    try:
+        value = json.loads(text)[field]
+        if not isinstance(value, str):
+            raise TypeError(value)
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise DataError(where, f'invalid JSON or no string "{field}" field') from None
+    try:
+        _check_no_surrogate(value, field)
+    except _BadRecord as e:
+        raise DataError(where, str(e)) from None
+    return value
 
 
 def _first_line(e: BaseException) -> str:

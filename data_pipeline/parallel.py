@@ -15,7 +15,8 @@ which nobody knows until they are tokenized. So
 
 Nothing is visible in ``OUT`` before merge succeeds (shards in a temporary directory, manifest
 last, atomically); a failed job leaves no part file and no completion mark; merge removes the
-parts only after the manifest is written.
+parts only after the manifest is written, and then the old shards it does not list (as
+:func:`data_pipeline.shards.write_shards` does).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ._io import atomic_write_json, sha256_bytes
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, Piece, expand_inputs, iter_piece, kind_of, parquet_file
 from .shards import (MANIFEST_NAME, Manifest, ShardInfo, _ENCODE_BATCH, _batched, _finalize, _samples_per_shard,
-                     check_shard_settings, encode_shard, token_dtype)
+                     check_shard_settings, encode_shard, remove_stale_shards, token_dtype)
 from .tokenizer import Tokenizer
 
 PARTS_DIR = ".parts"
@@ -317,6 +318,7 @@ def merge(out_dir: Path, *, parts_dir: Path | None = None, workers: int = 1, kee
                         num_documents=sum(p["num_documents"] for p in parts),
                         dropped_tokens=n_tokens - n_samples * sample_len)
     manifest.save(out_dir / MANIFEST_NAME)
+    remove_stale_shards(out_dir, settings["prefix"], manifest)
     if not keep_parts:
         shutil.rmtree(parts_dir, ignore_errors=True)
     return manifest

@@ -15,6 +15,9 @@ Layout (why):
   all come from the alphabetically last sources), so train and val never share a shard.
 * Everything is written in a temporary directory and moved into place only after the last shard
   succeeded; the manifest is written last, atomically. A failed run leaves the old dataset intact.
+* Re-sharding into the same directory then deletes the shards of the old run that the new
+  manifest does not list (``{prefix}-{train,val}-NNNNNN.tar`` only), so a glob over the directory
+  never mixes old and new data.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -44,6 +49,8 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 DEFAULT_SHARD_MAX_BYTES = 64 * 1024 * 1024
 _ENCODE_BATCH = 256
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -365,7 +372,29 @@ def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, ou
                         pad_id=tokenizer.pad_id, dtype=dtype.name, shards=shard_infos,
                         num_documents=n_docs, dropped_tokens=dropped)
     manifest.save(out_dir / MANIFEST_NAME)
+    remove_stale_shards(out_dir, prefix, manifest)
     return manifest
+
+
+def remove_stale_shards(out_dir: Path, prefix: str, manifest: Manifest) -> int:
+    """Delete the ``{prefix}-{train,val}-NNNNNN.tar`` files in ``out_dir`` that ``manifest`` (just
+    written there) does not list, and return how many. A re-shard into an old directory would
+    otherwise leave the old run's extra shards behind for a glob or brace pattern to read as data.
+    Only this tool's own shard names are touched; any other file is left alone."""
+    own = re.compile(rf"{re.escape(prefix)}-(train|val)-\d{{6,}}\.tar")
+    listed = {s.name for s in manifest.shards}
+    stale = sorted(p for p in Path(out_dir).iterdir()
+                   if own.fullmatch(p.name) and p.name not in listed and not p.is_dir())
+    for path in stale:
+        try:
+            path.unlink()
+        except OSError as e:
+            raise DataError(str(path), f"cannot remove stale shard not in the new manifest ({e.strerror or e})") \
+                from None
+    if stale:
+        log.warning("%s: removed %d old shard file(s) the new manifest does not list (%s ... %s)",
+                    out_dir, len(stale), stale[0].name, stale[-1].name)
+    return len(stale)
 
 
 def _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len, dtype, meta, num_threads, progress,

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 import sentencepiece as spm
 from tqdm import tqdm
 
-from ._io import atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_file
+from ._io import atomic_write_bytes, atomic_write_json, check_writable, sha256_bytes, sha256_file
 from .errors import DataError
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,28 @@ def _training_lines(inputs: Sequence[Path], progress: bool, text_field: str = DE
                 yield line
 
 
+def _remember_errors(lines: Iterator[str], errors: list) -> Iterator[str]:
+    """``lines`` unchanged, but a DataError they raise is also appended to ``errors``.
+
+    sentencepiece turns an exception raised by its sentence iterator into a RuntimeError whose
+    text ends in a stack frame, so the caller re-raises the remembered one-line error instead."""
+    try:
+        yield from lines
+    except DataError as e:
+        errors.append(e)
+        raise
+
+
 # --------------------------------------------------------------------------- training
+def check_output_prefix(out_prefix: Path) -> None:
+    """Refuse, before any training, an ``out_prefix`` whose ``.model`` / ``.vocab`` / ``.json`` cannot
+    be written (an existing directory, a prefix under a regular file): training can take hours, and a
+    bad path should not be found out only when the result is written."""
+    out_prefix = Path(out_prefix)
+    for suffix in (".model", ".vocab", ".json"):
+        check_writable(out_prefix.with_name(out_prefix.name + suffix))
+
+
 def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model_type: str = "bpe",
                     pad_vocab_to_multiple_of: int = 128, user_defined_symbols: Sequence[str] = (),
                     input_sentence_size: int = DEFAULT_INPUT_SENTENCE_SIZE, *, character_coverage: float = 0.9995,
@@ -104,12 +125,15 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
         raise DataError(str(out_prefix), f"input_sentence_size must be >= 0, 0 meaning every line "
                                          f"(got {input_sentence_size})")
     check_pad_multiple(str(out_prefix), pad_vocab_to_multiple_of)
+    check_output_prefix(out_prefix)
     symbols = ["\n"] + [s for s in user_defined_symbols if s != "\n"]
     model_buf = io.BytesIO()
+    input_errors: list[DataError] = []
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_training_lines(inputs, progress, text_field), model_writer=model_buf,
+            sentence_iterator=_remember_errors(_training_lines(inputs, progress, text_field), input_errors),
+            model_writer=model_buf,
             vocab_size=vocab_size, model_type=model_type, byte_fallback=byte_fallback,
             character_coverage=character_coverage, normalization_rule_name="identity",
             remove_extra_whitespaces=False, split_digits=True, allow_whitespace_only_pieces=True,
@@ -121,6 +145,8 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
     except DataError:
         raise
     except (RuntimeError, OSError, ValueError) as e:  # ValueError: a setting sentencepiece cannot parse
+        if input_errors:  # sentencepiece wrapped our reader's error in a RuntimeError ending in a stack frame
+            raise input_errors[0] from None
         raise DataError(str(out_prefix), f"sentencepiece training failed: {str(e).strip().splitlines()[-1]}") from None
     return _write_model_files(out_prefix, model_buf.getvalue(), model_type, pad_vocab_to_multiple_of, symbols)
 
