@@ -178,3 +178,16 @@ def test_connection_steps_histogram_and_slot_usage(tmp_path):
     assert c["gpt"]["slot_share_sorted"][0] == pytest.approx(0.45)
     assert (tmp_path / "report" / "connection.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| asc | 3 | 3.00 | 0.00 / 0.00 / 0.00 / 1.00 | 0.450 |" in (tmp_path / "report" / "results.md").read_text()
+
+
+def test_validation_curve_panel_counts_the_sequences_its_curve_scored():
+    """curves.png's validation curve scores the first train.eval_iters batches (bias grid: 8 x 8 = 64
+    sequences), not the final validation's 256: the panel says so."""
+    from ascender_dist.research.ablate.report import curve_sequences
+
+    full = json.loads((REPO_ROOT / "benchmarks/results/research/bias/results.json").read_text())
+    assert {r["val_sequences"] for r in full["records"]} == {256}
+    assert curve_sequences(full["records"], full["grid"]) == [64]
+    recorded = [{**r, "val_curve_sequences": 32} for r in full["records"][:2]]
+    assert curve_sequences(recorded, full["grid"]) == [32]
+    assert curve_sequences([{**r, "val_curve": []} for r in full["records"]], full["grid"]) == []

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 
 
-from .grid import RESULT, Grid, run_dir
+from .grid import RESULT, AblationError, Grid, Variant, run_config, run_dir
 
 
 
@@ -20,14 +20,38 @@ def _load_record(result_file: Path, variant_name: str) -> dict:
     return record
 
 
+def check_recorded_config(grid: Grid, variant: Variant, seed: int, record: dict) -> None:
+    """Refuse a finished run whose recorded config hash is not that of the config the grid asks for now
+    (a ``--set`` or an edited grid after the run). Records without a hash (older runs) pass."""
+    from ascender_dist.config.loader import to_dict
+
+    from .provenance import config_hash
+
+    got = (record.get("provenance") or {}).get("config_sha256")
+    if got is None:
+        return
+    want = config_hash(to_dict(run_config(grid, variant, seed)))
+    if got != want:
+        raise AblationError(f"{run_dir(grid, variant, seed)}: {RESULT} was trained with config sha256 {got[:12]}, "
+                            f"the grid now asks for {want[:12]} (grid or --set changed since); remove the run "
+                            "directory to re-run it, or use another --runs-dir")
+
+
+def load_checked_record(grid: Grid, variant: Variant, seed: int) -> dict:
+    """The record of a finished run, refused if it was trained with another config than the grid's now."""
+    record = _load_record(run_dir(grid, variant, seed) / RESULT, variant.name)
+    check_recorded_config(grid, variant, seed, record)
+    return record
+
+
 def collect_records(grid: Grid) -> list[dict]:
-    """Records of every finished run of the grid (missing runs are left out)."""
+    """Records of every finished run of the grid (missing runs are left out); a run trained with another
+    config than the grid asks for now is refused (:func:`check_recorded_config`)."""
     out = []
     for s in grid.seeds:
         for v in grid.variants:
-            f = run_dir(grid, v, s) / RESULT
-            if f.exists():
-                out.append(_load_record(f, v.name))
+            if (run_dir(grid, v, s) / RESULT).exists():
+                out.append(load_checked_record(grid, v, s))
     return out
 
 
@@ -48,6 +72,25 @@ def _aligned(run: dict, base: dict) -> bool:
     if run.get("index") is not None and base.get("index") is not None:
         return list(run["index"]) == list(base["index"])
     return run["losses"].shape == base["losses"].shape
+
+
+def interval_label(intervals: Sequence[str]) -> str:
+    """How a table's per-sequence intervals are labelled: "95% (calibrated)" only when every one is a
+    document bootstrap calibrated by simulation to 95% coverage at its design
+    (:func:`ascender_dist.research.stats.compare_per_document`), else "nominal 95%"."""
+    calibrated = bool(intervals) and all("calibrated to 95% coverage" in i for i in intervals)
+    return "95% (calibrated)" if calibrated else "nominal 95%"
+
+
+def interval_note(intervals: Sequence[str]) -> str:
+    """One sentence on the per-sequence intervals' level, for under the table."""
+    if interval_label(intervals) == "95% (calibrated)":
+        levels = sorted({i.split("percentile at ")[1].split(",")[0] for i in intervals})
+        return (f"95% (calibrated): percentile interval at {'/'.join(levels)}, the level at which simulated "
+                "experiments at these documents' window counts cover the true difference 95% of the time "
+                "(the plain 95% percentile interval covers ~90% there).")
+    return ("Nominal 95%: plain percentile intervals, their coverage at this design not checked by simulation "
+            "(with few documents of uneven size they cover less).")
 
 
 def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: int = 10_000,
@@ -100,7 +143,9 @@ def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: i
         if e["comparison"]:
             e["comparison"]["p_holm"] = p_adj
     m = sum(c is not None for c in cmps)
-    lines = [f"| config | seeds | sequences | documents | Δ val loss vs {reference} [95% CI] | p | p Holm (m={m}) |",
+    label = interval_label([c.interval for c in cmps if c is not None])
+    lines = [f"| config | seeds | sequences | documents | Δ val loss vs {reference} [{label} CI] | p | "
+             f"p Holm (m={m}) |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for e in entries:
         c = e["comparison"]
@@ -116,7 +161,8 @@ def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: i
         how = "No per-sequence test in this table."
     elif units == ["document"]:
         how = ("Resampling unit: the document (all validation windows of a document drawn together; percentile "
-               "bootstrap over documents, sign-flip test on documents' summed differences).")
+               "bootstrap over documents, sign-flip test on documents' summed differences). "
+               + interval_note([c.interval for c in cmps if c is not None]))
     else:
         how = ("Resampling unit: single validation sequences for the rows without recorded document ids (older "
                "records): windows of one document are treated as independent, so these intervals are too narrow.")

@@ -18,6 +18,7 @@ from typing import Optional
 
 import yaml
 
+from .collect import interval_label
 from .grid import AblationError, load_grid
 from .provenance import REPO
 
@@ -140,8 +141,9 @@ def _excludes_zero(low, high) -> bool:
 
 
 def comparison_table(rows: list[dict], metric: str) -> list[str]:
+    label = interval_label([r["doc"].get("interval") or "" for r in rows if r["doc"]])
     lines = [f"| {metric}: config − reference | Δ over seeds [95% paired t] | p Holm | seeds | "
-             "Δ per sequence [95%, documents resampled] | p Holm |", "|---|---:|---:|---:|---:|---:|"]
+             f"Δ per sequence [{label}, documents resampled] | p Holm |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         doc = r["doc"]
         per_seq = (f"{_num(doc['mean_diff'])} [{_num(doc['ci_low'])}, {_num(doc['ci_high'])}]" if doc else "—")

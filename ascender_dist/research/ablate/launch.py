@@ -26,7 +26,7 @@ import yaml
 from ascender_dist.ports import free_port
 from ascender_dist.training.callbacks import Callback
 
-from .collect import _load_record
+from .collect import _load_record, load_checked_record
 from .grid import RESULT, AblationError, Grid, Variant, run_config, run_dir
 
 
@@ -246,6 +246,8 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         "val_example_losses": example_losses, "val_example_index": example_index,
         "val_example_documents": validation_documents(cfg, trainer.tokenizer, example_index),
         "val_curve": [[step, loss] for step, loss in val_curve],
+        "val_curve_sequences": (min(cfg.train.eval_iters, len(trainer.val_loader)) * (len(example_losses) // iters)
+                                if val_curve and iters else None),  # the first batches of the validation split
         "final_train_loss": float(np.mean(losses[-tail:])) if losses else None,
         "train_losses": [float(x) for x in losses],
         "steps": len(losses), "tokens": len(losses) * tokens_per_step,
@@ -429,8 +431,8 @@ def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: O
     launcher = launcher or Launcher()
     directory = run_dir(grid, variant, seed)
     result_file = directory / RESULT
-    if result_file.exists():
-        return _load_record(result_file, variant.name)
+    if result_file.exists():  # refused when it was trained with another config than the grid's now
+        return load_checked_record(grid, variant, seed)
     if directory.exists():  # an interrupted run: start it again from scratch
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
@@ -465,6 +467,8 @@ def run_grid(grid: Grid, jobs: Optional[int] = None, threads: Optional[int] = No
     threads = max(1, threads or grid.threads)
     todo = [(v, s) for s in grid.seeds for v in grid.variants]  # seed-major: early seeds complete first
     done = [(v, s) for v, s in todo if (run_dir(grid, v, s) / RESULT).exists()]
+    for v, s in done:  # before training anything: a finished run of another config is refused, not reused
+        load_checked_record(grid, v, s)
     pending = [t for t in todo if t not in done]
     bar = tqdm(total=len(todo), initial=len(done), unit="run", desc=f"ablate {grid.name}", disable=not progress)
     launcher = launcher or Launcher()

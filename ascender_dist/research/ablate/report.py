@@ -131,10 +131,32 @@ def _mean_curve(curves: list) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(1, n + 1), np.mean([c[:n] for c in curves], axis=0)
 
 
+def curve_sequences(records: Sequence[dict], grid: Optional[dict] = None) -> list[int]:
+    """Distinct numbers of validation sequences the runs' validation curves scored (the first
+    ``train.eval_iters`` batches, not the final validation's ``eval_iters`` ones): recorded per run
+    (``val_curve_sequences``), or for older records ``train.eval_iters`` of the grid's base config
+    (``grid``: results.json's "grid") times the final validation's sequences per batch."""
+    from ascender_dist.config.schema import TrainConfig
+
+    grid = grid or {}
+    iters = ((grid.get("base") or {}).get("train") or {}).get("eval_iters", TrainConfig.eval_iters)
+    out = set()
+    for r in records:
+        if not r.get("val_curve"):
+            continue
+        if r.get("val_curve_sequences"):
+            out.add(int(r["val_curve_sequences"]))
+        elif r.get("val_batches") and r.get("val_sequences"):
+            batches = min(iters, r["val_batches"]) if grid.get("eval_iters") == "all" else iters  # whole split
+            out.add(r["val_sequences"] // r["val_batches"] * batches)
+    return sorted(out)
+
+
 def plot_curves(records: Sequence[dict], out: Path, baseline: Optional[str] = None,
-                colors: Optional[dict] = None) -> None:
+                colors: Optional[dict] = None, grid: Optional[dict] = None) -> None:
     """Train loss per step and validation loss every ``eval_interval`` steps (mean over seeds, one
-    shared y-scale), and each config's per-step train-loss difference to ``baseline`` paired by seed."""
+    shared y-scale; the validation panel says how many sequences it scored, :func:`curve_sequences`), and
+    each config's per-step train-loss difference to ``baseline`` paired by seed."""
     from ascender_dist.plotting import pyplot
 
     plt = pyplot()
@@ -157,7 +179,12 @@ def plot_curves(records: Sequence[dict], out: Path, baseline: Optional[str] = No
                         color=colors[cfg], label=f"{cfg} (n={len(vals)})")
     ax_train.set_ylabel("loss (mean over seeds)")
     ax_train.set_title("train loss per step (unsmoothed)", fontsize=10)
-    ax_val.set_title("validation loss every eval_interval steps", fontsize=10)
+    n_seq = curve_sequences(records, grid)
+    final = sorted({int(r["val_sequences"]) for r in records if r.get("val_curve") and r.get("val_sequences")})
+    ax_val.set_title("validation loss every eval_interval steps" + (
+        f"\non the first {'/'.join(map(str, n_seq))} validation sequences"
+        + (f" (val loss in the tables: {'/'.join(map(str, final))})" if final else "") if n_seq else ""),
+        fontsize=10)
     if not any(r.get("val_curve") for r in records):
         ax_val.text(0.5, 0.5, "no validation curve recorded\n(train.eval_interval: 0)", ha="center",
                     va="center", transform=ax_val.transAxes)
@@ -301,7 +328,7 @@ def render(out: Path, full: dict, records: Sequence[dict], *, n_resamples: int =
     ordered = sorted(records, key=lambda r: (order.index(r["config"]), r["seed"]))
     full["pareto"] = plot_pareto(ordered, out / "pareto.png", g["metric"], colors)
     plot_ablation(obj, ordered, out / "ablation.png", colors)
-    plot_curves(ordered, out / "curves.png", g["baseline"], colors)
+    plot_curves(ordered, out / "curves.png", g["baseline"], colors, g)
     full["connection"] = connection_summary(ordered) or None
     if full["connection"]:
         plot_connection(full["connection"], out / "connection.png", colors)
