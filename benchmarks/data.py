@@ -4,8 +4,9 @@ Run:  OMP_NUM_THREADS=1 python benchmarks/data.py [--max-bytes 6000000] [--repea
 
 Measures: sharding MB/s with 1 and 2 worker processes (and the hours each scaling preset's corpus
 would take on 64 cores); tokenizer training's peak memory on a corpus larger than its sample;
-loader tokens/s per rank with 1 and 2 worker processes at each preset's sequence length and
-micro-batch, beside one H100 SXM's consumption at 40% MFU for that preset (FLOPs/token from
+loader tokens/s per rank with 0, 1 and 2 worker processes (and 2 at node-level DP) at each preset's
+sequence length and micro-batch - the four settings rotated within each of ``max(5, --repeats)``
+rounds, with the median and minimum of each one's ratio to workers=0 of the same round - beside one H100 SXM's consumption at 40% MFU for that preset (FLOPs/token from
 ``ascender_dist/models/counting.py``), and the loader's memory; per-rank decode work and tokens/s
 at DP 2 and DP 64 with whole-shard reads (every rank decodes every shard) against reads of the
 rank's own samples only, interleaved in one process; resume latency.
@@ -13,8 +14,9 @@ rank's own samples only, interleaved in one process; resume latency.
 ``--sections`` re-runs only some sections; the others keep the previous run's numbers from
 ``data.json`` (the report says which sections are from which run).
 
-Writes ``benchmarks/results/data.md`` (naming CPU model, threads and load average: the machine is
-shared, so every figure is a median of ``--repeats`` runs) and ``data.json`` (raw numbers).
+Writes ``benchmarks/results/data.md`` (naming CPU model, threads, load average and the git commit:
+the machine is shared, so every figure is a median of ``--repeats`` runs or of interleaved rounds)
+and ``data.json`` (raw numbers).
 """
 
 from __future__ import annotations
@@ -286,9 +288,14 @@ def main(argv=None) -> int:
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-data-"))
     work.mkdir(parents=True, exist_ok=True)
+    from ascender_dist.research.ablate.provenance import git_state  # research extra, only when run
+
     res: dict = previous_results(sections)
-    res.update({"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k != "work_dir"}})
+    res.update({"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k != "work_dir"},
+                **git_state()})
     res.setdefault("section_runs", {}).update({x: res["machine"]["loadavg_start"] for x in sections})
+    res.setdefault("section_commits", {}).update({x: {k: res[k] for k in ("git_commit", "git_dirty")}
+                                                  for x in sections})
 
     corpus, res["corpus_s"] = timed(build_default_corpus, work / "corpus.jsonl", args.max_bytes, progress=False)
     text_bytes = sum(len(t.encode("utf-8")) for t in iter_documents([corpus]))
@@ -362,23 +369,56 @@ def previous_results(sections: list[str]) -> dict:
         return {}
     prev = json.loads(path.read_text())
     prev["machine_previous"] = prev.get("machine_previous") or prev["machine"]
+    if "git_previous" not in prev:
+        prev["git_previous"] = {k: prev.get(k) for k in ("git_commit", "git_dirty")}
     return prev
 
 
+LOADER_SETTINGS = ("w0", "w1", "w2", "w2_node_dp")
+
+
 def loader_section(ds: Path, need: dict, args) -> dict:
-    """Tokens/s of rank 0 with 0, 1, 2 workers at DP 1 and with 2 workers at node DP; memory."""
+    """Tokens/s of rank 0 with 0, 1, 2 workers at DP 1 and with 2 workers at node DP, the four settings
+    run back to back in an order rotated by one each round, ``max(5, repeats)`` rounds: per setting the
+    median rate and the median and minimum of its ratio to the same round's workers=0 rate; memory."""
+    from benchmarks.report import ratio_stats
+
     seq, mbs = need["seq_length"], need["micro_batch_size"]
     row = dict(need)
-    for w in (0, 1, 2):
-        row[f"w{w}"] = median([bench_loader(ds, seq, mbs, w, 1, args.micro_batches, args.shuffle_buffer)
-                               for _ in range(args.repeats)])
-    row["w2_node_dp"] = median([bench_loader(ds, seq, mbs, 2, need["node_dp"], args.micro_batches // 2,
-                                             args.shuffle_buffer) for _ in range(args.repeats)])
+    setting = {f"w{w}": (w, 1, args.micro_batches) for w in (0, 1, 2)}
+    setting["w2_node_dp"] = (2, need["node_dp"], args.micro_batches // 2)
+    runs: dict = {k: [] for k in LOADER_SETTINGS}
+    load_start = os.getloadavg()[0]
+    for r in range(max(5, args.repeats)):
+        for k in LOADER_SETTINGS[r % len(LOADER_SETTINGS):] + LOADER_SETTINGS[: r % len(LOADER_SETTINGS)]:
+            workers, dp, batches = setting[k]
+            runs[k].append(bench_loader(ds, seq, mbs, workers, dp, batches, args.shuffle_buffer))
+    for k, rates in runs.items():
+        row[k] = median(rates)
+    row["loader_runs"] = runs
+    row["loader_rounds"] = len(runs["w0"])
+    row["loader_load"] = [load_start, os.getloadavg()[0]]
+    row["loader_x_w0"] = {k: {s: v for s, v in ratio_stats(runs[k], runs["w0"]).items() if s != "ratios"}
+                          for k in LOADER_SETTINGS[1:]}
+    row["loader_w2_x_w1"] = {s: v for s, v in ratio_stats(runs["w2"], runs["w1"]).items() if s != "ratios"}
     row["rss_main"], row["rss_worker"] = loader_memory(ds, seq, mbs, 2, 200, args.shuffle_buffer)
     row["rss_main_dp64"], row["rss_worker_dp64"] = loader_memory(ds, seq, mbs, 2, 200, args.shuffle_buffer, 64)
     print(f"loader {seq}x{mbs}: {row['w1']:,.0f} / {row['w2']:,.0f} tokens/s "
           f"(needs {row['rank_needs_tokens_per_s']:,.0f})", flush=True)
     return row
+
+
+def loader_method(r: dict) -> list[str]:
+    """How the loader table's figures were taken (interleaved rounds, or an older run's back-to-back medians)."""
+    rows = [row for row in r["presets"].values() if "loader_rounds" in row]
+    if not rows:
+        return [f"Each figure: the median of {r['settings']['repeats']} back-to-back runs of one setting (an older "
+                "run, before the settings were interleaved).", ""]
+    return [f"Interleaved: per preset, {rows[0]['loader_rounds']} rounds, each running the four settings (0, 1, 2 "
+            "workers at DP 1; 2 workers at node DP) back to back in an order rotated by one each round. Rates: "
+            "medians over the rounds; in brackets the same round's ratio to workers=0, median and minimum; "
+            "'2 / 1 workers': the same-round ratio, median (min). `load`: 1-minute load average at the start / "
+            "end of the preset's rounds. Raw rates per round: `loader_runs` in data.json.", ""]
 
 
 def own_rows_lines(r: dict) -> list[str]:
@@ -417,12 +457,17 @@ def provenance(r: dict) -> list[str]:
         return []
     load = lambda t: " / ".join(f"{x:.2f}" for x in t)  # noqa: E731
     fresh = ", ".join(f"{k} (load {load(v)})" for k, v in r["section_runs"].items())
+    from benchmarks.report import commit_text
+
     return [f"Sections re-run in the latest invocation: {fresh}. The others are from the previous run, "
-            f"load average at its start {load(r['machine_previous']['loadavg_start'])}.", ""]
+            f"load average at its start {load(r['machine_previous']['loadavg_start'])}, "
+            f"{commit_text(r.get('git_previous')).lower()}.", ""]
 
 
 def render(r: dict) -> str:
     """The markdown report."""
+    from benchmarks.report import commit_text
+
     s, mc = r["settings"], r["machine"]
     load = lambda t: " / ".join(f"{x:.2f}" for x in t)  # noqa: E731
     w1, w2 = r["shard_mb_per_s_w1"], r["shard_mb_per_s_w2"]
@@ -430,10 +475,11 @@ def render(r: dict) -> str:
     lines = ["# Data pipeline benchmark", "",
              f"Machine: {mc['cpu']}, {mc['threads']} hardware threads ({mc['usable_threads']} usable by this "
              f"process), {mc['ram_gib']} GiB RAM, {mc['os']}, Python {mc['python']}, torch {mc['torch']}, "
-             f"OMP_NUM_THREADS={mc['omp_num_threads']}.", "",
+             f"OMP_NUM_THREADS={mc['omp_num_threads']}. {commit_text(r)} (the latest invocation).", "",
              f"Load average (1/5/15 min) at start {load(mc['loadavg_start'])}, at end {load(mc['loadavg_end'])}: the "
              "machine is shared with other jobs, so these figures are noisy (each is the median of "
-             f"{s['repeats']} runs) and, where the load exceeds the thread count, low.", "",
+             f"{s['repeats']} runs, or of interleaved rounds where a table says so) and, where the load exceeds the "
+             "thread count, low.", "",
              *provenance(r),
              "## Sharding (tokenize + pack + write)", "",
              f"Input: the default corpus ({r['text_mb']:.2f} MB of text) {s['copies']} times over in one .jsonl; "
@@ -479,17 +525,24 @@ def render(r: dict) -> str:
               f"{s['shuffle_buffer']}, page cache warm. GPU need = 0.4 x {H100_SXM_BF16_TFLOPS:.0f} TFLOP/s / "
               "training FLOPs per token (GPT, 32k vocabulary: the fastest consumer of the three architectures), "
               "times the GPUs of one model replica (TP x PP: every rank of a replica loads the replica's batch).", "",
-              "| preset | seq x micro-batch | GPU need / rank | workers=0 | 1 worker | 2 workers | ratio (2 workers) | "
-              "scaling 1->2 | 2 workers at node DP | workers for 20x at node DP |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              *loader_method(r),
+              "| preset | seq x micro-batch | GPU need / rank | workers=0 | 1 worker | 2 workers | 2 workers / GPU need | "
+              "2 / 1 workers | 2 workers at node DP | node DP / GPU need | workers for 20x at node DP | load |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for preset, row in r["presets"].items():
         need = row["rank_needs_tokens_per_s"]
         implied = math.ceil(20 * need / (row["w2_node_dp"] / 2))  # at node DP, each worker adding its share
+        x = row.get("loader_x_w0", {})
+        rel = lambda k: f" ({x[k]['median']:.2f}x, min {x[k]['min']:.2f}x)" if k in x else ""  # noqa: E731
+        w21 = row.get("loader_w2_x_w1")  # an older run: the ratio of the medians
+        w21 = f"{w21['median']:.2f}x (min {w21['min']:.2f}x)" if w21 else f"{row['w2'] / row['w1']:.2f}x"
         lines.append(
             f"| {preset} | {row['seq_length']} x {row['micro_batch_size']} | {need / 1e6:.2f} M | "
-            f"{row['w0'] / 1e6:.1f} M | {row['w1'] / 1e6:.1f} M | {row['w2'] / 1e6:.1f} M | "
-            f"**{row['w2'] / need:.0f}x** | {row['w2'] / row['w1']:.2f}x | "
-            f"{row['w2_node_dp'] / 1e6:.1f} M at DP{row['node_dp']} (**{row['w2_node_dp'] / need:.0f}x**) | {implied} |")
+            f"{row['w0'] / 1e6:.1f} M | {row['w1'] / 1e6:.1f} M{rel('w1')} | {row['w2'] / 1e6:.1f} M{rel('w2')} | "
+            f"**{row['w2'] / need:.0f}x** | {w21} | "
+            f"{row['w2_node_dp'] / 1e6:.1f} M at DP{row['node_dp']}{rel('w2_node_dp')} | "
+            f"**{row['w2_node_dp'] / need:.0f}x** | {implied} | "
+            + (" / ".join(f"{v:.1f}" for v in row["loader_load"]) if "loader_load" in row else "") + " |")
     lines += ["", "Tokens/s per rank. 'node DP' is rank 0 of a data-parallel group of one 8-GPU node's size; with "
               "more than one rank each rank reads only the samples it yields (positioned reads of local shards, "
               "see below), so the rate a rank delivers no longer falls with DP beyond the cost of the reads "

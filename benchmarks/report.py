@@ -19,3 +19,19 @@ def publish(name: str, lines: list[str], data, write: bool) -> bool:
         (RESULTS / f"{name}.md").write_text(text)
         (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1))
     return write
+
+
+def commit_text(state: dict | None) -> str:
+    """``Commit <12 hex>`` (``(dirty)`` when tracked files differed or untracked files existed) from a
+    ``git_state()`` dict (ascender_dist/research/ablate/provenance.py), or that it was not recorded."""
+    if not state or not state.get("git_commit"):
+        return "Commit not recorded"
+    return f"Commit {state['git_commit'][:12]}{' (dirty)' if state.get('git_dirty') else ''}"
+
+
+def ratio_stats(num: list[float], den: list[float]) -> dict:
+    """Median and minimum of the same-round ratios num[i] / den[i], and the ratios themselves."""
+    import statistics
+
+    ratios = [a / b for a, b in zip(num, den)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "ratios": ratios}
