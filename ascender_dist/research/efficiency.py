@@ -339,7 +339,8 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
                 "threads": args.threads, "overrides": args.overrides}
     (out / "table2.md").write_text(render(rows, ablation, settings))
     (out / "table2.json").write_text(json.dumps({"settings": settings, "rows": rows, "ablation": ablation,
-                                                 "python": platform.python_version()}, indent=1))
+                                                 "python": platform.python_version(),
+                                                 "provenance": report_provenance()}, indent=1))
     print(f"wrote {out / 'table2.md'} and table2.json")
     return 0
 

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ascender_dist.logs import setup_cli_logging
+from ascender_dist.research.ablate.provenance import report_provenance
 
 log = logging.getLogger("ascender_dist")
 
@@ -486,6 +487,7 @@ def make_figures(models: Sequence[tuple[Optional[str], Path]], out_dir: Path, *,
         (out_dir / "table4_clusters.md").write_text(table4_markdown(table4, seed_of_dir))
         (out_dir / "table4_clusters.json").write_text(json.dumps(_json_safe(table4), indent=1))
         summary["table4"] = {"md": str(out_dir / "table4_clusters.md"), "json": str(out_dir / "table4_clusters.json")}
+    summary["provenance"] = report_provenance()
     (out_dir / "figures.json").write_text(json.dumps(_json_safe(summary), indent=1))
     return summary
 
@@ -578,6 +580,7 @@ def redraw(out_dir: Path) -> dict:
     table4_json = out_dir / "table4_clusters.json"
     if table4_json.exists():
         (out_dir / "table4_clusters.md").write_text(table4_markdown(json.loads(table4_json.read_text()), seed_of_dir))
+    summary["provenance"] = report_provenance()
     (out_dir / "figures.json").write_text(json.dumps(_json_safe(summary), indent=1))
     return summary
 

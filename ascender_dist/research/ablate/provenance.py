@@ -34,6 +34,14 @@ def git_state(root: Path = REPO) -> dict:
     return {"git_commit": commit or None, "git_dirty": bool(status.strip())}
 
 
+def report_provenance() -> dict:
+    """What a generated table or figure records of where it came from: git commit and dirty flag,
+    library versions and the command line."""
+    import sys
+
+    return {**git_state(), "versions": versions(), "command": [sys.executable, *sys.argv]}
+
+
 def versions() -> dict:
     return package_versions(PACKAGES)
 

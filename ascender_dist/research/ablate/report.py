@@ -17,7 +17,7 @@ import numpy as np
 
 from .collect import aggregate
 from .grid import Grid
-from .provenance import config_hash, file_sha256, git_state, mixed_commit_line, versions
+from .provenance import config_hash, file_sha256, git_state, mixed_commit_line, report_provenance, versions
 
 PER_SEQUENCE = "per_sequence.npz"
 PER_SEQUENCE_KEYS = ("val_example_losses", "val_example_index", "val_example_documents")
@@ -438,7 +438,7 @@ def rebuild(directory: Path, *, n_resamples: int = 10_000, n_permutations: int =
                                    if any(r["config"] == c for r in records)])
     import sys
 
-    full["report_provenance"] = {**git_state(), "versions": versions(), "command": [sys.executable, *sys.argv]}
+    full["report_provenance"] = report_provenance()
     return render(directory, full, records, n_resamples=n_resamples, n_permutations=n_permutations)
 
 
