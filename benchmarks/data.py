@@ -459,7 +459,7 @@ def provenance(r: dict) -> list[str]:
     fresh = ", ".join(f"{k} (load {load(v)})" for k, v in r["section_runs"].items())
     from benchmarks.report import commit_text
 
-    return [f"Sections re-run in the latest invocation: {fresh}. The others are from the previous run, "
+    return [f"Sections re-run after the last full run (each with its load average): {fresh}. The others are from that full run, "
             f"load average at its start {load(r['machine_previous']['loadavg_start'])}, "
             f"{commit_text(r.get('git_previous')).lower()}.", ""]
 
