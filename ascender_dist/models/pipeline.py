@@ -18,6 +18,7 @@ consolidate into one naming whatever the layout.
 from __future__ import annotations
 
 import re
+from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -86,8 +87,19 @@ class TransformerLayerPipe(nn.Module):
             seq = hidden.shape[0] * (self.layer.config.tensor_model_parallel_size
                                      if self.layer.config.sequence_parallel else 1)
             rotary = self.rotary(seq)
-        output, _ = self.layer(hidden, attention_mask=None, rotary_pos_emb=rotary)
+        with self._rng_context():
+            output, _ = self.layer(hidden, attention_mask=None, rotary_pos_emb=rotary)
         return output
+
+    def _rng_context(self):
+        """Under sequence parallelism each TP rank holds other tokens, so dropout draws from the
+        model-parallel RNG stream (one per TP rank), as megatron's TransformerBlock does around its
+        layers; consecutive forks continue one stream, so a stage's layers draw what the block's would."""
+        if not self.layer.config.sequence_parallel:
+            return nullcontext()
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        return get_cuda_rng_tracker().fork()
 
 
 class FinalNormPipe(nn.Module):

@@ -27,6 +27,14 @@ def test_tensor_parallel_matches_single_rank(results, check):
         assert diffs["max_grad"] < TOL, diffs
 
 
+def test_pipeline_layers_draw_dropout_like_the_transformer_block(results):
+    """Sequence parallel + dropout: the pipeline path forks megatron's TP RNG stream around each layer."""
+    for value in assert_check(results, "pipeline_dropout_rng_sp"):
+        assert value["loaded"] > 0
+        assert value["other_draw_diff"] > 1e-3, value  # dropout is on: another seed, other logits
+        assert value["diff"] < TOL, value
+
+
 def test_shared_omega_gradient_is_summed_over_tp_ranks(results):
     """Each TP rank holds the whole [1, 3] omega and sees only its heads: its gradient must be the sum
     over both ranks (one rank's share would be about half of TP=1's gradient)."""

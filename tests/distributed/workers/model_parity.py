@@ -38,6 +38,9 @@ def main(args):
         "mixed_ascender_connection_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN}}),
         "connection_stop_under_tp": connection_stop_under_tp,
+        "pipeline_dropout_rng_sp": lambda: pipeline_dropout_matches_block(
+            {"model": {**DEBUG, "architecture": "ascender", "ascender": ASC, "hidden_dropout": 0.2},
+             "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True}}),
         "dist_ckpt_ascender": lambda: dist_checkpoint_reshard(
             {"model": {**DEBUG, "architecture": "ascender", "ascender": ASC}}, args["root"]),
         "dist_ckpt_ascender_shared_omega": lambda: dist_checkpoint_reshard(
@@ -81,6 +84,46 @@ def connection_stop_under_tp() -> dict:
     return {"steps": steps.tolist(), "peer_steps": [p.tolist() for p in peers],
             "unsharded_steps": full.last_stats.steps.tolist(), "out_diff": (out - expected).abs().max().item(),
             "iterations": sharded.last_stats.iterations}
+
+
+def pipeline_dropout_matches_block(raw_cfg: dict) -> dict:
+    """TP=2 with sequence parallelism and dropout, training mode: the pipeline module's layers
+    (one stage) and megatron's TransformerBlock (GPTModel) with the same weights and the same RNG
+    states must draw the same dropout masks, i.e. give the same logits. Also the logits of a
+    second draw, to show dropout is really on."""
+    import torch.distributed as dist
+
+    from ascender_dist.config.resolve import config_from_dict, derive
+    from ascender_dist.models.pipeline import build_pipeline_module, canonical_name
+    from ascender_dist.parallel.setup import init_model_parallel, init_process_group
+    from ascender_dist.training.engine import build_run_model, model_layout
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    init_process_group()
+    cfg = config_from_dict(raw_cfg)
+    derived = derive(cfg, dist.get_world_size(), 256)
+    init_model_parallel(2, 1, seed=3)
+    block = build_run_model(cfg, derived).train()
+    pipe = build_pipeline_module(cfg.model, model_layout(cfg, derived), cfg.train.precision, seed=3).train()
+    state = block.state_dict()
+    pipe_state = {name: state[canonical_name(name, cfg.model.num_layers)]
+                  for name in pipe.state_dict() if not name.endswith("_extra_state")}
+    pipe.load_state_dict(pipe_state, strict=False)
+    tokens = torch.randint(0, 256, (2, cfg.model.seq_length), generator=torch.Generator().manual_seed(5))
+    position_ids = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+
+    def draw(model_fn, seed):
+        torch.manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed)
+        with torch.no_grad():
+            return model_fn()
+
+    block_logits = draw(lambda: block(tokens, position_ids, None).transpose(0, 1), 9)  # [b, s, v] -> [s, b, v]
+    pipe_logits = draw(lambda: pipe(tokens), 9)  # [s, b, v/tp]
+    other_draw = draw(lambda: pipe(tokens), 10)
+    return {"diff": (pipe_logits - block_logits).abs().max().item(),
+            "other_draw_diff": (other_draw - block_logits).abs().max().item(),
+            "loaded": len(pipe_state)}
 
 
 def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
