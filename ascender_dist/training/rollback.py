@@ -9,11 +9,13 @@ older checkpoint than the previous rollback did (the checkpoints in between may 
 the start of the divergence). After ``train.max_rollbacks`` rollbacks in a row the job stops with
 :class:`DivergenceError`, one line naming the step, the loss and the last good checkpoint: every
 further retry would burn accelerator hours on a run that needs a person (lower LR, other data).
+The row is part of the checkpoint (``state_dict``): a job restarted inside a row goes on counting
+it, rather than granting a diverging run ``max_rollbacks`` more tries on every restart.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 from ascender_dist.config.errors import UserError
@@ -30,6 +32,14 @@ class RollbackPolicy:
     in_a_row: int = 0  # rollbacks since the run last saved a checkpoint past the trouble
     trigger_step: Optional[int] = None  # furthest step whose bad steps caused a rollback in this row
     target_step: Optional[int] = None  # checkpoint step the previous rollback of this row went to
+
+    def state_dict(self) -> dict:
+        """The current row (checkpointed with the run; the bound comes from the config)."""
+        return {key: value for key, value in asdict(self).items() if key != "max_rollbacks"}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.in_a_row, self.trigger_step, self.target_step = (
+            state["in_a_row"], state["trigger_step"], state["target_step"])
 
     def saved(self, step: int) -> None:
         """A checkpoint was saved at ``step``; past the trigger of the last rollback, the row ends."""

@@ -99,6 +99,8 @@ class Trainer:
         self.loader.load_state_dict(client_state["data"])
         if "guard" in client_state:
             self.guard.load_state_dict(client_state["guard"])
+        if "rollback" in client_state:
+            self.rollback_policy.load_state_dict(client_state["rollback"])
         if self.pstate.is_logging_rank:
             log.info("resumed from %s at step %d", self.derived.checkpoint_dir / tag if tag else
                      self.derived.checkpoint_dir / ckpt.tag_for_step(self.step), self.step)
@@ -126,16 +128,16 @@ class Trainer:
         import yaml
 
         step = self.step if step is None else step
+        self.rollback_policy.saved(step)  # first: the checkpoint records the row as this save leaves it
         tag = ckpt.save_checkpoint(
             self.engine, self.derived.checkpoint_dir, step,
             client_state={"step": step, "data": self.loader.state_dict(), "config": to_dict(self.cfg),
-                          "guard": self.guard.state_dict(),
+                          "guard": self.guard.state_dict(), "rollback": self.rollback_policy.state_dict(),
                           "padded_vocab_size": self.derived.padded_vocab_size},
             keep_last=self.cfg.checkpoint.keep_last,
             extra_files={"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
                          "meta.json": json.dumps(self.checkpoint_meta(step), indent=1)},
         )
-        self.rollback_policy.saved(step)
         if self.pstate.is_logging_rank:
             log.info("saved checkpoint %s", self.derived.checkpoint_dir / tag)
         self._call("on_save", tag)
@@ -239,9 +241,10 @@ class Trainer:
                 f"step {bad_step}: loss {loss:.4g}, {self.consecutive_bad} bad steps in a row after "
                 f"{self.rollback_policy.in_a_row} rollbacks in a row (train.max_rollbacks: "
                 f"{self.cfg.train.max_rollbacks}); {last_good}")
-        data_state = self.loader.state_dict()
+        data_state, row = self.loader.state_dict(), self.rollback_policy.state_dict()
         self.resume(ckpt.tag_for_step(target))
         self.loader.load_state_dict(data_state)
+        self.rollback_policy.load_state_dict(row)  # the row goes on, whatever row the target had recorded
         # saved again at once (same weights, the data position past the failed batches) and made
         # `latest`: a job that dies before its next save resumes here, not at the checkpoint the
         # rollback passed over, and does not replay the failed batches

@@ -57,3 +57,12 @@ def test_a_diverging_run_rolls_back_to_older_checkpoints_then_stops_in_one_line(
         last_good = f"{value['checkpoint_dir']}/step_00000006"
         assert value["error"] == (f"step 8: loss nan, 2 bad steps in a row after 2 rollbacks in a row "
                                   f"(train.max_rollbacks: 2); last good checkpoint {last_good}")
+
+
+def test_a_restarted_job_goes_on_counting_the_rollback_row_it_resumes_inside(results):
+    for value in assert_check(results, "diverging_restart"):
+        # the first job rolled back to step 6 and died; the second resumes there with that rollback
+        # on record: its next rollback is a repeat (older, step 4), and the one after is the third
+        assert value["resumed_at"] == 6
+        assert value["resumed"] == ["step_00000004"]
+        assert value["error"] is not None and "after 2 rollbacks in a row" in value["error"], value

@@ -108,6 +108,49 @@ def _diverging_check(args) -> dict:
             "checkpoint_dir": str(trainer.derived.checkpoint_dir)}
 
 
+class _Crash(Exception):
+    """The job dies (preemption, a node lost) right after a rollback."""
+
+
+def _diverging_restart_check(args) -> dict:
+    """As _diverging_check, but the job dies right after its first rollback and a new job resumes:
+    the rollback row it resumes inside goes on (the next rollback is a repeat, to an older
+    checkpoint, and the bound counts the first job's rollback), instead of starting afresh."""
+    from ascender_dist.training.rollback import DivergenceError
+
+    sections = dict(train={"train_steps": 12, "max_consecutive_bad_steps": 2, "max_rollbacks": 2},
+                    checkpoint={"save_interval": 2, "keep_last": 10})
+    first = _trainer(args, "diverging_restart", **sections)
+    _inject(first, steps=range(6, 100), ranks={1}, how="nan", after_rollbacks=True)
+    rollback = first.rollback
+
+    def crash_after(loss):
+        rollback(loss)
+        raise _Crash()
+
+    first.rollback = crash_after
+    try:
+        first.fit()
+    except _Crash:
+        pass
+    second = _trainer(args, "diverging_restart", **sections)  # auto-resumes from the re-saved target
+    resumed_at = second.step
+    _inject(second, steps=range(6, 100), ranks={1}, how="nan", after_rollbacks=True)
+    resumed, resume = [], second.resume
+
+    def recording(tag=None):
+        resumed.append(tag)
+        return resume(tag)
+
+    second.resume = recording
+    try:
+        second.fit()
+        error = None
+    except DivergenceError as exc:
+        error = str(exc)
+    return {"error": error, "resumed_at": resumed_at, "resumed": resumed, "step": second.step}
+
+
 def main(args):
     return run_checks({
         "nan_zero0": lambda: _skip_check(args, "nan0", "nan", parallel={"zero_stage": 0}),
@@ -117,4 +160,5 @@ def main(args):
         "rollback": lambda: _rollback_check(args),
         "bad_row_at_end": lambda: _bad_row_at_the_end_check(args),
         "diverging": lambda: _diverging_check(args),
+        "diverging_restart": lambda: _diverging_restart_check(args),
     })
