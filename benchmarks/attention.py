@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python benchmarks/attention.py` from anywhere
+    sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 IMPLS = ("sdpa", "seed", "reference", "fast")
 HEADS, HEAD_DIM, D_Z, D_A, K_TOP, WINDOW, GLOBALS = 8, 64, 32, 32, 16, 128, 4
