@@ -330,3 +330,24 @@ def test_an_unreachable_rendezvous_is_one_line_within_the_timeout(monkeypatch):
     with pytest.raises(UserError, match=r"^rank 1: cannot reach the job's rendezvous no-such-host\.invalid:29512 "
                                         r"within 0\.05 min \("):
         job_store(timeout_minutes=0.05)
+
+
+def test_the_training_script_hides_gpus_from_cpu_ranks(monkeypatch):
+    """The demo's CPU ranks on a host with GPUs: launch/train.py clears CUDA_VISIBLE_DEVICES (which
+    DeepSpeed's CPU accelerator sets per rank) before training starts."""
+    import runpy
+
+    import ascender_dist.cli
+
+    seen = {}
+
+    def train_main():
+        seen["cuda"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        return 0
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(ascender_dist.cli, "train_main", train_main)
+    with pytest.raises(SystemExit):
+        runpy.run_path(str(Path(REPO_ROOT) / "launch" / "train.py"), run_name="__main__")
+    assert seen == {"cuda": ""}
