@@ -25,6 +25,9 @@ elif [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 if [ "$ACTION" = install ]; then
+    # a torch already here is one the plan refused (another build, or out of range): pip would call a
+    # CPU build "already satisfied" by torch==X from the CUDA index, so it goes first
+    .venv/bin/python -m pip uninstall --quiet --yes torch 2>/dev/null || true
     .venv/bin/python -m pip install --quiet ${INDEX_URL:+--index-url "$INDEX_URL"} "$SPEC"
 fi
 TORCH_VERSION=$(.venv/bin/python -c 'from importlib.metadata import version; print(version("torch"))')

@@ -98,16 +98,20 @@ def decide(venv_python: str, base_python: str) -> dict:
     rng = torch_range()
     if spec_env:
         return dict(ACTION="install", SPEC=spec_env, INDEX_URL="", SYSTEM_SITE="0", REASON="TORCH_SPEC is set")
+    gpu = has_cuda_device()
     for python, system_site in ((venv_python, "0"), (base_python, "1")):
         version = installed_torch(python)
-        if version and in_range(version, rng):
+        if version and gpu and version.endswith("+cpu"):  # e.g. a .venv made on a login node without GPUs
+            print(f"setup: torch {version} for {python} is a CPU build and this host has a CUDA device: not used",
+                  file=sys.stderr)
+        elif version and in_range(version, rng):
             return dict(ACTION="keep", SPEC=f"torch=={version}", INDEX_URL="", SYSTEM_SITE=system_site,
                         REASON=f"torch {version} is installed and in range {rng}")
-        if version:
+        elif version:
             print(f"setup: torch {version} for {python} is outside {rng}: not used", file=sys.stderr)
         if os.environ.get("ASCENDER_TORCH_PROBE") is not None:
             break  # a stubbed probe answers for both interpreters
-    if has_cuda_device():
+    if gpu:
         index = os.environ.get("TORCH_CUDA_INDEX", DEFAULT_CUDA_INDEX)
         return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=index, SYSTEM_SITE="0",
                     REASON="a CUDA device is present: CUDA build")

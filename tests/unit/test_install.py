@@ -40,9 +40,11 @@ def dry_run(gpu: bool, installed: str | None, **env: str) -> str:
     (True, "2.13.0+cu126", "keep torch==2.13.0+cu126:"),
     (False, "2.13.0+cpu", "keep torch==2.13.0+cpu:"),
     (True, "2.13.1", "keep torch==2.13.1:"),
+    # a CPU build (a .venv made on a GPU-less login node) on a GPU host: replaced by the CUDA build
+    (True, "2.13.0+cpu", f"install torch=={TESTED_TORCH} (index {DEFAULT_CUDA_INDEX}): a CUDA device is present"),
     (True, "2.9.1", f"install torch=={TESTED_TORCH} (index {DEFAULT_CUDA_INDEX})"),  # out of range: replaced
     (False, "2.14.0", f"install torch=={TESTED_TORCH} (index {DEFAULT_CPU_INDEX}): no CUDA device"),
-], ids=["cpu-fresh", "gpu-fresh", "gpu-ngc", "gpu-cuda", "cpu-kept", "gpu-patch", "gpu-old", "cpu-newer"])
+], ids=["cpu-fresh", "gpu-fresh", "gpu-ngc", "gpu-cuda", "cpu-kept", "gpu-patch", "gpu-cpu-build", "gpu-old", "cpu-newer"])
 def test_setup_torch_decision(gpu, installed, expected):
     assert dry_run(gpu, installed).startswith(expected)
 
