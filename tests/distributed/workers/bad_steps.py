@@ -86,11 +86,19 @@ def _bad_row_at_the_end_check(args) -> dict:
 def _diverging_check(args) -> dict:
     """Every step from 7 on is bad, however often the run rolls back: the rollbacks go to older
     checkpoints, then the run stops with one line."""
-    from ascender_dist.training.rollback import DivergenceError
-
     trainer = _trainer(args, "diverging", train={"train_steps": 12, "max_consecutive_bad_steps": 2,
                                                  "max_rollbacks": 2},
                        checkpoint={"save_interval": 2, "keep_last": 10})
+    error, resumed = _diverge(trainer)
+    return {"error": error, "resumed": resumed, "step": trainer.step, "rollbacks": trainer.rollbacks,
+            "checkpoint_dir": str(trainer.derived.checkpoint_dir)}
+
+
+def _diverge(trainer) -> tuple:
+    """Every step from 7 on bad on rank 1; train until the run gives up. Returns (the
+    DivergenceError's text or None, the tags its rollbacks resumed from)."""
+    from ascender_dist.training.rollback import DivergenceError
+
     _inject(trainer, steps=range(6, 100), ranks={1}, how="nan", after_rollbacks=True)
     resumed, resume = [], trainer.resume
 
@@ -101,11 +109,9 @@ def _diverging_check(args) -> dict:
     trainer.resume = recording
     try:
         trainer.fit()
-        error = None
     except DivergenceError as exc:
-        error = str(exc)
-    return {"error": error, "resumed": resumed, "step": trainer.step, "rollbacks": trainer.rollbacks,
-            "checkpoint_dir": str(trainer.derived.checkpoint_dir)}
+        return str(exc), resumed
+    return None, resumed
 
 
 class _Crash(Exception):
@@ -116,8 +122,6 @@ def _diverging_restart_check(args) -> dict:
     """As _diverging_check, but the job dies right after its first rollback and a new job resumes:
     the rollback row it resumes inside goes on (the next rollback is a repeat, to an older
     checkpoint, and the bound counts the first job's rollback), instead of starting afresh."""
-    from ascender_dist.training.rollback import DivergenceError
-
     sections = dict(train={"train_steps": 12, "max_consecutive_bad_steps": 2, "max_rollbacks": 2},
                     checkpoint={"save_interval": 2, "keep_last": 10})
     first = _trainer(args, "diverging_restart", **sections)
@@ -135,19 +139,7 @@ def _diverging_restart_check(args) -> dict:
         pass
     second = _trainer(args, "diverging_restart", **sections)  # auto-resumes from the re-saved target
     resumed_at = second.step
-    _inject(second, steps=range(6, 100), ranks={1}, how="nan", after_rollbacks=True)
-    resumed, resume = [], second.resume
-
-    def recording(tag=None):
-        resumed.append(tag)
-        return resume(tag)
-
-    second.resume = recording
-    try:
-        second.fit()
-        error = None
-    except DivergenceError as exc:
-        error = str(exc)
+    error, resumed = _diverge(second)
     return {"error": error, "resumed_at": resumed_at, "resumed": resumed, "step": second.step}
 
 
