@@ -153,6 +153,16 @@ class GuardedPipelineLoss:
         return loss
 
 
+def recompute_layers(function, *args):
+    """Activation checkpointing of the pipeline's layers through megatron's checkpoint, which
+    restores megatron's model-parallel RNG tracker for the recompute (DeepSpeed's default restores
+    only its own): the dropout drawn from that tracker (megatron's attention dropout, every dropout
+    under sequence parallelism) then draws the forward's masks again and the gradients are exact."""
+    from megatron.core import tensor_parallel
+
+    return tensor_parallel.checkpoint(function, False, *args)
+
+
 def build_pipeline_module(model: ModelConfig, layout: ModelLayout, precision: str, seed: int, guard=None):
     """The PipelineModule of the model section ``model`` cut as ``layout`` says; ``precision`` and
     ``seed`` as in :func:`ascender_dist.models.build.build_model`."""
@@ -174,6 +184,7 @@ def build_pipeline_module(model: ModelConfig, layout: ModelLayout, precision: st
     module = PipelineModule(
         layers=specs, topology=topology, loss_fn=GuardedPipelineLoss(layout.vocab_size, guard), partition_method="type:TransformerLayerPipe",
         activation_checkpoint_interval=1 if layout.activation_checkpointing else 0,
+        activation_checkpoint_func=recompute_layers,
         checkpointable_layers=["TransformerLayerPipe"],
     )
     if layout.sequence_parallel:

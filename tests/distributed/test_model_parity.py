@@ -35,6 +35,13 @@ def test_pipeline_layers_draw_dropout_like_the_transformer_block(results):
         assert value["diff"] < TOL, value
 
 
+def test_pipeline_recompute_redraws_the_forward_dropout(results):
+    """PP activation checkpointing with dropout: gradients equal those without recompute."""
+    for value in assert_check(results, "pipeline_recompute_dropout"):
+        assert value["num_grads"] > 0
+        assert value["loss_diff"] < TOL and value["max_grad_diff"] < TOL, value
+
+
 def test_shared_omega_gradient_is_summed_over_tp_ranks(results):
     """Each TP rank holds the whole [1, 3] omega and sees only its heads: its gradient must be the sum
     over both ranks (one rank's share would be about half of TP=1's gradient)."""

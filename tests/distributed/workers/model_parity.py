@@ -38,6 +38,10 @@ def main(args):
         "mixed_ascender_connection_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN}}),
         "connection_stop_under_tp": connection_stop_under_tp,
+        # megatron's attention dropout (drawn from its TP tracker) under the pipeline's recompute
+        "pipeline_recompute_dropout": lambda: pipeline_recompute_matches_plain(
+            {"model": {**DEBUG, "attention_dropout": 0.3, "hidden_dropout": 0.2},
+             "parallel": {"tensor_model_parallel_size": 2, "activation_checkpointing": True}}),
         "pipeline_dropout_rng_sp": lambda: pipeline_dropout_matches_block(
             {"model": {**DEBUG, "architecture": "ascender", "ascender": ASC, "hidden_dropout": 0.2},
              "parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True}}),
@@ -124,6 +128,38 @@ def pipeline_dropout_matches_block(raw_cfg: dict) -> dict:
     return {"diff": (pipe_logits - block_logits).abs().max().item(),
             "other_draw_diff": (other_draw - block_logits).abs().max().item(),
             "loaded": len(pipe_state)}
+
+
+def pipeline_recompute_matches_plain(raw_cfg: dict) -> dict:
+    """The pipeline module (one stage) with and without activation checkpointing, same weights and
+    RNG states, dropout on: the recompute must draw the forward's dropout masks again, so loss and
+    every gradient agree."""
+    import torch.distributed as dist
+
+    from ascender_dist.config.resolve import config_from_dict, derive
+    from ascender_dist.models.pipeline import build_pipeline_module
+    from ascender_dist.parallel.setup import init_model_parallel, init_process_group
+    from ascender_dist.training.engine import model_layout
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    init_process_group()
+    cfg = config_from_dict(raw_cfg)
+    derived = derive(cfg, dist.get_world_size(), 256)
+    init_model_parallel(2, 1, seed=3)
+    pipe = build_pipeline_module(cfg.model, model_layout(cfg, derived), cfg.train.precision, seed=3).train()
+    tokens = torch.randint(0, 256, (2, cfg.model.seq_length + 1), generator=torch.Generator().manual_seed(5))
+    runs = {}
+    for interval in (0, 1):  # 0: no recompute; 1: every layer recomputed in backward
+        pipe.set_checkpoint_interval(interval)
+        pipe.zero_grad(set_to_none=True)
+        torch.manual_seed(9)
+        model_parallel_cuda_manual_seed(9)
+        loss = pipe.loss_fn(pipe(tokens[:, :-1]), tokens[:, 1:])
+        loss.backward()
+        runs[interval] = (loss.item(), {n: p.grad.clone() for n, p in pipe.named_parameters() if p.grad is not None})
+    grads = runs[0][1]
+    return {"loss_diff": abs(runs[0][0] - runs[1][0]), "num_grads": len(grads),
+            "max_grad_diff": max((runs[1][1][n] - g).abs().max().item() for n, g in grads.items())}
 
 
 def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
