@@ -6,6 +6,12 @@ from ascender_dist.config.resolve import Derived
 from ascender_dist.config.schema import RunConfig
 
 
+def uses_own_optimizer(cfg: RunConfig) -> bool:
+    """fp32 ZeRO-0: DeepSpeed runs the bare torch optimizer there, so the run brings its own
+    (training.zero0_optimizer.ClippedAdamW: global gradient norm, clipping, non-finite skip)."""
+    return cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
+
+
 def to_deepspeed_config(cfg: RunConfig, derived: Derived, load_universal: bool = False) -> dict:
     o, t, p = cfg.optimizer, cfg.train, cfg.parallel
     bf16 = t.precision == "bf16"
@@ -25,6 +31,9 @@ def to_deepspeed_config(cfg: RunConfig, derived: Derived, load_universal: bool =
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
     }
+    if uses_own_optimizer(cfg):  # built and clipped by the run (training.engine), not by DeepSpeed
+        del ds["optimizer"]
+        ds["gradient_clipping"] = 0.0
     if load_universal:  # resuming at another data-parallel size (see training.checkpoint.ensure_universal)
         ds["checkpoint"] = {"load_universal": True}
     if bf16:

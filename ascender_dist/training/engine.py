@@ -13,9 +13,10 @@ from ascender_dist.config.resolve import Derived
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.build import build_model, lm_loss
 from ascender_dist.parallel.setup import MegatronMPU
-from ascender_dist.training.deepspeed_config import to_deepspeed_config
+from ascender_dist.training.deepspeed_config import to_deepspeed_config, uses_own_optimizer
 from ascender_dist.training.guard import skip_nonfinite_steps
 from ascender_dist.training.weights import check_all_weights_used, load_canonical_state
+from ascender_dist.training.zero0_optimizer import ClippedAdamW
 
 
 def model_layout(cfg: RunConfig, derived: Derived) -> ModelLayout:
@@ -83,15 +84,29 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
         source, field = cfg.checkpoint.init_from or "", "checkpoint.init_from"
         used = load_canonical_state(module, cfg, init_state, source=source, field=field)
         check_all_weights_used(init_state, used, source=source, field=field)
+    groups = weight_decay_groups(module, cfg.optimizer.weight_decay)
+    optimizer = own_optimizer(cfg, groups) if uses_own_optimizer(cfg) else None
     engine, _, _, _ = deepspeed.initialize(
         model=module,
-        model_parameters=weight_decay_groups(module, cfg.optimizer.weight_decay),
+        model_parameters=None if optimizer is not None else groups,
+        optimizer=optimizer,
         config=to_deepspeed_config(cfg, derived, load_universal),
         mpu=mpu,
     )
-    if cfg.parallel.zero_stage == 0:
+    if cfg.parallel.zero_stage == 0 and optimizer is None:  # bf16 ZeRO-0: DeepSpeed's BF16 wrapper clips
         skip_nonfinite_steps(engine)
     return engine
+
+
+def own_optimizer(cfg: RunConfig, groups: list[dict]) -> ClippedAdamW:
+    """The fp32 ZeRO-0 optimizer (see training.zero0_optimizer), with the rates and clipping of
+    ``cfg.optimizer``; the gradient norm spans megatron's model-parallel group (TP x PP)."""
+    from megatron.core import parallel_state as mps
+
+    o = cfg.optimizer
+    return ClippedAdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+                        max_norm=o.grad_clip, tp_rank=mps.get_tensor_model_parallel_rank(),
+                        norm_group=mps.get_model_parallel_group())
 
 
 def pipeline_batches(batches):

@@ -13,6 +13,7 @@ from tests.helpers.multiproc import assert_check, run_ranks
 pytestmark = pytest.mark.distributed
 
 LOSS_TOL = 1e-5
+GRAD_NORM_RTOL = 1e-4
 PARAM_TOL = 1e-5
 # ASCender under TP: the z projection (QKV rows of z) has a loss invariant to translating z, so its
 # gradient along that direction is rounding noise that Adam scales up. Measured after 3 steps at
@@ -43,6 +44,13 @@ def _check(results, name):
     assert value["layout_used"] == value["layout_expected"], value  # the layout really ran, not a fallback
     assert len(value["losses"]) == len(value["reference_losses"]) > 0
     assert value["loss_diff"] < LOSS_TOL, value
+    # every layout reports the global gradient norm of the whole model (all TP and PP ranks, each
+    # gradient counted once), the norm that clipping used; the reference's norms exceed grad_clip (0.25)
+    # at some step, so a layout that clipped by another norm would also move the weights
+    norms, ref_norms = value["grad_norms"], value["reference_grad_norms"]
+    assert None not in ref_norms and max(ref_norms) > 0.25, value
+    assert None not in norms and len(norms) == len(ref_norms), value
+    assert max(abs(a - b) / b for a, b in zip(norms, ref_norms)) < GRAD_NORM_RTOL, value
     tolerance = ASCENDER_TP_PARAM_TOL if name.startswith(("ascender", "mixed_sc")) and "tp2" in name else PARAM_TOL
     assert value["param_diff"] < tolerance, value
     assert value["replica_diff"] == 0.0, value  # TP-replicated parameters identical on every TP rank

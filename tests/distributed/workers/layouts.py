@@ -11,6 +11,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ascender_dist.config.resolve import config_from_dict
+from ascender_dist.training.callbacks import Callback
 from tests.helpers.data import tiny_run_config
 from tests.helpers.multiproc import run_checks
 
@@ -60,10 +61,13 @@ LAYOUTS = {
         "dp2_zero3": {"zero_stage": 3},
         "tp2_sequence_parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
         "dp2_recompute": {"zero_stage": 1, "activation_checkpointing": True},
-        "pp2_recompute": {"pipeline_model_parallel_size": 2, "activation_checkpointing": True}},
+        "pp2_recompute": {"pipeline_model_parallel_size": 2, "activation_checkpointing": True},
+        # fp32 ZeRO-0 under a pipeline: the run's own optimizer clips by the norm over both stages
+        "pp2_zero0": {"pipeline_model_parallel_size": 2, "zero_stage": 0}},
     4: {"tp2_pp2": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
         "pp2_dp2": {"pipeline_model_parallel_size": 2},  # ZeRO-1 over the data-parallel pairs of each stage
-        "tp2_dp2_zero3": {"tensor_model_parallel_size": 2, "zero_stage": 3}},
+        "tp2_dp2_zero3": {"tensor_model_parallel_size": 2, "zero_stage": 3},
+        "tp2_pp2_zero0": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "zero_stage": 0}},
 }
 
 
@@ -85,14 +89,25 @@ def _config(args, arch: str, name: str, parallel: dict, init_from=None):
     return config_from_dict(tiny_run_config(
         args["data"], Path(args["root"]) / f"{arch}_{name}",
         model=ARCHS[arch], parallel=parallel, train={"train_steps": ARCH_STEPS.get(arch, STEPS)},
-        optimizer={"eps": 1e-5, **({"warmup_steps": 0} if arch in ARCH_STEPS else {})},
+        # grad_clip 0.25: below every architecture's first gradient norms, so every layout clips
+        optimizer={"eps": 1e-5, "grad_clip": 0.25, **({"warmup_steps": 0} if arch in ARCH_STEPS else {})},
         checkpoint={"init_from": init_from, "auto_resume": False}))
 
 
 def _files(args, arch: str) -> dict:
     root = Path(args["root"])
     return {"init": root / f"init_{arch}.safetensors", "final": root / f"final_{arch}.safetensors",
-            "losses": root / f"losses_{arch}.json"}
+            "losses": root / f"losses_{arch}.json", "grad_norms": root / f"grad_norms_{arch}.json"}
+
+
+class GradNorms(Callback):
+    """The logged global gradient norm of every step (None where a layout reports none)."""
+
+    def __init__(self):
+        self.values = []
+
+    def on_step_end(self, trainer, values: dict) -> None:
+        self.values.append(values["train/grad_norm"])
 
 
 def reference(args):
@@ -102,11 +117,13 @@ def reference(args):
     out = {}
     for arch in ARCHS:
         files = _files(args, arch)
-        trainer = Trainer(_config(args, arch, "reference", {"zero_stage": 0}))
+        norms = GradNorms()
+        trainer = Trainer(_config(args, arch, "reference", {"zero_stage": 0}), callbacks=[norms])
         write_weights_file(gather_canonical_state(trainer.engine.module, trainer.cfg), files["init"])
         losses = trainer.fit()
         write_weights_file(gather_canonical_state(trainer.engine.module, trainer.cfg), files["final"])
         files["losses"].write_text(json.dumps(losses))
+        files["grad_norms"].write_text(json.dumps(norms.values))
         out[arch] = losses
     return out
 
@@ -166,7 +183,8 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     from ascender_dist.training.weights import gather_canonical_state, read_weights_file
 
     files = _files(args, arch)
-    trainer = Trainer(_config(args, arch, name, parallel, init_from=str(files["init"])))
+    norms = GradNorms()
+    trainer = Trainer(_config(args, arch, name, parallel, init_from=str(files["init"])), callbacks=[norms])
     used = _layout_used(trainer)
     expected = layout_expected(parallel, dist.get_world_size(), _config(args, arch, "reference", {}).parallel.zero_stage)
     losses = trainer.fit()
@@ -185,6 +203,7 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     init = read_weights_file(files["init"]) if shared else {}
     return {"layout_used": used, "layout_expected": expected, "losses": losses, "reference_losses": ref_losses,
             "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            "grad_norms": norms.values, "reference_grad_norms": json.loads(files["grad_norms"].read_text()),
             "param_diff": param_diff[worst], "worst_param": worst, "replica_diff": replica_diff,
             "shared_omega": {"count": len(shared), "diff": max((param_diff[k] for k in shared), default=0.0),
                              "moved": max(((final[k] - init[k]).abs().max().item() for k in shared), default=0.0)}}
