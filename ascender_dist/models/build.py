@@ -6,6 +6,8 @@ GPTModel, so tensor and pipeline parallelism, sequence parallelism and dist-chec
 
 from __future__ import annotations
 
+import torch
+
 from ascender_dist.config.layout import ModelLayout
 from ascender_dist.config.schema import ModelConfig
 from ascender_dist.models.specs.block import block_spec
@@ -61,9 +63,23 @@ def vocab_cross_entropy(logits, labels, vocab_size: int):
 
 
 def poison(loss):
-    """Same graph, NaN gradients: the optimizer's non-finite check will skip this step (how a
-    step the loss guard judged bad is dropped on every rank; see training.guard)."""
-    return loss * float("nan")
+    """The same loss value with NaN gradients: the optimizer's non-finite check will skip this step
+    (how a step the loss guard judged bad is dropped on every rank; see training.guard). The value
+    is kept so that what the pipeline engine reports for the step is the loss that was judged bad
+    (a spike's size), not NaN."""
+    return PoisonGradient.apply(loss)
+
+
+class PoisonGradient(torch.autograd.Function):
+    """Identity forward; backward multiplies the incoming gradient by NaN."""
+
+    @staticmethod
+    def forward(ctx, loss):
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
 
 
 def lm_loss(model, tokens, vocab_size: int):

@@ -59,6 +59,9 @@ class Trainer:
         self.step = 0
         self.consecutive_bad = 0
         self.rollbacks = 0
+        # skipped optimizer steps over the whole run: DeepSpeed's engine.skipped_steps is restored
+        # from the checkpoint a rollback loads, which would un-count the steps that caused it
+        self.skipped_steps = 0
         self.losses: list[float] = []  # per-step training loss (mean over the global batch), for tests
         self.data_record = {"data_fingerprint": data_fingerprint(cfg), "data_changes": []}  # -> meta.json
         if cfg.checkpoint.auto_resume:
@@ -101,6 +104,7 @@ class Trainer:
             self.guard.load_state_dict(client_state["guard"])
         if "rollback" in client_state:
             self.rollback_policy.load_state_dict(client_state["rollback"])
+        self.skipped_steps = int(client_state.get("skipped_steps", self.engine.skipped_steps))
         if self.pstate.is_logging_rank:
             log.info("resumed from %s at step %d", self.derived.checkpoint_dir / tag if tag else
                      self.derived.checkpoint_dir / ckpt.tag_for_step(self.step), self.step)
@@ -133,6 +137,7 @@ class Trainer:
             self.engine, self.derived.checkpoint_dir, step,
             client_state={"step": step, "data": self.loader.state_dict(), "config": to_dict(self.cfg),
                           "guard": self.guard.state_dict(), "rollback": self.rollback_policy.state_dict(),
+                          "skipped_steps": self.skipped_steps,
                           "padded_vocab_size": self.derived.padded_vocab_size},
             keep_last=self.cfg.checkpoint.keep_last,
             extra_files={"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
@@ -168,10 +173,11 @@ class Trainer:
                 losses.append(loss.detach())
             step_loss = _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
         skipped = self.engine.skipped_steps > skipped_before
+        self.skipped_steps += int(skipped)
         grad_norm = self.engine.get_global_grad_norm()
         values = {"train/loss": step_loss, "train/lr": lr,
                   "train/grad_norm": float(grad_norm) if grad_norm is not None and not skipped else None,
-                  "train/skipped_steps": float(self.engine.skipped_steps), "train/step_skipped": float(skipped)}
+                  "train/skipped_steps": float(self.skipped_steps), "train/step_skipped": float(skipped)}
         return values
 
     def validate(self, iters: Optional[int] = None) -> float:
@@ -241,10 +247,11 @@ class Trainer:
                 f"step {bad_step}: loss {loss:.4g}, {self.consecutive_bad} bad steps in a row after "
                 f"{self.rollback_policy.in_a_row} rollbacks in a row (train.max_rollbacks: "
                 f"{self.cfg.train.max_rollbacks}); {last_good}")
-        data_state, row = self.loader.state_dict(), self.rollback_policy.state_dict()
+        data_state, row, skipped = self.loader.state_dict(), self.rollback_policy.state_dict(), self.skipped_steps
         self.resume(ckpt.tag_for_step(target))
         self.loader.load_state_dict(data_state)
         self.rollback_policy.load_state_dict(row)  # the row goes on, whatever row the target had recorded
+        self.skipped_steps = skipped  # the skipped steps that led here stay counted
         # saved again at once (same weights, the data position past the failed batches) and made
         # `latest`: a job that dies before its next save resumes here, not at the checkpoint the
         # rollback passed over, and does not replay the failed batches

@@ -65,6 +65,7 @@ def _rollback_check(args) -> dict:
     trainer.save = recording
     trainer.fit()
     return {"rollbacks": trainer.rollbacks, "step": trainer.step, "losses": trainer.losses,
+            "skipped_steps": trainer.skipped_steps, "engine_skipped_steps": trainer.engine.skipped_steps,
             "consumed": trainer.loader.state_dict()["consumed_samples"], "saves": saves,
             "global_batch": trainer.cfg.train.global_batch_size}
 
@@ -149,6 +150,8 @@ def main(args):
         "nan_zero1": lambda: _skip_check(args, "nan1", "nan", parallel={"zero_stage": 1}),
         "spike_zero2": lambda: _skip_check(args, "spike2", "spike", parallel={"zero_stage": 2}),
         "nan_pp2": lambda: _skip_check(args, "nanpp", "nan", parallel={"pipeline_model_parallel_size": 2}),
+        # rank 1 is the last stage, where the pipeline computes (and the guard judges) the loss
+        "spike_pp2": lambda: _skip_check(args, "spikepp", "spike", parallel={"pipeline_model_parallel_size": 2}),
         "rollback": lambda: _rollback_check(args),
         "bad_row_at_end": lambda: _bad_row_at_the_end_check(args),
         "diverging": lambda: _diverging_check(args),
