@@ -5,16 +5,37 @@ metrics are plotted against it (``define_metric``), so a rollback that logs an e
 is shown at that step instead of being dropped by W&B's own monotonic counter. ``mode: offline``
 writes the run under ``<output_dir>/wandb`` with no network (``wandb sync`` uploads it later).
 Console capture is off: the launcher's rank-prefixed output stays as it is.
+
+One W&B run per output directory, as TensorBoard has one event directory: the run id is kept in
+``<output_dir>/wandb/run_id`` and a restarted job (auto-resume after a crash or preemption) resumes
+that run (``resume="allow"``) instead of starting a new one per restart.
 """
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.schema import WandbConfig
 
 STEP_KEY = "step"
+RUN_ID_FILE = "run_id"
+
+
+def persistent_run_id(wandb_dir: Path) -> str:
+    """The W&B run id of this output directory: read from ``wandb_dir/run_id``, or drawn and
+    written there (atomically) by the first job that logs into it."""
+    path = Path(wandb_dir) / RUN_ID_FILE
+    if path.is_file():
+        run_id = path.read_text().strip()
+        if run_id:
+            return run_id
+    run_id = secrets.token_hex(6)  # W&B ids: letters and digits
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(run_id + "\n")
+    tmp.replace(path)
+    return run_id
 
 
 class WandbSink:
@@ -23,8 +44,10 @@ class WandbSink:
             import wandb
         except ImportError:
             raise ConfigError("logging.wandb", "needs the wandb package: pip install 'ascender-dist[wandb]'") from None
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        wandb_dir = Path(run_dir) / "wandb"  # where wandb.init(dir=run_dir) writes its runs
+        wandb_dir.mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=cfg.project, entity=cfg.entity, mode=cfg.mode, dir=str(run_dir), name=run_name,
+                              id=persistent_run_id(wandb_dir), resume="allow",
                               config=run_config or {}, settings=wandb.Settings(console="off", silent=True))
         self.run.define_metric(STEP_KEY)
         self.run.define_metric("*", step_metric=STEP_KEY)

@@ -77,6 +77,27 @@ def test_offline_wandb_matches_tensorboard(tmp_path):
     assert set(tb) == set(wb) and all(abs(tb[k] - wb[k]) < 1e-6 * abs(wb[k]) for k in wb)
 
 
+def test_a_restarted_job_logs_into_the_same_wandb_run(tmp_path):
+    """Two jobs in one output directory (a crash and an auto-resume) write one W&B run (the id kept
+    in <output_dir>/wandb/run_id, resumed), as they write one TensorBoard directory."""
+    ids = []
+    for step in (1, 2):
+        logger = MetricLogger(None, enabled=True, wandb=WandbConfig(project="p", mode="offline"),
+                              run_dir=tmp_path, run_name="t")
+        logger.scalars(step, {"train/loss": 5.0 - step})
+        ids.append(logger.wandb.run.id)
+        logger.close()
+    saved = (tmp_path / "wandb" / "run_id").read_text().strip()
+    assert ids[0] == ids[1] == saved
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    # offline-run-<time>-<id>, "-1" appended when both start in the same second
+    assert len(runs) == 2 and all(r.name.split("-")[3] == saved for r in runs), runs
+    other = MetricLogger(None, enabled=True, wandb=WandbConfig(project="p", mode="offline"),
+                         run_dir=tmp_path / "other", run_name="t")
+    assert other.wandb.run.id != saved  # another output directory is another run
+    other.close()
+
+
 def test_wandb_config_field_and_check():
     cfg = from_dict(RunConfig, {"logging": {"wandb": {"project": "ascender", "entity": "lab", "mode": "offline"}}})
     assert cfg.logging.wandb == WandbConfig("ascender", "lab", "offline")
