@@ -37,6 +37,6 @@ if [[ "$REASON" == *CUDA\ build* ]] && ! .venv/bin/python -c 'import sys, torch;
 fi
 CONSTRAINT=$(mktemp)
 trap 'rm -f "$CONSTRAINT"' EXIT
-echo "torch==$TORCH_VERSION" > "$CONSTRAINT"   # the project's install must never swap torch
+.venv/bin/python launch/keep_installed.py > "$CONSTRAINT"   # never swap torch, nor the triton it came with
 .venv/bin/python -m pip install --quiet --constraint "$CONSTRAINT" -e ".[dev]"
 .venv/bin/python -c 'from importlib.metadata import version as v; print("setup: torch", v("torch"), "| megatron-core", v("megatron-core"), "| deepspeed", v("deepspeed"))'

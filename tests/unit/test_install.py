@@ -7,16 +7,17 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 
 import pytest
 
 from tests.helpers.multiproc import REPO_ROOT
+from tests.helpers.project import pyproject
 
 sys.path.insert(0, str(REPO_ROOT / "launch"))
+from keep_installed import constraint_lines  # noqa: E402
 from torch_plan import DEFAULT_CPU_INDEX, DEFAULT_CUDA_INDEX, TESTED_TORCH, in_range, torch_range  # noqa: E402
 
-PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+PYPROJECT = pyproject()
 DOCKERFILE = (REPO_ROOT / "docker" / "Dockerfile").read_text()
 
 
@@ -104,3 +105,22 @@ def _extra_packages(name: str) -> set:
 
 def test_dev_extra_carries_the_optional_format_and_logging_packages():
     assert {"pyarrow", "zstandard", "datasets", "wandb", "matplotlib", "scipy", "scikit-learn"} <= _extra_packages("dev")
+
+
+def test_installed_torch_and_triton_are_kept_and_triton_is_a_range():
+    """setup.sh and the Dockerfile install under launch/keep_installed.py's constraint, which pins the
+    torch and (where torch brought one) the triton already installed; the project's triton
+    requirements are ranges holding the version CUDA torch 2.13 pins, so a GPU container's own triton
+    satisfies them instead of being replaced."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    lines = constraint_lines()
+    assert f"torch=={version('torch')}" in lines
+    try:
+        assert f"triton=={version('triton')}" in lines
+    except PackageNotFoundError:
+        assert not any(line.startswith("triton") for line in lines)
+    assert "launch/keep_installed.py" in (REPO_ROOT / "launch" / "setup.sh").read_text()
+    assert "python launch/keep_installed.py > /etc/pip-constraints.txt" in DOCKERFILE
+    tritons = [d for extra in PYPROJECT["optional-dependencies"].values() for d in extra if d.startswith("triton")]
+    assert tritons and all("==" not in d and in_range("3.7.1", d.removeprefix("triton")) for d in tritons), tritons

@@ -136,9 +136,9 @@ def test_plotting_without_matplotlib_names_the_extra():
 
 
 def test_core_dependencies_leave_out_the_research_packages():
-    import tomllib
+    from tests.helpers.project import pyproject
 
-    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    project = pyproject()
     names = lambda deps: {d.split(">")[0].split("=")[0].strip() for d in deps}  # noqa: E731
     research = {"matplotlib", "scikit-learn", "scipy"}
     assert not research & names(project["dependencies"])
