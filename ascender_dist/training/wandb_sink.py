@@ -29,6 +29,9 @@ def persistent_run_id(wandb_dir: Path) -> str:
     path = Path(wandb_dir) / RUN_ID_FILE
     if path.is_file():
         run_id = path.read_text().strip()
+        if run_id and not run_id.isalnum():
+            raise ConfigError("logging.wandb", f"{path}: {run_id[:40]!r} is not a W&B run id (letters and digits); "
+                                               "delete the file to start a new run")
         if run_id:
             return run_id
     run_id = secrets.token_hex(6)  # W&B ids: letters and digits

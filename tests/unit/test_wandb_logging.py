@@ -96,6 +96,9 @@ def test_a_restarted_job_logs_into_the_same_wandb_run(tmp_path):
                          run_dir=tmp_path / "other", run_name="t")
     assert other.wandb.run.id != saved  # another output directory is another run
     other.close()
+    (tmp_path / "wandb" / "run_id").write_text("not/an id\n")
+    with pytest.raises(ConfigError, match=r"run_id: 'not/an id' is not a W&B run id"):
+        MetricLogger(None, enabled=True, wandb=WandbConfig(project="p", mode="offline"), run_dir=tmp_path, run_name="t")
 
 
 def test_wandb_config_field_and_check():
