@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from ascender_dist.config.resolve import Derived
-from ascender_dist.config.schema import RunConfig
+from ascender_dist.config.schema import OptimizerConfig, RunConfig
+
+
+def adamw_params(o: OptimizerConfig) -> dict:
+    """torch AdamW's arguments from ``optimizer`` (DeepSpeed builds it from the same dict)."""
+    return {"lr": o.lr, "betas": [o.beta1, o.beta2], "eps": o.eps, "weight_decay": o.weight_decay}
 
 
 def uses_own_optimizer(cfg: RunConfig) -> bool:
@@ -20,7 +25,7 @@ def to_deepspeed_config(cfg: RunConfig, derived: Derived, load_universal: bool =
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": derived.gradient_accumulation_steps,
         "optimizer": {"type": "AdamW", "params": {
-            "lr": o.lr, "betas": [o.beta1, o.beta2], "eps": o.eps, "weight_decay": o.weight_decay,
+            **adamw_params(o),
             # torch's AdamW: FusedAdam would JIT-compile CUDA/C++ for minutes and needs a GPU
             "torch_adam": True}},
         # no "scheduler": the trainer sets each step's rate itself (training.lr_schedule)

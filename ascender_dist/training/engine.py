@@ -13,7 +13,7 @@ from ascender_dist.config.resolve import Derived
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.build import build_model, lm_loss
 from ascender_dist.parallel.setup import MegatronMPU
-from ascender_dist.training.deepspeed_config import to_deepspeed_config, uses_own_optimizer
+from ascender_dist.training.deepspeed_config import adamw_params, to_deepspeed_config, uses_own_optimizer
 from ascender_dist.training.guard import skip_nonfinite_steps
 from ascender_dist.training.weights import check_all_weights_used, load_canonical_state
 from ascender_dist.training.zero0_optimizer import ClippedAdamW
@@ -103,10 +103,8 @@ def own_optimizer(cfg: RunConfig, groups: list[dict]) -> ClippedAdamW:
     ``cfg.optimizer``; the gradient norm spans megatron's model-parallel group (TP x PP)."""
     from megatron.core import parallel_state as mps
 
-    o = cfg.optimizer
-    return ClippedAdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-                        max_norm=o.grad_clip, tp_rank=mps.get_tensor_model_parallel_rank(),
-                        norm_group=mps.get_model_parallel_group())
+    return ClippedAdamW(groups, **adamw_params(cfg.optimizer), max_norm=cfg.optimizer.grad_clip,
+                        tp_rank=mps.get_tensor_model_parallel_rank(), norm_group=mps.get_model_parallel_group())
 
 
 def pipeline_batches(batches):
