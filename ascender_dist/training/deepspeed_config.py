@@ -12,9 +12,10 @@ def adamw_params(o: OptimizerConfig) -> dict:
 
 
 def uses_own_optimizer(cfg: RunConfig) -> bool:
-    """fp32 ZeRO-0: DeepSpeed runs the bare torch optimizer there, so the run brings its own
-    (training.zero0_optimizer.ClippedAdamW: global gradient norm, clipping, non-finite skip)."""
-    return cfg.parallel.zero_stage == 0 and cfg.train.precision == "fp32"
+    """ZeRO-0 (always fp32: config.checks refuses it with bf16): DeepSpeed runs the bare torch
+    optimizer there, so the run brings its own (training.zero0_optimizer.ClippedAdamW: global
+    gradient norm, clipping, non-finite skip)."""
+    return cfg.parallel.zero_stage == 0
 
 
 def to_deepspeed_config(cfg: RunConfig, derived: Derived, load_universal: bool = False) -> dict:

@@ -14,7 +14,6 @@ from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.build import build_model, lm_loss
 from ascender_dist.parallel.setup import MegatronMPU
 from ascender_dist.training.deepspeed_config import adamw_params, to_deepspeed_config, uses_own_optimizer
-from ascender_dist.training.guard import skip_nonfinite_steps
 from ascender_dist.training.weights import check_all_weights_used, load_canonical_state
 from ascender_dist.training.zero0_optimizer import ClippedAdamW
 
@@ -93,8 +92,6 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
         config=to_deepspeed_config(cfg, derived, load_universal),
         mpu=mpu,
     )
-    if cfg.parallel.zero_stage == 0 and optimizer is None:  # bf16 ZeRO-0: DeepSpeed's BF16 wrapper clips
-        skip_nonfinite_steps(engine)
     return engine
 
 

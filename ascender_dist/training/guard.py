@@ -2,11 +2,11 @@
 
 Mechanism (one for all layouts): when a rank sees a bad micro-batch loss, the backward of the
 step's last micro-batch (PP=1; the decision is all-reduced first) or of the bad micro-batch itself
-(PP>1, inside the pipeline's loss function) runs on ``loss * nan``. The non-finite gradients then
-reach every rank through the gradient all-reduce, and the optimizer's non-finite-gradient check
-skips the update everywhere: DeepSpeed's own check for ZeRO-1/2/3 (gradient norm is NaN ->
-"overflow"), and :func:`skip_nonfinite_steps` for ZeRO-0, whose plain torch optimizer has none.
-DeepSpeed then counts ``engine.skipped_steps``.
+(PP>1, inside the pipeline's loss function) runs through ``models.build.poison``: the same loss
+value, NaN gradients. The non-finite gradients then reach every rank through the gradient
+all-reduce, and the optimizer's non-finite-gradient check skips the update everywhere: DeepSpeed's
+own check for ZeRO-1/2/3 (gradient norm is NaN -> "overflow"), and the run's own ZeRO-0 optimizer
+(:mod:`ascender_dist.training.zero0_optimizer`). DeepSpeed then counts ``engine.skipped_steps``.
 """
 
 from __future__ import annotations
@@ -71,22 +71,3 @@ def any_rank(flag: bool, group=None) -> bool:
     value = torch.tensor([1.0 if flag else 0.0], device=collective_device(group))
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return bool(value.item())
-
-
-def skip_nonfinite_steps(engine) -> None:
-    """Give ZeRO-0's torch optimizer DeepSpeed's overflow semantics: a non-finite gradient on any
-    rank skips the step on all ranks (``optimizer.overflow`` tells the engine, which then counts a
-    skipped step)."""
-    optimizer = engine.optimizer
-    original_step = optimizer.step
-
-    def step(*args, **kwargs):
-        finite = all(bool(torch.isfinite(p.grad).all()) for group in optimizer.param_groups
-                     for p in group["params"] if p.grad is not None)
-        optimizer.overflow = any_rank(not finite)
-        if optimizer.overflow:
-            return None
-        return original_step(*args, **kwargs)
-
-    optimizer.step = step
-    optimizer.overflow = False

@@ -6,13 +6,16 @@ is shown at that step instead of being dropped by W&B's own monotonic counter. `
 writes the run under ``<output_dir>/wandb`` with no network (``wandb sync`` uploads it later).
 Console capture is off: the launcher's rank-prefixed output stays as it is.
 
-One W&B run per output directory, as TensorBoard has one event directory: the run id is kept in
-``<output_dir>/wandb/run_id`` and a restarted job (auto-resume after a crash or preemption) resumes
-that run (``resume="allow"``) instead of starting a new one per restart.
+Online, one W&B run per output directory, as TensorBoard has one event directory: the run id is
+kept in ``<output_dir>/wandb/run_id`` and a restarted job (auto-resume after a crash or preemption)
+resumes that run (``resume="allow"``) instead of starting a new one per restart. Offline, every job
+writes a run of its own: an offline run cannot resume, and ``wandb sync`` of several offline runs
+under one id replaces the earlier history with the later one.
 """
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from ascender_dist.config.schema import WandbConfig
 
 STEP_KEY = "step"
 RUN_ID_FILE = "run_id"
+RUN_ID = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def persistent_run_id(wandb_dir: Path) -> str:
@@ -29,9 +33,9 @@ def persistent_run_id(wandb_dir: Path) -> str:
     path = Path(wandb_dir) / RUN_ID_FILE
     if path.is_file():
         run_id = path.read_text().strip()
-        if run_id and not run_id.isalnum():
-            raise ConfigError("logging.wandb", f"{path}: {run_id[:40]!r} is not a W&B run id (letters and digits); "
-                                               "delete the file to start a new run")
+        if run_id and not RUN_ID.fullmatch(run_id):
+            raise ConfigError("logging.wandb", f"{path}: {run_id[:40]!r} is not a W&B run id (letters, digits, "
+                                               "- and _); delete the file to start a new run")
         if run_id:
             return run_id
     run_id = secrets.token_hex(6)  # W&B ids: letters and digits
@@ -49,9 +53,9 @@ class WandbSink:
             raise ConfigError("logging.wandb", "needs the wandb package: pip install 'ascender-dist[wandb]'") from None
         wandb_dir = Path(run_dir) / "wandb"  # where wandb.init(dir=run_dir) writes its runs
         wandb_dir.mkdir(parents=True, exist_ok=True)
+        resume = {"id": persistent_run_id(wandb_dir), "resume": "allow"} if cfg.mode == "online" else {}
         self.run = wandb.init(project=cfg.project, entity=cfg.entity, mode=cfg.mode, dir=str(run_dir), name=run_name,
-                              id=persistent_run_id(wandb_dir), resume="allow",
-                              config=run_config or {}, settings=wandb.Settings(console="off", silent=True))
+                              config=run_config or {}, settings=wandb.Settings(console="off", silent=True), **resume)
         self.run.define_metric(STEP_KEY)
         self.run.define_metric("*", step_metric=STEP_KEY)
 

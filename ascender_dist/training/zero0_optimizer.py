@@ -3,10 +3,11 @@ non-finite skip that DeepSpeed's own optimizer wrappers (ZeRO-1/2/3, bf16) provi
 fp32 path lacks.
 
 DeepSpeed runs fp32 ZeRO-0 with the bare torch optimizer: it clips through ``clip_grad_norm_``
-with its ``mpu``, which under a pipeline is the pipeline grid, whose model-parallel group is the
-tensor-parallel one: each stage then clips by the norm of its own gradients (counting a stage's
-replicated norms and biases on stage 0 only and a tied embedding on two stages), and the norm is
-never reported (``engine.get_global_grad_norm()`` stays None). This optimizer computes the norm of
+with its ``mpu``, which under a pipeline is the pipeline grid, whose model-parallel rank numbers
+all TP and PP ranks of a replica: a parameter that is not TP-partitioned counts only on model-parallel
+rank 0 (the later stages' norms and biases were left out) and a pipeline-tied embedding counts on
+two stages; and the norm is never reported (``engine.get_global_grad_norm()`` stays None). This
+optimizer computes the norm of
 the whole model's gradients, each counted once, over the model-parallel group (every TP and PP
 rank of one replica), clips by it, skips the update on every rank when it is not finite, and
 exposes it under the attribute DeepSpeed's engine reads after a step (``_global_grad_norm``).
@@ -33,11 +34,15 @@ def counted_once(param: torch.nn.Parameter, tp_rank: int) -> bool:
 
 
 def model_grad_norm(params: list, tp_rank: int, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
-    """2-norm of the gradients of one model replica (the ranks of ``group``), each counted once."""
-    grads = [p.grad for p in params if p.grad is not None and counted_once(p, tp_rank)]
+    """2-norm of the gradients of one model replica (the ranks of ``group``), each counted once;
+    not finite when any gradient of this rank, counted or not, is not finite."""
     device = collective_device(group) if dist.is_initialized() else torch.device("cpu")
-    local = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else torch.zeros((), device=device)
+    counted = [p.grad for p in params if p.grad is not None and counted_once(p, tp_rank)]
+    copies = [p.grad for p in params if p.grad is not None and not counted_once(p, tp_rank)]
+    local = torch.nn.utils.get_total_norm(counted, norm_type=2.0) if counted else torch.zeros((), device=device)
     squared = local.float().pow(2).reshape(1).to(device)
+    if copies:  # + 0 x their norm: NaN or inf in a copy reaches the sum, a finite one adds nothing
+        squared += 0.0 * torch.nn.utils.get_total_norm(copies, norm_type=2.0).float().to(device)
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(squared, group=group)
     return squared.sqrt()[0]

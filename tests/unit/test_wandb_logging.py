@@ -77,28 +77,34 @@ def test_offline_wandb_matches_tensorboard(tmp_path):
     assert set(tb) == set(wb) and all(abs(tb[k] - wb[k]) < 1e-6 * abs(wb[k]) for k in wb)
 
 
-def test_a_restarted_job_logs_into_the_same_wandb_run(tmp_path):
-    """Two jobs in one output directory (a crash and an auto-resume) write one W&B run (the id kept
-    in <output_dir>/wandb/run_id, resumed), as they write one TensorBoard directory."""
-    ids = []
-    for step in (1, 2):
-        logger = MetricLogger(None, enabled=True, wandb=WandbConfig(project="p", mode="offline"),
-                              run_dir=tmp_path, run_name="t")
-        logger.scalars(step, {"train/loss": 5.0 - step})
-        ids.append(logger.wandb.run.id)
-        logger.close()
+def test_online_jobs_of_one_output_directory_resume_one_run(tmp_path, monkeypatch):
+    """Online, two jobs in one output directory (a crash and an auto-resume) log into one W&B run: the
+    id is kept in <output_dir>/wandb/run_id and passed with resume="allow" (wandb itself is replaced
+    by a recorder: online needs the network)."""
+    import sys
+    import types
+
+    from ascender_dist.training.wandb_sink import WandbSink
+
+    calls = []
+
+    class FakeRun:
+        def define_metric(self, *args, **kwargs):
+            pass
+
+    fake = types.SimpleNamespace(init=lambda **kw: calls.append(kw) or FakeRun(), Settings=lambda **kw: kw)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for _ in range(2):
+        WandbSink(WandbConfig(project="p", mode="online"), tmp_path, "t")
     saved = (tmp_path / "wandb" / "run_id").read_text().strip()
-    assert ids[0] == ids[1] == saved
-    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    # offline-run-<time>-<id>, "-1" appended when both start in the same second
-    assert len(runs) == 2 and all(r.name.split("-")[3] == saved for r in runs), runs
-    other = MetricLogger(None, enabled=True, wandb=WandbConfig(project="p", mode="offline"),
-                         run_dir=tmp_path / "other", run_name="t")
-    assert other.wandb.run.id != saved  # another output directory is another run
-    other.close()
+    assert [(c["id"], c["resume"]) for c in calls] == [(saved, "allow")] * 2
+    WandbSink(WandbConfig(project="p", mode="online"), tmp_path / "other", "t")
+    assert calls[-1]["id"] != saved  # another output directory is another run
+    WandbSink(WandbConfig(project="p", mode="offline"), tmp_path, "t")
+    assert "id" not in calls[-1] and "resume" not in calls[-1]  # offline: a run per job
     (tmp_path / "wandb" / "run_id").write_text("not/an id\n")
     with pytest.raises(ConfigError, match=r"run_id: 'not/an id' is not a W&B run id"):
-        MetricLogger(None, enabled=True, wandb=WandbConfig(project="p", mode="offline"), run_dir=tmp_path, run_name="t")
+        WandbSink(WandbConfig(project="p", mode="online"), tmp_path, "t")
 
 
 def test_wandb_config_field_and_check():

@@ -38,9 +38,18 @@ def test_non_finite_gradient_skips_the_step(single_rank_group):
     before = copy.deepcopy(list(model.parameters()))
     next(model.parameters()).grad[0, 0] = float("nan")
     opt = ClippedAdamW(model.parameters(), lr=1e-2, max_norm=1.0, tp_rank=0, norm_group=None)
-    assert opt.step() is None
+    opt.step()
     assert opt.overflow and opt._global_grad_norm is None
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+
+
+def test_a_non_finite_uncounted_copy_also_skips_the_step(single_rank_group):
+    model = _model_with_grads(1.0)
+    replicated = model[0].bias  # not TP-partitioned: on TP rank 1 its gradient is not in the norm
+    replicated.grad[0] = float("inf")
+    opt = ClippedAdamW(model.parameters(), lr=1e-2, max_norm=1.0, tp_rank=1, norm_group=None)
+    opt.step()
+    assert opt.overflow
 
 
 def test_each_gradient_counts_once():
@@ -50,3 +59,17 @@ def test_each_gradient_counts_once():
     assert counted_once(partitioned, tp_rank=1) and counted_once(partitioned, tp_rank=0)
     assert counted_once(replicated, tp_rank=0) and not counted_once(replicated, tp_rank=1)
     assert not counted_once(tied_copy, tp_rank=0)
+
+
+def test_deepspeed_config_leaves_zero0_optimizer_and_clipping_to_the_run(tmp_path):
+    from ascender_dist.config.resolve import config_from_dict, derive
+    from ascender_dist.training.deepspeed_config import to_deepspeed_config
+
+    def ds(stage):
+        cfg = config_from_dict({"output_dir": str(tmp_path), "parallel": {"zero_stage": stage},
+                                "model": {"vocab_size": 128}, "optimizer": {"grad_clip": 0.5}})
+        return to_deepspeed_config(cfg, derive(cfg, world_size=1))
+
+    zero0, zero1 = ds(0), ds(1)
+    assert "optimizer" not in zero0 and zero0["gradient_clipping"] == 0.0
+    assert zero1["optimizer"]["type"] == "AdamW" and zero1["gradient_clipping"] == 0.5
