@@ -65,6 +65,7 @@ ROWS = {
 
 from ascender_dist.models.counting import mixing_flops_per_token as attention_flops_per_token  # noqa: E402,F401
 from ascender_dist.research.ablate.launch import _status_kib  # noqa: E402
+from ascender_dist.research.ablate.provenance import report_provenance  # noqa: E402
 
 
 # ============================================================================ one measurement (child)

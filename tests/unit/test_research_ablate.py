@@ -417,6 +417,21 @@ def test_efficiency_table_renders_rows_and_ablation_throughput():
     assert "| gpt | 3 | 900 ± 10 | 0.200 | 600 |" in md
 
 
+def test_efficiency_command_writes_both_tables_with_provenance(tmp_path, monkeypatch):
+    """The command's own glue, each row's measurement (a child process, ~10 s) replaced by a stub."""
+    from ascender_dist.research import efficiency
+
+    measured = {"params": 1000, "attention_flops_per_token": 1.0e5, "attention_flops_per_token_counted": 9e4,
+                "training_flops_per_token": 1e6, "train_step_peak_mib": 12.5, "tokens_per_s": 1000.0,
+                "latency_ms": 4.0, "seq_length": 128, "device": "cpu", "load_average": [1.0, 1.0, 1.0]}
+    monkeypatch.setattr(efficiency, "_run_child", lambda spec, threads, timeout: dict(measured))
+    assert efficiency.efficiency_main(["--out", str(tmp_path), "--rows", "gpt,connection"]) == 0
+    table = json.loads((tmp_path / "table2.json").read_text())
+    assert [r["row"] for r in table["rows"]] == ["gpt", "connection"]
+    assert {"git_commit", "git_dirty", "versions", "command"} <= set(table["provenance"])
+    assert "| connection |" in (tmp_path / "table2.md").read_text()
+
+
 def test_equal_flops_grid_gives_each_variant_the_steps_of_the_reference_budget():
     from ascender_dist.models.counting import count_model
 
