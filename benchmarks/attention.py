@@ -44,6 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/attention.py` from anywhere
     sys.path.insert(0, str(ROOT))
+from ascender_dist.machine import cpu_model  # noqa: E402  (after the path insert above; re-exported to benchmarks)
+
 RESULTS = ROOT / "benchmarks" / "results"
 IMPLS = ("sdpa", "seed", "reference", "fast")
 HEADS, HEAD_DIM, D_Z, D_A, K_TOP, WINDOW, GLOBALS = 8, 64, 32, 32, 16, 128, 4
@@ -256,19 +258,10 @@ def run_length(n: int, impls: list[str], args) -> list[dict]:
 def machine() -> str:
     import torch
 
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return f"{os.cpu_count()}-core CPU ({cpu}), 1 torch thread, torch {torch.__version__}, Python {platform.python_version()}"
+    from ascender_dist.machine import vector_isa
 
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+    return (f"{os.cpu_count()}-core CPU ({cpu_model()}, {vector_isa()}), 1 torch thread, torch {torch.__version__}, "
+            f"Python {platform.python_version()}")
 
 
 def commit_lines(state: dict, points: list[dict]) -> str:

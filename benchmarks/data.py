@@ -39,6 +39,7 @@ from data_pipeline.corpus import build_default_corpus  # noqa: E402
 from data_pipeline.loader import StreamingLoader  # noqa: E402
 from data_pipeline.shards import load_manifest, write_shards  # noqa: E402
 from data_pipeline.tokenizer import Tokenizer, iter_documents, train_tokenizer  # noqa: E402
+from ascender_dist.machine import cpu_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 H100_SXM_BF16_TFLOPS = 989.0
@@ -48,16 +49,6 @@ PRESETS = ("small", "medium", "large")
 
 
 # --------------------------------------------------------------------------- machine
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def machine() -> dict:
     """CPU model, hardware threads, the threads this process may use, memory, versions, load."""
     try:

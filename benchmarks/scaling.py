@@ -223,8 +223,9 @@ def _git() -> dict:
 def _machine() -> dict:
     import torch
 
-    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                if l.startswith("model name")), platform.processor() or "?")
+    from ascender_dist.machine import cpu_model
+
+    cpu = cpu_model()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     from ascender_dist.versions import package_versions
 

@@ -181,13 +181,9 @@ def measure_one(spec: dict) -> dict:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores visible)"
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+    from ascender_dist.machine import cpu_model, vector_isa
+
+    return f"{cpu_model()} ({vector_isa()}, {os.cpu_count()} cores visible)"
 
 
 def glibc_trim() -> None:

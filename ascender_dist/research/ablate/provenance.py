@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ascender_dist.machine import machine_record
 from ascender_dist.versions import package_versions
 
 PACKAGES = ("torch", "megatron-core", "deepspeed", "ascender-dist")
@@ -36,10 +37,8 @@ def git_state(root: Path = REPO) -> dict:
 
 def report_provenance() -> dict:
     """What a generated table or figure records of where it came from: git commit and dirty flag,
-    library versions and the command line."""
-    import sys
-
-    return {**git_state(), "versions": versions(), "command": [sys.executable, *sys.argv]}
+    library versions, the machine and the command line."""
+    return {**git_state(), "versions": versions(), "machine": machine_record(), "command": [sys.executable, *sys.argv]}
 
 
 def versions() -> dict:
@@ -64,8 +63,9 @@ def config_hash(config: dict) -> str:
 
 
 def run_provenance(config: dict, manifest: Optional[str]) -> dict:
-    """What one run records: git state, versions, its config hash and its data manifest's hash."""
-    return {**git_state(), "versions": versions(), "config_sha256": config_hash(config),
+    """What one run records: git state, versions, the machine, its config hash and its data
+    manifest's hash."""
+    return {**git_state(), "versions": versions(), "machine": machine_record(), "config_sha256": config_hash(config),
             "data_manifest_sha256": file_sha256(manifest) if manifest else None,
             "command": [sys.executable, *sys.argv]}
 

@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ascender_dist.machine import machine_line
+
 from .collect import aggregate
 from .grid import Grid
 from .provenance import config_hash, file_sha256, git_state, mixed_commit_line, report_provenance, versions
@@ -363,7 +365,7 @@ def markdown(full: dict, tables_md: str) -> str:
            f"runs trained {min(r['steps'] for r in recs)}-{max(r['steps'] for r in recs)} steps")
         + f" on {'/'.join(map(str, ranks))} {'/'.join(devices)} rank(s) and was scored on {r0['val_sequences']} validation sequences. Differences are config − reference "
         "(negative = lower loss).", "",
-        _provenance_sentence(commits, prov, g), "",
+        _provenance_sentence(commits, prov, g, recs), "",
         f"Over seeds: paired t interval and paired t-test over the {len(obj['seeds'])} seeds (no bootstrap below "
         f"10 seeds); p-values Holm-adjusted over the comparisons of each table. The exact randomisation test over "
         f"{len(obj['seeds'])} seeds cannot give p below 2/2^{len(obj['seeds'])} = {obj['exact_p_floor']:.3g} "
@@ -394,14 +396,16 @@ def markdown(full: dict, tables_md: str) -> str:
     return "\n".join(lines)
 
 
-def _provenance_sentence(commits: list, prov: dict, g: dict) -> str:
+def _provenance_sentence(commits: list, prov: dict, g: dict, records: Sequence[dict]) -> str:
     runs = ("no git commit recorded in the runs" if commits == ["unrecorded"]
             else "run commit(s) " + ", ".join(c[:12] for c in commits))
     report = (f"report written at commit {prov['git_commit'][:12]}{' (dirty)' if prov.get('git_dirty') else ''}"
               if prov.get("git_commit") else "report commit not recorded")
     vers = ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items())
     data = g.get("data_manifest_sha256")
-    return (f"Provenance: {runs}; {report}" + (f"; versions {vers}" if vers else "")
+    machines = sorted({machine_line(m) for m in ((r.get("provenance") or {}).get("machine") for r in records) if m})
+    where = ("; runs on " + " and ".join(machines)) if machines else "; CPU of the runs not recorded"
+    return (f"Provenance: {runs}; {report}" + (f"; versions {vers}" if vers else "") + where
             + (f"; data manifest sha256 {data[:16]}" if data else "") + ".")
 
 
