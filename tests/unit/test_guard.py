@@ -30,7 +30,10 @@ def test_pipeline_loss_is_poisoned_in_training_only(monkeypatch):
     monkeypatch.setattr(pipeline, "pipeline_loss", lambda logits, labels, vocab_size: logits.sum())
     loss_fn = pipeline.GuardedPipelineLoss(vocab_size=2, guard=AlwaysBad())
     logits = torch.ones(2, requires_grad=True)
-    assert torch.isnan(loss_fn(logits, None))  # the step is skipped on every rank
+    loss = loss_fn(logits, None)
+    assert loss.item() == 2.0  # the loss the guard judged bad is reported as it is
+    loss.backward()
+    assert torch.isnan(logits.grad).all()  # NaN gradients: the step is skipped on every rank
     with torch.no_grad():  # DeepSpeed's eval_batch: validation reports the loss as it is
         assert loss_fn(logits, None).item() == 2.0
 
