@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/attention.py` from anywhere
     sys.path.insert(0, str(ROOT))
-from ascender_dist.machine import cpu_model  # noqa: E402  (after the path insert above; re-exported to benchmarks)
+from ascender_dist.machine import cpu_model, machine_line, machine_record  # noqa: E402  (cpu_model: re-exported)
 
 RESULTS = ROOT / "benchmarks" / "results"
 IMPLS = ("sdpa", "seed", "reference", "fast")
@@ -258,9 +258,7 @@ def run_length(n: int, impls: list[str], args) -> list[dict]:
 def machine() -> str:
     import torch
 
-    from ascender_dist.machine import vector_isa
-
-    return (f"{os.cpu_count()}-core CPU ({cpu_model()}, {vector_isa()}), 1 torch thread, torch {torch.__version__}, "
+    return (f"{machine_line(machine_record())}, 1 torch thread, torch {torch.__version__}, "
             f"Python {platform.python_version()}")
 
 

@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/scaling.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from ascender_dist.machine import cpu_model  # noqa: E402
 from benchmarks.report import RESULTS, publish  # noqa: E402
 
 ARCHS = ("gpt", "ascender", "connection")
@@ -222,8 +223,6 @@ def _git() -> dict:
 
 def _machine() -> dict:
     import torch
-
-    from ascender_dist.machine import cpu_model
 
     cpu = cpu_model()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

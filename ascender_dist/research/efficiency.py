@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ascender_dist.logs import setup_cli_logging
+from ascender_dist.machine import machine_line, machine_record
 
 log = logging.getLogger("ascender_dist")
 
@@ -181,9 +182,7 @@ def measure_one(spec: dict) -> dict:
 
 
 def _cpu_name() -> str:
-    from ascender_dist.machine import cpu_model, vector_isa
-
-    return f"{cpu_model()} ({vector_isa()}, {os.cpu_count()} cores visible)"
+    return machine_line(machine_record())
 
 
 def glibc_trim() -> None:

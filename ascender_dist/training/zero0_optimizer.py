@@ -6,11 +6,12 @@ DeepSpeed runs fp32 ZeRO-0 with the bare torch optimizer: it clips through ``cli
 with its ``mpu``, which under a pipeline is the pipeline grid, whose model-parallel rank numbers
 all TP and PP ranks of a replica: a parameter that is not TP-partitioned counts only on model-parallel
 rank 0 (the later stages' norms and biases were left out) and a pipeline-tied embedding counts on
-two stages; and the norm is never reported (``engine.get_global_grad_norm()`` stays None). This
-optimizer computes the norm of
-the whole model's gradients, each counted once, over the model-parallel group (every TP and PP
-rank of one replica), clips by it, skips the update on every rank when it is not finite, and
-exposes it under the attribute DeepSpeed's engine reads after a step (``_global_grad_norm``).
+two stages; and the norm is never reported (``engine.get_global_grad_norm()`` stays None).
+
+This optimizer computes the norm of the whole model's gradients, each counted once, over the
+model-parallel group (every TP and PP rank of one replica), clips by it, skips the update on every
+rank when it is not finite, and exposes it under the attribute DeepSpeed's engine reads after a
+step (``_global_grad_norm``).
 """
 
 from __future__ import annotations
