@@ -310,7 +310,7 @@ def _resolve_source(src, *, seq_length: int, tokenizer_sha256: str | None, vocab
         src = load_manifest(src)
     if isinstance(src, Manifest):
         return _from_manifest(src, seq_length, tokenizer_sha256, vocab_size, split, url_template)
-    urls = expand_urls(src) if isinstance(src, str) else [u for s in src for u in expand_urls(str(s))]
+    urls = expand_urls(str(src)) if isinstance(src, (str, Path)) else [u for s in src for u in expand_urls(str(s))]
     if not urls:
         raise DataError(str(src), "no shard URLs")
     checks = ShardChecks(seq_length, tokenizer_sha256, vocab_size)
@@ -369,6 +369,10 @@ class _Dataset:
         self.block = max(1, int(shuffle_buffer))  # also bounds memory when not shuffling (val)
         # decoded shards kept: the prefetched ones, the ones one block spans, and two in use
         self.max_cached = self.prefetch + 2 + min(len(self.specs), -(-self.block // int(self.counts.min())) + 1)
+        self.forget_blocks()
+
+    def forget_blocks(self) -> None:
+        """Drop the shuffle blocks materialised or pending for this rank (its samples changed)."""
         self._blocks.clear()
         self._pending.clear()
 
@@ -755,15 +759,55 @@ class _Concat:
         return out
 
 
-def _rank_slice_mask(g: np.ndarray, *, period: int, width: int, rank: int, end: int | None) -> np.ndarray:
-    """Indices in slot ``rank`` of width ``width`` of every ``period`` (and before ``end``)."""
-    mask = (g % period) // width == rank
+def _rank_slice_mask(g: np.ndarray, *, period: int, width: int, rank: int, end: int | None,
+                     offset: int = 0) -> np.ndarray:
+    """Indices in slot ``rank`` of width ``width`` of every ``period`` counted from ``offset`` (and
+    before ``end``)."""
+    mask = ((g - offset) % period) // width == rank
     return mask if end is None else mask & (g < end)
 
 
 def _mask_of_local(mine, global_index, d: int, k: np.ndarray) -> np.ndarray:
     """``mine`` applied to dataset ``d``'s own indices ``k`` (through the mixture/concat mapping)."""
     return mine(global_index(d, k))
+
+
+def _templates_per_dataset(url_template, count: int) -> list:
+    """One shard URL template (or None) per dataset: a single template serves every dataset, a
+    sequence gives each its own (a mixture whose datasets live in different buckets)."""
+    if url_template is None or isinstance(url_template, str):
+        return [url_template] * count
+    templates = list(url_template)
+    if len(templates) != count:
+        raise DataError("url_template", f"{len(templates)} templates for {count} datasets (give one, or one each)")
+    return templates
+
+
+def _check_distinct_shards(datasets) -> None:
+    """No shard URL may belong to two datasets of a mixture: two datasets whose shards share names
+    (the writer's default prefix) would read each other's shards through one URL template, or one
+    dataset listed twice would be drawn at the sum of its weights."""
+    owner: dict[str, int] = {}
+    for i, ds in enumerate(datasets):
+        for spec in ds.specs:
+            j = owner.setdefault(spec.url, i)
+            if j != i:
+                raise DataError(ds.name, f"shard URL {spec.url} is also a shard of {datasets[j].name} (mixture "
+                                         f"dataset {j}): give each dataset its own shards (its own url_template, "
+                                         "or list it once)")
+
+
+def _check_one_tokenizer(datasets) -> None:
+    """The datasets of a mixture must share one tokenizer (each is checked against the run's
+    tokenizer only when the run names one): token ids of two vocabularies must not be mixed."""
+    made_with = {}
+    for ds in datasets:
+        if ds.checks.tokenizer_sha256:
+            made_with.setdefault(ds.checks.tokenizer_sha256, ds.name)
+    if len(made_with) > 1:
+        (sha_a, name_a), (sha_b, name_b) = list(made_with.items())[:2]
+        raise DataError(name_b, f"tokenizer mismatch inside the mixture: made with {sha_b[:12]}..., {name_a} "
+                                f"with {sha_a[:12]}... (one tokenizer for every dataset)")
 
 
 # =========================================================================== the loader
@@ -777,6 +821,9 @@ class StreamingLoader:
 
     ``split="train"`` iterates forever (epochs roll over); ``split="val"`` iterates the validation
     shards once, in stored order, without shuffling (see :meth:`__len__`).
+
+    ``url_template``: where a manifest's shards are read from (``{name}`` is the shard file name),
+    one for every dataset or a list with one per dataset of a mixture; default: next to the manifest.
     """
 
     def __init__(self, manifest_or_urls, *, seq_length: int, micro_batch_size: int, global_batch_size: int,
@@ -793,18 +840,22 @@ class StreamingLoader:
         self._pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn")) \
             if num_workers > 0 else None
         sources = self._as_weighted(manifest_or_urls)
+        templates = _templates_per_dataset(url_template, len(sources))
         self.datasets = [
             _Dataset(*_resolve_source(src, seq_length=seq_length, tokenizer_sha256=tokenizer_sha256,
-                                      vocab_size=vocab_size, split=split, url_template=url_template),
+                                      vocab_size=vocab_size, split=split, url_template=template),
                      seed=self.seed, stream_id=i, shuffle=(split == "train"), shuffle_buffer=shuffle_buffer,
                      on_corrupt=on_corrupt, pool=self._pool, prefetch=max(1, num_workers), workers=num_workers,
                      progress=progress)
-            for i, (src, _) in enumerate(sources)
+            for i, ((src, _), template) in enumerate(zip(sources, templates))
         ]
+        _check_distinct_shards(self.datasets)
+        _check_one_tokenizer(self.datasets)
         self.weights = [w for _, w in sources]
         self._source = self._make_source()
-        self._restrict_reads(dp_size > 1 if partial_reads is None else bool(partial_reads))
         self._batch_start = 0   # global index where the current global batch begins
+        self._partial_reads = dp_size > 1 if partial_reads is None else bool(partial_reads)
+        self._restrict_reads()
         self._micro_done = 0    # micro-batches of the current global batch this rank has yielded
 
     def _make_source(self):
@@ -816,27 +867,32 @@ class StreamingLoader:
             return _Concat(self.datasets)
         return _Mixture(self.datasets, self.weights)
 
-    def _restrict_reads(self, partial: bool) -> None:
+    def _restrict_reads(self) -> None:
         """Tell each dataset which of its samples this rank yields, so it reads only those: by
         positioned reads of just those samples (``partial``, local shards), else from whole shards.
 
         Partial reads default to ``dp_size > 1``: one rank needs every sample anyway, and reading
         shards whole keeps their sha256 check (a partial read cannot hash the whole shard)."""
+        partial = self._partial_reads
         mine = self._rank_mask() if self.dp_size > 1 else None
         for d, ds in enumerate(self.datasets):
             if mine is not None:
                 ds.wanted = mine if len(self.datasets) == 1 else \
                     functools.partial(_mask_of_local, mine, self._source.global_index, d)
             ds.partial = partial and all(s.local_path is not None for s in ds.specs)
+            ds.forget_blocks()
             if partial and not ds.partial:
                 log.info("%s: shards are not local files (pipe or remote URLs): every rank reads them whole",
                          ds.name)
 
     def _rank_mask(self):
-        """``mask(g)``: which global indices ``g`` this rank yields (see the iterators below)."""
+        """``mask(g)``: which global indices ``g`` this rank yields (see the iterators below); global
+        batches start at ``_batch_start`` plus multiples of the global batch size (a resume at another
+        global batch size may start them off a multiple of it)."""
         if self.split == "train":
             return functools.partial(_rank_slice_mask, period=self.global_batch_size,
-                                     width=self.global_batch_size // self.dp_size, rank=self.dp_rank, end=None)
+                                     width=self.global_batch_size // self.dp_size, rank=self.dp_rank, end=None,
+                                     offset=self._batch_start % self.global_batch_size)
         step = self.micro_batch_size * self.dp_size
         return functools.partial(_rank_slice_mask, period=step, width=self.micro_batch_size, rank=self.dp_rank,
                                  end=len(self) * step)
@@ -949,7 +1005,8 @@ class StreamingLoader:
         return {"version": STATE_VERSION, "seed": self.seed, "consumed_samples": consumed,
                 "epoch": consumed // self.samples_per_epoch, "samples_per_epoch": self.samples_per_epoch,
                 "global_batch_size": self.global_batch_size, "batch_start": batch_start,
-                "shuffle_buffer": self.datasets[0].block}
+                "shuffle_buffer": self.datasets[0].block, "micro_batch_size": self.micro_batch_size,
+                "dp_size": self.dp_size}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where ``state`` was taken; nothing already consumed is read again."""
@@ -959,10 +1016,15 @@ class StreamingLoader:
             raise DataError("loader state", "expected integers consumed_samples and seed") from None
         batch_start = int(state.get("batch_start", consumed))
         within = consumed - batch_start
-        if within and (int(state.get("global_batch_size", -1)) != self.global_batch_size
+        # mid-batch, each rank has consumed the head of its own slice: only the same geometry continues it
+        saved = [int(state.get(key, -1 if key == "global_batch_size" else mine)) for key, mine in
+                 (("global_batch_size", None), ("micro_batch_size", self.micro_batch_size), ("dp_size", self.dp_size))]
+        if within and (saved != [self.global_batch_size, self.micro_batch_size, self.dp_size]
                        or within % (self.micro_batch_size * self.dp_size)):
-            raise DataError("loader state", f"saved in the middle of a global batch ({within} samples in); "
-                                            "resuming there needs the same global batch, micro batch and dp sizes")
+            raise DataError("loader state", f"saved in the middle of a global batch ({within} samples in) with global "
+                                            f"batch, micro batch and dp sizes {saved}; resuming there needs the same "
+                                            f"sizes (this loader: {self.global_batch_size}, {self.micro_batch_size}, "
+                                            f"{self.dp_size})")
         if state.get("samples_per_epoch", self.samples_per_epoch) != self.samples_per_epoch:
             log.warning("resuming on a dataset of %d samples/epoch, state was taken on %s: the order differs",
                         self.samples_per_epoch, state.get("samples_per_epoch"))
@@ -970,8 +1032,11 @@ class StreamingLoader:
             log.warning("loader seed %d replaced by the checkpoint's seed %d for an exact resume", self.seed, seed)
             self._reseed(seed)
         self._adopt_shuffle_buffer(state.get("shuffle_buffer"))
+        realign = (batch_start - self._batch_start) % self.global_batch_size
         self._batch_start = batch_start
         self._micro_done = within // (self.micro_batch_size * self.dp_size)
+        if realign and self.split == "train" and self.dp_size > 1:  # this rank's slices moved
+            self._restrict_reads()
 
     def _adopt_shuffle_buffer(self, saved) -> None:
         """The sample order depends on the shuffle block size: the checkpoint's wins, as its seed does
@@ -989,8 +1054,7 @@ class StreamingLoader:
         for d in self.datasets:
             d.seed = seed
             d._orders.clear()
-            d._blocks.clear()
-            d._pending.clear()
+            d.forget_blocks()
 
     def close(self) -> None:
         """Stop the worker processes (pending prefetches are abandoned)."""

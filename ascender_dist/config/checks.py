@@ -196,6 +196,8 @@ def check_data_sources(cfg: RunConfig) -> None:
         _require_finite(f"data.mixture[{i}].weight", source.weight)
         if not source.weight > 0:
             raise ConfigError(f"data.mixture[{i}].weight", f"must be > 0 (got {source.weight})")
+        if source.url_template is not None and url_template_problem(source.url_template):
+            raise ConfigError(f"data.mixture[{i}].url_template", url_template_problem(source.url_template))
     if d.num_workers < 0:
         raise ConfigError("data.num_workers", f"must be >= 0 (got {d.num_workers})")
     if d.shuffle_buffer < 1:

@@ -95,6 +95,7 @@ class TrainConfig:
 class DatasetSource:
     manifest: str
     weight: float = 1.0
+    url_template: Optional[str] = None  # this dataset's shard URLs (default: data.url_template)
 
 
 @dataclass

@@ -46,6 +46,7 @@ def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = 
 
     d = cfg.data
     source = [(m.manifest, m.weight) for m in d.mixture] if d.mixture else d.manifest
+    url_template = [m.url_template or d.url_template for m in d.mixture] if d.mixture else d.url_template
     return StreamingLoader(
         source,
         seq_length=cfg.model.seq_length,
@@ -57,7 +58,7 @@ def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = 
         split=split,
         num_workers=d.num_workers,
         shuffle_buffer=d.shuffle_buffer,
-        url_template=d.url_template,
+        url_template=url_template,
         tokenizer_sha256=tokenizer.sha256 if tokenizer else None,
         vocab_size=tokenizer.vocab_size if tokenizer else cfg.model.vocab_size,
         on_corrupt=d.on_corrupt,

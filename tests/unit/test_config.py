@@ -272,6 +272,8 @@ def test_override_errors_name_the_override(tmp_path):
     ("data:\n  url_template: 'pipe:cat {nam}'\n", "data.url_template: must contain {name}"),
     ("data:\n  url_template: 'pipe:cat {name'\n", "data.url_template:"),
     ("data:\n  url_template: 'pipe:cat data.tar'\n", "data.url_template: must contain {name}"),
+    ("data:\n  mixture:\n    - {manifest: a.json, url_template: 'pipe:cat a.tar'}\n",
+     "data.mixture[0].url_template: must contain {name}"),
 ], ids=lambda v: v.split(":")[0] if v.startswith(("model.", "optimizer.", "train.", "checkpoint.", "logging.", "data.")) else None)
 def test_numeric_ranges_are_named_checks(tmp_path, text, expected):
     assert expected in _error(tmp_path, text)

@@ -188,3 +188,43 @@ def test_checkpoint_shuffle_buffer_wins_on_resume(uneven):
     assert state["shuffle_buffer"] == 8
     rest, _ = run_global(functools.partial(loader, uneven, shuffle_buffer=32), 1, 6, state=state)
     assert first + rest == straight
+
+
+def test_mid_batch_state_is_refused_at_another_geometry_with_a_fitting_remainder(uneven):
+    """dp 2 x 2 micro-batches of 1 leave 4 samples consumed, a multiple of dp 1 x micro 4, but the
+    consumed ones are the heads of two rank slices, not a prefix: no other geometry continues them."""
+    ld = loader(uneven, dp_size=2, micro_batch_size=1)
+    it = iter(ld)
+    next(it), next(it)
+    state = ld.state_dict()
+    assert (state["dp_size"], state["micro_batch_size"]) == (2, 1)
+    with pytest.raises(DataError, match=r"middle of a global batch.*\[8, 1, 2\].*8, 4, 1"):
+        loader(uneven, dp_size=1, micro_batch_size=4).load_state_dict(state)
+
+
+def test_resume_at_another_global_batch_size_reads_only_this_ranks_rows(tmp_path):
+    """A state at sample 40 resumed with global batch 16 starts batches off a multiple of 16: each
+    rank's read mask follows, so it decodes as few rows as from an aligned position, and yields the
+    same batches as one rank would."""
+    make_dataset(tmp_path / "ds", [64] * 16)
+    make = functools.partial(loader, tmp_path / "ds", shuffle_buffer=128)
+    state = {"seed": 3, "consumed_samples": 40, "batch_start": 40, "global_batch_size": 8, "version": 1}
+    aligned = {**state, "consumed_samples": 48, "batch_start": 48}
+    reads = {}
+    for name, st in (("aligned", aligned), ("shifted", state)):
+        ids, _ = run_global(make, 4, 10, state=st, global_batch_size=16)
+        single, _ = run_global(make, 1, 10, state=st, global_batch_size=16)
+        assert ids == single
+        lds = [make(dp_rank=r, dp_size=4, micro_batch_size=2, global_batch_size=16) for r in range(4)]
+        for ld in lds:
+            ld.load_state_dict(st)
+            it = iter(ld)
+            for _ in range(20):
+                next(it)
+        reads[name] = [ld.rows_read for ld in lds]
+    assert reads["shifted"] == reads["aligned"]
+
+
+def test_a_path_to_one_shard_is_a_source(tmp_path):
+    make_dataset(tmp_path / "ds", [8, 8])
+    assert loader(tmp_path / "ds" / "syn-train-000000.tar").samples_per_epoch == 8

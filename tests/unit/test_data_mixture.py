@@ -82,3 +82,53 @@ def test_mixture_period_is_short_and_shares_are_within_a_thousandth(weights, per
 def test_a_weight_too_small_to_resolve_is_refused_by_name():
     with pytest.raises(DataError, match=r"^tiny: mixture weight is 1e-06 of the total, below the 1/200000"):
         mixture_counts([1.0, 1e-6], ["big", "tiny"])
+
+
+def test_datasets_resolving_to_one_shard_url_are_refused(tmp_path):
+    """Shards written with the same prefix behind one url_template would read each other's shards."""
+    make_dataset(tmp_path / "a", [8, 8])
+    make_dataset(tmp_path / "b", [8, 8], first_id=1000)
+    shared = str(tmp_path / "a") + "/{name}"
+    with pytest.raises(DataError, match="also a shard of"):
+        mix((tmp_path / "a", tmp_path / "b"), url_template=shared, dp_size=2)
+    own = [str(tmp_path / "a") + "/{name}", str(tmp_path / "b") + "/{name}"]  # one template each
+    ids, _ = run_global(functools.partial(mix, (tmp_path / "a", tmp_path / "b"), url_template=own), 2, 2)
+    assert any(i >= 1000 for i in ids) and any(i < 1000 for i in ids)
+
+
+def test_a_dataset_listed_twice_is_refused(two):
+    with pytest.raises(DataError, match="list it once"):
+        mix((two[0], two[0]))
+
+
+def test_datasets_made_with_different_tokenizers_are_refused(tmp_path):
+    """Without a run tokenizer each dataset is checked only against itself: the mixture compares them."""
+    make_dataset(tmp_path / "a", [8], tokenizer_sha256="a" * 64)
+    make_dataset(tmp_path / "b", [8], tokenizer_sha256="b" * 64, first_id=1000)
+    with pytest.raises(DataError, match="tokenizer mismatch inside the mixture"):
+        mix((tmp_path / "a", tmp_path / "b"))
+
+
+def test_run_config_gives_each_mixture_dataset_its_template(tmp_path):
+    """``data.mixture[i].url_template`` overrides ``data.url_template`` for that dataset only."""
+    import torch
+
+    from ascender_dist.config.resolve import config_from_dict
+    from ascender_dist.parallel.setup import ParallelState
+    from ascender_dist.training.run import build_loader
+    from tests.helpers.data import tiny_run_config
+
+    for name, first in (("a", 0), ("b", 1000), ("b_copy", 1000)):
+        make_dataset(tmp_path / name, [8, 8], first_id=first)
+    mixture = [{"manifest": str(tmp_path / "a" / "manifest.json"), "weight": 1.0},
+               {"manifest": str(tmp_path / "b" / "manifest.json"), "weight": 1.0,
+                "url_template": "pipe:cat " + str(tmp_path / "b_copy") + "/{name}"}]
+    raw = tiny_run_config({"manifest": "", "tokenizer": ""}, tmp_path / "run",
+                          model={"seq_length": SEQ, "vocab_size": 512},
+                          train={"micro_batch_size": 2, "global_batch_size": 8})
+    raw["data"].update(mixture=mixture, url_template="pipe:cat " + str(tmp_path / "a") + "/{name}")
+    pstate = ParallelState(rank=0, world_size=1, local_rank=0, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
+                           dp_rank=0, dp_size=1, device=torch.device("cpu"))
+    ld = build_loader(config_from_dict(raw), None, pstate)
+    assert [d.specs[0].url for d in ld.datasets] == [f"pipe:cat {tmp_path / 'a'}/syn-train-000000.tar",
+                                                     f"pipe:cat {tmp_path / 'b_copy'}/syn-train-000000.tar"]
