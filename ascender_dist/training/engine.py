@@ -64,6 +64,31 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def apply_optimizer_config(optimizer, o) -> list[str]:
+    """Put the config's AdamW settings back after a checkpoint load: loading restores the saved
+    param groups' weight decay, betas and eps (and ZeRO / bf16 optimizers their clipping value), so
+    a resumed run would silently keep the old ones while its config.yaml records the new. Like the
+    learning rate, the config wins. Group 0 is the decay group (weight_decay_groups). Returns what
+    changed, as "name old -> new"."""
+    changed = []
+
+    def put(target: dict, key: str, value) -> None:
+        current = target.get(key)
+        if (tuple(current) if isinstance(current, list) else current) != value:  # betas may be a list
+            changed.append(f"{key} {current} -> {value}")
+            target[key] = value
+
+    for i, group in enumerate(optimizer.param_groups):
+        put(group, "weight_decay", o.weight_decay if i == 0 else 0.0)
+        put(group, "betas", (o.beta1, o.beta2))
+        put(group, "eps", o.eps)
+    for clip_attr in ("clip_grad", "max_norm"):  # DeepSpeed's ZeRO / bf16 optimizers; ClippedAdamW
+        if hasattr(optimizer, clip_attr) and getattr(optimizer, clip_attr) != o.grad_clip:
+            changed.append(f"grad_clip {getattr(optimizer, clip_attr)} -> {o.grad_clip}")
+            setattr(optimizer, clip_attr, o.grad_clip)
+    return sorted(set(changed))
+
+
 def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = None, guard=None,
                  load_universal: bool = False):
     """PP=1: megatron's GPTModel in DeepSpeed's engine (ZeRO 0-3). PP>1: the same layers in

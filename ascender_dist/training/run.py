@@ -91,7 +91,8 @@ class Run:
     callbacks: list[Callback] = field(default_factory=list)
 
 
-def _check_saved_layout(tag_dir: Path, meta: dict, pstate: ParallelState, zero_stage: int) -> None:
+def _check_saved_layout(tag_dir: Path, meta: dict, pstate: ParallelState, zero_stage: int,
+                        precision: Optional[str]) -> None:
     """ConfigError naming the parallel setting that differs from the one ``tag_dir`` was saved with
     and cannot be bridged on load (the data-parallel size can: resume_tag_for_layout)."""
     from ascender_dist.config.errors import ConfigError
@@ -105,15 +106,22 @@ def _check_saved_layout(tag_dir: Path, meta: dict, pstate: ParallelState, zero_s
         raise ConfigError("parallel.zero_stage", f"{tag_dir} was saved with ZeRO stage {saved_stage}, this run uses "
                           f"{zero_stage}: resume with parallel.zero_stage: {saved_stage}, or start from its "
                           f"weights (`ascender-dist consolidate`, then checkpoint.init_from)")
+    saved_precision = meta.get("precision", precision)
+    if saved_precision != precision:  # DeepSpeed's bf16 and fp32 optimizers write different state files
+        raise ConfigError("train.precision", f"{tag_dir} was saved with {saved_precision}, this run uses {precision}: "
+                          f"resume with train.precision: {saved_precision}, or start from its weights "
+                          f"(`ascender-dist consolidate`, then checkpoint.init_from)")
 
 
-def resume_tag_for_layout(directory: Path, pstate: ParallelState, zero_stage: int, tag: Optional[str] = None) -> str:
+def resume_tag_for_layout(directory: Path, pstate: ParallelState, zero_stage: int, tag: Optional[str] = None,
+                          precision: Optional[str] = None) -> str:
     """``tag`` (default: the latest), or its universal copy when the data-parallel size changed since
-    it was saved; the tensor and pipeline sizes and the ZeRO stage must match (_check_saved_layout).
+    it was saved; the tensor and pipeline sizes, the ZeRO stage and the precision (when given) must
+    match (_check_saved_layout).
     Collective: every rank calls it (a rollback target goes through it too)."""
     tag = tag or ckpt.latest_tag(directory)
     meta = ckpt.read_meta(directory, tag)
-    _check_saved_layout(directory / tag, meta, pstate, zero_stage)
+    _check_saved_layout(directory / tag, meta, pstate, zero_stage, precision)
     saved_dp = meta.get("data_parallel_size", pstate.dp_size)
     if saved_dp == pstate.dp_size or zero_stage == 0:  # ZeRO-0: every rank holds the whole optimizer state
         return tag
@@ -128,6 +136,18 @@ def resume_tag_for_layout(directory: Path, pstate: ParallelState, zero_stage: in
         log.info("data-parallel size changed %d -> %d: reading %s through a universal checkpoint",
                  saved_dp, pstate.dp_size, tag)
     return ckpt.ensure_universal(directory, tag)
+
+
+def _refuse_fresh_start_over_checkpoints(cfg: RunConfig, directory: Path) -> None:
+    """A run that does not resume must not write into a folder holding another run's checkpoints:
+    `latest` would move back to the new run's steps, pruning would keep the old run's newer tags
+    and delete the new run's own, and later saves would overwrite the old run's."""
+    tags = [] if cfg.checkpoint.auto_resume else ckpt.complete_tags(directory)
+    if tags:
+        from ascender_dist.config.errors import ConfigError
+
+        raise ConfigError("checkpoint.auto_resume", f"false, but {directory} holds checkpoints (newest {tags[-1]}): "
+                          "use another checkpoint.dir, remove them, or resume (auto_resume: true)")
 
 
 def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
@@ -147,13 +167,15 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     ckpt.prepare_checkpoint_dir(derived.checkpoint_dir)
     if cfg.logging.tensorboard:
         prepare_log_dir(derived.tensorboard_dir)
+    _refuse_fresh_start_over_checkpoints(cfg, derived.checkpoint_dir)
     resuming = cfg.checkpoint.auto_resume and ckpt.latest_tag(derived.checkpoint_dir) is not None
     if init_state is None and cfg.checkpoint.init_from and not resuming:
         init_state = read_weights_file(cfg.checkpoint.init_from)
     if init_state is not None:
         init_state = pad_vocab(init_state, derived.padded_vocab_size)
     guard = LossGuard(spike_factor=cfg.train.loss_spike_factor, initial_loss=math.log(derived.vocab_size))
-    resume_tag = resume_tag_for_layout(derived.checkpoint_dir, pstate, p.zero_stage) if resuming else None
+    resume_tag = resume_tag_for_layout(derived.checkpoint_dir, pstate, p.zero_stage,
+                                       precision=cfg.train.precision) if resuming else None
     universal = resume_tag is not None and resume_tag.endswith(ckpt.UNIVERSAL)
     engine = build_engine(cfg, derived, init_state, guard, load_universal=universal)
     vocab = cfg.model.vocab_size or (tokenizer.vocab_size if tokenizer else derived.padded_vocab_size)

@@ -17,7 +17,7 @@ from ascender_dist.config.loader import to_dict
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.callbacks import Callback, overrides
-from ascender_dist.training.engine import build_engine, pipeline_batches
+from ascender_dist.training.engine import apply_optimizer_config, build_engine, pipeline_batches
 from ascender_dist.models.build import poison
 from ascender_dist.training.guard import any_rank
 from ascender_dist.training.layer_stats import set_training_step
@@ -87,7 +87,8 @@ class Trainer:
         """Load ``tag`` (a rollback target; default: the tag build_run chose, else the latest):
         through its universal copy when it was saved at another data-parallel size."""
         if tag is not None:
-            tag = resume_tag_for_layout(self.derived.checkpoint_dir, self.pstate, self.cfg.parallel.zero_stage, tag)
+            tag = resume_tag_for_layout(self.derived.checkpoint_dir, self.pstate, self.cfg.parallel.zero_stage, tag,
+                                        precision=self.cfg.train.precision)
         tag = tag or self.resume_tag or ckpt.latest_tag(self.derived.checkpoint_dir)
         self.resume_tag = None  # a universal copy is read once; later rollbacks use our own checkpoints
         if tag is not None:  # same model, same data (or a change the config allows), before loading
@@ -99,6 +100,9 @@ class Trainer:
         if "step" not in client_state:  # a universal copy may not carry our client state
             client_state = ckpt.read_meta(self.derived.checkpoint_dir, tag.removesuffix(ckpt.UNIVERSAL))
         self.step = int(client_state["step"])
+        changed = apply_optimizer_config(self.engine.optimizer, self.cfg.optimizer)
+        if changed and self.pstate.is_logging_rank:
+            log.info("optimizer settings from the config, not the checkpoint: %s", ", ".join(changed))
         self.loader.load_state_dict(client_state["data"])
         if "guard" in client_state:
             self.guard.load_state_dict(client_state["guard"])
@@ -117,7 +121,7 @@ class Trainer:
             "format": ckpt.FORMAT_VERSION, "step": self.step if step is None else step, "architecture": self.cfg.model.architecture,
             "world_size": p.world_size, "tensor_model_parallel_size": p.tp_size,
             "pipeline_model_parallel_size": p.pp_size, "data_parallel_size": p.dp_size,
-            "zero_stage": self.cfg.parallel.zero_stage,
+            "zero_stage": self.cfg.parallel.zero_stage, "precision": self.cfg.train.precision,
             "vocab_size": self.cfg.model.vocab_size or (self.tokenizer.vocab_size if self.tokenizer else None),
             "padded_vocab_size": self.derived.padded_vocab_size,
             "data": self.loader.state_dict(), **self.data_record,

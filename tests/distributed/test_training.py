@@ -75,3 +75,12 @@ def test_resume_at_another_data_parallel_size_continues_the_same_losses(results,
     assert [step for step, _ in value["curve"]] == [4, 6]
     assert len(value["per_sequence"]) == 8
     assert abs(sum(value["per_sequence"]) / 8 - value["val_after"]) < 1e-5, value
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_resume_takes_the_configs_optimizer_settings(results, stage):
+    """weight decay (decay group only), betas, eps and clipping come from the resumed run's config."""
+    value = assert_check(results, f"optimizer_settings_zero{stage}")[0]
+    assert value["step_at_resume_end"] == 4
+    assert value["groups"] == [[0.0, [0.9, 0.999], 1e-6]] * 2
+    assert value["clip"] == 0.5

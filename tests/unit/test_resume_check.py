@@ -106,3 +106,32 @@ def test_a_layout_that_cannot_be_bridged_is_named_before_loading(tmp_path, layou
     # the same layout resumes from the tag itself
     assert resume_tag_for_layout(tmp_path, SimpleNamespace(is_logging_rank=True, tp_size=1, pp_size=1, dp_size=2),
                                  1) == "step_00000004"
+
+
+def test_a_precision_change_is_named_before_loading(tmp_path):
+    """bf16 and fp32 optimizers write different state files: without the check the checkpoint looked
+    unreadable (FileNotFoundError inside DeepSpeed) although it is fine."""
+    from types import SimpleNamespace
+
+    from ascender_dist.training.run import resume_tag_for_layout
+
+    _tag_saved_with(tmp_path, precision="bf16")
+    pstate = SimpleNamespace(is_logging_rank=True, tp_size=1, pp_size=1, dp_size=2)
+    with pytest.raises(ConfigError, match=r"^train\.precision: .*step_00000004 was saved with bf16, this run uses "
+                                          r"fp32: resume with train\.precision: bf16"):
+        resume_tag_for_layout(tmp_path, pstate, 1, precision="fp32")
+    assert resume_tag_for_layout(tmp_path, pstate, 1, precision="bf16") == "step_00000004"
+
+
+def test_a_run_that_does_not_resume_refuses_a_folder_with_checkpoints(tmp_path):
+    """auto_resume: false over another run's checkpoints would move `latest` back and let pruning
+    delete the new run's own checkpoints while keeping the old run's newer ones."""
+    from ascender_dist.training.run import _refuse_fresh_start_over_checkpoints
+
+    fresh = config_from_dict({"checkpoint": {"auto_resume": False}})
+    _refuse_fresh_start_over_checkpoints(fresh, tmp_path)  # empty: fine
+    _tag_saved_with(tmp_path)
+    with pytest.raises(ConfigError, match=r"^checkpoint\.auto_resume: false, but .* holds checkpoints "
+                                          r"\(newest step_00000004\)"):
+        _refuse_fresh_start_over_checkpoints(fresh, tmp_path)
+    _refuse_fresh_start_over_checkpoints(config_from_dict({}), tmp_path)  # auto_resume: true resumes there

@@ -67,6 +67,23 @@ def layer_stats_over_replicas() -> dict:
     return gather_layer_stats(layer, dp_group=dist.group.WORLD)
 
 
+def resume_takes_the_configs_optimizer_settings(data, root: Path, zero_stage: int) -> dict:
+    """Saved with one weight decay / betas / eps / clip, resumed with others: the optimizer steps
+    with the resumed config's (loading restores the checkpoint's param groups and clip value)."""
+    def sections(**opt):
+        return {"parallel": {"zero_stage": zero_stage}, "train": {"train_steps": 4},
+                "optimizer": {"weight_decay": 0.1, "beta2": 0.95, "eps": 1e-8, "grad_clip": 1.0, **opt}}
+
+    out = root / f"opt_settings_z{zero_stage}"
+    _trainer(data, out, **sections()).fit(stop_at=2)
+    resumed = _trainer(data, out, **sections(weight_decay=0.0, beta2=0.999, eps=1e-6, grad_clip=0.5))
+    resumed.fit()
+    opt = resumed.engine.optimizer
+    return {"step_at_resume_end": resumed.step,
+            "groups": [[g["weight_decay"], list(g["betas"]), g["eps"]] for g in opt.param_groups],
+            "clip": getattr(opt, "clip_grad", getattr(opt, "max_norm", None))}
+
+
 DP_CHANGE_STAGES = (0, 1, 2, 3)
 
 
@@ -77,6 +94,9 @@ def main(args):
     checks.update({f"dp2_leg_zero{stage}": (lambda stage=stage: dp2_leg(data, root, stage))
                    for stage in DP_CHANGE_STAGES})
     checks["layer_stats_over_replicas"] = layer_stats_over_replicas
+    checks.update({f"optimizer_settings_zero{stage}":
+                   (lambda stage=stage: resume_takes_the_configs_optimizer_settings(data, root, stage))
+                   for stage in (0, 1)})
     return run_checks(checks)
 
 
