@@ -129,9 +129,21 @@ def read_meta(tag_dir: Path, expect_architecture: Optional[str] = None) -> dict:
     return meta
 
 
-def read_config(directory: Path):
+def one_device_layout(raw: dict) -> dict:
+    """A raw run config laid out on one device, as a consolidated directory records it: tensor and
+    pipeline sizes 1, hence no sequence parallelism (which needs tensor parallelism)."""
+    raw["parallel"] = {**raw.get("parallel", {}), "tensor_model_parallel_size": 1,
+                       "pipeline_model_parallel_size": 1, "sequence_parallel": False}
+    return raw
+
+
+def read_config(directory: Path, one_device: bool = False):
+    """The run config of a checkpoint tag or (``one_device``) of a consolidated directory: those
+    written before one_device_layout turned sequence parallelism off are read as if it had."""
     config_file = Path(directory) / "config.yaml"
     raw = read_config_file(config_file)
+    if one_device:
+        one_device_layout(raw)
     try:
         return config_from_dict(raw)
     except ConfigError as exc:
@@ -172,6 +184,9 @@ def check_output_dir(out_dir: Path, source: Path, tool: str, is_previous_output,
     input ``source``, a directory holding it, a path inside it (unless ``inside_source_ok``), a file,
     or a directory of anything else. Errors are one line naming the path and why."""
     out_dir, source = Path(out_dir), Path(source)
+    if out_dir.name in ("", ".", ".."):  # it is replaced through a sibling: it needs a name of its own
+        raise ConversionError(out_dir, "name the output directory itself (not '.' or '..'): it is written "
+                                       "as a new directory and replaces what the path holds")
     if out_dir.is_symlink():
         raise ConversionError(out_dir, "output path is a symbolic link: name the directory itself")
     if out_dir.exists() and not out_dir.is_dir():
@@ -265,9 +280,9 @@ def write_consolidated(out_dir: Path, state: dict, cfg, meta: dict) -> None:
     from ascender_dist.training.weights import write_weights_file
 
     write_weights_file(state, tmp / "model.safetensors", metadata={"format": CONSOLIDATED_FORMAT})
-    raw = to_dict(cfg)
-    raw["parallel"].update(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    raw = one_device_layout(to_dict(cfg))
     raw["checkpoint"]["init_from"] = None
+    config_from_dict(raw)  # what it writes, read_consolidated can read
     (tmp / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     if out_dir.exists():
@@ -290,7 +305,7 @@ def read_consolidated(directory: Path, expect_architecture: Optional[str] = None
     require_fields(meta, meta_file, {"architecture": str})
     if expect_architecture and meta["architecture"] != expect_architecture:
         raise ConversionError(meta_file, f"architecture is {meta['architecture']!r}, expected {expect_architecture!r}")
-    cfg = read_config(directory)
+    cfg = read_config(directory, one_device=True)
     try:
         state = read_weights_file(weights, field=None)
     except ConfigError as exc:

@@ -79,6 +79,19 @@ def _size_of(preset: Optional[str], *names: str) -> str:
     return "unknown"
 
 
+def _stored_parameters(weights: Path) -> int:
+    """Parameter count of a safetensors file from its header; a truncated or corrupt file is one
+    line naming it (not a SafetensorError traceback from deep inside transformers)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), "pt") as f:
+            return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    except (SafetensorError, OSError) as exc:
+        raise EvaluationError(f"{weights}: unreadable safetensors file, truncated or corrupt "
+                              f"({' '.join(str(exc).split())})") from None
+
+
 def parse_run(text: str, manifest: Optional[str]) -> Run:
     """``DIR`` or ``NAME=DIR`` -> a described :class:`Run` (one-line EvaluationError otherwise)."""
     from ascender_dist.tools.lm_eval_adapter import is_consolidated, is_hf_export
@@ -91,12 +104,10 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
         raise EvaluationError(f"{path}: run directory not found")
     name = name or path.resolve().name
     if is_consolidated(path):
-        from safetensors import SafetensorError, safe_open
-
         from ascender_dist.tools.convert import read_config, read_json_file
 
         meta = read_json_file(path / "meta.json")
-        cfg = read_config(path)  # the strict loader: one-line errors naming config.yaml
+        cfg = read_config(path, one_device=True)  # the strict loader: one-line errors naming config.yaml
         model, data = cfg.model, cfg.data
         mixture = [(m.manifest, float(m.weight)) for m in data.mixture]
         run = Run(name, path, "consolidated", architecture=meta.get("architecture", "?"),
@@ -104,16 +115,13 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
                   seq_length=model.seq_length, vocab_size=meta.get("vocab_size"),
                   manifest=manifest or mixture or data.manifest or None,
                   tokenizer=data.tokenizer or None)
-        try:
-            with safe_open(str(path / "model.safetensors"), "pt") as f:
-                run.parameters = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
-        except (SafetensorError, OSError) as exc:
-            raise EvaluationError(f"{path / 'model.safetensors'}: unreadable safetensors file, truncated or "
-                                  f"corrupt ({' '.join(str(exc).split())})") from None
+        run.parameters = _stored_parameters(path / "model.safetensors")
         return run
     if is_hf_export(path):
         from ascender_dist.tools.convert import read_json_file
 
+        for weights in sorted(path.glob("*.safetensors")):  # before transformers reads them: one line
+            _stored_parameters(weights)
         config = read_json_file(path / "config.json")
         info = read_json_file(path / "ascender_dist.json") if (path / "ascender_dist.json").is_file() else {}
         seq = config.get("max_position_embeddings") or config.get("n_positions")

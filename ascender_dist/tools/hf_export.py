@@ -227,6 +227,10 @@ def check_weights_fit_config(state: dict, cfg, meta: dict, directory: Path) -> N
         raise ConversionError(directory / "model.safetensors", "no 2-d embedding.word_embeddings.weight tensor: "
                                                                "not consolidated weights")
     tied = not cfg.model.untie_embeddings_and_output_weights
+    if tied and "output_layer.weight" in state:  # the exports would drop it and use the embedding
+        raise ConversionError(directory / "model.safetensors", "holds a trained output_layer.weight but "
+                              f"{directory / 'config.yaml'} ties the output layer to the embedding "
+                              "(model.untie_embeddings_and_output_weights: false): weights of another run?")
     config = remote_code_config(cfg, meta, embedding.shape[0], tied)
     _check_against_model(remote_code_state(state, config), config, directory / "model.safetensors",
                          f"the model of {directory / 'config.yaml'}")
@@ -321,7 +325,10 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
         if cfg.model.architecture != "gpt":
             raise ConversionError(Path(consolidated_dir) / "meta.json", f"architecture is {meta['architecture']!r}: "
                                   "no standard Hugging Face class; export it with remote code")
-        pick_hf_architecture(cfg)  # raises with the reason
+        pick_hf_architecture(cfg)  # raises with the reason (norm, activation, biases)
+        raise ConversionError(Path(consolidated_dir) / "config.yaml", f"model.layer_pattern "
+                              f"{cfg.model.layer_pattern!r} mixes in non-attention layers: no standard Hugging "
+                              "Face class holds them; export it with remote code")
     use_remote = remote_code is True or kind is None
     if not tokenizer and cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file():
         tokenizer = cfg.data.tokenizer

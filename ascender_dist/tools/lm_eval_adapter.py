@@ -61,9 +61,9 @@ def hf_directory(path: str | Path) -> Path:
         weights = path / "model.safetensors"
         if not (out / "model.safetensors").is_file() or (out / "model.safetensors").stat().st_mtime < \
                 weights.stat().st_mtime:
-            import yaml
+            from ascender_dist.tools.convert import read_config_file
 
-            data = (yaml.safe_load((path / "config.yaml").read_text()) or {}).get("data") or {}
+            data = read_config_file(path / "config.yaml").get("data") or {}
             tokenizer = data.get("tokenizer")
             export_hf(path, out, tokenizer=tokenizer if tokenizer and Path(tokenizer).is_file() else None)
         return out
@@ -130,7 +130,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else list(argv))]
     try:
         cli_evaluate()
-    except AdapterError as exc:
+    except UserError as exc:  # ours, or a conversion / config error of the on-the-fly export
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

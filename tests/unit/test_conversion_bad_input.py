@@ -208,3 +208,95 @@ def test_evaluate_reads_metadata_in_one_line(consolidated, tmp_path):
     with pytest.raises(ConversionError) as info:
         parse_run(str(hf), None)
     _one_line(info.value, "config.json", "invalid JSON")
+
+
+def _consolidated_model(out, raw_config: dict, untied_weights: bool = False):
+    """A consolidated directory whose weights fit the model of ``raw_config`` (a fresh HF model's,
+    with a trained-looking output layer when ``untied_weights``); returns its state."""
+    from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
+    from ascender_dist.tools.convert import write_consolidated
+    from ascender_dist.tools.hf_export import remote_code_config
+
+    cfg = config_from_dict(raw_config)
+    model = AscenderDistForCausalLM(remote_code_config(cfg, GOOD_META, 96, tied=not untied_weights))
+    state = {("output_layer.weight" if n == "lm_head.weight" else n.removeprefix("model.")): t
+             for n, t in model.state_dict().items()
+             if untied_weights or n != "lm_head.weight"}
+    state = {n: t for n, t in state.items() if ".core_attention.params." not in n or "omega" in n}
+    write_consolidated(out, state, cfg, GOOD_META)
+    return state
+
+
+def test_a_sequence_parallel_runs_consolidation_is_readable(tmp_path):
+    """Consolidation lays the run out on one device: sequence parallelism (which needs TP > 1) goes off
+    too, or no consumer could read the directory; old directories that kept it read the same way."""
+    from ascender_dist.tools.hf_export import export_hf
+
+    _consolidated_model(tmp_path / "cons", {"name": "sp", "parallel": {"tensor_model_parallel_size": 2,
+                                                                       "sequence_parallel": True},
+                                            "train": {"micro_batch_size": 4, "global_batch_size": 4}})
+    _, cfg, _ = read_consolidated(tmp_path / "cons")
+    assert (cfg.parallel.tensor_model_parallel_size, cfg.parallel.sequence_parallel) == (1, False)
+    raw = yaml.safe_load((tmp_path / "cons" / "config.yaml").read_text())
+    raw["parallel"]["sequence_parallel"] = True  # as written before the fix
+    (tmp_path / "cons" / "config.yaml").write_text(yaml.safe_dump(raw))
+    assert read_consolidated(tmp_path / "cons")[1].parallel.sequence_parallel is False
+    assert (export_hf(tmp_path / "cons", tmp_path / "hf") / "model.safetensors").is_file()
+
+
+def test_a_trained_output_layer_under_a_tied_config_is_refused(tmp_path):
+    """The exports would drop output_layer.weight and use the embedding as the head: wrong logits."""
+    from ascender_dist.tools.hf_export import export_hf
+
+    state = _consolidated_model(tmp_path / "cons", {"name": "t"}, untied_weights=True)
+    assert "output_layer.weight" in state
+    for remote_code in (None, True):
+        with pytest.raises(ConversionError) as info:
+            export_hf(tmp_path / "cons", tmp_path / "hf", remote_code=remote_code)
+        _one_line(info.value, "model.safetensors", "output_layer.weight", "config.yaml", "ties")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_remote_code_false_refuses_a_gpt_with_other_layers(tmp_path):
+    from ascender_dist.tools.hf_export import export_hf
+
+    _consolidated_model(tmp_path / "cons", {"name": "g", "model": {
+        "layer_pattern": "AS", "ascender": {"d_z": 4, "d_a": 4, "k": 4, "window": 8, "num_global": 1}}})
+    with pytest.raises(ConversionError) as info:
+        export_hf(tmp_path / "cons", tmp_path / "hf", remote_code=False)
+    _one_line(info.value, "config.yaml", "model.layer_pattern 'AS'", "remote code")
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("out", [".", ".."])
+def test_export_to_the_current_directory_is_one_line(consolidated, tmp_path, monkeypatch, capsys, out):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["export-hf", "--consolidated", str(consolidated), "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "name the output directory itself" in err and "\n" not in err
+    assert not any(work.iterdir())
+
+
+def test_evaluate_names_a_truncated_hf_export_in_one_line(tmp_path):
+    from ascender_dist.tools.evaluate import EvaluationError, parse_run
+    from ascender_dist.tools.hf_export import export_hf
+
+    _consolidated_model(tmp_path / "cons", {"name": "t"})
+    weights = export_hf(tmp_path / "cons", tmp_path / "hf") / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(EvaluationError) as info:
+        parse_run(str(tmp_path / "hf"), None)
+    _one_line(info.value, str(weights), "truncated or corrupt")
+
+
+def test_lm_eval_adapter_names_weights_that_do_not_fit_in_one_line(consolidated, capsys):
+    """The adapter exports a consolidated directory on the fly: the export's errors are one line, exit 2."""
+    from ascender_dist.tools.lm_eval_adapter import main as adapter_main
+
+    assert adapter_main(["--model", "ascender-dist", "--model_args", f"pretrained={consolidated}",
+                         "--tasks", "lambada_openai"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and "weights do not fit" in err[-1]
+    assert not any("Traceback" in line for line in err)
