@@ -162,8 +162,15 @@ def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool, special_ids
         architectures=["AscenderDistForCausalLM"], auto_map=dict(AUTO_MAP), **_special_ids(special_ids),
     )
     config.ascender_dist = {"architecture": meta.get("architecture"), "step": meta.get("step"),
-                            "preset": m.preset, "run_name": cfg.name}
+                            "preset": m.preset, "run_name": cfg.name, "precision": cfg.train.precision}
     return config
+
+
+def _trained_buffer_dtype(config) -> torch.dtype:
+    """The dtype the run held its fixed buffers in (params dtype: bf16 runs trained against the
+    bf16-rounded slots and per-head constants, so the export stores those values, in fp32)."""
+    precision = (getattr(config, "ascender_dist", None) or {}).get("precision")
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 def remote_code_state(state: dict, config) -> dict:
@@ -177,15 +184,18 @@ def remote_code_state(state: dict, config) -> dict:
     out = {("lm_head.weight" if name == "output_layer.weight" else f"model.{name}"): t for name, t in state.items()}
     if config.tie_word_embeddings:
         out.pop("lm_head.weight", None)
+    dtype = _trained_buffer_dtype(config)
     for i, letter in enumerate(config.layer_pattern):
         prefix = f"model.decoder.layers.{i}.self_attention"
         if letter == "S":
-            fixed = AscenderHeadParams(_hparams(AscenderHParams, config.ascender), config.num_attention_heads)
+            fixed = AscenderHeadParams(_hparams(AscenderHParams, config.ascender), config.num_attention_heads,
+                                       dtype=dtype)
             for name, buf in fixed.state_dict().items():  # persistent buffers only (lambdas, ...)
                 out.setdefault(f"{prefix}.core_attention.params.{name}", buf.float())
         elif letter == "C":
             hp = _hparams(ConnectionHParams, config.connection)
-            out.setdefault(f"{prefix}.layer.slots", make_fixed_slots(hp.num_slots, config.hidden_size, hp.slot_seed))
+            slots = make_fixed_slots(hp.num_slots, config.hidden_size, hp.slot_seed, dtype)
+            out.setdefault(f"{prefix}.layer.slots", slots.float())
     return out
 
 

@@ -5,8 +5,6 @@ import torch
 
 from ascender_dist.config.resolve import config_from_dict
 
-pytest.importorskip("transformers")
-
 MODEL = {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 64}
 
 
@@ -37,3 +35,27 @@ def test_remote_code_export_runs_the_step_the_weights_last_trained_with(saved_st
     config = remote_code_config(cfg, {"step": saved_step, "architecture": "ascender"}, vocab_size=64, tied=True)
     assert config.ascender_step == expected
     assert cfg.model.ascender.separation_active(config.ascender_step) == (saved_step == 0)
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_remote_code_export_stores_the_fixed_buffers_the_run_trained_with(precision, dtype):
+    """A bf16 run held the Connection slots and ASCender's fixed per-head constants in bf16: the export
+    stores those rounded values (in fp32), not freshly computed fp32 ones (1e-3 apart in the logits)."""
+    from ascender_dist.models.ascender import AscenderHeadParams, AscenderHParams
+    from ascender_dist.models.connection import make_fixed_slots
+    from ascender_dist.tools.hf_export import remote_code_config, remote_code_state
+
+    cfg = config_from_dict({"model": {**MODEL, "layer_pattern": "CSA", "num_layers": 3,
+                                      "ascender": {"d_z": 4, "d_a": 4, "lambda_sep": 0.3},
+                                      "connection": {"causal_chunk_size": 16}},
+                            "train": {"precision": precision}})
+    config = remote_code_config(cfg, {"step": 3, "architecture": "gpt"}, vocab_size=64, tied=True)
+    state = remote_code_state({}, config)
+    hp = cfg.model.connection
+    slots = state["model.decoder.layers.0.self_attention.layer.slots"]
+    assert slots.dtype == torch.float32
+    assert torch.equal(slots, make_fixed_slots(hp.num_slots, 32, hp.slot_seed, dtype).float())
+    assert (precision == "fp32") == torch.equal(slots, make_fixed_slots(hp.num_slots, 32, hp.slot_seed))
+    lambdas = state["model.decoder.layers.1.self_attention.core_attention.params.lambdas"]
+    fixed = AscenderHeadParams(AscenderHParams(d_z=4, d_a=4, lambda_sep=0.3), 4, dtype=dtype)
+    assert torch.equal(lambdas, fixed.lambdas.float())
