@@ -120,11 +120,14 @@ def connection_layer_flops(hp, d: int, seq_length: int) -> float:
     (2 c (N + D)), and per chunk of c tokens the keys and values of the reasoned state (4 N D^2)
     and max_steps reasoning steps (2 N^2 D linear, 4 N^2 D r bilinear; the masked i == j pairs
     run too), amortised over the chunk's tokens (an upper bound: converged samples stop early).
+    A sequence that is not a whole number of chunks is padded to one and the padding runs too.
     Leaves out the slot keys, computed once per forward (2 N D^2 per batch)."""
     n, c = hp.num_slots, min(hp.causal_chunk_size, seq_length)
     step = 2 * n * n * d if hp.connection == "linear" else 4 * n * n * d * hp.rank
     per_chunk = 4 * n * d * d + hp.max_steps * step
-    return 2 * 4 * d * d + 8 * n * d + 2 * c * (n + d) + per_chunk / c
+    per_token = 2 * 4 * d * d + 8 * n * d + 2 * c * (n + d) + per_chunk / c
+    padded = -(-seq_length // c) * c
+    return per_token if padded == seq_length else per_token * padded / seq_length
 
 
 def connection_extra_layer_flops(m: ModelConfig) -> float:

@@ -193,14 +193,16 @@ def test_causal_handles_length_not_multiple_of_chunk_and_chunk_longer_than_seque
 
 
 def test_normalised_compression_does_not_grow_with_sequence_length():
+    """Read off the state the layer hands to reasoning (slots + compressed activation), so the test
+    fails if the layer's division by the slot load goes."""
     def slot_activation_norm(layer, s):
         x = torch.randn(s, 1, D, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
-        a = layer.slot_loads(x)[0]  # [s, N]
-        v = x[:, 0] @ layer.w_v_in
-        act = a.T @ v
-        if layer.hp.normalize_compression:
-            act = act / a.sum(0)[:, None]
-        return float(act.detach().norm())
+        states, reason = [], layer.reason
+        layer.reason = lambda state: states.append(state.detach()) or reason(state)
+        with torch.no_grad():
+            layer(x)
+        del layer.reason
+        return float((states[0] - layer.slots).norm())
 
     norm_layer, _ = make(normalize_compression=True)
     raw_layer, _ = make(normalize_compression=False)

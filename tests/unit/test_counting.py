@@ -56,16 +56,17 @@ def test_connection_flops_count_is_what_the_layer_runs(kind, rank):
     from ascender_dist.models.connection import ConnectionHParams, ConnectionLayer
     from ascender_dist.models.counting import connection_layer_flops
 
-    d, b, s = 32, 2, 64
-    hp = ConnectionHParams(num_slots=6, connection=kind, rank=rank, max_steps=3, threshold=0.0,
-                           causal_chunk_size=16)
-    layer = ConnectionLayer(hp, d)
-    x = torch.randn(s, b, d)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        layer(x)
-    slot_keys = 2 * hp.num_slots * d * d  # once per forward, not per token
-    measured = (counter.get_total_flops() - slot_keys) / (b * s)
-    assert measured == pytest.approx(connection_layer_flops(hp, d, s), rel=1e-9)
+    d, b = 32, 2
+    for s, chunk in ((64, 16), (65, 16), (100, 64)):  # 65, 100: padded to whole chunks, which run too
+        hp = ConnectionHParams(num_slots=6, connection=kind, rank=rank, max_steps=3, threshold=0.0,
+                               causal_chunk_size=chunk)
+        layer = ConnectionLayer(hp, d)
+        x = torch.randn(s, b, d)
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            layer(x)
+        slot_keys = 2 * hp.num_slots * d * d  # once per forward, not per token
+        measured = (counter.get_total_flops() - slot_keys) / (b * s)
+        assert measured == pytest.approx(connection_layer_flops(hp, d, s), rel=1e-9), (s, chunk)
 
 
 class GemmFlops:
