@@ -98,9 +98,10 @@ def _relaunch(world_size: int, argv: list[str]) -> None:
     import os
     import subprocess
 
+    from ascender_dist.launcher import deepspeed_launcher
     from ascender_dist.ports import free_port
 
-    launcher = Path(sys.executable).with_name("deepspeed")
+    launcher = deepspeed_launcher()
     port = free_port()
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))

@@ -33,5 +33,6 @@ deepspeed --num_accelerators "$NUM_RANKS" --master_port "$PORT" launch/train.py 
   --set "data.manifest=$DATA/shards/manifest.json" \
   --set "data.tokenizer=$DATA/tokenizer.model" \
   --set "model.vocab_size=${DEMO_VOCAB:-4096}" \
+  --set "model.seq_length=${DEMO_SEQ:-128}" \
   "$@"
 echo "TensorBoard: .venv/bin/tensorboard --logdir $DEMO_DIR/tensorboard"

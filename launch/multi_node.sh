@@ -9,7 +9,7 @@
 #     the same hostfile, --master_addr and --master_port everywhere; R is this node's line in the hostfile.
 #       bash launch/multi_node.sh --hostfile hosts --node_rank 0 --master_addr node-001 --config ...
 #
-# Launcher options (flag, or the environment variable next to it):
+# Launcher options (flag, as --flag VALUE or --flag=VALUE, or the environment variable next to it):
 #   --hostfile FILE      HOSTFILE       required: lines "<host> slots=<ranks>" (launch/hostfile.example)
 #   --master_addr ADDR   MASTER_ADDR    address of the first host that every node can reach
 #                                       (default: the first hostfile host)
@@ -20,7 +20,8 @@
 #   --ssh_port PORT      SSH_PORT       ssh mode: the port of the sshd on every host (default: ssh's)
 #   DEEPSPEED      the launcher command (default: deepspeed, from .venv/bin if there, else PATH)
 # ssh mode forwards NCCL_*, PYTHON*, OMP_NUM_THREADS, DS_ACCELERATOR, GLOO_SOCKET_IFNAME,
-# TORCH_NCCL_ASYNC_ERROR_HANDLING, CUDA_DEVICE_MAX_CONNECTIONS and the names in FORWARD_ENV.
+# TORCH_NCCL_ASYNC_ERROR_HANDLING, CUDA_DEVICE_MAX_CONNECTIONS, the names in FORWARD_ENV and the
+# lines of DeepSpeed's env files (DS_ENV_FILE, default .deepspeed_env, in ~ and the repository root).
 # Everything else is passed to launch/train.py: --config FILE (required), --set key=value ...
 # Relative paths inside the config and in --set values are taken from the repository root (as in
 # demo.sh); --config and --hostfile may be relative to the current directory.
@@ -56,7 +57,19 @@ while [ $# -gt 0 ]; do
         --config) CONFIG=$2 ;;
       esac
       shift 2 ;;
-    --config=*) CONFIG=${1#--config=}; shift ;;
+    --hostfile=*|--master_addr=*|--master_port=*|--node_rank=*|--num_nodes=*|--gpus_per_node=*|--ssh_port=*|--config=*)
+      value=${1#*=}
+      case "${1%%=*}" in
+        --hostfile) HOSTFILE=$value ;;
+        --master_addr) MASTER_ADDR=$value ;;
+        --master_port) MASTER_PORT=$value ;;
+        --node_rank) NODE_RANK=$value ;;
+        --num_nodes) NUM_NODES=$value ;;
+        --gpus_per_node) GPUS_PER_NODE=$value ;;
+        --ssh_port) SSH_PORT=$value ;;
+        --config) CONFIG=$value ;;
+      esac
+      shift ;;
     *) TRAIN_ARGS+=("$1"); shift ;;
   esac
 done
@@ -71,8 +84,9 @@ done
 HOSTFILE=$(cd "$(dirname "$HOSTFILE")" && pwd)/$(basename "$HOSTFILE")
 CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
 
-# The hostfile, parsed as DeepSpeed does: "<host> slots=<n>", '#' comments and blank lines ignored.
-mapfile -t HOSTS < <(awk '/^[[:space:]]*(#|$)/ {next}
+# The hostfile, parsed as DeepSpeed does: "<host> slots=<n>", '#' comments, blank lines and a
+# trailing carriage return (a file written on Windows) ignored.
+mapfile -t HOSTS < <(awk '{sub(/\r$/, "")} /^[[:space:]]*(#|$)/ {next}
   $2 ~ /^slots=[0-9]+$/ && seen[$1]++ {print "DUP " NR " " $1; exit}
   $2 ~ /^slots=[0-9]+$/ {print $1, substr($2, 7); next}
   {print "BAD " NR ": " $0; exit}' "$HOSTFILE")
@@ -84,6 +98,8 @@ case "$last" in
            die "hostfile $HOSTFILE line $line lists $host a second time (one line per host)" ;;
 esac
 [ -z "$NUM_NODES" ] || [ "$NUM_NODES" -ge 1 ] || die "NUM_NODES must be at least 1"
+[ -z "$NUM_NODES" ] || [ "$NUM_NODES" -le ${#HOSTS[@]} ] ||
+  die "--num_nodes $NUM_NODES but the hostfile lists ${#HOSTS[@]} hosts (DeepSpeed would run on those alone)"
 if [ -n "$NUM_NODES" ] && [ "$NUM_NODES" -lt ${#HOSTS[@]} ]; then HOSTS=("${HOSTS[@]:0:$NUM_NODES}"); fi
 [ -n "$MASTER_ADDR" ] || MASTER_ADDR=${HOSTS[0]%% *}
 
@@ -124,8 +140,11 @@ else
   # pdsh forwards only NCCL_*, PYTHON*, UCX_*, MV2_*, MLFLOW_* and what a DeepSpeed env file lists.
   env_file=$(mktemp "${TMPDIR:-/tmp}/ascender-ds-env.XXXXXX")
   trap 'rm -f "$env_file"' EXIT
-  # Setting DS_ENV_FILE hides ~/.deepspeed_env and ./.deepspeed_env from DeepSpeed: carry them over.
-  for f in "${HOME:-/nonexistent}/.deepspeed_env" .deepspeed_env; do [ ! -f "$f" ] || grep -E '^[A-Za-z_][A-Za-z0-9_]*=' "$f" >> "$env_file" || true; done
+  # Setting DS_ENV_FILE hides the env files DeepSpeed would read (the name in the user's DS_ENV_FILE,
+  # default .deepspeed_env, under ~ and .; an absolute path as it is): carry them over.
+  user_env=${DS_ENV_FILE:-.deepspeed_env}
+  case "$user_env" in /*) env_files=("$user_env") ;; *) env_files=("${HOME:-/nonexistent}/$user_env" "$user_env") ;; esac
+  for f in "${env_files[@]}"; do [ ! -f "$f" ] || grep -E '^[A-Za-z_][A-Za-z0-9_]*=' "$f" >> "$env_file" || true; done
   read -ra extra_env <<< "${FORWARD_ENV:-}"
   for n in OMP_NUM_THREADS DS_ACCELERATOR CUDA_DEVICE_MAX_CONNECTIONS TORCH_NCCL_ASYNC_ERROR_HANDLING \
            GLOO_SOCKET_IFNAME ${extra_env[@]+"${extra_env[@]}"}; do

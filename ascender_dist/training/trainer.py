@@ -300,6 +300,10 @@ class Trainer:
                      cfg.name, cfg.model.architecture, self.step, t.train_steps, self.pstate.world_size,
                      self.pstate.tp_size, self.pstate.pp_size, self.pstate.dp_size,
                      self.derived.gradient_accumulation_steps)
+        if self.step >= t.train_steps and self.pstate.is_logging_rank:  # e.g. a finished run's output_dir
+            log.warning("%s is already at step %d >= train.train_steps %d: nothing to train (raise "
+                        "train.train_steps to continue it, or set another output_dir for a new run)",
+                        self.derived.output_dir, self.step, t.train_steps)
         self._call("on_train_start")
         while self.step < last_step:
             self._call("on_step_start")

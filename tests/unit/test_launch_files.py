@@ -259,6 +259,45 @@ def test_multi_node_ssh_mode_forwards_environment(stubs):
         assert line in forwarded, forwarded
 
 
+def test_multi_node_launcher_flags_in_equals_form(stubs, tmp_path):
+    """--node_rank=1 etc. are the launcher's, not train.py's: before, they fell through to train.py
+    and the script started in ssh mode."""
+    env, _, calls = stubs
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a slots=4\r\nnode-b slots=4\r\n")  # CRLF, as DeepSpeed accepts
+    proc = _run(["bash", "launch/multi_node.sh", f"--hostfile={hosts}", "--node_rank=1", "--master_addr=node-a",
+                 "--master_port=1234", "--num_nodes=2", "--gpus_per_node=2", "--config=configs/demo.yaml"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls()
+    args = call["args"]
+    assert args[args.index("--no_ssh") + 1:args.index("--no_ssh") + 3] == ["--node_rank", "1"]
+    assert _after(args, "--master_port") == "1234" and _after(args, "--num_accelerators") == "2"
+    assert args[args.index("launch/train.py"):] == ["launch/train.py", "--config",
+                                                    str(REPO_ROOT / "configs" / "demo.yaml")]
+
+
+def test_multi_node_more_nodes_than_the_hostfile_lists(stubs, tmp_path):
+    env, _, calls = stubs
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a slots=4\nnode-b slots=4\n")
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--num_nodes", "4",
+                                 "--node_rank", "0", "--config", "configs/demo.yaml"], env=env),
+                           "--num_nodes 4 but the hostfile lists 2 hosts")
+    assert calls() == []
+
+
+def test_multi_node_ssh_mode_keeps_the_users_deepspeed_env_file(stubs, tmp_path):
+    env, _, calls = stubs
+    site = tmp_path / "site.env"
+    site.write_text("SITE_LIB=/opt/site\n")
+    env.update(DS_ENV_FILE=str(site))
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", "launch/hostfile.example",
+                 "--config", "configs/demo.yaml"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls()
+    assert "SITE_LIB=/opt/site" in call["dsenv"].splitlines()
+
+
 def test_slurm_runs_one_no_ssh_launcher_per_node(stubs, tmp_path):
     env, out, calls = stubs
     env.update(SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(REPO_ROOT), SLURM_JOB_NODELIST="gpu-[07-08]",
@@ -353,3 +392,22 @@ def test_the_training_script_hides_gpus_from_cpu_ranks(monkeypatch):
     with pytest.raises(SystemExit):
         runpy.run_path(str(Path(REPO_ROOT) / "launch" / "train.py"), run_name="__main__")
     assert seen == {"cuda": ""}
+
+
+def test_conversion_relaunch_finds_the_launcher_on_path_or_says_where_it_looked(tmp_path, monkeypatch):
+    """A system Python (/usr/bin/python3) has pip's scripts in /usr/local/bin, not beside it."""
+    from ascender_dist.config.errors import UserError
+    from ascender_dist.launcher import deepspeed_launcher
+
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    monkeypatch.setattr("sys.executable", str(bare / "python3"))
+    scripts = tmp_path / "local" / "bin"
+    scripts.mkdir(parents=True)
+    (scripts / "deepspeed").write_text("#!/bin/sh\n")
+    (scripts / "deepspeed").chmod(0o755)
+    monkeypatch.setenv("PATH", str(scripts))
+    assert deepspeed_launcher() == scripts / "deepspeed"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(UserError, match=f"neither next to {bare / 'python3'} nor on PATH"):
+        deepspeed_launcher()

@@ -16,11 +16,16 @@ def test_free_port_is_bindable_and_below_the_ephemeral_range():
 
 
 def test_a_taken_port_is_never_returned(monkeypatch):
+    """Every random probe lands on a port another socket holds: each is refused, and the port comes
+    from the kernel instead (the probe loop runs: the preferred range is 1000 ports wide)."""
+    probes = []
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        monkeypatch.setattr(ports, "ephemeral_range", lambda: (taken + 1, 60999))
-        monkeypatch.setattr(ports, "LOW", taken)  # the preferred range is the taken port alone...
+        monkeypatch.setattr(ports, "ephemeral_range", lambda: (taken + 1000, 60999))
+        monkeypatch.setattr(ports, "LOW", taken)
+        monkeypatch.setattr(ports.random.Random, "randrange", lambda self, lo, hi: probes.append(lo) or taken)
         port = ports.free_port(attempts=5)
-    assert port != taken  # ...so it falls back to a port the kernel picks
+    assert probes == [taken] * 5
+    assert port != taken

@@ -12,7 +12,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 import yaml
 
 
+from ascender_dist.launcher import deepspeed_launcher
 from ascender_dist.ports import free_port
 from ascender_dist.training.callbacks import Callback
 
@@ -351,7 +351,7 @@ ENTRY = Path(__file__).resolve().with_name("run_entry.py")
 def launch_command(launcher: Launcher, child_args: Sequence[str], port: int, slot: int = 0) -> list[str]:
     """The command line that starts one run's ranks (what ``--dry-run`` prints); ``slot``: the job slot
     the run holds (its GPUs on a CUDA host, Launcher.device_ids)."""
-    deepspeed = str(Path(sys.executable).with_name("deepspeed"))
+    deepspeed = str(deepspeed_launcher())
     if launcher.slurm:
         inner = [deepspeed, "--hostfile", launcher.hostfile or "$ABLATE_HOSTFILE", "--no_ssh",
                  "--node_rank", "$SLURM_NODEID", "--master_addr", launcher.master_addr or "$ABLATE_MASTER_ADDR",
