@@ -61,3 +61,15 @@ def test_redraw_of_a_folder_without_figures_json_is_one_line(tmp_path, capsys):
     assert figures.figures_main(["--out", str(tmp_path), "--redraw"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "figures.json: not written by `ascender-dist figures` (no figure4, models)" in err
+
+
+def test_redraw_keeps_the_provenance_of_the_computation(tmp_path):
+    """Redrawing recomputes nothing: the commit that computed the numbers stays, the redraw's is added."""
+    _summary(tmp_path)
+    summary = json.loads((tmp_path / "figures.json").read_text())
+    summary["provenance"] = {"git_commit": "c0ffee" * 6}
+    (tmp_path / "figures.json").write_text(json.dumps(summary))
+    figures.redraw(tmp_path)
+    after = json.loads((tmp_path / "figures.json").read_text())
+    assert after["provenance"] == {"git_commit": "c0ffee" * 6}
+    assert "machine" in after["redraw_provenance"]

@@ -60,6 +60,26 @@ def test_a_reviewed_commit_is_named_not_counted(repo):
     assert index.code_state([run], {later[:7]: "metadata only"}, repo)[0] == "stale"
 
 
+def test_runs_from_a_commit_outside_heads_history_are_stale(repo):
+    """A side branch's model code never reached HEAD: no later commit touches it, yet it differs."""
+    base = _commit(repo, "README.md", "x\n")
+    side = _commit(repo, "ascender_dist/models/m.py", "a = 2\n")
+    _git(repo, "checkout", "-q", base)
+    _git(repo, "checkout", "-q", "-b", "main2")
+    _commit(repo, "docs/notes.md", "text\n")
+    state, why = index.code_state([side], {}, repo)
+    assert state == "stale" and "not in HEAD's history" in why
+
+
+@pytest.mark.parametrize("path", ["ascender_dist/research/ablate/launch.py", "ascender_dist/research/ablate/grid.py",
+                                  "ascender_dist/launch_entry.py"])
+def test_the_run_driver_counts_as_code_a_run_computes_with(repo, path):
+    run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
+    later = _commit(repo, path, "tail = 3\n")
+    state, why = index.code_state([run], {}, repo)
+    assert state == "stale" and later[:7] in why
+
+
 def test_runs_without_a_commit_or_with_an_unknown_one(repo):
     _commit(repo, "README.md", "x\n")
     assert index.code_state([None], {}, repo)[0] == "stale"

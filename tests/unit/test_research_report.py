@@ -88,6 +88,35 @@ def test_ablate_refuses_mixed_commits_unless_allowed(tmp_path, monkeypatch, caps
     assert ablate.ablate_main(["x.yaml", "--report-only", "--n-resamples", "200", "--allow-mixed-commits"]) == 0
 
 
+def _with_versions(records, torch_of=lambda i: "2.13.0+cpu"):
+    for i, r in enumerate(records):
+        r["provenance"]["versions"] = {"torch": torch_of(i), "deepspeed": "0.19.8"}
+    return records
+
+
+def test_runs_of_mixed_library_versions_are_named_refused_and_reported_as_theirs(tmp_path, monkeypatch, capsys):
+    """The provenance sentence gives the runs' versions (not the report process's), and a version mix
+    is named in the first line like a commit mix, and refused by ablate unless allowed."""
+    mixed = _with_versions(_records(), lambda i: "2.4.0+cpu" if i < 2 else "2.13.0+cpu")
+    line = provenance.mixed_version_line(mixed)
+    assert line.startswith("**Mixed versions") and "torch 2.4.0+cpu (2 runs), 2.13.0+cpu (4 runs)" in line
+    assert provenance.mixed_version_line(_with_versions(_records())) is None
+    report.write_report(_grid(tmp_path), mixed, n_resamples=200, n_permutations=200)
+    text = (tmp_path / "report" / "results.md").read_text()
+    assert text.startswith("**Mixed versions") and "versions torch 2.4.0+cpu / 2.13.0+cpu" in text
+    grid = _grid(tmp_path)
+    monkeypatch.setattr(ablate.main, "load_grid", lambda *a, **k: grid)
+    monkeypatch.setattr(ablate.main, "collect_records", lambda g: mixed)
+    assert ablate.ablate_main(["x.yaml", "--report-only", "--n-resamples", "200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Mixed versions" in err and "--allow-mixed-commits" in err
+
+
+def test_a_written_report_records_the_machine_it_was_written_on(tmp_path):
+    full = report.write_report(_grid(tmp_path), _records(), n_resamples=200, n_permutations=200)
+    assert full["report_provenance"]["machine"]["logical_cpus"] >= 1
+
+
 def test_config_hash_ignores_seed_name_and_output_dir_only():
     a = {"name": "x-seed1", "output_dir": "r/1", "train": {"seed": 1, "lr": 1}, "model": {"k": 4}}
     b = {"name": "x-seed2", "output_dir": "r/2", "train": {"seed": 2, "lr": 1}, "model": {"k": 4}}

@@ -22,9 +22,12 @@ from .collect import interval_label
 from .grid import AblationError, load_grid
 from .provenance import REPO
 
-# code whose change can change what a run computes
+# code whose change can change what a run computes: the model, trainer and data code, and what runs
+# one grid run and measures it (the run driver, its config and dataset builder, the launch entries)
 MODEL_CODE = ("ascender_dist/models", "ascender_dist/training", "ascender_dist/parallel", "ascender_dist/config",
-              "ascender_dist/compat", "data_pipeline")
+              "ascender_dist/compat", "data_pipeline", "ascender_dist/research/ablate/launch.py",
+              "ascender_dist/research/ablate/grid.py", "ascender_dist/research/ablate/run_entry.py",
+              "ascender_dist/launcher.py", "ascender_dist/launch_entry.py")
 NEUTRAL_FILE = "neutral-commits.yaml"
 INDEX_FILE = "results.md"
 
@@ -58,6 +61,18 @@ def read_neutral(folder: Path) -> dict:
     return {k: v.strip() for k, v in data.items()}
 
 
+def is_ancestor(commit: str, root: Path = REPO) -> Optional[bool]:
+    """Whether ``commit`` is in HEAD's history (runs made on a side branch or before a rebase are not:
+    their model code may differ from HEAD's without any later commit touching it); None when git
+    cannot answer."""
+    try:
+        proc = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", commit, "HEAD"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {0: True, 1: False}.get(proc.returncode)
+
+
 def later_model_commits(commit: str, root: Path = REPO) -> Optional[list[tuple[str, str]]]:
     """(short sha, subject) of the commits after ``commit`` up to HEAD that touch MODEL_CODE, oldest
     first; None when git cannot answer (not a checkout, unknown commit)."""
@@ -80,6 +95,9 @@ def code_state(commits: list, neutral: dict, root: Path = REPO) -> tuple[str, st
         later = later_model_commits(commit, root)
         if later is None:
             return "unknown", f"git cannot compare {commit[:7]} with HEAD here"
+        if is_ancestor(commit, root) is False:
+            return "stale", f"its runs' commit {commit[:7]} is not in HEAD's history (another branch, or before a " \
+                            "rebase): re-run"
         for sha, subject in later:
             reason = next((r for prefix, r in neutral.items() if sha.startswith(prefix) or prefix.startswith(sha)),
                           None)  # fmt: skip

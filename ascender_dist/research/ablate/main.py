@@ -16,7 +16,7 @@ from ascender_dist.logs import setup_cli_logging
 from .collect import collect_records
 from .grid import RESULT, AblationError, ensure_dataset, load_grid, run_config, run_dir
 from .launch import Launcher, child_args, launch_command, run_grid, run_one, slurm_prelude
-from .provenance import commits_of
+from .provenance import commits_of, mixed_version_line
 from .report import rebuild, write_report
 
 
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="start each run with srun over the current SLURM allocation (one launcher per node)")
     p.add_argument("--master-addr", default=None, help="rendezvous host with --hostfile/--slurm")
     p.add_argument("--allow-mixed-commits", action="store_true",
-                   help="report records of different git commits (the report's first line says so)")
+                   help="report records of different git commits or library versions (the report's first line says so)")
     p.add_argument("--n-resamples", type=int, default=10_000)
     p.add_argument("--no-progress", action="store_true")
     # child mode
@@ -139,6 +139,10 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
             commits = ", ".join(f"{c[:12]}: {len(r)} runs" for c, r in by_commit.items())
             print(f"error: {grid.runs_dir}: records of more than one commit, or without one ({commits}); "
                   "re-run them on one commit, or pass --allow-mixed-commits", file=sys.stderr)
+            return 2
+        mixed_versions = mixed_version_line(records)
+        if mixed_versions and not args.allow_mixed_commits:
+            print(f"error: {grid.runs_dir}: {mixed_versions.strip('*')} (or pass --allow-mixed-commits)", file=sys.stderr)
             return 2
         write_report(grid, records, n_resamples=args.n_resamples, n_permutations=args.n_resamples)
     except UserError as exc:

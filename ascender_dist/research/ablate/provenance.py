@@ -82,6 +82,25 @@ def commits_of(records: Sequence[dict]) -> dict:
     return out
 
 
+def versions_of(records: Sequence[dict]) -> dict:
+    """``{package: {version: number of runs}}`` over the records that recorded their versions."""
+    out: dict = {}
+    for r in records:
+        for package, version in ((r.get("provenance") or {}).get("versions") or {}).items():
+            counts = out.setdefault(package, {})
+            counts[version] = counts.get(version, 0) + 1
+    return out
+
+
+def mixed_version_line(records: Sequence[dict]) -> Optional[str]:
+    """A line naming the packages whose version differs between the records' runs, or None."""
+    mixed = {p: v for p, v in versions_of(records).items() if len(v) > 1}
+    if not mixed:
+        return None
+    parts = ["; ".join(f"{p} " + ", ".join(f"{ver} ({n} runs)" for ver, n in v.items()) for p, v in mixed.items())]
+    return "**Mixed versions: this table combines runs made with " + parts[0] + "; re-run the grid with one set.**"
+
+
 def mixed_commit_line(records: Sequence[dict]) -> Optional[str]:
     """The first line of a table built from records of more than one commit (or of records that
     predate provenance recording, "unrecorded"), or of one commit with uncommitted changes; None when

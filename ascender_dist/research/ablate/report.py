@@ -19,7 +19,7 @@ from ascender_dist.machine import machine_line
 
 from .collect import aggregate
 from .grid import Grid
-from .provenance import config_hash, file_sha256, git_state, mixed_commit_line, report_provenance, versions
+from .provenance import config_hash, file_sha256, mixed_commit_line, mixed_version_line, report_provenance, versions_of
 
 PER_SEQUENCE = "per_sequence.npz"
 PER_SEQUENCE_KEYS = ("val_example_losses", "val_example_index", "val_example_documents")
@@ -302,14 +302,13 @@ def grid_info(grid: Grid, records: Sequence[dict]) -> dict:
 def write_report(grid: Grid, records: Sequence[dict], *, n_resamples: int = 10_000,
                  n_permutations: int = 10_000, command: Optional[Sequence[str]] = None) -> dict:
     """results.md, results.json, per_sequence.npz and the figures in ``grid.report_dir``."""
-    import sys
-
     present = {r["config"] for r in records}
     missing = [f"{v.name} seed {s}" for s in grid.seeds for v in grid.variants
                if not any(r["config"] == v.name and r["seed"] == s for r in records)]
-    full = {"grid": grid_info(grid, records), "environment": _environment(),
-            "report_provenance": {**git_state(), "versions": versions(),
-                                  "command": list(command) if command is not None else [sys.executable, *sys.argv]},
+    provenance = report_provenance()
+    if command is not None:
+        provenance["command"] = list(command)
+    full = {"grid": grid_info(grid, records), "environment": _environment(), "report_provenance": provenance,
             "missing_runs": missing,
             "compare_to": [c for c in grid.compare_to if c in present]}
     out = Path(grid.report_dir)
@@ -337,7 +336,7 @@ def render(out: Path, full: dict, records: Sequence[dict], *, n_resamples: int =
     full["tables"] = obj
     full["records"] = [{k: v for k, v in r.items() if k not in PER_SEQUENCE_KEYS and k != "step_time_s"}
                        for r in ordered]
-    full["mixed_commits"] = mixed_commit_line(records)
+    full["mixed_commits"] = " ".join(x for x in (mixed_commit_line(records), mixed_version_line(records)) if x) or None
     (out / "results.md").write_text(markdown(full, md))
     (out / "results.json").write_text(json.dumps(_json_safe(full), indent=1))
     return full
@@ -401,7 +400,9 @@ def _provenance_sentence(commits: list, prov: dict, g: dict, records: Sequence[d
             else "run commit(s) " + ", ".join(c[:12] for c in commits))
     report = (f"report written at commit {prov['git_commit'][:12]}{' (dirty)' if prov.get('git_dirty') else ''}"
               if prov.get("git_commit") else "report commit not recorded")
-    vers = ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items())
+    run_versions = versions_of(records)  # the runs' own; the report's when the runs recorded none
+    vers = (", ".join(f"{k} {' / '.join(v)}" for k, v in run_versions.items()) if run_versions else
+            ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items()))
     data = g.get("data_manifest_sha256")
     machines = sorted({machine_line(m) for m in ((r.get("provenance") or {}).get("machine") for r in records) if m})
     where = ("; runs on " + " and ".join(machines)) if machines else "; CPU of the runs not recorded"
