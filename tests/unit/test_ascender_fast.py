@@ -75,6 +75,10 @@ CASES = {
                                      n=22),  # fmt: skip
     "only_align": dict(hp=dict(use_sep=False, use_coh=False), n=21),
     "only_coh": dict(hp=dict(use_sep=False, use_align=False), n=21),
+    # kernel widths 100x apart either way: each kernel's exponent has its own floor (one floor on the
+    # shared exponent floored the other kernel at tiny^(1/100) = 0.42 in float32, or tiny^(1/100) of it)
+    "kernel_ratio_100": dict(hp=dict(causal=True, tau_sep=1.0, tau_coh=0.01), n=37),
+    "kernel_ratio_0.01": dict(hp=dict(causal=True, tau_sep=0.01, tau_coh=1.0), n=37),
 }
 
 
@@ -112,6 +116,35 @@ def test_fast_matches_reference_float64(case):
 @pytest.mark.parametrize("case", ["causal_full_n37", "bidir_full_n37", "causal_window_n37", "aux_causal"])
 def test_fast_matches_reference_float32(case):
     compare(case, F32, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_float32_is_not_thrown_off_by_a_common_offset_in_z(causal):
+    """ASCender reads z only through differences; the fused path forms distances from dot products,
+    where an offset shared by every z would cancel the distances away in float32 (error 3.5 before
+    z was centred): out, every gradient and the centroids stay within float32 rounding (the same
+    error as without the offset, 5e-5 of the largest z gradient here)."""
+    hp = base_hp(causal=causal, use_align=False, tau_coh=0.5, **dict(aux_compactness_weight=0.3))
+    inputs64 = make_inputs(n=37, dtype=F64)
+    with torch.no_grad():
+        inputs64[3].mul_(0.05).add_(30.0)
+    inputs32 = [x.detach().float().requires_grad_() for x in inputs64]
+    params64, params32 = make_params(hp, 2), make_params(hp, 2).float()
+    ref = reference_attention(*inputs64, params64, hp, use_sep=True, with_aux=True)
+    fast = fast_attention(*inputs32, params32, hp, use_sep=True, with_aux=True)
+
+    def close(name, got, want):
+        err = (got.detach().double() - want.detach()).abs().max().item()
+        assert err <= 1e-4 * max(1.0, want.abs().max().item()), f"{name}: {err:.3g}"  # z * 0.05: dz ~ 50
+
+    close("out", fast.out, ref.out)
+    close("centroid", fast.rows["centroid"], ref.rows["centroid"])
+    close("compactness", fast.aux["compactness"], ref.aux["compactness"])
+    w = torch.randn(ref.out.shape, generator=torch.Generator().manual_seed(7), dtype=F64)
+    g_ref = torch.autograd.grad((ref.out * w).sum() + ref.aux["total"], inputs64)
+    g_fast = torch.autograd.grad((fast.out * w.float()).sum() + fast.aux["total"], inputs32)
+    for name, got, want in zip(["q", "k", "v", "z", "h"], g_fast, g_ref):
+        close(f"grad {name}", got, want)
 
 
 @pytest.mark.parametrize("stride", [8, 16])

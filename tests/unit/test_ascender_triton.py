@@ -38,11 +38,16 @@ def _loss(result, w, with_aux):
     return (result.out.to(w.dtype) * w).sum() + (result.aux["total"] if with_aux else 0)
 
 
-def compare(hp, n, *, dtype=F64, use_sep=True, with_aux=False, b=1, nh=2, hd=16, tol=1e-9, rel=False):
+def compare(hp, n, *, dtype=F64, use_sep=True, with_aux=False, b=1, nh=2, hd=16, tol=1e-9, rel=False,
+            z_offset=None):
     """Kernels in ``dtype`` vs the float64 reference: out, every gradient (q, k, v, z, h and every
     learned per-head tensor), row statistics and aux losses. rel: errors relative to each
-    tensor's largest reference entry (float32), else absolute (float64)."""
+    tensor's largest reference entry (float32), else absolute (float64). z_offset: z becomes
+    0.05 z + z_offset (a common offset in z)."""
     inputs64 = make_inputs(b=b, nh=nh, n=n, hd=hd, dz=hp.d_z, da=hp.d_a, dtype=F64)
+    if z_offset is not None:
+        with torch.no_grad():
+            inputs64[3].mul_(0.05).add_(z_offset)
     params64 = make_params(hp, nh, dtype=F64)
     inputs = [x.detach().to(DEVICE, dtype).requires_grad_() for x in inputs64]
     params = make_params(hp, nh, dtype=F64).to(DEVICE, dtype)  # the same values as params64
@@ -95,16 +100,25 @@ def test_kernels_without_separation_float64(causal):
         (dict(causal=False, window=3, num_global=1, other_bias="alibi", gate_placement="post_norm"), 20),
         (dict(causal=True, tau_sep=1.0, std_form="sample", kernel_tau_form="tau2"), 21),  # one kernel
         (dict(causal=True, neighbour_source="base_scores", chunk_size=16), 35),
+        (dict(causal=True, tau_sep=1.0, tau_coh=0.01), 21),  # kernel widths 100x apart: a floor each
+        (dict(causal=True, tau_sep=0.01, tau_coh=1.0), 21),
         (dict(causal=True, use_align=False, use_coh=False, **AUX), 19),  # Separation only
         (dict(causal=False, use_sep=False, use_coh=False), 19),  # Alignment only
         (dict(causal=True, use_sep=False, use_align=False, **AUX), 19),  # Cohesion only
     ],
     ids=["causal_window_alibi", "bidir_window_alibi_post", "one_kernel_sample_tau2", "base_scores",
-         "only_sep", "only_align", "only_coh"],
+         "kernel_ratio_100", "kernel_ratio_0.01", "only_sep", "only_align", "only_coh"],
 )  # fmt: skip
 def test_kernels_options_float64(changes, n):
     hp = base_hp(**changes)
     compare(hp, n, use_sep=hp.use_sep, with_aux=hp.aux_compactness_weight > 0, b=2)
+
+
+def test_float32_kernels_are_not_thrown_off_by_a_common_offset_in_z():
+    """Distances come from dot products: z is centred first (fast_tiles.centred_z), else an offset
+    shared by every z cancels them away in float32 (error 1.9 before)."""
+    compare(base_hp(causal=True, tau_coh=0.5, **AUX), 33, dtype=F32, with_aux=True, tol=1e-4, rel=True,
+            z_offset=30.0)
 
 
 def test_row_chunks_cpu_take_the_fast_paths_cuda_as_few_as_the_cap_allows():

@@ -179,6 +179,6 @@ def attention_col_grads(ops: Ops, qcl, do, lse, dd, gl, geom: dict):
     return tuple(None if o is d else o for o in (gk, gka, gz, gh, gv))
 
 
-def kernel_arg_floor(dtype: torch.dtype, ratio: float) -> float:
-    """Lower clamp of the kernel exponent (fast_tiles._kernel_weights: below it exp lands in the denormals)."""
-    return math.log(torch.finfo(dtype).tiny) * 0.999 / max(1.0, ratio)
+def kernel_arg_floor(dtype: torch.dtype) -> float:
+    """Lower clamp of each kernel's exponent (fast_tiles._kernel_weights: below it exp lands in the denormals)."""
+    return math.log(torch.finfo(dtype).tiny) * 0.999

@@ -139,20 +139,20 @@ def visibility(rows, cols, n, CAUSAL: tl.constexpr):
 @device
 def geometry(zl, zr, hl, hr, vis, diag, lo, ratio, SEP: tl.constexpr, RATIO_ONE: tl.constexpr,
              IEEE: tl.constexpr):
-    """Kernel tiles: (clamped, w, wc, r). x = Zl_i . Zr_j = -|z_i - z_j|^2 / k_main, clamped to
-    [lo, 0] (clamped marks x > 0 by rounding: no gradient there), 0 on the diagonal, -inf where
-    invisible; w = exp(x) (Separation's kernel, or Cohesion's when Separation is off),
-    wc = exp(ratio * x) (Cohesion's), r = relu(Hl_i . Hr_j) = relu(a_ij - delta) (SEP)."""
+    """Kernel tiles: (clamped, w, wc, r). x = Zl_i . Zr_j = -|z_i - z_j|^2 / k_main, at most 0
+    (clamped marks x > 0 by rounding: no gradient there), 0 on the diagonal, -inf where invisible;
+    w = exp(max(x, lo)) (Separation's kernel, or Cohesion's when Separation is off),
+    wc = exp(max(ratio * x, lo)) (Cohesion's: each kernel's exponent gets the floor itself, so a
+    ratio far from 1 floors neither kernel above the denormals), r = relu(Hl_i . Hr_j) = relu(a_ij - delta) (SEP)."""
     x = mm(zl, tl.trans(zr), IEEE)
     clamped = x > 0
-    x = tl.minimum(tl.maximum(x, lo), 0.0)
+    x = tl.minimum(x, 0.0)
     x = tl.where(diag, 0.0, x)
-    x = tl.where(vis, x, float("-inf"))
-    w = tl.exp(x)
+    w = tl.exp(tl.where(vis, tl.maximum(x, lo), float("-inf")))
     if RATIO_ONE:
         wc = w
     else:
-        wc = tl.exp(x * ratio)
+        wc = tl.exp(tl.where(vis, tl.maximum(x * ratio, lo), float("-inf")))
     if SEP:
         r = tl.maximum(mm(hl, tl.trans(hr), IEEE), 0.0)
     else:
