@@ -80,6 +80,24 @@ def test_the_run_driver_counts_as_code_a_run_computes_with(repo, path):
     assert state == "stale" and later[:7] in why
 
 
+def test_a_commit_reviewed_for_some_layers_leaves_only_runs_without_them_current(repo, tmp_path):
+    """``{reason, layers: S}``: the commit changes ASCender (S) layers only: a report of GPT / Connection
+    runs stays current, one with an S layer (or whose layers were not recorded) goes stale."""
+    run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
+    later = _commit(repo, "ascender_dist/models/ascender/fast.py", "b = 2\n")
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    (folder / index.NEUTRAL_FILE).write_text(f'"{later[:7]}":\n  reason: ASCender only\n  layers: S\n')
+    neutral = index.read_neutral(folder)
+    state, why = index.code_state([run], neutral, repo, layers_run={"A", "C"})
+    assert state == "current" and later[:7] in why
+    assert index.code_state([run], neutral, repo, layers_run={"A", "S"})[0] == "stale"
+    assert index.code_state([run], neutral, repo, layers_run=None)[0] == "stale"
+    (folder / index.NEUTRAL_FILE).write_text(f'"{later[:7]}":\n  reason: ASCender only\n')
+    with pytest.raises(AblationError, match="layers: LETTERS"):
+        index.read_neutral(folder)
+
+
 def test_runs_without_a_commit_or_with_an_unknown_one(repo):
     _commit(repo, "README.md", "x\n")
     assert index.code_state([None], {}, repo)[0] == "stale"

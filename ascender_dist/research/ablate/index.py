@@ -47,18 +47,39 @@ def read_reports(folder: Path) -> list[tuple[str, dict]]:
 
 
 def read_neutral(folder: Path) -> dict:
-    """``{commit prefix: reason}`` from ``folder/neutral-commits.yaml`` (empty when absent)."""
+    """``{commit prefix: reason}`` from ``folder/neutral-commits.yaml`` (empty when absent). A reason
+    is a string (the commit changes no run), or ``{reason: ..., layers: "S"}``: the commit changes only
+    runs with a layer of those kinds (layer-pattern letters), and no run without one."""
     path = folder / NEUTRAL_FILE
     if not path.exists():
         return {}
     data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict) or not all(isinstance(v, str) and v.strip() for v in data.values()):
-        raise AblationError(f"{path}: expected a mapping 'commit: reason' with a non-empty reason for each")
+
+    def valid(v) -> bool:
+        if isinstance(v, dict):
+            return set(v) == {"reason", "layers"} and valid(v["reason"]) and isinstance(v["layers"], str) \
+                and bool(v["layers"].strip())
+        return isinstance(v, str) and bool(v.strip())
+
+    if not isinstance(data, dict) or not all(valid(v) for v in data.values()):
+        raise AblationError(f"{path}: expected a mapping 'commit: reason' (or 'commit: {{reason: ..., layers: "
+                            "LETTERS}}') with a non-empty reason for each")
     unquoted = [k for k in data if not isinstance(k, str)]
     if unquoted:  # YAML reads 7979459 as a number (and 0123456 as octal): the commit would be garbled
         raise AblationError(f"{path}: commit {unquoted[0]!r} must be quoted (\"abc1234\": ...), "
                             "YAML read it as a number")
-    return {k: v.strip() for k, v in data.items()}
+    return {k: ({"reason": v["reason"].strip(), "layers": v["layers"].strip()} if isinstance(v, dict) else v.strip())
+            for k, v in data.items()}
+
+
+def _neutral_reason(entry, layers_run: Optional[set]) -> Optional[str]:
+    """The reason a neutral entry gives for runs with layer kinds ``layers_run`` (None: unknown), or
+    None when the commit may change them."""
+    if isinstance(entry, str):
+        return entry
+    if layers_run is None or layers_run & set(entry["layers"]):
+        return None
+    return f"{entry['reason']} (no {entry['layers']} layer in these runs)"
 
 
 def is_ancestor(commit: str, root: Path = REPO) -> Optional[bool]:
@@ -86,8 +107,9 @@ def later_model_commits(commit: str, root: Path = REPO) -> Optional[list[tuple[s
     return [tuple(line.split("\t", 1)) for line in proc.stdout.splitlines() if line.strip()]
 
 
-def code_state(commits: list, neutral: dict, root: Path = REPO) -> tuple[str, str]:
-    """("current" / "stale" / "unknown", why) for runs made at ``commits``."""
+def code_state(commits: list, neutral: dict, root: Path = REPO, layers_run: Optional[set] = None) -> tuple[str, str]:
+    """("current" / "stale" / "unknown", why) for runs made at ``commits`` whose models have the layer
+    kinds ``layers_run`` (letters of their layer patterns; None: not recorded)."""
     if not commits or None in commits:
         return "stale", "no git commit recorded in its runs: re-run"
     changed, judged = [], []
@@ -99,8 +121,9 @@ def code_state(commits: list, neutral: dict, root: Path = REPO) -> tuple[str, st
             return "stale", f"its runs' commit {commit[:7]} is not in HEAD's history (another branch, or before a " \
                             "rebase): re-run"
         for sha, subject in later:
-            reason = next((r for prefix, r in neutral.items() if sha.startswith(prefix) or prefix.startswith(sha)),
-                          None)  # fmt: skip
+            entry = next((r for prefix, r in neutral.items() if sha.startswith(prefix) or prefix.startswith(sha)),
+                         None)  # fmt: skip
+            reason = None if entry is None else _neutral_reason(entry, layers_run)
             (judged if reason else changed).append((sha, reason or subject))
     if changed:
         shas = sorted({sha for sha, _ in changed})
@@ -221,7 +244,9 @@ def status_table(reports: list, neutral: dict, configured: list, root: Path) -> 
         names.add(g["name"])
         seeds = sorted({r["seed"] for r in full["records"]})
         commits = run_commits(full)
-        state, why = code_state(commits, neutral, root)
+        patterns = [r.get("layer_pattern") for r in full["records"]]
+        layers_run = set("".join(patterns)) if all(patterns) else None
+        state, why = code_state(commits, neutral, root, layers_run)
         dirty = sum(bool((r.get("provenance") or {}).get("git_dirty")) for r in full["records"])
         if dirty and state == "current":
             state, why = "unknown", f"{dirty} run(s) made from a checkout with uncommitted changes to tracked files"
