@@ -130,6 +130,8 @@ def test_figures_from_consolidated_checkpoints(grid_run, tmp_path):
     summary = json.loads((out / "figures.json").read_text())
     prov = summary["provenance"]  # where the figures came from: commit, versions, command
     assert len(prov["git_commit"]) == 40 and prov["versions"]["torch"] and "figures" in " ".join(prov["command"])
+    for model in summary["models"]:  # which trained models were scored: their config and weights
+        assert len(model["config_sha256"]) == 64 and len(model["weights_sha256"]) == 64, model
     fig4 = summary["figure4"]["ascender"]
     assert fig4["n_seeds"] == 2 and np.array(fig4["omega_per_run"]).shape == (2, 2, 4, 3)
     # Figure 4 shows each seed's learned omegas (read back from their runs), never a mean by head index
