@@ -37,7 +37,7 @@ from ascender_dist.config.ascender_hparams import AscenderHParams
 from .fast_function import FusedChunks
 from .fast_neighbours import chunk_bounds, neighbours, search_vectors
 from .fast_rows import aux_losses
-from .fast_tiles import Call, Spec, centred_z, with_z_origin
+from .fast_tiles import Call, Spec, with_z_origin
 from .params import AscenderHeadParams
 from .reference import AscenderResult
 
@@ -49,7 +49,6 @@ def fast_attention(
     """ASCender attention in O(s * (window + chunk)) memory. Same result as reference_attention
     (out [b, np, s, hd]; rows: per-row statistics; stats: per-head mass moved; aux losses), no maps."""
     b, nh, n, hd = q.shape
-    z, z0 = centred_z(z)  # the same function, conditioned for float32 (see centred_z)
     chunks = chunk_bounds(n, b * nh, hp)
     call = Call(hp, n, hd, use_sep, with_aux, with_stats)
     idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
@@ -61,4 +60,4 @@ def fast_attention(
     )  # fmt: skip
     rows = {"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}
     aux = aux_losses(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
-    return AscenderResult(out=outs[0], rows=with_z_origin(rows, z0), stats=spec.moved, aux=aux)
+    return AscenderResult(out=outs[0], rows=with_z_origin(rows, z), stats=spec.moved, aux=aux)

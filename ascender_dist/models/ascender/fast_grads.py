@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .fast_moments import moment_states_backward
-from .fast_tiles import Call
+from .fast_tiles import Call, centred
 
 
 def normalize_backward_(x: torch.Tensor, xhat: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
@@ -39,7 +39,7 @@ def input_grads(call: Call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ne
         gk += normalize_backward_(t["k3"], t.pop("khat3"), g_khat, hp.eps)
         del g_khat
     dz = z.shape[-1]
-    z3 = z.reshape(B, n, dz)  # [b, np, s, dz] -> [B, s, dz]
+    z3 = centred(z).reshape(B, n, dz)  # the operands' coordinates (fast_tiles.centred): [B, s, dz]
     gz = None
     if "Zr" in gbuf:  # left layout [s z, -a |z|^2, 1]
         gZ = gbuf.pop("Zr")
@@ -53,6 +53,8 @@ def input_grads(call: Call, t, gq, gbuf, gv3, g_small, g_states, g_tau_alibi, ne
         g_lcoh = gv3[..., hd : hd + dz] + 2 * z3 * gv3[..., hd + dz :]
         gz = g_lcoh if gz is None else gz.add_(g_lcoh)
         gv3_out = gv3[..., :hd]
+    if gz is not None:  # through z - z_0: position 0 also takes minus every position's gradient
+        gz[:, :1] -= gz.sum(1, keepdim=True)
     gz = torch.zeros_like(z) if gz is None else gz.view_as(z)
     gh = torch.zeros_like(h) if gh is None else gh
     g_delta = torch.zeros_like(t["delta"]) if g_delta is None else g_delta

@@ -82,23 +82,23 @@ class Spec:
         self.moved: dict = {}
 
 
-def centred_z(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(z - z_0, z_0 [b, np, 1, d_z]) per batch and head, the first position's z subtracted.
+def centred(z: torch.Tensor) -> torch.Tensor:
+    """z - z_0 per batch and head (position 0's z subtracted): the coordinates both fused paths
+    compute in. ASCender reads z only through differences (distances, centroids against keys), so
+    it is the same function; but the paths form -a |z_i - z_j|^2 as one GEMM of the Zl / Zr
+    operands, 2a z_i . z_j - a |z_i|^2 - a |z_j|^2, and a common offset in z makes those terms
+    cancel in float32 (relative error 3.5 at z = 0.05 randn + 30, 1e-6 centred). Position 0 is
+    visible to every row: the shift reads no future token. Only the derived operands (Zr, the L_coh
+    value columns) are built from it, so no centred copy of z is kept; input_grads applies the
+    shift's Jacobian, with_z_origin moves the centroids back."""
+    return z - z[:, :, :1]
 
-    ASCender reads z only through differences (distances, and centroids against keys), so the fused
-    paths compute the same function on z - z_0; but they form -a |z_i - z_j|^2 as one GEMM of the
-    Zl / Zr operands, 2a z_i . z_j - a |z_i|^2 - a |z_j|^2, and a common offset in z makes those
-    terms cancel in float32 (relative error 3.5 at z = 0.05 randn + 30, 1e-6 after the shift).
-    Position 0 is visible to every row, so the shift reads no future token; the gradient of the
-    subtraction is exact (autograd). Centroids are reported in z's coordinates (with_z_origin)."""
-    z0 = z[:, :, :1]
-    return z - z0, z0
 
-
-def with_z_origin(rows: dict, z0: torch.Tensor) -> dict:
-    """The row outputs of a call on centred_z's z, the centroids moved back to z's coordinates."""
+def with_z_origin(rows: dict, z: torch.Tensor) -> dict:
+    """The row outputs of a fused call on ``z``, its centroids (computed in centred coordinates)
+    moved back to z's (differentiably: the gradient reaches z_0)."""
     if "centroid" in rows:
-        rows["centroid"] = rows["centroid"] + z0.to(rows["centroid"].dtype)
+        rows["centroid"] = rows["centroid"] + z[:, :, :1].to(rows["centroid"].dtype)
     return rows
 
 
@@ -113,8 +113,9 @@ def operands(call: Call, q, k, v, z, h, delta, tau, slope) -> dict:
     t = dict(q=q, z=z, h=h, k=k, k3=k.reshape(B, n, hd))  # k3: [b, np, s, hd] -> [B, s, hd]
     t["ws"] = TileWorkspace(max_tile_numel(chunk_bounds(n, B, hp), n, B, hp.causal), q.dtype, q.device)
     starts = [s0 for s0, _ in moment_chunks(n)]
+    zc = centred(z) if call.want_lcoh or call.use_sep or hp.use_coh else None  # freed once the operands exist
     if call.want_lcoh:  # the value columns of L_coh: sum_j A_ij [z_j, |z_j|^2]
-        t["v_aug3"] = torch.cat([v, z, (z * z).sum(-1, keepdim=True)], -1).reshape(B, n, -1)
+        t["v_aug3"] = torch.cat([v, zc, (zc * zc).sum(-1, keepdim=True)], -1).reshape(B, n, -1)
     else:
         t["v_aug3"] = v.reshape(B, n, hd)  # [b, np, s, hd] -> [B, s, hd]
     if hp.use_align:
@@ -127,7 +128,7 @@ def operands(call: Call, q, k, v, z, h, delta, tau, slope) -> dict:
         t["a"] = a = 1.0 / k_main
         t["s"] = math.sqrt(2 * a)
         t["ratio"] = k_main / kc if (call.use_sep and hp.use_coh and kc != ks) else 1.0
-        z3 = z.reshape(B, n, -1)  # [b, np, s, dz] -> [B, s, dz]
+        z3 = zc.reshape(B, n, -1)  # [b, np, s, dz] -> [B, s, dz]
         t["Zr"] = torch.cat([t["s"] * z3, torch.ones_like(z3[..., :1]), -a * (z3 * z3).sum(-1, keepdim=True)], -1)
     if hp.use_coh:
         t["coh_states"] = moment_states(t["Zr"], hp.causal, starts)
@@ -302,7 +303,7 @@ def moved_stats(call: Call, c0, c1, L, t, rows, factor, dev):
         terms["sep"] = (dev.view(b, nh, C, L) * factor[..., None]) * tau  # dev: [B, C, L] -> [b, np, C, L]
     if hp.use_coh:
         c, s, mean = rows["centroid"], rows["coh_scale"], rows["coh_mean"]
-        zk = t["z"][..., :L, :]
+        zk = centred(t["z"])[..., :L, :]  # the centroids' coordinates
         r = -((zk * zk).sum(-1)[..., None, :] - 2 * c @ zk.transpose(-1, -2) + (c * c).sum(-1)[..., None])
         terms["coh"] = t["omega"][:, COH].view(1, -1, 1, 1) * s[..., None] * (r - mean[..., None])
     S = t["q"][..., c0:c1, :] @ t["k"][..., :L, :].transpose(-1, -2) / math.sqrt(hd)

@@ -26,7 +26,7 @@ from ..fast_moments import MOMENT_STRIDE
 from ..fast_neighbours import chunk_bounds, neighbours, search_vectors
 from ..fast_row_grads import row_algebra_backward
 from ..fast_rows import aux_losses, grad_sinks, row_algebra, row_inputs, scatter_row_grads, store_rows
-from ..fast_tiles import Call, Spec, centred_z, kernel_tiles, moved_stats, operands, with_z_origin
+from ..fast_tiles import Call, Spec, kernel_tiles, moved_stats, operands, with_z_origin
 from ascender_dist.config.ascender_hparams import AscenderHParams
 from ..params import AscenderHeadParams
 from ..reference import AscenderResult
@@ -309,7 +309,6 @@ def triton_attention(
     low = in_dtype in (torch.bfloat16, torch.float16)
     if low:
         q, k, v, z, h = (x.float() for x in (q, k, v, z, h))
-    z, z0 = centred_z(z)  # the same function, conditioned for float32 (fast_tiles.centred_z)
     b, nh, n, hd = q.shape
     call = Call(hp, n, hd, use_sep, with_aux, with_stats)
     chunks = row_chunks(n, b * nh, call, q.is_cuda)
@@ -321,7 +320,7 @@ def triton_attention(
         params.omega.to(dt), params.lambdas.to(dt), params.delta.to(dt), params.kappa.to(dt),
         params.tau_score.to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
     )  # fmt: skip
-    rows = with_z_origin({"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}, z0)
+    rows = with_z_origin({"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}, z)
     aux = aux_losses(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
     out = outs[0].to(in_dtype) if low else outs[0]
     return AscenderResult(out=out, rows=rows, stats=spec.moved, aux=aux)
