@@ -82,5 +82,5 @@ def test_resume_takes_the_configs_optimizer_settings(results, stage):
     """weight decay (decay group only), betas, eps and clipping come from the resumed run's config."""
     value = assert_check(results, f"optimizer_settings_zero{stage}")[0]
     assert value["step_at_resume_end"] == 4
-    assert value["groups"] == [[0.0, [0.9, 0.999], 1e-6]] * 2
+    assert value["groups"] == [[0.05, [0.9, 0.999], 1e-6], [0.0, [0.9, 0.999], 1e-6]]  # decay group first
     assert value["clip"] == 0.5

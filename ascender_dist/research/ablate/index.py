@@ -2,8 +2,9 @@
 ``results.json`` below it (``ascender-dist tables --index DIR``).
 
 It says, for each report, which commit its runs came from and whether the model, trainer or data
-code has changed since (``git log`` over :data:`MODEL_CODE`; a later commit that touches that code but
-was reviewed not to change what a run computes is named, with its reason, in the folder's
+code has changed since (``git log`` over :data:`MODEL_CODE`; runs of a commit outside HEAD's history
+are stale; a later commit that touches that code but was reviewed not to change what a run computes is
+named, with its reason and optionally the layer kinds it is limited to, in the folder's
 ``neutral-commits.yaml``), lists the grids of ``configs/ablations/`` that have no report yet, and
 gives each report's comparisons in one table with a generated reading. Every sentence comes from the
 JSON, so the index cannot drift from the reports it summarises."""

@@ -76,7 +76,7 @@ def resume_takes_the_configs_optimizer_settings(data, root: Path, zero_stage: in
 
     out = root / f"opt_settings_z{zero_stage}"
     _trainer(data, out, **sections()).fit(stop_at=2)
-    resumed = _trainer(data, out, **sections(weight_decay=0.0, beta2=0.999, eps=1e-6, grad_clip=0.5))
+    resumed = _trainer(data, out, **sections(weight_decay=0.05, beta2=0.999, eps=1e-6, grad_clip=0.5))
     resumed.fit()
     opt = resumed.engine.optimizer
     return {"step_at_resume_end": resumed.step,
