@@ -107,7 +107,8 @@ def _check_saved_layout(tag_dir: Path, meta: dict, pstate: ParallelState, zero_s
                           f"{zero_stage}: resume with parallel.zero_stage: {saved_stage}, or start from its "
                           f"weights (`ascender-dist consolidate`, then checkpoint.init_from)")
     saved_precision = meta.get("precision", precision)
-    if precision is not None and saved_precision != precision:  # DeepSpeed's bf16 and fp32 optimizers write different state files
+    # DeepSpeed's bf16 and fp32 optimizers write different state files
+    if precision is not None and saved_precision != precision:
         raise ConfigError("train.precision", f"{tag_dir} was saved with {saved_precision}, this run uses {precision}: "
                           f"resume with train.precision: {saved_precision}, or start from its weights "
                           f"(`ascender-dist consolidate`, then checkpoint.init_from)")

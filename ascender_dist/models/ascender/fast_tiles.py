@@ -303,7 +303,7 @@ def moved_stats(call: Call, c0, c1, L, t, rows, factor, dev):
         terms["sep"] = (dev.view(b, nh, C, L) * factor[..., None]) * tau  # dev: [B, C, L] -> [b, np, C, L]
     if hp.use_coh:
         c, s, mean = rows["centroid"], rows["coh_scale"], rows["coh_mean"]
-        zk = centred(t["z"])[..., :L, :]  # the centroids' coordinates
+        zk = t["z"][..., :L, :] - t["z"][..., :1, :]  # the keys in the centroids' (centred) coordinates
         r = -((zk * zk).sum(-1)[..., None, :] - 2 * c @ zk.transpose(-1, -2) + (c * c).sum(-1)[..., None])
         terms["coh"] = t["omega"][:, COH].view(1, -1, 1, 1) * s[..., None] * (r - mean[..., None])
     S = t["q"][..., c0:c1, :] @ t["k"][..., :L, :].transpose(-1, -2) / math.sqrt(hd)
