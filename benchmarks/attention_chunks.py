@@ -11,7 +11,7 @@ to SDPA, with the CPU model, threads, load average and commit.
 The memory column is arithmetic, not measured: the backward holds five [b*np, rows, keys] tiles
 (docs/ascender.md, Fast path step 5), so a tile cap that allows ``rows`` at n also allows
 ``rows * n / 8192`` rows at n = 8192 (16 at least), i.e. that many MiB of tiles there beside the
-fast path's measured 191 MiB peak with 16-row chunks (benchmarks/results/attention.md).
+fast path's measured ~190 MiB peak with 16-row chunks (188-192 MiB over fresh processes: benchmarks/results/attention.md).
 
     .venv/bin/python benchmarks/attention_chunks.py          # ~3 min on a 2-core CPU
 

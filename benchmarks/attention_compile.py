@@ -15,7 +15,7 @@ benchmarks/attention.py (batch 1, 8 heads x 64, causal, fp32, one torch thread):
   workspace under dynamic shapes.
 * ``tile chain``: the forward elementwise passes of one chunk's kernel and Separation tiles
   (clamp, causal mask, exp2, row sums, relu, product, centring, variance; ``fast_tiles``'
-  ``_kernel_weights`` + ``_separation_tile``) at the last chunk's shape [8, 64, n - 64]:
+  ``_kernel_weights`` + ``_separation_tile``) at the shape [8, 64, n] (a full-length tile):
   written as the fast path writes them (in place into existing tiles), as one pure function
   (fresh tensors, ``torch.where`` masks), and that pure function compiled (inductor fuses it
   into one loop). Per round each variant runs ``--calls`` times on fresh copies of the same
