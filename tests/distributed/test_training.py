@@ -27,6 +27,7 @@ def dp1_results(args, results):
 def test_resume_reproduces_straight_run(results, stage):
     for value in assert_check(results, f"resume_zero{stage}"):
         assert value["start_step"] == 3
+        assert len(value["straight"]) == 6 and len(value["second_leg"]) == 3, value  # both legs really trained
         assert value["first_leg"] == value["straight"][:3]
         # fp32 on CPU is deterministic: the resumed steps must be bit-identical, not merely close
         assert value["second_leg"] == value["straight"][3:], value
@@ -49,6 +50,7 @@ def test_resume_at_another_data_parallel_size_continues_the_same_losses(results,
     checkpoint; ZeRO-0: natively, every rank holds the whole optimizer state)."""
     universal = stage != 0
     straight = assert_check(results, f"dp2_leg_zero{stage}")[0]["straight"]
+    assert len(straight) == 6, straight
     value = assert_check(dp1_results, f"resume_dp1_zero{stage}")[0]
     assert value["start"] == 3
     assert len(value["losses"]) == 3

@@ -50,6 +50,7 @@ def _forward_backward(cfg, tp: int, full_state=None):
         "logits": full_logits,
         "params": params,
         "grads": gather_full_state(model, group, grads=True),
+        "trainable": {name for name, p in model.named_parameters() if p.requires_grad},
         # parameters this rank holds only a shard of: > 0 proves the layout really is tensor parallel
         "num_sharded": sum(tuple(full.shape) != local_shapes[name] for name, full in params.items()),
     }
@@ -70,6 +71,10 @@ def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = ()) -> dict:
     missing = set(reference["grads"]) ^ set(sharded["grads"])
     if missing:
         raise AssertionError(f"gradients present in only one layout: {sorted(missing)}")
+    # a parameter detached in both layouts would be missing from both: every trainable one must have a gradient
+    no_grad = reference["trainable"] - set(reference["grads"])
+    if no_grad:
+        raise AssertionError(f"trainable parameters without a gradient: {sorted(no_grad)}")
     return {
         "loss": (sharded["loss"] - reference["loss"]).abs().item(),
         "logits": (sharded["logits"] - reference["logits"]).abs().max().item(),
@@ -77,6 +82,8 @@ def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = ()) -> dict:
         "worst_grad": max(grad_diffs, key=grad_diffs.get),
         "num_params": len(grad_diffs),
         "num_sharded": sharded["num_sharded"],
+        # gradients that are exactly zero everywhere in the TP=1 run (a detached path gives zeros too)
+        "zero_grads": sorted(name for name, g in reference["grads"].items() if not bool(g.abs().max() > 0)),
         "reported": {name: {"diff": grad_diffs[name], "reference_abs": reference["grads"][name].abs().max().item(),
                             "shape": list(sharded["grads"][name].shape)}
                      for name in grad_diffs if name.endswith(report) and report},

@@ -293,7 +293,7 @@ def test_entry_point_reference_returns_maps_and_rejects_unknown_impl():
     out, info = ascender_attention(*inputs, make_params(hp, 2), hp, step=0, return_decomposition=True,
                                    impl="reference")  # fmt: skip
     assert info["maps"]["A"].shape == (2, 2, 9, 9)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="impl must be one of .*'flex'"):
         ascender_attention(*inputs, make_params(hp, 2), hp, step=0, impl="flex")
 
 

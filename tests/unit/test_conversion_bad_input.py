@@ -189,7 +189,7 @@ def test_export_hf_tokenizer_must_be_the_models_sentencepiece_model(consolidated
 
 
 def test_evaluate_reads_metadata_in_one_line(consolidated, tmp_path):
-    from ascender_dist.tools.evaluate import parse_run
+    from ascender_dist.tools.evaluate import EvaluationError, parse_run
 
     assert parse_run(str(consolidated), None).parameters == 96 * 4
     (consolidated / "meta.json").write_text('{"step": ')
@@ -198,7 +198,7 @@ def test_evaluate_reads_metadata_in_one_line(consolidated, tmp_path):
     _one_line(info.value, "meta.json", "invalid JSON")
     (consolidated / "meta.json").write_text(json.dumps(GOOD_META))
     (consolidated / "model.safetensors").write_bytes(b"\x08\x00")
-    with pytest.raises(Exception) as info:
+    with pytest.raises(EvaluationError) as info:  # a UserError: the CLI prints one line, no traceback
         parse_run(str(consolidated), None)
     _one_line(info.value, "model.safetensors", "truncated or corrupt")
     hf = tmp_path / "hf"

@@ -193,7 +193,7 @@ def test_failed_shard_write_keeps_previous_dataset(tmp_path, tiny_tokenizer, tex
         yield text_file.read_text()
         raise RuntimeError("disk full")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="disk full"):  # the injected failure, not another one
         write_shards(docs(), tiny_tokenizer, out, 16, samples_per_shard=20, progress=False)
     after = {p.name: p.read_bytes() for p in out.iterdir()}
     assert after == before and load_manifest(out).to_json() == m1.to_json()

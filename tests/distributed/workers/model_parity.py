@@ -137,7 +137,7 @@ def pipeline_recompute_matches_plain(raw_cfg: dict) -> dict:
     import torch.distributed as dist
 
     from ascender_dist.config.resolve import config_from_dict, derive
-    from ascender_dist.models.pipeline import build_pipeline_module
+    from ascender_dist.models.pipeline import TransformerLayerPipe, build_pipeline_module
     from ascender_dist.parallel.setup import init_model_parallel, init_process_group
     from ascender_dist.training.engine import model_layout
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -148,18 +148,28 @@ def pipeline_recompute_matches_plain(raw_cfg: dict) -> dict:
     init_model_parallel(2, 1, seed=3)
     pipe = build_pipeline_module(cfg.model, model_layout(cfg, derived), cfg.train.precision, seed=3).train()
     tokens = torch.randint(0, 256, (2, cfg.model.seq_length + 1), generator=torch.Generator().manual_seed(5))
-    runs = {}
-    for interval in (0, 1):  # 0: no recompute; 1: every layer recomputed in backward
+    layer_calls = [0]  # transformer-layer forwards: a recompute runs each layer a second time in backward
+    for module in pipe.modules():
+        if isinstance(module, TransformerLayerPipe):
+            module.register_forward_hook(lambda *_: layer_calls.__setitem__(0, layer_calls[0] + 1))
+    runs, calls = {}, {}
+    for interval, seed in ((0, 9), (1, 9), (0, 10)):  # 0: no recompute; 1: every layer recomputed in backward
         pipe.set_checkpoint_interval(interval)
         pipe.zero_grad(set_to_none=True)
-        torch.manual_seed(9)
-        model_parallel_cuda_manual_seed(9)
+        torch.manual_seed(seed)
+        model_parallel_cuda_manual_seed(seed)
+        layer_calls[0] = 0
         loss = pipe.loss_fn(pipe(tokens[:, :-1]), tokens[:, 1:])
         loss.backward()
-        runs[interval] = (loss.item(), {n: p.grad.clone() for n, p in pipe.named_parameters() if p.grad is not None})
-    grads = runs[0][1]
-    return {"loss_diff": abs(runs[0][0] - runs[1][0]), "num_grads": len(grads),
-            "max_grad_diff": max((runs[1][1][n] - g).abs().max().item() for n, g in grads.items())}
+        calls[(interval, seed)] = layer_calls[0]
+        runs[(interval, seed)] = (loss.item(), {n: p.grad.clone() for n, p in pipe.named_parameters()
+                                               if p.grad is not None})  # fmt: skip
+    grads = runs[(0, 9)][1]
+    return {"loss_diff": abs(runs[(0, 9)][0] - runs[(1, 9)][0]), "num_grads": len(grads),
+            "max_grad_diff": max((runs[(1, 9)][1][n] - g).abs().max().item() for n, g in grads.items()),
+            "layer_calls_plain": calls[(0, 9)], "layer_calls_recompute": calls[(1, 9)],
+            # dropout is on: another seed draws other masks, another loss
+            "other_seed_loss_diff": abs(runs[(0, 10)][0] - runs[(0, 9)][0])}
 
 
 def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
