@@ -309,6 +309,7 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
     failure = first_failure(_writing(prepare, checkpoint_dir) if rank == 0 else None)
     if failure:
         raise _save_failed(checkpoint_dir, tag, failure)
+    positions = _layouts()  # collective: which rank's RNG state a resume at another layout continues
 
     def write_shards():
         try:
@@ -322,6 +323,8 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
         rng_dir = checkpoint_dir / staged / "rng"
         rng_dir.mkdir(parents=True, exist_ok=True)
         torch.save(_rng_state(), rng_dir / f"rank_{rank:05d}.pt")
+        if rank == 0 and positions is not None:
+            atomic_write_text(rng_dir / RNG_POSITIONS, json.dumps([list(p) for p in positions]))
 
     failure = first_failure(_writing(write_shards, checkpoint_dir))
     if failure:
@@ -360,22 +363,43 @@ def _check_file(path: Path, record: dict) -> Optional[str]:
 
 
 _RNG_FILE = re.compile(r"^rng/rank_(\d+)\.pt$")
+RNG_POSITIONS = "positions.json"  # in rng/: the (dp rank, mp rank) of every saving rank
 _OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _MODEL_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 
 
-def _layouts() -> Optional[list[tuple[int, int]]]:
-    """Collective: (data-parallel rank, model-parallel rank) of every rank, as DeepSpeed names its
-    files; None without megatron's model-parallel groups."""
+def _position() -> Optional[tuple[int, int]]:
+    """(data-parallel rank, model-parallel rank) of this rank, as DeepSpeed names its files; None
+    without megatron's model-parallel groups."""
     from megatron.core import parallel_state as mps
 
     if not mps.model_parallel_is_initialized():
         return None
-    mine = (mps.get_data_parallel_rank(), mps.get_tensor_model_parallel_rank()
+    return (mps.get_data_parallel_rank(), mps.get_tensor_model_parallel_rank()
             + mps.get_pipeline_model_parallel_rank() * mps.get_tensor_model_parallel_world_size())
+
+
+def _layouts() -> Optional[list[tuple[int, int]]]:
+    """Collective: _position() of every rank (None without megatron's model-parallel groups)."""
+    mine = _position()
+    if mine is None:
+        return None
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     return [tuple(item) for item in gathered]
+
+
+def rng_source_rank(positions: Optional[list], position: Optional[tuple[int, int]], rank: int) -> Optional[int]:
+    """The saved rank whose RNG state this rank continues: the one at the same model-parallel
+    position and data-parallel rank (modulo the saved data-parallel size: replicas hold equal RNG
+    states). ``positions``: the saved (dp rank, mp rank) of every rank (rng/positions.json), None
+    for a checkpoint without it (then the same global rank). None when no saved rank matches."""
+    if positions is None or position is None:
+        return rank
+    saved = [tuple(p) for p in positions]
+    saved_dp = 1 + max(dp for dp, _ in saved)
+    want = (position[0] % saved_dp, position[1])
+    return saved.index(want) if want in saved else None
 
 
 def reader_ranks(names: list[str], world: int, layouts: Optional[list[tuple[int, int]]]) -> dict[str, int]:
@@ -437,15 +461,29 @@ def load_checkpoint(engine, checkpoint_dir: Path, tag: Optional[str] = None) -> 
                               f"({_first_line(exc)})") from exc
     if path is None:
         raise CheckpointError(f"{checkpoint_dir / tag}: DeepSpeed could not load this checkpoint")
-    rng_file = checkpoint_dir / tag / "rng" / f"rank_{dist.get_rank():05d}.pt"
-    if rng_file.is_file():
-        try:
-            _set_rng_state(torch.load(rng_file, weights_only=False))
-        except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as exc:
-            raise CheckpointError(f"{rng_file}: unreadable ({_first_line(exc)})") from exc
-    else:
-        log.warning("%s: no RNG state for this rank (world size changed?); continuing with fresh RNG", rng_file)
+    _load_rng(checkpoint_dir / tag.removesuffix(UNIVERSAL) / "rng")  # a universal copy's RNG: its source's
     return client_state
+
+
+def _load_rng(rng_dir: Path) -> None:
+    """This rank's RNG states from the saved rank at its position (rng_source_rank): after a change
+    of data-parallel size the global ranks of the pipeline stages move, and each stage must go on
+    with its own stage's streams (two stages with one stream draw equal dropout masks)."""
+    positions_file = rng_dir / RNG_POSITIONS
+    try:
+        positions = json.loads(positions_file.read_text(encoding="utf-8")) if positions_file.is_file() else None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{positions_file}: unreadable ({_first_line(exc)})") from exc
+    source = rng_source_rank(positions, _position(), dist.get_rank())
+    rng_file = rng_dir / f"rank_{source if source is not None else dist.get_rank():05d}.pt"
+    if source is None or not rng_file.is_file():
+        log.warning("%s: no RNG state for this rank's position (layout changed?); continuing with fresh RNG",
+                    rng_file)
+        return
+    try:
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as exc:
+        raise CheckpointError(f"{rng_file}: unreadable ({_first_line(exc)})") from exc
 
 
 def _first_line(exc: BaseException) -> str:

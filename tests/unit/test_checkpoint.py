@@ -302,3 +302,43 @@ def test_any_error_from_the_engine_load_is_one_line(single_rank_group, tmp_path)
     with pytest.raises(ckpt.CheckpointError, match=r"step_00000001: unreadable on rank 0 \(ZeRORuntimeException: "
                                                    r"The checkpoint being loaded used a DP world size of 1 but\)$"):
         ckpt.load_checkpoint(RefusingEngine(""), tmp_path)
+
+
+def test_rng_source_rank_follows_the_position_not_the_global_rank():
+    # saved at PP2 x DP2 (global rank = dp + 2 pp): positions (dp rank, mp rank)
+    saved = [[0, 0], [1, 0], [0, 1], [1, 1]]
+    # resumed at PP2 x DP1: global rank 1 is stage 1 now and must go on with a stage-1 stream
+    assert ckpt.rng_source_rank(saved, (0, 1), rank=1) == 2
+    assert ckpt.rng_source_rank(saved, (0, 0), rank=0) == 0
+    # resumed at PP1 x DP2 from DP1: the new replica continues dp rank 0's (replicas hold equal states)
+    assert ckpt.rng_source_rank([[0, 0]], (1, 0), rank=1) == 0
+    assert ckpt.rng_source_rank(saved, (0, 5), rank=0) is None  # no saved rank at that position
+    assert ckpt.rng_source_rank(None, (1, 0), rank=3) == 3  # a checkpoint without positions.json
+
+
+def test_load_reads_the_rng_state_of_the_rank_at_the_same_position(single_rank_group, tmp_path, monkeypatch):
+    import json
+
+    import torch
+
+    rng_dir = tmp_path / "rng"
+    rng_dir.mkdir()
+    states = {}
+    for rank in range(4):
+        torch.manual_seed(100 + rank)
+        states[rank] = ckpt._rng_state()
+        torch.save(states[rank], rng_dir / f"rank_{rank:05d}.pt")
+    (rng_dir / ckpt.RNG_POSITIONS).write_text(json.dumps([[0, 0], [1, 0], [0, 1], [1, 1]]))
+    monkeypatch.setattr(ckpt, "_position", lambda: (0, 1))  # this (global rank 0) process: stage 1
+    torch.manual_seed(0)
+    ckpt._load_rng(rng_dir)
+    assert torch.equal(torch.get_rng_state(), states[2]["torch"])
+
+
+def test_a_save_records_every_ranks_position_for_the_rng_files(single_rank_group, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(ckpt, "_layouts", lambda: [(0, 0)])
+    tag = _save(tmp_path, 1, "weights")
+    assert json.loads((tmp_path / tag / "rng" / ckpt.RNG_POSITIONS).read_text()) == [[0, 0]]
+    assert "rng/positions.json" in ckpt.read_meta(tmp_path, tag)["files"]  # checked before a load like the rest
