@@ -203,12 +203,18 @@ def own_rows_section(ds_of: dict, presets: dict, args) -> dict:
             seq, mbs = presets[p]["seq_length"], presets[p]["micro_batch_size"]
             n = max(args.micro_batches // 3, math.ceil(8 * args.shuffle_buffer / (mbs * dp)))  # >= 8 blocks
             runs[(p, dp, partial)].append(bench_own_rows(ds_of[p], seq, mbs, dp, partial, n, args.shuffle_buffer))
+    from benchmarks.report import ratio_stats
+
     out = {}
     for (p, dp, partial), vals in runs.items():
         rates = [v[0] for v in vals]
         out.setdefault(p, {})[f"dp{dp}_{'own' if partial else 'whole'}"] = {
-            "median": median(rates), "min": min(rates), "runs": len(rates),
+            "median": median(rates), "min": min(rates), "runs": len(rates), "rates": rates,
             "decoded_per_yielded": median([v[1] for v in vals])}
+    for p, row in out.items():  # own / whole of the same round (the two ran back to back)
+        for dp in (2, 64):
+            stats = ratio_stats(row[f"dp{dp}_own"]["rates"], row[f"dp{dp}_whole"]["rates"])
+            row[f"dp{dp}_own"]["over_whole"] = {"median": stats["median"], "min": stats["min"]}
     return out
 
 
@@ -263,7 +269,7 @@ def main(argv=None) -> int:
     p.add_argument("--samples-per-shard", type=int, default=128)
     p.add_argument("--shuffle-buffer", type=int, default=1024)
     p.add_argument("--micro-batches", type=int, default=300, help="loader micro-batches timed per setting")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per figure (median reported)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median reported; >= 5)")
     p.add_argument("--copies", type=int, default=4, help="corpus copies sharded and loaded (a larger dataset)")
     p.add_argument("--big-copies", type=int, default=16, help="corpus copies for the tokenizer-memory run")
     p.add_argument("--sample-lines", type=int, default=100_000, help="tokenizer input_sentence_size there")
@@ -272,6 +278,8 @@ def main(argv=None) -> int:
                    help=f"comma-separated subset of {','.join(SECTIONS)} to run; the others keep the numbers "
                         "of the previous run's data.json")
     args = p.parse_args(argv)
+    if args.repeats < 5:
+        p.error("--repeats must be >= 5 (the machine is shared: a median of fewer runs is noise)")
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
@@ -430,8 +438,12 @@ def own_rows_lines(r: dict) -> list[str]:
         need = r["presets"][p]["rank_needs_tokens_per_s"] if p in r.get("presets", {}) else float("nan")
         for dp in (2, 64):
             w, o = row[f"dp{dp}_whole"], row[f"dp{dp}_own"]
+            if "over_whole" in o:  # median (min) of the same-round ratios
+                ratio = f"**{o['over_whole']['median']:.1f}x** ({o['over_whole']['min']:.1f})"
+            else:  # an older run recorded no rounds: the ratio of its medians
+                ratio = f"**{o['median'] / w['median']:.1f}x** (ratio of medians)"
             lines.append(f"| {p} | {dp} | {w['median'] / 1e6:.2f} M ({w['min'] / 1e6:.2f}) | "
-                         f"{o['median'] / 1e6:.1f} M ({o['min'] / 1e6:.1f}) | **{o['median'] / w['median']:.1f}x** | "
+                         f"{o['median'] / 1e6:.1f} M ({o['min'] / 1e6:.1f}) | {ratio} | "
                          f"{w['decoded_per_yielded']:.1f} | {o['decoded_per_yielded']:.2f} | "
                          f"{o['median'] / need:.0f}x |")
     lines += ["", "With whole reads a rank's decoding grows with DP (every sample of the blocks it touches: tens "
@@ -446,9 +458,11 @@ def provenance(r: dict) -> list[str]:
     """Which sections this report's numbers come from, when some were kept from a previous run."""
     if "machine_previous" not in r:
         return []
-    load = lambda t: " / ".join(f"{x:.2f}" for x in t)  # noqa: E731
-    fresh = ", ".join(f"{k} (load {load(v)})" for k, v in r["section_runs"].items())
     from benchmarks.report import commit_text
+
+    load = lambda t: " / ".join(f"{x:.2f}" for x in t)  # noqa: E731
+    commits = r.get("section_commits", {})
+    fresh = ", ".join(f"{k} (load {load(v)}; {commit_text(commits.get(k)).lower()})" for k, v in r["section_runs"].items())
 
     return [f"Sections re-run after the last full run (each with its load average): {fresh}. The others are from that full run, "
             f"load average at its start {load(r['machine_previous']['loadavg_start'])}, "
