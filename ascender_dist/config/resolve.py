@@ -23,7 +23,7 @@ def _apply_preset(raw: dict) -> dict:
     for name, value in (("preset", model["preset"]), ("architecture", architecture)):
         if not isinstance(value, str):
             raise ConfigError(f"model.{name}", f"expected str, got {type(value).__name__} {value!r}")
-    base = preset_model_fields(model["preset"], architecture)
+    base = preset_model_fields(model["preset"], architecture, layer_pattern=model.get("layer_pattern"))
     return {**raw, "model": deep_merge(base, model)}
 
 

@@ -48,7 +48,7 @@ GPU = Plan(
     budgets={"tests": 190.0, "attention": 80.0, "training": 170.0, "nccl": 10.0},
     kernel_tests_k=None,
     lengths=(1024, 2048, 4096, 8192, 16384), warmup=3, repeats=10,
-    # the scaling configs' model (small preset, seq 1024, 32000-token vocabulary): 16 sequences per step
+    # the scaling configs' model (small preset, here at seq 1024, 32000-token vocabulary): 16 sequences per step
     train_preset="small", train_seq=1024, train_steps=15, train_warmup=3, micro_batch=8, global_batch=16,
     vocab_size=32000, corpus_bytes=1_500_000,
     nccl_preset="debug", nccl_seq=1024, nccl_steps=10,  # seq 1024: the training section's dataset again

@@ -8,9 +8,11 @@ The rule (Hoffmann et al. 2022 for the budget, Brown et al. 2020 for batch and l
     32,000-token vocabulary, stated as ``model.vocab_size`` (so print-config and plan give these
     numbers before data/tokenizer.model exists; train that tokenizer with --vocab-size 32000; a
     tokenizer with more pieces is refused, one with fewer leaves some embedding rows unused);
-  * global batch = 0.5 M tokens (GPT-3 Small/Medium/Large), i.e. 512 x 1024 or 256 x 2048;
+  * global batch = 0.5 M tokens (GPT-3 Small/Medium/Large), 256 x 2048 (every preset's context is
+    GPT-3's 2048, so the nine runs read one set of shards);
   * peak LR: GPT-3's for that size (6e-4, 3e-4, 2.5e-4), cosine to 10 %, warm-up 1 % of steps;
   * AdamW (0.9, 0.95), weight decay 0.1, clip 1.0, bf16;
+  * ASCender: Separation from 10 % of the steps on (the paper's schedule, section 12);
   * layout for nodes of 8 x 80 GB GPUs: Small DP only, Medium TP2, Large TP2 x PP2 (ZeRO-1),
     all with activation checkpointing off (check any change with `ascender-dist plan`).
 """
@@ -26,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 VOCAB = 32000
 TOKENS_PER_PARAM = 20
 SIZES = {
-    "small": {"lr": 6e-4, "global_batch_size": 512, "micro_batch_size": 8,
+    "small": {"lr": 6e-4, "global_batch_size": 256, "micro_batch_size": 4,
               "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "zero_stage": 1}},
     "medium": {"lr": 3e-4, "global_batch_size": 256, "micro_batch_size": 4,
                "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1, "zero_stage": 1}},
@@ -46,6 +48,8 @@ def run_config(architecture: str, size: str) -> dict:
     params = count_model(cfg.model, VOCAB, cfg.parallel.tensor_model_parallel_size).total_params
     seq = config_from_dict({"model": model}).model.seq_length
     steps = -(-TOKENS_PER_PARAM * params // (s["global_batch_size"] * seq))
+    if architecture == "ascender":
+        model = {**model, "ascender": {"separation_start_step": steps // 10}}
     return {
         "name": f"{architecture}-{size}",
         "model": model,

@@ -297,3 +297,21 @@ def test_connection_chunk_must_leave_a_reasoned_prefix(tmp_path):
     assert "must be < model.seq_length (128; got 128)" in _error(tmp_path, "model:\n  architecture: connection\n")
     for preset in MODEL_PRESETS:
         validate(load_config(_write(tmp_path, f"model:\n  architecture: connection\n  preset: {preset}\n")))
+
+
+def test_a_mixed_layer_pattern_gets_every_kinds_preset_fields():
+    from ascender_dist.config.presets import ARCHITECTURE_PRESETS
+
+    large_asc, large_conn = ARCHITECTURE_PRESETS["ascender"]["large"], ARCHITECTURE_PRESETS["connection"]["large"]
+    by_connection = config_from_dict({"model": {"preset": "large", "architecture": "connection", "layer_pattern": "SC"}})
+    by_ascender = config_from_dict({"model": {"preset": "large", "architecture": "ascender", "layer_pattern": "SC"}})
+    for cfg in (by_connection, by_ascender):  # the same model whichever architecture names it
+        assert cfg.model.ascender.d_z == large_asc["ascender"]["d_z"] and cfg.model.ascender.k == large_asc["ascender"]["k"]
+        assert cfg.model.connection.rank == large_conn["connection"]["rank"]
+        assert cfg.model.connection.causal_chunk_size == large_conn["connection"]["causal_chunk_size"]
+    # debug: the ASCender fields fit the 16-wide heads (the defaults, d_z = 32, were refused)
+    cfg = config_from_dict({"model": {"preset": "debug", "architecture": "gpt", "layer_pattern": "AS"}})
+    assert cfg.model.ascender.d_z == ARCHITECTURE_PRESETS["ascender"]["debug"]["ascender"]["d_z"]
+    # a pure-GPT pattern gets neither kind's fields changed from their defaults
+    plain = config_from_dict({"model": {"preset": "large", "architecture": "gpt"}})
+    assert plain.model.ascender.d_z != large_asc["ascender"]["d_z"]

@@ -40,10 +40,11 @@ def test_param_count_matches_built_model(single_rank_group, name):
 def test_gpt3_small_shape_is_about_125m():
     cfg = config_from_dict({"model": {"preset": "small", "position_embedding_type": "learned_absolute"}})
     counts = count_model(cfg.model, 50257, 1)
-    assert 124e6 < counts.total_params < 126e6  # GPT-2/3 small: 124.4M with tied embeddings
-    # 6 * N + attention term, N counted with the (tied) LM head as a matmul
+    # GPT-3 Small, 125M with tied embeddings: 12 layers, the vocabulary padded to 50304, 2048 positions, final norm
+    assert counts.total_params == 12 * 7_087_872 + 50304 * 768 + 2048 * 768 + 2 * 768 == 125_262_336
+    # 6 * N + attention term at the 2048-token context, N counted with the (tied) LM head as a matmul
     assert counts.flops_per_token == pytest.approx(
-        6 * (12 * 7_087_872 + 50304 * 768) + 3 * 12 * 4 * 1024 * 768, rel=1e-3)
+        6 * (12 * 7_087_872 + 50304 * 768) + 3 * 12 * 4 * 2048 * 768, rel=1e-3)
 
 
 @pytest.mark.parametrize("kind, rank", [("linear", 4), ("bilinear", 4), ("bilinear", 8)])

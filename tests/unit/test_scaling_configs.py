@@ -61,3 +61,16 @@ def test_readme_table_matches_the_counts(architecture, size):
     assert cells[0] == f"{counts.total_params / 1e6:.1f} M"
     mantissa, exponent = f"{counts.flops_per_token:.2e}".split("e")
     assert cells[1] == f"{mantissa}e{int(exponent)}"
+
+
+def test_the_nine_runs_read_one_set_of_shards():
+    """One manifest for every run: every preset must have one context length (shards are written for one)."""
+    configs = [load_config(SCALING / f"{a}-{s}.yaml") for a, s in RUNS]
+    assert {c.data.manifest for c in configs} == {"data/shards/manifest.json"}
+    assert {c.model.seq_length for c in configs} == {2048}
+
+
+@pytest.mark.parametrize("size", list(GEN.SIZES))
+def test_ascender_runs_turn_separation_on_after_a_tenth_of_training(size):
+    cfg = load_config(SCALING / f"ascender-{size}.yaml")
+    assert cfg.model.ascender.separation_start_step == cfg.train.train_steps // 10 > 0
