@@ -352,3 +352,20 @@ def test_chunk_groups_partition_the_chunks_within_one_moment_stride():
                 else:
                     assert len(members) == 1 or g1 - g0 <= MOMENT_STRIDE
             assert any(len(m) > 1 for _, _, m in groups) or n == 256
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs_run_in_fp32_like_the_triton_path(low):
+    """bf16 / fp16 inputs: the fast path computes in fp32 and casts the output back (softmax, row
+    statistics and the gradient sums over chunks in 8-bit mantissas would differ by path)."""
+    hp = base_hp(causal=True)
+    inputs = [x.detach().to(low).requires_grad_() for x in make_inputs(b=1, n=21, hd=8)]
+    params = make_params(hp, 2, dtype=F32).to(low)
+    got = fast_attention(*inputs, params, hp, use_sep=True)
+    want = fast_attention(*[x.detach().float() for x in inputs], make_params(hp, 2, dtype=F32).to(low).to(F32), hp,
+                          use_sep=True)  # fmt: skip
+    assert got.out.dtype == low
+    assert torch.equal(got.out, want.out.to(low))  # fp32 work, one rounding at the end
+    got.out.float().sum().backward()
+    assert all(x.grad is not None and x.grad.dtype == low and torch.isfinite(x.grad).all() for x in inputs)
+    assert params.omega.grad is not None and params.omega.grad.dtype == low

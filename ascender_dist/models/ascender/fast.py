@@ -47,17 +47,25 @@ def fast_attention(
     with_aux: bool = False, with_stats: bool = False,
 ) -> AscenderResult:  # fmt: skip
     """ASCender attention in O(s * (window + chunk)) memory. Same result as reference_attention
-    (out [b, np, s, hd]; rows: per-row statistics; stats: per-head mass moved; aux losses), no maps."""
+    (out [b, np, s, hd]; rows: per-row statistics; stats: per-head mass moved; aux losses), no maps.
+    bf16 / fp16 inputs run in fp32 and the output is cast back, as the Triton path does (softmax,
+    row statistics and the gradient sums over chunks would otherwise round at 8 bits)."""
+    in_dtype = q.dtype
+    low = in_dtype in (torch.bfloat16, torch.float16)
+    if low:
+        q, k, v, z, h = (x.float() for x in (q, k, v, z, h))
+    dt = q.dtype
     b, nh, n, hd = q.shape
     chunks = chunk_bounds(n, b * nh, hp)
     call = Call(hp, n, hd, use_sep, with_aux, with_stats)
     idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
     spec = Spec(call, chunks)
     outs = FusedChunks.apply(
-        spec, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(), params.omega,
-        params.lambdas, params.delta, params.kappa, params.tau_score, params.alibi_slope,
-        idx.to(torch.int32), valid,  # int32: half the bytes kept for backward
+        spec, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(), params.omega.to(dt),
+        params.lambdas.to(dt), params.delta.to(dt), params.kappa.to(dt), params.tau_score.to(dt),
+        params.alibi_slope.to(dt), idx.to(torch.int32), valid,  # int32: half the bytes kept for backward
     )  # fmt: skip
     rows = {"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}
     aux = aux_losses(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
-    return AscenderResult(out=outs[0], rows=with_z_origin(rows, z), stats=spec.moved, aux=aux)
+    out = outs[0].to(in_dtype) if low else outs[0]
+    return AscenderResult(out=out, rows=with_z_origin(rows, z), stats=spec.moved, aux=aux)
