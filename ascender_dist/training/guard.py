@@ -22,7 +22,9 @@ import torch.distributed as dist
 @dataclass
 class LossGuard:
     """Decides whether a loss is bad: non-finite, or above ``spike_factor`` x a baseline
-    (``spike_factor`` 0 disables the spike test). The baseline is the running mean of accepted step
+    (``spike_factor`` 0 disables the spike test). It judges each micro-batch's loss, as Megatron's
+    spiky-loss check does (one bad sequence batch skips the step), and keeps the step's worst one
+    (``take_worst``) so that a skipped step can report the value that skipped it. The baseline is the running mean of accepted step
     losses; before the first accepted step it is ``initial_loss``, the loss of a uniform prediction
     over the vocabulary (ln V), which is what a freshly initialised LM scores. So the guard judges
     from step 1: a run whose loss jumps from 6.9 to 3.5e4 at step 2 is stopped there, instead of
@@ -33,6 +35,7 @@ class LossGuard:
     ema_beta: float = 0.9
     running_mean: Optional[float] = None
     accepted_steps: int = 0
+    worst: float = -math.inf  # largest micro-batch loss judged since the last take_worst (NaN: inf)
 
     @property
     def threshold(self) -> Optional[float]:
@@ -42,7 +45,13 @@ class LossGuard:
 
     def is_bad(self, loss: float) -> bool:
         threshold = self.threshold
+        self.worst = max(self.worst, loss if not math.isnan(loss) else math.inf)
         return not math.isfinite(loss) or (threshold is not None and loss > threshold)
+
+    def take_worst(self) -> float:
+        """The largest micro-batch loss judged since the last call (-inf if none), then forget it."""
+        worst, self.worst = self.worst, -math.inf
+        return worst
 
     def accept(self, step_loss: float) -> None:
         """Record the loss of a step that was applied (identical on all ranks)."""
@@ -65,6 +74,13 @@ def collective_device(group=None) -> torch.device:
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def max_over_ranks(value: float, group=None) -> float:
+    """Collective: the largest ``value`` over the ranks of ``group``."""
+    tensor = torch.tensor([value], dtype=torch.float64, device=collective_device(group))
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return float(tensor.item())
 
 
 def any_rank(flag: bool, group=None) -> bool:

@@ -19,7 +19,7 @@ from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.callbacks import Callback, overrides
 from ascender_dist.training.engine import apply_optimizer_config, build_engine, pipeline_batches
 from ascender_dist.models.build import poison
-from ascender_dist.training.guard import any_rank
+from ascender_dist.training.guard import any_rank, max_over_ranks
 from ascender_dist.training.layer_stats import set_training_step
 from ascender_dist.training.lr_schedule import lr_at, set_lr
 from ascender_dist.training.resume_check import check_resume, data_fingerprint
@@ -178,10 +178,13 @@ class Trainer:
             step_loss = _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
         skipped = self.engine.skipped_steps > skipped_before
         self.skipped_steps += int(skipped)
+        worst = self.guard.take_worst()  # judged on the ranks that compute the loss (the last stage under PP)
         grad_norm = self.engine.get_global_grad_norm()
         values = {"train/loss": step_loss, "train/lr": lr,
                   "train/grad_norm": float(grad_norm) if grad_norm is not None and not skipped else None,
-                  "train/skipped_steps": float(self.skipped_steps), "train/step_skipped": float(skipped)}
+                  "train/skipped_steps": float(self.skipped_steps), "train/step_skipped": float(skipped),
+                  # the micro-batch loss that skipped the step (every rank agrees on skipped: one collective)
+                  "train/worst_micro_batch_loss": max_over_ranks(worst) if skipped else None}
         return values
 
     def validate(self, iters: Optional[int] = None) -> float:
@@ -223,7 +226,8 @@ class Trainer:
         self.consecutive_bad += 1
         if self.pstate.is_logging_rank:
             bound = "" if self.guard.threshold is None else f", or above {self.guard.threshold:.4g}"
-            log.warning("step %d skipped on all ranks: loss %.4g (non-finite%s)", self.step, values["train/loss"], bound)
+            log.warning("step %d skipped on all ranks: a micro-batch loss of %.4g (non-finite%s); step mean %.4g",
+                        self.step, values["train/worst_micro_batch_loss"], bound, values["train/loss"])
         limit = t.max_consecutive_bad_steps
         if limit and self.consecutive_bad >= limit:
             return self.rollback(values["train/loss"])

@@ -26,6 +26,11 @@ def test_one_bad_rank_skips_the_step_everywhere(results, check):
         assert all(math.isfinite(x) for i, x in enumerate(value["losses"]) if i != 3)
         if check.startswith("spike"):  # the skipped step reports the spike it skipped, not NaN
             assert value["losses"][3] > 3.0 * value["losses"][2], value["losses"]
+        # every rank reports the worst micro-batch loss of the skipped step (a x100 spike, or inf for
+        # NaN), which is above the logged step mean; applied steps report none
+        worst = value["worst"]
+        assert len(worst) == 6 and all(w is None for i, w in enumerate(worst) if i != 3), worst
+        assert worst[3] > value["losses"][3] if check.startswith("spike") else worst[3] == math.inf, worst
 
 
 def test_consecutive_bad_steps_roll_back_without_replaying_data(results):

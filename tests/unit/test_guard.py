@@ -91,3 +91,16 @@ def test_saving_past_the_trouble_ends_the_row():
 def test_no_checkpoint_or_no_rollbacks_allowed_stops_at_once():
     assert RollbackPolicy(max_rollbacks=3).next_target(4, []) is None
     assert RollbackPolicy(max_rollbacks=0).next_target(4, [2]) is None
+
+
+def test_the_guard_keeps_the_worst_micro_batch_loss_of_a_step():
+    import math
+
+    from ascender_dist.training.guard import LossGuard
+
+    guard = LossGuard(spike_factor=3.0, initial_loss=2.0)
+    assert [guard.is_bad(x) for x in (2.1, 7.0, 1.9)] == [False, True, False]
+    assert guard.take_worst() == 7.0  # the spike, not the step's mean
+    assert guard.take_worst() == -math.inf  # forgotten once taken
+    guard.is_bad(float("nan"))
+    assert guard.take_worst() == math.inf  # a NaN reports as inf: max() would drop it

@@ -10,11 +10,11 @@ from tests.helpers.data import tiny_run_config
 from tests.helpers.multiproc import run_checks
 
 
-def _trainer(args, name: str, **sections):
+def _trainer(args, name: str, callbacks=(), **sections):
     from ascender_dist.training.trainer import Trainer
 
     cfg = config_from_dict(tiny_run_config(args["data"], Path(args["root"]) / name, **sections))
-    return Trainer(cfg)
+    return Trainer(cfg, callbacks=callbacks)
 
 
 def _inject(trainer, steps, ranks: set, how: str, after_rollbacks: bool = False) -> None:
@@ -39,7 +39,17 @@ def _params(trainer) -> list:
 
 
 def _skip_check(args, name: str, how: str, **sections) -> dict:
-    trainer = _trainer(args, name, train={"train_steps": 6, "loss_spike_factor": 3.0}, **sections)
+    from ascender_dist.training.callbacks import Callback
+
+    class Worst(Callback):  # what each step reports as the micro-batch loss that skipped it
+        def __init__(self):
+            self.seen = []
+
+        def on_step_end(self, trainer, values):
+            self.seen.append(values["train/worst_micro_batch_loss"])
+
+    worst = Worst()
+    trainer = _trainer(args, name, callbacks=[worst], train={"train_steps": 6, "loss_spike_factor": 3.0}, **sections)
     _inject(trainer, steps={3}, ranks={1}, how=how)
     trainer.fit(stop_at=3)
     before = _params(trainer)
@@ -47,7 +57,7 @@ def _skip_check(args, name: str, how: str, **sections) -> dict:
     after_bad = _params(trainer)
     trainer.fit()
     return {"unchanged": all(torch.equal(a, b) for a, b in zip(before, after_bad)),
-            "skipped": trainer.engine.skipped_steps, "losses": trainer.losses,
+            "skipped": trainer.engine.skipped_steps, "losses": trainer.losses, "worst": worst.seen,
             "moved_later": not all(torch.equal(a, b) for a, b in zip(after_bad, _params(trainer)))}
 
 
