@@ -122,14 +122,18 @@ class Throughput(Callback):
 
 
 class MetricLogging(Callback):
-    """Scalars to TensorBoard / Weights & Biases and the console line, through a
-    :class:`.metrics.MetricLogger` (which writes only on the logging rank)."""
+    """Scalars to TensorBoard / Weights & Biases (every step) and the console line (every
+    ``log_interval`` steps), through a :class:`.metrics.MetricLogger` (which writes only on the
+    logging rank). The console line averages over the steps since the previous line, as Megatron's
+    does: the loss over those steps, the rates from their total time (the line's own step also
+    gathers the layer statistics, so its rate alone would understate the run's)."""
 
     def __init__(self, metrics, log_interval: int, train_steps: int):
         self.metrics = metrics
         self.log_interval = log_interval
         self.train_steps = train_steps
         self._pending: Optional[dict] = None  # the step's scalars until they are logged
+        self._interval: list[dict] = []  # the steps' scalars since the last console line
 
     def on_step_end(self, trainer, values: dict) -> None:
         self._pending = values
@@ -137,8 +141,11 @@ class MetricLogging(Callback):
     def on_log(self, trainer, values: dict) -> None:
         self._pending = None
         self.metrics.scalars(trainer.step, values)
+        self._interval.append(values)
         if trainer.step % self.log_interval == 0 or trainer.step == self.train_steps:
-            self.metrics.line(trainer.step, self.train_steps, {k: v for k, v in values.items() if "/layer" not in k})
+            line = interval_averages(self._interval)
+            self._interval = []
+            self.metrics.line(trainer.step, self.train_steps, {k: v for k, v in line.items() if "/layer" not in k})
 
     def on_rollback(self, trainer) -> None:
         self.metrics.scalars(trainer.step, {"train/rollbacks": float(trainer.rollbacks)})
@@ -158,6 +165,25 @@ class MetricLogging(Callback):
             self.metrics.close()
         else:
             self.metrics.flush()
+
+
+def interval_averages(steps: list[dict]) -> dict:
+    """The last step's scalars with the loss averaged over ``steps`` and the rates (tokens/s,
+    TFLOP/s, MFU, step time) taken over their total time: tokens/s = tokens of all steps / their
+    seconds."""
+    last = dict(steps[-1])
+    losses = [v["train/loss"] for v in steps if v.get("train/loss") is not None]
+    if losses:
+        last["train/loss"] = sum(losses) / len(losses)
+    times = [v.get("train/step_time_s") for v in steps]
+    if len(steps) > 1 and all(t is not None for t in times) and last.get("train/tokens_per_s"):
+        mean_time = sum(times) / len(times)
+        scale = last["train/step_time_s"] / mean_time  # rate of the interval / rate of the last step
+        last["train/step_time_s"] = mean_time
+        for key in ("train/tokens_per_s", "train/tflops_per_device", "train/mfu"):
+            if last.get(key) is not None:
+                last[key] *= scale
+    return last
 
 
 class PerSequenceValidationLosses(Callback):
@@ -231,9 +257,10 @@ class DataDigest(Callback):
 
 def default_callbacks(cfg, world_size: int, metrics, flops_per_token: float,
                       peak_tflops: Optional[float]) -> list[Callback]:
-    """A run's measurements, in the order they add scalars: layer statistics, throughput, logging."""
+    """A run's measurements, in the order they add scalars: throughput first (its clock stops before
+    the layer statistics' collectives), layer statistics, logging."""
     return [
-        LayerStats(cfg.logging.log_interval),
         Throughput(cfg.train.global_batch_size * cfg.model.seq_length, flops_per_token, world_size, peak_tflops),
+        LayerStats(cfg.logging.log_interval),
         MetricLogging(metrics, cfg.logging.log_interval, cfg.train.train_steps),
     ]

@@ -159,3 +159,30 @@ def test_data_digest_is_the_sha256_of_the_token_bytes_in_order():
     for item in ({"tokens": b}, {"tokens": a}):
         swapped.on_batch(None, item)
     assert swapped.hexdigest() != cb.hexdigest()
+
+
+def test_the_console_line_averages_the_steps_since_the_last_line():
+    metrics = FakeMetrics()
+    cb = MetricLogging(metrics, log_interval=3, train_steps=3)
+    # two plain steps of 1 s, then the logged step that also gathered layer statistics (4 s)
+    for step, (loss, seconds) in enumerate([(3.0, 1.0), (2.0, 1.0), (1.0, 4.0)], start=1):
+        trainer = SimpleNamespace(step=step, rollbacks=0)
+        values = {"train/loss": loss, "train/step_time_s": seconds, "train/tokens_per_s": 600 / seconds,
+                  "train/mfu": 0.6 / seconds}
+        cb.on_step_end(trainer, values)
+        cb.on_log(trainer, values)
+    assert [v["train/loss"] for _, v in metrics.scalars_calls] == [3.0, 2.0, 1.0]  # TensorBoard: each step's own
+    (_, _, line), = metrics.lines
+    assert line["train/loss"] == pytest.approx(2.0)
+    assert line["train/step_time_s"] == pytest.approx(2.0)
+    assert line["train/tokens_per_s"] == pytest.approx(300.0)  # 1800 tokens in 6 s, not the last step's 150
+    assert line["train/mfu"] == pytest.approx(0.3)
+
+
+def test_throughput_reads_its_clock_before_the_layer_statistics_gather():
+    from ascender_dist.training.callbacks import LayerStats, default_callbacks
+
+    cfg = SimpleNamespace(logging=SimpleNamespace(log_interval=1),
+                          train=SimpleNamespace(global_batch_size=2, train_steps=3), model=SimpleNamespace(seq_length=8))
+    kinds = [type(c) for c in default_callbacks(cfg, 1, FakeMetrics(), 1.0, None)]
+    assert kinds.index(Throughput) < kinds.index(LayerStats) < kinds.index(MetricLogging)
