@@ -28,6 +28,13 @@ def test_tensor_parallel_matches_single_rank(results, check):
         assert diffs["max_grad"] < TOL, diffs
 
 
+def test_the_same_seed_gives_the_same_initial_weights_at_any_tp_size(results):
+    """CPU initialisation: TP=2 and TP=1 from one seed build the same model, also the layers after a
+    Connection layer (whose rank-local construction drew a TP-dependent amount from the global stream)."""
+    for value in assert_check(results, "init_tp_invariant_connection_first"):
+        assert value["num_params"] > 10 and value["differing"] == [], value
+
+
 def test_pipeline_layers_draw_dropout_like_the_transformer_block(results):
     """Sequence parallel + dropout: the pipeline path forks megatron's TP RNG stream around each layer."""
     for value in assert_check(results, "pipeline_dropout_rng_sp"):

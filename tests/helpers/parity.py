@@ -56,6 +56,31 @@ def _forward_backward(cfg, tp: int, full_state=None):
     }
 
 
+def _initial_state(cfg, tp: int) -> dict:
+    """The full (gathered) initial weights of a model built at TP=tp from cfg's seed."""
+    from megatron.core import parallel_state as mps
+
+    from ascender_dist.training.engine import build_run_model
+
+    destroy_model_parallel()
+    cfg.parallel.tensor_model_parallel_size = tp
+    init_model_parallel(tp, 1, cfg.train.seed)
+    model = build_run_model(cfg, derive(cfg, dist.get_world_size(), VOCAB))
+    return gather_full_state(model, mps.get_tensor_model_parallel_group())
+
+
+def tp_init_parity(raw_cfg: dict, tp: int = 2) -> dict:
+    """Largest difference of each initial weight between a model built at TP=tp and at TP=1 from
+    the same seed (CPU initialisation draws every weight whole, then keeps the rank's shard)."""
+    init_process_group()
+    cfg = config_from_dict(raw_cfg)
+    sharded, single = _initial_state(cfg, tp), _initial_state(cfg, 1)
+    if set(sharded) != set(single):
+        raise AssertionError(f"parameters differ by name: {sorted(set(sharded) ^ set(single))}")
+    diffs = {name: (sharded[name] - single[name]).abs().max().item() for name in single}
+    return {"num_params": len(diffs), "differing": sorted(name for name, d in diffs.items() if d > 0)}
+
+
 def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = ()) -> dict:
     """Max abs differences (loss, logits, every grad) between TP=tp and TP=1 runs with the same weights.
 

@@ -35,13 +35,17 @@ class ConnectionSelfAttention(MegatronModule):
         self.layer_number = layer_number
         tp_size = parallel_state.get_tensor_model_parallel_world_size()
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        self.layer = ConnectionLayer(
-            hp, config.hidden_size, tp_size=tp_size, tp_rank=tp_rank,
-            reduce_fn=reduce_from_tp,
-            copy_fn=copy_to_tp,
-            gather_fn=gather_from_tensor_model_parallel_region,
-            dtype=config.params_dtype,
-        )
+        with torch.random.fork_rng(devices=[]):  # its draws are overwritten below: they must not use the global stream
+            self.layer = ConnectionLayer(
+                hp, config.hidden_size, tp_size=tp_size, tp_rank=tp_rank,
+                reduce_fn=reduce_from_tp,
+                copy_fn=copy_to_tp,
+                gather_fn=gather_from_tensor_model_parallel_region,
+                dtype=config.params_dtype,
+            )
+        # the global stream moves by one full layer's draws at every TP size (what the TP=1 local layer
+        # drew), so the layers built after this one get the same initial weights at any TP size
+        ConnectionLayer(hp, config.hidden_size, dtype=config.params_dtype)
         self._init_tp_invariant(hp, config.hidden_size, tp_size, tp_rank, init_seed + 1000 * layer_number)
         for name, param in self.layer.named_parameters():
             dim = TP_SHARD_DIM[name]

@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 
 from tests.helpers.multiproc import run_checks
-from tests.helpers.parity import tp_parity
+from tests.helpers.parity import tp_init_parity, tp_parity
 
 ASC = {"d_z": 8, "d_a": 8, "k": 4, "window": 16, "num_global": 2, "chunk_size": 16, "omega_init": 0.5}
 CONN = {"num_slots": 6, "rank": 4, "max_steps": 3, "causal_chunk_size": 8, "threshold": 0.0}
@@ -38,6 +38,10 @@ def main(args):
         "mixed_ascender_connection_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN}}),
         "connection_stop_under_tp": connection_stop_under_tp,
+        # the same seed gives the same initial weights at TP=1 and TP=2 (a layer after a Connection layer too)
+        "init_tp_invariant_connection_first": lambda: tp_init_parity({"model": {
+            **DEBUG, "num_layers": 3, "architecture": "connection", "layer_pattern": "CSA", "ascender": ASC,
+            "connection": CONN, "untie_embeddings_and_output_weights": True}}),
         # megatron's attention dropout (drawn from its TP tracker) under the pipeline's recompute
         "pipeline_recompute_dropout": lambda: pipeline_recompute_matches_plain(
             {"model": {**DEBUG, "attention_dropout": 0.3, "hidden_dropout": 0.2},
