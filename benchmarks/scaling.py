@@ -428,6 +428,8 @@ def summarise(measured: dict) -> dict:
                        "step_s_p25": p25, "tokens_per_s_p25": gb * seq / p25,
                        "step_s_p75": statistics.quantiles(kept, n=4)[2] if len(kept) >= 2 else med,
                        "round_tokens_per_s": [s["tokens_per_s"] for s in ok],
+                       # by round index (None: that round failed), to pair a layout's round with the reference's
+                       "tokens_per_s_by_round": [s["tokens_per_s"] if s in ok else None for s in per_round],
                        "cpu_per_wall": [statistics.fmean(c) for c in zip(*[s["cpu_per_wall"] for s in ok])],
                        "params_rank0": ok[0]["params_rank0"], "grad_accum": ok[0]["grad_accum"]})
         else:
@@ -439,9 +441,8 @@ def summarise(measured: dict) -> dict:
         if ref and "tokens_per_s" in pt:
             pt["ratio"] = pt["tokens_per_s"] / ref["tokens_per_s"]
             # round by round: the 1-rank and 2-rank launches of one round ran back to back
-            per_round = [a / b for a, b in zip(pt["round_tokens_per_s"], ref["round_tokens_per_s"])]
-            if len(per_round) == len(pt["round_tokens_per_s"]) == len(ref["round_tokens_per_s"]):
-                pt["round_ratios"] = per_round
+            pairs = zip(pt.get("tokens_per_s_by_round", []), ref.get("tokens_per_s_by_round", []))
+            pt["round_ratios"] = [a / b for a, b in pairs if a is not None and b is not None]
             pt["ratio_p25"] = pt["tokens_per_s_p25"] / ref["tokens_per_s_p25"]
             pt["cpu_cost_ratio"] = pt["cpu_s_per_step"] / ref["cpu_s_per_step"]
     ckpts = []

@@ -141,13 +141,18 @@ class MetricLogging(Callback):
     def on_log(self, trainer, values: dict) -> None:
         self._pending = None
         self.metrics.scalars(trainer.step, values)
-        self._interval.append(values)
+        if not values.get("train/step_skipped"):  # as Megatron: a skipped step's loss stays out of the average
+            self._interval.append(values)
         if trainer.step % self.log_interval == 0 or trainer.step == self.train_steps:
-            line = interval_averages(self._interval)
+            line = interval_averages(self._interval) if self._interval else dict(values)
             self._interval = []
             self.metrics.line(trainer.step, self.train_steps, {k: v for k, v in line.items() if "/layer" not in k})
 
+    def on_train_start(self, trainer) -> None:
+        self._interval = []  # a later fit of the same trainer (fit(stop_at=...) then fit()) starts a new line
+
     def on_rollback(self, trainer) -> None:
+        self._interval = []  # the steps rolled back are not the run's any more
         self.metrics.scalars(trainer.step, {"train/rollbacks": float(trainer.rollbacks)})
 
     def on_exception(self, trainer, error: BaseException) -> None:

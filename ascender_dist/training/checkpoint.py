@@ -389,6 +389,17 @@ def _layouts() -> Optional[list[tuple[int, int]]]:
     return [tuple(item) for item in gathered]
 
 
+def positions_from_sizes(tp: int, pp: int, dp: int) -> list[list[int]]:
+    """(dp rank, mp rank) of every global rank in megatron's (and DeepSpeed's pipeline topology's)
+    default order, tensor fastest, then data, then pipeline: rank = t + T d + T D p, mp = t + T p.
+    For checkpoints saved before rng/positions.json recorded them."""
+    out = []
+    for rank in range(tp * pp * dp):
+        t, d, p = rank % tp, rank // tp % dp, rank // (tp * dp)
+        out.append([d, t + p * tp])
+    return out
+
+
 def rng_source_rank(positions: Optional[list], position: Optional[tuple[int, int]], rank: int) -> Optional[int]:
     """The saved rank whose RNG state this rank continues: the one at the same model-parallel
     position and data-parallel rank (modulo the saved data-parallel size: replicas hold equal RNG
@@ -461,19 +472,24 @@ def load_checkpoint(engine, checkpoint_dir: Path, tag: Optional[str] = None) -> 
                               f"({_first_line(exc)})") from exc
     if path is None:
         raise CheckpointError(f"{checkpoint_dir / tag}: DeepSpeed could not load this checkpoint")
-    _load_rng(checkpoint_dir / tag.removesuffix(UNIVERSAL) / "rng")  # a universal copy's RNG: its source's
+    source_tag = tag.removesuffix(UNIVERSAL)  # a universal copy's RNG: its source's
+    _load_rng(checkpoint_dir / source_tag / "rng", read_meta(checkpoint_dir, source_tag))
     return client_state
 
 
-def _load_rng(rng_dir: Path) -> None:
+def _load_rng(rng_dir: Path, meta: dict) -> None:
     """This rank's RNG states from the saved rank at its position (rng_source_rank): after a change
     of data-parallel size the global ranks of the pipeline stages move, and each stage must go on
-    with its own stage's streams (two stages with one stream draw equal dropout masks)."""
+    with its own stage's streams (two stages with one stream draw equal dropout masks). Positions
+    come from rng/positions.json, or for an older checkpoint from the layout meta.json records."""
     positions_file = rng_dir / RNG_POSITIONS
     try:
         positions = json.loads(positions_file.read_text(encoding="utf-8")) if positions_file.is_file() else None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{positions_file}: unreadable ({_first_line(exc)})") from exc
+    sizes = [meta.get(k) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "data_parallel_size")]
+    if positions is None and all(isinstance(x, int) and x > 0 for x in sizes):
+        positions = positions_from_sizes(*sizes)
     source = rng_source_rank(positions, _position(), dist.get_rank())
     rng_file = rng_dir / f"rank_{source if source is not None else dist.get_rank():05d}.pt"
     if source is None or not rng_file.is_file():

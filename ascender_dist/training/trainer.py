@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -225,9 +226,14 @@ class Trainer:
             return batches
         self.consecutive_bad += 1
         if self.pstate.is_logging_rank:
-            bound = "" if self.guard.threshold is None else f", or above {self.guard.threshold:.4g}"
-            log.warning("step %d skipped on all ranks: a micro-batch loss of %.4g (non-finite%s); step mean %.4g",
-                        self.step, values["train/worst_micro_batch_loss"], bound, values["train/loss"])
+            worst, threshold = values["train/worst_micro_batch_loss"], self.guard.threshold
+            if worst < math.inf and (threshold is None or worst <= threshold):  # no loss the guard flagged
+                log.warning("step %d skipped on all ranks: non-finite gradients (every micro-batch loss finite, "
+                            "at most %.4g); step mean %.4g", self.step, worst, values["train/loss"])
+            else:
+                bound = "" if threshold is None else f", or above {threshold:.4g}"
+                log.warning("step %d skipped on all ranks: a micro-batch loss of %.4g (non-finite%s); step mean "
+                            "%.4g", self.step, worst, bound, values["train/loss"])
         limit = t.max_consecutive_bad_steps
         if limit and self.consecutive_bad >= limit:
             return self.rollback(values["train/loss"])

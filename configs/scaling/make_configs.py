@@ -8,7 +8,7 @@ The rule (Hoffmann et al. 2022 for the budget, Brown et al. 2020 for batch and l
     32,000-token vocabulary, stated as ``model.vocab_size`` (so print-config and plan give these
     numbers before data/tokenizer.model exists; train that tokenizer with --vocab-size 32000; a
     tokenizer with more pieces is refused, one with fewer leaves some embedding rows unused);
-  * global batch = 0.5 M tokens (GPT-3 Small/Medium/Large), 256 x 2048 (every preset's context is
+  * global batch = 0.5 M tokens (GPT-3 Small/Medium/Large), 256 x 2048 (small, medium and large all have
     GPT-3's 2048, so the nine runs read one set of shards);
   * peak LR: GPT-3's for that size (6e-4, 3e-4, 2.5e-4), cosine to 10 %, warm-up 1 % of steps;
   * AdamW (0.9, 0.95), weight decay 0.1, clip 1.0, bf16;

@@ -53,6 +53,7 @@ def test_resume_at_another_data_parallel_size_continues_the_same_losses(results,
     assert len(straight) == 6, straight
     value = assert_check(dp1_results, f"resume_dp1_zero{stage}")[0]
     assert value["start"] == 3
+    assert value["rng_restored"], "the resumed rank must continue the saved rank's RNG streams"
     assert len(value["losses"]) == 3
     # same weights, optimizer moments, LR position and data; only the reduction order differs
     for got, expected in zip(value["losses"], straight[3:]):

@@ -186,3 +186,18 @@ def test_throughput_reads_its_clock_before_the_layer_statistics_gather():
                           train=SimpleNamespace(global_batch_size=2, train_steps=3), model=SimpleNamespace(seq_length=8))
     kinds = [type(c) for c in default_callbacks(cfg, 1, FakeMetrics(), 1.0, None)]
     assert kinds.index(Throughput) < kinds.index(LayerStats) < kinds.index(MetricLogging)
+
+
+def test_the_console_average_leaves_out_skipped_and_rolled_back_steps():
+    metrics = FakeMetrics()
+    cb = MetricLogging(metrics, log_interval=3, train_steps=6)
+    steps = [(1, 3.0, 0.0), (2, float("nan"), 1.0), (3, 2.0, 0.0)]  # step 2 skipped: its NaN stays out
+    for step, loss, skipped in steps:
+        values = {"train/loss": loss, "train/step_skipped": skipped}
+        cb.on_log(SimpleNamespace(step=step, rollbacks=0), values)
+    assert metrics.lines[-1][2]["train/loss"] == pytest.approx(2.5)
+    cb.on_log(SimpleNamespace(step=4, rollbacks=0), {"train/loss": 100.0, "train/step_skipped": 0.0})
+    cb.on_rollback(SimpleNamespace(step=3, rollbacks=1))  # steps 4.. are redone: the 100 is not the run's
+    for step in (4, 5, 6):
+        cb.on_log(SimpleNamespace(step=step, rollbacks=1), {"train/loss": 1.0, "train/step_skipped": 0.0})
+    assert metrics.lines[-1][0] == 6 and metrics.lines[-1][2]["train/loss"] == pytest.approx(1.0)

@@ -331,8 +331,21 @@ def test_load_reads_the_rng_state_of_the_rank_at_the_same_position(single_rank_g
     (rng_dir / ckpt.RNG_POSITIONS).write_text(json.dumps([[0, 0], [1, 0], [0, 1], [1, 1]]))
     monkeypatch.setattr(ckpt, "_position", lambda: (0, 1))  # this (global rank 0) process: stage 1
     torch.manual_seed(0)
-    ckpt._load_rng(rng_dir)
+    ckpt._load_rng(rng_dir, {})
     assert torch.equal(torch.get_rng_state(), states[2]["torch"])
+    # a checkpoint saved before positions.json: the positions follow from the layout meta.json records
+    (rng_dir / ckpt.RNG_POSITIONS).unlink()
+    torch.manual_seed(0)
+    ckpt._load_rng(rng_dir, {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 2,
+                             "data_parallel_size": 2})
+    assert torch.equal(torch.get_rng_state(), states[2]["torch"])
+
+
+def test_positions_from_sizes_follow_megatrons_rank_order():
+    # tp fastest, then dp, then pp: rank = t + T d + T D p; mp rank = t + T p
+    assert ckpt.positions_from_sizes(1, 2, 2) == [[0, 0], [1, 0], [0, 1], [1, 1]]
+    assert ckpt.positions_from_sizes(2, 1, 2) == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert ckpt.positions_from_sizes(2, 2, 1) == [[0, 0], [0, 1], [0, 2], [0, 3]]
 
 
 def test_a_save_records_every_ranks_position_for_the_rng_files(single_rank_group, tmp_path, monkeypatch):

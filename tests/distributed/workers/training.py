@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import torch
+
 from ascender_dist.config.resolve import config_from_dict
 from tests.helpers.data import tiny_run_config
 from tests.helpers.multiproc import run_checks
@@ -46,8 +48,14 @@ def resume_matches_straight_run(data, root: Path, zero_stage: int, n: int = 3) -
 def dp2_leg(data, root: Path, zero_stage: int, n: int = 3) -> dict:
     """Straight 2N steps at DP=2, and an N-step run whose checkpoint a DP=1 job will resume."""
     sections = {"parallel": {"zero_stage": zero_stage}, "train": {"train_steps": 2 * n}}
+    from ascender_dist.training.callbacks import Callback
+
+    class AdvanceRng(Callback):  # no dropout here: draw once, so the saved RNG state differs from a fresh one
+        def on_step_start(self, trainer):
+            torch.rand(3)
+
     straight = _trainer(data, root / f"dpchange_straight_z{zero_stage}", **sections).fit()
-    _trainer(data, root / f"dpchange_z{zero_stage}", **sections).fit(stop_at=n)
+    _trainer(data, root / f"dpchange_z{zero_stage}", callbacks=[AdvanceRng()], **sections).fit(stop_at=n)
     return {"straight": straight}
 
 
@@ -112,6 +120,15 @@ def resume_at_dp1(args):
                            train={"train_steps": 6}, callbacks=[recorder, per_sequence, curve])
         recorder.trainer = trainer
         start = trainer.step
+        # the resume restored the RNG streams of the saved rank at this rank's position (dp 0, mp 0), also
+        # through a universal copy (which holds no RNG files of its own)
+        from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+        saved_rng = torch.load(trainer.derived.checkpoint_dir / "step_00000003" / "rng" / "rank_00000.pt",
+                               weights_only=False)
+        rng_restored = (torch.equal(torch.get_rng_state(), saved_rng["torch"])
+                        and all(torch.equal(get_cuda_rng_tracker().get_states()[name], state)
+                                for name, state in saved_rng["tracker"].items()))
         weight_decay_by_group = [group["weight_decay"] for group in trainer.engine.optimizer.param_groups]
         losses = trainer.fit()
         fit_calls = list(recorder.calls)
@@ -126,7 +143,7 @@ def resume_at_dp1(args):
                  "reads_universal_after": trainer.engine.load_universal_checkpoint(), "step_after": trainer.step,
                  "val_before": before, "val_after": trainer.validate(2), "fit_calls": fit_calls,
                  "curve": curve.curve, "per_sequence": per_sequence.losses,
-                 "weight_decay_by_group": weight_decay_by_group}
+                 "weight_decay_by_group": weight_decay_by_group, "rng_restored": rng_restored}
         # a rollback to the checkpoint saved at DP=2 reads it through its universal copy again
         value["rolled_back"] = trainer.resume(tag_for_step(3))
         value["rolled_back_step"] = trainer.step
