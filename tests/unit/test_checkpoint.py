@@ -164,14 +164,15 @@ def test_checkpoint_dir_that_is_a_file_stops_the_run_at_start(tmp_path):
         assert str(info.value).startswith(f"{path}: {message}")
 
 
-def test_save_records_every_file_size_and_sha256_in_meta(single_rank_group, tmp_path):
+def test_save_records_every_file_size_and_sha256_in_meta(single_rank_group, tmp_path, monkeypatch):
     import hashlib
     import json
 
+    monkeypatch.setattr(ckpt, "_layouts", lambda: [(0, 0)])  # megatron's groups: whether another test set them up
     _save(tmp_path, 1, "one")
     tag_dir = tmp_path / "step_00000001"
     files = json.loads((tag_dir / "meta.json").read_text())["files"]
-    assert sorted(files) == ["rng/rank_00000.pt", "weights.txt"]
+    assert sorted(files) == ["rng/positions.json", "rng/rank_00000.pt", "weights.txt"]
     for name, record in files.items():
         data = (tag_dir / name).read_bytes()
         assert record == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
