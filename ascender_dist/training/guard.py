@@ -23,10 +23,11 @@ import torch.distributed as dist
 class LossGuard:
     """Decides whether a loss is bad: non-finite, or above ``spike_factor`` x a baseline
     (``spike_factor`` 0 disables the spike test). It judges each micro-batch's loss, as Megatron's
-    spiky-loss check does (one bad sequence batch skips the step), and keeps the step's worst one
-    (``take_worst``) so that a skipped step can report the value that skipped it. The baseline is the running mean of accepted step
-    losses; before the first accepted step it is ``initial_loss``, the loss of a uniform prediction
-    over the vocabulary (ln V), which is what a freshly initialised LM scores. So the guard judges
+    spiky-loss check does (one bad micro-batch skips the step), and keeps the step's worst one
+    (``take_worst``) so that a skipped step can report the value that skipped it. The baseline is
+    the running mean of accepted step losses; before the first accepted step it is ``initial_loss``,
+    the loss of a uniform prediction over the vocabulary (ln V), which is what a freshly initialised
+    LM scores. So the guard judges
     from step 1: a run whose loss jumps from 6.9 to 3.5e4 at step 2 is stopped there, instead of
     feeding the diverged losses into its own baseline."""
 
@@ -84,6 +85,5 @@ def max_over_ranks(value: float, group=None) -> float:
 
 
 def any_rank(flag: bool, group=None) -> bool:
-    value = torch.tensor([1.0 if flag else 0.0], device=collective_device(group))
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-    return bool(value.item())
+    """Collective: whether ``flag`` is set on any rank of ``group``."""
+    return max_over_ranks(1.0 if flag else 0.0, group) > 0
