@@ -361,6 +361,15 @@ def main(argv=None) -> int:
     return 0
 
 
+def _kept_repeats(r: dict) -> str:
+    """How many runs the sections kept from an earlier invocation took (their medians' size)."""
+    if "machine_previous" not in r:
+        return ""
+    n = r.get("settings_previous", {}).get("repeats")
+    kept = f"{n} runs" if n else "3 runs (that run's default; its settings were not kept)"
+    return f" in this invocation's sections; {kept} in the sections kept from the full run"
+
+
 def previous_results(sections: list[str]) -> dict:
     """The previous data.json when only some sections run (its machine line kept as ``machine_previous``)."""
     path = RESULTS / "data.json"
@@ -370,6 +379,7 @@ def previous_results(sections: list[str]) -> dict:
     prev["machine_previous"] = prev.get("machine_previous") or prev["machine"]
     if "git_previous" not in prev:
         prev["git_previous"] = {k: prev.get(k) for k in ("git_commit", "git_dirty")}
+    prev.setdefault("settings_previous", prev.get("settings", {}))  # the full run's, before this one's replace them
     return prev
 
 
@@ -483,8 +493,8 @@ def render(r: dict) -> str:
              f"OMP_NUM_THREADS={mc['omp_num_threads']}. {commit_text(r)} (the latest invocation).", "",
              f"Load average (1/5/15 min) at start {load(mc['loadavg_start'])}, at end {load(mc['loadavg_end'])}: the "
              "machine is shared with other jobs, so these figures are noisy (each is the median of "
-             f"{s['repeats']} runs, or of interleaved rounds where a table says so) and, where the load exceeds the "
-             "thread count, low.", "",
+             f"{s['repeats']} runs{_kept_repeats(r)}, or of interleaved rounds where a table says so) and, where the "
+             "load exceeds the thread count, low.", "",
              *provenance(r),
              "## Sharding (tokenize + pack + write)", "",
              f"Input: the default corpus ({r['text_mb']:.2f} MB of text) {s['copies']} times over in one .jsonl; "
