@@ -16,7 +16,7 @@ records its CPU seconds per step: the CPU cost of a layout (all ranks) over the 
 depend on the share of the cores the machine's other jobs left, so it shows a layout's overhead
 (communication, duplicated work) where the wall-clock ratio mostly shows the load.
 
-gpt ``small`` (seq 1024) runs only if a DP2 step, after its warm-up, costs < ``--small-max-step-s``
+gpt ``small`` (the preset's seq_length, 2048) runs only if a DP2 step, after its warm-up, costs < ``--small-max-step-s``
 CPU seconds on every rank (and < twice that in wall time); otherwise it is reported as too slow.
 
 Checkpoints: DP2 x ZeRO-1, one AdamW step (so the optimizer moments exist), then ``Trainer.save()``
@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/scaling.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from ascender_dist.config.presets import MODEL_PRESETS  # noqa: E402
 from ascender_dist.machine import cpu_model  # noqa: E402
 from benchmarks.report import RESULTS, publish  # noqa: E402
 
@@ -299,12 +300,15 @@ def main():
                    help="also run the 1-rank reference with 2 intra-op threads (the same 2 cores, one process); "
                         "off by default: on a loaded machine 2 OpenMP threads per process stall (minutes per point)")
     p.add_argument("--small", action=argparse.BooleanOptionalAction, default=True,
-                   help="gpt small (seq 1024), if a DP2 step takes < --small-max-step-s")
+                   help="gpt small (the preset's seq_length), if a DP2 step takes < --small-max-step-s")
     p.add_argument("--small-max-step-s", type=float, default=20.0)
     p.add_argument("--small-steps", type=int, default=4)
     p.add_argument("--small-warmup", type=int, default=2)
     p.add_argument("--small-global-batch", type=int, default=2,
-                   help="sequences of 1024 tokens per step (2: the least that gives each DP2 rank one)")
+                   help="sequences of the small preset's length per step (2: the least that gives each DP2 "
+                        "rank one)")
+    p.add_argument("--small-seq", type=int, default=MODEL_PRESETS["small"]["seq_length"],
+                   help="small's sequence length: the preset's (a dataset of another length is refused)")
     p.add_argument("--ckpt-reps", type=int, default=3)
     p.add_argument("--ckpt-models", nargs="+", default=["debug", "debug-w4", "debug-w16", "small"])
     p.add_argument("--quick", action="store_true", help="gpt debug only, few steps, no small, results not written")
@@ -330,8 +334,9 @@ def main():
 
     data = {"128": make_tiny_dataset(tmp / "data128", seq_length=128)}
     if args.small or "small" in args.ckpt_models:
-        # 1024-token samples: a larger corpus so that the train and val splits have several batches
-        data["1024"] = make_tiny_dataset(tmp / "data1024", seq_length=1024, corpus_bytes=1_500_000)
+        # small's samples: a larger corpus so that the train and val splits have several batches
+        data[str(args.small_seq)] = make_tiny_dataset(tmp / f"data{args.small_seq}", seq_length=args.small_seq,
+                                                      corpus_bytes=1_500_000 * args.small_seq // 1024)
     print(f"data ready ({time.time() - t_start:.0f} s)", flush=True)
 
     launches = []
@@ -363,7 +368,7 @@ def main():
         # the gate is DP2's: after its warm-up steps, stop the whole group if a step took > --small-max-step-s;
         # the layouts after it are not gated themselves (a set with holes would compare nothing)
         sm = throughput_jobs("small", ["gpt"], ["DP2", "TP2", "PP2", REFERENCE], args.small_steps, 1,
-                             args.small_global_batch, 1024)
+                             args.small_global_batch, args.small_seq)
         for job in sm[2]:
             job["group"] = "small"
             if job["layout"] == "DP2":
@@ -404,6 +409,11 @@ CKPT_MODELS = {"debug": ("debug", {}), "debug-w4": ("debug", {"hidden_size": 256
                "small": ("small", {"seq_length": 128})}  # parameters do not depend on seq_length (rope)
 
 
+def small_seq(args: dict) -> int:
+    """The small preset's sequence length a run used (runs recorded before it was an argument: 1024)."""
+    return args.get("small_seq", 1024)
+
+
 def summarise(measured: dict) -> dict:
     """Raw per-rank step times -> per-point medians, ratios to the 1-rank run; checkpoint medians."""
     args = argparse.Namespace(**measured["args"])
@@ -411,7 +421,7 @@ def summarise(measured: dict) -> dict:
     points = []
     for key, rounds in raw.items():
         preset, arch, layout = key.split("/")
-        seq = 1024 if preset == "small" else 128
+        seq = small_seq(measured["args"]) if preset == "small" else 128
         gb = args.small_global_batch if preset == "small" else args.global_batch
         warm = args.small_warmup if preset == "small" else args.warmup
         per_round = [summarise_point(runs, warm, seq, gb) for runs in rounds]
@@ -499,7 +509,7 @@ def report(saved: dict, write: bool):
         "). Same global "
         f"batch in every layout: debug {a['global_batch']} x 128 tokens (micro-batch {a['micro_batch']}: 1 rank and "
         f"TP2/PP2 accumulate/pipeline {a['global_batch'] // a['micro_batch']} micro-batches, DP2 "
-        f"{a['global_batch'] // a['micro_batch'] // 2} per rank); small {a['small_global_batch']} x 1024 "
+        f"{a['global_batch'] // a['micro_batch'] // 2} per rank); small {a['small_global_batch']} x {small_seq(a)} "
         f"(micro-batch 1; one 2-rank launch with DP2 first as the gate, then one 1-rank launch; {a['small_steps']} "
         f"steps, the first {a['small_warmup']} dropped). Vocabulary: the 512-token test tokenizer (`make_tiny_dataset`), so `small` has "
         f"{small_params / 1e6:.1f} M parameters here instead of GPT-3 Small's 125 M (its embedding is 512 x 768, "
@@ -527,13 +537,13 @@ def report(saved: dict, write: bool):
     if not small_pts:
         lines += ["", "gpt `small` throughput: not run in this invocation."]
     elif all("tokens_per_s" not in q for q in small_pts):
-        lines += ["", f"gpt `small` throughput: **too slow here** - a DP2 step ({a['small_global_batch']} x 1024 tokens) "
+        lines += ["", f"gpt `small` throughput: **too slow here** - a DP2 step ({a['small_global_batch']} x {small_seq(a)} tokens) "
                       f"cost {meta.get('small_gate_cpu_s') or float('nan'):.1f} CPU s on the busier rank and took "
                       f"{meta.get('small_gate_step_s') or float('nan'):.1f} s wall, against a budget of "
                       f"{a['small_max_step_s']:.0f} CPU s (and {2 * a['small_max_step_s']:.0f} s wall), so the other "
                       "layouts were not run."]
     elif meta.get("small_gate_step_s"):
-        lines += ["", f"gpt `small` gate: a DP2 step ({a['small_global_batch']} x 1024 tokens) cost "
+        lines += ["", f"gpt `small` gate: a DP2 step ({a['small_global_batch']} x {small_seq(a)} tokens) cost "
                       f"{meta.get('small_gate_cpu_s') or float('nan'):.1f} CPU s on the busier rank "
                       f"({meta['small_gate_step_s']:.1f} s wall), under the budget of {a['small_max_step_s']:.0f} CPU s "
                       f"(and {2 * a['small_max_step_s']:.0f} s wall) for one step on 2 ranks, so every layout was run."]
@@ -653,7 +663,7 @@ def reading(saved: dict, points: list) -> list[str]:
         walls = [v for l in ("DP2", "TP2", "PP2") for v in field("small", l, "ratio")]
         share = [c for q in small if q["world"] == 2 for c in q["cpu_per_wall"]]
         kept = min((q["measured_steps"] for q in small), default=0)
-        text = (f"* **gpt small** (12 x 768, seq 1024, {meta['args']['small_global_batch']} sequences per step): wall "
+        text = (f"* **gpt small** (12 x 768, seq {small_seq(meta['args'])}, {meta['args']['small_global_batch']} sequences per step): wall "
                 f"ratios DP2 {one('DP2', 'ratio')}, TP2 {one('TP2', 'ratio')}, PP2 {one('PP2', 'ratio')}; CPU cost "
                 f"DP2 {one('DP2', 'cpu_cost_ratio')}, TP2 {one('TP2', 'cpu_cost_ratio')}, PP2 "
                 f"{one('PP2', 'cpu_cost_ratio')}. A step here is ~10^12 FLOPs of matmuls and the overhead no longer "
@@ -671,7 +681,7 @@ def reading(saved: dict, points: list) -> list[str]:
                  "by this run.")
         out.append(text)
     elif gate_s:
-        out.append(f"* **gpt small was too slow here.** One DP2 step of {meta['args']['small_global_batch']} x 1024 "
+        out.append(f"* **gpt small was too slow here.** One DP2 step of {meta['args']['small_global_batch']} x {small_seq(meta['args'])} "
                    f"tokens (one sequence per rank) cost {gate_cpu or float('nan'):.1f} CPU s on the busier rank and "
                    f"took {gate_s:.1f} s wall, over the budget of {meta['args']['small_max_step_s']:.0f} CPU s (or "
                    f"{2 * meta['args']['small_max_step_s']:.0f} s wall), so no other small layout was run. TP/PP "
