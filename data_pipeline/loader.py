@@ -119,10 +119,8 @@ def read_shard(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = Tru
     """
     try:
         data = _fetch_bytes(spec.url)
-    except FileNotFoundError:
-        raise _CorruptShard(spec.url, "missing shard (file not found)") from None
     except Exception as e:  # gopen raises IOError/ValueError/OSError from pipes, http, ...
-        raise _CorruptShard(spec.url, f"cannot read shard ({type(e).__name__}: {e})") from None
+        raise _unreadable(spec.url, e) from None
     if verify_checksum and spec.sha256 and sha256_bytes(data) != spec.sha256:
         raise _CorruptShard(spec.url, f"sha256 mismatch (corrupt or modified shard; {len(data)} bytes, "
                                       f"manifest says {spec.bytes})")
@@ -132,6 +130,15 @@ def read_shard(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = Tru
         return _check_rows(spec, arr, _check_meta(spec.url, meta, checks) if meta is not None else {}, checks)
     samples = _parse_tar(spec.url, data)  # anything else: webdataset's parser and its precise errors
     return _decode_samples(spec, samples, checks)
+
+
+def _unreadable(url: str, err: Exception) -> _CorruptShard:
+    """The corrupt-shard error for a shard that could not be opened, stat'ed or read: "missing
+    shard" when it does not exist, else "cannot read shard (<ErrName>: <msg>)". The same line
+    whichever path met it (whole read, positioned read, setup check), so skip mode skips it."""
+    if isinstance(err, FileNotFoundError):
+        return _CorruptShard(url, "missing shard (file not found)")
+    return _CorruptShard(url, f"cannot read shard ({type(err).__name__}: {err})")
 
 
 def _parse_tar(url: str, data: bytes) -> list[dict]:
@@ -225,36 +232,43 @@ def read_rows(spec: ShardSpec, checks: ShardChecks, rows: np.ndarray) -> tuple[n
     the end-of-archive position, each sample's tar and npy header, the id range. The sha256 of the
     whole shard needs the whole shard, so it is checked only on the fallback. Every rank reads the
     same head and tail, so those verdicts (skip or stop) agree across ranks; a bad sample header
-    deeper in is seen only by the rank that owns the sample, so it always stops the run.
+    deeper in is seen only by the rank that owns the sample, so it always stops the run. An I/O
+    error (open, stat or read) is the whole-shard path's "cannot read shard" corrupt-shard error,
+    skippable as there.
     """
     try:
         fd = _open_local(spec.local_path)
-    except FileNotFoundError:
-        raise _CorruptShard(spec.url, "missing shard (file not found)") from None
     except OSError as e:
-        raise _CorruptShard(spec.url, f"cannot read shard ({type(e).__name__}: {e})") from None
+        raise _unreadable(spec.url, e) from None
     try:
-        st = os.fstat(fd)
-        if spec.bytes is not None and st.st_size != spec.bytes:
-            raise _CorruptShard(spec.url, f"truncated or modified shard: {st.st_size} bytes, "
-                                          f"manifest says {spec.bytes}")
-        read = functools.partial(_pread, fd)
-        probed = _probe(spec, checks, st, read)
-        if probed is None:
-            return read_shard(spec, checks)[rows], True
-        layout, meta = probed
-        out = np.empty((len(rows), layout.n_tokens), dtype=layout.dtype)
-        for j in np.argsort(rows, kind="stable").tolist():  # ascending offsets: sequential reads
-            i = int(rows[j])
-            row = layout.read_row(read, i)
-            if row is None:
-                raise DataError(spec.url, f"sample {i} is not at byte {layout.header_offset(i)} where the shard's "
-                                          "layout puts it (corrupt or modified shard; a partial read cannot skip it "
-                                          "consistently on every rank: replace the shard)")
-            out[j] = row
-        return _check_ids(spec, out, meta, checks), False
+        return _read_rows_at(fd, spec, checks, rows)
+    except OSError as e:  # EIO and the like from fstat or a pread
+        raise _unreadable(spec.url, e) from None
     finally:
         os.close(fd)
+
+
+def _read_rows_at(fd: int, spec: ShardSpec, checks: ShardChecks, rows: np.ndarray) -> tuple[np.ndarray, bool]:
+    """:func:`read_rows` on an open file descriptor (OSErrors are left to the caller)."""
+    st = os.fstat(fd)
+    if spec.bytes is not None and st.st_size != spec.bytes:
+        raise _CorruptShard(spec.url, f"truncated or modified shard: {st.st_size} bytes, "
+                                      f"manifest says {spec.bytes}")
+    read = functools.partial(_pread, fd)
+    probed = _probe(spec, checks, st, read)
+    if probed is None:
+        return read_shard(spec, checks)[rows], True
+    layout, meta = probed
+    out = np.empty((len(rows), layout.n_tokens), dtype=layout.dtype)
+    for j in np.argsort(rows, kind="stable").tolist():  # ascending offsets: sequential reads
+        i = int(rows[j])
+        row = layout.read_row(read, i)
+        if row is None:
+            raise DataError(spec.url, f"sample {i} is not at byte {layout.header_offset(i)} where the shard's "
+                                      "layout puts it (corrupt or modified shard; a partial read cannot skip it "
+                                      "consistently on every rank: replace the shard)")
+        out[j] = row
+    return _check_ids(spec, out, meta, checks), False
 
 
 _PROBES: "OrderedDict[tuple, tuple]" = OrderedDict()  # (file identity, count, checks) -> (layout, meta)
@@ -404,8 +418,8 @@ class _Dataset:
             return
         try:
             size = path.stat().st_size
-        except FileNotFoundError:
-            raise _CorruptShard(spec.url, "missing shard (file not found)") from None
+        except OSError as e:  # missing, or a directory on the way that is not one / may not be entered
+            raise _unreadable(spec.url, e) from None
         if spec.bytes is not None and size != spec.bytes:
             raise _CorruptShard(spec.url, f"truncated or modified shard: {size} bytes, manifest says {spec.bytes}")
 

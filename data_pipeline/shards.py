@@ -14,7 +14,10 @@ Layout (why):
 * Validation is held out BY SHARD, spread evenly over the corpus (not the last shards, which would
   all come from the alphabetically last sources), so train and val never share a shard.
 * Everything is written in a temporary directory and moved into place only after the last shard
-  succeeded; the manifest is written last, atomically. A failed run leaves the old dataset intact.
+  succeeded; the manifest is written last, atomically. A run that fails before the move leaves the
+  old dataset intact. The old manifest is deleted just before the move, so a crash during it leaves
+  no manifest (a one-line loader error until the build is run again), never an old manifest over
+  new shards of the same names and sizes, which a partial read (no whole-shard sha256) would accept.
 * Re-sharding into the same directory then deletes the shards of the old run that the new
   manifest does not list (``{prefix}-{train,val}-NNNNNN.tar`` only), so a glob over the directory
   never mixes old and new data.
@@ -433,8 +436,11 @@ def _flush(samples, tmp_dir: Path, index: int, dtype, meta):
 
 
 def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: float) -> list[ShardInfo]:
-    """Assign splits, name the shards and move them from the temp dir into ``out_dir``."""
+    """Assign splits, name the shards and move them from the temp dir into ``out_dir`` (the old
+    manifest removed first: see :func:`_remove_old_manifest`). Both writers (this module's and
+    :mod:`.parallel`'s merge) end here, then save the new manifest."""
     val = val_shard_indices(len(written), val_fraction)
+    _remove_old_manifest(out_dir)
     counters = {"train": 0, "val": 0}
     shards = []
     for i, (path, info) in enumerate(written):
@@ -445,3 +451,19 @@ def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: 
         os.replace(path, out_dir / info.name)
         shards.append(info)
     return shards
+
+
+def _remove_old_manifest(out_dir: Path) -> None:
+    """Delete ``out_dir``'s manifest before new shards replace old ones under the same names.
+
+    Kept until the new manifest's save, the old one would, after a crash between the moves and that
+    save, list the new shards under the old checksums; a partial read (dp > 1: no whole-shard
+    sha256) of a shard of unchanged size would then load the new data as the old without a word.
+    Removed, a crash there leaves a dataset the loader refuses in one line ("manifest not found")
+    until the build is run again."""
+    path = Path(out_dir) / MANIFEST_NAME
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as e:
+        raise DataError(str(path), f"cannot remove the old manifest before replacing its shards "
+                                   f"({e.strerror or e})") from None

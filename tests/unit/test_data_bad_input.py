@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -90,6 +91,62 @@ def test_missing_shard_behind_pipe_url(ds):
     with pytest.raises(DataError) as e:
         drain(loader("pipe:cat " + str(ds / "syn-train-{000000..000004}.tar")))
     one_line_error(e, "syn-train-000004.tar", "cannot read")
+
+
+def _pread_fails_for(monkeypatch, name: str) -> None:
+    """Every positioned read of shard ``name`` raises EIO (the loader's own ``_open_local`` and
+    ``_pread`` wrapped: descriptors of that file fail, any other reads as usual)."""
+    from data_pipeline import loader as loader_mod
+
+    bad: set[int] = set()
+    real_open, real_pread = loader_mod._open_local, loader_mod._pread
+
+    def open_local(path):
+        fd = real_open(path)
+        (bad.add if path.name == name else bad.discard)(fd)
+        return fd
+
+    def pread(fd, offset, length):
+        if fd in bad:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_pread(fd, offset, length)
+
+    monkeypatch.setattr(loader_mod, "_open_local", open_local)
+    monkeypatch.setattr(loader_mod, "_pread", pread)
+
+
+def test_io_error_in_a_partial_read_is_one_line(ds, monkeypatch):
+    _pread_fails_for(monkeypatch, "syn-train-000001.tar")
+    with pytest.raises(DataError) as e:
+        run_global(functools.partial(loader, ds), 2, 12)  # dp 2: positioned reads of each rank's rows
+    one_line_error(e, "syn-train-000001.tar", "cannot read shard (OSError: [Errno 5] Input/output error)")
+
+
+def test_io_error_in_a_partial_read_is_skipped_in_skip_mode(ds, monkeypatch):
+    _pread_fails_for(monkeypatch, "syn-train-000001.tar")
+    loaders = []
+
+    def make(**kw):
+        loaders.append(loader(ds, on_corrupt="skip", **kw))
+        return loaders[-1]
+
+    ids, _ = run_global(make, 2, 12)  # dp 2, 96 samples: every shard read by both ranks
+    assert len(ids) == 96 and not set(ids) & set(range(8, 16))  # nothing from the unreadable shard
+    assert all(ld.skipped_shards >= 1 for ld in loaders)
+
+
+def test_unreadable_shard_path_is_one_line_or_skipped(ds):
+    """A stat() that fails otherwise than "not found" (here: a path through a regular file) is the
+    same skippable corrupt-shard line, found at construction."""
+    (ds / "afile").write_text("not a directory")
+    manifest = json.loads((ds / "manifest.json").read_text())
+    manifest["shards"][1]["name"] = "afile/syn-train-000001.tar"
+    (ds / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError) as e:
+        loader(ds)
+    one_line_error(e, "afile/syn-train-000001.tar", "cannot read shard (NotADirectoryError")
+    ld = loader(ds, on_corrupt="skip")
+    assert ld.skipped_shards == 1 and ld.samples_per_epoch == 24
 
 
 def test_tokenizer_hash_mismatch_manifest(ds):

@@ -4,6 +4,7 @@ old shard behind for a glob to read."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -12,12 +13,12 @@ from data_pipeline._io import atomic_write_bytes
 from data_pipeline.cli import main
 from data_pipeline.errors import DataError
 from data_pipeline.formats import iter_documents
-from data_pipeline.shards import load_manifest, write_shards
+from data_pipeline.shards import Manifest, load_manifest, write_shards
 from data_pipeline.tokenizer import iter_training_texts, train_tokenizer
 
 from tests.helpers.errors import one_line
 
-from .data_fixtures import TEXT, tar_of, text_file, tiny_tokenizer  # noqa: F401
+from .data_fixtures import TEXT, loader, run_global, tar_of, text_file, tiny_tokenizer  # noqa: F401
 
 GOOD = "".join(json.dumps({"text": f"{i}: {TEXT}"}) + "\n" for i in range(30))
 
@@ -163,6 +164,44 @@ def test_parallel_resharding_removes_old_shards_too(tmp_path, tiny_tokenizer, te
     new = write_shards_parallel([text_file], tiny_tokenizer, out, 16, workers=2, samples_per_shard=40)
     assert len(new.shards) < len(old.shards)
     assert _shard_files(out) == {s.name for s in new.shards}
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_crash_between_moving_shards_and_saving_the_manifest_leaves_no_manifest(tmp_path, tiny_tokenizer,
+                                                                                   monkeypatch, parallel):
+    """A re-shard into the same directory moves its shards over the old names, then saves the manifest.
+    A crash in between must not leave the old manifest over new shards of the same names and sizes:
+    a partial read (dp 2: no whole-shard sha256) would load them as the old dataset without a word."""
+    from data_pipeline.parallel import write_shards_parallel
+
+    one, two = tmp_path / "one.txt", tmp_path / "two.txt"
+    one.write_text(TEXT * 10, encoding="utf-8")
+    two.write_text("Pack my box with five dozen liquor jugs, 12345.\n" * 40, encoding="utf-8")
+    out = tmp_path / "ds"
+
+    def write(inputs):
+        if parallel:
+            return write_shards_parallel(inputs, tiny_tokenizer, out, 16, workers=1, samples_per_shard=8,
+                                         val_fraction=0.0)
+        return write_shards(inputs, tiny_tokenizer, out, 16, samples_per_shard=8, val_fraction=0.0, progress=False)
+
+    def crash(self, path):
+        raise RuntimeError("simulated crash")
+
+    old = write([one, two])
+    with monkeypatch.context() as m:
+        m.setattr(Manifest, "save", crash)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            write([two, one])  # the same documents in another order: same shard names and sizes, other bytes
+    assert all((out / s.name).stat().st_size == s.bytes for s in old.shards)
+    assert {s.name for s in old.shards} == _shard_files(out)
+    make = functools.partial(loader, out, seq_length=16)
+    with pytest.raises(DataError) as e:
+        run_global(make, 2, 2)
+    one_line(e, str(out / "manifest.json"), "manifest not found", kind=DataError)
+    new = write([two, one])  # building again is the way out
+    assert new.shards != old.shards and [s.bytes for s in new.shards] == [s.bytes for s in old.shards]
+    assert len(run_global(make, 2, 2)[0]) == 16
 
 
 # --------------------------------------------------------------------------- 6: truncated streams

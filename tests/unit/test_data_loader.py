@@ -111,8 +111,9 @@ def test_resume_reads_no_consumed_shard(tmp_path, monkeypatch):
 def test_resume_cost_does_not_grow_with_position(tmp_path, monkeypatch):
     make_dataset(tmp_path / "ds", [16] * 10)
     opened = []
-    real = loader_mod._fetch_bytes
+    real, real_local = loader_mod._fetch_bytes, loader_mod._open_local
     monkeypatch.setattr(loader_mod, "_fetch_bytes", lambda url: opened.append(url) or real(url))
+    monkeypatch.setattr(loader_mod, "_open_local", lambda path: opened.append(str(path)) or real_local(path))
     sizes = []
     for consumed in (16, 80, 144):
         opened.clear()
@@ -120,7 +121,7 @@ def test_resume_cost_does_not_grow_with_position(tmp_path, monkeypatch):
         ld.load_state_dict({"seed": 3, "consumed_samples": consumed})
         next(iter(ld))
         sizes.append(len(opened))
-    assert sizes[0] == sizes[1] == sizes[2] <= 2
+    assert 1 <= sizes[0] == sizes[1] == sizes[2] <= 2  # a read happened, and only the current block's
 
 
 def test_val_split_is_finite_ordered_and_unshuffled(uneven):

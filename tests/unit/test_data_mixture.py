@@ -63,10 +63,15 @@ def test_fractional_weights(two):
 
 
 def test_a_small_weight_keeps_its_small_share(two):
-    """Weights 1 : 3000 give dataset a about 1 sample in 3000, not one in two (a share below the old
-    1/1000 resolution was raised to one slot per period)."""
-    ids, _ = run_global(functools.partial(mix, two, wa=1.0, wb=3000.0), 1, 25)  # 200 samples
-    assert sum(i < 1000 for i in ids) <= 1
+    """Weights 1 : 3000 give dataset a exactly its ``mixture_counts`` slots in one period (1 of 2999):
+    not one in two (a share below the old 1/1000 resolution was raised to one slot per period), and
+    not none."""
+    counts = mixture_counts([1.0, 3000.0], ["a", "b"])
+    period = int(counts.sum())
+    ids, _ = run_global(functools.partial(mix, two, wa=1.0, wb=3000.0), 1, 1,  # one batch of one period
+                        micro_batch_size=period, global_batch_size=period)
+    assert len(ids) == period
+    assert sum(i < 1000 for i in ids) == int(counts[0]) == 1
 
 
 @pytest.mark.parametrize("weights,period", [([3, 1], 4), ([0.7, 0.2, 0.1], 10), ([2, 1], 3), ([1, 3000], 2999),
