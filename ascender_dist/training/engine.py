@@ -14,7 +14,7 @@ from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.build import build_model, lm_loss
 from ascender_dist.parallel.setup import MegatronMPU
 from ascender_dist.training.deepspeed_config import adamw_params, to_deepspeed_config, uses_own_optimizer
-from ascender_dist.training.weights import check_all_weights_used, load_canonical_state
+from ascender_dist.training.weights import check_all_weights_used, copy_shards, rank_shards, set_fp32_masters
 from ascender_dist.training.zero0_optimizer import ClippedAdamW
 
 
@@ -104,10 +104,11 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
     else:
         module = LanguageModel(build_run_model(cfg, derived), derived.vocab_size)
         mpu = MegatronMPU()
+    shards = []
     if init_state is not None:  # before DeepSpeed wraps (and, under ZeRO-3, partitions) the weights
         source, field = cfg.checkpoint.init_from or "", "checkpoint.init_from"
-        used = load_canonical_state(module, cfg, init_state, source=source, field=field)
-        check_all_weights_used(init_state, used, source=source, field=field)
+        shards = rank_shards(module, cfg, init_state, source=source, field=field)
+        check_all_weights_used(init_state, copy_shards(shards), source=source, field=field)
     groups = weight_decay_groups(module, cfg.optimizer.weight_decay)
     optimizer = own_optimizer(cfg, groups) if uses_own_optimizer(cfg) else None
     engine, _, _, _ = deepspeed.initialize(
@@ -117,6 +118,7 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
         config=to_deepspeed_config(cfg, derived, load_universal),
         mpu=mpu,
     )
+    set_fp32_masters(shards)  # bf16: the optimizer's masters were built from the rounded weights
     return engine
 
 

@@ -60,21 +60,27 @@ def _gathered(params: list, zero_stage: int):
 
 @torch.no_grad()
 def gather_canonical_state(module: nn.Module, cfg: RunConfig, progress: bool = False) -> Optional[dict[str, torch.Tensor]]:
-    """Full fp32 tensors by canonical name on global rank 0 (None elsewhere). Collective on all ranks."""
+    """Full fp32 tensors by canonical name on global rank 0 (None elsewhere). Collective on all ranks.
+
+    Every rank takes part in the TP gathers (and ZeRO-3's), but only one rank per pipeline stage
+    (data-parallel and tensor-parallel rank 0) keeps a CPU copy, and only rank 0 receives the stages'
+    copies: peak host memory is one model on rank 0 and one stage on each stage leader, whatever
+    the data-parallel size. A bf16 run's weights are its optimizer's fp32 master copies (the bf16
+    parameters are those rounded), so that consolidate -> reshard keeps what the optimizer held."""
     from megatron.core import parallel_state as mps
     from tqdm import tqdm
 
     named = list(canonical_parameters(module, cfg))
+    leader = mps.get_data_parallel_rank() == 0 and mps.get_tensor_model_parallel_rank() == 0
     local: dict[str, torch.Tensor] = {}
     with _gathered([p for _, p in named], cfg.parallel.zero_stage):
         for name, param in tqdm(named, desc="gather weights", unit="tensor",
                                 disable=not progress or dist.get_rank() != 0):
-            full = gather_tp_tensor(param.data, param, mps.get_tensor_model_parallel_group())
-            local[name] = full.float().cpu()
-    contributes = mps.get_data_parallel_rank() == 0 and mps.get_tensor_model_parallel_rank() == 0
-    pieces = [None] * dist.get_world_size()
-    dist.all_gather_object(pieces, (mps.get_pipeline_model_parallel_rank(), local if contributes else {}))
-    if dist.get_rank() != 0:
+            full = gather_tp_tensor(_master_value(param), param, mps.get_tensor_model_parallel_group())
+            if leader:
+                local[name] = full.float().cpu()
+    pieces = _stage_pieces_on_rank0(mps.get_pipeline_model_parallel_rank(), local if leader else None)
+    if pieces is None:
         return None
     merged: dict[str, torch.Tensor] = {}
     # the tied embedding module is on the first and the last stage: its word embeddings are equal on
@@ -82,6 +88,39 @@ def gather_canonical_state(module: nn.Module, cfg: RunConfig, progress: bool = F
     for _, piece in sorted(pieces, key=lambda stage_piece: -stage_piece[0]):
         merged.update(piece)
     return merged
+
+
+def _master_value(param: nn.Parameter) -> torch.Tensor:
+    """The fp32 master copy DeepSpeed's ZeRO optimizer keeps of a low-precision parameter (this
+    TP rank's whole shard; collective over the data-parallel group), else the parameter itself."""
+    if param.dtype == torch.float32:
+        return param.data
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    master = safe_get_full_fp32_param(param)
+    return param.data if master is None else master
+
+
+def _stage_pieces_on_rank0(pp_rank: int, piece: Optional[dict]) -> Optional[list[tuple[int, dict]]]:
+    """[(pipeline stage, its tensors)] of every stage leader (the ranks with a ``piece``) on global
+    rank 0, None elsewhere: the leaders' ranks are exchanged first (a few bytes each), then each
+    leader sends its stage to rank 0 alone, so no other rank receives weights. Collective on all ranks."""
+    leaders: list = [None] * dist.get_world_size()
+    dist.all_gather_object(leaders, (dist.get_rank(), pp_rank) if piece is not None else None)
+    if dist.get_rank() != 0:
+        if piece is not None:
+            dist.send_object_list([piece], dst=0)
+        return None
+    pieces = []
+    for entry in filter(None, leaders):
+        src, stage = entry
+        if src == 0:
+            pieces.append((stage, piece))
+        else:
+            box: list = [None]
+            dist.recv_object_list(box, src=src)
+            pieces.append((stage, box[0]))
+    return pieces
 
 
 def _weights_error(field: Optional[str], source: str, problem: str):
@@ -92,17 +131,16 @@ def _weights_error(field: Optional[str], source: str, problem: str):
     return ConfigError(field, f"{where}: {problem}") if field else ConfigError(where, problem)
 
 
-@torch.no_grad()
-def load_canonical_state(module: nn.Module, cfg: RunConfig, full: dict[str, torch.Tensor], source: str = "",
-                         field: Optional[str] = None) -> set[str]:
-    """Copy this rank's shard of each canonical tensor into ``module`` (before DeepSpeed wraps it);
-    returns the canonical names it read. A tensor the module needs that ``full`` lacks or has in
+def rank_shards(module: nn.Module, cfg: RunConfig, full: dict[str, torch.Tensor], source: str = "",
+                field: Optional[str] = None) -> list[tuple[str, nn.Parameter, torch.Tensor]]:
+    """(canonical name, local parameter, this rank's shard of ``full[name]``) for every parameter of
+    ``module`` (before DeepSpeed wraps it). A tensor the module needs that ``full`` lacks or has in
     another shape is a one-line ConfigError naming ``field`` (the config field that named
     ``source``, when there is one)."""
     from megatron.core import parallel_state as mps
 
     tp_size, tp_rank = mps.get_tensor_model_parallel_world_size(), mps.get_tensor_model_parallel_rank()
-    used = set()
+    shards = []
     for name, param in canonical_parameters(module, cfg):
         if name not in full:
             raise _weights_error(field, source, f"no tensor {name}, which this model needs (another model.num_layers, "
@@ -112,9 +150,35 @@ def load_canonical_state(module: nn.Module, cfg: RunConfig, full: dict[str, torc
         if value.shape != param.shape:
             raise _weights_error(field, source, f"{name} has shape {tuple(full[name].shape)}, which does not fit this "
                                                 f"model ({tuple(param.shape)} per TP rank)")
+        shards.append((name, param, value))
+    return shards
+
+
+@torch.no_grad()
+def copy_shards(shards: list[tuple[str, nn.Parameter, torch.Tensor]]) -> set[str]:
+    """Copy each shard of :func:`rank_shards` into its parameter; returns the canonical names."""
+    for _, param, value in shards:
         param.copy_(value.to(param.dtype))
-        used.add(name)
-    return used
+    return {name for name, _, _ in shards}
+
+
+@torch.no_grad()
+def set_fp32_masters(shards: list[tuple[str, nn.Parameter, torch.Tensor]]) -> None:
+    """After DeepSpeed wrapped the parameters: give the ZeRO optimizer's fp32 master copies of
+    low-precision parameters the loaded fp32 values (it built them from the bf16-rounded
+    parameters). Collective over the data-parallel group; nothing to do for fp32 parameters."""
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    for _, param, value in shards:
+        if param.dtype != torch.float32:
+            safe_set_full_fp32_param(param, value.to(torch.float32))
+
+
+def load_canonical_state(module: nn.Module, cfg: RunConfig, full: dict[str, torch.Tensor], source: str = "",
+                         field: Optional[str] = None) -> set[str]:
+    """Copy this rank's shard of each canonical tensor into ``module``; returns the canonical names
+    it read (errors: :func:`rank_shards`)."""
+    return copy_shards(rank_shards(module, cfg, full, source, field))
 
 
 def check_all_weights_used(full: dict[str, torch.Tensor], used: set[str], source: str = "",

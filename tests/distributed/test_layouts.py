@@ -54,6 +54,10 @@ def _check(results, name):
     tolerance = ASCENDER_TP_PARAM_TOL if name.startswith(("ascender", "mixed_sc")) and "tp2" in name else PARAM_TOL
     assert value["param_diff"] < tolerance, value
     assert value["replica_diff"] == 0.0, value  # TP-replicated parameters identical on every TP rank
+    # consolidation ships weights to rank 0 only (no rank's memory grows with the world size), and
+    # rank 0 receives at most the other stages' share of one model
+    received, model = value["weights_received"], value["model_bytes"]
+    assert all(r < 4096 for r in received[1:]) and received[0] <= 1.05 * model, (received, model)
     if name.startswith("ascender_shared_omega_"):  # one omega per layer, trained under TP like TP=1
         shared = value["shared_omega"]
         assert shared["count"] == 2 and shared["moved"] > 1e-4 and shared["diff"] < PARAM_TOL, value

@@ -5,8 +5,11 @@ saves losses + final weights. ``layouts`` (2 or 4 ranks) starts every layout fro
 (``checkpoint.init_from``) on the same data and reports the differences.
 """
 
+import contextlib
 import json
+import pickle
 from pathlib import Path
+from unittest import mock
 
 import torch.distributed as dist
 
@@ -128,6 +131,43 @@ def reference(args):
     return out
 
 
+@contextlib.contextmanager
+def objects_received():
+    """Counts the pickled bytes of the objects this rank receives from other ranks through
+    torch.distributed's object collectives (how gather_canonical_state moves weights) while active:
+    yields a one-item list holding the running total."""
+    total = [0]
+    size = lambda objs: sum(len(pickle.dumps(o)) for o in objs)  # noqa: E731
+    real = {name: getattr(dist, name) for name in ("all_gather_object", "recv_object_list", "broadcast_object_list",
+                                                     "gather_object")}
+
+    def all_gather_object(out, obj, *a, **k):
+        real["all_gather_object"](out, obj, *a, **k)
+        total[0] += size(o for i, o in enumerate(out) if i != dist.get_rank())
+
+    def recv_object_list(out, *a, **k):
+        result = real["recv_object_list"](out, *a, **k)
+        total[0] += size(out)
+        return result
+
+    def broadcast_object_list(out, src=0, *a, **k):
+        real["broadcast_object_list"](out, src, *a, **k)
+        if dist.get_rank() != src:
+            total[0] += size(out)
+
+    def gather_object(obj, out=None, dst=0, *a, **k):
+        real["gather_object"](obj, out, dst, *a, **k)
+        if out is not None and dist.get_rank() == dst:
+            total[0] += size(o for i, o in enumerate(out) if i != dst)
+
+    fakes = {"all_gather_object": all_gather_object, "recv_object_list": recv_object_list,
+             "broadcast_object_list": broadcast_object_list, "gather_object": gather_object}
+    with contextlib.ExitStack() as stack:
+        for name, fake in fakes.items():
+            stack.enter_context(mock.patch.object(dist, name, fake))
+        yield total
+
+
 def _tp_replica_diff(trainer) -> float:
     """Max difference between the TP ranks' copies of every parameter NOT partitioned over TP (norms,
     row-parallel biases, ASCender's shared omega): replicas must stay identical, while the consolidated
@@ -188,7 +228,10 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     used = _layout_used(trainer)
     expected = layout_expected(parallel, dist.get_world_size(), _config(args, arch, "reference", {}).parallel.zero_stage)
     losses = trainer.fit()
-    final = gather_canonical_state(trainer.engine.module, trainer.cfg)
+    with objects_received() as received:
+        final = gather_canonical_state(trainer.engine.module, trainer.cfg)
+    received_by_rank: list = [None] * dist.get_world_size()
+    dist.all_gather_object(received_by_rank, received[0])
     replica_diff = _tp_replica_diff(trainer)
     if dist.get_rank() != 0:
         return {}
@@ -205,6 +248,7 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
             "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
             "grad_norms": norms.values, "reference_grad_norms": json.loads(files["grad_norms"].read_text()),
             "param_diff": param_diff[worst], "worst_param": worst, "replica_diff": replica_diff,
+            "weights_received": received_by_rank, "model_bytes": sum(len(pickle.dumps(v)) for v in final.values()),
             "shared_omega": {"count": len(shared), "diff": max((param_diff[k] for k in shared), default=0.0),
                              "moved": max(((final[k] - init[k]).abs().max().item() for k in shared), default=0.0)}}
 
