@@ -335,7 +335,9 @@ class ConnectionLayer(nn.Module):
             w = p / z.clamp_min(self.hp.compression_eps)
         mix = torch.einsum("bkcn,bkun->bkcu", w, a)  # [b, nch, c, c]
         causal = torch.ones(c, c, dtype=torch.bool, device=p.device).tril()
-        mix = mix.masked_fill(~causal, 0.0)  # exact zeros: future tokens cannot leak, even as nan
+        # exact zeros: a finite future token adds exactly nothing (an inf in a future v still makes
+        # 0 * inf = nan in mix @ v, as in any masked attention's eager path)
+        mix = mix.masked_fill(~causal, 0.0)
         return (self.copy_fn(mix) @ v) @ self.w_v_out  # [b, nch, c, D_l] @ [D_l, D]
 
     # ------------------------------------------------------------------ interpretability
