@@ -68,6 +68,14 @@ def _hparams(cls, values: dict):
     return cls(**{k: v for k, v in values.items() if k in known})
 
 
+def trained_buffer_dtype(config) -> torch.dtype:
+    """The dtype the run held its fixed buffers in (its params dtype; ``config.ascender_dist``'s
+    ``precision``, written by export-hf): a bf16 run trained against bf16-rounded ALiBi slopes,
+    Connection slots and per-head constants, so the exported model uses those values (in fp32)."""
+    precision = (getattr(config, "ascender_dist", None) or {}).get("precision")
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
 # ----------------------------------------------------------------------------- rotary embedding
 def rotary_cos_sin(seq_len: int, dim: int, base: float, device) -> tuple[torch.Tensor, torch.Tensor]:
     """megatron's RotaryEmbedding (fp32): freqs [s, 1, 1, dim] as cat(f, f), cos and sin of it."""
@@ -138,13 +146,16 @@ class AscenderCore(nn.Module):
     def __init__(self, config: AscenderDistConfig, hp: AscenderHParams):
         super().__init__()
         self.params = AscenderHeadParams(hp, config.num_attention_heads)
+        self.trained_dtype = trained_buffer_dtype(config)
         self.buffers_ready = False
 
     def refresh_derived_buffers(self) -> None:
         """ALiBi slopes are a non-persistent buffer: ``from_pretrained`` (meta-device init) leaves
-        it uninitialised, so it is recomputed before the first forward."""
+        it uninitialised, so it is recomputed before the first forward, rounded to the run's
+        precision as training held them (bf16 rounding moves a slope by up to 2^-9 of it)."""
         slope = self.params.alibi_slope
-        self.params.alibi_slope = alibi_slopes(self.params.num_heads).to(slope.device, slope.dtype)
+        trained = alibi_slopes(self.params.num_heads).to(self.trained_dtype)
+        self.params.alibi_slope = trained.to(slope.device, slope.dtype)
         self.buffers_ready = True
 
 
@@ -279,13 +290,14 @@ class AscenderDistPreTrainedModel(PreTrainedModel):
         transformers may skip this method for modules whose saved tensors all loaded.
         """
         std = self.config.initializer_range
+        trained = trained_buffer_dtype(self.config)  # fixed tensors: rounded as the run held them
 
         def missing(t) -> bool:
             return t is not None and not getattr(t, "_is_hf_initialized", False)
 
         if isinstance(module, AscenderHeadParams):
             hp = _hparams(AscenderHParams, self.config.ascender)
-            fresh = AscenderHeadParams(hp, module.num_heads)  # a few floats per head, on CPU
+            fresh = AscenderHeadParams(hp, module.num_heads, dtype=trained)  # a few floats per head, on CPU
             fresh_state = {**dict(fresh.named_parameters()), **dict(fresh.named_buffers())}
             for name, value in fresh_state.items():
                 target = getattr(module, name)
@@ -294,7 +306,8 @@ class AscenderDistPreTrainedModel(PreTrainedModel):
         elif isinstance(module, ConnectionLayer):
             hp, d, n = module.hp, module.hidden_size, module.hp.num_slots
             if missing(module.slots):
-                module.slots.copy_(make_fixed_slots(n, d, hp.slot_seed, module.slots.dtype).to(module.slots.device))
+                module.slots.copy_(make_fixed_slots(n, d, hp.slot_seed, trained).to(module.slots.device,
+                                                                                     module.slots.dtype))
             for name, param in module.named_parameters(recurse=False):
                 if missing(param):
                     param.normal_(0.0, hp.init_std)

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.config.loader import read_yaml_file, to_dict
 from ascender_dist.config.resolve import config_from_dict, config_with_overrides
 from ascender_dist.training import checkpoint as ckpt
+from ascender_dist.training.publish import publish_directory
 from ascender_dist.training.weights import strip_vocab_padding
 
 log = logging.getLogger("ascender_dist")
@@ -178,11 +181,12 @@ def _within(path: Path, ancestor: Path) -> bool:
 def check_output_dir(out_dir: Path, source: Path, tool: str, is_previous_output, marker: str,
                      inside_source_ok: bool = False) -> None:
     """Refuse an ``--out`` whose replacement would lose data, before any work (and before a command
-    re-launches itself on several ranks): the converters write a temporary sibling, then delete
-    whatever ``out_dir`` holds and rename. ``out_dir`` may be missing, empty or a previous output of
-    ``tool`` (``is_previous_output(dir)``, recognised by ``marker``: users re-run exports); never the
-    input ``source``, a directory holding it, a path inside it (unless ``inside_source_ok``), a file,
-    or a directory of anything else. Errors are one line naming the path and why."""
+    re-launches itself on several ranks): the converters write a temporary sibling, then replace
+    whatever ``out_dir`` holds by it (:func:`staged_output`). ``out_dir`` may be missing, empty or a
+    previous output of ``tool`` (``is_previous_output(dir)``, recognised by ``marker``: users re-run
+    exports); never the input ``source``, a directory holding it, a path inside it (unless
+    ``inside_source_ok``), a file, or a directory of anything else. Errors are one line naming the
+    path and why."""
     out_dir, source = Path(out_dir), Path(source)
     if out_dir.name in ("", ".", ".."):  # it is replaced through a sibling: it needs a name of its own
         raise ConversionError(out_dir, "name the output directory itself (not '.' or '..'): it is written "
@@ -228,6 +232,63 @@ def check_reshard_out(out_dir: Path, consolidated_dir: Path) -> None:
                                        "a new directory")
 
 
+def staging_dir(out_dir: Path) -> Path:
+    """This process's temporary sibling of ``out_dir``, named by its PID: two writers of the same
+    output (lm-eval processes exporting one cache) never delete each other's work."""
+    return out_dir.with_name(f".{out_dir.name}.tmp.{os.getpid()}")
+
+
+def _write_problem(exc: BaseException) -> str:
+    """An OSError or a safetensors write error as a short phrase (``No space left on device``)."""
+    return getattr(exc, "strerror", None) or " ".join(str(exc).split()) or type(exc).__name__
+
+
+def replace_output(tmp: Path, out_dir: Path) -> None:
+    """Publish the finished ``tmp`` as ``out_dir``: the previous output is renamed aside, ``tmp``
+    renamed in, then the old copy deleted (:func:`~ascender_dist.training.publish.publish_directory`).
+    If the second rename fails, the previous output is renamed back; after a crash between the two
+    renames it survives as ``.<name>.old.<pid>`` next to ``out_dir``."""
+    aside = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
+    try:
+        publish_directory(tmp, out_dir, aside)
+    except OSError as exc:
+        restored = ""
+        if aside.is_dir() and not out_dir.exists():
+            try:
+                os.replace(aside, out_dir)
+                restored = ", the previous output is kept"
+            except OSError:
+                restored = f", the previous output is in {aside.name}"
+        raise ConversionError(out_dir, f"cannot rename the new output into place ({_write_problem(exc)})"
+                                       f"{restored}") from None
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextmanager
+def staged_output(out_dir: Path) -> Iterator[Path]:
+    """A fresh temporary sibling of ``out_dir`` (:func:`staging_dir`) to write an output into; when
+    the block ends it replaces ``out_dir`` (:func:`replace_output`). On any failure the temporary
+    directory is removed and ``out_dir`` keeps what it held; a write error (disk full, permission,
+    safetensors' I/O errors) is a one-line ConversionError naming ``out_dir``."""
+    from safetensors import SafetensorError
+
+    out_dir = Path(out_dir)
+    tmp = staging_dir(out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a crashed process that had this PID
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise ConversionError(out_dir, f"cannot create the output directory ({_write_problem(exc)})") from None
+    try:
+        yield tmp
+        replace_output(tmp, out_dir)
+    except (OSError, SafetensorError) as exc:
+        raise ConversionError(out_dir, f"writing the output failed ({_write_problem(exc)}); nothing was "
+                                       "replaced") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 # ----------------------------------------------------------------------------- collective steps
 def _setup(cfg, vocab_size: int):
     import torch.distributed as dist
@@ -269,25 +330,21 @@ def consolidate(checkpoint_dir: Path, out_dir: Path, tag: Optional[str] = None,
 
 
 def write_consolidated(out_dir: Path, state: dict, cfg, meta: dict) -> None:
-    """Write into a temporary sibling directory, then rename: never a half-written export. What
-    ``out_dir`` held is deleted: callers check it first (:func:`check_consolidate_out`)."""
+    """Write into a temporary sibling directory, then publish it (:func:`staged_output`): never a
+    half-written output, and a failure leaves what ``out_dir`` held. What ``out_dir`` held is
+    replaced: callers check it first (:func:`check_consolidate_out`)."""
     import yaml
 
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     from ascender_dist.training.weights import write_weights_file
 
-    write_weights_file(state, tmp / "model.safetensors", metadata={"format": CONSOLIDATED_FORMAT})
+    out_dir = Path(out_dir)
     raw = one_device_layout(to_dict(cfg))
     raw["checkpoint"]["init_from"] = None
     config_from_dict(raw)  # what it writes, read_consolidated can read
-    (tmp / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+    with staged_output(out_dir) as tmp:
+        write_weights_file(state, tmp / "model.safetensors", metadata={"format": CONSOLIDATED_FORMAT})
+        (tmp / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     log.info("consolidated %d tensors into %s", len(state), out_dir)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ascender_dist.tools.convert import ConversionError, check_output_dir, read_consolidated
+from ascender_dist.tools.convert import ConversionError, check_output_dir, read_consolidated, staged_output
 from data_pipeline._io import honour_umask
 
 
@@ -166,25 +166,18 @@ def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool, special_ids
     return config
 
 
-def _trained_buffer_dtype(config) -> torch.dtype:
-    """The dtype the run held its fixed buffers in (params dtype: bf16 runs trained against the
-    bf16-rounded slots and per-head constants, so the export stores those values, in fp32)."""
-    precision = (getattr(config, "ascender_dist", None) or {}).get("precision")
-    return torch.bfloat16 if precision == "bf16" else torch.float32
-
-
 def remote_code_state(state: dict, config) -> dict:
     """Canonical names -> ``model.`` + name (``lm_head.weight`` for the output layer), plus the
     persistent buffers our checkpoints do not hold because they follow from the config (ASCender's
     fixed per-head tensors, the Connection layers' fixed slots)."""
-    from ascender_dist.hf.modeling_ascender_dist import _hparams
+    from ascender_dist.hf.modeling_ascender_dist import _hparams, trained_buffer_dtype
     from ascender_dist.models.ascender import AscenderHeadParams, AscenderHParams
     from ascender_dist.models.connection import ConnectionHParams, make_fixed_slots
 
     out = {("lm_head.weight" if name == "output_layer.weight" else f"model.{name}"): t for name, t in state.items()}
     if config.tie_word_embeddings:
         out.pop("lm_head.weight", None)
-    dtype = _trained_buffer_dtype(config)
+    dtype = trained_buffer_dtype(config)  # bf16 runs: the bf16-rounded values they trained with, in fp32
     for i, letter in enumerate(config.layer_pattern):
         prefix = f"model.decoder.layers.{i}.self_attention"
         if letter == "S":
@@ -311,6 +304,27 @@ def check_export_out(out_dir: Path, consolidated_dir: Path) -> None:
     check_output_dir(out_dir, consolidated_dir, "export-hf", is_export_output, EXPORT_MARKER, inside_source_ok=cache)
 
 
+def _write_model(out: Path, state: dict, cfg, meta: dict, standard: str | None, special_ids: dict | None,
+                 where) -> str:
+    """Fill ``out`` with config.json + model.safetensors of the standard class ``standard``
+    (gpt_neox / llama), or of the remote-code model when None; returns the architecture name."""
+    from safetensors.torch import save_file
+
+    if standard is None:
+        return write_remote_code(state, cfg, meta, out, special_ids, where)
+    tied = not cfg.model.untie_embeddings_and_output_weights
+    vocab = state["embedding.word_embeddings.weight"].shape[0]
+    hf_state = neox_state(state, cfg) if standard == "gpt_neox" else llama_state(state, cfg)
+    config = (neox_config if standard == "gpt_neox" else llama_config)(cfg, vocab, tied, special_ids)
+    if tied:  # transformers re-ties on load; storing the head twice would fail its shared-tensor check
+        hf_state.pop("embed_out.weight" if standard == "gpt_neox" else "lm_head.weight")
+    config.save_pretrained(out)
+    save_file({k: v.contiguous() for k, v in hf_state.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    honour_umask(out / "model.safetensors")  # safetensors writes 0600
+    return standard
+
+
 def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = None,
               remote_code: bool | None = None) -> Path:
     """Write ``out_dir`` (config.json + model.safetensors [+ tokenizer]) for ``from_pretrained``.
@@ -323,10 +337,6 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
     (:mod:`ascender_dist.tools.hf_tokenizer`), and config.json takes its bos/eos/pad ids; without
     one those ids are left unset.
     """
-    import shutil
-
-    from safetensors.torch import save_file
-
     out_dir = Path(out_dir)
     check_export_out(out_dir, Path(consolidated_dir))  # before reading anything
     state, cfg, meta = read_consolidated(consolidated_dir)
@@ -350,34 +360,14 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
         fast = fast_tokenizer(Path(tokenizer))
         special_ids = special_tokens(load_proto(Path(tokenizer))).config_ids()
     check_weights_fit_config(state, cfg, meta, Path(consolidated_dir))  # the standard classes too
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
-    except OSError as exc:
-        raise ConversionError(out_dir, f"cannot create the output directory ({exc.strerror or exc})") from None
-    if use_remote:
-        kind = write_remote_code(state, cfg, meta, tmp, special_ids, Path(consolidated_dir))
-    else:
-        tied = not cfg.model.untie_embeddings_and_output_weights
-        vocab = state["embedding.word_embeddings.weight"].shape[0]
-        hf_state = neox_state(state, cfg) if kind == "gpt_neox" else llama_state(state, cfg)
-        config = (neox_config if kind == "gpt_neox" else llama_config)(cfg, vocab, tied, special_ids)
-        if tied:  # transformers re-ties on load; storing the head twice would fail its shared-tensor check
-            hf_state.pop("embed_out.weight" if kind == "gpt_neox" else "lm_head.weight")
-        config.save_pretrained(tmp)
-        save_file({k: v.contiguous() for k, v in hf_state.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
-        honour_umask(tmp / "model.safetensors")  # safetensors writes 0600
-    if tokenizer:
-        from ascender_dist.tools.hf_tokenizer import write_hf_tokenizer
+    with staged_output(out_dir) as tmp:  # a failure leaves what out_dir held and no temporary directory
+        kind = _write_model(tmp, state, cfg, meta, None if use_remote else kind, special_ids, Path(consolidated_dir))
+        if tokenizer:
+            from ascender_dist.tools.hf_tokenizer import write_hf_tokenizer
 
-        write_hf_tokenizer(Path(tokenizer), tmp, cfg.model.seq_length, fast)
-    (tmp / "ascender_dist.json").write_text(json.dumps({
-        "source": str(consolidated_dir), "architecture": kind, "model_architecture": meta.get("architecture"),
-        "trust_remote_code": kind == REMOTE_CODE_ARCHITECTURE, "step": meta.get("step"),
-        "vocab_size": meta.get("vocab_size"), "preset": cfg.model.preset, "run_name": cfg.name}, indent=1))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
+            write_hf_tokenizer(Path(tokenizer), tmp, cfg.model.seq_length, fast)
+        (tmp / EXPORT_MARKER).write_text(json.dumps({
+            "source": str(consolidated_dir), "architecture": kind, "model_architecture": meta.get("architecture"),
+            "trust_remote_code": kind == REMOTE_CODE_ARCHITECTURE, "step": meta.get("step"),
+            "vocab_size": meta.get("vocab_size"), "preset": cfg.model.preset, "run_name": cfg.name}, indent=1))
     return out_dir

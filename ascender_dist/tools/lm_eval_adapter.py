@@ -13,7 +13,8 @@ or from Python (``import ascender_dist.tools.lm_eval_adapter`` registers it)::
 
 ``pretrained`` is either a directory written by ``ascender-dist export-hf`` (remote-code model, or
 GPT-NeoX / Llama for gpt) or a consolidated directory (``ascender-dist consolidate``), which is
-exported on the fly into ``<dir>/.hf-export`` (re-used while it is newer than the weights).
+exported on the fly into ``<dir>/.hf-export`` (re-used while it is newer than the weights; processes
+started together export it once, under a lock on ``<dir>/.hf-export.lock``).
 The tokenizer is the directory's AutoTokenizer when it has a ``tokenizer_config.json`` (every export
 now ships a fast ``tokenizer.json`` with sentencepiece's ids), else our sentencepiece wrapper over its
 ``tokenizer.model`` (exports written before that). An empty context is scored after EOS
@@ -24,9 +25,11 @@ Every other model argument is HFLM's (``batch_size``, ``dtype``, ``max_length``,
 
 from __future__ import annotations
 
+import fcntl
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from ascender_dist.config.errors import UserError
 from ascender_dist.tools.hf_export import LM_EVAL_EXPORT_SUBDIR as EXPORT_SUBDIR  # the export cache's name
@@ -49,23 +52,50 @@ def is_hf_export(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
+def _cache_is_warm(consolidated: Path, out: Path) -> bool:
+    """The export cache ``out`` holds an export at least as new as the consolidated weights (an
+    export is published whole: a weights file there means the rest is there too)."""
+    cached = out / "model.safetensors"
+    return cached.is_file() and cached.stat().st_mtime >= (consolidated / "model.safetensors").stat().st_mtime
+
+
+@contextmanager
+def _export_lock(consolidated: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<dir>/.hf-export.lock`` for checking and filling the export cache:
+    processes started together on a cold cache export it once (the others wait, then find it warm)
+    instead of replacing each other's output while it loads. Taken only on a cold cache, so a warm
+    cache in a read-only directory still loads."""
+    lock_path = consolidated / f"{EXPORT_SUBDIR}.lock"
+    try:
+        handle = open(lock_path, "a")
+    except OSError as exc:
+        raise AdapterError(f"{lock_path}: cannot create the export cache lock ({exc.strerror or exc})") from None
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed, also if the process dies
+        yield
+
+
+def _export(consolidated: Path, out: Path) -> None:
+    """Export a consolidated run into its cache ``out``, with the run's ``data.tokenizer`` when that file exists."""
+    from ascender_dist.tools.convert import read_config_file
+    from ascender_dist.tools.hf_export import export_hf
+
+    data = read_config_file(consolidated / "config.yaml").get("data") or {}
+    tokenizer = data.get("tokenizer")
+    export_hf(consolidated, out, tokenizer=tokenizer if tokenizer and Path(tokenizer).is_file() else None)
+
+
 def hf_directory(path: str | Path) -> Path:
     """The Hugging Face directory for ``path`` (a consolidated one is exported next to itself)."""
     path = Path(path)
     if is_hf_export(path):
         return path
     if is_consolidated(path):
-        from ascender_dist.tools.hf_export import export_hf
-
         out = path / EXPORT_SUBDIR
-        weights = path / "model.safetensors"
-        if not (out / "model.safetensors").is_file() or (out / "model.safetensors").stat().st_mtime < \
-                weights.stat().st_mtime:
-            from ascender_dist.tools.convert import read_config_file
-
-            data = read_config_file(path / "config.yaml").get("data") or {}
-            tokenizer = data.get("tokenizer")
-            export_hf(path, out, tokenizer=tokenizer if tokenizer and Path(tokenizer).is_file() else None)
+        if not _cache_is_warm(path, out):
+            with _export_lock(path):  # other processes (accelerate launch) wait, then find it warm
+                if not _cache_is_warm(path, out):
+                    _export(path, out)
         return out
     raise AdapterError(f"{path}: neither a Hugging Face export (config.json + *.safetensors) nor a consolidated "
                        "directory (model.safetensors + meta.json + config.yaml)")

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from ascender_dist.config.errors import UserError
 from ascender_dist.training.guard import any_rank
+from ascender_dist.training.publish import publish_directory
 
 log = logging.getLogger(__name__)
 
@@ -186,15 +187,9 @@ def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
 def _publish(checkpoint_dir: Path, tag: str) -> None:
     """Rename the finished staging directory to ``tag``; a complete tag of the same name is moved
     aside first (both renames are atomic) and deleted only after ``latest`` has moved (_prune)."""
-    final, staged = checkpoint_dir / tag, checkpoint_dir / (tag + PARTIAL)
-    if final.exists():
-        aside = checkpoint_dir / (tag + REPLACED)
-        shutil.rmtree(aside, ignore_errors=True)
-        if (final / COMPLETE).is_file():
-            os.replace(final, aside)
-        else:  # an incomplete directory of that name (written by an older version): nothing to keep
-            shutil.rmtree(final)
-    os.replace(staged, final)
+    # an incomplete directory of that name (written by an older version) is deleted: nothing to keep
+    publish_directory(checkpoint_dir / (tag + PARTIAL), checkpoint_dir / tag, checkpoint_dir / (tag + REPLACED),
+                      keep_old=lambda old: (old / COMPLETE).is_file())
 
 
 def _sha256(path: Path, sync: bool = False) -> str:

@@ -15,7 +15,7 @@ from ascender_dist.config.resolve import config_from_dict
 from ascender_dist.tools.convert import (ConversionError, check_consolidate_out, consolidate, is_consolidated_output,
                                          read_consolidated, resolve_tag, write_consolidated)
 from ascender_dist.tools.hf_export import (LM_EVAL_EXPORT_SUBDIR, check_export_out, check_weights_fit_config,
-                                           export_hf)
+                                           export_hf, is_export_output)
 
 META = {"format": 1, "step": 3, "architecture": "gpt", "world_size": 1, "vocab_size": 96, "padded_vocab_size": 128,
         "data": {"consumed_samples": 8, "seed": 1}, "versions": {"megatron-core": "0.16.1", "deepspeed": "0.19.8"}}
@@ -81,7 +81,7 @@ def test_consolidate_checks_out_before_any_work(checkpoint, tmp_path, monkeypatc
     with pytest.raises(ConversionError) as info:
         consolidate(checkpoint, afile)
     _one_line(info.value, str(afile), "existing file")
-    assert afile.read_text() == "x" and not (tmp_path / ".afile.tmp").exists()
+    assert afile.read_text() == "x" and not list(tmp_path.glob(".afile.tmp*"))
     assert _tree(checkpoint) == before
 
 
@@ -106,7 +106,7 @@ def test_both_tools_refuse_a_foreign_non_empty_directory_and_replace_their_own(c
     with pytest.raises(ConversionError) as info:
         export_hf(consolidated, keep)
     _one_line(info.value, str(keep), "not a previous export-hf output")
-    assert (keep / "notes.txt").read_text() == "mine" and not (tmp_path / ".keepme.tmp").exists()
+    assert (keep / "notes.txt").read_text() == "mine" and not list(tmp_path.glob(".keepme.tmp*"))
     (tmp_path / "empty").mkdir()
     check_consolidate_out(tmp_path / "empty", tmp_path / "ck")  # an empty directory is fine
     assert is_consolidated_output(consolidated)
@@ -165,7 +165,7 @@ def test_export_hf_standard_architecture_refuses_a_config_that_does_not_fit(cons
     with pytest.raises(ConversionError) as info:
         export_hf(consolidated, tmp_path / "hf")  # a gpt GPT-NeoX expresses: the path without remote code
     _one_line(info.value, str(consolidated / "config.yaml"), "linear_fc1.weight")
-    assert not (tmp_path / "hf").exists() and not (tmp_path / ".hf.tmp").exists()
+    assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf.tmp*"))
 
 
 def test_evaluate_refuses_a_config_that_does_not_fit(consolidated):
@@ -194,3 +194,104 @@ def test_reshard_refuses_a_directory_of_training_checkpoints_and_its_own_input(c
             check_reshard_out(out, consolidated)
         _one_line(info.value, "is or is inside the input directory")
     check_reshard_out(tmp_path / "new", consolidated)  # a new directory is fine
+
+
+# ----------------------------------------------------------------------------- replacing an output (defect A)
+class Crash(BaseException):
+    """A kill at that moment: nothing of the exporter's error handling catches it."""
+
+
+def _fail_moving_the_new_output_in(monkeypatch, error: BaseException) -> list:
+    """Make the rename that moves a finished staging directory (``.<out>.tmp*``) into place raise
+    ``error`` (os.replace and os.rename both: Path.rename / Path.replace go through them). With the
+    previous output renamed aside first, that is the second directory rename. Returns the renames
+    of directories seen, as (source name, target name)."""
+    import os
+
+    renames = []
+
+    def wrap(real):
+        def rename(src, dst, *args, **kwargs):
+            if os.path.isdir(src):
+                renames.append((os.path.basename(src), os.path.basename(dst)))
+                if os.path.basename(src).startswith(f".{os.path.basename(dst)}.tmp"):
+                    raise error
+            return real(src, dst, *args, **kwargs)
+        return rename
+
+    monkeypatch.setattr(os, "replace", wrap(os.replace))
+    monkeypatch.setattr(os, "rename", wrap(os.rename))
+    return renames
+
+
+def _load_export(directory) -> None:
+    """Load an export of the tiny gpt (GPT-NeoX, no remote code) as transformers does."""
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(str(directory))
+
+
+def _no_leftovers(parent, name: str) -> None:
+    assert sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")) == []
+
+
+def test_a_failed_swap_keeps_the_previous_export_loadable(consolidated, tmp_path, monkeypatch):
+    hf = export_hf(consolidated, tmp_path / "hf")
+    (hf / "previous.txt").write_text("first export")
+    before = _tree(hf)
+    renames = _fail_moving_the_new_output_in(monkeypatch, OSError(5, "Input/output error"))
+    with pytest.raises(ConversionError) as info:
+        export_hf(consolidated, hf)
+    _one_line(info.value, str(hf), "Input/output error", "previous output is kept")
+    assert len(renames) == 3 and renames[0][0] == "hf"  # aside, (failed) in, back
+    monkeypatch.undo()
+    assert _tree(hf) == before
+    _load_export(hf)
+    _no_leftovers(tmp_path, "hf")
+
+
+def test_a_crash_between_the_renames_leaves_the_previous_export_aside(consolidated, tmp_path, monkeypatch):
+    """A kill after the previous export was renamed aside, before the new one is in: the previous
+    export is whole under its aside name (the old code had deleted it by then)."""
+    hf = export_hf(consolidated, tmp_path / "hf")
+    before = _tree(hf)
+    _fail_moving_the_new_output_in(monkeypatch, Crash("killed between the renames"))
+    with pytest.raises(Crash):
+        export_hf(consolidated, hf)
+    monkeypatch.undo()
+    kept = [p for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith(".hf.old.")]
+    assert not hf.exists() and len(kept) == 1 and _tree(kept[0]) == before
+    _load_export(kept[0])
+    assert export_hf(consolidated, hf) == hf and is_export_output(hf)  # the next run writes it again
+
+
+def test_a_failed_consolidated_swap_keeps_the_previous_output_readable(consolidated, monkeypatch):
+    state, cfg, meta = read_consolidated(consolidated)
+    before = _tree(consolidated)
+    _fail_moving_the_new_output_in(monkeypatch, OSError(28, "No space left on device"))
+    with pytest.raises(ConversionError) as info:
+        write_consolidated(consolidated, state, cfg, {**meta, "step": 99})
+    _one_line(info.value, str(consolidated), "No space left on device")
+    monkeypatch.undo()
+    assert _tree(consolidated) == before and read_consolidated(consolidated)[2]["step"] == META["step"]
+    _no_leftovers(consolidated.parent, consolidated.name)
+
+
+def test_a_write_error_is_one_line_and_leaves_no_temporary_directory(consolidated, tmp_path, monkeypatch):
+    """Disk full while writing the weights: one line naming --out, the previous export untouched,
+    no staging directory left behind (the old code left ``.hf.tmp`` and a traceback)."""
+    import errno
+
+    hf = export_hf(consolidated, tmp_path / "hf")
+    before = _tree(hf)
+
+    def disk_full(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr("ascender_dist.tools.hf_export.honour_umask", disk_full)
+    with pytest.raises(ConversionError) as info:
+        export_hf(consolidated, hf)
+    _one_line(info.value, str(hf), "No space left on device")
+    assert _tree(hf) == before
+    _no_leftovers(tmp_path, "hf")
+

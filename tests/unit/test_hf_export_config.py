@@ -59,3 +59,28 @@ def test_remote_code_export_stores_the_fixed_buffers_the_run_trained_with(precis
     lambdas = state["model.decoder.layers.1.self_attention.core_attention.params.lambdas"]
     fixed = AscenderHeadParams(AscenderHParams(d_z=4, d_a=4, lambda_sep=0.3), 4, dtype=dtype)
     assert torch.equal(lambdas, fixed.lambdas.float())
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_exported_model_uses_the_alibi_slopes_the_run_trained_with(tmp_path, precision, dtype):
+    """The slopes are not stored (a non-persistent buffer): the loaded model recomputes them. A bf16
+    run trained with bf16-rounded slopes (AscenderHeadParams in the params dtype), so the export,
+    loaded in fp32, must use those values, not fresh fp32 ones (12 heads: up to 8e-5 apart)."""
+    from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
+    from ascender_dist.models.ascender import AscenderHeadParams, AscenderHParams
+    from ascender_dist.tools.convert import write_consolidated
+    from ascender_dist.tools.hf_export import export_hf, remote_code_config
+
+    ascender = {"d_z": 4, "d_a": 4, "other_bias": "alibi"}
+    cfg = config_from_dict({"name": "alibi", "model": {**MODEL, "architecture": "ascender", "hidden_size": 48,
+                                                       "num_attention_heads": 12, "ascender": ascender},
+                            "train": {"precision": precision}})
+    meta = {"step": 3, "architecture": "ascender", "vocab_size": 64}
+    built = AscenderDistForCausalLM(remote_code_config(cfg, meta, vocab_size=64, tied=True))
+    state = {k.removeprefix("model."): v for k, v in built.state_dict().items() if k != "lm_head.weight"}
+    write_consolidated(tmp_path / "cons", state, cfg, meta)
+    model = AscenderDistForCausalLM.from_pretrained(str(export_hf(tmp_path / "cons", tmp_path / "hf")))
+    model(torch.arange(8)[None])  # the slopes are computed before the first forward
+    slopes = model.model.decoder.layers[0].self_attention.core_attention.params.alibi_slope
+    trained = AscenderHeadParams(AscenderHParams(**ascender), 12, dtype=dtype).alibi_slope
+    assert slopes.dtype == torch.float32 and torch.equal(slopes, trained.float())
