@@ -117,6 +117,9 @@ if [ -n "$NODE_RANK" ]; then
   local_host=${HOSTS[$NODE_RANK]}
 else
   command -v pdsh >/dev/null || die "pdsh not found: install it (ssh mode), or start every node yourself with --node_rank"
+  case "$PWD" in  # DeepSpeed's pdsh runner sends every host an unquoted 'cd <repo>; <python> ...'
+    *[[:space:]]*) die "ssh mode cannot start ranks in a path with spaces ($PWD): DeepSpeed's remote command does not quote it; move the repository, or start every node yourself with --node_rank" ;;
+  esac
   for entry in "${HOSTS[@]}"; do  # DeepSpeed would end in a traceback for an unreachable one
     ssh -o BatchMode=yes -o ConnectTimeout=10 ${SSH_PORT:+-p "$SSH_PORT"} "${entry%% *}" true </dev/null >/dev/null 2>&1 ||
       die "host ${entry%% *} is not reachable by passwordless ssh${SSH_PORT:+ on port $SSH_PORT} (ssh mode needs it; or start every node yourself with --node_rank)"

@@ -12,12 +12,17 @@ PYTHON=${PYTHON:-python3}
 DRY_RUN=0
 if [ "${1:-}" = "--dry-run" ]; then DRY_RUN=1; fi
 
-ACTION="" SPEC="" INDEX_URL="" SYSTEM_SITE="" REASON=""
+ACTION="" SPEC="" INDEX_URL="" SYSTEM_SITE="" REMOVE="" GPU="" REASON=""
 PLAN=$("$PYTHON" launch/torch_plan.py .venv/bin/python "$PYTHON")
 eval "$PLAN"
 echo "setup: torch: $ACTION $SPEC${INDEX_URL:+ (index $INDEX_URL)}: $REASON"
+if [ -n "$REMOVE" ]; then echo "setup: uninstalling .venv's own $REMOVE first: it would hide $PYTHON's"; fi
 if [ "$DRY_RUN" = 1 ]; then exit 0; fi
 
+if [ -n "$REMOVE" ]; then  # before the venv sees $PYTHON's packages; pip never removes one outside the venv
+    read -ra remove_pkgs <<< "$REMOVE"
+    .venv/bin/python -m pip uninstall --quiet --yes "${remove_pkgs[@]}" 2>/dev/null || true
+fi
 if [ "$SYSTEM_SITE" = 1 ]; then
     "$PYTHON" -m venv --system-site-packages .venv   # (re)writes pyvenv.cfg; installed packages stay
 elif [ ! -x .venv/bin/python ]; then
@@ -31,8 +36,9 @@ if [ "$ACTION" = install ]; then
     .venv/bin/python -m pip install --quiet ${INDEX_URL:+--index-url "$INDEX_URL"} "$SPEC"
 fi
 TORCH_VERSION=$(.venv/bin/python -c 'from importlib.metadata import version; print(version("torch"))')
-if [[ "$REASON" == *CUDA\ build* ]] && ! .venv/bin/python -c 'import sys, torch; sys.exit(torch.version.cuda is None)'; then
-    echo "setup: error: a CUDA device is present but torch $TORCH_VERSION has no CUDA; set TORCH_CUDA_INDEX or TORCH_SPEC" >&2
+if [ "$GPU" = 1 ] && [ -z "${TORCH_SPEC:-}" ] && ! .venv/bin/python -c 'import sys, torch; sys.exit(torch.version.cuda is None)'; then
+    # installed or kept: on a GPU host the torch the venv imports must be a CUDA build
+    echo "setup: error: a CUDA device is present but the torch .venv imports ($TORCH_VERSION) has no CUDA; set TORCH_CUDA_INDEX or TORCH_SPEC" >&2
     exit 2
 fi
 CONSTRAINT=$(mktemp)

@@ -14,12 +14,18 @@ CUDA build):
 4. a CUDA device: ``torch==<tested version>`` from ``TORCH_CUDA_INDEX`` (default the PyTorch CUDA
    12.6 wheel index; set it empty for the default index, whose Linux wheels are CUDA builds).
 
+When rule 2 keeps the base Python's torch while ``.venv`` holds a torch of its own (a CPU build
+from a GPU-less login node, an out-of-range one), that one is uninstalled first (REMOVE): the
+venv's own site-packages come before the base Python's, so it would hide the kept build.
+
 Probes can be replaced for tests and odd sites: ``ASCENDER_CUDA_PROBE`` is a shell command whose
 exit status says whether a CUDA device is present, ``ASCENDER_TORCH_PROBE`` one that prints the
-installed torch version (nothing: none installed).
+installed torch version (nothing: none installed) of the interpreter in ``$ASCENDER_PROBED_PYTHON``.
 
 Prints one line of shell assignments for setup.sh to ``eval``: ACTION (keep|install), SPEC,
-INDEX_URL, SYSTEM_SITE (1: create the venv with --system-site-packages), REASON.
+INDEX_URL, SYSTEM_SITE (1: create the venv with --system-site-packages), REMOVE (packages to
+uninstall from the venv first), GPU (1: a CUDA device is present: the torch must have CUDA),
+REASON.
 Standard library only (it runs before the virtualenv exists).
 """
 
@@ -81,7 +87,8 @@ def installed_torch(python: str) -> str | None:
     """Version of torch installed for ``python`` (or what ASCENDER_TORCH_PROBE prints), else None."""
     probe = os.environ.get("ASCENDER_TORCH_PROBE")
     if probe is not None:
-        out = subprocess.run(probe, shell=True, capture_output=True, text=True).stdout.strip()
+        env = {**os.environ, "ASCENDER_PROBED_PYTHON": python}
+        out = subprocess.run(probe, shell=True, capture_output=True, text=True, env=env).stdout.strip()
         return out or None
     if not python or not Path(python).exists() and not shutil.which(python):
         return None
@@ -96,27 +103,29 @@ def decide(venv_python: str, base_python: str) -> dict:
     """The plan as a dict of ACTION, SPEC, INDEX_URL, SYSTEM_SITE, REASON (see module docstring)."""
     spec_env = os.environ.get("TORCH_SPEC", "")
     rng = torch_range()
-    if spec_env:
-        return dict(ACTION="install", SPEC=spec_env, INDEX_URL="", SYSTEM_SITE="0", REASON="TORCH_SPEC is set")
     gpu = has_cuda_device()
+    flags = dict(REMOVE="", GPU="1" if gpu else "0")
+    if spec_env:
+        return dict(ACTION="install", SPEC=spec_env, INDEX_URL="", SYSTEM_SITE="0", **flags, REASON="TORCH_SPEC is set")
+    venv_version = installed_torch(venv_python)
     for python, system_site in ((venv_python, "0"), (base_python, "1")):
-        version = installed_torch(python)
+        version = venv_version if python == venv_python else installed_torch(python)
         if version and gpu and version.endswith("+cpu"):  # e.g. a .venv made on a login node without GPUs
             print(f"setup: torch {version} for {python} is a CPU build and this host has a CUDA device: not used",
                   file=sys.stderr)
         elif version and in_range(version, rng):
+            # the venv's own torch (and the triton a CUDA wheel brings) would shadow the base Python's
+            remove = "torch triton" if system_site == "1" and venv_version else ""
             return dict(ACTION="keep", SPEC=f"torch=={version}", INDEX_URL="", SYSTEM_SITE=system_site,
-                        REASON=f"torch {version} is installed and in range {rng}")
+                        **{**flags, "REMOVE": remove}, REASON=f"torch {version} is installed and in range {rng}")
         elif version:
             print(f"setup: torch {version} for {python} is outside {rng}: not used", file=sys.stderr)
-        if os.environ.get("ASCENDER_TORCH_PROBE") is not None:
-            break  # a stubbed probe answers for both interpreters
     if gpu:
         index = os.environ.get("TORCH_CUDA_INDEX", DEFAULT_CUDA_INDEX)
-        return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=index, SYSTEM_SITE="0",
+        return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=index, SYSTEM_SITE="0", **flags,
                     REASON="a CUDA device is present: CUDA build")
     return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=os.environ.get("TORCH_CPU_INDEX", DEFAULT_CPU_INDEX),
-                SYSTEM_SITE="0", REASON="no CUDA device: CPU build")
+                SYSTEM_SITE="0", **flags, REASON="no CUDA device: CPU build")
 
 
 def main(argv: list[str]) -> int:

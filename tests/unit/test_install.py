@@ -50,6 +50,22 @@ def test_setup_torch_decision(gpu, installed, expected):
     assert dry_run(gpu, installed).startswith(expected)
 
 
+def test_a_venv_torch_that_would_hide_the_kept_base_torch_is_removed_first():
+    """A .venv made on a GPU-less login node (CPU torch) re-set-up in an NGC container on a GPU node:
+    the container's torch is kept and the venv's own one uninstalled, or it would shadow it."""
+    probe = 'case "$ASCENDER_PROBED_PYTHON" in .venv/bin/python) echo 2.13.0+cpu;; *) echo 2.13.0a0+nv25.02;; esac'
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "TORCH_CUDA_INDEX", "TORCH_CPU_INDEX")}
+    env.update(ASCENDER_CUDA_PROBE="true", ASCENDER_TORCH_PROBE=probe)
+    out = subprocess.run(["bash", "launch/setup.sh", "--dry-run"], cwd=REPO_ROOT, env=env, capture_output=True,
+                         text=True, timeout=60).stdout
+    assert "setup: torch: keep torch==2.13.0a0+nv25.02:" in out, out
+    assert "setup: uninstalling .venv's own torch triton first" in out, out
+    # the venv's own torch in range and kept: nothing is removed
+    assert "uninstalling" not in subprocess.run(
+        ["bash", "launch/setup.sh", "--dry-run"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        env={**env, "ASCENDER_TORCH_PROBE": "echo 2.13.0+cu126"}).stdout
+
+
 def test_torch_spec_overrides_and_indexes_are_settable():
     assert dry_run(True, "2.13.0+cu126", TORCH_SPEC="torch==2.13.0+cpu").startswith(
         "install torch==2.13.0+cpu: TORCH_SPEC is set")

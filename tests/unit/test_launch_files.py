@@ -286,6 +286,18 @@ def test_multi_node_more_nodes_than_the_hostfile_lists(stubs, tmp_path):
     assert calls() == []
 
 
+def test_multi_node_ssh_mode_refuses_a_path_with_spaces(stubs, tmp_path):
+    """DeepSpeed's pdsh runner sends each host an unquoted `cd <repo>`: a one-line error instead of
+    remote 'cd: too many arguments' failures."""
+    env, _, calls = stubs
+    link = tmp_path / "a b"
+    link.symlink_to(REPO_ROOT)
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", "launch/hostfile.example", "--config",
+                 "configs/demo.yaml"], env={**env, "PWD": str(link)}, cwd=link)  # as a shell that cd'ed there
+    _assert_one_line_error(proc, "path with spaces", "--node_rank")
+    assert calls() == []
+
+
 def test_multi_node_ssh_mode_keeps_the_users_deepspeed_env_file(stubs, tmp_path):
     env, _, calls = stubs
     site = tmp_path / "site.env"
