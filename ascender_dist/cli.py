@@ -63,9 +63,8 @@ def train(args: argparse.Namespace) -> None:
 
 
 def print_config(args: argparse.Namespace) -> None:
-    import yaml
-
     from ascender_dist.config import load_config, to_dict
+    from ascender_dist.config.loader import dump_yaml
     from ascender_dist.models.counting import count_model
     from ascender_dist.config.architectures import expand_layer_pattern
 
@@ -75,7 +74,7 @@ def print_config(args: argparse.Namespace) -> None:
     run = run_vocab(cfg, args.vocab_size, default=32000)
     vocab = run.size
     counts = count_model(cfg.model, vocab, cfg.parallel.tensor_model_parallel_size)
-    print(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
+    print(dump_yaml(to_dict(cfg)).rstrip())
     print(f"# vocab size (before padding): {vocab} ({run.source})")
     if run.hint:
         print(f"# {run.hint}")

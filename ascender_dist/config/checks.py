@@ -28,6 +28,20 @@ def check_positive_sizes(cfg: RunConfig) -> None:
             raise ConfigError(path, f"must be >= 1 (got {value})")
 
 
+SEED_LIMIT = 2**63  # torch.manual_seed takes a signed 64-bit seed; megatron adds small offsets to it
+TIMEOUT_LIMIT_MINUTES = 10**6  # ~2 years: datetime.timedelta (the process group's timeout) overflows far above
+
+
+def check_upper_bounds(cfg: RunConfig) -> None:
+    """Integers that a library converts into a bounded type at startup (a traceback there)."""
+    seed = cfg.train.seed
+    if not 0 <= seed < SEED_LIMIT - 2**20:
+        raise ConfigError("train.seed", f"must be in [0, 2**63 - 2**20) (got {seed})")
+    minutes = cfg.parallel.distributed_timeout_minutes
+    if minutes > TIMEOUT_LIMIT_MINUTES:
+        raise ConfigError("parallel.distributed_timeout_minutes", f"must be <= {TIMEOUT_LIMIT_MINUTES} (got {minutes})")
+
+
 def _require_finite(path: str, value: float) -> None:
     if not math.isfinite(value):
         raise ConfigError(path, f"must be a finite number (got {value})")
@@ -216,6 +230,7 @@ def check_wandb(cfg: RunConfig) -> None:
 
 STATIC_CHECKS = [
     check_positive_sizes,
+    check_upper_bounds,
     check_model_numbers,
     check_intervals,
     check_heads_divide_hidden,

@@ -24,6 +24,7 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 numbers (below) and plain-name mapping keys."""
 
     def construct_mapping(self, node, deep=False):
+        self.flatten_mapping(node)  # YAML merge keys (<<: *base), as SafeLoader's mapping constructor does
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, Hashable):
@@ -35,35 +36,65 @@ class _StrictLoader(yaml.SafeLoader):
 # Numbers as YAML 1.2 reads them: 1e-3 and 3E5 are floats (YAML 1.1 wants a dot), and none of
 # YAML 1.1's other integer forms, which read 010 as 8 and 1:30 as 90, is a number; such a value
 # stays a string and the typed loading names the field that expected a number.
-_YAML11_NUMBERS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+# YAML 1.1's dates (2024-02-30 is a ValueError inside PyYAML) are not read either: no field is a
+# date, and such a value stays a string.
+_YAML11_ONLY = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")
+_STRICT_NUMBERS = (
+    ("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789")),
+    ("tag:yaml.org,2002:float",
+     re.compile(r"^(?:[-+]?(?:\d[\d_]*\.[\d_]*(?:[eE][-+]?\d+)?|\d[\d_]*[eE][-+]?\d+|\.\d[\d_]*(?:[eE][-+]?\d+)?)"
+                r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+     list("-+0123456789.")),
+)
 _StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML11_NUMBERS]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML11_ONLY]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789"))
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:\d[\d_]*\.[\d_]*(?:[eE][-+]?\d+)?|\d[\d_]*[eE][-+]?\d+|\.\d[\d_]*(?:[eE][-+]?\d+)?)"
-               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."),
-)
+for _tag, _regexp, _first in _STRICT_NUMBERS:
+    _StrictLoader.add_implicit_resolver(_tag, _regexp, _first)
 
 
-def _reject_duplicate_keys(node, path: str = "") -> None:
-    """ConfigError naming the dotted path of the first key that a mapping repeats."""
+class _StrictDumper(yaml.SafeDumper):
+    """SafeDumper that also quotes the strings this loader would read as numbers ('3e-4': YAML 1.1
+    writes it bare, since to YAML 1.1 it is no number), so every config the project writes reads
+    back as it was."""
+
+
+_StrictDumper.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeDumper.yaml_implicit_resolvers.items()}
+for _tag, _regexp, _first in _STRICT_NUMBERS:
+    _StrictDumper.add_implicit_resolver(_tag, _regexp, _first)
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML text of a config dict (keys in order) that :func:`parse_yaml_text` reads back unchanged."""
+    return yaml.dump(data, Dumper=_StrictDumper, sort_keys=False)
+
+
+def _reject_duplicate_keys(node, path: str = "", open_nodes: set | None = None, done: set | None = None) -> None:
+    """ConfigError naming the dotted path of the first key that a mapping repeats, or of an alias
+    that contains itself. Each node is checked once, however many aliases name it (a file of nested
+    aliases would otherwise take exponential time)."""
+    open_nodes = set() if open_nodes is None else open_nodes  # nodes on the path from the root
+    done = set() if done is None else done
+    if id(node) in open_nodes:
+        raise ConfigError(path or "<root>", f"recursive alias (line {node.start_mark.line + 1})")
+    if id(node) in done or not isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        return
+    open_nodes.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen = set()
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
             dotted = f"{path}.{key}" if path else str(key)
-            if key is not None and key in seen:
+            if key is not None and key in seen and key != "<<":
                 raise ConfigError(dotted, f"duplicate key (line {key_node.start_mark.line + 1})")
             seen.add(key)
-            _reject_duplicate_keys(value_node, dotted)
-    elif isinstance(node, yaml.SequenceNode):
+            _reject_duplicate_keys(value_node, dotted, open_nodes, done)
+    else:
         for i, item in enumerate(node.value):
-            _reject_duplicate_keys(item, f"{path}[{i}]")
+            _reject_duplicate_keys(item, f"{path}[{i}]", open_nodes, done)
+    open_nodes.discard(id(node))
+    done.add(id(node))
 
 
 def parse_yaml_text(text: str, source: str = "<string>") -> Any:
@@ -81,12 +112,16 @@ def parse_yaml_text(text: str, source: str = "<string>") -> Any:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(source, f"invalid YAML{where}: {problem}") from None
+    except (ValueError, TypeError, AttributeError) as exc:  # an explicit tag PyYAML cannot build: !!int abc
+        raise ConfigError(source, f"invalid YAML value ({type(exc).__name__}: {exc})") from None
     finally:
         loader.dispose()
 
 
 def read_yaml_file(path: str | Path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(str(path), "is a directory, not a config file")
     if not path.is_file():
         raise ConfigError(str(path), "config file not found")
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from ascender_dist.config.errors import ConfigError, UserError
-from ascender_dist.config.loader import read_yaml_file, to_dict
+from ascender_dist.config.loader import dump_yaml, read_yaml_file, to_dict
 from ascender_dist.config.resolve import config_from_dict, config_with_overrides
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.publish import publish_directory
@@ -333,8 +333,6 @@ def write_consolidated(out_dir: Path, state: dict, cfg, meta: dict) -> None:
     """Write into a temporary sibling directory, then publish it (:func:`staged_output`): never a
     half-written output, and a failure leaves what ``out_dir`` held. What ``out_dir`` held is
     replaced: callers check it first (:func:`check_consolidate_out`)."""
-    import yaml
-
     from ascender_dist.training.weights import write_weights_file
 
     out_dir = Path(out_dir)
@@ -343,7 +341,7 @@ def write_consolidated(out_dir: Path, state: dict, cfg, meta: dict) -> None:
     config_from_dict(raw)  # what it writes, read_consolidated can read
     with staged_output(out_dir) as tmp:
         write_weights_file(state, tmp / "model.safetensors", metadata={"format": CONSOLIDATED_FORMAT})
-        (tmp / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        (tmp / "config.yaml").write_text(dump_yaml(raw))
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     log.info("consolidated %d tensors into %s", len(state), out_dir)
 

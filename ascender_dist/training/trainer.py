@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ascender_dist.config.loader import to_dict
+from ascender_dist.config.loader import dump_yaml, to_dict
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.callbacks import Callback, overrides
@@ -134,8 +134,6 @@ class Trainer:
         weights under several steps' tags)."""
         import json
 
-        import yaml
-
         step = self.step if step is None else step
         self.rollback_policy.saved(step)  # first: the checkpoint records the row as this save leaves it
         tag = ckpt.save_checkpoint(
@@ -145,7 +143,7 @@ class Trainer:
                           "skipped_steps": self.skipped_steps,
                           "padded_vocab_size": self.derived.padded_vocab_size},
             keep_last=self.cfg.checkpoint.keep_last,
-            extra_files={"config.yaml": yaml.safe_dump(to_dict(self.cfg), sort_keys=False),
+            extra_files={"config.yaml": dump_yaml(to_dict(self.cfg)),
                          "meta.json": json.dumps(self.checkpoint_meta(step), indent=1)},
         )
         if self.pstate.is_logging_rank:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from ascender_dist.config import ConfigError, load_config, validate
-from ascender_dist.config.loader import parse_yaml_text
+from ascender_dist.config.loader import dump_yaml, parse_yaml_text, to_dict
 from ascender_dist.config.presets import MODEL_PRESETS
 from ascender_dist.config.resolve import config_from_dict, derive, pad_vocab_size
 
@@ -220,6 +220,53 @@ def test_mixture_entry_without_manifest_names_the_field(tmp_path):
     message = _error(tmp_path, "data:\n  mixture:\n    - weight: 1.0\n")
     assert message.endswith("data.mixture[0].manifest: required field missing")
     assert "data.mixture[0].manifest: must name" in _error(tmp_path, "data:\n  mixture:\n    - {manifest: ''}\n")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("name: !!int abc\n", "invalid YAML value (ValueError"),        # an explicit tag PyYAML cannot build
+    ("optimizer:\n  lr: !!float x\n", "invalid YAML value (ValueError"),
+    ("name: !!timestamp nope\n", "invalid YAML value"),
+    ("model: &x {ascender: *x}\n", "model.ascender: recursive alias"),
+    ("data:\n  mixture: &m [*m]\n", "data.mixture[0]: recursive alias"),
+])
+def test_yaml_values_pyyaml_cannot_build_are_one_line(tmp_path, text, expected):
+    assert expected in _error(tmp_path, text)
+
+
+def test_dates_stay_strings_and_merge_keys_work():
+    assert parse_yaml_text("name: 2024-13-45\n") == {"name": "2024-13-45"}  # YAML 1.1 read a date: ValueError
+    assert parse_yaml_text("b: &b {x: 1}\nc:\n  <<: *b\n  y: 2\n") == {"b": {"x": 1}, "c": {"x": 1, "y": 2}}
+
+
+def test_nested_aliases_are_checked_in_linear_time():
+    """Seven levels of ten aliases each: checking every path would visit 10^7 nodes."""
+    import time
+
+    text = "a0: &a0 [1, 2]\n" + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 8))
+    start = time.process_time()
+    parse_yaml_text(text)
+    assert time.process_time() - start < 2.0
+
+
+def test_written_configs_read_back_unchanged(tmp_path):
+    """A string that YAML 1.2 reads as a number ('3e-4') is quoted when the project writes a config."""
+    cfg = load_config(_write(tmp_path, "name: '3e-4'\ndata:\n  tokenizer: '1_000'\n"))
+    again = load_config(_write(tmp_path, dump_yaml(to_dict(cfg))))
+    assert to_dict(again) == to_dict(cfg) and again.name == "3e-4"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("train:\n  seed: 18446744073709551616\n", "train.seed: must be in [0, 2**63"),
+    ("train:\n  seed: -1\n", "train.seed: must be in [0, 2**63"),
+    ("parallel:\n  distributed_timeout_minutes: 99999999999999\n", "parallel.distributed_timeout_minutes: must be <="),
+])
+def test_integers_a_library_cannot_hold_are_refused(tmp_path, text, expected):
+    assert expected in _error(tmp_path, text)
+
+
+def test_a_directory_is_not_a_config(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory, not a config file"):
+        load_config(tmp_path)
 
 
 def test_complex_yaml_key_and_non_utf8_file(tmp_path):

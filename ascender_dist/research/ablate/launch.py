@@ -19,8 +19,6 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
-import yaml
-
 
 from ascender_dist.launcher import deepspeed_launcher
 from ascender_dist.ports import free_port
@@ -437,9 +435,9 @@ def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: O
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     cfg = run_config(grid, variant, seed)
-    from ascender_dist.config.loader import to_dict
+    from ascender_dist.config.loader import dump_yaml, to_dict
 
-    (directory / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    (directory / "config.yaml").write_text(dump_yaml(to_dict(cfg)))
     env = _child_env(threads, launcher)
     if launcher.slurm and not launcher.hostfile:
         hostfile, master = slurm_hostfile(directory / "hostfile", launcher.ranks)
