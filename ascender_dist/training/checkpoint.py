@@ -165,11 +165,15 @@ def _remove_tag(path: Path) -> None:
 
 def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
     """Delete complete checkpoints beyond the newest ``keep_last`` (and their universal copies),
-    incomplete ones older than latest, and what crashed saves left behind (staging, moved-aside
-    and half-deleted directories)."""
+    incomplete ones older than latest, and what crashed saves and conversions left behind (staging,
+    moved-aside and half-deleted directories, universal conversions' work directories)."""
     keep = set(complete_tags(checkpoint_dir)[-keep_last:]) | {latest}
     latest_step = step_of_tag(latest)
     for path in list(Path(checkpoint_dir).iterdir()):
+        if path.name.startswith(".") and UNIVERSAL in path.name and path.name.endswith((".tmp", ".old", ".failed")):
+            # what an interrupted or failed universal conversion left (ensure_universal): optimizer-sized
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            continue
         if not path.is_dir() or path.name in keep:
             continue
         base = path.with_name(path.name.rsplit(".", 1)[0])
@@ -534,10 +538,11 @@ def _universal_input_view(tag_dir: Path, view: Path) -> None:
 
 def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
     """Collective. A DeepSpeed *universal* copy of ``tag`` (optimizer state independent of the
-    data-parallel size), made once by rank 0 next to it as ``<tag>-universal``; returns its tag."""
-    import subprocess
-    import sys
+    data-parallel size), made once by rank 0 next to it as ``<tag>-universal``; returns its tag.
 
+    The conversion can take longer than the process group's timeout, so the other ranks wait for
+    its outcome on the (shared) checkpoint directory, not in a collective: the copy's marker, or a
+    failure note of this attempt. Then every rank raises rank 0's error, or none does."""
     checkpoint_dir = Path(checkpoint_dir)
     verify_files(checkpoint_dir, tag)
     universal = f"{tag}{UNIVERSAL}"
@@ -545,9 +550,44 @@ def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
     # a rollback) gets a new copy
     marker = f"universal {_sha256(checkpoint_dir / tag / 'meta.json')}\n"
     done = checkpoint_dir / universal / COMPLETE
-    if dist.get_rank() == 0 and not (done.is_file() and done.read_text(encoding="utf-8") == marker):
-        work = checkpoint_dir / f".{universal}.tmp"
-        shutil.rmtree(work, ignore_errors=True)
+    attempt = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(attempt, src=0)  # names this attempt's failure note
+    failed = checkpoint_dir / f".{universal}.failed"
+    problem = None
+    if dist.get_rank() == 0:
+        if not _marker_is(done, marker):
+            try:
+                _convert_to_universal(checkpoint_dir, tag, universal, marker)
+            except (CheckpointError, OSError) as exc:
+                problem = str(exc)
+                atomic_write_text(failed, f"{attempt[0]}\n{problem}")
+    else:
+        problem = _wait_for_universal(done, marker, failed, attempt[0])
+    failure = first_failure(problem)
+    if failure is not None:
+        raise CheckpointError(failure[1])
+    if dist.get_rank() == 0:
+        failed.unlink(missing_ok=True)
+    return universal
+
+
+def _marker_is(path: Path, text: str) -> bool:
+    try:
+        return path.read_text(encoding="utf-8") == text
+    except OSError:
+        return False
+
+
+def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker: str) -> None:
+    """Rank 0: ds_to_universal into a hidden work directory, then publish it as ``universal``
+    (the previous copy renamed aside, not deleted first: a crash between the renames loses no copy
+    that a later attempt could not make again, and never touches the source tag)."""
+    import subprocess
+    import sys
+
+    work = checkpoint_dir / f".{universal}.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
         _universal_input_view(checkpoint_dir / tag, work / tag)
         result = subprocess.run(
             [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(work / tag),
@@ -557,9 +597,31 @@ def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
             tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["?"]
             raise CheckpointError(f"{checkpoint_dir / tag}: conversion to a universal checkpoint failed: {tail[0]}")
         atomic_write_text(work / universal / COMPLETE, marker)
-        shutil.rmtree(checkpoint_dir / universal, ignore_errors=True)
-        (work / universal).rename(checkpoint_dir / universal)
-        shutil.rmtree(work, ignore_errors=True)
-        log.info("converted %s to a universal checkpoint for a new data-parallel size", checkpoint_dir / tag)
-    dist.barrier()
-    return universal
+        aside = checkpoint_dir / f".{universal}.old"
+        publish_directory(work / universal, checkpoint_dir / universal, aside)
+        fsync_dir(checkpoint_dir)
+        shutil.rmtree(aside, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # also after a failed conversion: it can be optimizer-sized
+    log.info("converted %s to a universal checkpoint for a new data-parallel size", checkpoint_dir / tag)
+
+
+UNIVERSAL_POLL_S = 2.0
+
+
+def _wait_for_universal(done: Path, marker: str, failed: Path, attempt: str) -> Optional[str]:
+    """Ranks > 0: poll until rank 0's copy carries ``marker`` (None) or this attempt's failure note
+    appears (its message). Logs every few minutes; the launcher ends the job if rank 0 dies."""
+    import time
+
+    start = last_note = time.monotonic()
+    while True:
+        if _marker_is(done, marker):
+            return None
+        note = failed.read_text(encoding="utf-8") if failed.is_file() else ""
+        if note.startswith(attempt + "\n"):
+            return note.split("\n", 1)[1]
+        if time.monotonic() - last_note > 300:
+            last_note = time.monotonic()
+            log.info("waiting for rank 0's universal checkpoint conversion (%.0f min)", (last_note - start) / 60)
+        time.sleep(UNIVERSAL_POLL_S)

@@ -51,3 +51,24 @@ def test_resume_names_a_changed_model_field_and_refuses_other_data_unless_allowe
         assert value["allowed_start"] == 2
         [change] = value["data_changes"]  # recorded in the checkpoint written after the change
         assert change["step"] == 2 and change["to"] == value["fingerprint"] != change["from"]
+
+
+@pytest.fixture(scope="module")
+def universal(tmp_path_factory):
+    return run_ranks("tests.distributed.workers.universal_wait:main", world_size=2, timeout=120,
+                     args={"root": str(tmp_path_factory.mktemp("universal"))})
+
+
+def test_a_universal_conversion_longer_than_the_group_timeout_keeps_every_rank(universal):
+    """Rank 0 converts for twice the process group's timeout; the other rank waits on the files."""
+    from tests.distributed.workers.universal_wait import CONVERSION_S
+
+    for value in assert_check(universal, "slow_conversion"):
+        assert value.get("tag") == "step_00000001-universal" and value["seconds"] >= CONVERSION_S, value
+
+
+def test_a_failed_universal_conversion_stops_every_rank_with_rank_0s_message(universal):
+    values = assert_check(universal, "failed_conversion")
+    for value in values:
+        assert "conversion to a universal checkpoint failed: KeyError: 'optimizer_state'" in value.get("error", ""), value
+    assert values[0]["error"] == values[1]["error"]

@@ -268,6 +268,15 @@ def test_universal_copies_go_with_their_source_tag(single_rank_group, tmp_path):
         "step_00000002", "step_00000003", "step_00000003-universal", "step_00000004"]
 
 
+def test_the_next_save_removes_what_an_interrupted_universal_conversion_left(single_rank_group, tmp_path):
+    _save(tmp_path, 1, "v1")
+    for name in (".step_00000001-universal.tmp", ".step_00000001-universal.old"):
+        (tmp_path / name / "sub").mkdir(parents=True)
+    (tmp_path / ".step_00000001-universal.failed").write_text("abc\nconversion failed")
+    _save(tmp_path, 2, "v2")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".step")) == []
+
+
 def test_a_universal_copy_is_made_again_when_its_source_was_saved_again(single_rank_group, tmp_path, monkeypatch):
     import subprocess
 

@@ -1,0 +1,73 @@
+"""ensure_universal on 2 ranks whose process group times out after a few seconds: rank 0's
+conversion (a stand-in that takes longer than that) must not time the other rank out, and a failed
+conversion must stop both ranks with rank 0's message."""
+
+import json
+import subprocess
+import time
+from datetime import timedelta
+from pathlib import Path
+from unittest import mock
+
+import torch.distributed as dist
+
+from tests.helpers.multiproc import run_checks
+
+GROUP_TIMEOUT_S = 5
+CONVERSION_S = 2 * GROUP_TIMEOUT_S
+
+
+def _tag(root: Path, name: str) -> Path:
+    """A complete-looking tag: ensure_universal reads its meta.json (files verified by a stand-in)."""
+    tag = root / name
+    if dist.get_rank() == 0:
+        tag.mkdir(parents=True)
+        (tag / "meta.json").write_text(json.dumps({"step": 1, "files": {}}))
+    dist.barrier()
+    return tag
+
+
+def _slow_converter(fail: bool):
+    def run(cmd, **kwargs):
+        time.sleep(CONVERSION_S)
+        if fail:
+            return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nKeyError: 'optimizer_state'")
+        out = Path(cmd[cmd.index("--output_folder") + 1])
+        out.mkdir(parents=True)
+        (out / "weights.txt").write_text("converted")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    return run
+
+
+def _ensure(root: Path, name: str, fail: bool) -> dict:
+    from ascender_dist.training import checkpoint as ckpt
+
+    _tag(root, name)
+    start = time.monotonic()
+    with mock.patch.object(ckpt, "verify_files"), mock.patch.object(subprocess, "run", _slow_converter(fail)), \
+            mock.patch.object(ckpt, "UNIVERSAL_POLL_S", 0.2):
+        try:
+            return {"tag": ckpt.ensure_universal(root, name), "seconds": time.monotonic() - start}
+        except ckpt.CheckpointError as exc:
+            return {"error": str(exc), "seconds": time.monotonic() - start}
+
+
+def _short_timeout_group(root: Path) -> None:
+    """The default process group with a GROUP_TIMEOUT_S timeout on every collective, formed only
+    once both ranks are up (their start can be further apart than that under load)."""
+    import os
+
+    rank = int(os.environ["RANK"])
+    store = dist.FileStore(str(root / "store"), 2)
+    store.set_timeout(timedelta(seconds=120))
+    store.add("arrived", 1)
+    while store.add("arrived", 0) < 2:
+        time.sleep(0.05)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+
+
+def main(args):
+    root = Path(args["root"])
+    _short_timeout_group(root)
+    return run_checks({"slow_conversion": lambda: _ensure(root, "step_00000001", fail=False),
+                       "failed_conversion": lambda: _ensure(root, "step_00000002", fail=True)})
