@@ -101,6 +101,29 @@ def prepare_checkpoint_dir(checkpoint_dir: Path) -> None:
         raise CheckpointError(f"{checkpoint_dir}: checkpoint directory is not writable")
 
 
+def check_shared_dir(checkpoint_dir: Path) -> None:
+    """Collective: every rank sees the file rank 0 writes into ``checkpoint_dir``. Each rank writes
+    its own shards into the staging directory and rank 0 publishes it, so a node-local directory on
+    another node would lose that node's shards at every save, unnoticed until a resume."""
+    probe = Path(checkpoint_dir) / ".shared-check"
+    token = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
+    if dist.get_rank() == 0:
+        atomic_write_text(probe, token[0])
+    dist.broadcast_object_list(token, src=0)
+    try:
+        seen = probe.read_text(encoding="utf-8")
+    except OSError:
+        seen = None
+    problem = None if seen == token[0] else (
+        f"{checkpoint_dir}: not the directory rank 0 sees ({'no' if seen is None else 'another'} probe file from "
+        "rank 0): checkpoint.dir must be on storage every rank shares")
+    failure = first_failure(problem)
+    if dist.get_rank() == 0:
+        probe.unlink(missing_ok=True)
+    if failure is not None:
+        raise CheckpointError(f"rank {failure[0]}: {failure[1]}")
+
+
 def latest_tag(checkpoint_dir: Path) -> Optional[str]:
     """The tag ``latest`` names, if it is complete; None when there is no checkpoint yet.
 

@@ -166,6 +166,7 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     loader = build_loader(cfg, tokenizer, pstate)
     val_loader = build_loader(cfg, tokenizer, pstate, split="val") if cfg.train.eval_interval else None
     ckpt.prepare_checkpoint_dir(derived.checkpoint_dir)
+    ckpt.check_shared_dir(derived.checkpoint_dir)
     if cfg.logging.tensorboard:
         prepare_log_dir(derived.tensorboard_dir)
     _refuse_fresh_start_over_checkpoints(cfg, derived.checkpoint_dir)

@@ -72,3 +72,10 @@ def test_a_failed_universal_conversion_stops_every_rank_with_rank_0s_message(uni
     for value in values:
         assert "conversion to a universal checkpoint failed: KeyError: 'optimizer_state'" in value.get("error", ""), value
     assert values[0]["error"] == values[1]["error"]
+
+
+def test_a_checkpoint_dir_that_differs_between_ranks_is_refused_on_every_rank(universal):
+    assert all(v["error"] is None for v in assert_check(universal, "shared_dir"))
+    for value in assert_check(universal, "node_local_dir"):
+        assert value["error"].startswith("rank 1: ") and "local1: not the directory rank 0 sees" in value["error"], value
+        assert "storage every rank shares" in value["error"]

@@ -1,6 +1,7 @@
-"""ensure_universal on 2 ranks whose process group times out after a few seconds: rank 0's
-conversion (a stand-in that takes longer than that) must not time the other rank out, and a failed
-conversion must stop both ranks with rank 0's message."""
+"""Checkpoint-directory collectives on 2 ranks whose process group times out after a few seconds:
+ensure_universal (rank 0's conversion, a stand-in that takes longer than that, must not time the
+other rank out; a failed conversion stops both ranks with rank 0's message) and check_shared_dir
+(a directory that is not the same on every rank is refused on every rank)."""
 
 import json
 import subprocess
@@ -66,8 +67,21 @@ def _short_timeout_group(root: Path) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=GROUP_TIMEOUT_S))
 
 
+def _shared(directory: Path) -> dict:
+    from ascender_dist.training import checkpoint as ckpt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        ckpt.check_shared_dir(directory)
+        return {"error": None}
+    except ckpt.CheckpointError as exc:
+        return {"error": str(exc)}
+
+
 def main(args):
     root = Path(args["root"])
     _short_timeout_group(root)
-    return run_checks({"slow_conversion": lambda: _ensure(root, "step_00000001", fail=False),
+    return run_checks({"shared_dir": lambda: _shared(root / "shared"),
+                       "node_local_dir": lambda: _shared(root / f"local{dist.get_rank()}"),
+                       "slow_conversion": lambda: _ensure(root, "step_00000001", fail=False),
                        "failed_conversion": lambda: _ensure(root, "step_00000002", fail=True)})
