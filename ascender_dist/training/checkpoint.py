@@ -104,16 +104,25 @@ def prepare_checkpoint_dir(checkpoint_dir: Path) -> None:
 def check_shared_dir(checkpoint_dir: Path) -> None:
     """Collective: every rank sees the file rank 0 writes into ``checkpoint_dir``. Each rank writes
     its own shards into the staging directory and rank 0 publishes it, so a node-local directory on
-    another node would lose that node's shards at every save, unnoticed until a resume."""
-    probe = Path(checkpoint_dir) / ".shared-check"
+    another node would lose that node's shards at every save, unnoticed until a resume. The file's
+    name is new each time (an NFS client may cache an old lookup of a fixed name), and a rank that
+    does not see it yet looks again for a few seconds (attribute caches)."""
+    import time
+
     token = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
     if dist.get_rank() == 0:
-        atomic_write_text(probe, token[0])
+        atomic_write_text(Path(checkpoint_dir) / f".shared-check-{token[0]}", token[0])
     dist.broadcast_object_list(token, src=0)
-    try:
-        seen = probe.read_text(encoding="utf-8")
-    except OSError:
-        seen = None
+    probe = Path(checkpoint_dir) / f".shared-check-{token[0]}"
+    seen, deadline = None, time.monotonic() + SHARED_CHECK_WAIT_S
+    while True:
+        try:
+            seen = probe.read_text(encoding="utf-8")
+        except OSError:
+            seen = None
+        if seen == token[0] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     problem = None if seen == token[0] else (
         f"{checkpoint_dir}: not the directory rank 0 sees ({'no' if seen is None else 'another'} probe file from "
         "rank 0): checkpoint.dir must be on storage every rank shares")
@@ -122,6 +131,9 @@ def check_shared_dir(checkpoint_dir: Path) -> None:
         probe.unlink(missing_ok=True)
     if failure is not None:
         raise CheckpointError(f"rank {failure[0]}: {failure[1]}")
+
+
+SHARED_CHECK_WAIT_S = 3.0
 
 
 def latest_tag(checkpoint_dir: Path) -> Optional[str]:
