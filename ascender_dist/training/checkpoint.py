@@ -109,21 +109,12 @@ def check_shared_dir(checkpoint_dir: Path) -> None:
     does not see it yet looks again for a few seconds (attribute caches)."""
     import time
 
-    token = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
-    if dist.get_rank() == 0:
-        atomic_write_text(Path(checkpoint_dir) / f".shared-check-{token[0]}", token[0])
-    dist.broadcast_object_list(token, src=0)
-    probe = Path(checkpoint_dir) / f".shared-check-{token[0]}"
-    seen, deadline = None, time.monotonic() + SHARED_CHECK_WAIT_S
-    while True:
-        try:
-            seen = probe.read_text(encoding="utf-8")
-        except OSError:
-            seen = None
-        if seen == token[0] or time.monotonic() > deadline:
-            break
+    token = _rank0_nonce(lambda nonce: atomic_write_text(Path(checkpoint_dir) / f".shared-check-{nonce}", nonce))
+    probe = Path(checkpoint_dir) / f".shared-check-{token}"
+    deadline = time.monotonic() + SHARED_CHECK_WAIT_S
+    while (seen := _read_text(probe)) != token and time.monotonic() <= deadline:
         time.sleep(0.2)
-    problem = None if seen == token[0] else (
+    problem = None if seen == token else (
         f"{checkpoint_dir}: not the directory rank 0 sees ({'no' if seen is None else 'another'} probe file from "
         "rank 0): checkpoint.dir must be on storage every rank shares")
     failure = first_failure(problem)
@@ -134,6 +125,25 @@ def check_shared_dir(checkpoint_dir: Path) -> None:
 
 
 SHARED_CHECK_WAIT_S = 3.0
+
+
+def _rank0_nonce(publish=None) -> str:
+    """Collective: a random hex string drawn by rank 0 (which first calls ``publish(nonce)``, e.g.
+    to write a file the other ranks then look for), the same on every rank."""
+    box = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
+    if dist.get_rank() == 0 and publish is not None:
+        publish(box[0])
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _read_text(path: Path) -> Optional[str]:
+    """The file's text, or None while it does not exist or cannot be read (polled files on shared
+    storage: it may appear, or be replaced, between two looks)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return None
 
 
 def latest_tag(checkpoint_dir: Path) -> Optional[str]:
@@ -585,32 +595,24 @@ def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
     # a rollback) gets a new copy
     marker = f"universal {_sha256(checkpoint_dir / tag / 'meta.json')}\n"
     done = checkpoint_dir / universal / COMPLETE
-    attempt = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(attempt, src=0)  # names this attempt's failure note
+    attempt = _rank0_nonce()  # names this attempt's failure note
     failed = checkpoint_dir / f".{universal}.failed"
     problem = None
     if dist.get_rank() == 0:
-        if not _marker_is(done, marker):
+        if _read_text(done) != marker:
             try:
                 _convert_to_universal(checkpoint_dir, tag, universal, marker)
             except (CheckpointError, OSError) as exc:
                 problem = str(exc)
-                atomic_write_text(failed, f"{attempt[0]}\n{problem}")
+                atomic_write_text(failed, f"{attempt}\n{problem}")
     else:
-        problem = _wait_for_universal(done, marker, failed, attempt[0])
+        problem = _wait_for_universal(done, marker, failed, attempt)
     failure = first_failure(problem)
     if failure is not None:
         raise CheckpointError(failure[1])
     if dist.get_rank() == 0:
         failed.unlink(missing_ok=True)
     return universal
-
-
-def _marker_is(path: Path, text: str) -> bool:
-    try:
-        return path.read_text(encoding="utf-8") == text
-    except OSError:
-        return False
 
 
 def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker: str) -> None:
@@ -651,9 +653,9 @@ def _wait_for_universal(done: Path, marker: str, failed: Path, attempt: str) -> 
 
     start = last_note = time.monotonic()
     while True:
-        if _marker_is(done, marker):
+        if _read_text(done) == marker:
             return None
-        note = failed.read_text(encoding="utf-8") if failed.is_file() else ""
+        note = _read_text(failed) or ""
         if note.startswith(attempt + "\n"):
             return note.split("\n", 1)[1]
         if time.monotonic() - last_note > 300:
