@@ -173,6 +173,51 @@ def latest_tag(checkpoint_dir: Path) -> Optional[str]:
     raise CheckpointError(f"{pointer}: names {tag!r}, which has no {COMPLETE} marker (corrupt checkpoint dir)")
 
 
+def from_rank0(read):
+    """Collective: ``read()`` as rank 0 evaluates it (a look at the checkpoint directory every rank
+    must act on alike), broadcast; a CheckpointError it raises there is raised on every rank.
+    Without a process group: ``read()``."""
+    if not dist.is_initialized():
+        return read()
+    box: list = [None, None]  # [value, rank 0's error]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = read()
+        except CheckpointError as exc:
+            box[1] = str(exc)
+    dist.broadcast_object_list(box, src=0)
+    if box[1] is not None:
+        raise CheckpointError(box[1], rank=0)
+    return box[0]
+
+
+def agreed_latest_tag(checkpoint_dir: Path) -> Optional[str]:
+    """Collective: :func:`latest_tag` as rank 0 reads it, the same on every rank. Ranks reading
+    ``latest`` themselves could resume from different steps (an NFS client's cached copy of the
+    pointer from before the last save) and train on, silently, from mixed weights; and a rank whose
+    read failed alone would leave the others waiting in the next collective. Every rank then waits
+    a few seconds (attribute caches) to see the tag's marker itself; otherwise all stop with the
+    lowest such rank's message."""
+    import time
+
+    if not dist.is_initialized():  # one process: nothing to agree on
+        return latest_tag(checkpoint_dir)
+    tag = from_rank0(lambda: latest_tag(checkpoint_dir))
+    if tag is None:
+        return None
+    marker = Path(checkpoint_dir) / tag / COMPLETE
+    deadline = time.monotonic() + SHARED_CHECK_WAIT_S
+    while not marker.is_file() and time.monotonic() <= deadline:
+        time.sleep(0.2)
+    problem = None if marker.is_file() else (
+        f"{marker.parent}: rank 0's latest checkpoint, but its {COMPLETE} marker is not visible here: "
+        "checkpoint.dir must be storage every rank shares")
+    failure = first_failure(problem)
+    if failure is not None:
+        raise CheckpointError(f"rank {failure[0]}: {failure[1]}", rank=failure[0])
+    return tag
+
+
 def complete_tags(checkpoint_dir: Path) -> list[str]:
     checkpoint_dir = Path(checkpoint_dir)
     if not checkpoint_dir.is_dir():
@@ -502,7 +547,7 @@ def load_checkpoint(engine, checkpoint_dir: Path, tag: Optional[str] = None) -> 
     """Collective. Load ``tag`` (default: latest) into the engine after :func:`verify_files`;
     returns the client state, or None if no checkpoint exists."""
     checkpoint_dir = Path(checkpoint_dir)
-    tag = tag or latest_tag(checkpoint_dir)
+    tag = tag or agreed_latest_tag(checkpoint_dir)
     if tag is None:
         return None
     if not tag.endswith(UNIVERSAL):  # a universal copy's source is verified before conversion

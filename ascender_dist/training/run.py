@@ -120,7 +120,7 @@ def resume_tag_for_layout(directory: Path, pstate: ParallelState, zero_stage: in
     it was saved; the tensor and pipeline sizes, the ZeRO stage and the precision (when given) must
     match (_check_saved_layout).
     Collective: every rank calls it (a rollback target goes through it too)."""
-    tag = tag or ckpt.latest_tag(directory)
+    tag = tag or ckpt.agreed_latest_tag(directory)
     meta = ckpt.read_meta(directory, tag)
     _check_saved_layout(directory / tag, meta, pstate, zero_stage, precision)
     saved_dp = meta.get("data_parallel_size", pstate.dp_size)
@@ -143,7 +143,7 @@ def _refuse_fresh_start_over_checkpoints(cfg: RunConfig, directory: Path) -> Non
     """A run that does not resume must not write into a folder holding another run's checkpoints:
     `latest` would move back to the new run's steps, pruning would keep the old run's newer tags
     and delete the new run's own, and later saves would overwrite the old run's."""
-    tags = [] if cfg.checkpoint.auto_resume else ckpt.complete_tags(directory)
+    tags = [] if cfg.checkpoint.auto_resume else ckpt.from_rank0(lambda: ckpt.complete_tags(directory))
     if tags:
         from ascender_dist.config.errors import ConfigError
 
@@ -170,7 +170,7 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     if cfg.logging.tensorboard:
         prepare_log_dir(derived.tensorboard_dir)
     _refuse_fresh_start_over_checkpoints(cfg, derived.checkpoint_dir)
-    resuming = cfg.checkpoint.auto_resume and ckpt.latest_tag(derived.checkpoint_dir) is not None
+    resuming = cfg.checkpoint.auto_resume and ckpt.agreed_latest_tag(derived.checkpoint_dir) is not None
     if init_state is None and cfg.checkpoint.init_from and not resuming:
         init_state = read_weights_file(cfg.checkpoint.init_from)
     if init_state is not None:

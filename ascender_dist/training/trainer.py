@@ -90,7 +90,7 @@ class Trainer:
         if tag is not None:
             tag = resume_tag_for_layout(self.derived.checkpoint_dir, self.pstate, self.cfg.parallel.zero_stage, tag,
                                         precision=self.cfg.train.precision)
-        tag = tag or self.resume_tag or ckpt.latest_tag(self.derived.checkpoint_dir)
+        tag = tag or self.resume_tag or ckpt.agreed_latest_tag(self.derived.checkpoint_dir)
         self.resume_tag = None  # a universal copy is read once; later rollbacks use our own checkpoints
         if tag is not None:  # same model, same data (or a change the config allows), before loading
             self.data_record = check_resume(self.cfg, self.derived.checkpoint_dir, tag, self.pstate.is_logging_rank)
@@ -242,9 +242,8 @@ class Trainer:
 
     def _complete_checkpoint_steps(self) -> list[int]:
         """Steps of the complete checkpoints, as rank 0 sees them (every rank must load the same one)."""
-        steps = [[ckpt.step_of_tag(tag) for tag in ckpt.complete_tags(self.derived.checkpoint_dir)]]
-        dist.broadcast_object_list(steps, src=0)
-        return steps[0]
+        directory = self.derived.checkpoint_dir
+        return ckpt.from_rank0(lambda: [ckpt.step_of_tag(tag) for tag in ckpt.complete_tags(directory)])
 
     def rollback(self, loss: float):
         """Load an earlier checkpoint (weights, optimizer, step, guard) but keep the data position, so

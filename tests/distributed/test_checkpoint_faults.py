@@ -79,3 +79,21 @@ def test_a_checkpoint_dir_that_differs_between_ranks_is_refused_on_every_rank(un
     for value in assert_check(universal, "node_local_dir"):
         assert value["error"].startswith("rank 1: ") and "local1: not the directory rank 0 sees" in value["error"], value
         assert "storage every rank shares" in value["error"]
+
+
+def test_every_rank_resumes_from_the_tag_rank_0_reads(universal):
+    """Rank 1's `latest` is an older cached copy: before, it resumed from step 1 while rank 0
+    resumed from step 2 (mixed weights, no error)."""
+    assert [v.get("tag") for v in assert_check(universal, "stale_latest")] == ["step_00000002"] * 2
+
+
+def test_a_resume_tag_another_rank_cannot_see_stops_every_rank_naming_it(universal):
+    for value in assert_check(universal, "marker_not_visible"):
+        assert value["error"].startswith("rank 1: ") and "step_00000001: rank 0's latest checkpoint, but its" in \
+            value["error"] and "storage every rank shares" in value["error"], value
+
+
+def test_rank_0s_error_reading_latest_stops_every_rank_with_its_message(universal):
+    values = assert_check(universal, "latest_missing")
+    assert values[0]["error"] == values[1]["error"] and "latest: missing, but the directory holds complete" in \
+        values[0]["error"], values

@@ -1,8 +1,10 @@
 """Checkpoint-directory collectives on 2 ranks whose process group times out after a few seconds:
 ensure_universal (rank 0's conversion, a stand-in that takes longer than that, must not time the
 other rank out; a failed conversion stops both ranks with rank 0's message) and check_shared_dir
-(a directory that is not the same on every rank is refused on every rank)."""
+(a directory that is not the same on every rank is refused on every rank) and the resume tag
+(rank 0's reading of `latest` on every rank, also where another rank's view of it is stale)."""
 
+import contextlib
 import json
 import subprocess
 import time
@@ -79,10 +81,51 @@ def _shared(directory: Path) -> dict:
         return {"error": str(exc)}
 
 
+def _saved_tags(directory: Path, steps: list, latest: int | None) -> None:
+    """Complete-looking tags (meta.json and marker) for ``steps``, ``latest`` naming one (or none)."""
+    if dist.get_rank() == 0:
+        for step in steps:
+            tag = directory / f"step_{step:08d}"
+            tag.mkdir(parents=True)
+            (tag / "meta.json").write_text(json.dumps({"step": step, "data_parallel_size": 2, "zero_stage": 1}))
+            (tag / "COMPLETE").write_text(f"{step}\n")
+        if latest is not None:
+            (directory / "latest").write_text(f"step_{latest:08d}")
+    dist.barrier()
+
+
+def _resume_tag(directory: Path, steps: list, latest: int | None, stale_on_rank1: bool = False,
+                marker_hidden_on_rank1: bool = False) -> dict:
+    """resume_tag_for_layout on both ranks; rank 1 optionally reads an older `latest` (an NFS
+    client's cached pointer) or cannot see the tag's marker."""
+    from types import SimpleNamespace
+
+    from ascender_dist.training import checkpoint as ckpt
+    from ascender_dist.training.run import resume_tag_for_layout
+
+    _saved_tags(directory, steps, latest)
+    pstate = SimpleNamespace(is_logging_rank=dist.get_rank() == 0, tp_size=1, pp_size=1, dp_size=2)
+    patches = [mock.patch.object(ckpt, "SHARED_CHECK_WAIT_S", 0.5)]
+    if dist.get_rank() == 1 and stale_on_rank1:
+        patches.append(mock.patch.object(ckpt, "latest_tag", lambda _dir: f"step_{steps[0]:08d}"))
+    if dist.get_rank() == 1 and marker_hidden_on_rank1:
+        patches.append(mock.patch.object(ckpt, "COMPLETE", "COMPLETE-not-synced-yet"))
+    try:
+        with contextlib.ExitStack() as stack:
+            for patch in patches:
+                stack.enter_context(patch)
+            return {"tag": resume_tag_for_layout(directory, pstate, 1)}
+    except ckpt.CheckpointError as exc:
+        return {"error": str(exc)}
+
+
 def main(args):
     root = Path(args["root"])
     _short_timeout_group(root)
     return run_checks({"shared_dir": lambda: _shared(root / "shared"),
                        "node_local_dir": lambda: _shared(root / f"local{dist.get_rank()}"),
                        "slow_conversion": lambda: _ensure(root, "step_00000001", fail=False),
-                       "failed_conversion": lambda: _ensure(root, "step_00000002", fail=True)})
+                       "failed_conversion": lambda: _ensure(root, "step_00000002", fail=True),
+                       "stale_latest": lambda: _resume_tag(root / "stale", [1, 2], 2, stale_on_rank1=True),
+                       "marker_not_visible": lambda: _resume_tag(root / "hidden", [1], 1, marker_hidden_on_rank1=True),
+                       "latest_missing": lambda: _resume_tag(root / "missing", [1], None)})
