@@ -117,8 +117,12 @@ def consolidate_cmd(args: argparse.Namespace) -> None:
 
     if not _under_launcher():
         check_consolidate_out(Path(args.out), Path(args.checkpoint))  # before any rank starts
-        meta = read_meta(resolve_tag(Path(args.checkpoint), args.tag), args.architecture)
-        _relaunch(meta["world_size"], ["consolidate", *args.argv])
+        tag_dir = resolve_tag(Path(args.checkpoint), args.tag)
+        meta = read_meta(tag_dir, args.architecture)
+        # the ranks read the tag resolved here: each reading `latest` while the run still trains could
+        # load another step's shards and merge them into one file
+        pinned = [] if args.tag else ["--tag", tag_dir.name]
+        _relaunch(meta["world_size"], ["consolidate", *args.argv, *pinned])
         return
     consolidate(Path(args.checkpoint), Path(args.out), args.tag, args.architecture)
 

@@ -300,3 +300,23 @@ def test_lm_eval_adapter_names_weights_that_do_not_fit_in_one_line(consolidated,
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and "weights do not fit" in err[-1]
     assert not any("Traceback" in line for line in err)
+
+
+def test_consolidate_ranks_read_the_tag_the_command_resolved(tmp_path, monkeypatch):
+    """Without --tag every relaunched rank read `latest` itself: a save landing between two ranks'
+    starts (the run still training) made them load different steps and merge them into one file."""
+    for step in (1, 2):
+        tag = tmp_path / "ckpt" / f"step_{step:08d}"
+        tag.mkdir(parents=True)
+        (tag / "COMPLETE").write_text(f"{step}\n")
+    (tmp_path / "ckpt" / "latest").write_text("step_00000002")
+    launched = []
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr("ascender_dist.tools.convert.read_meta", lambda tag_dir, arch=None: {"world_size": 2})
+    monkeypatch.setattr("ascender_dist.cli._relaunch", lambda world, argv: launched.append((world, argv)))
+    args = ["consolidate", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    assert launched == [(2, [*args, "--tag", "step_00000002"])]
+    launched.clear()
+    assert main([*args, "--tag", "step_00000001"]) == 0  # a tag given is passed on as it is
+    assert launched == [(2, [*args, "--tag", "step_00000001"])]
