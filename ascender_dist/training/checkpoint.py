@@ -354,16 +354,23 @@ def _writing(fn, checkpoint_dir: Path) -> Optional[str]:
 def _hash_share(staged_dir: Path) -> dict:
     """Collective: size and sha256 of every file of the staging directory; each rank hashes (and
     fsyncs, so that ``latest`` never names data still in a page cache) every world-size-th file
-    (in parallel on shared storage), every rank receives them all."""
+    (in parallel on shared storage), every rank receives them all. The file list is the union of
+    every rank's listing: a node whose directory cache is stale lists fewer files, and splitting
+    each rank's own list would leave files unhashed (unchecked on resume) without a word."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine: dict = {}
+    listing: list = []
+    failure = first_failure(_writing(lambda: listing.extend(_files_under(staged_dir)), staged_dir.parent))
+    if not failure:
+        listings: list = [None] * world
+        dist.all_gather_object(listings, listing)
+        names = sorted(set().union(*listings))
+        mine: dict = {}
 
-    def hash_mine():
-        names = _files_under(staged_dir)
-        mine.update({name: {"size": (staged_dir / name).stat().st_size,
-                            "sha256": _sha256(staged_dir / name, sync=True)} for name in names[rank::world]})
+        def hash_mine():
+            mine.update({name: {"size": (staged_dir / name).stat().st_size,
+                                "sha256": _sha256(staged_dir / name, sync=True)} for name in names[rank::world]})
 
-    failure = first_failure(_writing(hash_mine, staged_dir.parent))
+        failure = first_failure(_writing(hash_mine, staged_dir.parent))
     if failure:
         raise _save_failed(staged_dir.parent, staged_dir.name.removesuffix(PARTIAL), failure)
     gathered: list = [None] * world

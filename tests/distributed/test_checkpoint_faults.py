@@ -97,3 +97,10 @@ def test_rank_0s_error_reading_latest_stops_every_rank_with_its_message(universa
     values = assert_check(universal, "latest_missing")
     assert values[0]["error"] == values[1]["error"] and "latest: missing, but the directory holds complete" in \
         values[0]["error"], values
+
+
+def test_every_file_of_a_save_is_hashed_when_one_ranks_listing_is_stale(universal):
+    """Before, each rank split its own listing: rank 1 missing b.pt shifted the split and b.pt and
+    sub/d.pt went unrecorded (never checked on resume)."""
+    for value in assert_check(universal, "stale_listing"):
+        assert value["files"] == ["a.pt", "b.pt", "c.pt", "sub/d.pt"], value

@@ -2,7 +2,8 @@
 ensure_universal (rank 0's conversion, a stand-in that takes longer than that, must not time the
 other rank out; a failed conversion stops both ranks with rank 0's message) and check_shared_dir
 (a directory that is not the same on every rank is refused on every rank) and the resume tag
-(rank 0's reading of `latest` on every rank, also where another rank's view of it is stale)."""
+(rank 0's reading of `latest` on every rank, also where another rank's view of it is stale) and
+the checkpoint's file records (every file hashed although one rank's listing misses one)."""
 
 import contextlib
 import json
@@ -119,6 +120,21 @@ def _resume_tag(directory: Path, steps: list, latest: int | None, stale_on_rank1
         return {"error": str(exc)}
 
 
+def _hash_with_stale_listing(staged: Path) -> dict:
+    """_hash_share over four files while rank 1's directory listing misses one of them."""
+    from ascender_dist.training import checkpoint as ckpt
+
+    if dist.get_rank() == 0:
+        (staged / "sub").mkdir(parents=True)
+        for name in ("a.pt", "b.pt", "c.pt", "sub/d.pt"):
+            (staged / name).write_text(name)
+    dist.barrier()
+    listing = ckpt._files_under
+    stale = lambda d: [n for n in listing(d) if n != "b.pt"]  # noqa: E731
+    with mock.patch.object(ckpt, "_files_under", stale if dist.get_rank() == 1 else listing):
+        return {"files": sorted(ckpt._hash_share(staged))}
+
+
 def main(args):
     root = Path(args["root"])
     _short_timeout_group(root)
@@ -128,4 +144,5 @@ def main(args):
                        "failed_conversion": lambda: _ensure(root, "step_00000002", fail=True),
                        "stale_latest": lambda: _resume_tag(root / "stale", [1, 2], 2, stale_on_rank1=True),
                        "marker_not_visible": lambda: _resume_tag(root / "hidden", [1], 1, marker_hidden_on_rank1=True),
-                       "latest_missing": lambda: _resume_tag(root / "missing", [1], None)})
+                       "latest_missing": lambda: _resume_tag(root / "missing", [1], None),
+                       "stale_listing": lambda: _hash_with_stale_listing(root / "step_00000009.partial")})
