@@ -18,6 +18,7 @@ random numbers (dropout) as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -260,7 +261,7 @@ def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
     keep = set(complete_tags(checkpoint_dir)[-keep_last:]) | {latest}
     latest_step = step_of_tag(latest)
     for path in list(Path(checkpoint_dir).iterdir()):
-        if path.name.startswith(".") and UNIVERSAL in path.name and path.name.endswith((".tmp", ".old", ".failed")):
+        if path.name.startswith(".") and UNIVERSAL in path.name and path.name.endswith((".tmp", ".old", ".failed", ".alive")):
             # what an interrupted or failed universal conversion left (ensure_universal): optimizer-sized
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
             continue
@@ -649,22 +650,61 @@ def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
     done = checkpoint_dir / universal / COMPLETE
     attempt = _rank0_nonce()  # names this attempt's failure note
     failed = checkpoint_dir / f".{universal}.failed"
+    alive = checkpoint_dir / f".{universal}.alive"
     problem = None
     if dist.get_rank() == 0:
         if _read_text(done) != marker:
-            try:
-                _convert_to_universal(checkpoint_dir, tag, universal, marker)
-            except (CheckpointError, OSError) as exc:
-                problem = str(exc)
-                atomic_write_text(failed, f"{attempt}\n{problem}")
+            with _heartbeat(alive, attempt):
+                try:
+                    _convert_to_universal(checkpoint_dir, tag, universal, marker)
+                except Exception as exc:  # any failure must reach the waiting ranks, or they wait forever
+                    problem = str(exc) if isinstance(exc, CheckpointError) else (
+                        f"{checkpoint_dir / tag}: conversion to a universal checkpoint failed: "
+                        f"{_first_line(exc)}")
+                    atomic_write_text(failed, f"{attempt}\n{problem}")
     else:
-        problem = _wait_for_universal(done, marker, failed, attempt)
+        problem = _wait_for_universal(done, marker, failed, attempt, alive)
     failure = first_failure(problem)
     if failure is not None:
         raise CheckpointError(failure[1])
     if dist.get_rank() == 0:
         failed.unlink(missing_ok=True)
+        alive.unlink(missing_ok=True)
     return universal
+
+
+UNIVERSAL_HEARTBEAT_S = 5.0  # rank 0 rewrites its heartbeat file this often while it converts
+UNIVERSAL_STALE_S = 300.0  # a waiting rank gives up when the heartbeat has not changed for this long
+
+
+@contextlib.contextmanager
+def _heartbeat(path: Path, attempt: str):
+    """While the block runs, a thread rewrites ``path`` every UNIVERSAL_HEARTBEAT_S with this attempt's
+    nonce and a counter: the waiting ranks' sign that rank 0 is still converting (a rank 0 killed
+    mid-conversion, e.g. out of host memory, writes no failure note; without it, ranks on other
+    nodes, which wait on files rather than in a collective, would wait forever)."""
+    import threading
+
+    stop = threading.Event()
+
+    def beat():
+        count = 0
+        while True:
+            try:
+                atomic_write_text(path, f"{attempt}\n{count}")
+            except OSError:
+                pass  # a missed beat: the next one may land; the waiters allow UNIVERSAL_STALE_S
+            count += 1
+            if stop.wait(UNIVERSAL_HEARTBEAT_S):
+                return
+
+    thread = threading.Thread(target=beat, name="universal-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker: str) -> None:
@@ -698,18 +738,26 @@ def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker
 UNIVERSAL_POLL_S = 2.0
 
 
-def _wait_for_universal(done: Path, marker: str, failed: Path, attempt: str) -> Optional[str]:
-    """Ranks > 0: poll until rank 0's copy carries ``marker`` (None) or this attempt's failure note
-    appears (its message). Logs every few minutes; the launcher ends the job if rank 0 dies."""
+def _wait_for_universal(done: Path, marker: str, failed: Path, attempt: str, alive: Path) -> Optional[str]:
+    """Ranks > 0: poll until rank 0's copy carries ``marker`` (None), this attempt's failure note
+    appears (its message) or rank 0's heartbeat file (``alive``) has not changed for
+    UNIVERSAL_STALE_S (rank 0 died). Logs every few minutes."""
     import time
 
-    start = last_note = time.monotonic()
+    start = last_note = last_change = time.monotonic()
+    last_beat = None
     while True:
         if _read_text(done) == marker:
             return None
         note = _read_text(failed) or ""
         if note.startswith(attempt + "\n"):
             return note.split("\n", 1)[1]
+        beat = _read_text(alive)
+        if beat != last_beat and (beat or "").startswith(attempt + "\n"):
+            last_beat, last_change = beat, time.monotonic()
+        elif time.monotonic() - last_change > UNIVERSAL_STALE_S:
+            return (f"{done.parent}: rank 0 stopped converting to a universal checkpoint (its heartbeat "
+                    f"{alive.name} unchanged for {UNIVERSAL_STALE_S:.0f} s: killed, e.g. out of memory?)")
         if time.monotonic() - last_note > 300:
             last_note = time.monotonic()
             log.info("waiting for rank 0's universal checkpoint conversion (%.0f min)", (last_note - start) / 60)

@@ -74,6 +74,20 @@ def test_a_failed_universal_conversion_stops_every_rank_with_rank_0s_message(uni
     assert values[0]["error"] == values[1]["error"]
 
 
+def test_any_exception_of_rank_0s_conversion_stops_every_rank_with_its_message(universal):
+    """A RuntimeError (torch.load of a damaged shard) wrote no failure note: the other ranks waited forever."""
+    for value in assert_check(universal, "crashed_conversion"):
+        assert "step_00000003: conversion to a universal checkpoint failed: RuntimeError: PytorchStreamReader" in \
+            value.get("error", ""), value
+
+
+def test_a_rank_0_that_stops_beating_during_conversion_stops_the_waiting_ranks(universal):
+    """Rank 0 killed mid-conversion (here: silent for longer than the waiting rank's patience) left
+    ranks on other nodes waiting forever."""
+    for value in assert_check(universal, "dead_rank0"):
+        assert "rank 0 stopped converting to a universal checkpoint" in value.get("error", ""), value
+
+
 def test_a_checkpoint_dir_that_differs_between_ranks_is_refused_on_every_rank(universal):
     assert all(v["error"] is None for v in assert_check(universal, "shared_dir"))
     for value in assert_check(universal, "node_local_dir"):

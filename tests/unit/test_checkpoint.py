@@ -273,6 +273,7 @@ def test_the_next_save_removes_what_an_interrupted_universal_conversion_left(sin
     for name in (".step_00000001-universal.tmp", ".step_00000001-universal.old"):
         (tmp_path / name / "sub").mkdir(parents=True)
     (tmp_path / ".step_00000001-universal.failed").write_text("abc\nconversion failed")
+    (tmp_path / ".step_00000001-universal.alive").write_text("abc\n7")  # heartbeat of a killed rank 0
     _save(tmp_path, 2, "v2")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".step")) == []
 

@@ -43,17 +43,36 @@ def _slow_converter(fail: bool):
     return run
 
 
-def _ensure(root: Path, name: str, fail: bool) -> dict:
+def _ensure(root: Path, name: str, fail: bool, rank0_patches: dict | None = None) -> dict:
+    """ensure_universal with a slow stand-in converter; rank 0's heartbeat every 0.2 s, the waiting
+    rank's patience 2 s (a fifth of the conversion: the heartbeat must keep it waiting)."""
     from ascender_dist.training import checkpoint as ckpt
 
     _tag(root, name)
     start = time.monotonic()
-    with mock.patch.object(ckpt, "verify_files"), mock.patch.object(subprocess, "run", _slow_converter(fail)), \
-            mock.patch.object(ckpt, "UNIVERSAL_POLL_S", 0.2):
+    patches = dict(verify_files=mock.DEFAULT, UNIVERSAL_POLL_S=0.2, UNIVERSAL_HEARTBEAT_S=0.2, UNIVERSAL_STALE_S=2.0)
+    if dist.get_rank() == 0:
+        patches.update(rank0_patches or {})
+    with mock.patch.multiple(ckpt, **patches), mock.patch.object(subprocess, "run", _slow_converter(fail)):
         try:
             return {"tag": ckpt.ensure_universal(root, name), "seconds": time.monotonic() - start}
         except ckpt.CheckpointError as exc:
             return {"error": str(exc), "seconds": time.monotonic() - start}
+
+
+def _crash(*_args):
+    raise RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory")
+
+
+@contextlib.contextmanager
+def _silent(*_args):
+    """A rank 0 that writes no heartbeat (as one killed mid-conversion) ..."""
+    yield
+
+
+def _stuck(*_args):
+    """... while it takes longer than the waiting rank's patience."""
+    time.sleep(3.0)
 
 
 def _short_timeout_group(root: Path) -> None:
@@ -142,6 +161,11 @@ def main(args):
                        "node_local_dir": lambda: _shared(root / f"local{dist.get_rank()}"),
                        "slow_conversion": lambda: _ensure(root, "step_00000001", fail=False),
                        "failed_conversion": lambda: _ensure(root, "step_00000002", fail=True),
+                       "crashed_conversion": lambda: _ensure(root, "step_00000003", fail=False,
+                                                             rank0_patches={"_universal_input_view": _crash}),
+                       "dead_rank0": lambda: _ensure(root, "step_00000004", fail=False,
+                                                     rank0_patches={"_heartbeat": _silent,
+                                                                    "_convert_to_universal": _stuck}),
                        "stale_latest": lambda: _resume_tag(root / "stale", [1, 2], 2, stale_on_rank1=True),
                        "marker_not_visible": lambda: _resume_tag(root / "hidden", [1], 1, marker_hidden_on_rank1=True),
                        "latest_missing": lambda: _resume_tag(root / "missing", [1], None),
