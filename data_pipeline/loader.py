@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections import OrderedDict
 import multiprocessing
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -61,6 +62,10 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 DEFAULT_SHUFFLE_BUFFER = 8192
 _ON_CORRUPT = ("error", "skip")
+# An OSError while reading a shard is retried before the shard counts as corrupt (_retry_io)
+IO_TRIES = 3  # attempts in all
+IO_BACKOFF_S = 0.5  # wait before the second attempt, doubled before each further one
+IO_BACKOFF_MAX_S = 2.0  # the longest wait
 
 
 # =========================================================================== shard reading
@@ -118,7 +123,7 @@ def read_shard(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = Tru
     Every failure is a one-line DataError that names the shard URL; corruption is a ``_CorruptShard``.
     """
     try:
-        data = _fetch_bytes(spec.url)
+        data = _retry_io(spec.url, _fetch_bytes, spec.url)
     except Exception as e:  # gopen raises IOError/ValueError/OSError from pipes, http, ...
         raise _unreadable(spec.url, e) from None
     if verify_checksum and spec.sha256 and sha256_bytes(data) != spec.sha256:
@@ -130,6 +135,32 @@ def read_shard(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = Tru
         return _check_rows(spec, arr, _check_meta(spec.url, meta, checks) if meta is not None else {}, checks)
     samples = _parse_tar(spec.url, data)  # anything else: webdataset's parser and its precise errors
     return _decode_samples(spec, samples, checks)
+
+
+def _retry_io(url: str, fn, *args):
+    """``fn(*args)``, tried up to IO_TRIES times while it raises OSError (waits of IO_BACKOFF_S,
+    doubling, at most IO_BACKOFF_MAX_S); the last OSError is raised.
+
+    Why: mid-run each rank judges the shards it reads alone (agreeing would cost a collective per
+    read), and tensor/pipeline peers reading the same rows reach the same verdict only when the
+    error is deterministic. Bad bytes and wrong sizes are the file's own, every reader meets them,
+    so they are never retried; an EIO, ESTALE or timeout is one node's moment, and skipping the
+    shard on it would give that rank other samples than its peers for the rest of the run."""
+    for attempt in range(1, IO_TRIES + 1):
+        try:
+            return fn(*args)
+        except OSError as e:
+            if attempt >= IO_TRIES:
+                raise
+            delay = min(IO_BACKOFF_S * 2 ** (attempt - 1), IO_BACKOFF_MAX_S)
+            log.warning("%s: %s: %s (attempt %d of %d, again in %.1f s)", url, type(e).__name__, e, attempt,
+                        IO_TRIES, delay)
+            _wait(delay)
+
+
+def _wait(seconds: float) -> None:
+    """The pause between read attempts (tests patch this)."""
+    time.sleep(seconds)
 
 
 def _unreadable(url: str, err: Exception) -> _CorruptShard:
@@ -234,16 +265,19 @@ def read_rows(spec: ShardSpec, checks: ShardChecks, rows: np.ndarray) -> tuple[n
     same head and tail, so those verdicts (skip or stop) agree across ranks; a bad sample header
     deeper in is seen only by the rank that owns the sample, so it always stops the run. An I/O
     error (open, stat or read) is the whole-shard path's "cannot read shard" corrupt-shard error,
-    skippable as there.
+    skippable as there, once :func:`_retry_io`'s attempts are spent.
     """
     try:
-        fd = _open_local(spec.local_path)
-    except OSError as e:
+        return _retry_io(spec.url, _read_rows_once, spec, checks, rows)
+    except OSError as e:  # EIO and the like from open, fstat or a pread
         raise _unreadable(spec.url, e) from None
+
+
+def _read_rows_once(spec: ShardSpec, checks: ShardChecks, rows: np.ndarray) -> tuple[np.ndarray, bool]:
+    """One attempt of :func:`read_rows`: open, read, close (OSErrors are left to the caller)."""
+    fd = _open_local(spec.local_path)
     try:
         return _read_rows_at(fd, spec, checks, rows)
-    except OSError as e:  # EIO and the like from fstat or a pread
-        raise _unreadable(spec.url, e) from None
     finally:
         os.close(fd)
 
@@ -358,7 +392,7 @@ class _Dataset:
 
     def __init__(self, name: str, specs: list[ShardSpec], checks: ShardChecks, *, seed: int, stream_id: int,
                  shuffle: bool, shuffle_buffer: int, on_corrupt: str, pool: Executor | None,
-                 prefetch: int, workers: int = 0, progress: bool = False):
+                 prefetch: int, workers: int = 0, progress: bool = False, all_gather=None):
         self.name, self.checks, self.seed, self.stream_id = name, checks, seed, stream_id
         self.shuffle, self.on_corrupt, self.pool, self.prefetch = shuffle, on_corrupt, pool, prefetch
         self.workers = max(1, workers)
@@ -373,7 +407,7 @@ class _Dataset:
         self._blocks: "OrderedDict[tuple, tuple]" = OrderedDict()
         self._pending: "OrderedDict[tuple, list]" = OrderedDict()
         self._orders: "OrderedDict[int, tuple]" = OrderedDict()
-        self.specs = self._usable_specs(specs, progress)
+        self.specs = self._usable_specs(specs, progress, all_gather)
         self.counts = np.array([s.num_samples for s in self.specs], dtype=np.int64)
         self.num_samples = int(self.counts.sum())
         self.set_shuffle_buffer(shuffle_buffer)
@@ -391,22 +425,44 @@ class _Dataset:
         self._pending.clear()
 
     # ---------------------------------------------------------------- setup checks
-    def _usable_specs(self, specs: list[ShardSpec], progress: bool) -> list[ShardSpec]:
+    def _usable_specs(self, specs: list[ShardSpec], progress: bool, all_gather=None) -> list[ShardSpec]:
         """Drop (skip mode) or reject (error mode) shards that are visibly unusable before any read:
-        missing or wrong-size local files, empty shards; count plain-URL shards by a first scan."""
-        usable = []
-        for spec in tqdm(specs, desc=f"scan {self.name}", unit="shard", disable=not progress or specs[0].num_samples >= 0):
+        missing or wrong-size local files, empty shards; count plain-URL shards by a first scan.
+
+        With ``all_gather`` (see StreamingLoader) the verdict is taken on every rank's findings: a
+        shard any rank could not use is dropped on all, and in error mode every rank raises the same
+        line. A rank deciding alone (a shard briefly invisible or failing with EIO on one node) would
+        have other shards, counts and orders than its peers for the whole run: other tokens on its
+        tensor/pipeline peers, samples missed or repeated across data-parallel ranks, a validation
+        length of its own, or in error mode a raise while its peers wait in a collective."""
+        dropped = set()
+        for idx, where, problem, corrupt, ranks in _agreed_faults(self._scan(specs, progress), all_gather):
+            if not corrupt:  # a config mistake (wrong tokenizer, id out of range): never skipped
+                raise DataError(where, problem + _found_by(ranks))
+            self._skip_or_raise(_CorruptShard(where, problem + _found_by(ranks)))
+            dropped.add(idx)
+        usable = [spec for i, spec in enumerate(specs) if i not in dropped]
+        if not usable:
+            raise DataError(self.name, "no readable shards left (all missing, empty or corrupt)")
+        return usable
+
+    def _scan(self, specs: list[ShardSpec], progress: bool) -> list[tuple[int, str, str, bool]]:
+        """This rank's set-up faults, ``(shard index, where, problem, corrupt)`` in shard order; the
+        scan stops at the first fault that stops the run (any fault in error mode)."""
+        faults = []
+        for i, spec in enumerate(tqdm(specs, desc=f"scan {self.name}", unit="shard",
+                                      disable=not progress or specs[0].num_samples >= 0)):
             try:
                 if spec.num_samples < 0:
                     spec.num_samples = len(read_shard(spec, self.checks))
                     self.shards_read += 1
                 self._precheck(spec)
-                usable.append(spec)
-            except _CorruptShard as e:
-                self._skip_or_raise(e)
-        if not usable:
-            raise DataError(self.name, "no readable shards left (all missing, empty or corrupt)")
-        return usable
+            except DataError as e:
+                corrupt = isinstance(e, _CorruptShard)
+                faults.append((i, e.where, e.problem, corrupt))
+                if not corrupt or self.on_corrupt != "skip":
+                    break
+        return faults
 
     @staticmethod
     def _precheck(spec: ShardSpec) -> None:
@@ -675,6 +731,30 @@ class _Dataset:
         return out
 
 
+def _agreed_faults(mine: list[tuple[int, str, str, bool]], all_gather=None) -> list[tuple]:
+    """Every rank's set-up faults merged: ``(shard index, where, problem, corrupt, ranks that found
+    it)`` per faulty shard, in shard order, as the lowest of those ranks saw it (a fault that stops
+    the run outranks a corrupt-shard one). The same list on every rank; without ``all_gather``
+    this process's own faults, no ranks named."""
+    reports = [mine] if all_gather is None else all_gather(mine)
+    merged: dict[int, list] = {}
+    for rank, faults in enumerate(reports):
+        for idx, where, problem, corrupt in faults:
+            seen = merged.get(idx)
+            if seen is None or (seen[3] and not corrupt):
+                merged[idx] = [idx, where, problem, corrupt, [rank] if all_gather is not None else []]
+            elif seen[3] == corrupt and all_gather is not None:
+                seen[4].append(rank)
+    return [tuple(merged[i]) for i in sorted(merged)]
+
+
+def _found_by(ranks: list[int]) -> str:
+    """`` (found by rank 1)`` / `` (found by ranks 0, 1)``; nothing when no rank is named."""
+    if not ranks:
+        return ""
+    return f" (found by rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+
+
 # =========================================================================== mixtures
 MIXTURE_MAX_PERIOD = 100_000  # slots in one mixture period (one int64 pair per slot, laid out once)
 MIXTURE_SHARE_RTOL = 1e-3  # each dataset's share within 0.1% (relative) of its weight's share
@@ -838,13 +918,21 @@ class StreamingLoader:
 
     ``url_template``: where a manifest's shards are read from (``{name}`` is the shard file name),
     one for every dataset or a list with one per dataset of a mixture; default: next to the manifest.
+
+    ``all_gather``: for a loader built by several processes together (every rank of a job), a
+    collective ``f(obj) -> [obj of rank 0, obj of rank 1, ...]`` of small picklable objects (the
+    trainer's uses ``torch.distributed.all_gather_object``). The set-up shard checks are then
+    decided on the union of every rank's findings, so shards, sample counts and orders are the same
+    on every rank (see ``_Dataset._usable_specs``); it is called once per dataset, in order. None:
+    this process decides alone.
     """
 
     def __init__(self, manifest_or_urls, *, seq_length: int, micro_batch_size: int, global_batch_size: int,
                  dp_rank: int, dp_size: int, seed: int, split: str = "train", num_workers: int = 0,
                  tokenizer_sha256: str | None = None, vocab_size: int | None = None, on_corrupt: str = "error",
                  shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, url_template: str | None = None,
-                 with_index: bool = False, progress: bool = False, partial_reads: bool | None = None):
+                 with_index: bool = False, progress: bool = False, partial_reads: bool | None = None,
+                 all_gather=None):
         self._check_args(micro_batch_size, global_batch_size, dp_rank, dp_size, split, on_corrupt, num_workers)
         self.seq_length, self.micro_batch_size, self.global_batch_size = seq_length, micro_batch_size, global_batch_size
         self.dp_rank, self.dp_size, self.seed, self.split = dp_rank, dp_size, int(seed), split
@@ -860,7 +948,7 @@ class StreamingLoader:
                                       vocab_size=vocab_size, split=split, url_template=template),
                      seed=self.seed, stream_id=i, shuffle=(split == "train"), shuffle_buffer=shuffle_buffer,
                      on_corrupt=on_corrupt, pool=self._pool, prefetch=max(1, num_workers), workers=num_workers,
-                     progress=progress)
+                     progress=progress, all_gather=all_gather)
             for i, ((src, _), template) in enumerate(zip(sources, templates))
         ]
         _check_distinct_shards(self.datasets)

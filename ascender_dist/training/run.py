@@ -41,9 +41,22 @@ def load_tokenizer(cfg: RunConfig):
 
 
 def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = "train"):
-    """Sharded by DATA-parallel rank: tensor/pipeline peers of one replica read identical batches."""
+    """Sharded by DATA-parallel rank: tensor/pipeline peers of one replica read identical batches.
+
+    Collective when ``pstate`` is the job's (world_size > 1, torch.distributed initialized): every
+    rank calls it, and the ranks pool what the set-up shard checks found (all_gather_object over the
+    default group), so every rank drops the same shards, or raises the same error, and shards,
+    counts and orders agree. A stand-in ``pstate`` without a world_size (one process reading alone,
+    such as the ablation's rank-0 document lookup) builds alone."""
     from data_pipeline.loader import StreamingLoader
 
+    def all_gather(obj) -> list:
+        """Every rank's ``obj``, in rank order."""
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+
+    together = getattr(pstate, "world_size", 1) > 1 and dist.is_initialized() and dist.get_world_size() > 1
     d = cfg.data
     source = [(m.manifest, m.weight) for m in d.mixture] if d.mixture else d.manifest
     url_template = [m.url_template or d.url_template for m in d.mixture] if d.mixture else d.url_template
@@ -63,6 +76,7 @@ def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = 
         vocab_size=tokenizer.vocab_size if tokenizer else cfg.model.vocab_size,
         on_corrupt=d.on_corrupt,
         partial_reads=False if d.verify_shard_sha256 else None,  # None: partial reads when dp_size > 1
+        all_gather=all_gather if together else None,
     )
 
 

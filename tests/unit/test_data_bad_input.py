@@ -28,6 +28,14 @@ def drain(ld, n=30):
         next(it)
 
 
+@pytest.fixture(autouse=True)
+def no_read_retry_waits(monkeypatch):
+    """Lasting I/O errors here go through every retry of data_pipeline.loader._retry_io: without
+    the waits (forked loader workers inherit the setting)."""
+    monkeypatch.setattr("data_pipeline.loader.IO_BACKOFF_S", 0.0)
+    monkeypatch.setattr("data_pipeline.loader.IO_BACKOFF_MAX_S", 0.0)
+
+
 @pytest.fixture
 def ds(tmp_path):
     make_dataset(tmp_path / "ds", [8, 8, 8, 8], val_counts=[4])

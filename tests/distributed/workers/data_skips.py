@@ -1,0 +1,61 @@
+"""2 ranks, TP=2 (one data-parallel replica, so both ranks must read identical batches): shards that
+fail the set-up check on rank 1 only, in skip and in error mode, as the trainer builds its loaders."""
+
+import errno
+from unittest import mock
+
+from ascender_dist.config.resolve import config_from_dict
+from tests.helpers.data import tiny_run_config
+from tests.helpers.multiproc import run_checks
+
+MICRO_BATCHES = 4
+
+
+def loader_config(args, on_corrupt: str):
+    raw = tiny_run_config(args["data"], args["root"], parallel={"tensor_model_parallel_size": 2})
+    raw["data"]["on_corrupt"] = on_corrupt
+    return config_from_dict(raw)
+
+
+def _hidden_on(rank: int, names: list[str]):
+    """``_precheck`` of the shards ``names`` fails with ESTALE on rank 1 only (a shard briefly
+    invisible to one node)."""
+    from data_pipeline import loader as loader_mod
+
+    real = loader_mod._Dataset._precheck
+
+    def precheck(spec):
+        if rank == 1 and spec.url.rsplit("/", 1)[-1] in names:
+            raise loader_mod._unreadable(spec.url, OSError(errno.ESTALE, "Stale file handle"))
+        return real(spec)
+
+    return mock.patch.object(loader_mod._Dataset, "_precheck", staticmethod(precheck))
+
+
+def _build(args, pstate, on_corrupt: str, split: str):
+    from ascender_dist.training.run import build_loader, load_tokenizer
+
+    cfg = loader_config(args, on_corrupt)
+    with _hidden_on(pstate.rank, args["hide_" + split]):
+        return build_loader(cfg, load_tokenizer(cfg), pstate, split=split)
+
+
+def _view(ld) -> dict:
+    """What must be the same on both ranks: the shards, the counts, the first batches."""
+    it = iter(ld)
+    return {"shards": [s.url.rsplit("/", 1)[-1] for d in ld.datasets for s in d.specs],
+            "samples_per_epoch": ld.samples_per_epoch, "skipped_shards": ld.skipped_shards,
+            "batches": [next(it)["tokens"].tolist() for _ in range(MICRO_BATCHES)]}
+
+
+def main(args):
+    from ascender_dist.parallel.setup import init_model_parallel, init_process_group
+
+    init_process_group()
+    pstate = init_model_parallel(2, 1, seed=1)
+    return run_checks({
+        "skip_train": lambda: _view(_build(args, pstate, "skip", "train")),
+        "skip_val": lambda: {**_view(_build(args, pstate, "skip", "val")),
+                             "len": len(_build(args, pstate, "skip", "val"))},
+        "error_train": lambda: type(_build(args, pstate, "error", "train")).__name__,  # a raise, on every rank
+    })

@@ -1,0 +1,215 @@
+"""Ranks agree on which shards a loader uses: the set-up checks are decided on the union of every
+rank's findings (a shard one rank could not use is dropped on all, or every rank raises the same
+line), and a transient I/O error mid-run is retried before it can make one rank skip a shard its
+peers read. Ranks are threads here, meeting in an ``all_gather`` at a barrier as processes would
+(tests/distributed/test_data_skips.py does it over gloo through ``build_loader``)."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import threading
+
+import pytest
+
+from data_pipeline import loader as loader_mod
+from data_pipeline.errors import DataError
+
+from tests.helpers.errors import one_line
+
+from .data_fixtures import loader, make_dataset, run_global, sample_ids
+
+
+@pytest.fixture
+def ds(tmp_path):
+    make_dataset(tmp_path / "ds", [8, 8, 8, 8, 8, 8], val_counts=[4, 4])
+    return tmp_path / "ds"
+
+
+@pytest.fixture
+def waits(monkeypatch):
+    """The pauses between read attempts, recorded instead of slept."""
+    got: list[float] = []
+    monkeypatch.setattr(loader_mod, "_wait", got.append)
+    return got
+
+
+class ThreadRanks:
+    """``world`` ranks as threads; ``all_gather`` returns every rank's object in rank order."""
+
+    def __init__(self, world: int):
+        self.world, self.slots = world, [None] * world
+        self.barrier = threading.Barrier(world, timeout=30)
+        self.local = threading.local()
+
+    def rank(self) -> int:
+        return self.local.rank
+
+    def all_gather(self, obj) -> list:
+        self.slots[self.local.rank] = obj
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()  # nobody overwrites a slot before every rank has read them all
+        return out
+
+    def run(self, fn) -> list:
+        """``fn(rank)`` on every rank at once: its result, or the exception it raised."""
+        results: list = [None] * self.world
+
+        def body(rank):
+            self.local.rank = rank
+            try:
+                results[rank] = fn(rank)
+            except Exception as e:  # compared by the test
+                results[rank] = e
+
+        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a rank hung"
+        return results
+
+
+def fail_precheck_on(monkeypatch, ranks: ThreadRanks, where: dict) -> None:
+    """``_precheck`` of shard ``where[rank]`` fails on that rank only: ESTALE on rank 1, not found
+    on rank 0 (a shard briefly invisible to one node)."""
+    real = loader_mod._Dataset._precheck
+    errors = {0: FileNotFoundError(errno.ENOENT, "No such file or directory"),
+              1: OSError(errno.ESTALE, "Stale file handle")}
+
+    def precheck(spec):
+        name = where.get(ranks.rank())
+        if name and spec.url.endswith(name):
+            raise loader_mod._unreadable(spec.url, errors[ranks.rank()])
+        return real(spec)
+
+    monkeypatch.setattr(loader_mod._Dataset, "_precheck", staticmethod(precheck))
+
+
+def first_ids(ld, n: int = 6) -> list[int]:
+    it = iter(ld)
+    return [i for _ in range(n) for i in sample_ids(next(it)["tokens"])]
+
+
+# --------------------------------------------------------------------------- the union
+def test_agreed_faults_are_the_union_over_ranks_in_shard_order():
+    reports = [[(3, "s3", "missing shard (file not found)", True)],
+               [(1, "s1", "cannot read shard (OSError: stale)", True), (3, "s3", "cannot read shard (EIO)", True)]]
+    got = loader_mod._agreed_faults(reports[0], lambda mine: reports)
+    assert got == [(1, "s1", "cannot read shard (OSError: stale)", True, [1]),
+                   (3, "s3", "missing shard (file not found)", True, [0, 1])]  # the lowest rank's words
+    assert loader_mod._found_by([1]) == " (found by rank 1)"
+    assert loader_mod._found_by([0, 1]) == " (found by ranks 0, 1)"
+    assert loader_mod._found_by([]) == ""
+
+
+def test_a_fault_that_stops_the_run_outranks_a_skippable_one_on_the_same_shard():
+    reports = [[(2, "s2", "cannot read shard (EIO)", True)], [(2, "s2", "token id 900 >= vocab size 300", False)]]
+    assert loader_mod._agreed_faults(reports[0], lambda mine: reports) == \
+        [(2, "s2", "token id 900 >= vocab size 300", False, [1])]
+
+
+def test_without_all_gather_a_process_decides_alone_and_names_no_rank():
+    mine = [(0, "s0", "empty shard", True)]
+    assert loader_mod._agreed_faults(mine) == [(0, "s0", "empty shard", True, [])]
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_ranks_built_together_drop_every_shard_any_rank_could_not_use(ds, monkeypatch, split):
+    ranks = ThreadRanks(2)
+    hidden = {"train": {0: "syn-train-000004.tar", 1: "syn-train-000001.tar"}, "val": {1: "syn-val-000000.tar"}}
+    fail_precheck_on(monkeypatch, ranks, hidden[split])
+    loaders = ranks.run(lambda r: loader(ds, on_corrupt="skip", split=split, all_gather=ranks.all_gather))
+    assert not any(isinstance(ld, Exception) for ld in loaders), loaders
+    a, b = loaders
+    names = [[s.url.rsplit("/", 1)[1] for s in d.specs] for d in a.datasets]
+    assert names == [[s.url.rsplit("/", 1)[1] for s in d.specs] for d in b.datasets]
+    assert not set(names[0]) & set(hidden[split].values())
+    assert a.samples_per_epoch == b.samples_per_epoch == (32 if split == "train" else 4)
+    assert a.skipped_shards == b.skipped_shards == len(hidden[split])
+    if split == "train":
+        assert first_ids(a) == first_ids(b)
+    else:
+        assert len(a) == len(b) == 2
+
+
+def test_ranks_built_together_raise_the_same_line_naming_shard_and_rank(ds, monkeypatch):
+    ranks = ThreadRanks(2)
+    fail_precheck_on(monkeypatch, ranks, {1: "syn-train-000002.tar"})
+    errors = ranks.run(lambda r: loader(ds, on_corrupt="error", all_gather=ranks.all_gather))
+    assert all(isinstance(e, DataError) for e in errors), errors
+    assert str(errors[0]) == str(errors[1])
+    one_line(errors[0], "syn-train-000002.tar", "cannot read shard (OSError: [Errno 116] Stale file handle)",
+             "(found by rank 1)", kind=DataError)
+
+
+def test_a_rank_alone_keeps_the_old_line(ds, monkeypatch):
+    (ds / "syn-train-000002.tar").unlink()
+    with pytest.raises(DataError) as e:
+        loader(ds)
+    assert str(e.value) == f"{ds / 'syn-train-000002.tar'}: missing shard (file not found)"
+
+
+# --------------------------------------------------------------------------- mid-run retries
+def _flaky(monkeypatch, name: str, attr: str, failures: int, err: OSError) -> list:
+    """``loader_mod.<attr>`` raises ``err`` for the first ``failures`` calls on shard ``name``;
+    returns the list of its calls on that shard."""
+    real, calls = getattr(loader_mod, attr), []
+
+    def flaky(target, *args):
+        if str(target).endswith(name):
+            calls.append(str(target))
+            if len(calls) <= failures:
+                raise err
+        return real(target, *args)
+
+    monkeypatch.setattr(loader_mod, attr, flaky)
+    return calls
+
+
+def test_a_transient_error_in_a_whole_shard_read_is_retried_not_skipped(ds, monkeypatch, waits):
+    clean = first_ids(loader(ds, on_corrupt="skip"), 24)  # a whole epoch
+    calls = _flaky(monkeypatch, "syn-train-000003.tar", "_fetch_bytes", 2, OSError(errno.EIO, "Input/output error"))
+    ld = loader(ds, on_corrupt="skip")
+    assert first_ids(ld, 24) == clean and ld.skipped_shards == 0
+    assert len(calls) == 3 and waits == [0.5, 1.0]
+
+
+def test_a_transient_error_in_a_partial_read_is_retried_not_skipped(ds, monkeypatch, waits):
+    clean, _ = run_global(functools.partial(loader, ds, on_corrupt="skip"), 2, 8)
+    calls = _flaky(monkeypatch, "syn-train-000003.tar", "_open_local", 1, OSError(errno.ESTALE, "Stale file handle"))
+    loaders = []
+
+    def make(**kw):
+        loaders.append(loader(ds, on_corrupt="skip", **kw))
+        return loaders[-1]
+
+    ids, _ = run_global(make, 2, 8)  # dp 2: positioned reads of each rank's rows
+    assert ids == clean and all(ld.skipped_shards == 0 for ld in loaders)
+    assert len(calls) >= 2 and waits == [0.5]
+
+
+def test_a_persistent_io_error_makes_the_shard_corrupt_after_the_last_try(ds, monkeypatch, waits):
+    monkeypatch.setattr(loader_mod, "IO_TRIES", 5)
+    calls = _flaky(monkeypatch, "syn-train-000001.tar", "_fetch_bytes", 99, OSError(errno.ETIMEDOUT, "timed out"))
+    spec = loader(ds).datasets[0].specs[1]
+    with pytest.raises(loader_mod._CorruptShard) as e:
+        loader_mod.read_shard(spec, loader_mod.ShardChecks(8))
+    one_line(e, "syn-train-000001.tar", "cannot read shard (TimeoutError: [Errno 110] timed out)", kind=DataError)
+    assert len(calls) == 5 and waits == [0.5, 1.0, 2.0, 2.0]  # doubling, capped at IO_BACKOFF_MAX_S
+
+
+def test_content_errors_are_not_retried(ds, monkeypatch, waits):
+    """Bad bytes are the file's: every rank reading it meets them, so there is nothing to wait for."""
+    shard = ds / "syn-train-000001.tar"
+    data = bytearray(shard.read_bytes())
+    data[600:900] = b"\xff" * 300
+    shard.write_bytes(bytes(data))
+    calls = _flaky(monkeypatch, "syn-train-000001.tar", "_fetch_bytes", 0, OSError())
+    spec = loader(ds).datasets[0].specs[1]
+    with pytest.raises(loader_mod._CorruptShard) as e:
+        loader_mod.read_shard(spec, loader_mod.ShardChecks(8))
+    one_line(e, "sha256 mismatch", kind=DataError)
+    assert len(calls) == 1 and waits == []
