@@ -64,7 +64,7 @@ def stats_kernel(zl_ptr, zr_ptr, hl_ptr, hr_ptr, consts_ptr, rho_ptr, mu_ptr, m2
             m2 = m2 + m2b + delta * delta * cnt * frac
             cnt = tot
         if COH:
-            mom += mm(wc, zr, IEEE)
+            mom += mm(wc, zr, True)  # IEEE: E|z|^2 - |E z|^2 (the Cohesion gate) cancels like the distances
     if SEP:
         store_vec(rho_ptr, bh, rows, n, rho)
         store_vec(mu_ptr, bh, rows, n, mean)

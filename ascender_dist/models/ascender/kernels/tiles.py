@@ -143,8 +143,10 @@ def geometry(zl, zr, hl, hr, vis, diag, lo, ratio, SEP: tl.constexpr, RATIO_ONE:
     (clamped marks x > 0 by rounding: no gradient there), 0 on the diagonal, -inf where invisible;
     w = exp(max(x, lo)) (Separation's kernel, or Cohesion's when Separation is off),
     wc = exp(max(ratio * x, lo)) (Cohesion's: each kernel's exponent gets the floor itself, so a
-    ratio far from 1 floors neither kernel above the denormals), r = relu(Hl_i . Hr_j) = relu(a_ij - delta) (SEP)."""
-    x = mm(zl, tl.trans(zr), IEEE)
+    ratio far from 1 floors neither kernel above the denormals), r = relu(Hl_i . Hr_j) = relu(a_ij - delta) (SEP).
+    The distance GEMM is IEEE fp32 whatever the inputs' precision: it forms -|z_i - z_j|^2 as a difference
+    of larger terms, which TF32's 10-bit products cancel (near pairs' kernel weights off by several %)."""
+    x = mm(zl, tl.trans(zr), True)
     clamped = x > 0
     x = tl.minimum(x, 0.0)
     x = tl.where(diag, 0.0, x)
