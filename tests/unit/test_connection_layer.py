@@ -238,3 +238,25 @@ def test_layout_is_seq_batch_hidden():
     assert y.shape == (7, 3, D)
     y_b1 = layer(x[:, 1:2])  # samples are independent: the batch axis is dim 1
     assert torch.allclose(y[:, 1:2], y_b1, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.cuda
+def test_prefix_sums_of_bf16_tensors_accumulate_in_fp32_forward_and_backward():
+    """CUDA's scan keeps a bf16 running sum (the slot loads of a 128-token chunk were off by up to
+    ~5%); the layer's prefix sums accumulate in fp32 and round once. The CPU kernel accumulates in
+    fp32 itself, so this discriminates on a GPU (benchmarks/gpu_check runs tests marked cuda)."""
+    from ascender_dist.models.connection.layer import _cumsum, _exclusive_cumsum
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    value = float(torch.tensor(0.37, dtype=torch.bfloat16))
+    t = torch.full((2, 512, 3), value, dtype=torch.bfloat16, device=device, requires_grad=True)
+    counts = torch.arange(1, 513, dtype=torch.float64)[None, :, None]
+    got = _cumsum(t, dim=1)
+    assert got.dtype == torch.bfloat16
+    assert float(((got.double().cpu() - value * counts) / (value * counts)).abs().max()) <= 2**-8
+    excl = _exclusive_cumsum(t, dim=1).double().cpu()
+    assert float(excl[:, 0].abs().max()) == 0.0
+    assert float(((excl[:, 1:] - value * counts[:, :-1]) / (value * counts[:, :-1])).abs().max()) <= 2**-8
+    got.backward(torch.ones_like(got))  # d/dt_i sum_j cumsum_j = 512 - i: a reverse prefix sum
+    later = counts.flip(1)
+    assert float(((t.grad.double().cpu() - later) / later).abs().max()) <= 2**-8
