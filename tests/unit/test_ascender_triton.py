@@ -340,3 +340,17 @@ def test_kernels_bfloat16_inputs_keep_the_densities_of_near_pairs_in_tight_clust
     for key in ("rho", "centroid"):
         err = (got.rows[key].double().cpu() - ref.rows[key]).abs() / (ref.rows[key].abs() + 1e-3)
         assert err.max().item() < 1e-2, (key, err.max().item())
+
+
+def test_devices_without_the_kernels_shared_memory_are_not_covered():
+    """An sm_89 card (~99 KiB per block) would fail with OutOfResources at the first launch; it is
+    not covered (auto takes the fast path, with the reason in the log). H100 / A100 limits pass at head
+    dim 64; an A100 lacks the 224 KiB of head dim 128."""
+    from ascender_dist.models.ascender.kernels.support import shared_memory_shortfall
+
+    assert shared_memory_shortfall("NVIDIA H100", 227 * 1024, 128) == ""
+    assert shared_memory_shortfall("NVIDIA A100", 163 * 1024, 64) == ""
+    assert shared_memory_shortfall("NVIDIA A100", 163 * 1024, 128) == (
+        "NVIDIA A100 allows 163 KiB of shared memory per block, the kernels need 224 KiB at head dim 128")
+    assert "NVIDIA L40S allows 99 KiB" in shared_memory_shortfall("NVIDIA L40S", 99 * 1024, 32)
+    assert shared_memory_shortfall("unknown", None, 64) == ""  # torch without the property: as before

@@ -17,6 +17,8 @@ to the inputs. Nothing n x n is stored; kept for backward: inputs, out, lse, row
 
 from __future__ import annotations
 
+import contextlib
+
 
 import torch
 
@@ -315,11 +317,15 @@ def triton_attention(
     idx, valid = neighbours(*search_vectors(q, k, h, hp), hp, chunks)  # [b, np, s, k]
     spec = Spec(call, chunks)
     dt = q.dtype
-    outs = _TritonAttention.apply(
-        spec, not low, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(),
-        params.omega.to(dt), params.lambdas.to(dt), params.delta.to(dt), params.kappa.to(dt),
-        params.tau_score.to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
-    )  # fmt: skip
+    # Triton launches on the current device, not the tensors': a model on cuda:1 while the current
+    # device is 0 (an evaluation tool, device_map="auto") needs the switch (backward's autograd
+    # thread switches by itself)
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        outs = _TritonAttention.apply(
+            spec, not low, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(),
+            params.omega.to(dt), params.lambdas.to(dt), params.delta.to(dt), params.kappa.to(dt),
+            params.tau_score.to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
+        )  # fmt: skip
     rows = with_z_origin({"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}, z)
     aux = aux_losses(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
     out = outs[0].to(in_dtype) if low else outs[0]

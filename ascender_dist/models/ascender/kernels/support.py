@@ -19,11 +19,29 @@ def interpreter_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+# Shared memory per block the kernels' largest block needs (launch.block_size: the key-block backward,
+# fp32, compiled for sm_90), by head dim
+SHARED_BYTES_NEEDED = {64: 152 * 1024, 128: 224 * 1024}
+
+
+def shared_memory_shortfall(device_name: str, optin_bytes, hd: int) -> str:
+    """Why a device whose blocks may use ``optin_bytes`` of shared memory cannot run the kernels at
+    head dim ``hd`` ("" when it can, or when the limit is unknown): their block sizes are tuned for
+    sm_90 / sm_80 (227 / 163 KiB); sm_86 / sm_89 cards (A10, L4, L40S) allow ~99 KiB and the launch
+    would fail with OutOfResources in the middle of a run."""
+    need = SHARED_BYTES_NEEDED[64 if hd <= 64 else 128]
+    if optin_bytes is None or optin_bytes >= need:
+        return ""
+    return (f"{device_name} allows {optin_bytes // 1024} KiB of shared memory per block, the kernels need "
+            f"{need // 1024} KiB at head dim {hd}")
+
+
 def triton_supported(q: torch.Tensor, hp=None) -> tuple[bool, str]:
     """(True, "") when the kernels cover q [b, np, s, hd] on its device; else (False, reason).
 
-    Covered: head dim in SUPPORTED_HEAD_DIMS, triton importable, and q on CUDA or the Triton
-    interpreter requested (TRITON_INTERPRET=1, set before triton is first imported)."""
+    Covered: head dim in SUPPORTED_HEAD_DIMS, triton importable, q on CUDA or the Triton
+    interpreter requested (TRITON_INTERPRET=1, set before triton is first imported), and on CUDA
+    a device with the shared memory the kernels' blocks need (shared_memory_shortfall)."""
     hd = q.shape[-1]
     if hd not in SUPPORTED_HEAD_DIMS:
         return False, f"head dim {hd} is not one of the Triton kernels' {SUPPORTED_HEAD_DIMS}"
@@ -33,4 +51,9 @@ def triton_supported(q: torch.Tensor, hp=None) -> tuple[bool, str]:
         return False, f"tensors on {q.device.type} and TRITON_INTERPRET is not set (the kernels need CUDA)"
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         return False, f"dtype {q.dtype} is not supported by the Triton kernels"
+    if q.is_cuda:
+        props = torch.cuda.get_device_properties(q.device)
+        short = shared_memory_shortfall(props.name, getattr(props, "shared_memory_per_block_optin", None), hd)
+        if short:
+            return False, short
     return True, ""
