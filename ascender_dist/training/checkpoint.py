@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ascender_dist.config.errors import UserError
-from ascender_dist.training.guard import any_rank
+from ascender_dist.training.guard import any_rank, first_failure
 from ascender_dist.training.publish import publish_directory
 
 log = logging.getLogger(__name__)
@@ -301,15 +301,6 @@ def _sha256(path: Path, sync: bool = False) -> str:
 def _files_under(directory: Path) -> list[str]:
     """Every regular file below ``directory``, as sorted POSIX paths relative to it."""
     return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
-
-
-def first_failure(problem: Optional[str]) -> Optional[tuple[int, str]]:
-    """Collective: (rank, message) of the lowest rank that passed a problem, else None on every rank."""
-    if not any_rank(problem is not None):
-        return None
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, problem)
-    return next((rank, message) for rank, message in enumerate(gathered) if message is not None)
 
 
 def _free_space(directory: Path) -> str:

@@ -87,3 +87,13 @@ def max_over_ranks(value: float, group=None) -> float:
 def any_rank(flag: bool, group=None) -> bool:
     """Collective: whether ``flag`` is set on any rank of ``group``."""
     return max_over_ranks(1.0 if flag else 0.0, group) > 0
+
+
+def first_failure(problem):
+    """Collective: (rank, problem) of the lowest rank that passed a problem (any picklable object,
+    usually its one-line message), else None on every rank."""
+    if not any_rank(problem is not None):
+        return None
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, problem)
+    return next((rank, found) for rank, found in enumerate(gathered) if found is not None)

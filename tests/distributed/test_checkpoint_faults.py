@@ -118,3 +118,11 @@ def test_every_file_of_a_save_is_hashed_when_one_ranks_listing_is_stale(universa
     sub/d.pt went unrecorded (never checked on resume)."""
     for value in assert_check(universal, "stale_listing"):
         assert value["files"] == ["a.pt", "b.pt", "c.pt", "sub/d.pt"], value
+
+
+def test_init_from_weights_that_fail_on_one_stage_stop_every_rank(universal):
+    """Before, the stage lacking a layer raised and the others waited in the next collective until
+    the process group's timeout."""
+    rank0, rank1 = assert_check(universal, "init_from_rank1")
+    assert rank1["error"] == "checkpoint.init_from: w.safetensors: no tensor decoder.layers.3.mlp.linear_fc1.weight"
+    assert rank0["error"] == rank1["error"] + " (found on rank 1)"

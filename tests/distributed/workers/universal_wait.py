@@ -3,7 +3,8 @@ ensure_universal (rank 0's conversion, a stand-in that takes longer than that, m
 other rank out; a failed conversion stops both ranks with rank 0's message) and check_shared_dir
 (a directory that is not the same on every rank is refused on every rank) and the resume tag
 (rank 0's reading of `latest` on every rank, also where another rank's view of it is stale) and
-the checkpoint's file records (every file hashed although one rank's listing misses one)."""
+the checkpoint's file records (every file hashed although one rank's listing misses one), and a
+weights-file error found on one rank only raised on every rank."""
 
 import contextlib
 import json
@@ -154,6 +155,25 @@ def _hash_with_stale_listing(staged: Path) -> dict:
         return {"files": sorted(ckpt._hash_share(staged))}
 
 
+def _init_from_fails_on_rank1() -> dict:
+    """engine._on_every_rank around a step that fails on rank 1 only (the pipeline stage holding a
+    layer the weights file lacks): rank 0 must not go on into the next collective."""
+    from ascender_dist.config.errors import ConfigError
+    from ascender_dist.training.engine import _on_every_rank
+
+    def shards():
+        if dist.get_rank() == 1:
+            raise ConfigError("checkpoint.init_from", "w.safetensors: no tensor decoder.layers.3.mlp.linear_fc1.weight")
+        return ["rank 0's shards"]
+
+    try:
+        result = _on_every_rank(shards)
+        dist.barrier()  # the collective that follows (check_all_weights_used's gather)
+        return {"result": result}
+    except ConfigError as exc:
+        return {"error": str(exc)}
+
+
 def main(args):
     root = Path(args["root"])
     _short_timeout_group(root)
@@ -169,4 +189,5 @@ def main(args):
                        "stale_latest": lambda: _resume_tag(root / "stale", [1, 2], 2, stale_on_rank1=True),
                        "marker_not_visible": lambda: _resume_tag(root / "hidden", [1], 1, marker_hidden_on_rank1=True),
                        "latest_missing": lambda: _resume_tag(root / "missing", [1], None),
-                       "stale_listing": lambda: _hash_with_stale_listing(root / "step_00000009.partial")})
+                       "stale_listing": lambda: _hash_with_stale_listing(root / "step_00000009.partial"),
+                       "init_from_rank1": _init_from_fails_on_rank1})
