@@ -14,6 +14,7 @@ from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.build import build_model, lm_loss
 from ascender_dist.parallel.setup import MegatronMPU
 from ascender_dist.training.deepspeed_config import adamw_params, to_deepspeed_config, uses_own_optimizer
+from ascender_dist.training.guard import on_every_rank
 from ascender_dist.training.weights import check_all_weights_used, copy_shards, rank_shards, set_fp32_masters
 from ascender_dist.training.zero0_optimizer import ClippedAdamW
 
@@ -97,30 +98,6 @@ def apply_optimizer_config(optimizer, o) -> list[str]:
     return sorted(set(changed))
 
 
-def _on_every_rank(fn):
-    """``fn()``; a ConfigError it raises on some ranks is raised on every rank (the lowest failing
-    rank's), so that the others do not go on into the next collective and wait there until the
-    process group's timeout (a pipeline stage finds a missing layer, the other stages do not).
-    Collective when distributed."""
-    import torch.distributed as dist
-
-    from ascender_dist.config.errors import ConfigError
-    from ascender_dist.training.guard import first_failure
-
-    try:
-        result, error = fn(), None
-    except ConfigError as exc:
-        result, error = None, exc
-    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    failure = first_failure(None if error is None else (error.path, error.message)) if distributed else None
-    if error is not None:
-        raise error
-    if failure is not None:
-        rank, (path, message) = failure
-        raise ConfigError(path, f"{message} (found on rank {rank})")
-    return result
-
-
 def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = None, guard=None,
                  load_universal: bool = False):
     """PP=1: megatron's GPTModel in DeepSpeed's engine (ZeRO 0-3). PP>1: the same layers in
@@ -139,7 +116,7 @@ def build_engine(cfg: RunConfig, derived: Derived, init_state: Optional[dict] = 
     shards = []
     if init_state is not None:  # before DeepSpeed wraps (and, under ZeRO-3, partitions) the weights
         source, field = cfg.checkpoint.init_from or "", "checkpoint.init_from"
-        shards = _on_every_rank(lambda: rank_shards(module, cfg, init_state, source=source, field=field))
+        shards = on_every_rank(lambda: rank_shards(module, cfg, init_state, source=source, field=field))
         check_all_weights_used(init_state, copy_shards(shards), source=source, field=field)
     groups = weight_decay_groups(module, cfg.optimizer.weight_decay)
     optimizer = own_optimizer(cfg, groups) if uses_own_optimizer(cfg) else None

@@ -26,7 +26,7 @@ from ascender_dist.parallel.setup import ParallelState, init_model_parallel, ini
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.callbacks import Callback, default_callbacks
 from ascender_dist.training.engine import build_engine
-from ascender_dist.training.guard import LossGuard
+from ascender_dist.training.guard import LossGuard, on_every_rank
 from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, prepare_log_dir
 from ascender_dist.training.weights import pad_vocab, read_weights_file
 
@@ -195,9 +195,11 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     universal = resume_tag is not None and resume_tag.endswith(ckpt.UNIVERSAL)
     engine = build_engine(cfg, derived, init_state, guard, load_universal=universal)
     vocab = cfg.model.vocab_size or (tokenizer.vocab_size if tokenizer else derived.padded_vocab_size)
-    metrics = MetricLogger(derived.tensorboard_dir if cfg.logging.tensorboard else None,
-                           enabled=pstate.is_logging_rank, wandb=cfg.logging.wandb,
-                           run_dir=derived.output_dir, run_name=cfg.name, run_config=to_dict(cfg))
+    # the sinks start on the logging rank only: a W&B failure there is raised on every rank
+    metrics = on_every_rank(lambda: MetricLogger(derived.tensorboard_dir if cfg.logging.tensorboard else None,
+                                                 enabled=pstate.is_logging_rank, wandb=cfg.logging.wandb,
+                                                 run_dir=derived.output_dir, run_name=cfg.name,
+                                                 run_config=to_dict(cfg)))
     flops_per_token = count_model(cfg.model, vocab, cfg.parallel.tensor_model_parallel_size).flops_per_token
     defaults = default_callbacks(cfg, pstate.world_size, metrics, flops_per_token,
                                  peak_tflops_per_device(cfg.logging.peak_tflops_per_device))

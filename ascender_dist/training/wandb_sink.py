@@ -54,8 +54,14 @@ class WandbSink:
         wandb_dir = Path(run_dir) / "wandb"  # where wandb.init(dir=run_dir) writes its runs
         wandb_dir.mkdir(parents=True, exist_ok=True)
         resume = {"id": persistent_run_id(wandb_dir), "resume": "allow"} if cfg.mode == "online" else {}
-        self.run = wandb.init(project=cfg.project, entity=cfg.entity, mode=cfg.mode, dir=str(run_dir), name=run_name,
-                              config=run_config or {}, settings=wandb.Settings(console="off", silent=True), **resume)
+        try:
+            self.run = wandb.init(project=cfg.project, entity=cfg.entity, mode=cfg.mode, dir=str(run_dir),
+                                  name=run_name, config=run_config or {},
+                                  settings=wandb.Settings(console="off", silent=True), **resume)
+        except Exception as exc:  # network, authentication, a bad entity: W&B's own types
+            text = str(exc).strip().splitlines() or [""]
+            raise ConfigError("logging.wandb", f"wandb.init failed ({type(exc).__name__}: {text[0][:200]}); "
+                                               "mode: offline logs without a network") from None
         self.run.define_metric(STEP_KEY)
         self.run.define_metric("*", step_metric=STEP_KEY)
 

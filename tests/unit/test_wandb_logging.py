@@ -122,3 +122,24 @@ def test_logger_without_wandb_or_on_other_ranks_starts_nothing(tmp_path):
     assert MetricLogger(tmp_path / "tb", enabled=True, wandb=WandbConfig()).wandb is None
     assert MetricLogger(None, enabled=False, wandb=WandbConfig(project="p", mode="offline")).wandb is None
     assert not (tmp_path / "wandb").exists()
+
+
+def test_a_failing_wandb_init_is_one_line_naming_the_field(tmp_path, monkeypatch):
+    """W&B's own exception types (network, authentication) were tracebacks on the logging rank only;
+    as a ConfigError, build_run raises it on every rank (guard.on_every_rank)."""
+    import sys
+    import types
+
+    from ascender_dist.training.wandb_sink import WandbSink
+
+    class CommError(Exception):
+        pass
+
+    def init(**kwargs):
+        raise CommError("Network error (ConnectionError), entering retry loop.\nmore detail")
+
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init, Settings=lambda **kw: kw))
+    with pytest.raises(ConfigError) as info:
+        WandbSink(WandbConfig(project="p", mode="online"), tmp_path, "t")
+    assert str(info.value) == ("logging.wandb: wandb.init failed (CommError: Network error (ConnectionError), "
+                               "entering retry loop.); mode: offline logs without a network")

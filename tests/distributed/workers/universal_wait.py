@@ -156,10 +156,10 @@ def _hash_with_stale_listing(staged: Path) -> dict:
 
 
 def _init_from_fails_on_rank1() -> dict:
-    """engine._on_every_rank around a step that fails on rank 1 only (the pipeline stage holding a
+    """guard.on_every_rank around a step that fails on rank 1 only (the pipeline stage holding a
     layer the weights file lacks): rank 0 must not go on into the next collective."""
     from ascender_dist.config.errors import ConfigError
-    from ascender_dist.training.engine import _on_every_rank
+    from ascender_dist.training.guard import on_every_rank
 
     def shards():
         if dist.get_rank() == 1:
@@ -167,7 +167,7 @@ def _init_from_fails_on_rank1() -> dict:
         return ["rank 0's shards"]
 
     try:
-        result = _on_every_rank(shards)
+        result = on_every_rank(shards)
         dist.barrier()  # the collective that follows (check_all_weights_used's gather)
         return {"result": result}
     except ConfigError as exc:
