@@ -99,21 +99,26 @@ def first_failure(problem):
     return next((rank, found) for rank, found in enumerate(gathered) if found is not None)
 
 def on_every_rank(fn):
-    """``fn()``; a ConfigError it raises on some ranks is raised on every rank (the lowest failing
-    rank's, naming it), so that the others do not go on into the next collective and wait there
-    until the process group's timeout (a pipeline stage finds a layer missing from the weights,
-    the logging rank cannot start W&B). Collective when distributed."""
-    from ascender_dist.config.errors import ConfigError
+    """``fn()``; a UserError it raises on some ranks is raised on every rank (the lowest failing
+    rank's, naming it; a ConfigError stays one, naming its field), so that the others do not go on
+    into the next collective and wait there until the process group's timeout (a pipeline stage
+    finds a layer missing from the weights, the logging rank cannot start W&B, one node's mount is
+    read-only). Collective when distributed."""
+    from ascender_dist.config.errors import ConfigError, UserError
 
     try:
         result, error = fn(), None
-    except ConfigError as exc:
+    except UserError as exc:
         result, error = None, exc
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    failure = first_failure(None if error is None else (error.path, error.message)) if distributed else None
+    found = None if error is None else (
+        (error.path, error.message) if isinstance(error, ConfigError) else (None, str(error)))
+    failure = first_failure(found) if distributed else None
     if error is not None:
         raise error
     if failure is not None:
         rank, (path, message) = failure
+        if path is None:
+            raise UserError(f"{message} (found on rank {rank})")
         raise ConfigError(path, f"{message} (found on rank {rank})")
     return result

@@ -17,7 +17,7 @@ from typing import Any, Optional, Sequence
 
 import torch.distributed as dist
 
-from ascender_dist.config.loader import to_dict
+from ascender_dist.config.loader import dump_yaml, to_dict
 from ascender_dist.config.resolve import Derived, derive
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.ascender.common import set_aux_loss_scale
@@ -165,12 +165,34 @@ def _refuse_fresh_start_over_checkpoints(cfg: RunConfig, directory: Path) -> Non
                           "use another checkpoint.dir, remove them, or resume (auto_resume: true)")
 
 
+def check_same_config(cfg: RunConfig) -> None:
+    """Collective: every rank loaded the same configuration. Each rank reads the YAML file (and its
+    --set overrides) itself: a file edited while a multi-node job starts, or overrides that differ
+    between nodes' launch lines, would give ranks different models or batch sizes (hangs, or
+    silently wrong training)."""
+    import hashlib
+
+    from ascender_dist.config.errors import ConfigError
+
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    digest = hashlib.sha256(dump_yaml(to_dict(cfg)).encode()).hexdigest()
+    digests: list = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest)
+    differ = [rank for rank, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        raise ConfigError("config", f"ranks {differ} loaded another configuration than rank 0 (sha256 "
+                                    f"{digests[differ[0]][:12]} vs {digests[0][:12]}): the file changed while the job "
+                                    "started, or the --set overrides differ between nodes")
+
+
 def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
               callbacks: Sequence[Callback] = ()) -> Run:
     """Set up a run (collective: every rank calls it). ``init_state``: canonical full weights to
     start from (else ``checkpoint.init_from``, else random init); ignored when a checkpoint to resume
     from exists. ``callbacks`` run after the default ones (layer statistics, throughput, logging)."""
     init_process_group(cfg.parallel.distributed_timeout_minutes)
+    check_same_config(cfg)
     tokenizer = load_tokenizer(cfg)
     derived = derive(cfg, dist.get_world_size(), tokenizer.vocab_size if tokenizer else None)
     p = cfg.parallel
@@ -179,10 +201,11 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
                                  p.distributed_timeout_minutes)
     loader = build_loader(cfg, tokenizer, pstate)
     val_loader = build_loader(cfg, tokenizer, pstate, split="val") if cfg.train.eval_interval else None
-    ckpt.prepare_checkpoint_dir(derived.checkpoint_dir)
+    # every rank creates the directories; one node's failure (a read-only mount) stops all of them
+    on_every_rank(lambda: ckpt.prepare_checkpoint_dir(derived.checkpoint_dir))
     ckpt.check_shared_dir(derived.checkpoint_dir)
     if cfg.logging.tensorboard:
-        prepare_log_dir(derived.tensorboard_dir)
+        on_every_rank(lambda: prepare_log_dir(derived.tensorboard_dir))
     _refuse_fresh_start_over_checkpoints(cfg, derived.checkpoint_dir)
     resuming = cfg.checkpoint.auto_resume and ckpt.agreed_latest_tag(derived.checkpoint_dir) is not None
     if init_state is None and cfg.checkpoint.init_from and not resuming:

@@ -20,7 +20,7 @@ from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.callbacks import Callback, overrides
 from ascender_dist.training.engine import apply_optimizer_config, build_engine, pipeline_batches
 from ascender_dist.models.build import poison
-from ascender_dist.training.guard import any_rank, max_over_ranks
+from ascender_dist.training.guard import any_rank, max_over_ranks, on_every_rank
 from ascender_dist.training.layer_stats import set_training_step
 from ascender_dist.training.lr_schedule import lr_at, set_lr
 from ascender_dist.training.resume_check import check_resume, data_fingerprint
@@ -93,7 +93,9 @@ class Trainer:
         tag = tag or self.resume_tag or ckpt.agreed_latest_tag(self.derived.checkpoint_dir)
         self.resume_tag = None  # a universal copy is read once; later rollbacks use our own checkpoints
         if tag is not None:  # same model, same data (or a change the config allows), before loading
-            self.data_record = check_resume(self.cfg, self.derived.checkpoint_dir, tag, self.pstate.is_logging_rank)
+            # reads the manifests again (a rollback too): a file rewritten meanwhile stops every rank
+            self.data_record = on_every_rank(lambda: check_resume(self.cfg, self.derived.checkpoint_dir, tag,
+                                                                  self.pstate.is_logging_rank))
         self.engine = self._engine_for(tag)
         client_state = ckpt.load_checkpoint(self.engine, self.derived.checkpoint_dir, tag)
         if client_state is None:

@@ -126,3 +126,14 @@ def test_init_from_weights_that_fail_on_one_stage_stop_every_rank(universal):
     rank0, rank1 = assert_check(universal, "init_from_rank1")
     assert rank1["error"] == "checkpoint.init_from: w.safetensors: no tensor decoder.layers.3.mlp.linear_fc1.weight"
     assert rank0["error"] == rank1["error"] + " (found on rank 1)"
+
+
+def test_a_configuration_that_differs_on_one_rank_stops_every_rank(universal):
+    for value in assert_check(universal, "config_rank1"):
+        assert value["error"].startswith("config: ranks [1] loaded another configuration than rank 0"), value
+
+
+def test_a_checkpoint_dir_one_rank_cannot_write_stops_every_rank(universal):
+    rank0, rank1 = assert_check(universal, "read_only_rank1")
+    assert rank1["error"].endswith("read-only: checkpoint directory is not writable"), rank1
+    assert rank0["error"] == rank1["error"] + " (found on rank 1)"

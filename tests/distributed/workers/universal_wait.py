@@ -4,7 +4,8 @@ other rank out; a failed conversion stops both ranks with rank 0's message) and 
 (a directory that is not the same on every rank is refused on every rank) and the resume tag
 (rank 0's reading of `latest` on every rank, also where another rank's view of it is stale) and
 the checkpoint's file records (every file hashed although one rank's listing misses one), and a
-weights-file error found on one rank only raised on every rank."""
+weights-file error, a configuration or a checkpoint directory that differs on one rank stops every
+rank (each check: what a rank deciding alone did before: go on into the next collective and wait)."""
 
 import contextlib
 import json
@@ -174,7 +175,43 @@ def _init_from_fails_on_rank1() -> dict:
         return {"error": str(exc)}
 
 
+def _config_differs_on_rank1() -> dict:
+    """check_same_config where rank 1 read another learning rate (a file edited mid-launch)."""
+    from ascender_dist.config.errors import ConfigError
+    from ascender_dist.config.resolve import config_from_dict
+    from ascender_dist.training.run import check_same_config
+
+    check_same_config(config_from_dict({"optimizer": {"lr": 1e-3}}))
+    try:
+        check_same_config(config_from_dict({"optimizer": {"lr": 1e-3 * (1 + dist.get_rank())}}))
+        return {"error": None}
+    except ConfigError as exc:
+        return {"error": str(exc)}
+
+
+def _read_only_on_rank1(directory: Path) -> dict:
+    """prepare_checkpoint_dir under on_every_rank (as build_run calls it) where rank 1's mount is
+    read-only: both ranks stop, rather than rank 0 going on into the shared-directory check."""
+    import os
+
+    from ascender_dist.config.errors import UserError
+    from ascender_dist.training import checkpoint as ckpt
+    from ascender_dist.training.guard import on_every_rank
+
+    writable = os.access if dist.get_rank() == 0 else (lambda path, mode: False)
+    with mock.patch.object(os, "access", writable):
+        try:
+            on_every_rank(lambda: ckpt.prepare_checkpoint_dir(directory))
+            ckpt.check_shared_dir(directory)
+            return {"error": None}
+        except UserError as exc:
+            return {"error": str(exc)}
+
+
 def main(args):
+    import ascender_dist.training.run  # noqa: F401  (megatron and deepspeed: a slow first import, before
+    # any collective can time out on the other rank waiting)
+
     root = Path(args["root"])
     _short_timeout_group(root)
     return run_checks({"shared_dir": lambda: _shared(root / "shared"),
@@ -190,4 +227,6 @@ def main(args):
                        "marker_not_visible": lambda: _resume_tag(root / "hidden", [1], 1, marker_hidden_on_rank1=True),
                        "latest_missing": lambda: _resume_tag(root / "missing", [1], None),
                        "stale_listing": lambda: _hash_with_stale_listing(root / "step_00000009.partial"),
-                       "init_from_rank1": _init_from_fails_on_rank1})
+                       "init_from_rank1": _init_from_fails_on_rank1,
+                       "config_rank1": _config_differs_on_rank1,
+                       "read_only_rank1": lambda: _read_only_on_rank1(root / "read-only")})
