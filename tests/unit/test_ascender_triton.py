@@ -216,6 +216,8 @@ def test_kernels_bfloat16_inputs_run_in_fp32_and_return_bf16():
     assert got.out.dtype == torch.bfloat16
     err = (got.out.double().cpu() - ref.out).abs().max().item()
     assert err < 1e-2 * max(1.0, ref.out.abs().max().item()), err  # bf16 rounding of the output
+    function_node = got.out.grad_fn.next_functions[0][0]  # out = outs[0].to(bf16): its input is the Function's
+    assert [x.dtype for x in function_node.saved_tensors[:5]] == [torch.bfloat16] * 5  # q..h kept as given
     got.out.float().sum().backward()
     assert all(x.grad is not None and x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad).all() for x in inputs)
 

@@ -161,9 +161,12 @@ class _TritonAttention(torch.autograd.Function):
     """All rows of one call through the kernels; see the module docstring."""
 
     @staticmethod
-    def forward(ctx, spec: Spec, ieee: bool, q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx,
-                valid):  # fmt: skip
+    def forward(ctx, spec: Spec, ieee: bool, q_in, k_in, v_in, z_in, h_in, omega, lambdas, delta, kappa, tau, slope,
+                idx, valid):  # fmt: skip
         call, hp = spec.call, spec.call.hp
+        # bf16 / fp16 inputs are kept as given for backward (half the bytes of fp32 copies) and
+        # computed in the parameters' dtype
+        q, k, v, z, h = (x.to(omega.dtype) for x in (q_in, k_in, v_in, z_in, h_in))
         t = operands(call, q, k, v, z, h, delta, tau, slope)
         t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
         b, nh, n, hd = q.shape
@@ -183,8 +186,8 @@ class _TritonAttention(torch.autograd.Function):
         out = out_aug if out_aug.shape[-1] == hd else out_aug[..., :hd].contiguous()
         ctx.spec, ctx.ieee = spec, ieee
         extra = [lsep] if lsep is not None else []
-        ctx.save_for_backward(q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug, lse,
-                              *extra, *stats.values())  # fmt: skip
+        ctx.save_for_backward(q_in, k_in, v_in, z_in, h_in, omega, lambdas, delta, kappa, tau, slope, idx, valid,
+                              out_aug, lse, *extra, *stats.values())  # fmt: skip
         ctx.set_materialize_grads(False)
         return (out, *row_out.values())
 
@@ -193,6 +196,8 @@ class _TritonAttention(torch.autograd.Function):
         spec = ctx.spec
         call = spec.call
         q, k, v, z, h, omega, lambdas, delta, kappa, tau, slope, idx, valid, out_aug, lse, *rest = ctx.saved_tensors
+        q, k, v, z, h = (x.to(omega.dtype) for x in (q, k, v, z, h))  # the gradients return in it (autograd
+        # casts them to the inputs' dtype)
         lsep = rest.pop(0) if call.want_lsep else None
         stats = dict(zip(spec.stat_keys, rest))
         t = operands(call, q, k, v, z, h, delta, tau, slope)
@@ -309,6 +314,7 @@ def triton_attention(
     in fp64."""
     in_dtype = q.dtype
     low = in_dtype in (torch.bfloat16, torch.float16)
+    given = [x.contiguous() for x in (q, k, v, z, h)]  # what _TritonAttention keeps for backward
     if low:
         q, k, v, z, h = (x.float() for x in (q, k, v, z, h))
     b, nh, n, hd = q.shape
@@ -322,9 +328,8 @@ def triton_attention(
     # thread switches by itself)
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         outs = _TritonAttention.apply(
-            spec, not low, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(),
-            params.omega.to(dt), params.lambdas.to(dt), params.delta.to(dt), params.kappa.to(dt),
-            params.tau_score.to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
+            spec, not low, *given, params.omega.to(dt), params.lambdas.to(dt), params.delta.to(dt),
+            params.kappa.to(dt), params.tau_score.to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
         )  # fmt: skip
     rows = with_z_origin({"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}, z)
     aux = aux_losses(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
