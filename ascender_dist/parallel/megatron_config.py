@@ -53,7 +53,12 @@ def to_transformer_config(m: ModelConfig, layout: ModelLayout, precision: str):
         persist_layer_norm=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
-        use_cpu_initialization=not torch.cuda.is_available(),
+        # on a GPU too: megatron's GPU initialisation draws each TP shard from a generator seeded by
+        # (seed, tp_rank), so a model built at TP=2 started from other weights than at TP=1 (TP ablations
+        # compared different initialisations), and it is the path no CPU test runs; the CPU path draws
+        # every weight whole and keeps the rank's shard (TP-invariant, tested by the TP parity tests).
+        # DeepSpeed's engine moves the module to the GPU.
+        use_cpu_initialization=True,
         # mixed layer kinds (e.g. "SC") cannot be stacked into one [num_layers, ...] tensor per key
         # in dist-checkpointing: give each layer its own keys then
         hetereogenous_dist_checkpoint=len(set(expand_layer_pattern(m))) > 1,

@@ -67,7 +67,7 @@ class LoadedModel:
 
     def __init__(self, directory: Path, label: Optional[str] = None):
         from ascender_dist.config.resolve import derive
-        from ascender_dist.training.engine import build_cpu_model
+        from ascender_dist.training.engine import build_run_model
         from ascender_dist.config.architectures import expand_layer_pattern
         from ascender_dist.parallel.setup import init_model_parallel
         from ascender_dist.tools.convert import read_consolidated
@@ -82,7 +82,7 @@ class LoadedModel:
         self.pattern = expand_layer_pattern(cfg.model)
         init_model_parallel(1, 1, cfg.train.seed)
         derived = derive(cfg, 1, meta["vocab_size"])
-        self.model = build_cpu_model(cfg, derived)
+        self.model = build_run_model(cfg, derived).eval()
         load_canonical_state(self.model, cfg, pad_vocab(state, derived.padded_vocab_size), source=str(directory))
         set_training_step(self.model, last_training_step(self.step))  # Separation's gate as in the last step
         self.layers = list(self.model.decoder.layers)  # TransformerLayer, in order

@@ -67,7 +67,7 @@ def _tokens(cfg, meta: dict, text: Optional[str], max_tokens: int):
 
 def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = None, max_tokens: int = 64) -> dict:
     from ascender_dist.config.resolve import derive
-    from ascender_dist.training.engine import build_cpu_model
+    from ascender_dist.training.engine import build_run_model
     from ascender_dist.parallel.setup import init_model_parallel, init_process_group
     from ascender_dist.training.weights import load_canonical_state, pad_vocab
 
@@ -77,7 +77,7 @@ def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = 
     init_process_group()
     init_model_parallel(1, 1, cfg.train.seed)
     derived = derive(cfg, 1, meta["vocab_size"])
-    model = build_cpu_model(cfg, derived)
+    model = build_run_model(cfg, derived).eval()
     load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size), source=str(consolidated))
     tokens, labels = _tokens(cfg, meta, text, max_tokens)
     layers = _connection_layers(model)

@@ -39,14 +39,6 @@ def build_run_model(cfg: RunConfig, derived: Derived):
     return build_model(cfg.model, model_layout(cfg, derived), cfg.train.precision, cfg.train.seed)
 
 
-def build_cpu_model(cfg: RunConfig, derived: Derived) -> nn.Module:
-    """:func:`build_run_model` for a one-process tool (figures, inspection), in eval mode with every
-    parameter and buffer on the CPU: with a GPU visible megatron creates its layers' weights there
-    while the ASCender, Connection and norm modules stay on the CPU; training's DeepSpeed engine
-    moves the whole module, a tool would otherwise mix devices."""
-    return build_run_model(cfg, derived).cpu().eval()
-
-
 class LanguageModel(nn.Module):
     """``forward(tokens [b, s+1]) -> mean LM loss`` over the ``vocab_size`` real ids: the shape
     DeepSpeed's engine expects."""
