@@ -53,12 +53,16 @@ def vocab_cross_entropy(logits, labels, vocab_size: int):
     from megatron.core import parallel_state as mps
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    logits = logits.float()
-    local = logits.shape[-1]
+    upcast = logits.float()
+    local = upcast.shape[-1]
     first = mps.get_tensor_model_parallel_rank() * local  # global id of this slice's first column
     if first + local > vocab_size:
-        padding = torch.arange(first, first + local, device=logits.device) >= vocab_size  # [v/tp]
-        logits = logits.masked_fill(padding, float("-inf"))
+        padding = torch.arange(first, first + local, device=upcast.device) >= vocab_size  # [v/tp]
+        # in place into our own fp32 copy of bf16 logits (one logits-sized fp32 tensor less at the
+        # peak: GiBs at long sequences and large vocabularies); fp32 logits are the model's own
+        upcast = upcast.masked_fill_(padding, float("-inf")) if upcast is not logits else \
+            upcast.masked_fill(padding, float("-inf"))
+    logits = upcast
     return vocab_parallel_cross_entropy(logits.contiguous(), labels.contiguous())
 
 

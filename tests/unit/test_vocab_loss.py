@@ -27,3 +27,26 @@ def test_padding_ids_take_no_probability_mass(single_rank_group):
     assert torch.equal(vocab_cross_entropy(shifted, labels, vocab), loss.detach())
     unpadded = vocab_cross_entropy(logits.detach(), labels, padded)  # no padding: megatron's loss
     assert not torch.allclose(unpadded, loss.detach())
+
+
+def test_bf16_logits_are_masked_in_their_fp32_copy_not_in_place(single_rank_group):
+    """bf16 logits: the padding mask goes in place into the loss's own fp32 copy (one logits-sized
+    tensor less at the peak); the model's bf16 logits stay as they were, the loss and its gradient
+    equal those of the fp32 logits."""
+    from ascender_dist.models.build import vocab_cross_entropy
+    from ascender_dist.parallel.setup import init_model_parallel
+
+    init_model_parallel(1, 1, seed=0)
+    vocab, padded = 500, 512
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(2, 4, padded, generator=g).to(torch.bfloat16).requires_grad_()
+    before = logits.detach().clone()
+    labels = torch.randint(0, vocab, (2, 4), generator=g)
+    loss = vocab_cross_entropy(logits, labels, vocab)
+    assert torch.equal(logits.detach(), before)
+    as_fp32 = logits.detach().float().requires_grad_()
+    expected = vocab_cross_entropy(as_fp32, labels, vocab)
+    assert torch.equal(loss, expected)
+    loss.sum().backward()
+    expected.sum().backward()
+    assert torch.equal(logits.grad, as_fp32.grad.to(torch.bfloat16)) and torch.all(logits.grad[..., vocab:] == 0)
