@@ -120,9 +120,10 @@ def _slice(stats: dict, c0: int, c1: int) -> dict:
     return {k_: v_[:, :, c0:c1] for k_, v_ in stats.items()}
 
 
-def _row_parts(spec: Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
+def _row_parts(spec: Spec, t: dict, stats: dict, ops: Ops, with_rows: bool, with_stats: bool):
     """Per-row algebra of every chunk without autograd: fills ops.qk / qa / qc / fac / mu and
-    returns the row outputs [b, np, s, ...] (and the mass-moved sums when stats are wanted)."""
+    returns the row outputs [b, np, s, ...] (and the mass-moved sums when ``with_stats`` and the
+    call wants them: forward only, backward would rebuild the diagnostic tiles for nothing)."""
     call, hp = spec.call, spec.call.hp
     b, nh, n, hd = t["q"].shape
     B = b * nh
@@ -141,7 +142,7 @@ def _row_parts(spec: Spec, t: dict, stats: dict, ops: Ops, with_rows: bool):
             q3[key][:, c0:c1] = p
         if factor is not None:
             fac[:, c0:c1] = factor.reshape(B, c1 - c0)
-        if call.with_stats:  # diagnostics: the fast path's explicit no-grad tiles
+        if call.with_stats and with_stats:  # diagnostics: the fast path's explicit no-grad tiles
             _, tiles = kernel_tiles(call, c0, c1, L, t, keep=False)
             for key, val in moved_stats(call, c0, c1, L, t, rows, factor, tiles.get("dev")).items():
                 moved[key] = moved.get(key, 0) + val
@@ -172,7 +173,7 @@ class _TritonAttention(torch.autograd.Function):
         b, nh, n, hd = q.shape
         ops = _make_ops(call, t, ieee)
         stats = _stats(call, ops, b, nh) if (call.use_sep or hp.use_coh) else {}
-        row_out, moved = _row_parts(spec, t, stats, ops, with_rows=True)
+        row_out, moved = _row_parts(spec, t, stats, ops, with_rows=True, with_stats=True)
         out3, lse, lsep = attention_forward(ops)
         out_aug = out3.view(b, nh, n, -1)
         if lsep is not None:
@@ -204,7 +205,7 @@ class _TritonAttention(torch.autograd.Function):
         t.update(omega=omega, lambdas=lambdas, delta=delta, kappa=kappa, tau=tau, slope=slope, idx=idx, valid=valid)
         d_rows = dict(zip(spec.row_keys, d_rows))
         ops = _make_ops(call, t, ctx.ieee)
-        row_out, _ = _row_parts(spec, t, stats, ops, with_rows=call.want_lcoh)
+        row_out, _ = _row_parts(spec, t, stats, ops, with_rows=call.want_lcoh, with_stats=False)
         dO3, d_c, dd, gl = _output_grad(call, out_aug, d_out, d_rows, row_out, lsep)
         # K3: folded query parts and the Separation row factor
         gqk, gqa, gqc, gfac, galibi = attention_row_grads(ops, dO3, lse, dd, gl, None)
