@@ -356,3 +356,17 @@ def test_devices_without_the_kernels_shared_memory_are_not_covered():
         "NVIDIA A100 allows 163 KiB of shared memory per block, the kernels need 224 KiB at head dim 128")
     assert "NVIDIA L40S allows 99 KiB" in shared_memory_shortfall("NVIDIA L40S", 99 * 1024, 32)
     assert shared_memory_shortfall("unknown", None, 64) == ""  # torch without the property: as before
+
+
+def test_kernels_under_autocast_compute_what_they_compute_without_it():
+    """HF inference runs under torch.autocast: the torch-side row algebra and neighbour search ran in
+    bf16 there (the kernels' fp32 contract held only outside autocast)."""
+    hp = base_hp(causal=True)
+    inputs = [x.detach().to(DEVICE, torch.bfloat16) for x in make_inputs(b=1, n=21, hd=16)]
+    params = make_params(hp, 2).to(DEVICE, F32)
+    plain = triton_attention(*inputs, params, hp, use_sep=True)
+    with torch.autocast(device_type=DEVICE, dtype=torch.bfloat16):
+        cast = triton_attention(*inputs, params, hp, use_sep=True)
+    assert torch.equal(cast.out, plain.out)
+    for key, val in plain.rows.items():
+        assert torch.equal(cast.rows[key], val), key

@@ -312,7 +312,14 @@ def triton_attention(
 ) -> AscenderResult:  # fmt: skip
     """fast_attention's contract (same arguments, same result) through the Triton kernels.
     bf16 / fp16 inputs run in fp32 (kernels accumulate in fp32; the output is cast back), fp64
-    in fp64."""
+    in fp64; also under torch.autocast (HF inference), which would otherwise run the torch-side
+    row algebra and neighbour search in bf16."""
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        return _triton_attention(q, k, v, z, h, params, hp, use_sep=use_sep, with_aux=with_aux, with_stats=with_stats)
+
+
+def _triton_attention(q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHParams, *, use_sep: bool,
+                      with_aux: bool, with_stats: bool) -> AscenderResult:  # fmt: skip
     in_dtype = q.dtype
     low = in_dtype in (torch.bfloat16, torch.float16)
     given = [x.contiguous() for x in (q, k, v, z, h)]  # what _TritonAttention keeps for backward
