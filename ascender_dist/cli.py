@@ -55,11 +55,15 @@ def train(args: argparse.Namespace) -> None:
     cfg = load_config(args.config, args.overrides)
     trainer = Trainer(cfg)
     trainer.fit()
-    if trainer.pstate.is_logging_rank:
+    if trainer.pstate.is_logging_rank and trainer.stop_reason is None:
         logging.getLogger("ascender_dist").info(
             "done: tensorboard logs in %s, checkpoint in %s",
             trainer.derived.tensorboard_dir.resolve(), trainer.derived.checkpoint_dir.resolve())
     shutdown_process_group()
+    if trainer.stop_reason is not None:  # saved and stopped early (signal, time budget): not done
+        from ascender_dist.training.preemption import EXIT_STATUS
+
+        raise SystemExit(EXIT_STATUS)
 
 
 def print_config(args: argparse.Namespace) -> None:

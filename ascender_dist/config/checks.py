@@ -222,6 +222,22 @@ def check_data_sources(cfg: RunConfig) -> None:
             raise ConfigError("data.url_template", problem)
 
 
+def check_exit_settings(cfg: RunConfig) -> None:
+    """A time budget that is a number >= 0; signals Python can catch, by name."""
+    import signal
+
+    t = cfg.train
+    _require_finite("train.exit_duration_minutes", t.exit_duration_minutes)
+    if t.exit_duration_minutes < 0:
+        raise ConfigError("train.exit_duration_minutes", f"must be >= 0 (0: off) (got {t.exit_duration_minutes})")
+    for name in t.exit_signals:
+        number = getattr(signal, str(name), None)
+        if not str(name).startswith("SIG") or not isinstance(number, signal.Signals) or number in (
+                signal.SIGKILL, signal.SIGSTOP):
+            raise ConfigError("train.exit_signals", f"{name!r} is not a signal a process can catch (e.g. SIGTERM, "
+                                                    "SIGUSR1, SIGUSR2)")
+
+
 def check_wandb(cfg: RunConfig) -> None:
     w = cfg.logging.wandb
     if w.entity and not w.project:
@@ -243,6 +259,7 @@ STATIC_CHECKS = [
     check_dropout,
     check_data_sources,
     check_bad_step_policy,
+    check_exit_settings,
     check_wandb,
 ]
 

@@ -89,6 +89,12 @@ class TrainConfig:
     # stop the job (one line: step, loss, last good checkpoint) instead of a rollback beyond this many
     # in a row; a row ends when a checkpoint is saved past the step that triggered its last rollback
     max_rollbacks: int = 3
+    # save a checkpoint and stop (exit status 75) once training has run this long in this job (0: off):
+    # a few minutes (a step and a save) under the scheduler's time limit, as Megatron's --exit-duration-in-mins
+    exit_duration_minutes: float = 0.0
+    # signals on which every rank saves a checkpoint at the next step boundary and stops (exit status 75):
+    # a scheduler's warning (Slurm --signal=USR1@600) or a preemption's SIGTERM; []: their default action (death)
+    exit_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
 
 
 @dataclass

@@ -151,6 +151,11 @@ class MetricLogging(Callback):
     def on_train_start(self, trainer) -> None:
         self._interval = []  # a later fit of the same trainer (fit(stop_at=...) then fit()) starts a new line
 
+    def on_save(self, trainer, tag: str) -> None:
+        # what was logged up to a checkpoint is on disk with it: a job killed later (the writer
+        # flushes every 2 minutes) loses no step that the resumed job will not log again
+        self.metrics.flush()
+
     def on_rollback(self, trainer) -> None:
         self._interval = []  # the steps rolled back are not the run's any more
         self.metrics.scalars(trainer.step, {"train/rollbacks": float(trainer.rollbacks)})

@@ -82,6 +82,7 @@ class MetricLogger:
         self.enabled = enabled
         self.writer = None
         self.wandb = None
+        self.tensorboard_dir = tensorboard_dir
         if enabled and tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -111,6 +112,17 @@ class MetricLogger:
             short = name.removeprefix("train/").replace("/", "_")
             parts.append(f"{short} {value:.4g}" if isinstance(value, float) else f"{short} {value}")
         log.info(" | ".join(parts))
+
+    def continue_at(self, step: int) -> None:
+        """The run continues after ``step`` (a resume, a rollback): a new TensorBoard event file whose
+        purge step hides what an earlier job or the rolled-back steps logged after ``step`` (the
+        curves would otherwise zig-zag over the steps logged twice)."""
+        if self.writer is None:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()
+        self.writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=step + 1)
 
     def flush(self) -> None:
         if self.writer is not None:

@@ -28,6 +28,7 @@ from ascender_dist.training.callbacks import Callback, default_callbacks
 from ascender_dist.training.engine import build_engine
 from ascender_dist.training.guard import LossGuard, on_every_rank
 from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, prepare_log_dir
+from ascender_dist.training.preemption import stop_callbacks
 from ascender_dist.training.weights import pad_vocab, read_weights_file
 
 log = logging.getLogger("ascender_dist")
@@ -225,7 +226,7 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
                                                  run_config=to_dict(cfg)))
     flops_per_token = count_model(cfg.model, vocab, cfg.parallel.tensor_model_parallel_size).flops_per_token
     defaults = default_callbacks(cfg, pstate.world_size, metrics, flops_per_token,
-                                 peak_tflops_per_device(cfg.logging.peak_tflops_per_device))
+                                 peak_tflops_per_device(cfg.logging.peak_tflops_per_device)) + stop_callbacks(cfg)
     return Run(cfg=cfg, tokenizer=tokenizer, derived=derived, pstate=pstate, loader=loader, val_loader=val_loader,
                guard=guard, resume_tag=resume_tag, engine=engine, metrics=metrics,
                callbacks=defaults + list(callbacks))

@@ -64,9 +64,15 @@ class Trainer:
         # from the checkpoint a rollback loads, which would un-count the steps that caused it
         self.skipped_steps = 0
         self.losses: list[float] = []  # per-step training loss (mean over the global batch), for tests
+        self.stop_reason: Optional[str] = None  # set by request_stop: fit saves and ends after this step
         self.data_record = {"data_fingerprint": data_fingerprint(cfg), "data_changes": []}  # -> meta.json
         if cfg.checkpoint.auto_resume:
             self.resume()
+
+    def request_stop(self, reason: str) -> None:
+        """End ``fit`` after the current step, with a checkpoint (a callback's decision, the same on
+        every rank: see :mod:`ascender_dist.training.preemption`)."""
+        self.stop_reason = reason
 
     def _call(self, hook: str, *args) -> None:
         for callback in self.callbacks:
@@ -112,6 +118,7 @@ class Trainer:
         if "rollback" in client_state:
             self.rollback_policy.load_state_dict(client_state["rollback"])
         self.skipped_steps = int(client_state.get("skipped_steps", self.engine.skipped_steps))
+        self.metrics.continue_at(self.step)  # TensorBoard hides the steps after it logged before
         if self.pstate.is_logging_rank:
             log.info("resumed from %s at step %d", self.derived.checkpoint_dir / tag if tag else
                      self.derived.checkpoint_dir / ckpt.tag_for_step(self.step), self.step)
@@ -336,11 +343,17 @@ class Trainer:
             if interval and self.step % interval == 0 and not self.consecutive_bad:
                 self.save()
                 saved_at = self.step
+            if self.stop_reason is not None:
+                break
         if saved_at != self.step and final_save:
             if not self.consecutive_bad:  # the same rule as the interval saves above
                 self.save()
             elif self.pstate.is_logging_rank:
                 log.warning("no final save at step %d: its last %d steps were skipped, the newest checkpoint "
                             "stays the latest", self.step, self.consecutive_bad)
+        if self.stop_reason is not None and self.pstate.is_logging_rank:
+            log.warning("stopped at step %d of %d (%s); the newest checkpoint is %s: run the same command "
+                        "again to continue", self.step, t.train_steps, self.stop_reason,
+                        ckpt.latest_tag(self.derived.checkpoint_dir))
         self._call("on_train_end")
         return self.losses

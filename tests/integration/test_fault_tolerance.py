@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from tests.helpers.data import make_tiny_dataset, tiny_run_config
-from tests.helpers.multiproc import run_job_ok, start_launcher_job, wait_job
+from tests.helpers.multiproc import REPO_ROOT, run_job_ok, start_launcher_job, wait_job
 
 pytestmark = pytest.mark.slow
 STEPS = 30
@@ -87,6 +87,38 @@ def test_random_sigkills_then_auto_resume_match_straight_run(data, tmp_path):
     for name in tensors:
         assert torch.equal(ours[name], reference[name]), name
     assert "resumed from" in (tmp_path / "killed.log").read_text()
+    # TensorBoard: every step once, in order, though the killed jobs logged steps past their last
+    # checkpoint that the next job trained again (each resume's purge step hides them)
+    from tests.helpers.tensorboard import read_scalars
+
+    assert [step for step, _ in read_scalars(tmp_path / "killed" / "tensorboard")["train/loss"]] == \
+        list(range(1, STEPS + 1))
+
+
+def test_a_signal_to_one_rank_saves_on_every_rank_and_the_same_command_continues(data, tmp_path):
+    """SIGUSR1 (a scheduler's warning) reaches rank 1 only: both ranks stop after the same step with a
+    checkpoint, the job exits 75, and running the command again finishes the run from there."""
+    from ascender_dist.training.checkpoint import latest_tag, step_of_tag
+
+    raw = tiny_run_config(data, tmp_path / "signalled", train={"train_steps": 40})  # saves only at the end
+    config = tmp_path / "signalled.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    log = tmp_path / "signalled.log"
+    proc = start_launcher_job(config, log)
+    deadline = time.monotonic() + 120
+    while "step 3/" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.05)
+    ranks = subprocess.run(["pgrep", "-f", "launch/train.py --local_rank=1"], capture_output=True, text=True)
+    os.kill(int(ranks.stdout.split()[0]), signal.SIGUSR1)
+    assert wait_job(proc, 120) == 75, log.read_text()[-3000:]
+    text = log.read_text()
+    stopped = int(re.search(r"stopped at step (\d+) of 40 \(received SIGUSR1 on rank 1\)", text).group(1))
+    assert stopped >= 3 and step_of_tag(latest_tag(tmp_path / "signalled" / "checkpoints")) == stopped
+    run_job_ok(config, tmp_path / "continued.log", 300)
+    assert f"resumed from {tmp_path / 'signalled' / 'checkpoints' / f'step_{stopped:08d}'}" in \
+        (tmp_path / "continued.log").read_text()
+    assert step_of_tag(latest_tag(tmp_path / "signalled" / "checkpoints")) == 40
 
 
 def test_a_dying_rank_ends_the_job(data, tmp_path):
@@ -131,3 +163,26 @@ def test_a_diverging_run_ends_in_bounded_time_with_one_line(data, tmp_path):
     assert int(last_good.rsplit("_", 1)[1]) < int(step)
     assert text.count("rolled back from step") == 2
     assert "Traceback" not in text, text[-3000:]
+
+
+def test_a_schedulers_sigusr1_to_the_whole_job_saves_and_stops_it_through_the_launch_script(data, tmp_path):
+    """Slurm's --signal=USR1@N signals every process of the job step: the `deepspeed` launcher too,
+    whose default action would end it (and the job) at once. single_node.sh (as multi_node.sh) makes
+    the launcher ignore it, so the ranks save and the job exits 75."""
+    from ascender_dist.training.checkpoint import latest_tag, step_of_tag
+
+    raw = tiny_run_config(data, tmp_path / "warned", train={"train_steps": 40})
+    config = tmp_path / "warned.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    log = tmp_path / "warned.log"
+    env = {**os.environ, "NUM_RANKS": "2", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    proc = subprocess.Popen(["bash", "launch/single_node.sh", "--config", str(config)], cwd=REPO_ROOT, env=env,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while "step 3/" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGUSR1)  # every process of the job, as slurmstepd does
+    assert wait_job(proc, 120) == 75, log.read_text()[-3000:]
+    stopped = int(re.search(r"stopped at step (\d+) of 40 \(received SIGUSR1 on rank 0\)", log.read_text()).group(1))
+    assert step_of_tag(latest_tag(tmp_path / "warned" / "checkpoints")) == stopped
