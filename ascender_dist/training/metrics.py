@@ -98,9 +98,12 @@ class MetricLogger:
             self.wandb.log(step, values)
         if self.writer is None:
             return
-        for name, value in values.items():
-            if value is not None:
-                self.writer.add_scalar(name, value, step)
+        try:
+            for name, value in values.items():
+                if value is not None:
+                    self.writer.add_scalar(name, value, step)
+        except OSError as exc:  # the writer thread's failure (disk full), raised on the logging rank only
+            self._stop_tensorboard(exc)
 
     def line(self, step: int, total: int, values: dict[str, float]) -> None:
         if not self.enabled:
@@ -124,9 +127,19 @@ class MetricLogger:
         self.writer.close()
         self.writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=step + 1)
 
+    def _stop_tensorboard(self, exc: OSError) -> None:
+        """TensorBoard logging ends, training goes on: the logging rank raising alone would leave the
+        others waiting in the next collective, and the checkpoints matter more than the curves."""
+        log.error("TensorBoard logging stopped at a write failure in %s (%s: %s); training goes on",
+                  self.tensorboard_dir, type(exc).__name__, exc)
+        self.writer = None
+
     def flush(self) -> None:
         if self.writer is not None:
-            self.writer.flush()
+            try:
+                self.writer.flush()
+            except OSError as exc:
+                self._stop_tensorboard(exc)
 
     def close(self) -> None:
         if self.writer is not None:

@@ -62,3 +62,4 @@ def test_the_stop_callback_is_there_only_when_asked():
     assert stop_callbacks(config_from_dict({"train": {"exit_signals": []}})) == []
     budget = stop_callbacks(config_from_dict({"train": {"exit_signals": [], "exit_duration_minutes": 5}}))
     assert isinstance(budget[0], StopRequests) and budget[0].duration_s == 300.0
+
