@@ -2,6 +2,11 @@
 
     python -m benchmarks.gpu_check                                  # one H100 or H200: ~7 min; writes benchmarks/results/gpu/
     python -m benchmarks.gpu_check --cpu-dry-run --out /tmp/dry     # the same script on CPU at tiny sizes
+    python -m benchmarks.gpu_check --out /tmp/gpu --archive $OUT/gpu_check.tar.gz   # a lent GPU machine (README)
+
+At start-up it records which of the project's packages import there, with versions (``packages.py``; a lent
+GPU machine lacks deepspeed, megatron-core and webdataset unless they travel as wheels: ``prepare_wheels.py``);
+a section whose packages do not import is skipped with one line naming them.
 
 Sections, run in this order, each under a time budget (``plan.py``); a section that fails records its
 error line in its results and the next one still runs; the exit status is 1 if any section failed:
@@ -16,8 +21,10 @@ error line in its results and the next one still runs; the exit status is 1 if a
     nccl       a 2-rank data-parallel training run when two GPUs exist (gloo on CPU in the dry run),
                otherwise one skip line
 
-Files (in ``--out``): ``summary.{json,md}`` (machine: device name, torch / triton / CUDA versions, git
-commit, date; every section's status, time and budget) and ``<section>.{json,md}`` (+ ``attention.png``
-when matplotlib is installed). The dry run writes the same files and claims no GPU (device ``cpu``, no MFU,
-no CUDA memory).
+Files (in ``--out``): ``summary.{json,md}`` (machine: device name, torch / triton / CUDA versions, driver, the
+packages' versions, git commit, date; every section's status, time and budget; rewritten before and after each
+section, unfinished ones marked, so a run killed at its time limit leaves a true summary) and
+``<section>.{json,md}`` (+ ``attention.png`` when matplotlib is installed); ``--archive FILE.tar.gz``: the
+same files in one archive, rewritten each time the summary is. The dry run writes the same files and claims
+no GPU (device ``cpu``, no MFU, no CUDA memory, no driver).
 """

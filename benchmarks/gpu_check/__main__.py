@@ -1,4 +1,5 @@
-"""``python -m benchmarks.gpu_check [--cpu-dry-run --out DIR] [--sections ...]``: see the package docstring."""
+"""``python -m benchmarks.gpu_check [--cpu-dry-run] [--out DIR] [--archive FILE.tar.gz] [--sections ...]``: see the
+package docstring."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from benchmarks.gpu_check import attention_table, kernel_tests, training
+from benchmarks.gpu_check.packages import check_packages, log_packages, missing_line
 from benchmarks.gpu_check.plan import DRY_RUN, GPU, SECTIONS, Budget, Plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,12 +23,18 @@ RUNNERS = {"tests": kernel_tests.run, "attention": attention_table.run, "trainin
 GPU_RESULTS = ROOT / "benchmarks" / "results" / "gpu"
 
 
-def run_section(name: str, plan: Plan, work: Path) -> dict:
-    """Run one section under its budget; an exception becomes the section's one-line status."""
+def run_section(name: str, plan: Plan, work: Path, packages: dict | None = None) -> dict:
+    """Run one section under its budget; an exception becomes the section's one-line status, and a section
+    whose packages did not import (``packages``: ``check_packages``'s record) is skipped with one line."""
     budget = Budget(plan.budgets[name])
     log.info("[%s] start (budget %.0f s)", name, budget.seconds)
+    missing = missing_line(name, packages or {})
     try:
-        result = RUNNERS[name](plan, work, budget)
+        if missing:
+            result = {"status": f"skipped: {missing} (carry them as wheels: "
+                                f"python -m benchmarks.gpu_check.prepare_wheels)"}
+        else:
+            result = RUNNERS[name](plan, work, budget)
     except Exception as exc:
         text = str(exc).strip().splitlines() or [""]
         result = {"status": f"failed: {type(exc).__name__}: {text[0][:300]}",
@@ -46,7 +54,25 @@ def parse_args(argv):
     p.add_argument("--out", type=Path, help=f"results folder (default on a GPU: {GPU_RESULTS.relative_to(ROOT)})")
     p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     p.add_argument("--kernel-tests-k", help="pytest -k expression for the kernel tests (default: the plan's)")
+    p.add_argument("--archive", type=Path, metavar="FILE.tar.gz",
+                   help="also keep the results folder as one .tar.gz, rewritten before the first section and after "
+                        "every section (a lent GPU machine returns few files: --archive $OUT/gpu_check.tar.gz)")
     return p.parse_args(argv)
+
+
+def _checkpoint(out: Path, archive: Path | None, results: dict, machine: dict, mode: str, seconds: float,
+                planned: dict, running: str | None = None, exit_code: int | None = None) -> None:
+    """summary.{json,md} as things stand (unfinished sections marked), then the archive."""
+    from benchmarks.gpu_check.report import write_archive, write_summary
+
+    write_summary(out, results, machine, mode, exit_code, seconds, planned=planned, running=running)
+    if archive is not None:
+        try:
+            size = write_archive(out, archive)
+            log.info("archive %s rewritten (%.0f kB; %d of %d sections done)", archive, size / 1024, len(results),
+                     len(planned))
+        except OSError as exc:
+            log.error("archive %s not written: %s", archive, exc)
 
 
 def main(argv=None) -> int:
@@ -70,21 +96,32 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     from benchmarks.gpu_check.machine import machine_info
-    from benchmarks.gpu_check.report import write_section, write_summary
+    from benchmarks.gpu_check.report import write_section
 
-    machine = machine_info(plan.device)
-    total = sum(plan.budgets[s] for s in args.sections)
-    log.info("%s on %s; sections %s, budget %.0f s in all; results -> %s", mode, machine["device_name"],
-             ", ".join(args.sections), total, out)
+    archive = args.archive.resolve() if args.archive else None
+    if archive is not None:
+        archive.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    machine = machine_info(plan.device)
+    log.info("checking which packages import (one child process)")
+    machine["packages"] = packages = check_packages(env=training._env(plan))
+    log_packages(packages)
+    if machine.get("driver_version") or machine.get("nvidia_smi"):
+        log.info("CUDA %s, driver %s (nvidia-smi: %s)", machine.get("cuda"), machine.get("driver_version"),
+                 machine.get("nvidia_smi"))
+    total = sum(plan.budgets[s] for s in args.sections)
+    log.info("%s on %s; sections %s, budget %.0f s in all; results -> %s%s", mode, machine["device_name"],
+             ", ".join(args.sections), total, out, f" (archive {archive})" if archive else "")
+    planned = {name: plan.budgets[name] for name in args.sections}
     results = {}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as work:
         for name in args.sections:
-            results[name] = run_section(name, plan, Path(work))
-            write_section(out, name, results[name], machine, mode)
+            _checkpoint(out, archive, results, machine, mode, time.monotonic() - t0, planned, running=name)
+            results[name] = run_section(name, plan, Path(work), packages)
+            write_section(out, name, results[name], machine, mode)  # the next _checkpoint archives it
     failed = [n for n, r in results.items() if r["status"].startswith("failed")]
     exit_code = 1 if failed else 0
-    write_summary(out, results, machine, mode, exit_code, time.monotonic() - t0)
+    _checkpoint(out, archive, results, machine, mode, time.monotonic() - t0, planned, exit_code=exit_code)
     log.info("done in %.0f s: %s; results in %s", time.monotonic() - t0,
              f"FAILED sections: {', '.join(failed)}" if failed else "every section ok or skipped", out)
     return exit_code

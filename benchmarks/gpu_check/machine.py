@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import datetime
 import os
+import subprocess
 
 from ascender_dist.versions import package_version
 from benchmarks.scaling import _machine
 
 SOURCE_COMMIT_VAR = "ASCENDER_SOURCE_COMMIT"
+NVIDIA_SMI = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
 
+
+def gpu_driver() -> dict:
+    """``{"driver_version", "nvidia_smi"}``: the driver of the first GPU and nvidia-smi's lines (name, driver,
+    memory of each GPU), or ``driver_version`` None and why, where nvidia-smi is absent or fails."""
+    try:
+        proc = subprocess.run(NVIDIA_SMI, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"driver_version": None, "nvidia_smi": f"not run: {type(exc).__name__}: {exc}"[:200]}
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    fields = [f.strip() for f in lines[0].split(",")] if lines else []
+    if proc.returncode != 0 or len(fields) < 2:
+        why = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1][:200]
+        return {"driver_version": None, "nvidia_smi": f"exit {proc.returncode}: {why}"}
+    return {"driver_version": fields[1], "nvidia_smi": lines}
 
 
 def machine_info(device: str) -> dict:
@@ -32,10 +48,12 @@ def machine_info(device: str) -> dict:
         info.update(device_name=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),
                     device_memory_gib=round(props.total_memory / 2**30, 1),
                     compute_capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
-                    cudnn=torch.backends.cudnn.version(), peak_bf16_tflops=peak_tflops_per_device(None))
+                    cudnn=torch.backends.cudnn.version(), peak_bf16_tflops=peak_tflops_per_device(None),
+                    **gpu_driver())
     else:
         info.update(device_name=f"CPU ({info['cpu_model']})", device_count=0, device_memory_gib=None,
-                    compute_capability=None, cuda=None, cudnn=None, peak_bf16_tflops=None)
+                    compute_capability=None, cuda=None, cudnn=None, peak_bf16_tflops=None, driver_version=None,
+                    nvidia_smi=None)
     return info
 
 
@@ -44,7 +62,8 @@ def header_lines(info: dict) -> list[str]:
     lines = [f"Device: **{info['device_name']}**" + (f" x {info['device_count']}" if info["device_count"] else "")
              + (f", {info['device_memory_gib']} GiB, compute capability {info['compute_capability']}"
                 if info["device"] == "cuda" else " (CPU dry run: no GPU was used)") + ".",
-             f"torch {info['torch']}, triton {info['triton'] or 'not installed'}, CUDA {info['cuda'] or 'none'}, "
+             f"torch {info['torch']}, triton {info['triton'] or 'not installed'}, CUDA {info['cuda'] or 'none'}"
+             + (f" (driver {info.get('driver_version') or 'unknown'})" if info["device"] == "cuda" else "") + ", "
              f"deepspeed {info['versions']['deepspeed']}, megatron-core {info['versions']['megatron-core']}, "
              f"Python {info['python']}; host CPU {info['cpu_model']} ({info['cores']} cores).",
              f"Commit {info['commit']}" + (f" with uncommitted changes in {', '.join(info['uncommitted'])}"

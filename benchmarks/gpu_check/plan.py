@@ -1,8 +1,10 @@
 """What each mode measures (sizes, steps, budgets) and the per-section clock.
 
-The GPU plan is sized for one H100 or H200 in about 7 minutes: the budgets below add up to 450 s, leaving
-~20 s for start-up and writing (the kernel tests took 112 s on an H200, most of it Triton compilation). Budgets are enforced: pytest and the training launches are killed at
-their section's budget, the attention table stops before a length whose estimated time would overrun.
+The GPU plan is sized for one H100 or H200 in about 8 minutes: the budgets below add up to 450 s, leaving
+~30 s for start-up (the package check imports deepspeed and megatron-core in a child) and writing (the
+kernel tests took 112 s on an H200, most of it Triton compilation). Budgets are enforced: pytest gets SIGINT
+at its section's budget (SIGKILL ``kernel_tests.INTERRUPT_GRACE_S`` later), the training launches are
+killed at it, the attention table stops before a length whose estimated time would overrun.
 The dry-run plan runs every code path on CPU at tiny sizes (fp32, gloo).
 """
 

@@ -1,10 +1,12 @@
-"""`python -m benchmarks.gpu_check --cpu-dry-run` end to end on CPU: every section's files, sane values,
-the CPU named and no GPU claimed (~1 min on 2 cores)."""
+"""`python -m benchmarks.gpu_check --cpu-dry-run --archive` end to end on CPU: every section's files, sane
+values, the CPU named and no GPU claimed, the packages recorded, the archive holding the final files
+(a few minutes on 2 cores)."""
 
 import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -18,10 +20,16 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
+    archive = _archive(out)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu-dry-run", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu-dry-run", "--out", str(out),
+                           "--archive", str(archive)],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
     return proc, out
+
+
+def _archive(out):
+    return out.with_name(out.name + ".tar.gz")  # beside the results folder, as $OUT/... is on a GPU machine
 
 
 def _load(out, name):
@@ -36,7 +44,7 @@ def test_runs_every_section_and_exits_zero(dry_run):
         assert f"[{name}] start (budget {DRY_RUN.budgets[name]:.0f} s)" in log  # progress + budget per section
         assert (out / f"{name}.json").is_file() and (out / f"{name}.md").is_file()
     summary = _load(out, "summary")
-    assert summary["mode"] == "cpu-dry-run" and summary["exit_code"] == 0
+    assert summary["mode"] == "cpu-dry-run" and summary["exit_code"] == 0 and summary["complete"] is True
     assert list(summary["sections"]) == list(SECTIONS)
     for s in summary["sections"].values():
         assert s["status"].startswith(("ok", "skipped")), s
@@ -49,6 +57,7 @@ def test_names_the_cpu_and_claims_no_gpu(dry_run):
         m = _load(out, name)["machine"]
         assert m["device"] == "cpu" and m["device_name"].startswith("CPU")
         assert (m["cuda"], m["device_count"], m["peak_bf16_tflops"], m["compute_capability"]) == (None, 0, None, None)
+        assert m["driver_version"] is None and m["nvidia_smi"] is None
         assert m["commit"] and m["date_utc"].endswith("UTC") and m["torch"]
         text = (out / f"{name}.md").read_text()
         assert "CPU dry run" in text and "NVIDIA" not in text
@@ -65,6 +74,20 @@ def test_kernel_tests_counted_and_never_passing_when_absent(dry_run):
     else:
         assert kernels["status"].startswith("skipped:") and "passed" not in kernels
     assert runs["cuda_marked"]["status"].startswith("ok") and runs["cuda_marked"]["failed"] == 0
+    assert "--continue-on-collection-errors" in runs["cuda_marked"]["command"]
+
+
+def test_packages_recorded_and_the_archive_holds_the_final_files(dry_run):
+    proc, out = dry_run
+    packages = _load(out, "summary")["machine"]["packages"]
+    for mod in ("torch", "triton", "megatron.core", "deepspeed", "webdataset", "sentencepiece", "pytest"):
+        assert packages[mod]["ok"] is True and packages[mod]["version"], (mod, packages[mod])
+    assert "Packages (imported at start-up): torch " in (out / "summary.md").read_text()
+    with tarfile.open(_archive(out)) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    assert set(files) == {p.name for p in out.iterdir()}
+    assert all(files[name] == (out / name).read_bytes() for name in files)
+    assert f"archive {_archive(out)} rewritten" in proc.stdout + proc.stderr
 
 
 def test_attention_table(dry_run):
