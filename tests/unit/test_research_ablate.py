@@ -459,3 +459,28 @@ def test_per_sequence_table_with_every_row_in_one_document_names_no_resampling_u
     md, table = per_example_table(records, "gpt", n_resamples=200, n_permutations=200)
     assert all(e["comparison"] is None for e in table["configs"])
     assert "No per-sequence test in this table." in md and "single validation sequences" not in md
+
+
+def test_a_run_stopped_early_by_a_signal_writes_no_result(tmp_path, monkeypatch):
+    """A grid run that a signal or time budget stopped (Trainer.stop_reason) trained fewer steps than
+    its grid says: recording it would put a shorter run beside full ones in the report."""
+    import ascender_dist.training.trainer as trainer_module
+    from ascender_dist.research.ablate.launch import AblationError, run_one
+    from ascender_dist.training.callbacks import Throughput
+
+    class Stopped:
+        def __init__(self, cfg, callbacks=()):
+            self.step, self.stop_reason = 0, None
+            self.callbacks = [Throughput(1, 1.0, 1, None)]
+
+        def fit(self):
+            self.step, self.stop_reason = 3, "received SIGTERM on rank 0"
+            return [1.0, 1.0, 1.0]
+
+    monkeypatch.setattr(trainer_module, "Trainer", Stopped)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"output_dir: {tmp_path / 'run'}\ntrain: {{train_steps: 10}}\n")
+    with pytest.raises(AblationError, match=r"run: stopped at step 3 of 10 \(received SIGTERM on rank 0\); no "
+                                            r"result is written: run the grid again"):
+        run_one(config, tmp_path / "result.json")
+    assert not (tmp_path / "result.json").exists()

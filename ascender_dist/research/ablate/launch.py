@@ -203,6 +203,9 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     peak_resettable = _reset_peak_rss()
     t_fit = time.perf_counter()
     losses = trainer.fit()
+    if trainer.stop_reason is not None:  # a signal or time budget: a run of fewer steps is no record
+        raise AblationError(f"{cfg.output_dir}: stopped at step {trainer.step} of {cfg.train.train_steps} "
+                            f"({trainer.stop_reason}); no result is written: run the grid again")
     fit_s = time.perf_counter() - t_fit
     train_peak = _status_kib("VmHWM")
     val_curve = list(curve.curve)  # the train.eval_interval validations, before the final one
