@@ -186,6 +186,8 @@ def from_rank0(read):
             box[0] = read()
         except CheckpointError as exc:
             box[1] = str(exc)
+        except OSError as exc:  # a directory listing that failed: the others must not wait for it
+            box[1] = _first_line(exc)
     dist.broadcast_object_list(box, src=0)
     if box[1] is not None:
         raise CheckpointError(box[1], rank=0)
@@ -747,8 +749,9 @@ def _wait_for_universal(done: Path, marker: str, failed: Path, attempt: str, ali
         if beat != last_beat and (beat or "").startswith(attempt + "\n"):
             last_beat, last_change = beat, time.monotonic()
         elif time.monotonic() - last_change > UNIVERSAL_STALE_S:
-            return (f"{done.parent}: rank 0 stopped converting to a universal checkpoint (its heartbeat "
-                    f"{alive.name} unchanged for {UNIVERSAL_STALE_S:.0f} s: killed, e.g. out of memory?)")
+            return (f"{done.parent}: no sign of rank 0's universal checkpoint conversion for "
+                    f"{UNIVERSAL_STALE_S:.0f} s (its heartbeat {alive.name} unchanged, the copy's marker not "
+                    "visible here): rank 0 killed (e.g. out of memory), or storage not coherent across nodes")
         if time.monotonic() - last_note > 300:
             last_note = time.monotonic()
             log.info("waiting for rank 0's universal checkpoint conversion (%.0f min)", (last_note - start) / 60)

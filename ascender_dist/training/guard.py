@@ -98,27 +98,40 @@ def first_failure(problem):
     dist.all_gather_object(gathered, problem)
     return next((rank, found) for rank, found in enumerate(gathered) if found is not None)
 
+
 def on_every_rank(fn):
-    """``fn()``; a UserError it raises on some ranks is raised on every rank (the lowest failing
-    rank's, naming it; a ConfigError stays one, naming its field), so that the others do not go on
-    into the next collective and wait there until the process group's timeout (a pipeline stage
-    finds a layer missing from the weights, the logging rank cannot start W&B, one node's mount is
-    read-only). Collective when distributed."""
+    """``fn()``; an error it raises on some ranks is raised on every rank, so that the others do not
+    go on into the next collective and wait there until the process group's timeout (a pipeline
+    stage finds a layer missing from the weights, the logging rank cannot start W&B, one node's
+    mount is read-only). The failing ranks raise their own error; the others the lowest failing
+    rank's, as a ConfigError naming the same field when it was one, else a UserError with its line,
+    and with ``.rank`` set to that rank (the job's one error line names it). Collective when
+    distributed."""
     from ascender_dist.config.errors import ConfigError, UserError
 
     try:
         result, error = fn(), None
-    except UserError as exc:
+    except Exception as exc:  # a UserError, or an OSError and the like: the peers must hear of it too
         result, error = None, exc
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    found = None if error is None else (
-        (error.path, error.message) if isinstance(error, ConfigError) else (None, str(error)))
-    failure = first_failure(found) if distributed else None
+    failure = first_failure(None if error is None else _as_line(error)) if distributed else None
     if error is not None:
         raise error
     if failure is not None:
         rank, (path, message) = failure
-        if path is None:
-            raise UserError(f"{message} (found on rank {rank})")
-        raise ConfigError(path, f"{message} (found on rank {rank})")
+        peer_error = ConfigError(path, message) if path is not None else UserError(message)
+        peer_error.rank = rank
+        raise peer_error
     return result
+
+
+def _as_line(error: Exception) -> tuple:
+    """(field or None, one-line message) of an error, for the ranks that did not raise it."""
+    from ascender_dist.config.errors import ConfigError, UserError
+
+    if isinstance(error, ConfigError):
+        return error.path, error.message
+    if isinstance(error, UserError):
+        return None, str(error)
+    text = str(error).strip().splitlines() or [""]
+    return None, f"{type(error).__name__}: {text[0]}"

@@ -85,7 +85,7 @@ def test_a_rank_0_that_stops_beating_during_conversion_stops_the_waiting_ranks(u
     """Rank 0 killed mid-conversion (here: silent for longer than the waiting rank's patience) left
     ranks on other nodes waiting forever."""
     for value in assert_check(universal, "dead_rank0"):
-        assert "rank 0 stopped converting to a universal checkpoint" in value.get("error", ""), value
+        assert "no sign of rank 0's universal checkpoint conversion" in value.get("error", ""), value
 
 
 def test_a_checkpoint_dir_that_differs_between_ranks_is_refused_on_every_rank(universal):
@@ -125,7 +125,7 @@ def test_init_from_weights_that_fail_on_one_stage_stop_every_rank(universal):
     the process group's timeout."""
     rank0, rank1 = assert_check(universal, "init_from_rank1")
     assert rank1["error"] == "checkpoint.init_from: w.safetensors: no tensor decoder.layers.3.mlp.linear_fc1.weight"
-    assert rank0["error"] == rank1["error"] + " (found on rank 1)"
+    assert rank0 == {"error": rank1["error"], "rank": 1}  # the job's error line names rank 1
 
 
 def test_a_configuration_that_differs_on_one_rank_stops_every_rank(universal):
@@ -136,4 +136,10 @@ def test_a_configuration_that_differs_on_one_rank_stops_every_rank(universal):
 def test_a_checkpoint_dir_one_rank_cannot_write_stops_every_rank(universal):
     rank0, rank1 = assert_check(universal, "read_only_rank1")
     assert rank1["error"].endswith("read-only: checkpoint directory is not writable"), rank1
-    assert rank0["error"] == rank1["error"] + " (found on rank 1)"
+    assert rank0 == {"error": rank1["error"], "rank": 1}
+
+
+def test_an_os_error_on_one_rank_is_raised_on_every_rank(universal):
+    rank0, rank1 = assert_check(universal, "os_error_rank1")
+    assert rank1 == {"os_error": "[Errno 28] No space left on device"}
+    assert rank0 == {"error": "OSError: [Errno 28] No space left on device", "rank": 1}

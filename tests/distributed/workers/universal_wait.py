@@ -172,7 +172,25 @@ def _init_from_fails_on_rank1() -> dict:
         dist.barrier()  # the collective that follows (check_all_weights_used's gather)
         return {"result": result}
     except ConfigError as exc:
-        return {"error": str(exc)}
+        return {"error": str(exc), "rank": getattr(exc, "rank", None)}
+
+
+def _os_error_on_rank1() -> dict:
+    """on_every_rank around a step that fails with an OSError (not a UserError) on rank 1 only."""
+    from ascender_dist.config.errors import UserError
+    from ascender_dist.training.guard import on_every_rank
+
+    def step():
+        if dist.get_rank() == 1:
+            raise OSError(28, "No space left on device")
+        return "fine"
+
+    try:
+        return {"result": on_every_rank(step)}
+    except UserError as exc:
+        return {"error": str(exc), "rank": exc.rank}
+    except OSError as exc:
+        return {"os_error": str(exc)}
 
 
 def _config_differs_on_rank1() -> dict:
@@ -205,7 +223,7 @@ def _read_only_on_rank1(directory: Path) -> dict:
             ckpt.check_shared_dir(directory)
             return {"error": None}
         except UserError as exc:
-            return {"error": str(exc)}
+            return {"error": str(exc), "rank": getattr(exc, "rank", None)}
 
 
 def main(args):
@@ -228,5 +246,6 @@ def main(args):
                        "latest_missing": lambda: _resume_tag(root / "missing", [1], None),
                        "stale_listing": lambda: _hash_with_stale_listing(root / "step_00000009.partial"),
                        "init_from_rank1": _init_from_fails_on_rank1,
+                       "os_error_rank1": _os_error_on_rank1,
                        "config_rank1": _config_differs_on_rank1,
                        "read_only_rank1": lambda: _read_only_on_rank1(root / "read-only")})
