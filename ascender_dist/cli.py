@@ -53,6 +53,9 @@ def train(args: argparse.Namespace) -> None:
     from ascender_dist.training.trainer import Trainer
 
     cfg = load_config(args.config, args.overrides)
+    from ascender_dist.training.preemption import watch_signals
+
+    watch_signals(cfg.train.exit_signals)  # a scheduler's warning during set-up or resume is kept
     trainer = Trainer(cfg)
     trainer.fit()
     if trainer.pstate.is_logging_rank and trainer.stop_reason is None:

@@ -124,8 +124,11 @@ class MetricLogger:
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer.close()
-        self.writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=step + 1)
+        try:
+            self.writer.close()
+            self.writer = SummaryWriter(log_dir=str(self.tensorboard_dir), purge_step=step + 1)
+        except OSError as exc:  # as a failed write (the logging rank alone would raise)
+            self._stop_tensorboard(exc)
 
     def _stop_tensorboard(self, exc: OSError) -> None:
         """TensorBoard logging ends, training goes on: the logging rank raising alone would leave the

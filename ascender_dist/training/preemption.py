@@ -5,7 +5,9 @@ resumes), as Megatron-LM's --exit-signal-handler and --exit-duration-in-mins do.
 
 A signal may reach one rank only (a node's agent, one process sent a signal), and each rank's clock
 is its own: the decision is collective (any rank's reason stops all of them, after the same step),
-otherwise the ranks would part ways in the next collective.
+otherwise the ranks would part ways in the next collective. The training command watches the
+signals from its start (:func:`watch_signals`): a warning that arrives while the job sets up or
+resumes is kept, not lost; the time budget counts from the process's start, as the scheduler's does.
 """
 
 from __future__ import annotations
@@ -23,50 +25,80 @@ log = logging.getLogger(__name__)
 EXIT_STATUS = 75  # EX_TEMPFAIL: stopped early with a checkpoint; the same command continues the run
 
 
+class _Signals:
+    """The first watched signal this process received (a name), and the handlers it replaced."""
+
+    received: Optional[str] = None
+    previous: dict = {}
+
+
+def _handle(number, frame) -> None:
+    if _Signals.received is None:  # only an attribute is set: safe whenever the signal arrives
+        _Signals.received = signal.Signals(number).name
+
+
+def watch_signals(names: list[str]) -> None:
+    """Record the first of these signals (names, e.g. "SIGUSR1") instead of dying of it, from now
+    until :func:`unwatch_signals`. Main thread only (elsewhere: nothing is installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for name in names:
+        number = signal.Signals[name]
+        if number not in _Signals.previous:
+            _Signals.previous[number] = signal.signal(number, _handle)
+
+
+def unwatch_signals() -> None:
+    """Give the watched signals their previous handlers back and forget what was received."""
+    for number, handler in _Signals.previous.items():
+        signal.signal(number, handler)
+    _Signals.previous = {}
+    _Signals.received = None
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (psutil, as the scheduler counts a job's time), or since this
+    module was imported when that cannot be read."""
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 (no psutil, or no /proc): the import time is the next best start
+        return time.monotonic() - _IMPORTED
+
+
+_IMPORTED = time.monotonic()
+
+
 class StopRequests(Callback):
-    """After each step, whether any rank received one of ``signals`` (names, e.g. "SIGUSR1") or has
-    trained longer than ``duration_minutes`` (0: no limit); if so ``trainer.request_stop(reason)``
-    with the lowest such rank's reason. The handlers are installed for ``fit`` only (main thread)
-    and the previous ones restored after it."""
+    """After each step, whether any rank received one of ``signals`` (names, e.g. "SIGUSR1") or its
+    process has run longer than ``duration_minutes`` (0: no limit); if so
+    ``trainer.request_stop(reason)`` with the lowest such rank's reason. The signals are watched from
+    ``fit``'s start if the command did not watch them earlier, and given back after ``fit``."""
 
     def __init__(self, signals: list[str], duration_minutes: float):
         self.signals = [signal.Signals[name] for name in signals]
         self.duration_s = 60.0 * duration_minutes
-        self.received: Optional[str] = None
-        self.started = 0.0
-        self.previous: dict = {}
-
-    def _handle(self, number, frame) -> None:
-        if self.received is None:
-            self.received = signal.Signals(number).name
 
     def on_train_start(self, trainer) -> None:
-        self.started = time.monotonic()
-        if threading.current_thread() is threading.main_thread():  # signal.signal works there only
-            for number in self.signals:
-                self.previous[number] = signal.signal(number, self._handle)
+        watch_signals([number.name for number in self.signals])
 
     def on_step_end(self, trainer, values: dict) -> None:
         reason = None
-        if self.received is not None:
-            reason = f"received {self.received}"
-        elif self.duration_s and time.monotonic() - self.started >= self.duration_s:
+        if _Signals.received is not None:
+            reason = f"received {_Signals.received}"
+        elif self.duration_s and process_age_s() >= self.duration_s:
             reason = f"train.exit_duration_minutes ({self.duration_s / 60:g}) reached"
         failure = first_failure(reason)  # one all-reduce while no rank has a reason
         if failure is not None:
             rank, text = failure
             trainer.request_stop(f"{text} on rank {rank}")
 
-    def _restore(self) -> None:
-        for number, handler in self.previous.items():
-            signal.signal(number, handler)
-        self.previous = {}
-
     def on_train_end(self, trainer) -> None:
-        self._restore()
+        unwatch_signals()
 
     def on_exception(self, trainer, error: BaseException) -> None:
-        self._restore()
+        unwatch_signals()
 
 
 def stop_callbacks(cfg) -> list[Callback]:

@@ -65,6 +65,7 @@ class Trainer:
         self.skipped_steps = 0
         self.losses: list[float] = []  # per-step training loss (mean over the global batch), for tests
         self.stop_reason: Optional[str] = None  # set by request_stop: fit saves and ends after this step
+        self.last_saved_tag: Optional[str] = None  # this process's newest complete save
         self.data_record = {"data_fingerprint": data_fingerprint(cfg), "data_changes": []}  # -> meta.json
         if cfg.checkpoint.auto_resume:
             self.resume()
@@ -158,6 +159,7 @@ class Trainer:
         if self.pstate.is_logging_rank:
             log.info("saved checkpoint %s", self.derived.checkpoint_dir / tag)
         self._call("on_save", tag)
+        self.last_saved_tag = tag
         return tag
 
     # ---------------------------------------------------------------- steps
@@ -310,6 +312,7 @@ class Trainer:
         cfg, t = self.cfg, self.cfg.train
         last_step = min(t.train_steps, stop_at) if stop_at is not None else t.train_steps
         saved_at = self.step
+        self.stop_reason = None
         batches = self._batches()
         if self.pstate.is_logging_rank:
             log.info("training %s (%s) from step %d to %d: world %d = tp %d x pp %d x dp %d, grad accum %d",
@@ -333,9 +336,11 @@ class Trainer:
             if self.rollbacks != rollbacks:
                 self._call("on_rollback")
                 saved_at = self.step
+                if self.stop_reason is not None:
+                    break  # the checkpoint just loaded is the one to continue from
                 continue  # the step went back to the checkpoint: nothing of this step to log or save
-            if t.eval_interval and self.step % t.eval_interval == 0:
-                values["val/loss"] = self.validate()
+            if t.eval_interval and self.step % t.eval_interval == 0 and self.stop_reason is None:
+                values["val/loss"] = self.validate()  # not when stopping: the save comes first
             self._call("on_log", values)
             # never in a row of skipped steps: the weights may be diverged, and the save could replace a
             # good checkpoint of the same step that a rollback would need
@@ -343,8 +348,10 @@ class Trainer:
             if interval and self.step % interval == 0 and not self.consecutive_bad:
                 self.save()
                 saved_at = self.step
-            if self.stop_reason is not None:
+            if self.stop_reason is not None and self.step < last_step:
                 break
+        if self.step >= t.train_steps:
+            self.stop_reason = None  # a stop decided on the last step: the run is complete anyway
         if saved_at != self.step and final_save:
             if not self.consecutive_bad:  # the same rule as the interval saves above
                 self.save()
@@ -354,6 +361,6 @@ class Trainer:
         if self.stop_reason is not None and self.pstate.is_logging_rank:
             log.warning("stopped at step %d of %d (%s); the newest checkpoint is %s: run the same command "
                         "again to continue", self.step, t.train_steps, self.stop_reason,
-                        ckpt.latest_tag(self.derived.checkpoint_dir))
+                        self.last_saved_tag or self.resume_tag or "the one resumed from")
         self._call("on_train_end")
         return self.losses

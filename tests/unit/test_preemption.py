@@ -63,3 +63,22 @@ def test_the_stop_callback_is_there_only_when_asked():
     budget = stop_callbacks(config_from_dict({"train": {"exit_signals": [], "exit_duration_minutes": 5}}))
     assert isinstance(budget[0], StopRequests) and budget[0].duration_s == 300.0
 
+
+
+def test_a_signal_received_while_the_job_sets_up_is_kept(single_rank_group):
+    """The training command watches the signals from its start: a scheduler's warning during set-up or
+    a resume (before fit) stops the run after its first step instead of being lost."""
+    from ascender_dist.training.preemption import StopRequests, unwatch_signals, watch_signals
+
+    before = signal.getsignal(signal.SIGUSR1)
+    watch_signals(["SIGUSR1"])
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)  # before fit
+        stops, trainer = StopRequests(["SIGUSR1"], 0.0), _Trainer()
+        stops.on_train_start(trainer)
+        stops.on_step_end(trainer, {})
+        assert trainer.reasons == ["received SIGUSR1 on rank 0"]
+        stops.on_train_end(trainer)
+    finally:
+        unwatch_signals()
+    assert signal.getsignal(signal.SIGUSR1) == before
