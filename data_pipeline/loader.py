@@ -731,6 +731,21 @@ class _Dataset:
         return out
 
 
+WORKER_IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")
+
+
+def _leave_signals_to_the_owner() -> None:
+    """Loader worker start-up: ignore the signals a scheduler or a terminal sends to every process of
+    a job (Ctrl-C, a time-limit warning, a preemption). The training process decides what they mean
+    (save and stop, say) and ends its workers itself; a worker spawned while the trainer handles such
+    a signal would otherwise get its default action, die, and break the pool the trainer still reads
+    from. A worker whose owner dies exits when its task queue closes."""
+    import signal
+
+    for name in WORKER_IGNORED_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
 def _agreed_faults(mine: list[tuple[int, str, str, bool]], all_gather=None) -> list[tuple]:
     """Every rank's set-up faults merged: ``(shard index, where, problem, corrupt, ranks that found
     it)`` per faulty shard, in shard order, as the lowest of those ranks saw it (a fault that stops
@@ -939,8 +954,8 @@ class StreamingLoader:
         self.num_workers, self.with_index = num_workers, with_index
         # worker PROCESSES read and decode shards (threads would share the trainer's GIL); started
         # fresh (spawn), so they are safe next to CUDA, NCCL and DeepSpeed's threads
-        self._pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn")) \
-            if num_workers > 0 else None
+        self._pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_leave_signals_to_the_owner) if num_workers > 0 else None
         sources = self._as_weighted(manifest_or_urls)
         templates = _templates_per_dataset(url_template, len(sources))
         self.datasets = [

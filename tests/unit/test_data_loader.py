@@ -229,3 +229,28 @@ def test_resume_at_another_global_batch_size_reads_only_this_ranks_rows(tmp_path
 def test_a_path_to_one_shard_is_a_source(tmp_path):
     make_dataset(tmp_path / "ds", [8, 8])
     assert loader(tmp_path / "ds" / "syn-train-000000.tar").samples_per_epoch == 8
+
+
+def test_loader_workers_leave_a_jobs_signals_to_the_trainer(tmp_path):
+    """Slurm's time-limit warning and a preemption's SIGTERM reach every process of a job: a worker
+    spawned while the trainer handles them got the default action and died (BrokenProcessPool in the
+    step that should have saved). The workers ignore them; the loader reads on."""
+    import os
+    import signal
+    import time
+
+    from .data_fixtures import loader, make_dataset
+
+    make_dataset(tmp_path / "ds", [8, 8, 8, 8])
+    ld = loader(tmp_path / "ds", num_workers=1)
+    batches = iter(ld)
+    first = [next(batches)["tokens"].clone() for _ in range(2)]
+    workers = list(ld._pool._processes.values())  # the spawned worker (read-only look)
+    assert workers
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGUSR1)
+        os.kill(worker.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    assert all(worker.is_alive() for worker in workers)
+    more = [next(batches)["tokens"] for _ in range(12)]  # past the first epoch's shards: new reads
+    assert len(more) == 12 and first[0].shape == more[0].shape
