@@ -44,6 +44,20 @@ def _final_weights(checkpoint_dir: Path) -> dict:
     return state["module"]
 
 
+def _wait_for(proc, log: Path, text: str, offset: int = 0, poll_s: float = 0.05) -> None:
+    """Until ``text`` appears in ``log`` (after byte ``offset``), while the job runs (at most 120 s)."""
+    deadline = time.monotonic() + 120
+    while text not in log.read_text()[offset:]:
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(poll_s)
+
+
+def _rank_pid(rank: int) -> int:
+    """The pid of this test's training rank ``rank`` (launch/train.py --local_rank=R)."""
+    found = subprocess.run(["pgrep", "-f", f"launch/train.py --local_rank={rank}"], capture_output=True, text=True)
+    return int(found.stdout.split()[0])
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return make_tiny_dataset(tmp_path_factory.mktemp("data"))
@@ -68,10 +82,7 @@ def test_random_sigkills_then_auto_resume_match_straight_run(data, tmp_path):
         target = resume_step + rng.randint(1, 4)  # a random step of this attempt ...
         offset = log.stat().st_size if log.exists() else 0
         proc = start_launcher_job(killed, log)
-        deadline = time.monotonic() + 120
-        while f"step {target}/" not in log.read_text()[offset:]:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.02)
+        _wait_for(proc, log, f"step {target}/", offset, poll_s=0.02)
         time.sleep(rng.uniform(0.0, 0.3))  # ... and a random moment after it (saves happen every 2 steps)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -105,12 +116,8 @@ def test_a_signal_to_one_rank_saves_on_every_rank_and_the_same_command_continues
     config.write_text(yaml.safe_dump(raw))
     log = tmp_path / "signalled.log"
     proc = start_launcher_job(config, log)
-    deadline = time.monotonic() + 120
-    while "step 3/" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.05)
-    ranks = subprocess.run(["pgrep", "-f", "launch/train.py --local_rank=1"], capture_output=True, text=True)
-    os.kill(int(ranks.stdout.split()[0]), signal.SIGUSR1)
+    _wait_for(proc, log, "step 3/")
+    os.kill(_rank_pid(1), signal.SIGUSR1)
     assert wait_job(proc, 120) == 75, log.read_text()[-3000:]
     text = log.read_text()
     stopped = int(re.search(r"stopped at step (\d+) of 40 \(received SIGUSR1 on rank 1\)", text).group(1))
@@ -125,13 +132,8 @@ def test_a_dying_rank_ends_the_job(data, tmp_path):
     config = _config(tmp_path, data, "dying", steps=100000)
     log = tmp_path / "dying.log"
     proc = start_launcher_job(config, log)
-    deadline = time.monotonic() + 120
-    while "step 2/" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.5)
-    ranks = subprocess.run(["pgrep", "-f", "launch/train.py --local_rank=1"], capture_output=True, text=True)
-    pid = int(ranks.stdout.split()[0])
-    os.kill(pid, signal.SIGKILL)
+    _wait_for(proc, log, "step 2/", poll_s=0.5)
+    os.kill(_rank_pid(1), signal.SIGKILL)
     started = time.monotonic()
     status = wait_job(proc, 60)
     assert status != 0
@@ -178,10 +180,7 @@ def test_a_schedulers_sigusr1_to_the_whole_job_saves_and_stops_it_through_the_la
     env = {**os.environ, "NUM_RANKS": "2", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     proc = subprocess.Popen(["bash", "launch/single_node.sh", "--config", str(config)], cwd=REPO_ROOT, env=env,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while "step 3/" not in log.read_text():
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.05)
+    _wait_for(proc, log, "step 3/")
     os.killpg(proc.pid, signal.SIGUSR1)  # every process of the job, as slurmstepd does
     assert wait_job(proc, 120) == 75, log.read_text()[-3000:]
     stopped = int(re.search(r"stopped at step (\d+) of 40 \(received SIGUSR1 on rank 0\)", log.read_text()).group(1))
