@@ -177,7 +177,11 @@ def test_a_schedulers_sigusr1_to_the_whole_job_saves_and_stops_it_through_the_la
     config = tmp_path / "warned.yaml"
     config.write_text(yaml.safe_dump(raw))
     log = tmp_path / "warned.log"
-    env = {**os.environ, "NUM_RANKS": "2", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    # not the launcher variables an in-process test's group left in os.environ: single_node.sh would take
+    # that MASTER_PORT, which this pytest process still listens on
+    launcher = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "NUM_RANKS": "2", "OMP_NUM_THREADS": "1",
+           "DS_ACCELERATOR": "cpu"}
     proc = subprocess.Popen(["bash", "launch/single_node.sh", "--config", str(config)], cwd=REPO_ROOT, env=env,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     _wait_for(proc, log, "step 3/")
