@@ -97,6 +97,13 @@ def _child_main(args) -> int:
     if eval_iters is not None and eval_iters != "all":
         eval_iters = int(eval_iters)
     run_one(Path(args.run_one), Path(args.result), eval_iters)
+    # end torch.distributed on every rank together, as the trainer's command does: a group left to
+    # interpreter exit is torn down by each rank alone, and a rank > 0 (it returns before rank 0 has
+    # written the result) died there with SIGABRT ("terminate called without an active exception")
+    # in a CI run, which failed the run
+    from ascender_dist.parallel.setup import shutdown_process_group
+
+    shutdown_process_group()
     return 0
 
 
