@@ -105,13 +105,14 @@ def run_ranks(full: ConnectionLayer, hp, x, g):
 
 
 @pytest.mark.parametrize(
-    "causal, connection, granularity",
-    [(False, "bilinear", "sample"), (True, "bilinear", "sample"), (True, "bilinear", "slot"), (True, "linear", "sample")],
+    "causal, connection, granularity, normalize",
+    [(False, "bilinear", "sample", True), (True, "bilinear", "sample", True), (True, "bilinear", "slot", True),
+     (True, "linear", "sample", True), (True, "linear", "slot", True), (True, "bilinear", "sample", False)],
 )
-def test_tp2_shards_match_unsharded_layer(causal, connection, granularity):
+def test_tp2_shards_match_unsharded_layer(causal, connection, granularity, normalize):
     hp = ConnectionHParams(num_slots=4, connection=connection, rank=4, max_steps=6, threshold=0.2,
                            stop_granularity=granularity, causal=causal, causal_chunk_size=3,
-                           init_std=0.4, connection_init_scale=0.05)
+                           init_std=0.4, connection_init_scale=0.05, normalize_compression=normalize)
     torch.manual_seed(0)
     full = ConnectionLayer(hp, D, dtype=torch.float64)
     x = torch.randn(7, 2, D, dtype=torch.float64) * torch.tensor([0.1, 3.0], dtype=torch.float64)[None, :, None]

@@ -22,6 +22,10 @@ from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from ascender_dist.models.connection import TP_SHARD_DIM, ConnectionHParams, ConnectionLayer, shard_state_dict
 from ascender_dist.models.specs.norm import local_layer_spec
+
+# inputs megatron's TransformerLayer may pass that the Connection layer has no meaning for: packed
+# (THD) batches, KV-cache inference and an extra attention bias
+UNSUPPORTED_INPUTS = ("packed_seq_params", "inference_context", "inference_params", "attention_bias")
 from ascender_dist.models.specs.step_stats import accumulate_stats
 from ascender_dist.parallel.mappings import copy_to_tp, reduce_from_tp
 
@@ -67,6 +71,10 @@ class ConnectionSelfAttention(MegatronModule):
             param.copy_(shards[name])
 
     def forward(self, hidden_states, attention_mask=None, *args, **kwargs):
+        refused = [name for name in UNSUPPORTED_INPUTS if kwargs.get(name) is not None]
+        if refused:  # the layer would silently compute something else for them
+            raise ValueError(f"the Connection layer supports neither packed sequences, KV-cache inference nor an "
+                             f"extra attention bias (got {', '.join(refused)})")
         output = self.layer(hidden_states)  # [s, b, h]
         if self.collect_stats and self.layer.last_stats is not None:
             steps = self.layer.last_stats.steps.float()
