@@ -93,10 +93,16 @@ def print_config(args: argparse.Namespace) -> None:
         print(f"# {attention_paths(cfg.model.hidden_size // cfg.model.num_attention_heads)}")
 
 
+RELAUNCHED = "ASCENDER_DIST_RELAUNCHED"  # set by _relaunch for the ranks it starts
+
+
 def _under_launcher() -> bool:
+    """Whether this process is one of the ranks _relaunch started. Not RANK / WORLD_SIZE alone: a
+    shell inside a Kubeflow / PyTorchJob pod or a torchrun job has them too, and a conversion run
+    there would skip its checks and the tag pinning and join a rendezvous of the wrong size."""
     import os
 
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    return os.environ.get(RELAUNCHED) == "1" and "RANK" in os.environ
 
 
 def _relaunch(world_size: int, argv: list[str]) -> None:
@@ -109,7 +115,7 @@ def _relaunch(world_size: int, argv: list[str]) -> None:
 
     launcher = deepspeed_launcher()
     port = free_port()
-    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), RELAUNCHED: "1"}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
     script = Path(__file__).resolve().parent / "launch_entry.py"
     cmd = [str(launcher), "--num_accelerators", str(world_size), "--master_port", str(port), str(script), *argv]

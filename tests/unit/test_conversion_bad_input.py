@@ -302,6 +302,34 @@ def test_lm_eval_adapter_names_weights_that_do_not_fit_in_one_line(consolidated,
     assert not any("Traceback" in line for line in err)
 
 
+def test_conversion_in_a_shell_with_rank_variables_still_relaunches(tmp_path, monkeypatch):
+    """RANK / WORLD_SIZE in the user's shell (a Kubeflow pod, a torchrun job) do not make the command
+    act as a relaunched rank: it checks, pins the tag and relaunches; the ranks it starts carry the
+    explicit marker."""
+    import subprocess
+
+    import ascender_dist.cli as cli
+
+    tag = tmp_path / "ckpt" / "step_00000001"
+    tag.mkdir(parents=True)
+    (tag / "COMPLETE").write_text("1\n")
+    (tmp_path / "ckpt" / "latest").write_text("step_00000001")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv(cli.RELAUNCHED, raising=False)
+    monkeypatch.setattr("ascender_dist.tools.convert.read_meta", lambda tag_dir, arch=None: {"world_size": 2})
+    monkeypatch.setattr("ascender_dist.tools.convert.consolidate", lambda *a: pytest.fail("ran as a rank"))
+    started = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env: started.append((cmd, env)) or
+                        subprocess.CompletedProcess(cmd, 0))
+    args = ["consolidate", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    (cmd, env), = started
+    assert cmd[-2:] == ["--tag", "step_00000001"] and env[cli.RELAUNCHED] == "1"
+    monkeypatch.setenv(cli.RELAUNCHED, "1")  # what the started ranks see
+    assert cli._under_launcher()
+
+
 def test_consolidate_ranks_read_the_tag_the_command_resolved(tmp_path, monkeypatch):
     """Without --tag every relaunched rank read `latest` itself: a save landing between two ranks'
     starts (the run still training) made them load different steps and merge them into one file."""
