@@ -157,10 +157,10 @@ else
 fi
 cmd+=(launch/train.py --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"})
 echo "multi_node.sh: ${#HOSTS[@]} nodes, $local_ranks ranks per node, master $MASTER_ADDR:$MASTER_PORT${NODE_RANK:+, this node rank $NODE_RANK}" >&2
-# SIGUSR1 (a scheduler's warning, e.g. slurm.sbatch's --signal) is for the ranks: each saves a
-# checkpoint at the next step boundary and stops (train.exit_signals). The launcher ignores it (its
-# default action would end the launcher, and with it the job, at once); the ranks inherit the
-# ignore and install their own handler for training.
-trap '' USR1
-if [ -n "$NODE_RANK" ]; then exec "${cmd[@]}"; fi
-"${cmd[@]}"
+# SIGTERM to this script: the ranks save and stop (exit 75); SIGUSR1 (a scheduler's warning, e.g.
+# slurm.sbatch's --signal) is for the ranks, not the launcher (launch/run_launcher.sh)
+# shellcheck source=launch/run_launcher.sh
+. launch/run_launcher.sh
+rc=0
+run_launcher "$([ -n "$NODE_RANK" ] && echo local || echo ssh)" "${cmd[@]}" || rc=$?
+exit "$rc"

@@ -55,6 +55,10 @@ cores=$(nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / NUM_RANKS > 0 ? cores / NUM_RANKS : 1 ))}
 
 echo "single_node.sh: $NUM_RANKS ranks, $OMP_NUM_THREADS threads each, port $MASTER_PORT" >&2
-trap '' USR1  # for the ranks (save and stop, train.exit_signals), not the launcher: see multi_node.sh
-exec "$DEEPSPEED" ${ranks_arg[@]+"${ranks_arg[@]}"} --master_port "$MASTER_PORT" \
-  launch/train.py --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}
+# SIGTERM to this script: the ranks save and stop (exit 75); SIGUSR1 is for the ranks (launch/run_launcher.sh)
+# shellcheck source=launch/run_launcher.sh
+. launch/run_launcher.sh
+rc=0
+run_launcher local "$DEEPSPEED" ${ranks_arg[@]+"${ranks_arg[@]}"} --master_port "$MASTER_PORT" \
+  launch/train.py --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} || rc=$?
+exit "$rc"

@@ -14,6 +14,7 @@ named checks and returns ``{check_name: result}``; pytest tests then assert on t
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -24,6 +25,8 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+
+import psutil
 
 from ascender_dist.ports import free_port
 
@@ -48,11 +51,16 @@ def start_launcher_job(config: Path, stdout: Path, stderr: Path | None = None, *
 
 
 def wait_job(proc: subprocess.Popen, timeout: float) -> int:
-    """The job's exit status; past ``timeout`` its whole process group is killed and TimeoutExpired raised."""
+    """The job's exit status; past ``timeout`` its whole process group and every descendant (the launch
+    scripts start the launcher in a process group of its own) are killed and TimeoutExpired raised."""
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
         os.killpg(proc.pid, signal.SIGKILL)
+        for child in descendants:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
         proc.wait()
         raise
 

@@ -167,10 +167,13 @@ def test_a_diverging_run_ends_in_bounded_time_with_one_line(data, tmp_path):
     assert "Traceback" not in text, text[-3000:]
 
 
-def test_a_schedulers_sigusr1_to_the_whole_job_saves_and_stops_it_through_the_launch_script(data, tmp_path):
+@pytest.mark.parametrize("how", ["USR1 to the job's process group", "TERM to the script alone"])
+def test_a_stop_request_saves_and_stops_the_job_through_the_launch_script(data, tmp_path, how):
     """Slurm's --signal=USR1@N signals every process of the job step: the `deepspeed` launcher too,
     whose default action would end it (and the job) at once. single_node.sh (as multi_node.sh) makes
-    the launcher ignore it, so the ranks save and the job exits 75."""
+    the launcher ignore it, so the ranks save and the job exits 75. `docker stop`, Kubernetes and
+    `kill <pid>` send SIGTERM to the script alone: it passes the request on to the ranks (before, it
+    had exec'd the launcher, which died of it and left the ranks running without the signal)."""
     from ascender_dist.training.checkpoint import latest_tag, step_of_tag
 
     raw = tiny_run_config(data, tmp_path / "warned", train={"train_steps": 40})
@@ -185,7 +188,10 @@ def test_a_schedulers_sigusr1_to_the_whole_job_saves_and_stops_it_through_the_la
     proc = subprocess.Popen(["bash", "launch/single_node.sh", "--config", str(config)], cwd=REPO_ROOT, env=env,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     _wait_for(proc, log, "step 3/")
-    os.killpg(proc.pid, signal.SIGUSR1)  # every process of the job, as slurmstepd does
+    if how.startswith("USR1"):
+        os.killpg(proc.pid, signal.SIGUSR1)  # every process of the script's group, as a scheduler may
+    else:
+        proc.send_signal(signal.SIGTERM)  # the script's process only
     assert wait_job(proc, 120) == 75, log.read_text()[-3000:]
     stopped = int(re.search(r"stopped at step (\d+) of 40 \(received SIGUSR1 on rank 0\)", log.read_text()).group(1))
     assert step_of_tag(latest_tag(tmp_path / "warned" / "checkpoints")) == stopped
