@@ -40,7 +40,15 @@ command -v "$DEEPSPEED" >/dev/null || die "launcher $DEEPSPEED not found (run la
 
 ranks_arg=(--num_accelerators "${NUM_RANKS:-}")
 if [ -z "${NUM_RANKS:-}" ]; then
-  gpus=$(python -c 'import torch; print(torch.cuda.device_count())')
+  # GPUs torch cannot use (a CPU build, an old driver) stop here rather than train on CPU unnoticed
+  gpus=$(python -c 'import sys, torch
+from ascender_dist.config.errors import UserError
+from ascender_dist.parallel.setup import check_gpus_usable
+try:
+    check_gpus_usable()
+except UserError as exc:
+    sys.exit(f"single_node.sh: error: {exc}")
+print(torch.cuda.device_count())') || exit 2
   NUM_RANKS=$(( gpus > 0 ? gpus : 2 ))
   ranks_arg=(--num_accelerators "$NUM_RANKS")
   [ "$gpus" -gt 0 ] || export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}

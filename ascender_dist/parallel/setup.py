@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -49,6 +50,31 @@ def _set_cpu_threads() -> None:
         return
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1")) or 1)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+
+
+def nvidia_devices() -> list[str]:
+    """The NVIDIA GPU device nodes this process can open (/dev/nvidia0, ...): present on a GPU node
+    and in a container given its GPUs, absent in one that was not."""
+    return sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+
+
+def check_gpus_usable() -> None:
+    """Refuse, in one line, to train on CPU on a node whose GPUs torch cannot use (a CPU build of
+    torch, or a driver older than the build's CUDA): every rank would silently run at CPU speed.
+    DS_ACCELERATOR=cpu, or CUDA_VISIBLE_DEVICES set empty (what launch/train.py and the conversion
+    tools' relaunched ranks make of it), is the deliberate choice of CPU ranks. launch/single_node.sh
+    runs it before it picks CPU ranks itself for a node where torch sees no GPU."""
+    from ascender_dist.config.errors import UserError
+
+    if torch.cuda.is_available() or os.environ.get("DS_ACCELERATOR") == "cpu" or \
+            os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return
+    devices = nvidia_devices()
+    if devices:
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise UserError(f"this node has NVIDIA GPUs ({', '.join(devices)}) but torch {torch.__version__} "
+                        f"({build}) cannot use them: install a CUDA build of torch that this driver supports, "
+                        f"or set DS_ACCELERATOR=cpu to train on CPU on purpose")
 
 
 DEFAULT_TIMEOUT_MINUTES = 10  # parallel.distributed_timeout_minutes (torch's gloo default is 30)
@@ -132,6 +158,7 @@ def init_process_group(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> None
     import deepspeed
     import torch.distributed as dist
 
+    check_gpus_usable()
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
     # The shm all-reduce op compiles C++ for minutes on a fresh machine and is only used for inference.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

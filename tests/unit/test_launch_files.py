@@ -370,6 +370,51 @@ def test_training_started_without_a_launcher_is_one_line(monkeypatch, env, messa
         launcher_env()
 
 
+@pytest.mark.parametrize("env,refused", [
+    ({}, True),  # a CPU build of torch on a GPU node, nothing chosen: would train on CPU unnoticed
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, True),  # what DeepSpeed's launcher gives each rank
+    ({"DS_ACCELERATOR": "cpu"}, False),  # CPU ranks on purpose
+    ({"CUDA_VISIBLE_DEVICES": ""}, False),  # launch/train.py's and the conversion ranks' hidden GPUs
+])
+def test_gpus_torch_cannot_use_are_refused_in_one_line(monkeypatch, env, refused):
+    import torch
+
+    from ascender_dist.config.errors import UserError
+    from ascender_dist.parallel import setup
+
+    for name in ("DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(setup, "nvidia_devices", lambda: ["/dev/nvidia0", "/dev/nvidia1"])
+    if refused:
+        with pytest.raises(UserError, match=r"^this node has NVIDIA GPUs \(/dev/nvidia0, /dev/nvidia1\) but torch "
+                                             r"\S+ \((a CPU-only build|CUDA \S+)\) cannot use them: .*DS_ACCELERATOR=cpu"):
+            setup.check_gpus_usable()
+    else:
+        setup.check_gpus_usable()
+    monkeypatch.setattr(setup, "nvidia_devices", lambda: [])
+    setup.check_gpus_usable()  # no GPU on the node: CPU ranks are the only choice
+
+
+def test_training_refuses_unusable_gpus_before_starting_the_process_group(monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    from ascender_dist.config.errors import UserError
+    from ascender_dist.parallel import setup
+
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(setup, "nvidia_devices", lambda: ["/dev/nvidia0"])
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: pytest.fail("process group started"))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with pytest.raises(UserError, match="cannot use them"):
+        setup.init_process_group()
+
+
 def test_an_unreachable_rendezvous_is_one_line_within_the_timeout(monkeypatch):
     """A rank whose master never answers (unresolvable host) fails in one line after the store
     timeout, not a C++ traceback (the store is made before the config is read: ascender_dist.cli)."""
