@@ -339,6 +339,21 @@ def test_slurm_runs_one_no_ssh_launcher_per_node(stubs, tmp_path):
         assert args[-4:] == ["--config", str(tmp_path / "image" / "configs" / "demo.yaml"), "--set", "x=1"]
 
 
+def test_slurm_refuses_a_loopback_master_address_on_several_nodes(stubs, tmp_path):
+    """sbatch exports the submitting shell's environment: a MASTER_ADDR=localhost left from local runs
+    made every node rendezvous with itself and wait out the distributed timeout."""
+    env, out, calls = stubs
+    env.update(SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(REPO_ROOT), SLURM_JOB_NODELIST="gpu-[07-08]",
+               SLURM_JOB_NUM_NODES="2", SLURM_GPUS_ON_NODE="4", SLURM_RUN_DIR=str(tmp_path / "job"),
+               MASTER_ADDR="localhost")
+    proc = _run(["bash", str(LAUNCH / "slurm.sbatch"), "--config", "configs/demo.yaml"], env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and not calls()
+    assert proc.stderr.strip().splitlines()[-1].startswith("slurm.sbatch: error: MASTER_ADDR=localhost ")
+    env.update(MASTER_ADDR="gpu-07-ib")  # another name of the first node (an IB interface) is the user's call
+    assert _run(["bash", str(LAUNCH / "slurm.sbatch"), "--config", "configs/demo.yaml"], env=env,
+                cwd=tmp_path).returncode == 0
+
+
 def test_relaunched_conversion_ranks_never_see_gpus():
     """consolidate / reshard re-launch themselves on CPU ranks; on a GPU host DeepSpeed's CPU
     accelerator sets CUDA_VISIBLE_DEVICES=0..N-1, which would make torch pick NCCL and a GPU per rank."""
