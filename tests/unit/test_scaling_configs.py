@@ -39,12 +39,13 @@ def test_budget_is_20_tokens_per_parameter(architecture, size):
 
 
 def _readme_rows() -> dict[str, list[str]]:
-    """README's scaling table: run name -> its cells (parameters, FLOPs/token, tokens, time)."""
+    """README's scaling table: run name -> its cells (parameters, FLOPs/token, tokens, time at MFU 0.4,
+    time at the measured MFU)."""
     text = (SCALING.parents[1] / "README.md").read_text()
     rows = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and cells[0] in {f"{a}-{s}" for a, s in RUNS}:
+        if len(cells) == 6 and cells[0] in {f"{a}-{s}" for a, s in RUNS}:
             rows[cells[0]] = cells[1:]
     return rows
 
@@ -61,6 +62,30 @@ def test_readme_table_matches_the_counts(architecture, size):
     assert cells[0] == f"{counts.total_params / 1e6:.1f} M"
     mantissa, exponent = f"{counts.flops_per_token:.2e}".split("e")
     assert cells[1] == f"{mantissa}e{int(exponent)}"
+
+
+def _hours(cell: str) -> float:
+    value, unit = cell.split()
+    return float(value) * {"min": 1 / 60, "h": 1.0, "days": 24.0}[unit]
+
+
+@pytest.mark.parametrize("architecture,size", RUNS)
+def test_readme_times_are_the_plans_at_0_4_and_at_the_measured_mfu(architecture, size):
+    """Both time columns are `plan`'s (time is 1 / MFU): at 0.4, and at the MFU that
+    benchmarks/results/gpu/training.json measured for the architecture (the text states those)."""
+    import json
+
+    from ascender_dist.tools.plan import ClusterShape, plan
+
+    measured = {row["arch"]: row["mfu"] for row in
+                json.loads((SCALING.parents[1] / "benchmarks/results/gpu/training.json").read_text())["rows"]}
+    cells = _readme_rows()[f"{architecture}-{size}"]
+    text = (SCALING.parents[1] / "README.md").read_text()
+    assert f"{architecture} {100 * measured[architecture]:.1f} %" in text
+    cfg = load_config(SCALING / f"{architecture}-{size}.yaml")
+    for cell, mfu in ((cells[3], 0.4), (cells[4], measured[architecture])):
+        hours = plan(cfg, ClusterShape(), vocab_size=GEN.VOCAB, mfu=mfu).train_seconds / 3600
+        assert abs(_hours(cell) - hours) <= 0.06 * hours, (cell, hours)
 
 
 def test_the_nine_runs_read_one_set_of_shards():
