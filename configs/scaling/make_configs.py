@@ -13,8 +13,10 @@ The rule (Hoffmann et al. 2022 for the budget, Brown et al. 2020 for batch and l
   * peak LR: GPT-3's for that size (6e-4, 3e-4, 2.5e-4), cosine to 10 %, warm-up 1 % of steps;
   * AdamW (0.9, 0.95), weight decay 0.1, clip 1.0, bf16;
   * ASCender: Separation from 10 % of the steps on (the paper's schedule, section 12);
-  * layout for nodes of 8 x 80 GB GPUs: Small DP only, Medium TP2, Large TP2 x PP2 (ZeRO-1),
-    all with activation checkpointing off (check any change with `ascender-dist plan`).
+  * layout for nodes of 8 x 80 GB GPUs: data-parallel only (ZeRO-1), activation checkpointing off,
+    for every size: `ascender-dist plan` puts the largest (gpt-large) at 44 GiB per GPU, so tensor or
+    pipeline parallelism would only add all-reduces and a pipeline bubble at these sizes (they are
+    for larger models and GPUs with less memory: set parallel.* and check with `plan`).
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ SIZES = {
     "small": {"lr": 6e-4, "global_batch_size": 256, "micro_batch_size": 4,
               "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "zero_stage": 1}},
     "medium": {"lr": 3e-4, "global_batch_size": 256, "micro_batch_size": 4,
-               "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1, "zero_stage": 1}},
+               "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "zero_stage": 1}},
     "large": {"lr": 2.5e-4, "global_batch_size": 256, "micro_batch_size": 4,
-              "parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "zero_stage": 1}},
+              "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "zero_stage": 1}},
 }
 ARCHITECTURES = ("gpt", "ascender", "connection")
 
