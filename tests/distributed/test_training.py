@@ -33,6 +33,18 @@ def test_resume_reproduces_straight_run(results, stage):
         assert value["second_leg"] == value["straight"][3:], value
 
 
+def test_separation_joins_at_its_start_step_through_the_trainers_step(results):
+    """The trainer hands every ASCender layer its step: with separation_start_step 2, delta and kappa
+    (read by Separation alone) get no gradient in steps 0 and 1 and a non-zero one from step 2 on."""
+    for value in assert_check(results, "separation_schedule"):
+        assert [entry["step"] for entry in value] == [0, 1, 2, 3], value
+        for entry in value:
+            step = entry["step"]
+            assert entry["layer_steps"] == [step], value
+            for name in ("delta", "kappa"):
+                assert (entry[name] > 0) == (step >= 2), (step, name, value)
+
+
 def test_layer_statistics_are_reduced_over_the_data_parallel_replicas(results):
     for value in assert_check(results, "layer_stats_over_replicas"):  # ranks: (1, 2) and (2, 5)
         assert value == {"connection/steps_mean/layer02": 1.5, "connection/steps_max/layer02": 5.0}

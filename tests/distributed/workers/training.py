@@ -92,6 +92,41 @@ def resume_takes_the_configs_optimizer_settings(data, root: Path, zero_stage: in
             "clip": getattr(opt, "clip_grad", getattr(opt, "max_norm", None))}
 
 
+def separation_schedule(data, root: Path) -> dict:
+    """Separation joins at ``separation_start_step`` through the step the trainer hands the layers
+    (set_training_step): per optimizer step, the training_step every ASCender layer ran with, and
+    the largest |gradient| that delta and kappa (read by Separation alone) received."""
+    from ascender_dist.models.specs.ascender import AscenderCoreAttention
+    from ascender_dist.training.callbacks import Callback
+
+    seen: dict = {}
+
+    class Watch(Callback):
+        def on_train_start(self, trainer):
+            cores = [m for m in trainer.engine.module.modules() if isinstance(m, AscenderCoreAttention)]
+            assert cores
+
+            def record(key, value):
+                entry = seen.setdefault(trainer.step, {"layer_steps": set(), "delta": 0.0, "kappa": 0.0})
+                if key == "layer_steps":
+                    entry[key].add(value)
+                else:
+                    entry[key] = max(entry[key], value)
+
+            for core in cores:
+                core.register_forward_pre_hook(lambda module, args: record("layer_steps", module.training_step))
+                for name in ("delta", "kappa"):
+                    getattr(core.params, name).register_hook(
+                        lambda grad, name=name: record(name, float(grad.abs().max())))
+
+    model = {"architecture": "ascender", "ascender": {"d_z": 4, "d_a": 4, "k": 4, "window": 8, "chunk_size": 8,
+                                                       "omega_init": 0.5, "separation_start_step": 2,
+                                                       "trainable_delta_kappa_temp": True}}
+    _trainer(data, root / "separation_schedule", callbacks=[Watch()], model=model,
+             train={"train_steps": 4, "eval_interval": 0}).fit()
+    return [{"step": step, **entry, "layer_steps": sorted(entry["layer_steps"])} for step, entry in sorted(seen.items())]
+
+
 DP_CHANGE_STAGES = (0, 1, 2, 3)
 
 
@@ -105,6 +140,7 @@ def main(args):
     checks.update({f"optimizer_settings_zero{stage}":
                    (lambda stage=stage: resume_takes_the_configs_optimizer_settings(data, root, stage))
                    for stage in (0, 1)})
+    checks["separation_schedule"] = lambda: separation_schedule(data, root)
     return run_checks(checks)
 
 
