@@ -159,6 +159,21 @@ def test_fast_matches_reference_with_several_moment_states(monkeypatch, case, st
     compare(case, F64, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+@pytest.mark.parametrize("path", [reference_attention, fast_attention], ids=["reference", "fast"])
+def test_aux_total_is_the_literal_weighted_sum(path, causal):
+    """aux["total"] = 0.3 L_coh + 0.5 L_sep + 0.2 L_align, written out here: both paths weight
+    through one shared helper, so comparing their totals cannot see a swapped or dropped weight."""
+    hp = base_hp(causal=causal, aux_compactness_weight=0.3, aux_crowding_weight=0.5, aux_alignment_weight=0.2)
+    inputs = make_inputs(n=21)
+    with torch.no_grad():
+        aux = path(*inputs, make_params(hp, 2), hp, use_sep=True, with_aux=True).aux
+    assert set(aux) == {"compactness", "crowding", "alignment", "total"}
+    assert all(aux[name].item() > 1e-3 for name in ("compactness", "crowding", "alignment"))
+    want = 0.3 * aux["compactness"] + 0.5 * aux["crowding"] + 0.2 * aux["alignment"]
+    torch.testing.assert_close(aux["total"], want, rtol=1e-12, atol=0)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_fast_zero_omega_is_sdpa(causal):
     hp = base_hp(causal=causal, omega_init=0.0, window=4, num_global=1)

@@ -32,11 +32,36 @@ def make_params(hp, nh, dtype=F64, seed=1):
     return p
 
 
+@dataclasses.dataclass
+class LoopResult:
+    """out [b, nh, n, hd]; stats: mass_moved_* [nh]; aux: compactness / crowding / alignment (floats)."""
+
+    out: torch.Tensor
+    stats: dict
+    aux: dict
+
+
+def loop_softmax(xs):
+    """Softmax of a list of floats (plain Python, max-shifted)."""
+    top = max(xs)
+    e = [math.exp(x - top) for x in xs]
+    return [x / sum(e) for x in e]
+
+
 @torch.no_grad()
 def loop_reference(q, k, v, z, h, p, hp, use_sep=True):
-    """Paper sections 2-6, one (batch, head, row) at a time, with plain Python lists."""
+    """Paper sections 2-6 and 8, one (batch, head, row) at a time, with plain Python lists.
+
+    Besides the output it computes, straight from docs/ascender.md: mass moved (per bias, the
+    total-variation distance 0.5 * sum_j |A_ij - A'_ij| between the row's softmax of S / tau over
+    its visible keys and the same softmax with that one bias term removed; "all": with all three
+    removed, ALiBi kept; averaged over batch and rows per head) and the aux losses L_coh
+    (E_{j~A_i} |z_j - c_i|^2), L_sep (sum_j A_ij phi_ij) and L_align ([N(i) non-empty]
+    (1 - u_i . mean_{l in N(i)} u_l)), each averaged over batch, heads and rows."""
     b, nh, n, hd = q.shape
     out = torch.zeros_like(q)
+    moved = {}  # name -> [nh] list of sums over (batch, row)
+    aux_sums = {"compactness": 0.0, "crowding": 0.0, "alignment": 0.0}
     unit = lambda x: x / max(float(x.norm()), hp.eps)  # noqa: E731
     std = lambda xs: math.sqrt(  # noqa: E731
         sum((x - sum(xs) / len(xs)) ** 2 for x in xs)
@@ -47,6 +72,7 @@ def loop_reference(q, k, v, z, h, p, hp, use_sep=True):
         for hi in range(nh):
             Q, K, V, Z, H = (t[bi, hi] for t in (q, k, v, z, h))
             lam, om = p.lambdas[hi], p.omega[hi]
+            headings, neighbourhoods = {}, {}
             for i in range(n):
                 js = [j for j in range(n) if not hp.causal or j <= i]
                 cos = {j: float(unit(H[i]) @ unit(H[j])) for j in range(n)}
@@ -54,6 +80,7 @@ def loop_reference(q, k, v, z, h, p, hp, use_sep=True):
                 if hp.window:
                     cands = [j for j in cands if abs(i - j) <= hp.window or j < hp.num_global]
                 nbrs = sorted(cands, key=lambda j: -cos[j])[: hp.k]
+                neighbourhoods[i] = nbrs
                 scores = {j: float(Q[i] @ K[j]) / math.sqrt(hd) for j in js}
                 terms = {}
                 if hp.use_align:
@@ -62,22 +89,24 @@ def loop_reference(q, k, v, z, h, p, hp, use_sep=True):
                     m = sum(kh) / len(kh) if kh else 0
                     var = sum(float(((x - m) ** 2).sum()) for x in kh) / max(len(kh), 1)
                     g = float(lam[0]) / (1 + math.exp(hp.alpha_align * var))
-                    terms["a"] = (g, [float(u @ unit(K[j])) for j in js], om[0])
+                    headings[i] = u
+                    terms["align"] = (g, [float(u @ unit(K[j])) for j in js], om[0])
                 d2 = {j: float(((Z[i] - Z[j]) ** 2).sum()) for j in js}
                 if use_sep:
                     ws = {j: math.exp(-d2[j] / kd(hp.tau_sep)) for j in js}
                     rho = sum(ws[j] for j in js if j != i)
                     eta = min(1.0, rho / float(p.kappa[hi]))
                     phi = [ws[j] * max(0.0, cos[j] - float(p.delta[hi])) for j in js]
-                    terms["s"] = (-float(lam[1]) * eta, phi, om[1])
+                    terms["sep"] = (-float(lam[1]) * eta, phi, om[1])
                 if hp.use_coh:
                     wc = {j: math.exp(-d2[j] / kd(hp.tau_coh)) for j in js}
                     W = sum(wc.values())
                     c = sum(wc[j] * Z[j] for j in js) / W
                     lv = sum(wc[j] * float(((Z[j] - c) ** 2).sum()) for j in js) / W
                     g = float(lam[2]) / (1 + math.exp(hp.alpha_coh * lv)) / hp.tau_coh
-                    terms["c"] = (g, [-float(((Z[j] - c) ** 2).sum()) for j in js], om[2])
-                for g, r, w in terms.values():
+                    terms["coh"] = (g, [-float(((Z[j] - c) ** 2).sum()) for j in js], om[2])
+                added = {}  # name -> [omega * normalised beta_ij for j in js]
+                for name, (g, r, w) in terms.items():
                     if hp.gate_placement == "pre_norm":
                         beta = [g * x for x in r]
                         mu, sd = sum(beta) / len(beta), std(beta)
@@ -85,14 +114,35 @@ def loop_reference(q, k, v, z, h, p, hp, use_sep=True):
                     else:
                         mu, sd = sum(r) / len(r), std(r)
                         normed = [g * (x - mu) / (sd + hp.eps) for x in r]
-                    for j, x in zip(js, normed):
-                        scores[j] += float(w) * x
+                    added[name] = [float(w) * x for x in normed]
+                    for j, x in zip(js, added[name]):
+                        scores[j] += x
                 if hp.other_bias == "alibi":
                     for j in js:
                         scores[j] -= float(p.alibi_slope[hi]) * abs(i - j)
-                s = torch.tensor([scores[j] for j in js], dtype=q.dtype) / float(p.tau_score[hi])
+                tau = float(p.tau_score[hi])
+                s = torch.tensor([scores[j] for j in js], dtype=q.dtype) / tau
                 out[bi, hi, i] = torch.softmax(s, 0) @ V[js]
-    return out
+                A = loop_softmax([scores[j] / tau for j in js])
+                removed = {name: [added[name]] for name in added}
+                if added:
+                    removed["all"] = list(added.values())
+                for name, parts in removed.items():
+                    without = [(scores[j] - sum(x[t] for x in parts)) / tau for t, j in enumerate(js)]
+                    tv = 0.5 * sum(abs(x - y) for x, y in zip(A, loop_softmax(without)))
+                    moved.setdefault(f"mass_moved_{name}", [0.0] * nh)[hi] += tv
+                if hp.use_coh:
+                    aux_sums["compactness"] += sum(a * float(((Z[j] - c) ** 2).sum()) for a, j in zip(A, js))
+                if use_sep:
+                    aux_sums["crowding"] += sum(a * x for a, x in zip(A, phi))
+            if hp.use_align:
+                for i, nbrs in neighbourhoods.items():
+                    if nbrs:
+                        u_bar = sum(headings[l] for l in nbrs) / len(nbrs)
+                        aux_sums["alignment"] += 1.0 - float(headings[i] @ u_bar)
+    stats = {name: torch.tensor(sums, dtype=q.dtype) / (b * n) for name, sums in moved.items()}
+    aux = {name: total / (b * nh * n) for name, total in aux_sums.items()}
+    return LoopResult(out=out, stats=stats, aux=aux)
 
 
 CASES = {
@@ -114,7 +164,7 @@ def test_reference_matches_per_row_loop(case):
     q, k, v, z, h = make_inputs()
     p = make_params(hp, 2)
     ref = reference_attention(q, k, v, z, h, p, hp, use_sep=True).out
-    loop = loop_reference(q, k, v, z, h, p, hp)
+    loop = loop_reference(q, k, v, z, h, p, hp).out
     torch.testing.assert_close(ref, loop, rtol=1e-10, atol=1e-10)
 
 
@@ -123,7 +173,52 @@ def test_reference_without_separation_matches_loop():
     q, k, v, z, h = make_inputs(seed=3)
     p = make_params(hp, 2)
     ref = reference_attention(q, k, v, z, h, p, hp, use_sep=False).out
-    torch.testing.assert_close(ref, loop_reference(q, k, v, z, h, p, hp, use_sep=False), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ref, loop_reference(q, k, v, z, h, p, hp, use_sep=False).out, rtol=1e-10, atol=1e-10)
+
+
+AUX_WEIGHTS = dict(aux_compactness_weight=0.3, aux_crowding_weight=0.5, aux_alignment_weight=0.2)
+LOOP_CALLS = [(case, True) for case in CASES] + [("causal", False), ("bidirectional", False)]
+
+
+def loop_case(case, use_sep):
+    """Reference (with aux) and per-row loop on two batch entries (so the batch averaging shows); k = 3
+    leaves causal row 2 two neighbours with headings, so a mean over k instead of |N(i)| shows."""
+    hp = AscenderHParams(d_z=3, d_a=4, k=3, window=0, num_global=0, tau_sep=2.0, tau_coh=1.5, **AUX_WEIGHTS)
+    hp = dataclasses.replace(hp, **CASES[case])
+    q, k, v, z, h = make_inputs(b=2, seed=4)
+    p = make_params(hp, 2)
+    ref = reference_attention(q, k, v, z, h, p, hp, use_sep=use_sep, with_aux=True)
+    return hp, ref, loop_reference(q, k, v, z, h, p, hp, use_sep=use_sep)
+
+
+@pytest.mark.parametrize("case, use_sep", LOOP_CALLS)
+def test_reference_aux_losses_match_per_row_loop(case, use_sep):
+    """Each section 8 loss against the loop, and the total against the literal weighted sum of the
+    loop's losses with distinct weights (a swapped or dropped weight shows)."""
+    hp, ref, loop = loop_case(case, use_sep)
+    torch.testing.assert_close(ref.out, loop.out, rtol=1e-10, atol=1e-10)
+    expect = {"compactness": hp.use_coh, "crowding": use_sep, "alignment": hp.use_align}
+    assert set(ref.aux) == {name for name, on in expect.items() if on} | {"total"}
+    for name in set(ref.aux) - {"total"}:
+        assert loop.aux[name] > 0, name  # not vacuous
+        torch.testing.assert_close(ref.aux[name], torch.tensor(loop.aux[name], dtype=F64), rtol=1e-10, atol=1e-12,
+                                   msg=name)  # fmt: skip
+    total = (0.3 * loop.aux["compactness"] * hp.use_coh + 0.5 * loop.aux["crowding"] * use_sep
+             + 0.2 * loop.aux["alignment"] * hp.use_align)  # fmt: skip
+    torch.testing.assert_close(ref.aux["total"], torch.tensor(total, dtype=F64), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("case, use_sep", LOOP_CALLS)
+def test_reference_mass_moved_matches_per_row_loop(case, use_sep):
+    """stats.mass_moved_* against the documented definition computed row by row (docs/ascender.md:
+    mean over rows and batch of TV(softmax(S / tau), softmax((S - bias) / tau)) over visible keys)."""
+    hp, ref, loop = loop_case(case, use_sep)
+    names = [name for name, on in (("align", hp.use_align), ("sep", use_sep), ("coh", hp.use_coh)) if on]
+    assert set(loop.stats) == {f"mass_moved_{name}" for name in names + ["all"]}
+    assert set(loop.stats) <= set(ref.stats)
+    for name, want in loop.stats.items():
+        assert torch.all(want > 1e-3), name  # not vacuous: every bias moves some mass
+        torch.testing.assert_close(ref.stats[name], want, rtol=1e-10, atol=1e-12, msg=name)
 
 
 @pytest.mark.parametrize("causal", [True, False])
