@@ -141,14 +141,17 @@ def consolidate_cmd(args: argparse.Namespace) -> None:
 
 
 def reshard_cmd(args: argparse.Namespace) -> None:
-    from ascender_dist.tools.convert import check_reshard_out, read_consolidated, reshard, reshard_config
+    from ascender_dist.tools.convert import (check_reshard_out, check_reshard_tokenizer, read_consolidated, reshard,
+                                             reshard_config)
 
     if not _under_launcher():
-        # fail early, in one line, on a bad directory, a bad --set or a layout that does not fit
+        # fail early, in one line, on a bad directory, a bad --set, a layout that does not fit or a
+        # tokenizer that is not the weights' one
         check_reshard_out(Path(args.out), Path(args.consolidated))
-        _, cfg, _ = read_consolidated(Path(args.consolidated))
+        _, cfg, meta = read_consolidated(Path(args.consolidated))
         cfg = reshard_config(cfg, Path(args.out), args.overrides, Path(args.consolidated) / "config.yaml",
                              data_parallel=args.data_parallel)
+        check_reshard_tokenizer(cfg, meta, Path(args.consolidated) / "meta.json")
         p = cfg.parallel
         world = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * args.data_parallel
         _relaunch(world, ["reshard", *args.argv])

@@ -370,10 +370,15 @@ def read_consolidated(directory: Path, expect_architecture: Optional[str] = None
 
 def reshard_config(cfg, checkpoint_dir: Path, overrides: list[str], source: Path, data_parallel: Optional[int] = None):
     """The run config of a reshard: the consolidated run's config + ``--set`` overrides, validated
-    like any run config (and against the target world size when ``data_parallel`` is given)."""
+    like any run config (and against the target world size when ``data_parallel`` is given).
+    The run it builds only writes a checkpoint into ``checkpoint_dir``: it has no log sinks (no
+    TensorBoard, no W&B, whatever the source run or ``--set`` says) and its output_dir is
+    ``checkpoint_dir``, so nothing is written into the source run's directories, a W&B run of the
+    source is not resumed, and an unwritable source output_dir does not matter."""
     from ascender_dist.config.resolve import validate
 
-    fixed = {"checkpoint": {"dir": str(checkpoint_dir), "auto_resume": False, "init_from": None}}
+    fixed = {"checkpoint": {"dir": str(checkpoint_dir), "auto_resume": False, "init_from": None},
+             "output_dir": str(checkpoint_dir), "logging": {"tensorboard": False, "wandb": {"project": ""}}}
     cfg = config_with_overrides(to_dict(cfg), overrides, str(source), fixed)
     if data_parallel is not None:
         if data_parallel < 1:
@@ -383,16 +388,39 @@ def reshard_config(cfg, checkpoint_dir: Path, overrides: list[str], source: Path
     return cfg
 
 
+def check_reshard_tokenizer(cfg, meta: dict, meta_file: Path) -> None:
+    """The tokenizer the reshard's run loads (``data.tokenizer``) is the one the weights were trained
+    with (``meta_file``'s ``tokenizer_sha256``, when recorded): the new checkpoint records the
+    loaded one's, and a replaced file would relabel the weights."""
+    from data_pipeline.tokenizer import tokenizer_sha256
+
+    recorded = meta.get("tokenizer_sha256")
+    if not (isinstance(recorded, str) and recorded and cfg.data.tokenizer):
+        return
+    try:
+        found = tokenizer_sha256(Path(cfg.data.tokenizer))
+    except OSError as exc:
+        raise ConversionError(cfg.data.tokenizer, f"cannot read the run's tokenizer (data.tokenizer: "
+                                                  f"{exc.strerror or exc})") from None
+    if found != recorded:
+        raise ConversionError(cfg.data.tokenizer, f"sha256 {found[:12]}... is not the tokenizer the weights were "
+                                                  f"trained with ({meta_file} tokenizer_sha256 {recorded[:12]}...)")
+
+
 def reshard(consolidated_dir: Path, checkpoint_dir: Path, overrides: list[str]) -> None:
     """Collective: write a training checkpoint of the layout in ``overrides`` (e.g.
     parallel.tensor_model_parallel_size=2) from consolidated weights; ``train`` resumes from it.
-    Weights, step, LR schedule position and data position carry over; AdamW moments start at zero."""
+    Weights, step, LR schedule position and data position carry over; AdamW moments start at zero.
+    The run is built without log sinks (:func:`reshard_config`); it still builds the data loader,
+    so the tokenizer and the data manifests must be readable at the paths the config names."""
     from ascender_dist.training.trainer import Trainer
 
     check_reshard_out(checkpoint_dir, consolidated_dir)  # every rank, before the process group
     state, cfg, meta = read_consolidated(consolidated_dir)
-    require_fields(meta, Path(consolidated_dir) / "meta.json", {"step": int, "data": dict})
+    meta_file = Path(consolidated_dir) / "meta.json"
+    require_fields(meta, meta_file, {"step": int, "data": dict})
     cfg = reshard_config(cfg, checkpoint_dir, overrides, Path(consolidated_dir) / "config.yaml")
+    check_reshard_tokenizer(cfg, meta, meta_file)
     trainer = Trainer(cfg, init_state=state)
     trainer.loader.load_state_dict(meta["data"])  # the LR follows from the step (training.lr_schedule)
     trainer.save(step=int(meta["step"]))

@@ -12,13 +12,16 @@ or a Hugging Face export (``ascender-dist export-hf``). NAME defaults to the dir
   (the run's ``data.manifest`` / ``data.mixture``, or ``--manifest``), read by
   ``data_pipeline.loader.StreamingLoader(split="val")`` in stored order, exactly as training's
   ``val/loss`` (inputs ``tokens[:, :-1]``, labels ``tokens[:, 1:]``), averaged over all tokens;
-  perplexity = exp(val loss). The softmax is over the tokenizer's vocabulary (consolidation drops
-  the vocab padding rows, as every export does), as training's, whose loss gives the padding ids
-  zero probability (``models.build.vocab_cross_entropy``): on the same samples it equals training's
-  ``val/loss`` up to float rounding. The model runs single-process in plain torch: the Hugging Face
-  model of :mod:`ascender_dist.hf` (what ``export-hf`` writes, tested to match our megatron model
-  at TP=1 within 1e-4) built from the consolidated weights, no megatron, no process group; an
-  export directory is loaded with ``AutoModelForCausalLM`` (remote code on).
+  perplexity = exp(val loss). Data made with another tokenizer than the run's (meta.json's
+  ``tokenizer_sha256``, else the sha256 of an export's ``tokenizer.model`` or of the run's
+  ``data.tokenizer``) is refused in one line. The softmax is over the tokenizer's vocabulary
+  (consolidation drops the vocab padding rows, as every export does), as training's, whose loss
+  gives the padding ids zero probability (``models.build.vocab_cross_entropy``): on the same
+  samples it equals training's ``val/loss`` up to float rounding. The model runs single-process in
+  plain torch: the Hugging Face model of :mod:`ascender_dist.hf` (what ``export-hf`` writes, tested
+  to match our megatron model at TP=1 within 1e-4) built from the consolidated weights, no
+  megatron, no process group; an export directory is loaded with ``AutoModelForCausalLM`` (remote
+  code on).
 * lm-eval tasks (``--tasks``): a consolidated run is exported into ``OUT/hf/NAME`` first, then
   lm-eval's HFLM runs it through the ``ascender-dist`` model of
   :mod:`ascender_dist.tools.lm_eval_adapter` (``--include-path`` adds task YAML directories).
@@ -64,7 +67,8 @@ class Run:
     seq_length: Optional[int] = None
     vocab_size: Optional[int] = None
     manifest: object = None  # what StreamingLoader reads (path or [(path, weight), ...])
-    tokenizer: Optional[str] = None
+    tokenizer: Optional[str] = None  # the run's data.tokenizer, or an export's tokenizer.model
+    tokenizer_sha256: Optional[str] = None  # what the weights were trained with (consolidated meta.json)
     results: dict = field(default_factory=dict)
 
 
@@ -92,6 +96,30 @@ def _stored_parameters(weights: Path) -> int:
                               f"({' '.join(str(exc).split())})") from None
 
 
+def _recorded_tokenizer(meta: dict) -> Optional[str]:
+    """meta.json's ``tokenizer_sha256`` (checkpoints record it), or None (older checkpoints, no tokenizer)."""
+    sha = meta.get("tokenizer_sha256")
+    return sha if isinstance(sha, str) and sha else None
+
+
+def tokenizer_identity(run: Run) -> Optional[str]:
+    """The sha256 of the tokenizer the run's validation data must have been made with: the one its
+    meta.json records, else that of its tokenizer file (an export's ``tokenizer.model``, a run's
+    ``data.tokenizer`` when it exists here), else None (the data cannot be checked). A tokenizer
+    file that exists but cannot be read is a one-line EvaluationError naming it."""
+    if run.tokenizer_sha256:
+        return run.tokenizer_sha256
+    if not run.tokenizer or not Path(run.tokenizer).exists():
+        return None
+    from data_pipeline.tokenizer import tokenizer_sha256
+
+    try:
+        return tokenizer_sha256(Path(run.tokenizer))
+    except OSError as exc:
+        raise EvaluationError(f"{run.tokenizer}: cannot read the tokenizer of run {run.name} "
+                              f"({exc.strerror or exc})") from None
+
+
 def parse_run(text: str, manifest: Optional[str]) -> Run:
     """``DIR`` or ``NAME=DIR`` -> a described :class:`Run` (one-line EvaluationError otherwise)."""
     from ascender_dist.tools.lm_eval_adapter import is_consolidated, is_hf_export
@@ -114,7 +142,7 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
                   size=_size_of(model.preset, name, cfg.name), step=meta.get("step"),
                   seq_length=model.seq_length, vocab_size=meta.get("vocab_size"),
                   manifest=manifest or mixture or data.manifest or None,
-                  tokenizer=data.tokenizer or None)
+                  tokenizer=data.tokenizer or None, tokenizer_sha256=_recorded_tokenizer(meta))
         run.parameters = _stored_parameters(path / "model.safetensors")
         return run
     if is_hf_export(path):
@@ -125,9 +153,11 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
         config = read_json_file(path / "config.json")
         info = read_json_file(path / "ascender_dist.json") if (path / "ascender_dist.json").is_file() else {}
         seq = config.get("max_position_embeddings") or config.get("n_positions")
+        tokenizer = path / "tokenizer.model"  # what export-hf copies; its sha256 is the tokenizer's identity
         return Run(name, path, "hf", architecture=info.get("model_architecture") or config.get("model_type", "?"),
                    size=_size_of(info.get("preset"), name, info.get("run_name")), step=info.get("step"),
-                   seq_length=seq, vocab_size=config.get("vocab_size"), manifest=manifest)
+                   seq_length=seq, vocab_size=config.get("vocab_size"), manifest=manifest,
+                   tokenizer=str(tokenizer) if tokenizer.exists() else None)
     raise EvaluationError(f"{path}: not a consolidated directory (model.safetensors + meta.json + config.yaml) "
                           "nor a Hugging Face export (config.json + *.safetensors)")
 
@@ -175,13 +205,8 @@ def validation_loss(run: Run, model, batch_size: int = 8, max_samples: Optional[
         raise EvaluationError(f"{run.name}: no validation data (the run names no data.manifest; pass --manifest)")
     if not run.seq_length:
         raise EvaluationError(f"{run.name}: unknown sequence length")
-    sha = None
-    if run.tokenizer and Path(run.tokenizer).is_file():
-        from data_pipeline.tokenizer import tokenizer_sha256
-
-        sha = tokenizer_sha256(Path(run.tokenizer))
     loader = StreamingLoader(run.manifest, seq_length=run.seq_length, micro_batch_size=1, global_batch_size=1,
-                             dp_rank=0, dp_size=1, seed=0, split="val", tokenizer_sha256=sha,
+                             dp_rank=0, dp_size=1, seed=0, split="val", tokenizer_sha256=tokenizer_identity(run),
                              vocab_size=run.vocab_size)
     total = min(len(loader), max_samples) if max_samples else len(loader)
     if total == 0:

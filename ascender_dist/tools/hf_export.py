@@ -267,25 +267,58 @@ def write_remote_code(state: dict, cfg, meta: dict, out: Path, special_ids: dict
     return REMOTE_CODE_ARCHITECTURE
 
 
-def check_tokenizer(tokenizer: Path, cfg, meta: dict) -> None:
-    """``tokenizer`` is a sentencepiece model (loaded by the project's loader, so a ``.vocab`` or any other
-    file is refused) whose vocabulary fits the model: equal to meta.json's vocab_size when the run took
-    its vocabulary from the tokenizer, never larger."""
+def _load_tokenizer(tokenizer: Path):
+    """The sentencepiece model ``tokenizer`` through the project's loader (a ``.vocab``, a directory or an
+    unreadable file is refused); problems are one-line ConversionErrors naming it."""
     from data_pipeline.errors import DataError
     from data_pipeline.tokenizer import Tokenizer
 
-    if not tokenizer.is_file():
+    if not tokenizer.exists():
         raise ConversionError(tokenizer, "tokenizer model not found")
+    if not tokenizer.is_file():
+        raise ConversionError(tokenizer, "not a file (pass the sentencepiece .model file)")
     try:
-        tok = Tokenizer.load(tokenizer)
+        return Tokenizer.load(tokenizer)
     except DataError as exc:
         raise ConversionError(tokenizer, f"{exc.problem} (pass the sentencepiece .model file)") from None
+
+
+def check_tokenizer(tokenizer: Path, cfg, meta: dict, meta_file: Path) -> None:
+    """``tokenizer`` is a sentencepiece model and the one the model was trained with: its sha256 equals
+    ``meta_file``'s ``tokenizer_sha256`` (what checkpoints record; two tokenizers of one size trained on
+    other text give other ids for the same text). A meta.json without it (checkpoints of older
+    versions, runs without a tokenizer) leaves the vocabulary as the only check: equal to meta.json's
+    vocab_size when the run took its vocabulary from the tokenizer, never larger."""
+    tok = _load_tokenizer(tokenizer)
+    recorded = meta.get("tokenizer_sha256")
+    if isinstance(recorded, str) and recorded and tok.sha256 != recorded:
+        trained = f", data.tokenizer {cfg.data.tokenizer}" if cfg.data.tokenizer else ""
+        raise ConversionError(tokenizer, f"sha256 {tok.sha256[:12]}... is not the tokenizer this model was trained "
+                                         f"with ({meta_file} tokenizer_sha256 {recorded[:12]}...{trained})")
     vocab = meta.get("vocab_size")
     if not isinstance(vocab, int) or isinstance(vocab, bool):
         return
     if tok.vocab_size > vocab or (not cfg.model.vocab_size and tok.vocab_size != vocab):
         raise ConversionError(tokenizer, f"vocab size {tok.vocab_size} does not match the model's {vocab} "
                                          "(meta.json vocab_size): not the tokenizer this model was trained with")
+
+
+def export_provenance(consolidated_dir: Path, tokenizer: Path | None) -> dict:
+    """What an export is made of besides the weights, recorded in its ``ascender_dist.json``: the
+    ascender-dist version that wrote it (the remote code and its vendored math are that version's),
+    the sha256 of the consolidated config.yaml and of the tokenizer written (None without one). The
+    lm-eval adapter's cache is re-exported when any of them differs from what it would write now."""
+    from data_pipeline._io import sha256_file
+    from ascender_dist.versions import package_version
+
+    config = Path(consolidated_dir) / "config.yaml"
+    try:
+        config_sha = sha256_file(config)
+        tokenizer_sha = sha256_file(Path(tokenizer)) if tokenizer else None
+    except OSError as exc:
+        raise ConversionError(exc.filename or config, f"cannot read ({exc.strerror or exc})") from None
+    return {"ascender_dist_version": package_version("ascender-dist"), "config_sha256": config_sha,
+            "tokenizer_sha256": tokenizer_sha}
 
 
 EXPORT_MARKER = "ascender_dist.json"  # written last into every export: a previous export may be replaced
@@ -354,7 +387,7 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
         tokenizer = cfg.data.tokenizer
     special_ids = fast = None
     if tokenizer:  # converted before anything is written: a model with no exact fast tokenizer fails here
-        check_tokenizer(Path(tokenizer), cfg, meta)
+        check_tokenizer(Path(tokenizer), cfg, meta, Path(consolidated_dir) / "meta.json")
         from ascender_dist.tools.hf_tokenizer import fast_tokenizer, load_proto, special_tokens
 
         fast = fast_tokenizer(Path(tokenizer))
@@ -369,5 +402,6 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
         (tmp / EXPORT_MARKER).write_text(json.dumps({
             "source": str(consolidated_dir), "architecture": kind, "model_architecture": meta.get("architecture"),
             "trust_remote_code": kind == REMOTE_CODE_ARCHITECTURE, "step": meta.get("step"),
-            "vocab_size": meta.get("vocab_size"), "preset": cfg.model.preset, "run_name": cfg.name}, indent=1))
+            "vocab_size": meta.get("vocab_size"), "preset": cfg.model.preset, "run_name": cfg.name,
+            **export_provenance(consolidated_dir, Path(tokenizer) if tokenizer else None)}, indent=1))
     return out_dir

@@ -13,8 +13,10 @@ or from Python (``import ascender_dist.tools.lm_eval_adapter`` registers it)::
 
 ``pretrained`` is either a directory written by ``ascender-dist export-hf`` (remote-code model, or
 GPT-NeoX / Llama for gpt) or a consolidated directory (``ascender-dist consolidate``), which is
-exported on the fly into ``<dir>/.hf-export`` (re-used while it is newer than the weights; processes
-started together export it once, under a lock on ``<dir>/.hf-export.lock``).
+exported on the fly into ``<dir>/.hf-export`` with the run's ``data.tokenizer`` (re-used while it is
+newer than the weights and its ``ascender_dist.json`` records this ascender-dist version and the
+sha256 of the run's config.yaml and tokenizer; processes started together export it once, under a
+lock on ``<dir>/.hf-export.lock``). A run whose tokenizer file is not reachable is refused.
 The tokenizer is the directory's AutoTokenizer when it has a ``tokenizer_config.json`` (every export
 now ships a fast ``tokenizer.json`` with sentencepiece's ids), else our sentencepiece wrapper over its
 ``tokenizer.model`` (exports written before that). An empty context is scored after EOS
@@ -52,11 +54,53 @@ def is_hf_export(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def _cache_is_warm(consolidated: Path, out: Path) -> bool:
-    """The export cache ``out`` holds an export at least as new as the consolidated weights (an
-    export is published whole: a weights file there means the rest is there too)."""
-    cached = out / "model.safetensors"
-    return cached.is_file() and cached.stat().st_mtime >= (consolidated / "model.safetensors").stat().st_mtime
+def run_tokenizer(consolidated: Path) -> Path:
+    """The run's ``data.tokenizer``, which its export carries. A run that names none, or whose file is
+    not reachable from here (a relative path resolves against the working directory), is a one-line
+    AdapterError: lm-eval cannot run an export without a tokenizer, and one cached without it would
+    be what every later call found."""
+    from ascender_dist.tools.convert import read_config_file
+
+    config = Path(consolidated) / "config.yaml"
+    data = read_config_file(config).get("data") or {}
+    tokenizer = data.get("tokenizer") if isinstance(data, dict) else None
+    if not tokenizer:
+        raise AdapterError(f"{config}: data.tokenizer is not set, and lm-eval needs the tokenizer: pass an export "
+                           "made with `ascender-dist export-hf --tokenizer PATH`")
+    if not Path(tokenizer).is_file():
+        raise AdapterError(f"{config}: data.tokenizer {tokenizer} is not a file here (a relative path resolves "
+                           "against the working directory), and lm-eval needs the tokenizer: run from where it "
+                           "resolves, or pass an export made with `ascender-dist export-hf --tokenizer PATH`")
+    return Path(tokenizer)
+
+
+def _cached_provenance(out: Path) -> Optional[dict]:
+    """The cached export's ``ascender_dist.json``, or None when there is no whole export to read."""
+    import json
+
+    from ascender_dist.tools.hf_export import EXPORT_MARKER, is_export_output
+
+    if not (is_export_output(out) and (out / "model.safetensors").is_file()):
+        return None
+    try:
+        info = json.loads((out / EXPORT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _cache_is_warm(consolidated: Path, out: Path, tokenizer: Path) -> bool:
+    """The export cache ``out`` is what exporting now would write: at least as new as the consolidated
+    weights, written by this ascender-dist version from the same config.yaml, with the tokenizer
+    ``tokenizer`` (a tokenizer-less export, or one made before the tokenizer's file changed, is
+    stale). An export is published whole: its marker file means the rest is there too."""
+    from ascender_dist.tools.hf_export import export_provenance
+
+    info = _cached_provenance(out)
+    weights = consolidated / "model.safetensors"
+    if info is None or (out / "model.safetensors").stat().st_mtime < weights.stat().st_mtime:
+        return False
+    return all(info.get(key) == value for key, value in export_provenance(consolidated, tokenizer).items())
 
 
 @contextmanager
@@ -75,27 +119,26 @@ def _export_lock(consolidated: Path) -> Iterator[None]:
         yield
 
 
-def _export(consolidated: Path, out: Path) -> None:
-    """Export a consolidated run into its cache ``out``, with the run's ``data.tokenizer`` when that file exists."""
-    from ascender_dist.tools.convert import read_config_file
+def _export(consolidated: Path, out: Path, tokenizer: Path) -> None:
+    """Export a consolidated run into its cache ``out`` with ``tokenizer``."""
     from ascender_dist.tools.hf_export import export_hf
 
-    data = read_config_file(consolidated / "config.yaml").get("data") or {}
-    tokenizer = data.get("tokenizer")
-    export_hf(consolidated, out, tokenizer=tokenizer if tokenizer and Path(tokenizer).is_file() else None)
+    export_hf(consolidated, out, tokenizer=str(tokenizer))
 
 
 def hf_directory(path: str | Path) -> Path:
-    """The Hugging Face directory for ``path`` (a consolidated one is exported next to itself)."""
+    """The Hugging Face directory for ``path`` (a consolidated one is exported next to itself, with the
+    run's ``data.tokenizer``: :func:`run_tokenizer`)."""
     path = Path(path)
     if is_hf_export(path):
         return path
     if is_consolidated(path):
         out = path / EXPORT_SUBDIR
-        if not _cache_is_warm(path, out):
+        tokenizer = run_tokenizer(path)  # before the cache: never one without a tokenizer
+        if not _cache_is_warm(path, out, tokenizer):
             with _export_lock(path):  # other processes (accelerate launch) wait, then find it warm
-                if not _cache_is_warm(path, out):
-                    _export(path, out)
+                if not _cache_is_warm(path, out, tokenizer):
+                    _export(path, out, tokenizer)
         return out
     raise AdapterError(f"{path}: neither a Hugging Face export (config.json + *.safetensors) nor a consolidated "
                        "directory (model.safetensors + meta.json + config.yaml)")

@@ -126,7 +126,9 @@ class Trainer:
         return True
 
     def checkpoint_meta(self, step: Optional[int] = None) -> dict:
-        """What a converter needs to read this checkpoint without the run's YAML or launch."""
+        """What a converter needs to read this checkpoint without the run's YAML or launch. The
+        tokenizer's sha256 (None without one) is its identity: exports and evaluations check the
+        tokenizer and data they are given against it (a same-size tokenizer is not the same one)."""
         p = self.pstate
         return {
             "format": ckpt.FORMAT_VERSION, "step": self.step if step is None else step, "architecture": self.cfg.model.architecture,
@@ -135,6 +137,7 @@ class Trainer:
             "zero_stage": self.cfg.parallel.zero_stage, "precision": self.cfg.train.precision,
             "vocab_size": self.cfg.model.vocab_size or (self.tokenizer.vocab_size if self.tokenizer else None),
             "padded_vocab_size": self.derived.padded_vocab_size,
+            "tokenizer_sha256": self.tokenizer.sha256 if self.tokenizer else None,
             "data": self.loader.state_dict(), **self.data_record,
             "versions": package_versions(("ascender-dist", "megatron-core", "deepspeed", "torch")),
         }

@@ -62,9 +62,12 @@ def _our_logits(consolidated: Path, tokens: torch.Tensor) -> torch.Tensor:
 
 def test_consolidated_has_canonical_names_and_no_vocab_padding(runs):
     from ascender_dist.tools.convert import read_consolidated
+    from data_pipeline.tokenizer import tokenizer_sha256
 
     state, cfg, meta = read_consolidated(runs["exports"] / "gpt_tp2")
     assert meta["tensor_model_parallel_size"] == 2 and meta["step"] == 3
+    # the checkpoint records the tokenizer's identity; consolidate carries it (export-hf checks it)
+    assert meta["tokenizer_sha256"] == tokenizer_sha256(Path(runs["data"]["tokenizer"]))
     assert state["embedding.word_embeddings.weight"].shape[0] == meta["vocab_size"] < meta["padded_vocab_size"]
     assert "decoder.layers.1.self_attention.linear_qkv.weight" in state
     assert cfg.parallel.tensor_model_parallel_size == 1
@@ -87,13 +90,36 @@ def test_hugging_face_export_logits_match(runs, single_rank_group, tmp_path, nam
     assert (theirs - ours).abs().max().item() < 1e-4
 
 
+def _tree(directory: Path) -> dict:
+    """Every file under ``directory`` (relative path -> bytes)."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 @pytest.fixture(scope="module")
-def resharded(runs, tmp_path_factory):
+def source_logs(runs):
+    """The source run's TensorBoard directory before the reshard (its files and their bytes)."""
+    tensorboard = runs["root"] / "gpt_tp2" / "tensorboard"
+    assert tensorboard.is_dir()  # the source run logged there: the reshard must leave it alone
+    return _tree(tensorboard)
+
+
+@pytest.fixture(scope="module")
+def resharded(runs, source_logs, tmp_path_factory):
     """The TP2 run's consolidated weights resharded to TP1 x PP2 (a training checkpoint)."""
     out = tmp_path_factory.mktemp("resharded") / "checkpoints"
     cli("reshard", "--consolidated", str(runs["exports"] / "gpt_tp2"), "--out", str(out),
         "--set", "parallel.tensor_model_parallel_size=1", "--set", "parallel.pipeline_model_parallel_size=2")
     return out
+
+
+def test_reshard_writes_nothing_into_the_source_run(runs, source_logs, resharded):
+    """The reshard's run has no log sinks: no TensorBoard events file in the source run's
+    output_dir (nor anywhere), and nothing but checkpoints in --out."""
+    assert _tree(runs["root"] / "gpt_tp2" / "tensorboard") == source_logs
+    assert not list(resharded.rglob("events.out.tfevents*")) and not (resharded / "wandb").exists()
+    meta = json.loads((resharded / "step_00000003" / "meta.json").read_text())
+    source = json.loads((runs["exports"] / "gpt_tp2" / "meta.json").read_text())
+    assert meta["tokenizer_sha256"] == source["tokenizer_sha256"] is not None
 
 
 def test_reshard_to_another_layout_resumes_training(runs, resharded):

@@ -291,10 +291,14 @@ def test_evaluate_names_a_truncated_hf_export_in_one_line(tmp_path):
     _one_line(info.value, str(weights), "truncated or corrupt")
 
 
-def test_lm_eval_adapter_names_weights_that_do_not_fit_in_one_line(consolidated, capsys):
+def test_lm_eval_adapter_names_weights_that_do_not_fit_in_one_line(consolidated, tiny_tokenizer, capsys):
     """The adapter exports a consolidated directory on the fly: the export's errors are one line, exit 2."""
     from ascender_dist.tools.lm_eval_adapter import main as adapter_main
 
+    raw = yaml.safe_load((consolidated / "config.yaml").read_text())
+    raw["data"]["tokenizer"] = str(tiny_tokenizer.model_path)  # the adapter exports only with a tokenizer
+    (consolidated / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    (consolidated / "meta.json").write_text(json.dumps({**GOOD_META, "vocab_size": tiny_tokenizer.vocab_size}))
     assert adapter_main(["--model", "ascender-dist", "--model_args", f"pretrained={consolidated}",
                          "--tasks", "lambada_openai"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
