@@ -12,7 +12,12 @@ are not independent, so the per-sequence statistics resample whole documents
 (:func:`document_bootstrap_ci`, :func:`document_randomization_test`); the document interval's percentile
 level is calibrated by simulation to its stated coverage at the reports' design
 (:data:`DOCUMENT_BOOTSTRAP_CALIBRATION`). :func:`holm` adjusts the
-p-values of the comparisons of one table (Holm 1979).
+p-values of one family of comparisons (Holm 1979); a report's family is every distinct comparison of
+its tables, per test (:func:`ascender_dist.research.ablate.collect.adjust_over_report`).
+
+When every paired difference is the same (sd 0, e.g. two seeds with equal differences) the t statistic,
+the t interval and d_z divide by zero: they are undefined (NaN) rather than p = 0, a zero-width interval
+and an infinite effect, which would read as certainty that the seeds cannot give.
 
 The paired bootstrap (:func:`paired_bootstrap_ci`, :func:`scipy.stats.bootstrap`, percentile method) is
 used over seeds only from 10 seeds (``compare_paired`` refuses it below) and over examples; the randomisation test is a
@@ -83,6 +88,15 @@ def _paired_differences(baseline, treatment) -> np.ndarray:
                          "pairs must line up (same seed / same example at each position)")
     _need(b.size, "paired data")
     return t - b
+
+
+def _no_spread(d: np.ndarray, baseline, treatment) -> bool:
+    """Whether the paired differences ``d`` are all equal up to the float rounding of the values they
+    come from (64 ulps of the largest |value|): their sd is then 0 or noise, and whatever divides by it
+    (t statistic, t interval, d_z) is undefined."""
+    scale = max(float(np.abs(np.asarray(baseline, dtype=np.float64)).max()),
+                float(np.abs(np.asarray(treatment, dtype=np.float64)).max()))
+    return float(np.ptp(d)) <= 64 * np.finfo(np.float64).eps * scale
 
 
 def _batch(n: int) -> int:
@@ -176,13 +190,15 @@ def approximate_randomization_test(baseline, treatment, *, n_permutations: int =
 def cohens_dz(baseline, treatment) -> float:
     """Paired standardised effect ``d_z = mean(d) / sd(d)`` with ``d = treatment - baseline``, ddof=1.
 
-    Zero differences give 0.0; constant non-zero differences (sd = 0) give ``±inf``.
+    Zero differences give 0.0; constant non-zero differences (sd = 0, up to float rounding) give NaN:
+    the effect is undefined, not infinite.
     """
     d = _paired_differences(baseline, treatment)
-    m, s = float(d.mean()), float(d.std(ddof=1))
-    if s == 0.0:
-        return 0.0 if m == 0.0 else math.copysign(math.inf, m)
-    return m / s
+    if np.all(d == 0.0):
+        return 0.0
+    if _no_spread(d, baseline, treatment):
+        return math.nan
+    return float(d.mean()) / float(d.std(ddof=1))
 
 
 def hedges_g(baseline, treatment) -> float:
@@ -191,7 +207,8 @@ def hedges_g(baseline, treatment) -> float:
     ``g = J(df) * (mean(treatment) - mean(baseline)) / s_pooled`` with
     ``s_pooled = sqrt(((n1-1) s1^2 + (n2-1) s2^2) / df)``, ``df = n1 + n2 - 2`` and the exact factor
     ``J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))`` (Hedges 1981; ~ ``1 - 3 / (4 df - 1)``).
-    The two groups need not pair up or have equal size. Zero pooled spread gives 0.0 or ``±inf``.
+    The two groups need not pair up or have equal size. Zero pooled spread gives 0.0 for equal means,
+    else NaN (undefined, as :func:`cohens_dz`).
     """
     b = _vector(baseline, "baseline")
     t = _vector(treatment, "treatment")
@@ -201,7 +218,7 @@ def hedges_g(baseline, treatment) -> float:
     pooled = math.sqrt(((b.size - 1) * b.var(ddof=1) + (t.size - 1) * t.var(ddof=1)) / df)
     diff = float(t.mean() - b.mean())
     if pooled == 0.0:
-        return 0.0 if diff == 0.0 else math.copysign(math.inf, diff)
+        return 0.0 if diff == 0.0 else math.nan
     j = math.exp(special.gammaln(df / 2) - special.gammaln((df - 1) / 2)) / math.sqrt(df / 2)
     return j * diff / pooled
 
@@ -222,23 +239,29 @@ def paired_t_ci(baseline, treatment, *, confidence: float = 0.95) -> tuple[float
     """Paired t interval of ``mean(treatment - baseline)``: ``mean ± t_{n-1, (1+c)/2} * sd / sqrt(n)``.
 
     Exact under normally distributed differences, and the interval to use over a handful of seeds.
-    Returns ``(mean_diff, lo, hi)``; constant differences give a zero-width interval.
+    Returns ``(mean_diff, lo, hi)``; zero differences give ``(0, 0, 0)``, constant non-zero ones
+    (sd = 0) ``(mean, NaN, NaN)``: no spread was seen, so the interval is undefined, not zero-width.
     """
     _check_confidence(confidence)
     d = _paired_differences(baseline, treatment)
     m = float(d.mean())
+    if m != 0.0 and _no_spread(d, baseline, treatment):
+        return m, math.nan, math.nan
     se = float(d.std(ddof=1)) / math.sqrt(d.size)
     half = float(stats.t.ppf(0.5 + confidence / 2, d.size - 1)) * se
     return m, m - half, m + half
 
 
 def paired_t_test(baseline, treatment) -> float:
-    """Two-sided p of the paired t-test (H0: mean difference 0). Constant differences: 1 if zero, else 0."""
+    """Two-sided p of the paired t-test (H0: mean difference 0). Zero differences give 1; constant
+    non-zero ones (sd = 0, up to float rounding) give NaN: the t statistic is undefined, and p = 0 would
+    call two seeds that happen to agree a certain difference."""
     d = _paired_differences(baseline, treatment)
-    sd = float(d.std(ddof=1))
-    if sd == 0.0:
-        return 1.0 if float(d.mean()) == 0.0 else 0.0
-    t = float(d.mean()) / (sd / math.sqrt(d.size))
+    if np.all(d == 0.0):
+        return 1.0
+    if _no_spread(d, baseline, treatment):
+        return math.nan
+    t = float(d.mean()) / (float(d.std(ddof=1)) / math.sqrt(d.size))
     return float(2.0 * stats.t.sf(abs(t), d.size - 1))
 
 
@@ -246,9 +269,10 @@ def holm(p_values) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error over the comparisons given), input order.
 
     ``p_adj[(i)] = max_{j <= i} min(1, (m - j) * p_(j))`` over the ascending order ``p_(1) <= ...``.
-    ``None`` entries (comparisons that could not be made) stay ``None`` and do not count in ``m``.
+    ``None`` and NaN entries (comparisons that could not be made or whose p is undefined) come back
+    ``None`` and do not count in ``m``.
     """
-    idx = [i for i, p in enumerate(p_values) if p is not None]
+    idx = [i for i, p in enumerate(p_values) if p is not None and not math.isnan(p)]
     p = np.array([float(p_values[i]) for i in idx], dtype=np.float64)
     out: list = [None] * len(p_values)
     order = np.argsort(p, kind="stable")
@@ -389,11 +413,14 @@ def compare_paired(baseline, treatment, *, n_resamples: int = 10_000, n_permutat
 
 def compare_per_document(baseline_losses, treatment_losses, documents, *, n_resamples: int = 10_000,
                          n_permutations: int = 10_000, confidence: float = 0.95, seed: int = 0) -> PairedComparison:
-    """Per-sequence comparison with whole documents as the resampling unit.
+    """Per-sequence comparison with whole documents as the unit of analysis.
 
     ``baseline_losses``/``treatment_losses``: ``[n_sequences]`` or ``[n_seeds, n_sequences]`` (seeds
     averaged first); ``documents``: one document id per sequence (windows sharing a document share an
-    id). Document bootstrap interval and document sign-flip p.
+    id). Document bootstrap interval and document sign-flip p; ``n`` is the number of documents, and the
+    effect sizes are over documents too: d_z of the per-document summed differences (the values the
+    sign-flip test flips) and Hedges' g between the per-document loss sums. Windows of one document are
+    not independent, so an effect size over windows would not describe the ``n`` units reported.
 
     The interval is reported at ``confidence`` only where its coverage was checked by simulation at this
     design (:func:`document_bootstrap_level`): there the percentile level is the calibrated one (98.25%
@@ -410,9 +437,9 @@ def compare_per_document(baseline_losses, treatment_losses, documents, *, n_resa
     mean_diff, lo, hi = document_bootstrap_ci(b, t, documents, n_resamples=n_resamples,
                                               confidence=level or confidence, seed=seed)
     p = document_randomization_test(b, t, documents, n_permutations=n_permutations, seed=seed)
-    n_docs = int(np.unique(np.asarray(documents)).size)
-    return PairedComparison(n=n_docs, mean_diff=mean_diff, ci_low=lo, ci_high=hi, confidence=confidence,
-                            p_value=p, cohens_dz=cohens_dz(b, t), hedges_g=hedges_g(b, t),
+    b_docs, t_docs = _documents(b, documents)[0], _documents(t, documents)[0]  # [n_docs] loss sums
+    return PairedComparison(n=int(b_docs.size), mean_diff=mean_diff, ci_low=lo, ci_high=hi, confidence=confidence,
+                            p_value=p, cohens_dz=cohens_dz(b_docs, t_docs), hedges_g=hedges_g(b_docs, t_docs),
                             interval=(f"document bootstrap (percentile at {level * 100:g}%, calibrated to "
                                       f"{confidence * 100:g}% coverage at this design)" if level else
                                       f"document bootstrap (percentile at {confidence * 100:g}%, coverage not "

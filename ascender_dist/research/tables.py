@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 
 from . import stats
 
-__all__ = ["pareto_front", "results_table", "summary_table"]
+__all__ = ["holm_table", "pareto_front", "results_markdown", "results_table", "summary_table"]
 
 
 def _finite_or_none(x):
@@ -33,14 +34,15 @@ def _fmt(x, digits: int) -> str:
 
 def _group(rows: Sequence[dict], metric: str, config_key: str, seed_key: str,
            allow_non_finite: bool = False) -> dict[str, dict]:
-    """``{config: {seed: value}}`` in order of first appearance; rejects duplicates and bad rows."""
+    """``{config: {seed: value}}`` in order of first appearance; rejects duplicates and bad rows. With
+    ``allow_non_finite`` a ``None`` value reads as NaN: results.json writes non-finite values as null."""
     groups: dict[str, dict] = {}
     for i, row in enumerate(rows):
         for key in (config_key, seed_key, metric):
             if key not in row:
                 raise ValueError(f"row {i}: missing key {key!r} (row keys: {sorted(row)})")
         try:
-            value = float(row[metric])
+            value = math.nan if allow_non_finite and row[metric] is None else float(row[metric])
         except (TypeError, ValueError):
             raise ValueError(f"row {i}: {metric}={row[metric]!r} is not a number") from None
         if not allow_non_finite and not math.isfinite(value):
@@ -53,7 +55,52 @@ def _group(rows: Sequence[dict], metric: str, config_key: str, seed_key: str,
     return groups
 
 
+def _split_diverged(groups: dict[str, dict]) -> tuple[dict[str, dict], dict[str, list]]:
+    """``({config: {seed: finite value}}, {config: [seeds whose value is not finite]})``. A run whose
+    metric is NaN or inf diverged; training is deterministic, so re-running it diverges again: it is
+    left out of the statistics and named, rather than making the whole grid impossible to report."""
+    finite = {cfg: {s: v for s, v in runs.items() if math.isfinite(v)} for cfg, runs in groups.items()}
+    diverged = {cfg: [s for s, v in runs.items() if not math.isfinite(v)] for cfg, runs in groups.items()}
+    return finite, diverged
+
+
 PER_SEED_BELOW = 10  # below this many seeds every seed's value and paired difference is listed
+UNDEFINED_P = "undefined (sd = 0)"  # the p cell of a comparison whose paired differences are all equal
+
+
+def _entry(cfg: str, runs: dict, base: dict, diverged: list, baseline: str, metric: str) -> dict:
+    """One config's row of :func:`results_table` before its comparison: mean ± std over its finite runs."""
+    values = np.array(list(runs.values()))
+    notes = []
+    if diverged:
+        notes.append(f"{len(diverged)} diverged run(s) left out of the statistics (seed(s) "
+                     f"{', '.join(map(str, diverged))}: {metric} not finite; training is deterministic, "
+                     "a re-run diverges again)")
+    if values.size < 2:
+        notes.append(f"only {values.size} seed: no std")
+    return {"config": cfg, "n": int(values.size), "seeds": list(runs), "diverged": list(diverged),
+            "mean": float(values.mean()) if values.size else None,
+            "std": float(values.std(ddof=1)) if values.size >= 2 else None,
+            "per_seed": {str(s): v for s, v in runs.items()},
+            "per_seed_difference": ({str(s): runs[s] - base[s] for s in runs if s in base}
+                                    if cfg != baseline else None),
+            "comparison": None, "note": notes}
+
+
+def _compare(entry: dict, runs: dict, base: dict, **kw) -> None:
+    """Fill ``entry``'s paired comparison with the baseline on the seeds both ran (or note why not)."""
+    shared = [s for s in runs if s in base]
+    if len(shared) < 2:
+        entry["note"].append(f"{len(shared)} seed(s) shared with baseline: no paired test")
+        return
+    cmp = stats.compare_paired([base[s] for s in shared], [runs[s] for s in shared], interval="t", **kw)
+    entry["comparison"] = {k: _finite_or_none(v) for k, v in cmp.to_dict().items()}
+    entry["comparison"]["paired_seeds"] = shared
+    if len(shared) < len(runs) or len(shared) < len(base):
+        entry["note"].append(f"paired on {len(shared)} shared seeds")
+    if math.isnan(cmp.p_value):
+        entry["note"].append(f"every paired difference is {_fmt(cmp.mean_diff, 4)} (sd = 0): no t interval, p or "
+                             "d_z; the seeds agree, which is not evidence of a difference")
 
 
 def results_table(rows: Sequence[dict], baseline: str, metric: str, *, config_key: str = "config",
@@ -63,81 +110,100 @@ def results_table(rows: Sequence[dict], baseline: str, metric: str, *, config_ke
 
     Each configuration is paired with the baseline on the seeds both ran (same seed = same init and data
     order); for those pairs the table gives the mean difference ``config - baseline`` with its paired t
-    interval, the paired t-test p, that p Holm-adjusted over the comparisons of this table, and Cohen's
-    d_z (Hedges' g and the randomisation p in the JSON). Below ``PER_SEED_BELOW`` seeds a second table
-    lists every seed's value and its paired difference. A configuration with fewer than two seeds
-    shared with the baseline gets ``n/a`` and a ``note`` instead of raising. Returns ``(markdown, json_obj)``.
+    interval, the paired t-test p, that p Holm-adjusted over the comparisons of this table (a report
+    re-adjusts over all its tables: :func:`holm_table` and :func:`results_markdown`), and Cohen's d_z
+    (Hedges' g and the randomisation p in the JSON). Below ``PER_SEED_BELOW`` seeds a second table lists
+    every seed's value and its paired difference. A configuration with fewer than two seeds shared with
+    the baseline gets ``n/a`` and a ``note`` instead of raising; paired differences that are all equal
+    (sd = 0) get an undefined interval, p and d_z; a run whose metric is not finite (a diverged run) is
+    left out of every statistic, counted per configuration and named in a note. Returns
+    ``(markdown, json_obj)``.
     """
-    groups = _group(rows, metric, config_key, seed_key)
+    groups = _group(rows, metric, config_key, seed_key, allow_non_finite=True)
     if baseline not in groups:
         raise ValueError(f"baseline {baseline!r} has no rows; configs present: {list(groups)}")
+    finite, diverged = _split_diverged(groups)
     order = [baseline] + [c for c in groups if c != baseline]
-    base = groups[baseline]
-    entries, raw = [], {}
+    base = finite[baseline]
+    kw = dict(n_resamples=n_resamples, n_permutations=n_permutations, confidence=confidence, seed=seed)
+    entries = []
     for cfg in order:
-        runs = groups[cfg]
-        values = np.array(list(runs.values()))
-        entry = {"config": cfg, "n": int(values.size), "seeds": list(runs), "mean": float(values.mean()),
-                 "std": float(values.std(ddof=1)) if values.size >= 2 else None,
-                 "per_seed": {str(s): v for s, v in runs.items()},
-                 "per_seed_difference": ({str(s): runs[s] - base[s] for s in runs if s in base}
-                                         if cfg != baseline else None),
-                 "comparison": None, "note": None}
-        notes = []
-        if values.size < 2:
-            notes.append(f"only {values.size} seed: no std")
+        entry = _entry(cfg, finite[cfg], base, diverged[cfg], baseline, metric)
         if cfg != baseline:
-            shared = [s for s in runs if s in base]
-            if len(shared) >= 2:
-                cmp = stats.compare_paired([base[s] for s in shared], [runs[s] for s in shared],
-                                           n_resamples=n_resamples, n_permutations=n_permutations,
-                                           confidence=confidence, seed=seed, interval="t")
-                raw[cfg] = cmp
-                entry["comparison"] = {k: _finite_or_none(v) for k, v in cmp.to_dict().items()}
-                entry["comparison"]["paired_seeds"] = shared
-                if len(shared) < values.size or len(shared) < len(base):
-                    notes.append(f"paired on {len(shared)} shared seeds")
-            else:
-                notes.append(f"{len(shared)} seed(s) shared with baseline: no paired test")
-        entry["note"] = "; ".join(notes) or None
+            _compare(entry, finite[cfg], base, **kw)
+        entry["note"] = "; ".join(entry["note"]) or None
         entries.append(entry)
-    compared = [e for e in entries if e["comparison"]]
-    for e, p_adj in zip(compared, stats.holm([e["comparison"]["p_value"] for e in compared])):
-        e["comparison"]["p_holm"] = p_adj
-    holm_m = len(compared)
-
     pct = f"{confidence * 100:g}%"
+    obj = {"metric": metric, "baseline": baseline, "difference": "config - baseline",
+           "interval": f"paired t interval ({pct}) over seeds", "test": "paired t-test over seeds",
+           "confidence": confidence, "n_resamples": n_resamples, "n_permutations": n_permutations,
+           "seed": seed, "configs": entries}
+    holm_table(obj)
+    return results_markdown(obj, digits), obj
+
+
+def holm_table(obj: dict, adjusted: Optional[dict] = None, family: str = "this table") -> int:
+    """Set ``p_holm`` of every comparison of a :func:`results_table` object (or a per-sequence table's,
+    keyed by "reference"): Holm over this table's
+    comparisons, or ``adjusted[frozenset((config, baseline))]`` where a wider family was adjusted (a
+    report's distinct comparisons), named by ``family``. Returns the family size ``m`` (comparisons with
+    a defined p), which the table's header prints."""
+    ref = obj["baseline"] if "baseline" in obj else obj["reference"]  # a per-sequence table: "reference"
+    compared = [e for e in obj["configs"] if e["comparison"]]
+    if adjusted is None:
+        adjusted = dict(zip([frozenset((e["config"], ref)) for e in compared],
+                            stats.holm([e["comparison"]["p_value"] for e in compared])))
+    for e in compared:
+        e["comparison"]["p_holm"] = adjusted[frozenset((e["config"], ref))]
+    m = sum(p is not None for p in adjusted.values())
+    obj["holm_m"] = m
+    obj["multiple_comparisons"] = f"Holm over the {m} comparisons of {family}"
+    return m
+
+
+def _comparison_cells(c: Optional[dict], digits: int) -> tuple[str, str, str, str]:
+    """(Δ [interval], p, p Holm, d_z) cells of one comparison dict (None: no paired test)."""
+    if c is None:
+        return "n/a", "n/a", "n/a", "n/a"
+    if c["p_value"] is None:  # every paired difference equal: sd = 0
+        return f"{_fmt(c['mean_diff'], digits)} [undefined]", UNDEFINED_P, "n/a", "undefined"
+    delta = f"{_fmt(c['mean_diff'], digits)} [{_fmt(c['ci_low'], digits)}, {_fmt(c['ci_high'], digits)}]"
+    return delta, _fmt(c["p_value"], 3), _fmt(c["p_holm"], 3), _fmt(c["cohens_dz"], 3)
+
+
+def _n_cell(e: dict) -> str:
+    return f"{e['n']} (+{len(e['diverged'])} diverged)" if e.get("diverged") else str(e["n"])
+
+
+def results_markdown(obj: dict, digits: int = 4) -> str:
+    """The markdown of a :func:`results_table` object: the table, its notes and, below
+    ``PER_SEED_BELOW`` seeds, every seed's value. Rendered from the object alone, so a report that
+    re-adjusts ``p_holm`` over a wider family (:func:`holm_table`) renders the table again after."""
+    metric, baseline, entries = obj["metric"], obj["baseline"], obj["configs"]
+    pct = f"{obj['confidence'] * 100:g}%"
     lines = [f"| config | n | {metric} mean ± std | Δ vs {baseline} [{pct} paired t CI] | p (paired t) "
-             f"| p Holm (m={holm_m}) | d_z |",
+             f"| p Holm (m={obj['holm_m']}) | d_z |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for e in entries:
-        c = raw.get(e["config"])
         if e["config"] == baseline:
             delta, p, ph, dz = "(baseline)", "", "", ""
-        elif c is None:
-            delta, p, ph, dz = "n/a", "n/a", "n/a", "n/a"
         else:
-            delta = f"{_fmt(c.mean_diff, digits)} [{_fmt(c.ci_low, digits)}, {_fmt(c.ci_high, digits)}]"
-            p, ph, dz = _fmt(c.p_value, 3), _fmt(e["comparison"]["p_holm"], 3), _fmt(c.cohens_dz, 3)
-        lines.append(f"| {e['config']} | {e['n']} | {_fmt(e['mean'], digits)} ± {_fmt(e['std'], digits)} "
+            delta, p, ph, dz = _comparison_cells(e["comparison"], digits)
+        lines.append(f"| {e['config']} | {_n_cell(e)} | {_fmt(e['mean'], digits)} ± {_fmt(e['std'], digits)} "
                      f"| {delta} | {p} | {ph} | {dz} |")
     notes = [f"{e['config']}: {e['note']}" for e in entries if e["note"]]
     md = "\n".join(lines)
     if notes:
         md += "\n\n" + "\n".join(f"- {n}" for n in notes)
-    all_seeds = list(dict.fromkeys(s for e in entries for s in e["seeds"]))
+    all_seeds = list(dict.fromkeys(s for e in entries for s in [*e["seeds"], *e.get("diverged", [])]))
     if len(all_seeds) < PER_SEED_BELOW:
         md += "\n\n" + _per_seed_markdown(entries, all_seeds, metric, baseline, digits)
-    obj = {"metric": metric, "baseline": baseline, "difference": "config - baseline",
-           "interval": f"paired t interval ({pct}) over seeds", "test": "paired t-test over seeds",
-           "multiple_comparisons": f"Holm over the {holm_m} comparisons of this table",
-           "confidence": confidence, "n_resamples": n_resamples, "n_permutations": n_permutations,
-           "seed": seed, "configs": entries}
-    return md + "\n", obj
+    return md + "\n"
 
 
 def _per_seed_markdown(entries: list[dict], seeds: list, metric: str, baseline: str, digits: int) -> str:
-    """Every seed's value and, in parentheses, its paired difference to the baseline's same seed."""
+    """Every seed's value and, in parentheses, its paired difference to the baseline's same seed (a
+    diverged run: "diverged")."""
     head = "| config | " + " | ".join(f"seed {s}" for s in seeds) + " |"
     lines = [f"Per seed: {metric} (Δ vs {baseline}, same seed)", "", head, "|---|" + "---:|" * len(seeds)]
     for e in entries:
@@ -145,7 +211,7 @@ def _per_seed_markdown(entries: list[dict], seeds: list, metric: str, baseline: 
         for s in seeds:
             v = e["per_seed"].get(str(s))
             d = (e["per_seed_difference"] or {}).get(str(s))
-            cell = _fmt(v, digits) if v is not None else "—"
+            cell = _fmt(v, digits) if v is not None else ("diverged" if s in e.get("diverged", []) else "—")
             cells.append(cell + (f" ({d:+.{digits}g})" if d is not None else ""))
         lines.append(f"| {e['config']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -327,10 +327,9 @@ def test_aggregate_means_and_paired_differences():
         assert main[cfg]["mean"] == pytest.approx(np.mean(vals))
         assert main[cfg]["std"] == pytest.approx(np.std(vals, ddof=1))
     asc = main["asc"]["comparison"]
-    assert asc["mean_diff"] == pytest.approx(-0.1)
-    assert asc["ci_low"] == pytest.approx(-0.1) and asc["ci_high"] == pytest.approx(-0.1)  # constant differences
+    assert asc["mean_diff"] == pytest.approx(-0.1) and asc["interval"] == "paired t"
+    assert asc["ci_low"] is asc["ci_high"] is asc["p_value"] is None  # constant differences: sd 0, undefined
     assert asc["p_randomization"] == pytest.approx(0.25)  # exact test, 3 pairs: the floor 2 / 2^3
-    assert asc["p_value"] < 1e-6 and asc["interval"] == "paired t"
     assert obj["exact_p_floor"] == pytest.approx(0.25)
     assert main["noisy"]["comparison"]["mean_diff"] == pytest.approx((0.2 - 0.3 + 0.05) / 3)
     # vs the second reference, the baseline appears as a treatment with the opposite sign
@@ -382,6 +381,61 @@ def test_write_report_from_synthetic_records(tmp_path):
     # equal FLOPs for all: only the lowest loss is on the FLOPs front
     assert front["training_flops"] == ["asc"]
     assert all(math.isfinite(v["quality"]) for v in full["pareto"][0]["points"].values())
+
+
+def _noisy_records():
+    """_records() with 'asc' no longer exactly 0.1 lower on every seed (its p is then defined)."""
+    recs = _records()
+    for r in recs:
+        if r["config"] == "asc":
+            r["val_loss"] += 0.01 * r["seed"] ** 2
+            r["val_example_losses"] = (np.asarray(r["val_example_losses"]) + 0.01 * r["seed"] ** 2).tolist()
+    return recs
+
+
+def test_a_report_adjusts_p_over_its_distinct_comparisons_per_test():
+    """asc − gpt (main table) and gpt − asc (vs asc) are one comparison: the family is the 3 distinct
+    comparisons, not two tables of 2 each adjusted on their own."""
+    from ascender_dist.research.stats import holm
+
+    md, obj = aggregate(_noisy_records(), "gpt", ["asc"], n_resamples=300, n_permutations=300)
+    for tables in ([obj["main"], obj["vs"]["asc"]], list(obj["per_example"].values())):
+        ref = lambda t: t.get("baseline", t.get("reference"))  # noqa: E731
+        by_pair = {frozenset((ref(t), e["config"])): e["comparison"] for t in tables for e in t["configs"]
+                   if e["comparison"]}
+        assert len(by_pair) == 3 and all(t["holm_m"] == 3 for t in tables)
+        pairs = list(by_pair)
+        expected = dict(zip(pairs, holm([by_pair[k]["p_value"] for k in pairs])))
+        for t in tables:
+            for e in t["configs"]:
+                if e["comparison"]:
+                    assert e["comparison"]["p_holm"] == pytest.approx(expected[frozenset((ref(t), e["config"]))])
+        assert all("3 comparisons of the report's" in t["multiple_comparisons"] for t in tables)
+    assert md.count("| p Holm (m=3) |") == 4  # two over-seed and two per-sequence tables
+    assert "Holm over the report's 3 distinct comparisons" in md
+
+
+def test_a_diverged_run_is_left_out_and_named_not_an_error(tmp_path):
+    """A NaN run (val loss, per-sequence losses, train loss) raised in _group: the grid could not be
+    reported. It is left out of every statistic and named, in the tables and in the report."""
+    grid = ablate.Grid(name="syn", path="syn.yaml", base={}, seeds=[1, 2, 3], baseline="gpt",
+                       variants=[ablate.Variant(n, {}) for n in ("gpt", "asc", "noisy")], compare_to=["asc"],
+                       report_dir=tmp_path / "report")
+    recs = [{**r, "steps": 3, "tokens": 300, "val_sequences": 40} for r in _noisy_records()]
+    bad = next(r for r in recs if r["config"] == "noisy" and r["seed"] == 2)
+    bad.update(val_loss=math.nan, final_train_loss=math.nan, val_example_losses=[math.nan] * 40,
+               train_losses=[7.0, math.nan, math.nan])
+    full = ablate.write_report(grid, recs, n_resamples=300, n_permutations=300)
+    noisy = {e["config"]: e for e in full["tables"]["main"]["configs"]}["noisy"]
+    assert noisy["diverged"] == [2] and noisy["n"] == 2 and noisy["comparison"]["paired_seeds"] == [1, 3]
+    per_seq = {e["config"]: e for e in full["tables"]["per_example"]["gpt"]["configs"]}["noisy"]
+    assert per_seq["paired_seeds"] == [1, 3] and "seed(s) 2: per-sequence losses not finite" in per_seq["note"]
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert "| noisy | 2 (+1 diverged) |" in md and "noisy: 1 diverged run(s) left out of the statistics" in md
+    assert math.isfinite(full["pareto"][0]["points"]["noisy"]["quality"])
+    rebuilt = ablate.report.rebuild(tmp_path / "report", n_resamples=300, n_permutations=300)  # NaN -> null
+    assert {e["config"]: e for e in rebuilt["tables"]["main"]["configs"]}["noisy"]["diverged"] == [2]
+    assert (tmp_path / "report" / "results.md").read_text() == md
 
 
 # ------------------------------------------------------------------------------- efficiency (Table 2)

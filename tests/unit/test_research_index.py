@@ -15,6 +15,7 @@ from ascender_dist.research.ablate.main import tables_main
 
 ROOT = Path(__file__).resolve().parents[2]
 BIAS = ROOT / "benchmarks" / "results" / "research" / "bias" / "results.json"
+CONNECTION = ROOT / "benchmarks" / "results" / "research" / "connection" / "results.json"
 
 
 def _git(repo: Path, *args) -> str:
@@ -72,12 +73,28 @@ def test_runs_from_a_commit_outside_heads_history_are_stale(repo):
 
 
 @pytest.mark.parametrize("path", ["ascender_dist/research/ablate/launch.py", "ascender_dist/research/ablate/grid.py",
-                                  "ascender_dist/launch_entry.py"])
+                                  "ascender_dist/launch_entry.py", "ascender_dist/research/ablate/main.py"])
 def test_the_run_driver_counts_as_code_a_run_computes_with(repo, path):
     run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
     later = _commit(repo, path, "tail = 3\n")
     state, why = index.code_state([run], {}, repo)
     assert state == "stale" and later[:7] in why
+
+
+def test_an_edited_grid_yaml_makes_its_report_stale_a_new_grid_does_not(repo, tmp_path):
+    """main.py's _child_main is the run's entry point and a grid YAML says what its runs compute: an edit
+    to either makes the report stale; adding another grid changes no earlier run."""
+    _commit(repo, "configs/ablations/bias.yaml", "seeds: [1, 2]\n")
+    run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
+    folder = tmp_path / "research"
+    _report(folder, "bias", run)
+    assert "| current: no model/trainer/data code changed since |" in index.index_markdown(folder, tmp_path, repo)
+    _commit(repo, "configs/ablations/connection.yaml", "seeds: [1]\n")  # a new grid: no earlier run changes
+    assert index.code_state([run], {}, repo)[0] == "current"
+    edit = _commit(repo, "configs/ablations/bias.yaml", "seeds: [1, 2]\nset: {train.lr: 0.1}\n")
+    text = index.index_markdown(folder, tmp_path, repo)
+    assert f"**stale**: model/trainer/data code changed since, in {edit[:7]}: re-run" in text
+    assert "`ascender_dist/research/ablate/main.py`" in text and "`configs/ablations`" in text
 
 
 def test_a_commit_reviewed_for_some_layers_leaves_only_runs_without_them_current(repo, tmp_path):
@@ -126,13 +143,70 @@ def test_reversed_comparisons_appear_once_and_ties_are_counted():
     assert (row["lower"], row["equal"]) == (0, 5) and "equal in 5 of 5" in index._seed_count(row)
 
 
+def test_the_index_adjusts_p_over_the_distinct_comparisons_of_a_report():
+    """The connection report shows 13 distinct comparisons; each table was Holm-adjusted over its own 7
+    (steps6 − connection 0.041): the index adjusts over the 13 it shows, per test, and says so."""
+    from ascender_dist.research.stats import holm
+
+    full = json.loads(CONNECTION.read_text())
+    tables = [full["tables"]["main"], *full["tables"]["vs"].values()]
+    raw = {(e["config"], t["baseline"]): e["comparison"]["p_value"] for t in tables for e in t["configs"]
+           if e["comparison"]}
+    rows = index.comparison_rows(full)
+    assert len(rows) == 13
+    assert [r["p_holm"] for r in rows] == pytest.approx(holm([raw[r["config"], r["reference"]] for r in rows]))
+    assert [r["doc"]["p_holm"] for r in rows] == pytest.approx(holm([r["doc"]["p_value"] for r in rows]))
+    steps6 = next(r for r in rows if (r["config"], r["reference"]) == ("steps6", "connection"))
+    assert round(steps6["p_holm"], 3) == 0.076
+    text = "\n".join(index.section("connection", full))
+    assert "| Δ over seeds [95% paired t] | p Holm (13) | seeds |" in text and "documents resampled] | p Holm (13) |" in text
+    assert "| steps6 − connection | +0.0123 [+0.0059, +0.0186] | 0.076 |" in text
+    assert "over the report's 13 distinct comparisons" in text
+
+
+def _report_of(rows: list) -> dict:
+    """A results.json object of one over-seed table from ``rows`` (config, seed, val_loss)."""
+    from ascender_dist.research.tables import results_table
+
+    _, table = results_table(rows, rows[0]["config"], "val_loss", n_resamples=100, n_permutations=100)
+    return {"tables": {"metric": "val_loss", "main": json.loads(json.dumps(table)), "vs": {}}}
+
+
+def test_equal_differences_over_seeds_are_undefined_not_significant():
+    """Two seeds with d = [0.25, 0.25] printed "0.25 [0.25, 0.25], p 0, Holm 0" and the reading called
+    it excluding 0."""
+    rows = [{"config": c, "seed": s, "val_loss": v + (0.25 if c == "b" else 0.0)}
+            for c in ("a", "b") for s, v in ((1, 3.0), (2, 3.5))]
+    full = _report_of(rows)
+    [row] = index.comparison_rows(full)
+    table = "\n".join(index.comparison_table([row], "val_loss", 0, 0))
+    assert "| b − a | +0.2500 [undefined] | undefined (sd = 0) | lower in 0 of 2 seeds | — | — |" in table
+    from ascender_dist.research.tables import UNDEFINED_P
+
+    assert index.UNDEFINED_P == UNDEFINED_P  # the index prints what the report's table prints
+    text = index.reading([row])
+    assert "excludes 0" in text and "b higher" not in text and "keep Holm" not in text
+    assert "every seed (sd = 0), so no interval or test (p undefined), not counted as significant: b − a" in text
+
+
+def test_the_index_counts_diverged_runs_per_variant():
+    rows = [{"config": c, "seed": s, "val_loss": 3.0 + 0.1 * s + (0.05 if c == "b" else 0.0) + 0.01 * (c == "b") * s}
+            for c in ("a", "b") for s in (1, 2, 3)]
+    rows[4]["val_loss"] = float("nan")  # b seed 2
+    full = _report_of(rows)
+    assert index.diverged_line(full) == ("Diverged runs (val_loss not finite; left out of every statistic above, and "
+                                         "training is deterministic, so a re-run diverges again): b 1 of 3 (seed(s) 2).")
+    assert index.comparison_rows(full)[0]["seeds"] == 2
+    assert index.diverged_line(json.loads(BIAS.read_text())) == ""
+
+
 def test_reading_names_only_intervals_that_exclude_zero():
     rows = [{"config": "a", "reference": "r", "diff": 0.01, "low": 0.002, "high": 0.02, "p_holm": 0.03,
              "lower": 0, "equal": 0, "seeds": 5},
             {"config": "b", "reference": "r", "diff": -0.01, "low": -0.02, "high": 0.001, "p_holm": 0.5,
              "lower": 4, "equal": 0, "seeds": 5}]
     text = index.reading(rows)
-    assert "a higher than r" in text and "b " not in text and "1 keep Holm p < 0.05" in text
+    assert "a higher than r" in text and "b " not in text and "1 keep Holm p < 0.05 over the report's 2" in text
     assert "no paired t interval" in index.reading(rows[1:])
 
 

@@ -141,7 +141,41 @@ def test_cohens_dz_hand_formula():
     base = [1.0, 2.0, 3.0, 4.0]
     treat = [1.5, 2.0, 4.0, 4.5]  # d = 0.5, 0, 1, 0.5: mean 0.5, sd sqrt(1/6)
     assert stats.cohens_dz(base, treat) == pytest.approx(0.5 / math.sqrt(1 / 6))
-    assert stats.cohens_dz([1.0, 2.0], [2.0, 3.0]) == math.inf
+
+
+def test_equal_paired_differences_leave_t_interval_p_and_dz_undefined():
+    """Two seeds with d = [0.25, 0.25]: sd 0, so the t statistic, the t interval and d_z divide by 0.
+    They were p = 0, a zero-width interval [0.25, 0.25] and d_z = inf, which read as certainty."""
+    base, treat = [3.0, 3.5], [3.25, 3.75]
+    assert math.isnan(stats.paired_t_test(base, treat)) and math.isnan(stats.cohens_dz(base, treat))
+    m, lo, hi = stats.paired_t_ci(base, treat)
+    assert m == pytest.approx(0.25) and math.isnan(lo) and math.isnan(hi)
+    assert math.isnan(stats.hedges_g([1.0, 1.0], [2.0, 2.0]))
+    c = stats.compare_paired(base, treat, interval="t")
+    assert math.isnan(c.p_value) and math.isnan(c.ci_low) and math.isnan(c.cohens_dz)
+    # equal up to float rounding (5.1 - 5.0 and 3.1 - 3.0 differ in the last bits): undefined too
+    base, treat = [5.0, 4.0, 3.0], [5.1, 4.1, 3.1]
+    assert np.ptp(np.subtract(treat, base)) > 0 and math.isnan(stats.paired_t_test(base, treat))
+    base, treat = [3.0, 3.5], [3.25, 3.75]
+    # zero differences stay p = 1, interval (0, 0, 0), d_z 0
+    assert stats.paired_t_test(base, base) == 1.0 and stats.paired_t_ci(base, base) == (0.0, 0.0, 0.0)
+    assert stats.holm([0.01, math.nan, None, 0.04]) == pytest.approx([0.02, None, None, 0.04])  # NaN: no test
+
+
+def test_per_document_effect_sizes_are_over_documents_as_its_n():
+    """n is the number of documents, so d_z and Hedges' g are over the per-document sums (the values
+    the sign-flip test flips), not over the windows: a document of many windows is one unit."""
+    docs = np.repeat([0, 1, 2, 3], [6, 1, 2, 3])  # 12 windows in 4 documents
+    rng = np.random.default_rng(3)
+    base = rng.normal(3.0, 0.2, docs.size)
+    treat = base + np.array([0.05, 0.3, -0.1, 0.2])[docs] + rng.normal(0, 0.05, docs.size)
+    c = stats.compare_per_document(base, treat, docs, n_resamples=200, n_permutations=200)
+    b_sums, t_sums = np.bincount(docs, weights=base), np.bincount(docs, weights=treat)
+    d = t_sums - b_sums
+    assert c.n == 4
+    assert c.cohens_dz == pytest.approx(d.mean() / d.std(ddof=1))
+    assert c.hedges_g == pytest.approx(stats.hedges_g(b_sums, t_sums))
+    assert c.cohens_dz != pytest.approx(stats.cohens_dz(base, treat), rel=0.05)  # the windows' d_z differs
 
 
 def test_hedges_g_hand_formula():
@@ -199,12 +233,10 @@ def test_results_table_pairs_by_seed():
     assert by["base"]["mean"] == pytest.approx(mean) and by["base"]["std"] == pytest.approx(std)
     assert by["base"]["comparison"] is None and by["base"]["n"] == 5
 
-    minus = by["minus"]["comparison"]
-    assert minus["mean_diff"] == pytest.approx(-0.1)
-    assert minus["ci_low"] == pytest.approx(-0.1) and minus["ci_high"] == pytest.approx(-0.1)
+    minus = by["minus"]["comparison"]  # -0.1 on every seed (up to float rounding): sd 0
+    assert minus["mean_diff"] == pytest.approx(-0.1) and minus["interval"] == "paired t"
     assert minus["p_randomization"] == pytest.approx(2 / 32)   # exact test over 5 seeds: its floor
-    assert minus["p_value"] < 1e-6 and minus["interval"] == "paired t"  # paired t-test: constant differences
-    assert minus["cohens_dz"] is None                   # -inf (constant differences) is not JSON
+    assert minus["ci_low"] is minus["ci_high"] is minus["p_value"] is minus["p_holm"] is minus["cohens_dz"] is None
     assert minus["paired_seeds"] == [7, 5, 3, 2, 1]
 
     partial = by["partial"]
@@ -214,9 +246,9 @@ def test_results_table_pairs_by_seed():
 
     lines = md.splitlines()
     assert lines[0] == ("| config | n | loss mean ± std | Δ vs base [95% paired t CI] | p (paired t) "
-                        "| p Holm (m=2) | d_z |")
+                        "| p Holm (m=1) | d_z |")  # minus has no p: not in the family
     assert lines[2] == "| base | 5 | 3.53 ± 0.0469 | (baseline) |  |  |  |"
-    assert lines[3].startswith("| minus | 5 | 3.43 ± 0.0469 | -0.1 [-0.1, -0.1] | ") and lines[3].endswith(" | -inf |")
+    assert lines[3] == "| minus | 5 | 3.43 ± 0.0469 | -0.1 [undefined] | undefined (sd = 0) | n/a | undefined |"
     assert lines[5] == "| single | 1 | 3 ± n/a | n/a | n/a | n/a | n/a |"
     # below 10 seeds: every seed's value and its paired difference
     assert "Per seed: loss (Δ vs base, same seed)" in md
@@ -230,11 +262,38 @@ def test_results_table_pairs_by_seed():
     ([{"config": "a", "seed": 1, "loss": 1.0}], "baseline 'base' has no rows"),
     ([{"config": "base", "seed": 1, "loss": 1.0}, {"config": "base", "seed": 1, "loss": 2.0}], "duplicate run"),
     ([{"config": "base", "seed": 1}], "missing key 'loss'"),
-    ([{"config": "base", "seed": 1, "loss": float("inf")}], "not finite"),
+    ([{"config": "base", "seed": 1, "loss": "x"}], "not a number"),
 ])
 def test_results_table_rejects_bad_rows(rows, match):
     with pytest.raises(ValueError, match=match):
         results_table(rows, baseline="base", metric="loss")
+
+
+def test_results_table_leaves_a_diverged_run_out_and_names_it():
+    """A NaN run (training is deterministic: a re-run diverges again) made the grid impossible to report;
+    it is left out of the statistics, counted per config and named in the table's notes."""
+    rows = _rows()
+    rows[6]["loss"] = float("nan")  # minus, seed 5
+    md, obj = results_table(rows, baseline="base", metric="loss", n_resamples=200, n_permutations=200)
+    json.dumps(obj, allow_nan=False)
+    minus = {c["config"]: c for c in obj["configs"]}["minus"]
+    assert minus["n"] == 4 and minus["diverged"] == [5] and "5" not in minus["per_seed"]
+    assert minus["comparison"]["paired_seeds"] == [7, 3, 2, 1]
+    assert "| minus | 4 (+1 diverged) |" in md
+    assert "- minus: 1 diverged run(s) left out of the statistics (seed(s) 5: loss not finite" in md
+    assert next(ln for ln in md.splitlines() if ln.startswith("| minus |") and "(-0.1)" in ln).count("diverged") == 1
+    rows[0]["loss"] = None  # as results.json writes a non-finite value: the baseline's seed 1
+    md, obj = results_table(rows, baseline="base", metric="loss", n_resamples=200, n_permutations=200)
+    assert obj["configs"][0]["diverged"] == [1] and "| base | 4 (+1 diverged) |" in md
+
+
+def test_equal_differences_over_seeds_print_an_undefined_p():
+    rows = [{"config": c, "seed": s, "loss": v + (0.25 if c == "b" else 0.0)}
+            for c in ("a", "b") for s, v in ((1, 3.0), (2, 3.5))]
+    md, obj = results_table(rows, baseline="a", metric="loss", n_resamples=200, n_permutations=200)
+    assert "| b | 2 | 3.5 ± 0.3536 | 0.25 [undefined] | undefined (sd = 0) | n/a | undefined |" in md
+    assert "p Holm (m=0)" in md and "every paired difference is 0.25 (sd = 0)" in md
+    assert obj["configs"][1]["comparison"]["p_value"] is None
 
 
 def test_summary_table_skips_nan_cells():

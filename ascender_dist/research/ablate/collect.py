@@ -93,57 +93,107 @@ def interval_note(intervals: Sequence[str]) -> str:
             "(with few documents of uneven size they cover less).")
 
 
+def _per_sequence_runs(records: Sequence[dict]) -> tuple[dict, dict]:
+    """``({config: {seed: run}}, {config: [seeds]})``: the runs with per-sequence losses, and those whose
+    losses are not all finite (a diverged run: left out of the per-sequence tests and named)."""
+    by_cfg: dict[str, dict] = {}
+    diverged: dict[str, list] = {}
+    for r in records:
+        if not r.get("val_example_losses"):
+            continue
+        losses = np.asarray(r["val_example_losses"], dtype=np.float64)  # a None (JSON null) reads as NaN
+        if not np.all(np.isfinite(losses)):
+            diverged.setdefault(r["config"], []).append(r["seed"])
+            continue
+        by_cfg.setdefault(r["config"], {})[r["seed"]] = {
+            "losses": losses, "index": r.get("val_example_index"), "documents": r.get("val_example_documents")}
+    return by_cfg, diverged
+
+
+def _diverged_note(seeds: list) -> str:
+    return (f"{len(seeds)} diverged run(s) left out (seed(s) {', '.join(map(str, seeds))}: per-sequence losses "
+            "not finite)")
+
+
 def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: int = 10_000,
                       n_permutations: int = 10_000, seed: int = 0, digits: int = 4) -> tuple[str, dict]:
     """Each config vs ``reference`` per validation sequence (losses averaged over shared seeds).
 
     Resampling unit: the document (all validation windows of one document together,
     :func:`ascender_dist.research.stats.compare_per_document`) when the runs recorded document ids;
-    otherwise single sequences, and the table says so. p-values Holm-adjusted over the table's rows."""
-    from ..stats import compare_per_document, compare_per_example, holm
+    otherwise single sequences, and the table says so. p-values Holm-adjusted over the table's rows (a
+    report re-adjusts over all its per-sequence tables: :func:`adjust_over_report`). Runs with non-finite
+    losses (diverged) are left out and named."""
+    from ..tables import holm_table
 
-    by_cfg: dict[str, dict] = {}
-    for r in records:
-        if r.get("val_example_losses"):
-            by_cfg.setdefault(r["config"], {})[r["seed"]] = {
-                "losses": np.asarray(r["val_example_losses"], dtype=np.float64),
-                "index": r.get("val_example_index"), "documents": r.get("val_example_documents")}
+    by_cfg, diverged = _per_sequence_runs(records)
     if reference not in by_cfg:
-        return f"- no per-sequence losses for {reference!r}\n", {"reference": reference, "configs": []}
+        missing = f"no per-sequence losses for {reference!r}" + (
+            f" ({_diverged_note(diverged[reference])})" if reference in diverged else "")
+        obj = {"reference": reference, "configs": [], "diverged": diverged, "missing": missing}
+        return per_example_markdown(obj, digits), obj
     base = by_cfg[reference]
-    entries, cmps = [], []
-    for cfg, runs in by_cfg.items():
+    entries = []
+    for cfg in dict.fromkeys([*by_cfg, *diverged]):
         if cfg == reference:
             continue
-        shared = [s for s in runs if s in base and _aligned(runs[s], base[s])]
-        if not shared:
-            entries.append({"config": cfg, "comparison": None, "note": "no shared seed with equal validation sets"})
-            cmps.append(None)
-            continue
-        b = np.stack([base[s]["losses"] for s in shared])  # [seeds, sequences]
-        t = np.stack([runs[s]["losses"] for s in shared])
-        docs = base[shared[0]]["documents"]
-        kw = dict(n_resamples=n_resamples, n_permutations=n_permutations, seed=seed)
-        if docs is not None and len(docs) == b.shape[1] and len(set(docs)) < 2:
-            entries.append({"config": cfg, "comparison": None, "paired_seeds": shared,
-                            "note": f"all {b.shape[1]} validation sequences lie in one document: no per-document test"})
-            cmps.append(None)
-            continue
-        if docs is not None and len(docs) == b.shape[1]:
-            cmp, unit = compare_per_document(b, t, docs, **kw), "document"
-        else:
-            cmp, unit = compare_per_example(b, t, **kw), "sequence"
-        cmps.append(cmp)
-        d = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in cmp.to_dict().items()}
-        entries.append({"config": cfg, "paired_seeds": shared, "n_sequences": int(b.shape[1]),
-                        "n_documents": int(np.unique(docs).size) if unit == "document" else None,
-                        "unit": unit, "comparison": d, "note": None})
-    adjusted = holm([c.p_value if c is not None else None for c in cmps])
-    for e, p_adj in zip(entries, adjusted):
-        if e["comparison"]:
-            e["comparison"]["p_holm"] = p_adj
-    m = sum(c is not None for c in cmps)
-    label = interval_label([c.interval for c in cmps if c is not None])
+        entry = _per_example_entry(cfg, by_cfg.get(cfg, {}), base, n_resamples=n_resamples,
+                                   n_permutations=n_permutations, seed=seed)
+        notes = [x for x in (_diverged_note(diverged[cfg]) if cfg in diverged else None, entry["note"]) if x]
+        entry["note"] = "; ".join(notes) or None
+        entries.append(entry)
+    intervals = [e["comparison"]["interval"] for e in entries if e["comparison"]]
+    units = sorted({e["unit"] for e in entries if e.get("unit")})
+    obj = {"reference": reference, "unit": units, "resampling": _resampling_sentence(units, intervals),
+           "difference": "config - reference", "n_resamples": n_resamples, "n_permutations": n_permutations,
+           "diverged": diverged, "configs": entries}
+    holm_table(obj)
+    return per_example_markdown(obj, digits), obj
+
+
+def _per_example_entry(cfg: str, runs: dict, base: dict, **kw) -> dict:
+    """One row of :func:`per_example_table`: ``cfg``'s runs against the reference's on their shared
+    seeds with equal validation sets (or a note why there is no test)."""
+    from ..stats import compare_per_document, compare_per_example
+
+    shared = [s for s in runs if s in base and _aligned(runs[s], base[s])]
+    if not shared:
+        return {"config": cfg, "comparison": None, "note": "no shared seed with equal validation sets"}
+    b = np.stack([base[s]["losses"] for s in shared])  # [seeds, sequences]
+    t = np.stack([runs[s]["losses"] for s in shared])
+    docs = base[shared[0]]["documents"]
+    if docs is not None and len(docs) == b.shape[1] and len(set(docs)) < 2:
+        return {"config": cfg, "comparison": None, "paired_seeds": shared,
+                "note": f"all {b.shape[1]} validation sequences lie in one document: no per-document test"}
+    if docs is not None and len(docs) == b.shape[1]:
+        cmp, unit = compare_per_document(b, t, docs, **kw), "document"
+    else:
+        cmp, unit = compare_per_example(b, t, **kw), "sequence"
+    d = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in cmp.to_dict().items()}
+    return {"config": cfg, "paired_seeds": shared, "n_sequences": int(b.shape[1]),
+            "n_documents": int(np.unique(docs).size) if unit == "document" else None,
+            "unit": unit, "comparison": d, "note": None}
+
+
+def _resampling_sentence(units: list, intervals: list) -> str:
+    """What a per-sequence table resampled, as one sentence under it."""
+    if not units:  # every row was skipped (its note says why)
+        return "No per-sequence test in this table."
+    if units == ["document"]:
+        return ("Resampling unit: the document (all validation windows of a document drawn together; percentile "
+                "bootstrap over documents, sign-flip test on documents' summed differences). "
+                + interval_note(intervals))
+    return ("Resampling unit: single validation sequences for the rows without recorded document ids (older "
+            "records): windows of one document are treated as independent, so these intervals are too narrow.")
+
+
+def per_example_markdown(obj: dict, digits: int = 4) -> str:
+    """The markdown of a :func:`per_example_table` object (rendered from it alone, so a report renders it
+    again after re-adjusting ``p_holm`` over all its per-sequence tables)."""
+    if obj.get("missing"):
+        return f"- {obj['missing']}\n"
+    m, reference, entries = obj["holm_m"], obj["reference"], obj["configs"]
+    label = interval_label([e["comparison"]["interval"] for e in entries if e["comparison"]])
     lines = [f"| config | seeds | sequences | documents | Δ val loss vs {reference} [{label} CI] | p | "
              f"p Holm (m={m}) |",
              "|---|---:|---:|---:|---:|---:|---:|"]
@@ -156,24 +206,44 @@ def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: i
         lines.append(f"| {e['config']} | {len(e['paired_seeds'])} | {e['n_sequences']} | {docs_cell} | "
                      f"{_fmt(c['mean_diff'], digits)} [{_fmt(c['ci_low'], digits)}, {_fmt(c['ci_high'], digits)}] "
                      f"| {_fmt(c['p_value'], 3)} | {_fmt(c['p_holm'], 3)} |")
-    units = sorted({e["unit"] for e in entries if e.get("unit")})
-    if not units:  # every row was skipped (its note says why)
-        how = "No per-sequence test in this table."
-    elif units == ["document"]:
-        how = ("Resampling unit: the document (all validation windows of a document drawn together; percentile "
-               "bootstrap over documents, sign-flip test on documents' summed differences). "
-               + interval_note([c.interval for c in cmps if c is not None]))
-    else:
-        how = ("Resampling unit: single validation sequences for the rows without recorded document ids (older "
-               "records): windows of one document are treated as independent, so these intervals are too narrow.")
     notes = [f"- {e['config']}: {e['note']}" for e in entries if e.get("note")]
-    md = ("\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "")
-          + f"\n\n{how} p Holm: Holm-adjusted over the {m} comparisons of this table.\n")
-    obj = {"reference": reference, "unit": units, "resampling": how,
-           "multiple_comparisons": f"Holm over the {m} comparisons of this table",
-           "difference": "config - reference", "n_resamples": n_resamples, "n_permutations": n_permutations,
-           "configs": entries}
-    return md, obj
+    if reference in obj.get("diverged", {}):
+        notes.insert(0, f"- {reference} (reference): {_diverged_note(obj['diverged'][reference])}")
+    return ("\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "")
+            + f"\n\n{obj['resampling']} p Holm: {obj['multiple_comparisons']}.\n")
+
+
+SEED_FAMILY = "the report's over-seed tables (each distinct comparison once: b − a is a − b again)"
+SEQUENCE_FAMILY = "the report's per-sequence tables (each distinct comparison once: b − a is a − b again)"
+
+
+def holm_family(tables: Sequence[dict]) -> dict:
+    """``{frozenset((config, reference)): Holm-adjusted p}`` over the distinct comparisons of ``tables``
+    (results_table / per_example_table objects, or the same from results.json). ``b − a`` after ``a − b``
+    is the same comparison with the same p (the paired t-test and the sign-flip test are symmetric), so
+    it is counted once: the family is what a reader of the report sees, not how many tables show it."""
+    from ..stats import holm
+
+    pairs: dict = {}
+    for table in tables:
+        ref = table["baseline"] if "baseline" in table else table["reference"]
+        for e in table["configs"]:
+            if e.get("comparison") and e["config"] != ref:
+                pairs.setdefault(frozenset((ref, e["config"])), e["comparison"].get("p_value"))
+    return dict(zip(pairs, holm(list(pairs.values()))))
+
+
+def adjust_over_report(obj: dict) -> None:
+    """Holm over a report's distinct comparisons, per test: the over-seed t-tests of the main and ``vs``
+    tables form one family, the per-sequence tests another (each table adjusted on its own under-counted
+    the family a reader sees). Sets every ``p_holm`` and each table's ``holm_m``."""
+    from ..tables import holm_table
+
+    for tables, family in (([obj["main"], *obj.get("vs", {}).values()], SEED_FAMILY),
+                           (list((obj.get("per_example") or {}).values()), SEQUENCE_FAMILY)):
+        adjusted = holm_family(tables)
+        for table in tables:
+            holm_table(table, adjusted, family)
 
 
 def cost_table(records: Sequence[dict], order: Sequence[str]) -> tuple[str, dict]:
@@ -228,30 +298,30 @@ def data_pairing(records: Sequence[dict]) -> dict:
 
 def aggregate(records: Sequence[dict], baseline: str, compare_to: Sequence[str] = (), metric: str = "val_loss",
               *, n_resamples: int = 10_000, n_permutations: int = 10_000, seed: int = 0) -> tuple[str, dict]:
-    """All tables of an ablation from run records (``{"config", "seed", metric, ...}``). Returns (markdown, json)."""
-    from ..tables import results_table
+    """All tables of an ablation from run records (``{"config", "seed", metric, ...}``). p Holm is over the
+    report's distinct comparisons, per test (:func:`adjust_over_report`); the final-train-loss table is
+    adjusted on its own. Returns (markdown, json)."""
+    from ..tables import results_markdown, results_table
 
     if not records:
         raise ValueError("no run records to aggregate")
     order = list(dict.fromkeys(r["config"] for r in records))
     kw = dict(n_resamples=n_resamples, n_permutations=n_permutations, seed=seed)
     seeds = sorted({r["seed"] for r in records})
-    md, obj = [], {"metric": metric, "baseline": baseline, "compare_to": list(compare_to), "seeds": seeds,
-                   "exact_p_floor": 2.0 / 2 ** len(seeds) if seeds else None}
-    main_md, obj["main"] = results_table(records, baseline, metric, **kw)
-    md += [f"### {metric} vs {baseline} (paired by seed; paired t interval and t-test, Holm over the table)", "",
-           main_md]
-    obj["vs"] = {}
-    for ref in compare_to:
-        ref_md, obj["vs"][ref] = results_table(records, ref, metric, **kw)
-        md += [f"### {metric} vs {ref} (paired by seed; paired t interval and t-test, Holm over the table)", "",
-               ref_md]
+    obj = {"metric": metric, "baseline": baseline, "compare_to": list(compare_to), "seeds": seeds,
+           "exact_p_floor": 2.0 / 2 ** len(seeds) if seeds else None}
+    obj["main"] = results_table(records, baseline, metric, **kw)[1]
+    obj["vs"] = {ref: results_table(records, ref, metric, **kw)[1] for ref in compare_to}
     if any(r.get("val_example_losses") for r in records) and metric == "val_loss":
-        obj["per_example"] = {}
-        for ref in [baseline, *compare_to]:
-            pe_md, obj["per_example"][ref] = per_example_table(records, ref, **kw)
-            md += [f"### val loss vs {ref}, per validation sequence (seeds averaged)", "", pe_md]
-    if all(r.get("final_train_loss") is not None for r in records):
+        obj["per_example"] = {ref: per_example_table(records, ref, **kw)[1] for ref in [baseline, *compare_to]}
+    adjust_over_report(obj)
+    md = []
+    for ref, table in [(baseline, obj["main"]), *obj["vs"].items()]:
+        md += [f"### {metric} vs {ref} (paired by seed; paired t interval and t-test, Holm over the report's "
+               f"{table['holm_m']} distinct comparisons)", "", results_markdown(table)]
+    for ref, table in (obj.get("per_example") or {}).items():
+        md += [f"### val loss vs {ref}, per validation sequence (seeds averaged)", "", per_example_markdown(table)]
+    if all("final_train_loss" in r for r in records) and any(r["final_train_loss"] is not None for r in records):
         tr_md, obj["final_train_loss"] = results_table(records, baseline, "final_train_loss", **kw)
         md += [f"### final train loss (mean of the last 10% of steps) vs {baseline}", "", tr_md]
     if all("params" in r and "flops_per_token" in r for r in records):

@@ -2,12 +2,15 @@
 ``results.json`` below it (``ascender-dist tables --index DIR``).
 
 It says, for each report, which commit its runs came from and whether the model, trainer or data
-code has changed since (``git log`` over :data:`MODEL_CODE`; runs of a commit outside HEAD's history
+code has changed since (``git log`` over :data:`MODEL_CODE`, and edits to the grid files of
+:data:`GRID_CONFIGS`; runs of a commit outside HEAD's history
 are stale; a later commit that touches that code but was reviewed not to change what a run computes is
 named, with its reason and optionally the layer kinds it is limited to, in the folder's
 ``neutral-commits.yaml``), lists the grids of ``configs/ablations/`` that have no report yet, and
-gives each report's comparisons in one table with a generated reading. Every sentence comes from the
-JSON, so the index cannot drift from the reports it summarises."""
+gives each report's comparisons in one table with a generated reading: each comparison once, its p
+Holm-adjusted over the report's distinct comparisons (per test, the family size in the header), and
+the runs that diverged. Every sentence comes from the JSON, so the index cannot drift from the reports
+it summarises."""
 
 from __future__ import annotations
 
@@ -19,16 +22,20 @@ from typing import Optional
 
 import yaml
 
-from .collect import interval_label
+from .collect import holm_family, interval_label
 from .grid import AblationError, load_grid
 from .provenance import REPO
 
 # code whose change can change what a run computes: the model, trainer and data code, and what runs
-# one grid run and measures it (the run driver, its config and dataset builder, the launch entries)
+# one grid run and measures it (the run driver, its config and dataset builder, the launch entries, and
+# main.py, whose _child_main is the run's entry point: run_entry.py only calls it)
 MODEL_CODE = ("ascender_dist/models", "ascender_dist/training", "ascender_dist/parallel", "ascender_dist/config",
               "ascender_dist/compat", "data_pipeline", "ascender_dist/research/ablate/launch.py",
               "ascender_dist/research/ablate/grid.py", "ascender_dist/research/ablate/run_entry.py",
-              "ascender_dist/launcher.py", "ascender_dist/launch_entry.py")
+              "ascender_dist/research/ablate/main.py", "ascender_dist/launcher.py", "ascender_dist/launch_entry.py")
+# the grid files: editing, renaming or deleting one changes what its runs (and the grids based on it)
+# compute; adding a new grid changes no earlier run, so an added file alone does not count
+GRID_CONFIGS = "configs/ablations"
 NEUTRAL_FILE = "neutral-commits.yaml"
 INDEX_FILE = "results.md"
 
@@ -95,17 +102,35 @@ def is_ancestor(commit: str, root: Path = REPO) -> Optional[bool]:
     return {0: True, 1: False}.get(proc.returncode)
 
 
+def _changes_a_run(status_lines: list[str]) -> bool:
+    """Whether a commit's ``--name-status`` lines (over MODEL_CODE and GRID_CONFIGS) can change a run:
+    any change to MODEL_CODE, or a grid file edited, renamed or deleted (not only added). A commit
+    without lines (a merge) counts, as ``git log -- paths`` listed it."""
+    for line in status_lines:
+        status, *paths = line.split("\t")
+        if not (status == "A" and all(x == GRID_CONFIGS or x.startswith(GRID_CONFIGS + "/") for x in paths)):
+            return True
+    return not status_lines
+
+
 def later_model_commits(commit: str, root: Path = REPO) -> Optional[list[tuple[str, str]]]:
-    """(short sha, subject) of the commits after ``commit`` up to HEAD that touch MODEL_CODE, oldest
-    first; None when git cannot answer (not a checkout, unknown commit)."""
+    """(short sha, subject) of the commits after ``commit`` up to HEAD that touch MODEL_CODE or edit a
+    grid file of GRID_CONFIGS (:func:`_changes_a_run`), oldest first; None when git cannot answer (not a
+    checkout, unknown commit)."""
     try:
-        proc = subprocess.run(["git", "-C", str(root), "log", "--reverse", "--format=%h%x09%s", f"{commit}..HEAD",
-                               "--", *MODEL_CODE], capture_output=True, text=True, timeout=60)  # fmt: skip
+        proc = subprocess.run(["git", "-C", str(root), "log", "--reverse", "--name-status", "--format=%x1e%h%x09%s",
+                               f"{commit}..HEAD", "--", *MODEL_CODE, GRID_CONFIGS],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
     if proc.returncode != 0:
         return None
-    return [tuple(line.split("\t", 1)) for line in proc.stdout.splitlines() if line.strip()]
+    out = []
+    for block in proc.stdout.split("\x1e")[1:]:
+        head, *status = [line for line in block.splitlines() if line.strip()]
+        if _changes_a_run(status):
+            out.append(tuple(head.split("\t", 1)))
+    return out
 
 
 def code_state(commits: list, neutral: dict, root: Path = REPO, layers_run: Optional[set] = None) -> tuple[str, str]:
@@ -146,11 +171,28 @@ def _short(commits: list) -> str:
     return ", ".join(c[:7] if c else "none recorded" for c in commits)
 
 
+def holm_families(full: dict) -> tuple[dict, dict]:
+    """(over-seed, per-sequence) ``{frozenset((config, reference)): Holm p}`` of a report: Holm over its
+    distinct comparisons per test (:func:`~.collect.holm_family`), recomputed from the raw p-values of
+    results.json, so the index adjusts over the family it shows even for a report written when each table
+    was adjusted on its own."""
+    tables = full["tables"]
+    return (holm_family([tables["main"], *tables.get("vs", {}).values()]),
+            holm_family(list((tables.get("per_example") or {}).values())))
+
+
+def family_size(family: dict) -> int:
+    """The comparisons of a Holm family that have a p (an undefined p, sd = 0, is not a test)."""
+    return sum(p is not None for p in family.values())
+
+
 def comparison_rows(full: dict) -> list[dict]:
     """One row per (reference, config) comparison of a report's over-seed tables, with the seeds where
-    the config's metric was lower and, where stored, the per-sequence (document-resampled) result."""
+    the config's metric was lower and, where stored, the per-sequence (document-resampled) result; p Holm
+    over the report's distinct comparisons (:func:`holm_families`)."""
     tables = full["tables"]
     per_example = tables.get("per_example") or {}
+    seed_family, doc_family = holm_families(full)
     rows, seen = [], set()
     for table in [tables["main"], *tables.get("vs", {}).values()]:
         ref = table["baseline"]
@@ -162,10 +204,13 @@ def comparison_rows(full: dict) -> list[dict]:
             seen.add((c["config"], ref))
             diffs = [d for d in (c.get("per_seed_difference") or {}).values() if d is not None]
             doc = (docs.get(c["config"]) or {}).get("comparison")
+            pair = frozenset((ref, c["config"]))
             rows.append({"reference": ref, "config": c["config"], "n": cmp_["n"], "diff": cmp_["mean_diff"],
-                         "low": cmp_["ci_low"], "high": cmp_["ci_high"], "p_holm": cmp_.get("p_holm"),
+                         "low": cmp_["ci_low"], "high": cmp_["ci_high"], "p": cmp_.get("p_value"),
+                         "p_holm": seed_family[pair],
+                         "undefined": cmp_.get("p_value") is None,  # every seed's difference equal: sd 0
                          "lower": sum(d < 0 for d in diffs), "equal": sum(d == 0 for d in diffs),
-                         "seeds": len(diffs), "doc": doc})
+                         "seeds": len(diffs), "doc": doc and {**doc, "p_holm": doc_family.get(pair)}})
     return rows
 
 
@@ -179,35 +224,66 @@ def _num(x, fmt: str = "+.4f") -> str:
 
 
 def _excludes_zero(low, high) -> bool:
-    return low is not None and high is not None and (low > 0 or high < 0)
+    return low is not None and high is not None and (low > 0 or high < 0)  # NaN: neither
 
 
-def comparison_table(rows: list[dict], metric: str) -> list[str]:
+UNDEFINED_P = "undefined (sd = 0)"  # as in the reports' tables
+
+
+def comparison_table(rows: list[dict], metric: str, m_seeds: int, m_docs: int) -> list[str]:
+    """The comparisons of a report, each once; the p Holm headers say over how many comparisons
+    (``m_seeds`` over seeds, ``m_docs`` per sequence) each test was adjusted."""
     label = interval_label([r["doc"].get("interval") or "" for r in rows if r["doc"]])
-    lines = [f"| {metric}: config − reference | Δ over seeds [95% paired t] | p Holm | seeds | "
-             f"Δ per sequence [{label}, documents resampled] | p Holm |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [f"| {metric}: config − reference | Δ over seeds [95% paired t] | p Holm ({m_seeds}) | seeds | "
+             f"Δ per sequence [{label}, documents resampled] | p Holm ({m_docs}) |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         doc = r["doc"]
         per_seq = (f"{_num(doc['mean_diff'])} [{_num(doc['ci_low'])}, {_num(doc['ci_high'])}]" if doc else "—")
-        over_seeds = f"{_num(r['diff'])} [{_num(r['low'])}, {_num(r['high'])}]"
-        lines.append(f"| {r['config']} − {r['reference']} | {over_seeds} | "
-                     f"{_num(r['p_holm'], '.2g')} | {_seed_count(r)} | {per_seq} | "
+        if r.get("undefined"):
+            over_seeds, p_holm = f"{_num(r['diff'])} [undefined]", UNDEFINED_P
+        else:
+            over_seeds, p_holm = f"{_num(r['diff'])} [{_num(r['low'])}, {_num(r['high'])}]", _num(r["p_holm"], ".2g")
+        lines.append(f"| {r['config']} − {r['reference']} | {over_seeds} | {p_holm} | {_seed_count(r)} | {per_seq} | "
                      f"{_num(doc.get('p_holm'), '.2g') if doc else '—'} |")
     return lines
 
 
+def _undefined_sentence(rows: list[dict]) -> str:
+    """The comparisons whose seeds all gave the same difference (sd 0): no interval, p or significance."""
+    flat = [f"{r['config']} − {r['reference']} ({_num(r['diff'])})" for r in rows if r.get("undefined")]
+    if not flat:
+        return ""
+    return (" The same difference on every seed (sd = 0), so no interval or test (p undefined), not counted as "
+            "significant: " + ", ".join(flat) + ".")
+
+
 def reading(rows: list[dict]) -> str:
-    """What the over-seed intervals say, as one generated sentence."""
-    clear = [r for r in rows if _excludes_zero(r["low"], r["high"])]
+    """What the over-seed intervals say, as generated sentences. A comparison whose p is undefined (every
+    seed gave the same difference) is never called significant, however far from 0 its difference."""
+    clear = [r for r in rows if not r.get("undefined") and _excludes_zero(r["low"], r["high"])]
+    m = sum(r["p_holm"] is not None for r in rows)
     if not clear:
         return ("Reading: no paired t interval over seeds excludes 0: at this scale no variant differs from its "
-                "reference by more than the seed-to-seed spread.")
+                "reference by more than the seed-to-seed spread." + _undefined_sentence(rows))
     parts = [f"{r['config']} {'lower' if r['diff'] < 0 else 'higher'} than {r['reference']} "
              f"({_num(r['diff'])}, {_seed_count(r)}, Holm p {_num(r['p_holm'], '.2g')})" for r in clear]
     held = [r for r in clear if r["p_holm"] is not None and r["p_holm"] < 0.05]
     return ("Reading: paired t intervals over seeds (each at 95%, not adjusted) that exclude 0: " + "; ".join(parts)
-            + f". Of these, {len(held)} keep Holm p < 0.05 over the comparisons of their table"
-            + (": " + ", ".join(f"{r['config']} − {r['reference']}" for r in held) if held else "") + ".")
+            + f". Of these, {len(held)} keep Holm p < 0.05 over the report's {m} distinct comparisons"
+            + (": " + ", ".join(f"{r['config']} − {r['reference']}" for r in held) if held else "") + "."
+            + _undefined_sentence(rows))
+
+
+def diverged_line(full: dict) -> str:
+    """The runs whose metric was not finite (diverged), per variant, as the main table counted them; ""
+    when none (or a report written before runs could diverge without failing it)."""
+    main = full["tables"]["main"]
+    counts = [f"{e['config']} {len(e['diverged'])} of {len(e['diverged']) + e['n']} (seed(s) "
+              f"{', '.join(map(str, e['diverged']))})" for e in main["configs"] if e.get("diverged")]
+    if not counts:
+        return ""
+    return (f"Diverged runs ({main['metric']} not finite; left out of every statistic above, and training is "
+            "deterministic, so a re-run diverges again): " + "; ".join(counts) + ".")
 
 
 def connection_reading(summary: dict) -> str:
@@ -273,7 +349,10 @@ def section(folder: str, full: dict) -> list[str]:
               + (f" ({env.get('cpu_count')} cores, Python {env.get('python')})" if env else "") + ".", ""]
     rows = comparison_rows(full)
     if rows:
-        lines += comparison_table(rows, full["tables"]["metric"]) + ["", reading(rows), ""]
+        m_seeds, m_docs = (family_size(f) for f in holm_families(full))
+        lines += comparison_table(rows, full["tables"]["metric"], m_seeds, m_docs) + ["", reading(rows), ""]
+    if diverged_line(full):
+        lines += [diverged_line(full), ""]
     if full.get("connection"):
         lines += [connection_reading(full["connection"]), ""]
     if full.get("mixed_commits"):
@@ -293,7 +372,8 @@ def index_markdown(folder: Path, grids_dir: Path, root: Path = REPO) -> str:
              "report below "
              "(every number and sentence of this file comes from them); each report's own `results.md` has the "
              "per-seed values, the cost and the figures. State: whether the model, trainer or data code "
-             f"({', '.join(f'`{p}`' for p in MODEL_CODE)}) changed after the commit the runs were made at"
+             f"({', '.join(f'`{p}`' for p in MODEL_CODE)}) or a grid file (`{GRID_CONFIGS}`, edits) changed after "
+             "the commit the runs were made at"
              + (f"; commits reviewed as not changing a run are listed in `{NEUTRAL_FILE}`" if neutral else "") + ".",
              "", *status_table(reports, neutral, configured, root), ""]
     for name, full in reports:

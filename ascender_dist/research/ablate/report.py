@@ -58,13 +58,15 @@ def plot_pareto(records: Sequence[dict], out: Path, metric: str = "val_loss",
         points = []
         for cfg in order:
             rs = by_cfg[cfg]
-            q = np.array([r[metric] for r in rs], dtype=np.float64)
+            q = np.array([r[metric] for r in rs], dtype=np.float64)  # a diverged run: NaN (None in JSON)
             c = np.array([cost_of(r) for r in rs], dtype=np.float64)
             ax.scatter(c, q, s=14, alpha=0.35, color=colors[cfg])
-            ax.errorbar(np.nanmean(c), q.mean(), yerr=q.std(ddof=1) if q.size > 1 else None,
+            q = q[np.isfinite(q)]  # diverged runs are left out of the mean, as in the tables
+            quality = float(q.mean()) if q.size else math.nan
+            ax.errorbar(np.nanmean(c), quality, yerr=q.std(ddof=1) if q.size > 1 else None,
                         xerr=np.nanstd(c, ddof=1) if c.size > 1 else None, fmt="o", color=colors[cfg], capsize=3,
                         label=cfg)
-            points.append((q.mean(), np.nanmean(c)))
+            points.append((quality, np.nanmean(c)))
         finite = [i for i, p in enumerate(points) if all(math.isfinite(v) for v in p)]
         front = [finite[j] for j in pareto_front([points[i] for i in finite])] if finite else []
         if front:
@@ -129,8 +131,10 @@ def plot_ablation(obj: dict, records: Sequence[dict], out: Path, colors: Optiona
 
 
 def _mean_curve(curves: list) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and the mean over runs of their common length (a diverged run's NaN, null in results.json,
+    reads as NaN and shows as a gap, not an error)."""
     n = min(len(c) for c in curves)
-    return np.arange(1, n + 1), np.mean([c[:n] for c in curves], axis=0)
+    return np.arange(1, n + 1), np.mean(np.array([c[:n] for c in curves], dtype=np.float64), axis=0)
 
 
 def curve_sequences(records: Sequence[dict], grid: Optional[dict] = None) -> list[int]:
@@ -177,7 +181,8 @@ def plot_curves(records: Sequence[dict], out: Path, baseline: Optional[str] = No
         if vals:
             n = min(len(v) for v in vals)
             steps = [p[0] for p in vals[0][:n]]
-            ax_val.plot(steps, np.mean([[p[1] for p in v[:n]] for v in vals], axis=0), "o-", ms=3, lw=1,
+            ax_val.plot(steps, np.mean(np.array([[p[1] for p in v[:n]] for v in vals], dtype=np.float64), axis=0),
+                        "o-", ms=3, lw=1,
                         color=colors[cfg], label=f"{cfg} (n={len(vals)})")
     ax_train.set_ylabel("loss (mean over seeds)")
     ax_train.set_title("train loss per step (unsmoothed)", fontsize=10)
@@ -200,8 +205,8 @@ def plot_curves(records: Sequence[dict], out: Path, baseline: Optional[str] = No
         for cfg in configs:
             if cfg == baseline:
                 continue
-            diffs = [np.asarray(r["train_losses"][:len(base[r["seed"]])]) -
-                     np.asarray(base[r["seed"]][:len(r["train_losses"])])
+            diffs = [np.asarray(r["train_losses"][:len(base[r["seed"]])], dtype=np.float64) -
+                     np.asarray(base[r["seed"]][:len(r["train_losses"])], dtype=np.float64)
                      for r in records if r["config"] == cfg and r["seed"] in base and r.get("train_losses")]
             if diffs:
                 x, y = _mean_curve(diffs)
@@ -366,7 +371,8 @@ def markdown(full: dict, tables_md: str) -> str:
         "(negative = lower loss).", "",
         _provenance_sentence(commits, prov, g, recs), "",
         f"Over seeds: paired t interval and paired t-test over the {len(obj['seeds'])} seeds (no bootstrap below "
-        f"10 seeds); p-values Holm-adjusted over the comparisons of each table. The exact randomisation test over "
+        f"10 seeds); p-values Holm-adjusted, per test, over the distinct comparisons of the report (a − b and "
+        "b − a counted once; the final-train-loss table on its own). The exact randomisation test over "
         f"{len(obj['seeds'])} seeds cannot give p below 2/2^{len(obj['seeds'])} = {obj['exact_p_floor']:.3g} "
         "(its p is in results.json as p_randomization). The per-sequence tables say whether a difference of these "
         "trained models would hold on another validation set like this one, not for another training seed.", "",
