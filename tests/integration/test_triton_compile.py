@@ -2,8 +2,11 @@
 without a GPU: triton compiles ahead of time down to a cubin with its bundled ptxas and reports
 the shared bytes each kernel needs. Runs in a fresh interpreter with TRITON_INTERPRET unset (the
 test session interprets kernels instead of compiling them). The launcher's own block sizes and
-options are used, for the widest operands a preset reaches (head dim 128, d_z = d_a = 32, the
-L_coh value columns), for fp32 and for bf16 inputs (TF32 products)."""
+options are used, for fp32 and for bf16 inputs (TF32 products), in each head-dim class of
+support.SHARED_BYTES_NEEDED with every feature on (L_sep's gradient included) at its widest
+operands (head dim 64 without the L_coh value columns, whose key-block backward then runs 32-row
+blocks; head dim 128 with them; d_z = d_a = 32); that table,
+which decides which devices the kernels cover, must be the largest need of its class."""
 
 import os
 import subprocess
@@ -24,11 +27,11 @@ SCRIPT = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from ascender_dist.models.ascender.kernels import backward, forward, launch
 
-    hd, zd, hd2, vd = 128, 34, 34, 128 + 32 + 1
+    zd, hd2 = 34, 34
     pad = launch._pad
-    widest = max(pad(hd), pad(zd), pad(hd2), pad(vd))
 
-    def build(kern, kind, ieee, extra):
+    def build(kern, kind, ieee, extra, hd, vd):
+        widest = max(pad(hd), pad(zd), pad(hd2), pad(vd))
         bm = launch.block_size(widest, False, kind)
         const = dict(HDP=pad(hd), ZP=pad(zd), HP=pad(hd2), VP=pad(vd), BM=bm, BN=bm, CAUSAL=True, ALIGN=True,
                      COH=True, SEP=True, ALIBI=True, LSEP=True, RATIO_ONE=False, F64=False, IEEE=ieee, **extra)
@@ -39,13 +42,14 @@ SCRIPT = textwrap.dedent(
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch.launch_options(False))
         return k.metadata.shared
 
-    for ieee in (True, False):
-        for name, kern, kind, extra in [("stats", forward.stats_kernel, "forward", {}),
-                                        ("forward", forward.forward_kernel, "forward", {}),
-                                        ("row", backward.row_grad_kernel, "row", {"GEOM": False}),
-                                        ("row_geom", backward.row_grad_kernel, "row", {"GEOM": True}),
-                                        ("col", backward.col_grad_kernel, "col", {})]:
-            print(name, ieee, build(kern, kind, ieee, extra), flush=True)
+    for hd, vd in ((64, 64), (128, 128 + 32 + 1)):
+        for ieee in (True, False):
+            for name, kern, kind, extra in [("stats", forward.stats_kernel, "forward", {}),
+                                            ("forward", forward.forward_kernel, "forward", {}),
+                                            ("row", backward.row_grad_kernel, "row", {"GEOM": False}),
+                                            ("row_geom", backward.row_grad_kernel, "row", {"GEOM": True}),
+                                            ("col", backward.col_grad_kernel, "col", {})]:
+                print(hd, name, ieee, build(kern, kind, ieee, extra, hd, vd), flush=True)
     """
 )
 
@@ -54,7 +58,12 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    from ascender_dist.models.ascender.kernels.support import SHARED_BYTES_NEEDED
+
     lines = [line.split() for line in proc.stdout.splitlines() if line.strip()]
-    assert len(lines) == 10, proc.stdout
-    for name, ieee, shared in lines:
-        assert int(shared) <= H100_SHARED, f"{name} (ieee={ieee}) needs {shared} bytes of shared memory"
+    assert len(lines) == 20, proc.stdout
+    for hd, name, ieee, shared in lines:
+        assert int(shared) <= H100_SHARED, f"{name} (head dim {hd}, ieee={ieee}) needs {shared} bytes of shared memory"
+    for hd in (64, 128):
+        largest = max(int(shared) for h, _, _, shared in lines if int(h) == hd)
+        assert SHARED_BYTES_NEEDED[hd] == largest, (hd, largest, proc.stdout)  # covered devices really fit

@@ -29,12 +29,13 @@ def _pad(width: int) -> int:
 def block_size(width: int, interpreted: bool, kernel: str = "forward", f64: bool = False) -> int:
     """Rows per block. Under the interpreter cost follows the number of (query, key) block pairs,
     so small blocks only waste little; 16 keeps test lengths off the block multiples. On a GPU
-    shared memory bounds it. Compiled for sm_90 with num_stages=1 (triton reports the shared
-    bytes without a device; H100 limit 227 KiB), fp32: the key-block backward (K5) needs 152 KiB
-    at 32 rows and head dim 64, 224 KiB at 32 rows and head dim 96 or 128, 136 KiB at 16 rows,
-    head dim 128 with the L_coh value columns; the row backward 144 KiB at 32 rows (head dim
-    128, L_coh); the forward 144 KiB at 64 rows (head dim 64), 93 KiB at 32 rows (head dim 128,
-    L_coh). fp64 (tests) doubles the bytes: half the rows. ``width``: widest padded operand."""
+    shared memory bounds it. Compiled ahead of time for sm_80 and sm_90 with num_stages=1 (triton
+    reports the shared bytes without a device), the most any kernel needs is 160 KiB (A100 163,
+    H100 227): the key-block backward (K5) at 32 rows and head dim 64 (128 KiB with IEEE products,
+    160 with TF32; 32 rows at head dim 96 / 128 would need 224, hence 16 there: at most 140 KiB),
+    the row backward at 32 rows, head dim 128 with the L_coh value columns (160 KiB), the forward
+    at 64 rows and head dim 64 (144 KiB). fp64 (tests) doubles the bytes: half the rows.
+    ``width``: widest padded operand. support.SHARED_BYTES_NEEDED holds the maxima."""
     if interpreted:
         return 16
     if kernel == "col":
