@@ -538,3 +538,21 @@ def test_a_run_stopped_early_by_a_signal_writes_no_result(tmp_path, monkeypatch)
                                             r"result is written: run the grid again"):
         run_one(config, tmp_path / "result.json")
     assert not (tmp_path / "result.json").exists()
+
+
+def test_a_dataset_built_with_other_settings_is_not_reused(tmp_path):
+    """Grids share one dataset root: shards of another sequence length or vocabulary (or, once recorded,
+    corpus size) were reused silently. Settings that match reuse it without building anything."""
+    from ascender_dist.research.ablate.grid import DATASET_RECORD, AblationError, dataset_settings, ensure_dataset
+
+    root = tmp_path / "data"
+    (root / "shards").mkdir(parents=True)
+    (root / "shards" / "manifest.json").write_text(json.dumps({"seq_length": 128, "vocab_size": 2048}))
+    spec = {"root": str(root), "corpus_bytes": 3000000, "vocab_size": 2048, "seq_length": 128}
+    assert ensure_dataset(spec)["manifest"] == str(root / "shards" / "manifest.json")  # a legacy dataset
+    with pytest.raises(AblationError, match=r"data: dataset built with seq_length 128, the grid asks for 256: "):
+        ensure_dataset({**spec, "seq_length": 256})
+    (root / DATASET_RECORD).write_text(json.dumps(dataset_settings(spec)))
+    ensure_dataset({**spec, "samples_per_shard": 256})  # the default, spelled out
+    with pytest.raises(AblationError, match=r"corpus_bytes 3000000, the grid asks for 1000000"):
+        ensure_dataset({**spec, "corpus_bytes": "1000000"})  # numbers as numbers

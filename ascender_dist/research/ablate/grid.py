@@ -370,21 +370,56 @@ def run_config(grid: Grid, variant: Variant, seed: int):
 
 # ============================================================================ dataset
 
+DATASET_DEFAULTS = {"corpus_bytes": 3_000_000, "vocab_size": 2048, "seq_length": 128, "samples_per_shard": 256,
+                    "val_fraction": 0.05}
+DATASET_RECORD = "dataset.json"  # the settings a grid dataset was built with, beside its shards
+
+
+def dataset_settings(spec: dict) -> dict:
+    """The build settings of a grid's ``dataset`` section, defaults filled in, numbers as numbers."""
+    return {key: type(default)(spec.get(key, default)) for key, default in DATASET_DEFAULTS.items()}
+
+
+def check_dataset_matches(root: Path, wanted: dict) -> None:
+    """A dataset already under ``root`` must have been built with the settings asked for now: grids
+    share one root, and shards of another sequence length or vocabulary (or, when recorded, corpus
+    size and split) would be reused silently. Datasets built before the record existed are checked on
+    what their manifest states (sequence length, vocabulary size)."""
+    import json
+
+    record = root / DATASET_RECORD
+    if record.is_file():
+        built = json.loads(record.read_text())
+    else:
+        manifest = json.loads((root / "shards" / "manifest.json").read_text())
+        built = {key: manifest[key] for key in ("seq_length", "vocab_size") if key in manifest}
+    for key, value in built.items():
+        if key in wanted and wanted[key] != value:
+            raise AblationError(f"{root}: dataset built with {key} {value}, the grid asks for {wanted[key]}: point "
+                                f"dataset.root elsewhere or remove {root}")
+
+
 def ensure_dataset(spec: dict) -> dict:
-    """Build (once) the default corpus -> sentencepiece tokenizer -> webdataset shards under ``spec['root']``."""
+    """Build (once) the default corpus -> sentencepiece tokenizer -> webdataset shards under
+    ``spec['root']``, recording the settings; a dataset already there must match them."""
+    import json
+
     from data_pipeline.corpus import build_default_corpus
     from data_pipeline.shards import write_shards
     from data_pipeline.tokenizer import Tokenizer, train_tokenizer
 
     root = Path(spec["root"])
+    settings = dataset_settings(spec)
     manifest, model = root / "shards" / "manifest.json", root / "tokenizer.model"
-    if not manifest.exists():
+    if manifest.exists():
+        check_dataset_matches(root, settings)
+    else:
         root.mkdir(parents=True, exist_ok=True)
         log.info("building the dataset in %s", root)
-        corpus = build_default_corpus(root / "corpus.jsonl", max_bytes=int(spec.get("corpus_bytes", 3_000_000)))
+        corpus = build_default_corpus(root / "corpus.jsonl", max_bytes=settings["corpus_bytes"])
         if not model.exists():
-            train_tokenizer([corpus], root / "tokenizer", vocab_size=int(spec.get("vocab_size", 2048)))
-        write_shards([corpus], Tokenizer.load(model), root / "shards", seq_length=int(spec.get("seq_length", 128)),
-                     samples_per_shard=int(spec.get("samples_per_shard", 256)),
-                     val_fraction=float(spec.get("val_fraction", 0.05)))
+            train_tokenizer([corpus], root / "tokenizer", vocab_size=settings["vocab_size"])
+        write_shards([corpus], Tokenizer.load(model), root / "shards", seq_length=settings["seq_length"],
+                     samples_per_shard=settings["samples_per_shard"], val_fraction=settings["val_fraction"])
+        (root / DATASET_RECORD).write_text(json.dumps(settings, indent=1) + "\n")
     return {"manifest": str(manifest), "tokenizer": str(model)}
