@@ -157,10 +157,13 @@ else
 fi
 cmd+=(launch/train.py --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"})
 echo "multi_node.sh: ${#HOSTS[@]} nodes, $local_ranks ranks per node, master $MASTER_ADDR:$MASTER_PORT${NODE_RANK:+, this node rank $NODE_RANK}" >&2
-# SIGTERM to this script: the ranks save and stop (exit 75); SIGUSR1 (a scheduler's warning, e.g.
+# SIGTERM to this script: with the ranks on this host (--node_rank, or one host) they save and stop
+# (exit 75); over pdsh the runner ends the remote launchers. SIGUSR1 (a scheduler's warning, e.g.
 # slurm.sbatch's --signal) is for the ranks, not the launcher (launch/run_launcher.sh)
 # shellcheck source=launch/run_launcher.sh
 . launch/run_launcher.sh
+mode=ssh
+if [ -n "$NODE_RANK" ] || [ ${#HOSTS[@]} -eq 1 ]; then mode=local; fi  # one host: DeepSpeed runs no pdsh
 rc=0
-run_launcher "$([ -n "$NODE_RANK" ] && echo local || echo ssh)" "${cmd[@]}" || rc=$?
+run_launcher "$mode" "${cmd[@]}" || rc=$?
 exit "$rc"

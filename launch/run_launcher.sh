@@ -3,20 +3,37 @@
 # and waits for it, so that a stop request sent to the script alone reaches the ranks.
 #
 # `docker stop` (through docker's --init), Kubernetes and `kill <script pid>` signal this script's
-# process only. Had it exec'd the launcher, DeepSpeed's runner would die of that SIGTERM at once (no
-# handler outside pdsh mode) and leave its launch.py and the ranks running as orphans without the
-# signal, until the container's end killed them mid-step. Instead:
-#   MODE local  (single node, or multi-node --node_rank): the launcher runs in its own process group
-#               and a SIGTERM or SIGUSR1 here becomes SIGUSR1 to that group: the ranks save at the
-#               next step boundary and exit 75 (train.exit_signals), the launcher ignores SIGUSR1 and
-#               ends with them. SIGINT (Ctrl-C, which no longer reaches that group from the terminal)
-#               is passed on as it is.
-#   MODE ssh    (multi-node over pdsh): the ranks are on other hosts; SIGTERM and SIGINT go to the
-#               runner, whose own handler ends the remote launchers (they stop their ranks).
+# process only. Had it exec'd the launcher, DeepSpeed's runner would die of that SIGTERM at once (it
+# has no handler unless it drives other hosts over pdsh) and leave its launch.py and the ranks running
+# as orphans without the signal, until the container's end killed them mid-step. Instead:
+#   MODE local  (the ranks are on this host: single_node.sh, multi_node.sh --node_rank, or a one-host
+#               hostfile): the launcher runs in its own process group, and a SIGTERM or SIGUSR1 here
+#               becomes SIGUSR1 to that group: the ranks save at the next step boundary and exit 75
+#               (train.exit_signals must keep SIGUSR1), the launcher ignores SIGUSR1 and ends with
+#               them. A second SIGTERM is passed on as SIGTERM (DeepSpeed's launch.py then stops its
+#               ranks): a rank still starting up, before it watches its signals, ignores SIGUSR1.
+#               SIGINT (Ctrl-C, which no longer reaches that group from the terminal) and SIGHUP are
+#               passed on as they are. A rank reading the terminal (breakpoint()) is stopped by
+#               SIGTTIN: debug with the launcher started directly.
+#   MODE ssh    (multi-node over pdsh): the ranks are on other hosts; SIGTERM, SIGINT and SIGHUP go to
+#               the runner, whose own handler ends the remote launchers (pkill; no save, exit 1).
 # SIGUSR1 (a scheduler's warning, e.g. slurm.sbatch's --signal, sent to every process of the job) is
 # for the ranks: the launcher processes ignore it (its default action would end them, and the job,
 # at once); the ranks inherit the ignore and install their own handler for training.
-# The exit status is the launcher's (75 after a stop on request).
+# The exit status is the launcher's (75 after a stop on request). If the launcher itself ended
+# abnormally, whatever is left of its process group gets SIGTERM. A SIGKILL to this script's own
+# process group (not the launcher's) cannot be passed on.
+_launcher_terms=0
+
+_launcher_term() {  # $1: the launcher's pid; local mode
+  _launcher_terms=$((_launcher_terms + 1))
+  if [ "$_launcher_terms" -eq 1 ]; then
+    kill -USR1 -- "-$1" 2>/dev/null || true
+  else
+    kill -TERM -- "-$1" 2>/dev/null || true
+  fi
+}
+
 run_launcher() {
   local mode=$1 child rc
   shift
@@ -27,13 +44,16 @@ run_launcher() {
     child=$!
     set +m
     # the launcher ignores SIGUSR1 from its start (inherited); from here on this shell passes it on
-    trap 'kill -USR1 -- "-$child" 2>/dev/null || true' TERM USR1
+    trap 'kill -USR1 -- "-$child" 2>/dev/null || true' USR1
+    trap '_launcher_term "$child"' TERM
     trap 'kill -INT -- "-$child" 2>/dev/null || true' INT
+    trap 'kill -HUP -- "-$child" 2>/dev/null || true' HUP
   else
     "$@" &
     child=$!
     trap 'kill -TERM "$child" 2>/dev/null || true' TERM
     trap 'kill -INT "$child" 2>/dev/null || true' INT
+    trap 'kill -HUP "$child" 2>/dev/null || true' HUP
   fi
   while :; do
     rc=0
@@ -44,6 +64,9 @@ run_launcher() {
     local again=0
     wait "$child" 2>/dev/null || again=$?
     [ "$again" -eq 127 ] || rc=$again
+  fi
+  if [ "$mode" = local ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 75 ]; then
+    kill -TERM -- "-$child" 2>/dev/null || true  # ranks the launcher left behind (a killed runner)
   fi
   return "$rc"
 }

@@ -354,6 +354,63 @@ def test_slurm_refuses_a_loopback_master_address_on_several_nodes(stubs, tmp_pat
                 cwd=tmp_path).returncode == 0
 
 
+STUB_LAUNCHER_WITH_A_RANK = """#!/usr/bin/env bash
+# a launcher with one rank that does not watch SIGUSR1 yet (still starting up): it records what reaches it
+python3 -c '
+import os, signal, sys, time
+out = os.environ["STUB_OUT"]
+def note(number, frame):
+    open(out + "/rank.signals", "a").write(signal.Signals(number).name + "\\n")
+    if number == signal.SIGTERM:
+        sys.exit(143)
+signal.signal(signal.SIGTERM, note)
+open(out + "/rank.pid", "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.05)
+' &
+wait $!
+"""
+
+
+def test_a_second_sigterm_reaches_ranks_that_do_not_watch_sigusr1_yet(tmp_path):
+    """The first SIGTERM to single_node.sh becomes SIGUSR1 for the launcher's group (the ranks save and
+    stop); a rank still starting up ignores it (inherited), so `docker stop`'s repeated SIGTERM, or a
+    second kill, is passed on as SIGTERM instead of being swallowed until SIGKILL."""
+    import contextlib
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    stub, out = tmp_path / "deepspeed", tmp_path / "out"
+    out.mkdir()
+    stub.write_text(STUB_LAUNCHER_WITH_A_RANK)
+    stub.chmod(0o755)
+    env = _clean_env(DEEPSPEED=str(stub), STUB_OUT=str(out), NUM_RANKS="1", MASTER_PORT="29555")
+    proc = subprocess.Popen(["bash", str(LAUNCH / "single_node.sh"), "--config", "configs/demo.yaml"], env=env,
+                            cwd=REPO_ROOT, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (out / "rank.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rank = psutil.Process(int((out / "rank.pid").read_text()))
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert rank.is_running() and not (out / "rank.signals").exists()  # SIGUSR1 ignored: still starting up
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) != 0
+        assert set((out / "rank.signals").read_text().split()) == {"SIGTERM"}  # (and the launcher's own)
+        rank.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if (out / "rank.pid").exists():  # the launcher's own process group is not the script's
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(int((out / "rank.pid").read_text())).kill()
+
+
 def test_relaunched_conversion_ranks_never_see_gpus():
     """consolidate / reshard re-launch themselves on CPU ranks; on a GPU host DeepSpeed's CPU
     accelerator sets CUDA_VISIBLE_DEVICES=0..N-1, which would make torch pick NCCL and a GPU per rank."""
