@@ -10,6 +10,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -54,20 +55,38 @@ def _set_cpu_threads() -> None:
 
 def nvidia_devices() -> list[str]:
     """The NVIDIA GPU device nodes this process can open (/dev/nvidia0, ...): present on a GPU node
-    and in a container given its GPUs, absent in one that was not."""
-    return sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+    and in a container given its GPUs; absent, or refused (EPERM: Slurm's device cgroup on a CPU job,
+    a container sharing /dev without --gpus), where the GPUs are not this process's."""
+    usable = []
+    for path in sorted(Path("/dev").glob("nvidia[0-9]*")):
+        try:
+            os.close(os.open(path, os.O_RDWR))
+        except OSError:
+            continue
+        usable.append(str(path))
+    return usable
+
+
+def hides_all_gpus(visible: Optional[str]) -> bool:
+    """Whether a CUDA_VISIBLE_DEVICES value names no device: empty, or no entry that is an index or
+    a GPU- / MIG- UUID (-1, none, NoDevFiles, ...); CUDA then sees no GPU, on purpose."""
+    if visible is None:
+        return False
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    return not any(e.isdigit() or e.startswith(("GPU-", "MIG-")) for e in entries)
 
 
 def check_gpus_usable() -> None:
     """Refuse, in one line, to train on CPU on a node whose GPUs torch cannot use (a CPU build of
     torch, or a driver older than the build's CUDA): every rank would silently run at CPU speed.
-    DS_ACCELERATOR=cpu, or CUDA_VISIBLE_DEVICES set empty (what launch/train.py and the conversion
-    tools' relaunched ranks make of it), is the deliberate choice of CPU ranks. launch/single_node.sh
-    runs it before it picks CPU ranks itself for a node where torch sees no GPU."""
+    DS_ACCELERATOR=cpu, or a CUDA_VISIBLE_DEVICES that names no device (empty, as launch/train.py and
+    the conversion tools' relaunched ranks set it, or -1 / none), is the deliberate choice of CPU
+    ranks. launch/single_node.sh runs it before it picks CPU ranks itself for a node where torch sees
+    no GPU."""
     from ascender_dist.config.errors import UserError
 
     if torch.cuda.is_available() or os.environ.get("DS_ACCELERATOR") == "cpu" or \
-            os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+            hides_all_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")):
         return
     devices = nvidia_devices()
     if devices:

@@ -378,7 +378,8 @@ def reshard_config(cfg, checkpoint_dir: Path, overrides: list[str], source: Path
     from ascender_dist.config.resolve import validate
 
     fixed = {"checkpoint": {"dir": str(checkpoint_dir), "auto_resume": False, "init_from": None},
-             "output_dir": str(checkpoint_dir), "logging": {"tensorboard": False, "wandb": {"project": ""}}}
+             "output_dir": str(checkpoint_dir),
+             "logging": {"tensorboard": False, "wandb": {"project": "", "entity": None, "mode": "disabled"}}}
     cfg = config_with_overrides(to_dict(cfg), overrides, str(source), fixed)
     if data_parallel is not None:
         if data_parallel < 1:

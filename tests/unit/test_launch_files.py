@@ -445,8 +445,11 @@ def test_training_started_without_a_launcher_is_one_line(monkeypatch, env, messa
 @pytest.mark.parametrize("env,refused", [
     ({}, True),  # a CPU build of torch on a GPU node, nothing chosen: would train on CPU unnoticed
     ({"CUDA_VISIBLE_DEVICES": "0,1"}, True),  # what DeepSpeed's launcher gives each rank
+    ({"CUDA_VISIBLE_DEVICES": "GPU-5e2b0b0c-1111"}, True),  # a UUID names a device
     ({"DS_ACCELERATOR": "cpu"}, False),  # CPU ranks on purpose
     ({"CUDA_VISIBLE_DEVICES": ""}, False),  # launch/train.py's and the conversion ranks' hidden GPUs
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, False),  # other spellings of "no GPU"
+    ({"CUDA_VISIBLE_DEVICES": "NoDevFiles"}, False),
 ])
 def test_gpus_torch_cannot_use_are_refused_in_one_line(monkeypatch, env, refused):
     import torch
@@ -468,6 +471,24 @@ def test_gpus_torch_cannot_use_are_refused_in_one_line(monkeypatch, env, refused
         setup.check_gpus_usable()
     monkeypatch.setattr(setup, "nvidia_devices", lambda: [])
     setup.check_gpus_usable()  # no GPU on the node: CPU ranks are the only choice
+
+
+def test_gpu_device_nodes_this_process_cannot_open_do_not_count(monkeypatch, tmp_path):
+    """A CPU job on a Slurm GPU node (device cgroup) or a container sharing /dev without --gpus sees
+    /dev/nvidia0 but may not open it: those GPUs are not this process's, CPU ranks are right."""
+    from pathlib import Path
+
+    from ascender_dist.parallel import setup
+
+    opened = []
+
+    def fake_open(path, flags):
+        opened.append(str(path))
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(Path, "glob", lambda self, pattern: iter([Path("/dev/nvidia0"), Path("/dev/nvidia1")]))
+    monkeypatch.setattr(setup.os, "open", fake_open)
+    assert setup.nvidia_devices() == [] and opened == ["/dev/nvidia0", "/dev/nvidia1"]
 
 
 def test_training_refuses_unusable_gpus_before_starting_the_process_group(monkeypatch):

@@ -18,10 +18,11 @@ from .export_fixtures import run_with_tokenizer, two_tokenizers  # noqa: F401  (
 def test_the_reshard_run_has_no_log_sinks_and_writes_under_out(run_with_tokenizer, tmp_path):
     _, cfg, _ = read_consolidated(run_with_tokenizer)
     overrides = ["output_dir=/source/run", "logging.tensorboard=true", "logging.wandb.project=source-project",
-                 "logging.wandb.mode=offline", "parallel.tensor_model_parallel_size=2"]
+                 "logging.wandb.entity=team", "logging.wandb.mode=offline", "parallel.tensor_model_parallel_size=2"]
     out = tmp_path / "resharded"
     resharded = reshard_config(cfg, out, overrides, run_with_tokenizer / "config.yaml", data_parallel=1)
     assert resharded.logging.tensorboard is False and resharded.logging.wandb.project == ""
+    assert resharded.logging.wandb.entity is None  # an entity alone is refused (W&B needs its project)
     assert resharded.output_dir == str(out) and resharded.checkpoint.dir == str(out)
     assert resharded.parallel.tensor_model_parallel_size == 2  # the layout overrides still apply
 
