@@ -303,11 +303,31 @@ def check_tokenizer(tokenizer: Path, cfg, meta: dict, meta_file: Path) -> None:
                                          "(meta.json vocab_size): not the tokenizer this model was trained with")
 
 
+EXPORT_CODE = ("ascender_dist/hf", "ascender_dist/models", "ascender_dist/tools/hf_export.py",
+               "ascender_dist/tools/hf_tokenizer.py")  # what an export's code and its conversion come from
+
+
+def export_code_sha256() -> str:
+    """One sha256 over the source files an export is written from (the remote code, the layer math
+    it vendors, the exporter): a git checkout keeps its package version between commits, so the
+    version alone would keep a cache written by other code."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for entry in EXPORT_CODE:
+        path = root / entry
+        for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def export_provenance(consolidated_dir: Path, tokenizer: Path | None) -> dict:
     """What an export is made of besides the weights, recorded in its ``ascender_dist.json``: the
-    ascender-dist version that wrote it (the remote code and its vendored math are that version's),
-    the sha256 of the consolidated config.yaml and of the tokenizer written (None without one). The
-    lm-eval adapter's cache is re-exported when any of them differs from what it would write now."""
+    ascender-dist version that wrote it and the sha256 of the code it was written from (the remote
+    code and its vendored math), the sha256 of the consolidated config.yaml and of the tokenizer
+    written (None without one). The lm-eval adapter's cache is re-exported when any of them differs
+    from what it would write now."""
     from data_pipeline._io import sha256_file
     from ascender_dist.versions import package_version
 
@@ -317,8 +337,8 @@ def export_provenance(consolidated_dir: Path, tokenizer: Path | None) -> dict:
         tokenizer_sha = sha256_file(Path(tokenizer)) if tokenizer else None
     except OSError as exc:
         raise ConversionError(exc.filename or config, f"cannot read ({exc.strerror or exc})") from None
-    return {"ascender_dist_version": package_version("ascender-dist"), "config_sha256": config_sha,
-            "tokenizer_sha256": tokenizer_sha}
+    return {"ascender_dist_version": package_version("ascender-dist"), "export_code_sha256": export_code_sha256(),
+            "config_sha256": config_sha, "tokenizer_sha256": tokenizer_sha}
 
 
 EXPORT_MARKER = "ascender_dist.json"  # written last into every export: a previous export may be replaced
