@@ -389,23 +389,37 @@ def reshard_config(cfg, checkpoint_dir: Path, overrides: list[str], source: Path
     return cfg
 
 
+def recorded_tokenizer_sha256(meta: dict) -> Optional[str]:
+    """meta.json's ``tokenizer_sha256``: the identity of the tokenizer the weights were trained with
+    (checkpoints record it), or None (older checkpoints, runs without a tokenizer)."""
+    sha = meta.get("tokenizer_sha256")
+    return sha if isinstance(sha, str) and sha else None
+
+
+def refuse_other_tokenizer(path, found: str, meta: dict, meta_file: Path, trained: str = "the weights were",
+                           note: str = "") -> None:  # fmt: skip
+    """One-line ConversionError naming ``path`` when its sha256 ``found`` is not the recorded one
+    (nothing to compare when meta.json records none)."""
+    recorded = recorded_tokenizer_sha256(meta)
+    if recorded and found != recorded:
+        raise ConversionError(path, f"sha256 {found[:12]}... is not the tokenizer {trained} trained with "
+                                    f"({meta_file} tokenizer_sha256 {recorded[:12]}...{note})")
+
+
 def check_reshard_tokenizer(cfg, meta: dict, meta_file: Path) -> None:
     """The tokenizer the reshard's run loads (``data.tokenizer``) is the one the weights were trained
     with (``meta_file``'s ``tokenizer_sha256``, when recorded): the new checkpoint records the
     loaded one's, and a replaced file would relabel the weights."""
     from data_pipeline.tokenizer import tokenizer_sha256
 
-    recorded = meta.get("tokenizer_sha256")
-    if not (isinstance(recorded, str) and recorded and cfg.data.tokenizer):
+    if not (recorded_tokenizer_sha256(meta) and cfg.data.tokenizer):
         return
     try:
         found = tokenizer_sha256(Path(cfg.data.tokenizer))
     except OSError as exc:
         raise ConversionError(cfg.data.tokenizer, f"cannot read the run's tokenizer (data.tokenizer: "
                                                   f"{exc.strerror or exc})") from None
-    if found != recorded:
-        raise ConversionError(cfg.data.tokenizer, f"sha256 {found[:12]}... is not the tokenizer the weights were "
-                                                  f"trained with ({meta_file} tokenizer_sha256 {recorded[:12]}...)")
+    refuse_other_tokenizer(cfg.data.tokenizer, found, meta, meta_file)
 
 
 def reshard(consolidated_dir: Path, checkpoint_dir: Path, overrides: list[str]) -> None:

@@ -96,12 +96,6 @@ def _stored_parameters(weights: Path) -> int:
                               f"({' '.join(str(exc).split())})") from None
 
 
-def _recorded_tokenizer(meta: dict) -> Optional[str]:
-    """meta.json's ``tokenizer_sha256`` (checkpoints record it), or None (older checkpoints, no tokenizer)."""
-    sha = meta.get("tokenizer_sha256")
-    return sha if isinstance(sha, str) and sha else None
-
-
 def tokenizer_identity(run: Run) -> Optional[str]:
     """The sha256 of the tokenizer the run's validation data must have been made with: the one its
     meta.json records, else that of its tokenizer file (an export's ``tokenizer.model``, a run's
@@ -132,7 +126,7 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
         raise EvaluationError(f"{path}: run directory not found")
     name = name or path.resolve().name
     if is_consolidated(path):
-        from ascender_dist.tools.convert import read_config, read_json_file
+        from ascender_dist.tools.convert import read_config, read_json_file, recorded_tokenizer_sha256
 
         meta = read_json_file(path / "meta.json")
         cfg = read_config(path, one_device=True)  # the strict loader: one-line errors naming config.yaml
@@ -142,7 +136,7 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
                   size=_size_of(model.preset, name, cfg.name), step=meta.get("step"),
                   seq_length=model.seq_length, vocab_size=meta.get("vocab_size"),
                   manifest=manifest or mixture or data.manifest or None,
-                  tokenizer=data.tokenizer or None, tokenizer_sha256=_recorded_tokenizer(meta))
+                  tokenizer=data.tokenizer or None, tokenizer_sha256=recorded_tokenizer_sha256(meta))
         run.parameters = _stored_parameters(path / "model.safetensors")
         return run
     if is_hf_export(path):

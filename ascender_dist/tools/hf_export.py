@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ascender_dist.tools.convert import ConversionError, check_output_dir, read_consolidated, staged_output
+from ascender_dist.tools.convert import (ConversionError, check_output_dir, read_consolidated, refuse_other_tokenizer,
+                                        staged_output)
 from data_pipeline._io import honour_umask
 
 
@@ -290,11 +291,8 @@ def check_tokenizer(tokenizer: Path, cfg, meta: dict, meta_file: Path) -> None:
     versions, runs without a tokenizer) leaves the vocabulary as the only check: equal to meta.json's
     vocab_size when the run took its vocabulary from the tokenizer, never larger."""
     tok = _load_tokenizer(tokenizer)
-    recorded = meta.get("tokenizer_sha256")
-    if isinstance(recorded, str) and recorded and tok.sha256 != recorded:
-        trained = f", data.tokenizer {cfg.data.tokenizer}" if cfg.data.tokenizer else ""
-        raise ConversionError(tokenizer, f"sha256 {tok.sha256[:12]}... is not the tokenizer this model was trained "
-                                         f"with ({meta_file} tokenizer_sha256 {recorded[:12]}...{trained})")
+    refuse_other_tokenizer(tokenizer, tok.sha256, meta, meta_file, trained="this model was",
+                           note=f", data.tokenizer {cfg.data.tokenizer}" if cfg.data.tokenizer else "")
     vocab = meta.get("vocab_size")
     if not isinstance(vocab, int) or isinstance(vocab, bool):
         return
