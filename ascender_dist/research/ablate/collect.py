@@ -233,14 +233,19 @@ def holm_family(tables: Sequence[dict]) -> dict:
     return dict(zip(pairs, holm(list(pairs.values()))))
 
 
+def report_families(tables: dict) -> tuple[list, list]:
+    """A report's comparison tables grouped into its two Holm families: the over-seed t-tests (the
+    main table and every ``vs`` table) and the per-sequence tests."""
+    return [tables["main"], *tables.get("vs", {}).values()], list((tables.get("per_example") or {}).values())
+
+
 def adjust_over_report(obj: dict) -> None:
     """Holm over a report's distinct comparisons, per test: the over-seed t-tests of the main and ``vs``
     tables form one family, the per-sequence tests another (each table adjusted on its own under-counted
     the family a reader sees). Sets every ``p_holm`` and each table's ``holm_m``."""
     from ..tables import holm_table
 
-    for tables, family in (([obj["main"], *obj.get("vs", {}).values()], SEED_FAMILY),
-                           (list((obj.get("per_example") or {}).values()), SEQUENCE_FAMILY)):
+    for tables, family in zip(report_families(obj), (SEED_FAMILY, SEQUENCE_FAMILY)):
         adjusted = holm_family(tables)
         for table in tables:
             holm_table(table, adjusted, family)

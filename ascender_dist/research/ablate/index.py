@@ -22,7 +22,7 @@ from typing import Optional
 
 import yaml
 
-from .collect import holm_family, interval_label
+from .collect import holm_family, interval_label, report_families
 from .grid import AblationError, load_grid
 from .provenance import REPO
 
@@ -176,9 +176,8 @@ def holm_families(full: dict) -> tuple[dict, dict]:
     distinct comparisons per test (:func:`~.collect.holm_family`), recomputed from the raw p-values of
     results.json, so the index adjusts over the family it shows even for a report written when each table
     was adjusted on its own."""
-    tables = full["tables"]
-    return (holm_family([tables["main"], *tables.get("vs", {}).values()]),
-            holm_family(list((tables.get("per_example") or {}).values())))
+    seeds, sequences = report_families(full["tables"])
+    return holm_family(seeds), holm_family(sequences)
 
 
 def family_size(family: dict) -> int:
