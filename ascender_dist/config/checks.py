@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import os
 import string
 
 from ascender_dist.config.errors import ConfigError
@@ -30,6 +31,10 @@ def check_positive_sizes(cfg: RunConfig) -> None:
 
 SEED_LIMIT = 2**63  # torch.manual_seed takes a signed 64-bit seed; megatron adds small offsets to it
 TIMEOUT_LIMIT_MINUTES = 10**6  # ~2 years: datetime.timedelta (the process group's timeout) overflows far above
+# megatron's RotaryEmbedding computes rotary_base ** (arange(0, dim, 2) / dim) with the Python int as a
+# torch scalar: one beyond 64 bits is an OverflowError at model build. Below 2**63 every inv_freq stays
+# finite and nonzero in float32 (the smallest is about base**-1 >= 1e-19, far above float32's 1e-38).
+ROTARY_BASE_LIMIT = 2**63
 
 
 def check_upper_bounds(cfg: RunConfig) -> None:
@@ -40,6 +45,22 @@ def check_upper_bounds(cfg: RunConfig) -> None:
     minutes = cfg.parallel.distributed_timeout_minutes
     if minutes > TIMEOUT_LIMIT_MINUTES:
         raise ConfigError("parallel.distributed_timeout_minutes", f"must be <= {TIMEOUT_LIMIT_MINUTES} (got {minutes})")
+    rotary_base = cfg.model.rotary_base
+    if rotary_base >= ROTARY_BASE_LIMIT:
+        raise ConfigError("model.rotary_base", f"must be < 2**63 (got {rotary_base})")
+
+
+def check_run_name(cfg: RunConfig) -> None:
+    """``name`` is one directory under the runs root (runs/<name>, its checkpoints beneath): an empty
+    name, '.' or '..' would make the shared root (or its parent) the run's directory, and a separator
+    would place it elsewhere; either way an auto-resuming run could pick up another run's checkpoint."""
+    name = cfg.name
+    separators = {"/", os.sep} | ({os.altsep} if os.altsep else set())
+    if name in ("", ".", ".."):
+        raise ConfigError("name", f"must name one directory under runs/ (got {name!r})")
+    if any(sep in name for sep in separators):
+        raise ConfigError("name", f"must not contain a path separator (got {name!r}); "
+                                  "set output_dir to put the run elsewhere")
 
 
 def _require_finite(path: str, value: float) -> None:
@@ -245,6 +266,7 @@ def check_wandb(cfg: RunConfig) -> None:
 
 
 STATIC_CHECKS = [
+    check_run_name,
     check_positive_sizes,
     check_upper_bounds,
     check_model_numbers,

@@ -21,7 +21,7 @@ import yaml
 from ascender_dist.config.errors import ConfigError
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 numbers (below) and plain-name mapping keys."""
+    """SafeLoader with YAML 1.2 numbers and booleans (below) and plain-name mapping keys."""
 
     def construct_mapping(self, node, deep=False):
         self.flatten_mapping(node)  # YAML merge keys (<<: *base), as SafeLoader's mapping constructor does
@@ -35,22 +35,32 @@ class _StrictLoader(yaml.SafeLoader):
 
 # Numbers as YAML 1.2 reads them: 1e-3 and 3E5 are floats (YAML 1.1 wants a dot), and none of
 # YAML 1.1's other integer forms, which read 010 as 8 and 1:30 as 90, is a number; such a value
-# stays a string and the typed loading names the field that expected a number.
+# stays a string and the typed loading names the field that expected a number. An underscore may
+# only separate two digits (1_000): 30_ or 1__0 is a typo, kept as a string, not read as 30 or 10.
 # YAML 1.1's dates (2024-02-30 is a ValueError inside PyYAML) are not read either: no field is a
 # date, and such a value stays a string.
-_YAML11_ONLY = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")
+_YAML11_ONLY = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+                "tag:yaml.org,2002:timestamp")
+_DIGITS = r"\d(?:_?\d)*"  # digits, an underscore allowed only between two of them
 _STRICT_NUMBERS = (
-    ("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9_]*)$"), list("-+0123456789")),
+    ("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9](?:_?[0-9])*)$"), list("-+0123456789")),
     ("tag:yaml.org,2002:float",
-     re.compile(r"^(?:[-+]?(?:\d[\d_]*\.[\d_]*(?:[eE][-+]?\d+)?|\d[\d_]*[eE][-+]?\d+|\.\d[\d_]*(?:[eE][-+]?\d+)?)"
+     re.compile(rf"^(?:[-+]?(?:{_DIGITS}\.(?:{_DIGITS})?(?:[eE][-+]?\d+)?|{_DIGITS}[eE][-+]?\d+"
+                rf"|\.{_DIGITS}(?:[eE][-+]?\d+)?)"
                 r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
      list("-+0123456789.")),
+)
+# Booleans as YAML 1.2 reads them: only true and false (any of three spellings). YAML 1.1 also reads
+# yes/no/on/off as booleans, so `auto_resume: off` was quietly false, `name: no` a bool and an
+# ablation variant named `off` the string 'False'; they stay strings, and a bool field refuses them.
+_STRICT_BOOLS = (
+    ("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")),
 )
 _StrictLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML11_ONLY]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-for _tag, _regexp, _first in _STRICT_NUMBERS:
+for _tag, _regexp, _first in _STRICT_NUMBERS + _STRICT_BOOLS:
     _StrictLoader.add_implicit_resolver(_tag, _regexp, _first)
 
 
@@ -98,6 +108,8 @@ def _reject_duplicate_keys(node, path: str = "", open_nodes: set | None = None, 
 
 
 def parse_yaml_text(text: str, source: str = "<string>") -> Any:
+    """The YAML document of ``text`` (None when it holds none); any problem is a one-line ConfigError
+    naming ``source``."""
     loader = _StrictLoader(text)
     try:
         node = loader.get_single_node()
@@ -114,11 +126,16 @@ def parse_yaml_text(text: str, source: str = "<string>") -> Any:
         raise ConfigError(source, f"invalid YAML{where}: {problem}") from None
     except (ValueError, TypeError, AttributeError) as exc:  # an explicit tag PyYAML cannot build: !!int abc
         raise ConfigError(source, f"invalid YAML value ({type(exc).__name__}: {exc})") from None
+    except RecursionError:  # PyYAML composes and builds nodes recursively: [[[[...]]]] thousands deep
+        raise ConfigError(source, "invalid YAML: nested too deeply") from None
     finally:
         loader.dispose()
 
 
 def read_yaml_file(path: str | Path) -> dict:
+    """The top-level mapping of a YAML config file. A file without a document (empty, only comments,
+    or ``null``) is refused: running the defaults because a file was truncated or the wrong one was
+    named is a silently wrong run; a config that wants every default says so with ``{}``."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(str(path), "is a directory, not a config file")
@@ -132,7 +149,7 @@ def read_yaml_file(path: str | Path) -> dict:
         raise ConfigError(str(path), f"cannot read ({exc.strerror or exc})") from None
     data = parse_yaml_text(text, source=str(path))
     if data is None:
-        return {}
+        raise ConfigError(str(path), "empty config file (write {} to run with every default)")
     if not isinstance(data, dict):
         raise ConfigError(str(path), f"top level must be a mapping, got {type(data).__name__}")
     return data
@@ -211,9 +228,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
 
 
 def from_dict(cls, data: Any, path: str = ""):
-    """Build dataclass ``cls`` from a mapping, rejecting unknown keys with their dotted path."""
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys with their dotted path.
+
+    A null section (``connection:`` with nothing, or only a comment, under it) is refused rather than
+    read as ``{}``: it replaces the preset's values of that section when merged, so the run would
+    silently get the class defaults instead."""
     if data is None:
-        data = {}
+        raise ConfigError(path or cls.__name__, "a section cannot be null (write {} or remove the key)")
     if not isinstance(data, dict):
         raise ConfigError(path or cls.__name__, f"expected a mapping, got {type(data).__name__} {data!r}")
     hints = get_type_hints(cls)

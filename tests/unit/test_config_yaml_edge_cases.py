@@ -1,0 +1,169 @@
+"""YAML edge cases the strict loader must refuse in one line (or read as YAML 1.2 does), never run silently wrong.
+
+Each case here once loaded: a null section dropped the preset's values, ``off`` was a boolean, ``30_`` was 30,
+an empty file was the default config, deep nesting was a RecursionError traceback, a huge rotary_base crashed
+megatron at model build, and ``name: ..`` put the run's checkpoints outside its own directory.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from ascender_dist.config import ConfigError, load_config
+from ascender_dist.config.loader import dump_yaml, parse_override, parse_yaml_text, read_yaml_file, to_dict
+
+
+def _write(tmp_path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def _error(tmp_path, text: str, overrides=()) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, text), overrides)
+    message = str(info.value)
+    assert "\n" not in message, "errors must be one line"
+    return message
+
+
+# ------------------------------------------------------------------------------------ null sections
+
+CONNECTION_SMALL = "model:\n  architecture: connection\n  preset: small\n"
+
+
+@pytest.mark.parametrize("text,overrides,expected", [
+    (CONNECTION_SMALL + "  connection:\n    # max_steps: 8\n", (), "run.yaml: model.connection: a section cannot be null"),
+    ("model:\n  architecture: ascender\n  preset: large\n  ascender:\n    # k: 8\n", (),
+     "run.yaml: model.ascender: a section cannot be null (write {} or remove the key)"),
+    ("model:\n  architecture: ascender\n  preset: debug\n", ["model.ascender=null"],
+     "--set model.ascender=null: model.ascender: a section cannot be null"),
+    ("checkpoint:\n  # keep_last: 2\nname: x\n", (), "run.yaml: checkpoint: a section cannot be null"),
+    ("logging:\n  wandb: ~\n", (), "run.yaml: logging.wandb: a section cannot be null"),
+], ids=["connection-comment-only", "ascender-comment-only", "set-null", "top-level-section", "tilde"])
+def test_a_null_section_is_refused_not_read_as_the_class_defaults(tmp_path, text, overrides, expected):
+    """It replaced the preset's section when merged, so the run got the class defaults (rank 32, not 4)."""
+    assert expected in _error(tmp_path, text, overrides)
+
+
+def test_an_empty_mapping_section_keeps_the_presets_values(tmp_path):
+    cfg = load_config(_write(tmp_path, CONNECTION_SMALL + "  connection: {}\n"))
+    assert cfg.model.connection.rank == 4 and cfg.model.connection.max_steps == 4  # the small preset's
+
+
+# -------------------------------------------------------------------------------- YAML 1.2 booleans
+
+def test_only_yaml_12_booleans_are_booleans():
+    words = ["yes", "Yes", "YES", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF", "y", "Y", "n", "N"]
+    data = parse_yaml_text("".join(f"k{i}: {w}\n" for i, w in enumerate(words)))
+    assert list(data.values()) == words
+    assert parse_yaml_text("[true, True, TRUE, false, False, FALSE]") == [True] * 3 + [False] * 3
+    assert parse_yaml_text("{on: 1, off: 2}") == {"on": 1, "off": 2}  # keys too
+
+
+@pytest.mark.parametrize("section,key,word", [("checkpoint", "auto_resume", "off"),
+                                              ("parallel", "sequence_parallel", "yes")])
+def test_a_bool_field_refuses_yaml_11_words(tmp_path, section, key, word):
+    expected = f"{section}.{key}: expected bool (true/false), got {word!r}"
+    assert expected in _error(tmp_path, f"{section}:\n  {key}: {word}\n")
+    assert expected in _error(tmp_path, "name: x\n", [f"{section}.{key}={word}"])
+
+
+def test_a_yaml_11_word_is_a_string_where_a_string_is_expected(tmp_path):
+    assert load_config(_write(tmp_path, "name: no\n")).name == "no"
+    cfg = load_config(_write(tmp_path, "name: 'off'\n"))
+    assert load_config(_write(tmp_path, dump_yaml(to_dict(cfg)))).name == "off"  # written configs read back
+
+
+def test_ablation_variants_named_on_and_off_keep_their_names(tmp_path):
+    from ascender_dist.research.ablate import load_grid
+
+    path = tmp_path / "grid.yaml"
+    path.write_text("name: g\nbase:\n  model: {architecture: gpt, preset: debug, vocab_size: 512}\n"
+                    "  train: {micro_batch_size: 2, global_batch_size: 4, train_steps: 5}\n"
+                    "  optimizer: {warmup_steps: 1}\nseeds: [1]\nbaseline: off\ncompare_to: [on]\n"
+                    "variants:\n  off: {model.architecture: gpt}\n  on: {model.architecture: ascender}\n")
+    grid = load_grid(path)
+    assert [v.name for v in grid.variants] == ["off", "on"] and grid.baseline == "off"
+
+
+# ------------------------------------------------------------------------------ digit underscores
+
+def test_an_underscore_only_separates_two_digits():
+    good = parse_yaml_text("a: 1_000\nb: -2_5\nc: 1_000.000_5\nd: .5_0\ne: 1_0e3\n")
+    assert good == {"a": 1000, "b": -25, "c": 1000.0005, "d": 0.5, "e": 1e4}
+    bad = ["30_", "1__0", "1_", "+3_", "1_.5", "1._5", "1.5_", "1_e5", "._5", "1__0.0"]
+    assert parse_yaml_text("[" + ", ".join(bad) + "]") == bad
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("train:\n  train_steps: 30_\n", "train.train_steps: expected int, got str '30_'"),
+    ("train:\n  train_steps: 1__0\n", "train.train_steps: expected int, got str '1__0'"),
+    ("optimizer:\n  lr: 1_.5\n", "optimizer.lr: expected float, got str '1_.5'"),
+    ("optimizer:\n  lr: 3.0e-4_\n", "optimizer.lr: expected float, got str '3.0e-4_'"),
+], ids=["30_", "1__0", "1_.5", "3.0e-4_"])
+def test_a_number_with_a_stray_underscore_is_refused_by_its_field(tmp_path, text, expected):
+    assert expected in _error(tmp_path, text)
+
+
+# ------------------------------------------------------------------------------------- empty files
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# a comment only\n", "---\n", "null\n", "~\n"],
+                         ids=["empty", "blank-lines", "comment", "document-marker", "null", "tilde"])
+def test_an_empty_config_file_is_refused(tmp_path, text):
+    path = _write(tmp_path, text)
+    message = _error(tmp_path, text)
+    assert message == f"{path}: empty config file (write {{}} to run with every default)"
+    with pytest.raises(ConfigError, match="empty config file"):
+        read_yaml_file(path)
+
+
+def test_an_explicit_empty_mapping_is_the_default_config(tmp_path):
+    assert load_config(_write(tmp_path, "{}\n")).name == "run"
+
+
+# ---------------------------------------------------------------------------------- deep nesting
+
+@pytest.mark.parametrize("text", [
+    "name: " + "[" * 3000 + "]" * 3000 + "\n",
+    "name: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n",
+], ids=["lists", "mappings"])
+def test_deeply_nested_yaml_is_one_line_not_a_recursion_error(tmp_path, text):
+    assert _error(tmp_path, text) == f"{tmp_path / 'run.yaml'}: invalid YAML: nested too deeply"
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        parse_override("name=" + text[len("name: "):])
+
+
+# ----------------------------------------------------------------------------------- rotary_base
+
+def test_rotary_base_beyond_64_bits_is_refused(tmp_path):
+    assert "model.rotary_base: must be < 2**63 (got 1" in _error(tmp_path, "model:\n  rotary_base: " + "1" + "0" * 30)
+    assert "model.rotary_base: must be < 2**63" in _error(tmp_path, f"model:\n  rotary_base: {2**63}\n")
+    assert load_config(_write(tmp_path, f"model:\n  rotary_base: {2**63 - 1}\n")).model.rotary_base == 2**63 - 1
+
+
+def test_the_largest_rotary_base_allowed_keeps_megatrons_frequencies_finite():
+    torch = pytest.importorskip("torch")
+    rotary = pytest.importorskip("megatron.core.models.common.embeddings.rotary_pos_embedding")
+    emb = rotary.RotaryEmbedding(kv_channels=128, rotary_percent=1.0, rotary_base=2**63 - 1,
+                                 use_cpu_initialization=True)
+    assert torch.isfinite(emb.inv_freq).all() and (emb.inv_freq > 0).all()
+
+
+# -------------------------------------------------------------------------------------- run name
+
+@pytest.mark.parametrize("text,overrides,expected", [
+    ("name: x\n", ["name="], "--set name=: name: must name one directory under runs/ (got '')"),
+    ("name: .\n", (), "run.yaml: name: must name one directory under runs/ (got '.')"),
+    ("name: '..'\n", (), "name: must name one directory under runs/ (got '..')"),
+    ("name: x\n", ["name=../other"], "--set name=../other: name: must not contain a path separator"),
+    ("name: team/run\n", (), "run.yaml: name: must not contain a path separator (got 'team/run')"),
+], ids=["empty", "dot", "dot-dot", "parent", "slash"])
+def test_a_run_name_must_be_one_directory_under_the_runs_root(tmp_path, text, overrides, expected):
+    """runs/<name> with name '' or '.' is the shared root; with auto_resume a run would resume another's checkpoint."""
+    assert expected in _error(tmp_path, text, overrides)
+
+
+def test_ordinary_run_names_still_load(tmp_path):
+    for name in ("x y", "gpt-small.v2", "...x", "a,b-seed1"):
+        assert load_config(_write(tmp_path, "name: x\n"), [f"name={name}"]).name == name
