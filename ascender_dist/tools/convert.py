@@ -25,6 +25,7 @@ from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.config.loader import dump_yaml, read_yaml_file, to_dict
 from ascender_dist.config.resolve import config_from_dict, config_with_overrides
 from ascender_dist.training import checkpoint as ckpt
+from ascender_dist.training.checkpoint import recorded_tokenizer_sha256
 from ascender_dist.training.publish import publish_directory
 from ascender_dist.training.weights import strip_vocab_padding
 
@@ -103,7 +104,8 @@ def resolve_tag(checkpoint_dir: Path, tag: Optional[str]) -> Path:
         except ckpt.CheckpointError as exc:
             raise ConversionError(checkpoint_dir / ckpt.LATEST, str(exc).split(": ", 1)[-1]) from None
         if tag is None:
-            raise ConversionError(checkpoint_dir, f"no '{ckpt.LATEST}' file: not a training checkpoint directory")
+            raise ConversionError(checkpoint_dir, f"no complete checkpoint (no '{ckpt.LATEST}' file, or its first "
+                                                  "save did not finish): not a training checkpoint directory?")
     tag_dir = checkpoint_dir / tag
     if not tag_dir.is_dir():
         raise ConversionError(tag_dir, f"no such checkpoint tag ({_available_tags(checkpoint_dir)})")
@@ -387,13 +389,6 @@ def reshard_config(cfg, checkpoint_dir: Path, overrides: list[str], source: Path
         p = cfg.parallel
         validate(cfg, p.tensor_model_parallel_size * p.pipeline_model_parallel_size * data_parallel)
     return cfg
-
-
-def recorded_tokenizer_sha256(meta: dict) -> Optional[str]:
-    """meta.json's ``tokenizer_sha256``: the identity of the tokenizer the weights were trained with
-    (checkpoints record it), or None (older checkpoints, runs without a tokenizer)."""
-    sha = meta.get("tokenizer_sha256")
-    return sha if isinstance(sha, str) and sha else None
 
 
 def refuse_other_tokenizer(path, found: str, meta: dict, meta_file: Path, trained: str = "the weights were",

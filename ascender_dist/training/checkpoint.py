@@ -12,8 +12,12 @@ and never write into a directory a complete checkpoint lives in:
 
 A crash at any moment therefore leaves ``latest`` naming a complete checkpoint; in the one window
 where it names a tag just renamed aside, ``latest_tag`` reads the ``.replaced`` copy, which is
-complete. Per-rank RNG states are saved next to DeepSpeed's files so a resumed run draws the same
-random numbers (dropout) as an uninterrupted one.
+complete. Before the first save publishes its tag, rank 0 writes a placeholder ``latest``
+(NO_CHECKPOINT_YET): a crash between that rename and the first real ``latest`` leaves the
+placeholder next to a complete tag, which ``latest_tag`` then resumes from, while a ``latest``
+missing next to complete checkpoints (deleted by hand) is still refused. Per-rank RNG states are
+saved next to DeepSpeed's files so a resumed run draws the same random numbers (dropout) as an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ PARTIAL = ".partial"  # suffix of a tag being written
 REPLACED = ".replaced"  # suffix of a complete tag moved aside by a save of the same step
 DELETING = ".deleting"  # suffix of a tag being pruned (renamed first: a crash never leaves half a tag)
 UNIVERSAL = "-universal"  # suffix of a tag's DeepSpeed universal copy (ensure_universal)
+NO_CHECKPOINT_YET = "(no checkpoint yet)"  # what ``latest`` holds from just before the first save publishes
 _TAG_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -150,6 +155,10 @@ def _read_text(path: Path) -> Optional[str]:
 def latest_tag(checkpoint_dir: Path) -> Optional[str]:
     """The tag ``latest`` names, if it is complete; None when there is no checkpoint yet.
 
+    ``latest`` holding the placeholder NO_CHECKPOINT_YET: the first save crashed after it published
+    its tag, before it moved ``latest`` (or before it published: then there is nothing to resume);
+    the newest complete tag is the run's checkpoint (:func:`_first_save_tag`).
+
     Refuses a directory that holds complete checkpoints but no ``latest`` (deleted by hand?):
     starting from step 0 there would silently orphan them, and later saves could replace them."""
     pointer = Path(checkpoint_dir) / LATEST
@@ -166,12 +175,44 @@ def latest_tag(checkpoint_dir: Path) -> Optional[str]:
         found = complete_tags(checkpoint_dir)
         raise CheckpointError(f"{pointer}: unreadable ({_first_line(exc)}); newest complete checkpoint: "
                               f"{found[-1] if found else 'none'}") from None
+    if tag == NO_CHECKPOINT_YET:
+        found = _first_save_tag(checkpoint_dir)
+        if found is not None:
+            log.warning("%s: the first save crashed before naming its checkpoint; reading the complete %s",
+                        pointer, found)
+        return found
     if (Path(checkpoint_dir) / tag / COMPLETE).is_file():
         return tag
     if (Path(checkpoint_dir) / (tag + REPLACED) / COMPLETE).is_file():  # a save crashed mid-swap
         log.warning("%s: %s is being replaced; reading the complete copy %s%s", pointer, tag, tag, REPLACED)
         return tag + REPLACED
     raise CheckpointError(f"{pointer}: names {tag!r}, which has no {COMPLETE} marker (corrupt checkpoint dir)")
+
+
+def _first_save_tag(checkpoint_dir: Path) -> Optional[str]:
+    """With the placeholder ``latest``: the newest complete tag, or when a save of that step crashed
+    between its two renames (the run re-saved the step it resumed at), the complete copy moved
+    aside (``<tag>.replaced``); None when no save published a tag (a fresh start)."""
+    checkpoint_dir = Path(checkpoint_dir)
+    aside = [p.name.removesuffix(REPLACED) for p in checkpoint_dir.iterdir()
+             if p.is_dir() and p.name.endswith(REPLACED) and _TAG_RE.match(p.name.removesuffix(REPLACED))
+             and (p / COMPLETE).is_file()] if checkpoint_dir.is_dir() else []
+    found = sorted(set(complete_tags(checkpoint_dir)) | set(aside), key=step_of_tag)
+    if not found:
+        return None
+    newest = found[-1]
+    return newest if (checkpoint_dir / newest / COMPLETE).is_file() else newest + REPLACED
+
+
+def _write_placeholder_latest(checkpoint_dir: Path) -> None:
+    """Rank 0, before a save publishes its tag: a directory without ``latest`` and without complete
+    checkpoints (the run's first save) gets the placeholder, so that a crash before the real
+    ``latest`` is written reads as that (:func:`latest_tag` resumes from the published tag), not as
+    a ``latest`` deleted by hand (refused)."""
+    pointer = checkpoint_dir / LATEST
+    if not pointer.is_file() and not complete_tags(checkpoint_dir):
+        atomic_write_text(pointer, NO_CHECKPOINT_YET + "\n")
+        fsync_dir(checkpoint_dir)
 
 
 def from_rank0(read):
@@ -256,10 +297,18 @@ def _remove_tag(path: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def _step_tag_of(name: str) -> str:
+    """The step tag a directory name derives from: ``step_N`` of ``step_N-universal`` and of
+    ``step_N.replaced-universal`` (a universal copy made while ``latest`` read the moved-aside copy)."""
+    return name.removesuffix(UNIVERSAL).removesuffix(REPLACED)
+
+
 def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
     """Delete complete checkpoints beyond the newest ``keep_last`` (and their universal copies),
     incomplete ones older than latest, and what crashed saves and conversions left behind (staging,
-    moved-aside and half-deleted directories, universal conversions' work directories)."""
+    moved-aside and half-deleted directories, universal conversions' work directories). A universal
+    copy of a moved-aside tag (``step_N.replaced-universal``) goes at the first save after it was
+    read: its source is renamed back or deleted here, and a resume makes a copy of ``step_N``."""
     keep = set(complete_tags(checkpoint_dir)[-keep_last:]) | {latest}
     latest_step = step_of_tag(latest)
     for path in list(Path(checkpoint_dir).iterdir()):
@@ -272,10 +321,10 @@ def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
         base = path.with_name(path.name.rsplit(".", 1)[0])
         if path.name.endswith(REPLACED) and not base.exists() and (path / COMPLETE).is_file():
             os.replace(path, base)  # a save crashed mid-swap: this is still that step's checkpoint
-        elif path.name.endswith((PARTIAL, REPLACED, DELETING)) and _TAG_RE.match(base.name.removesuffix(UNIVERSAL)):
+        elif path.name.endswith((PARTIAL, REPLACED, DELETING)) and _TAG_RE.match(_step_tag_of(base.name)):
             shutil.rmtree(path, ignore_errors=True)
-        elif path.name.endswith(UNIVERSAL) and _TAG_RE.match(path.name.removesuffix(UNIVERSAL)):
-            if path.name.removesuffix(UNIVERSAL) not in keep:
+        elif path.name.endswith(UNIVERSAL) and _TAG_RE.match(_step_tag_of(path.name)):
+            if path.name.removesuffix(UNIVERSAL) not in keep:  # (a .replaced source is never kept)
                 _remove_tag(path)  # its source is pruned: a copy is made again when needed
         elif _TAG_RE.match(path.name) and ((path / COMPLETE).is_file() or step_of_tag(path.name) < latest_step):
             _remove_tag(path)
@@ -325,12 +374,15 @@ def _save_failed(checkpoint_dir: Path, tag: str, failure: tuple[int, str]) -> Ch
     staged = checkpoint_dir / (tag + PARTIAL)
     if dist.get_rank() == 0:
         shutil.rmtree(staged, ignore_errors=True)
-    pointer = checkpoint_dir / LATEST
-    latest = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
+    latest = (_read_text(checkpoint_dir / LATEST) or "").strip() or None
+    if latest == NO_CHECKPOINT_YET:  # before the first save named a tag: the one a resume reads, if any
+        found = _first_save_tag(checkpoint_dir)
+        where = f"a resume reads {found}" if found else "no checkpoint was written yet"
+    else:
+        where = f"latest still names {latest}" if latest else "no checkpoint was written yet"
     rank, message = failure
-    return CheckpointError(
-        f"{checkpoint_dir}: saving {tag} failed on rank {rank}: {message}; removed {staged.name}, "
-        + (f"latest still names {latest}" if latest else "no checkpoint was written yet"), rank=rank)
+    return CheckpointError(f"{checkpoint_dir}: saving {tag} failed on rank {rank}: {message}; "
+                           f"removed {staged.name}, {where}", rank=rank)
 
 
 def _writing(fn, checkpoint_dir: Path) -> Optional[str]:
@@ -427,6 +479,7 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
         atomic_write_text(checkpoint_dir / staged / COMPLETE, f"{step}\n")
         for directory in {p.parent for p in (checkpoint_dir / staged).rglob("*")}:
             fsync_dir(directory)
+        _write_placeholder_latest(checkpoint_dir)
         _publish(checkpoint_dir, tag)
         atomic_write_text(checkpoint_dir / LATEST, tag)
         fsync_dir(checkpoint_dir)
@@ -439,17 +492,51 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
 
 
 def _check_file(path: Path, record: dict) -> Optional[str]:
-    """What is wrong with one checkpoint file, or None."""
+    """What is wrong with one checkpoint file, or None. A read error (EIO, permission) is this
+    rank's problem like a bad checksum: returned, so that it reaches the peers (first_failure)."""
     if not path.is_file():
         return f"{path}: missing"
-    size = path.stat().st_size
-    if size < record["size"]:
-        return f"{path}: truncated ({size} of {record['size']} bytes)"
-    if size != record["size"]:
-        return f"{path}: wrong size ({size} bytes, {record['size']} saved)"
-    if _sha256(path) != record["sha256"]:
-        return f"{path}: checksum mismatch, sha256 differs from the saved one"
+    try:
+        size = path.stat().st_size
+        if size < record["size"]:
+            return f"{path}: truncated ({size} of {record['size']} bytes)"
+        if size != record["size"]:
+            return f"{path}: wrong size ({size} bytes, {record['size']} saved)"
+        if _sha256(path) != record["sha256"]:
+            return f"{path}: checksum mismatch, sha256 differs from the saved one"
+    except OSError as exc:
+        return f"{path}: unreadable ({_first_line(exc)})"
     return None
+
+
+def _bad_file_records(meta_file: Path, records) -> Optional[str]:
+    """What is wrong with meta.json's ``files`` (None: absent, an older checkpoint), or None: it must
+    map relative paths inside the tag to {size: int >= 0, sha256: str}; a hand-edited or damaged
+    entry is named in one line instead of a KeyError or TypeError from the check."""
+    if records is None:
+        return None
+    if not isinstance(records, dict):
+        return f"{meta_file}: files: expected an object of {{path: {{size, sha256}}}}, got {type(records).__name__}"
+    for name, record in records.items():
+        parts = Path(name).parts
+        if not name or Path(name).is_absolute() or ".." in parts:
+            return f"{meta_file}: files: {name!r} is not a path inside the checkpoint"
+        if not isinstance(record, dict):
+            return f"{meta_file}: files[{name!r}]: expected {{size, sha256}}, got {type(record).__name__}"
+        size, sha = record.get("size"), record.get("sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return f"{meta_file}: files[{name!r}].size: expected a byte count, got {_short(record, 'size')}"
+        if not isinstance(sha, str):
+            return f"{meta_file}: files[{name!r}].sha256: expected a hex string, got {_short(record, 'sha256')}"
+    return None
+
+
+def _short(record: dict, key: str) -> str:
+    """``record[key]`` for an error line: its type and at most 40 characters of its repr."""
+    if key not in record:
+        return "nothing"
+    text = repr(record[key])
+    return f"{type(record[key]).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 _RNG_FILE = re.compile(r"^rng/rank_(\d+)\.pt$")
@@ -526,7 +613,14 @@ def verify_files(checkpoint_dir: Path, tag: str) -> None:
     (size, then sha256, against meta.json's ``files``); if any rank finds a problem, every rank
     raises the same one-line CheckpointError naming the file, its rank and what is wrong."""
     tag_dir = Path(checkpoint_dir) / tag
-    records = read_meta(checkpoint_dir, tag).get("files")
+    try:  # every rank reads meta.json itself: a problem one of them finds stops all of them
+        records = read_meta(checkpoint_dir, tag).get("files")
+        problem = _bad_file_records(tag_dir / "meta.json", records)
+    except CheckpointError as exc:
+        records, problem = None, str(exc)
+    failure = first_failure(problem)
+    if failure:
+        raise CheckpointError(failure[1], rank=failure[0])
     rank, world = dist.get_rank(), dist.get_world_size()
     layouts = _layouts()
     problem = None
@@ -610,6 +704,14 @@ def read_meta(checkpoint_dir: Path, tag: str) -> dict:
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     return meta
+
+
+def recorded_tokenizer_sha256(meta: dict) -> Optional[str]:
+    """meta.json's ``tokenizer_sha256``: the identity of the tokenizer the weights were trained with
+    (checkpoints record it), or None (older checkpoints, runs without a tokenizer). The one reading
+    of it that resumes (resume_check) and the tools (exports, evaluations, reshard) compare against."""
+    sha = meta.get("tokenizer_sha256")
+    return sha if isinstance(sha, str) and sha else None
 
 
 def _universal_input_view(tag_dir: Path, view: Path) -> None:

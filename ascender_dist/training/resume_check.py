@@ -5,6 +5,11 @@ loader keeps).
 - model: every field of ``model`` in the checkpoint's ``config.yaml`` must equal the run's; the
   first that differs is named in one line with both values. Fields that do not change the weights'
   meaning are exempt (dropouts, the init std, and ``preset``, whose values are resolved into fields);
+- tokenizer: the run's tokenizer (``data.tokenizer``) must be the one ``meta.json`` records
+  (``tokenizer_sha256``), and the vocabulary sizes the ones it records (``vocab_size``,
+  ``padded_vocab_size``: all a checkpoint written before the sha256 was recorded can be checked
+  against). A tokenizer swap is refused even with ``data.allow_change_on_resume: true``: the
+  embedding rows would mean other pieces;
 - data: the sha256 of each manifest's *content* (with its mixture weight) is recorded in
   ``meta.json``; resuming on other data is refused unless ``data.allow_change_on_resume: true``,
   in which case the change is logged and recorded in every later checkpoint (``data_changes``).
@@ -22,8 +27,9 @@ import yaml
 
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.loader import to_dict
+from ascender_dist.config.resolve import Derived
 from ascender_dist.config.schema import RunConfig
-from ascender_dist.training.checkpoint import UNIVERSAL, CheckpointError, read_meta
+from ascender_dist.training.checkpoint import UNIVERSAL, CheckpointError, read_meta, recorded_tokenizer_sha256
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +93,51 @@ def check_model(cfg: RunConfig, tag_dir: Path) -> None:
                           f"checkpoint.dir")
 
 
-def check_resume(cfg: RunConfig, checkpoint_dir: Path, tag: str, log_it: bool) -> dict:
-    """Raise ConfigError if ``tag`` (a universal copy: its source) holds another model or was
-    trained on other data (unless allowed). Returns the data record for the run's next
+def check_tokenizer(cfg: RunConfig, meta: dict, tag_dir: Path, derived: Optional[Derived] = None) -> None:
+    """Raise ConfigError naming ``data.tokenizer`` (or ``model.vocab_size``) if the run's tokenizer
+    is not the one the checkpoint in ``tag_dir`` was trained with: its file's sha256 against
+    meta.json's ``tokenizer_sha256`` when recorded, and (with the run's ``derived`` sizes) the vocab
+    sizes meta.json records, the only check left for an older checkpoint without the sha256."""
+    meta_file = tag_dir / "meta.json"
+    recorded = recorded_tokenizer_sha256(meta)
+    if recorded and not cfg.data.tokenizer:
+        raise ConfigError("data.tokenizer", f"not set, but checkpoint {tag_dir} was trained with a tokenizer "
+                                            f"({meta_file} tokenizer_sha256 {recorded[:12]}...): set data.tokenizer "
+                                            "to that tokenizer")
+    if recorded:
+        from data_pipeline.tokenizer import tokenizer_sha256
+
+        try:
+            found = tokenizer_sha256(Path(cfg.data.tokenizer))
+        except OSError as exc:
+            raise ConfigError("data.tokenizer", f"{cfg.data.tokenizer}: unreadable ({exc.strerror or exc})") from None
+        if found != recorded:
+            raise ConfigError("data.tokenizer", f"{cfg.data.tokenizer} (sha256 {found[:12]}...) is not the tokenizer "
+                                                f"checkpoint {tag_dir} was trained with ({meta_file} tokenizer_sha256 "
+                                                f"{recorded[:12]}...): resume with that tokenizer; another tokenizer "
+                                                "needs a new run (another checkpoint.dir)")
+    if derived is None:
+        return
+    field = "model.vocab_size" if cfg.model.vocab_size else "data.tokenizer"
+    for key, ours in (("vocab_size", derived.vocab_size), ("padded_vocab_size", derived.padded_vocab_size)):
+        theirs = meta.get(key)
+        if isinstance(theirs, int) and not isinstance(theirs, bool) and theirs != ours:
+            raise ConfigError(field, f"gives {key} {ours}, but checkpoint {tag_dir} was trained with {theirs} "
+                                     f"({meta_file}): resume with the tokenizer and model.vocab_size it was trained "
+                                     "with")
+
+
+def check_resume(cfg: RunConfig, checkpoint_dir: Path, tag: str, log_it: bool,
+                 derived: Optional[Derived] = None) -> dict:
+    """Raise ConfigError if ``tag`` (a universal copy: its source) holds another model, was trained
+    with another tokenizer (``derived``: the run's sizes, checked against the recorded ones when
+    given) or on other data (unless allowed). Returns the data record for the run's next
     checkpoints: ``data_fingerprint`` and the list of ``data_changes`` made on resumes."""
     source = tag.removesuffix(UNIVERSAL)
     tag_dir = Path(checkpoint_dir) / source
     check_model(cfg, tag_dir)
     meta = read_meta(checkpoint_dir, source)
+    check_tokenizer(cfg, meta, tag_dir, derived)
     current, saved = data_fingerprint(cfg), meta.get("data_fingerprint")
     changes = list(meta.get("data_changes", []))
     if saved is not None and saved != current:

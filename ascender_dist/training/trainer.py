@@ -102,7 +102,7 @@ class Trainer:
         if tag is not None:  # same model, same data (or a change the config allows), before loading
             # reads the manifests again (a rollback too): a file rewritten meanwhile stops every rank
             self.data_record = on_every_rank(lambda: check_resume(self.cfg, self.derived.checkpoint_dir, tag,
-                                                                  self.pstate.is_logging_rank))
+                                                                  self.pstate.is_logging_rank, self.derived))
         self.engine = self._engine_for(tag)
         client_state = ckpt.load_checkpoint(self.engine, self.derived.checkpoint_dir, tag)
         if client_state is None:
