@@ -166,7 +166,7 @@ def _cmd_shard(args) -> int:
     parallel.check_workers(args.workers)
     if args.job_count is not None:
         parallel.check_shard_settings(args.out_dir, args.seq_length, args.val_fraction, args.samples_per_shard,
-                                      args.shard_max_bytes)
+                                      args.shard_max_bytes, args.prefix)
         settings = parallel.shard_settings(args.seq_length, args.samples_per_shard, args.shard_max_bytes,
                                            args.val_fraction, args.prefix)
         mark = parallel.run_job(list(args.input), tok, args.out_dir / parallel.PARTS_DIR, settings,

@@ -13,15 +13,65 @@ Anything that does not match that layout exactly (other member names, sizes, npy
 truncated archive, ...) returns None and the caller takes the general webdataset path on the
 whole shard, which also produces the precise error message. So this module never decides that
 a shard is bad.
+
+:func:`is_end_of_archive` / :func:`open_tar` + :func:`tar_has_end_marker` are the one test of a tar's end marker,
+shared with the general path and the corpus reader (:mod:`.formats`), which must refuse a tar cut
+off at a member boundary that Python's tarfile would read as a shorter, whole one.
 """
 
 from __future__ import annotations
 
 import io
+import tarfile
 
 import numpy as np
 
 _BLOCK = 512
+END_OF_ARCHIVE = 2 * _BLOCK  # the two zero blocks after the last member
+
+
+def is_end_of_archive(blocks: bytes) -> bool:
+    """Whether ``blocks`` are the two zero blocks that end a tar archive. A tar cut off exactly at
+    a member boundary lacks them and is otherwise indistinguishable from a shorter, whole archive."""
+    return len(blocks) == END_OF_ARCHIVE and blocks.count(0) == END_OF_ARCHIVE
+
+
+class _EndNotingInfo(tarfile.TarInfo):
+    """tarfile's member header reader, noting on the TarFile where it met a zero block (the first
+    half of the end-of-archive marker): tarfile ends its member list there, and also at end of file
+    or an unreadable header, without telling which."""
+
+    @classmethod
+    def fromtarfile(cls, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        try:
+            return super().fromtarfile(tf)
+        except tarfile.EOFHeaderError:
+            tf.zero_block_at = tf.fileobj.tell() - _BLOCK
+            raise
+
+
+def open_tar(name=None, fileobj=None) -> tarfile.TarFile:
+    """A tar archive (compressed or not, as tarfile's ``"r:*"`` detects) opened for reading so that
+    :func:`tar_has_end_marker` can tell, once its members are read, whether it is whole."""
+    return tarfile.open(name, "r:*", fileobj=fileobj, tarinfo=_EndNotingInfo)
+
+
+def tar_has_end_marker(tf: tarfile.TarFile) -> bool:
+    """Whether ``tf`` (from :func:`open_tar`, its members read to the end) ends with the
+    end-of-archive marker, where the members stop.
+
+    Python's tarfile ends the member list without complaint at end of file on a member boundary,
+    and at an unreadable header after the first, so a cut-off tar reads as a shorter, whole one;
+    only the two zero blocks tell. For a compressed archive this checks the decompressed stream,
+    which is then read to its end (normally a few KiB of record padding) so that the decompressor's
+    own end-of-stream checks (a cut-off file, a checksum) run too: their errors (EOFError, OSError,
+    zlib.error, ...) are the caller's to word. Reads forward only: a seek back in a compressed
+    stream may decompress it again from the start."""
+    first_zero = getattr(tf, "zero_block_at", None) == tf.offset
+    whole = first_zero and is_end_of_archive(bytes(_BLOCK) + tf.fileobj.read(_BLOCK))
+    while tf.fileobj.read(1 << 20):
+        pass
+    return whole
 
 
 def _member(data: bytes, pos: int) -> tuple[bytes, int] | None:
@@ -65,7 +115,7 @@ def decode_regular_shard(data: bytes, seq_length: int) -> tuple[np.ndarray, byte
             meta = data[start:start + size]
         else:
             return None
-    if not starts or data[pos:pos + 2 * _BLOCK].count(0) != 2 * _BLOCK:  # the end-of-archive blocks
+    if not starts or not is_end_of_archive(data[pos:pos + END_OF_ARCHIVE]):
         return None
     header = data[starts[0]:starts[0] + size0]
     try:
@@ -157,7 +207,7 @@ def probe_layout(read, size: int, num_samples: int, seq_length: int) -> RegularL
         first += _BLOCK + _padded(m1[1])
     layout = RegularLayout(member_size, npy[:hlen], dtype, n_tokens, meta, first)
     end = layout.header_offset(num_samples)
-    if end + 2 * _BLOCK > size or read(end, 2 * _BLOCK).count(0) != 2 * _BLOCK:  # exactly num_samples members
+    if end + END_OF_ARCHIVE > size or not is_end_of_archive(read(end, END_OF_ARCHIVE)):  # exactly num_samples members
         return None
     if any(layout.read_row(read, i) is None for i in {1, num_samples - 1} if 0 < i < num_samples):
         return None  # other members between samples (the stride is wrong even if the end matched)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import DataError
+from .fast_shard import open_tar, tar_has_end_marker
 
 DEFAULT_TEXT_FIELD = "text"
 _JSONL = (".jsonl", ".json", ".ndjson")
@@ -266,8 +267,17 @@ def _count_newlines(f, end: int) -> int:
 
 
 def _open_compressed(path: Path, kind: str):
-    """A binary line-iterable stream of a ``.gz`` / ``.zst`` file."""
+    """A binary line-iterable stream of a ``.gz`` / ``.zst`` file.
+
+    An empty file holds no gzip member / zstd frame at all, which both decompressors read as an
+    empty stream: refused, as a cut-off download it most likely is (a compressed empty corpus is
+    still a header and an end marker, not zero bytes)."""
     f = _open_binary(path)
+    if not f.peek(1):
+        f.close()
+        unit = "gzip member" if kind == "jsonl.gz" else "zstd frame"
+        raise DataError(str(path), f"truncated or corrupt compressed stream before its first line (empty file: "
+                                   f"no {unit})")
     if kind == "jsonl.gz":
         return gzip.GzipFile(fileobj=f, mode="rb")
     return io.BufferedReader(_ZstdStream(f, str(path)), buffer_size=_READ_CHUNK)
@@ -426,14 +436,23 @@ _TAR_MEMBER_KINDS = {**{ext: "text" for ext in _TEXT}, ".json": "json", ".jsonl"
 
 def iter_tar_texts(path: Path, field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
     """Texts of a webdataset-style text shard, member by member in archive order (see the module
-    docstring for the member types; directories and links hold no text and are passed over)."""
+    docstring for the member types; directories and links hold no text and are passed over).
+
+    The archive must end with its end-of-archive marker: Python's tarfile reads a tar cut off at a
+    member boundary as a whole, shorter one, and the lost documents would go unnoticed. In a
+    compressed tar the decompressed stream must end so; a cut in the compressed file itself is the
+    decompressor's end-of-stream error. The documents before the missing marker have been yielded
+    by then (as with any error met mid-file, the run stops)."""
     try:
-        with tarfile.open(path, "r:*") as tf:
+        with open_tar(path) as tf:
             for member in tf:
                 if member.isreg():
                     yield from _tar_member_texts(path, tf, member, field)
+            whole = tar_has_end_marker(tf)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
         raise DataError(str(path), f"truncated or corrupt tar ({e})") from None
+    if not whole:
+        raise DataError(str(path), "truncated tar (no end-of-archive marker)")
 
 
 def _tar_member_texts(path: Path, tf: tarfile.TarFile, member: tarfile.TarInfo, field: str) -> Iterator[str]:

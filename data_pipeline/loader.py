@@ -54,7 +54,7 @@ from webdataset.shardlists import expand_urls
 
 from ._io import sha256_bytes
 from .errors import DataError
-from .fast_shard import decode_regular_shard, probe_layout
+from .fast_shard import decode_regular_shard, open_tar, probe_layout, tar_has_end_marker
 from .shards import Manifest, check_field_types, load_manifest
 
 log = logging.getLogger(__name__)
@@ -110,11 +110,15 @@ def _fetch_bytes(url: str) -> bytes:
 
 @dataclass
 class ShardChecks:
-    """What every shard of one dataset must agree with."""
+    """What every shard of one dataset must agree with.
+
+    ``tokenizer_from``: where ``tokenizer_sha256`` comes from when it is not the run's tokenizer
+    (the dataset's manifest, or the first shard whose meta.json records one), for the error line."""
 
     seq_length: int
     tokenizer_sha256: str | None = None
     vocab_size: int | None = None
+    tokenizer_from: str | None = None
 
 
 def read_shard(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = True) -> np.ndarray:
@@ -122,6 +126,11 @@ def read_shard(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = Tru
 
     Every failure is a one-line DataError that names the shard URL; corruption is a ``_CorruptShard``.
     """
+    return read_shard_and_meta(spec, checks, verify_checksum)[0]
+
+
+def read_shard_and_meta(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = True) -> tuple[np.ndarray, dict]:
+    """:func:`read_shard`, plus the shard's checked meta.json record ({} when it has none)."""
     try:
         data = _retry_io(spec.url, _fetch_bytes, spec.url)
     except Exception as e:  # gopen raises IOError/ValueError/OSError from pipes, http, ...
@@ -131,10 +140,11 @@ def read_shard(spec: ShardSpec, checks: ShardChecks, verify_checksum: bool = Tru
                                       f"manifest says {spec.bytes})")
     fast = decode_regular_shard(data, checks.seq_length)  # the layout encode_shard writes, vectorised
     if fast is not None:
-        arr, meta = fast
-        return _check_rows(spec, arr, _check_meta(spec.url, meta, checks) if meta is not None else {}, checks)
+        arr, raw_meta = fast
+        meta = _check_meta(spec.url, raw_meta, checks) if raw_meta is not None else {}
+        return _check_rows(spec, arr, meta, checks), meta
     samples = _parse_tar(spec.url, data)  # anything else: webdataset's parser and its precise errors
-    return _decode_samples(spec, samples, checks)
+    return _decode_samples_and_meta(spec, samples, checks)
 
 
 def _retry_io(url: str, fn, *args):
@@ -173,22 +183,45 @@ def _unreadable(url: str, err: Exception) -> _CorruptShard:
 
 
 def _parse_tar(url: str, data: bytes) -> list[dict]:
-    """Samples of a tar held in memory, grouped by key with webdataset's own tar iterators."""
+    """Samples of a tar held in memory, grouped by key with webdataset's own tar iterators; a tar
+    without its end-of-archive marker is refused (see :func:`_check_tar_end`)."""
     try:
         files = wds_tar.tar_file_iterator(io.BytesIO(data))
         tagged = ({**f, "__url__": url} for f in files)
-        return list(wds_tar.group_by_keys(tagged))
+        samples = list(wds_tar.group_by_keys(tagged))
     except Exception as e:  # tarfile.ReadError, EOFError, ValueError (duplicate names) ...
         raise _CorruptShard(url, f"truncated or corrupt tar ({type(e).__name__}: {e})") from None
+    _check_tar_end(url, data)
+    return samples
+
+
+def _check_tar_end(url: str, data: bytes) -> None:
+    """A tar cut off exactly at a member boundary (or at an unreadable header) parses as a shorter
+    whole one, its lost samples unnoticed: where the members stop, the end-of-archive marker must
+    follow. A second pass over the headers only, on the general path (shards not in the writer's
+    layout, whose fast decoder checks the marker itself)."""
+    try:
+        with open_tar(fileobj=io.BytesIO(data)) as tf:
+            tf.getmembers()
+            whole = tar_has_end_marker(tf)
+    except Exception as e:  # as in _parse_tar: tarfile.ReadError, EOFError, zlib.error ...
+        raise _CorruptShard(url, f"truncated or corrupt tar ({type(e).__name__}: {e})") from None
+    if not whole:
+        raise _CorruptShard(url, "truncated tar (no end-of-archive marker)")
 
 
 def _decode_samples(spec: ShardSpec, samples: list[dict], checks: ShardChecks) -> np.ndarray:
     """Stack the ``tokens.npy`` of every sample and check shape, count, tokenizer and id range."""
+    return _decode_samples_and_meta(spec, samples, checks)[0]
+
+
+def _decode_samples_and_meta(spec: ShardSpec, samples: list[dict], checks: ShardChecks) -> tuple[np.ndarray, dict]:
+    """:func:`_decode_samples`, plus the checked meta.json of the first sample ({} without one)."""
     if not samples:
         raise _CorruptShard(spec.url, "empty shard (no samples)")
     meta = _check_meta(spec.url, samples[0]["meta.json"], checks) if "meta.json" in samples[0] else {}
     rows = [_decode_tokens(spec.url, s, checks.seq_length) for s in samples]
-    return _check_rows(spec, np.stack(rows), meta, checks)
+    return _check_rows(spec, np.stack(rows), meta, checks), meta
 
 
 def _check_rows(spec: ShardSpec, arr: np.ndarray, meta: dict, checks: ShardChecks) -> np.ndarray:
@@ -223,7 +256,8 @@ def _check_meta(url: str, raw: bytes, checks: ShardChecks) -> dict:
     check_field_types(url, meta, _META_TYPES, prefix="meta.json ", error=_CorruptShard, nullable=set(_META_TYPES))
     sha = meta.get("tokenizer_sha256")
     if checks.tokenizer_sha256 and sha and sha != checks.tokenizer_sha256:
-        raise DataError(url, f"tokenizer mismatch: shard made with {sha[:12]}..., run uses "
+        ref = f"{checks.tokenizer_from} with" if checks.tokenizer_from else "run uses"
+        raise DataError(url, f"tokenizer mismatch: shard made with {sha[:12]}..., {ref} "
                              f"{checks.tokenizer_sha256[:12]}...")
     if meta.get("seq_length") not in (None, checks.seq_length):
         raise DataError(url, f"seq_length {meta['seq_length']} != run's {checks.seq_length}")
@@ -381,7 +415,8 @@ def _from_manifest(m: Manifest, seq_length, tokenizer_sha256, vocab_size, split,
         raise DataError(name, f'no "{split}" shards in manifest')
     specs = [ShardSpec(m.shard_url(s, url_template), s.num_samples, s.sha256, s.bytes) for s in shards]
     checks = ShardChecks(seq_length, tokenizer_sha256 or m.tokenizer_sha256,
-                         vocab_size if vocab_size is not None else m.vocab_size)
+                         vocab_size if vocab_size is not None else m.vocab_size,
+                         tokenizer_from=None if tokenizer_sha256 else name)
     return name, specs, checks
 
 
@@ -454,8 +489,10 @@ class _Dataset:
                                       disable=not progress or specs[0].num_samples >= 0)):
             try:
                 if spec.num_samples < 0:
-                    spec.num_samples = len(read_shard(spec, self.checks))
+                    arr, meta = read_shard_and_meta(spec, self.checks)
+                    spec.num_samples = len(arr)
                     self.shards_read += 1
+                    self._adopt_tokenizer(spec.url, meta)
                 self._precheck(spec)
             except DataError as e:
                 corrupt = isinstance(e, _CorruptShard)
@@ -463,6 +500,20 @@ class _Dataset:
                 if not corrupt or self.on_corrupt != "skip":
                     break
         return faults
+
+    def _adopt_tokenizer(self, url: str, meta: dict) -> None:
+        """Plain-URL shards in a run that names no tokenizer: the first shard whose meta.json records
+        one sets the tokenizer every later shard is checked against (by :func:`_check_meta`, in this
+        scan and whenever a shard is read again) and that every other dataset of a mixture must
+        share (:func:`_check_one_tokenizer`); shards of two tokenizers must not mix unnoticed.
+
+        The scan reads every such shard anyway (to count it), so this costs no read. Every rank
+        reaches the same reference: the shards' bytes are the same for all, and a rank that could
+        not read the first shard (a fault the ranks pool) would meet a mismatch at the shard it took
+        instead only if the two differ, and a mismatch found by any rank stops every rank."""
+        sha = meta.get("tokenizer_sha256")
+        if sha and self.checks.tokenizer_sha256 is None:
+            self.checks.tokenizer_sha256, self.checks.tokenizer_from = sha, url
 
     @staticmethod
     def _precheck(spec: ShardSpec) -> None:
@@ -892,27 +943,43 @@ def _templates_per_dataset(url_template, count: int) -> list:
     return templates
 
 
-def _check_distinct_shards(datasets) -> None:
-    """No shard URL may belong to two datasets of a mixture: two datasets whose shards share names
-    (the writer's default prefix) would read each other's shards through one URL template, or one
-    dataset listed twice would be drawn at the sum of its weights."""
-    owner: dict[str, int] = {}
-    for i, ds in enumerate(datasets):
-        for spec in ds.specs:
-            j = owner.setdefault(spec.url, i)
-            if j != i:
-                raise DataError(ds.name, f"shard URL {spec.url} is also a shard of {datasets[j].name} (mixture "
-                                         f"dataset {j}): give each dataset its own shards (its own url_template, "
-                                         "or list it once)")
+def _check_distinct_shards(resolved) -> None:
+    """Every shard is read once per epoch: none may be listed twice in one dataset (a URL list or
+    brace patterns that overlap, ``x.tar`` and ``./x.tar``), nor belong to two datasets of a
+    mixture (two datasets whose shards share names, the writer's default prefix, would read each
+    other's shards through one URL template; one dataset listed twice would be drawn at the sum of
+    its weights). ``resolved``: ``(name, specs, checks)`` per dataset, checked before any read."""
+    owner: dict[str, tuple[int, int]] = {}  # shard identity -> (dataset, shard) where first listed
+    for i, (name, specs, _) in enumerate(resolved):
+        for k, spec in enumerate(specs):
+            j, m = owner.setdefault(_shard_identity(spec), (i, k))
+            if (j, m) == (i, k):
+                continue
+            if j == i:
+                first = specs[m].url
+                also = "" if first == spec.url else f" (first as {first})"
+                raise DataError(spec.url, f"shard listed twice in dataset {name}{also}: list each shard once "
+                                          "(it would be read twice per epoch)")
+            raise DataError(name, f"shard URL {spec.url} is also a shard of {resolved[j][0]} (mixture "
+                                  f"dataset {j}): give each dataset its own shards (its own url_template, "
+                                  "or list it once)")
+
+
+def _shard_identity(spec: ShardSpec) -> str:
+    """What makes two shard URLs one shard: the resolved file of a local path (``x.tar``,
+    ``./x.tar``, ``file:x.tar`` and a symlink to it are one), else the URL as written."""
+    path = spec.local_path
+    return spec.url if path is None else os.path.realpath(path)
 
 
 def _check_one_tokenizer(datasets) -> None:
     """The datasets of a mixture must share one tokenizer (each is checked against the run's
-    tokenizer only when the run names one): token ids of two vocabularies must not be mixed."""
+    tokenizer only when the run names one; else against its manifest's, or for plain URLs the first
+    shard's, see ``_Dataset._adopt_tokenizer``): token ids of two vocabularies must not be mixed."""
     made_with = {}
     for ds in datasets:
         if ds.checks.tokenizer_sha256:
-            made_with.setdefault(ds.checks.tokenizer_sha256, ds.name)
+            made_with.setdefault(ds.checks.tokenizer_sha256, ds.checks.tokenizer_from or ds.name)
     if len(made_with) > 1:
         (sha_a, name_a), (sha_b, name_b) = list(made_with.items())[:2]
         raise DataError(name_b, f"tokenizer mismatch inside the mixture: made with {sha_b[:12]}..., {name_a} "
@@ -958,15 +1025,16 @@ class StreamingLoader:
                                          initializer=_leave_signals_to_the_owner) if num_workers > 0 else None
         sources = self._as_weighted(manifest_or_urls)
         templates = _templates_per_dataset(url_template, len(sources))
+        resolved = [_resolve_source(src, seq_length=seq_length, tokenizer_sha256=tokenizer_sha256,
+                                    vocab_size=vocab_size, split=split, url_template=template)
+                    for (src, _), template in zip(sources, templates)]
+        _check_distinct_shards(resolved)
         self.datasets = [
-            _Dataset(*_resolve_source(src, seq_length=seq_length, tokenizer_sha256=tokenizer_sha256,
-                                      vocab_size=vocab_size, split=split, url_template=template),
-                     seed=self.seed, stream_id=i, shuffle=(split == "train"), shuffle_buffer=shuffle_buffer,
+            _Dataset(*r, seed=self.seed, stream_id=i, shuffle=(split == "train"), shuffle_buffer=shuffle_buffer,
                      on_corrupt=on_corrupt, pool=self._pool, prefetch=max(1, num_workers), workers=num_workers,
                      progress=progress, all_gather=all_gather)
-            for i, ((src, _), template) in enumerate(zip(sources, templates))
+            for i, r in enumerate(resolved)
         ]
-        _check_distinct_shards(self.datasets)
         _check_one_tokenizer(self.datasets)
         self.weights = [w for _, w in sources]
         self._source = self._make_source()

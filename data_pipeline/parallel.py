@@ -38,7 +38,7 @@ from ._io import atomic_write_json, sha256_bytes
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, Piece, expand_inputs, iter_piece, kind_of, parquet_file
 from .shards import (MANIFEST_NAME, Manifest, ShardInfo, _ENCODE_BATCH, _batched, _finalize, _samples_per_shard,
-                     check_shard_settings, encode_shard, remove_stale_shards, token_dtype)
+                     check_shard_prefix, check_shard_settings, encode_shard, remove_stale_shards, token_dtype)
 from .tokenizer import Tokenizer
 
 PARTS_DIR = ".parts"
@@ -285,6 +285,7 @@ def merge(out_dir: Path, *, parts_dir: Path | None = None, workers: int = 1, kee
     parts_dir = Path(parts_dir) if parts_dir is not None else out_dir / PARTS_DIR
     marks = _read_marks(parts_dir)
     tok, settings = marks[0]["tokenizer"], marks[0]["settings"]
+    check_shard_prefix(settings["prefix"])  # jobs of an older version may carry any prefix
     parts = [p for m in marks for p in m["parts"]]
     files, counts = [str(parts_dir / p["file"]) for p in parts], [int(p["num_tokens"]) for p in parts]
     for f, n in zip(files, counts):
@@ -331,7 +332,7 @@ def write_shards_parallel(inputs, tokenizer: Tokenizer, out_dir: Path, seq_lengt
     """:func:`data_pipeline.shards.write_shards` with ``workers`` processes: same bytes, same manifest."""
     out_dir = Path(out_dir)
     check_workers(workers)
-    check_shard_settings(out_dir, seq_length, val_fraction, samples_per_shard, shard_max_bytes)
+    check_shard_settings(out_dir, seq_length, val_fraction, samples_per_shard, shard_max_bytes, prefix)
     parts_dir = Path(tempfile.mkdtemp(prefix=".parts-tmp-", dir=out_dir))
     try:
         with _pool(workers) as pool:  # one set of processes for both phases

@@ -183,8 +183,9 @@ def load_manifest(path) -> Manifest:
 
 def _check_shard_record(where: str, i: int, s, first_of: dict[str, int]) -> None:
     """Shard entry ``i`` has exactly the ShardInfo fields, their types, a known split and a name no
-    earlier entry has (``first_of``: name -> index, filled here). A shard the loaders would not
-    read (another split, a second copy) is an error, never silently dropped or read twice."""
+    earlier entry has (``first_of``: normalised name -> index, filled here; ``x.tar`` and
+    ``./x.tar`` are one file). A shard the loaders would not read (another split, a second copy)
+    is an error, never silently dropped or read twice."""
     if not isinstance(s, dict):
         raise DataError(where, f"shards[{i}]: expected an object, got {type(s).__name__} {s!r}")
     check_field_types(where, s, _SHARD_TYPES, prefix=f"shards[{i}].")
@@ -195,9 +196,10 @@ def _check_shard_record(where: str, i: int, s, first_of: dict[str, int]) -> None
         raise DataError(where, f"shards[{i}]: missing field(s) {', '.join(map(repr, missing))}")
     if s["split"] not in _SPLITS:
         raise DataError(where, f'shards[{i}].split: must be "train" or "val" (got {s["split"]!r})')
-    if s["name"] in first_of:
-        raise DataError(where, f"shards[{i}].name: {s['name']!r} is already shards[{first_of[s['name']]}]")
-    first_of[s["name"]] = i
+    name = os.path.normpath(s["name"])
+    if name in first_of:
+        raise DataError(where, f"shards[{i}].name: {s['name']!r} is already shards[{first_of[name]}]")
+    first_of[name] = i
 
 
 # --------------------------------------------------------------------------- sample encoding
@@ -322,12 +324,13 @@ def val_shard_indices(num_shards: int, val_fraction: float) -> set[int]:
 
 
 def check_shard_settings(out_dir: Path, seq_length: int, val_fraction: float, samples_per_shard: int | None = None,
-                         shard_max_bytes: int | None = None) -> None:
+                         shard_max_bytes: int | None = None, prefix: str = "shard") -> None:
     """What every shard writer checks before reading anything (the serial one here, the parallel
     jobs of :mod:`.parallel`, the CLI before launching them), then ``out_dir`` created. The shard
     sizes are None (default size) or >= 1; 0 or a negative size would otherwise mean the default
-    or one-sample shards without a word."""
+    or one-sample shards without a word. The prefix: see :func:`check_shard_prefix`."""
     out_dir = Path(out_dir)
+    check_shard_prefix(prefix)
     if seq_length < 1:
         raise DataError("write_shards", f"seq_length must be >= 1 (got {seq_length})")
     for name, value in (("samples_per_shard", samples_per_shard), ("shard_max_bytes", shard_max_bytes)):
@@ -343,6 +346,16 @@ def check_shard_settings(out_dir: Path, seq_length: int, val_fraction: float, sa
         raise DataError(str(out_dir), f"cannot create output directory ({e.strerror or e})") from None
 
 
+def check_shard_prefix(prefix: str) -> None:
+    """A shard name prefix must be a plain file name: shards are ``out_dir/{prefix}-{split}-NNNNNN.tar``,
+    listed by name next to the manifest. A prefix holding a directory (``sub/x``), or empty, ``.``
+    or ``..``, would put them elsewhere or nowhere, and would fail only after the old manifest is
+    gone."""
+    has_dir = any(sep and sep in prefix for sep in ("/", os.sep, os.altsep))
+    if has_dir or prefix in ("", ".", "..") or "\0" in prefix:
+        raise DataError("write_shards", f"prefix must be a plain file name, without a directory (got {prefix!r})")
+
+
 def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, out_dir: Path, seq_length: int,
                  samples_per_shard: int | None = None, shard_max_bytes: int | None = None,
                  val_fraction: float = 0.05, prefix: str = "shard", *, num_threads: int = 1,
@@ -355,7 +368,7 @@ def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, ou
     has been written successfully.
     """
     out_dir = Path(out_dir)
-    check_shard_settings(out_dir, seq_length, val_fraction, samples_per_shard, shard_max_bytes)
+    check_shard_settings(out_dir, seq_length, val_fraction, samples_per_shard, shard_max_bytes, prefix)
     dtype = token_dtype(tokenizer.padded_vocab_size)
     sample_len = seq_length + 1
     capacity = _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len, dtype)
@@ -438,19 +451,43 @@ def _flush(samples, tmp_dir: Path, index: int, dtype, meta):
 def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: float) -> list[ShardInfo]:
     """Assign splits, name the shards and move them from the temp dir into ``out_dir`` (the old
     manifest removed first: see :func:`_remove_old_manifest`). Both writers (this module's and
-    :mod:`.parallel`'s merge) end here, then save the new manifest."""
-    val = val_shard_indices(len(written), val_fraction)
+    :mod:`.parallel`'s merge) end here, then save the new manifest.
+
+    Whatever can fail short of an I/O error fails before the old manifest goes: each shard is first
+    renamed to its final name inside the temp dir (a name the file system refuses stops here, the
+    old dataset untouched) and no final name may be an existing directory. An OSError after that is
+    a one-line DataError saying the dataset needs the build run again."""
+    staged = _stage_final_names(written, tmp_dir, prefix, val_shard_indices(len(written), val_fraction))
+    for info, _ in staged:
+        if (out_dir / info.name).is_dir():
+            raise DataError(str(out_dir / info.name), "cannot write shard: a directory has its name")
     _remove_old_manifest(out_dir)
+    for info, path in staged:
+        try:
+            os.replace(path, out_dir / info.name)
+        except OSError as e:
+            raise DataError(str(out_dir / info.name), f"cannot move the new shard into place ({e.strerror or e}); "
+                                                      "the old manifest is removed: run the build again") from None
+    return [info for info, _ in staged]
+
+
+def _stage_final_names(written, tmp_dir: Path, prefix: str, val: set[int]) -> list[tuple[ShardInfo, Path]]:
+    """Name each shard ``{prefix}-{split}-NNNNNN.tar`` (numbered per split) and rename it to that name
+    inside ``tmp_dir``; returns (info, staged path) in corpus order. A failing rename is a one-line
+    DataError while ``out_dir`` is still as it was."""
     counters = {"train": 0, "val": 0}
-    shards = []
+    staged = []
     for i, (path, info) in enumerate(written):
-        split = "val" if i in val else "train"
-        info.split = split
-        info.name = f"{prefix}-{split}-{counters[split]:06d}.tar"
-        counters[split] += 1
-        os.replace(path, out_dir / info.name)
-        shards.append(info)
-    return shards
+        info.split = "val" if i in val else "train"
+        info.name = f"{prefix}-{info.split}-{counters[info.split]:06d}.tar"
+        counters[info.split] += 1
+        try:
+            os.replace(path, tmp_dir / info.name)
+        except OSError as e:
+            raise DataError(info.name, f"cannot name a shard so ({e.strerror or e}); nothing in the output "
+                                       "directory was changed") from None
+        staged.append((info, tmp_dir / info.name))
+    return staged
 
 
 def _remove_old_manifest(out_dir: Path) -> None:

@@ -194,10 +194,7 @@ class Tokenizer:
             data = model_path.read_bytes()
         except OSError as e:
             raise DataError(str(model_path), f"cannot read tokenizer model ({e.strerror or e})") from None
-        try:
-            sp = spm.SentencePieceProcessor(model_proto=data)
-        except (RuntimeError, TypeError, OSError):
-            raise DataError(str(model_path), "not a sentencepiece model") from None
+        sp = _processor(model_path, data)
         multiple, where = pad_vocab_to_multiple_of, str(model_path)
         if multiple is None:
             where = str(model_path.with_suffix(".json"))
@@ -224,6 +221,21 @@ class Tokenizer:
         return {"tokenizer_sha256": self.sha256, "vocab_size": self.vocab_size,
                 "padded_vocab_size": self.padded_vocab_size, "eos_id": self.eos_id, "bos_id": self.bos_id,
                 "pad_id": self.pad_id}
+
+
+def _processor(model_path: Path, data: bytes) -> spm.SentencePieceProcessor:
+    """The sentencepiece processor of a model file's bytes. sentencepiece loads an empty proto
+    without complaint into a model of 0 pieces that fails only inside the first encode, so an
+    empty file (or a model without pieces) is refused here, by name, like any other non-model."""
+    if not data:
+        raise DataError(str(model_path), "not a sentencepiece model (empty file)")
+    try:
+        sp = spm.SentencePieceProcessor(model_proto=data)
+    except (RuntimeError, TypeError, OSError):
+        raise DataError(str(model_path), "not a sentencepiece model") from None
+    if sp.get_piece_size() == 0:
+        raise DataError(str(model_path), "not a sentencepiece model (no pieces)")
+    return sp
 
 
 def _sidecar(model_path: Path) -> dict:

@@ -7,6 +7,7 @@ samples a loader produced, in which order.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,44 @@ def run_global(make, dp_size: int, steps: int, state=None, micro_batch_size: int
             for _ in range(micro):
                 ids += sample_ids(next(it)["tokens"])
     return ids, loaders[0].state_dict()
+
+
+class ThreadRanks:
+    """``world`` ranks as threads; ``all_gather`` returns every rank's object in rank order."""
+
+    def __init__(self, world: int):
+        self.world, self.slots = world, [None] * world
+        self.barrier = threading.Barrier(world, timeout=30)
+        self.local = threading.local()
+
+    def rank(self) -> int:
+        return self.local.rank
+
+    def all_gather(self, obj) -> list:
+        self.slots[self.local.rank] = obj
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()  # nobody overwrites a slot before every rank has read them all
+        return out
+
+    def run(self, fn) -> list:
+        """``fn(rank)`` on every rank at once: its result, or the exception it raised."""
+        results: list = [None] * self.world
+
+        def body(rank):
+            self.local.rank = rank
+            try:
+                results[rank] = fn(rank)
+            except Exception as e:  # compared by the test
+                results[rank] = e
+
+        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "a rank hung"
+        return results
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import threading
 
 import pytest
 
@@ -17,7 +16,7 @@ from data_pipeline.errors import DataError
 
 from tests.helpers.errors import one_line
 
-from .data_fixtures import loader, make_dataset, run_global, sample_ids
+from .data_fixtures import ThreadRanks, loader, make_dataset, run_global, sample_ids
 
 
 @pytest.fixture
@@ -32,44 +31,6 @@ def waits(monkeypatch):
     got: list[float] = []
     monkeypatch.setattr(loader_mod, "_wait", got.append)
     return got
-
-
-class ThreadRanks:
-    """``world`` ranks as threads; ``all_gather`` returns every rank's object in rank order."""
-
-    def __init__(self, world: int):
-        self.world, self.slots = world, [None] * world
-        self.barrier = threading.Barrier(world, timeout=30)
-        self.local = threading.local()
-
-    def rank(self) -> int:
-        return self.local.rank
-
-    def all_gather(self, obj) -> list:
-        self.slots[self.local.rank] = obj
-        self.barrier.wait()
-        out = list(self.slots)
-        self.barrier.wait()  # nobody overwrites a slot before every rank has read them all
-        return out
-
-    def run(self, fn) -> list:
-        """``fn(rank)`` on every rank at once: its result, or the exception it raised."""
-        results: list = [None] * self.world
-
-        def body(rank):
-            self.local.rank = rank
-            try:
-                results[rank] = fn(rank)
-            except Exception as e:  # compared by the test
-                results[rank] = e
-
-        threads = [threading.Thread(target=body, args=(r,)) for r in range(self.world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not any(t.is_alive() for t in threads), "a rank hung"
-        return results
 
 
 def fail_precheck_on(monkeypatch, ranks: ThreadRanks, where: dict) -> None:
