@@ -141,10 +141,9 @@ class MetricLogging(Callback):
     def on_log(self, trainer, values: dict) -> None:
         self._pending = None
         self.metrics.scalars(trainer.step, values)
-        if not values.get("train/step_skipped"):  # as Megatron: a skipped step's loss stays out of the average
-            self._interval.append(values)
+        self._interval.append(values)
         if trainer.step % self.log_interval == 0 or trainer.step == self.train_steps:
-            line = interval_averages(self._interval) if self._interval else dict(values)
+            line = interval_averages(self._interval)
             self._interval = []
             self.metrics.line(trainer.step, self.train_steps, {k: v for k, v in line.items() if "/layer" not in k})
 
@@ -178,11 +177,13 @@ class MetricLogging(Callback):
 
 
 def interval_averages(steps: list[dict]) -> dict:
-    """The last step's scalars with the loss averaged over ``steps`` and the rates (tokens/s,
-    TFLOP/s, MFU, step time) taken over their total time: tokens/s = tokens of all steps / their
-    seconds."""
+    """The last step's scalars (its lr, skipped-step count, validation loss ...) with the loss
+    averaged over the steps of ``steps`` that were not skipped (as Megatron: a skipped step's loss,
+    often non-finite, stays out; the last step's own when all were skipped) and the rates (tokens/s,
+    TFLOP/s, MFU, step time) taken over the total time of all of them, skipped ones included (their
+    time was spent): tokens/s = tokens of all steps / their seconds."""
     last = dict(steps[-1])
-    losses = [v["train/loss"] for v in steps if v.get("train/loss") is not None]
+    losses = [v["train/loss"] for v in steps if v.get("train/loss") is not None and not v.get("train/step_skipped")]
     if losses:
         last["train/loss"] = sum(losses) / len(losses)
     times = [v.get("train/step_time_s") for v in steps]

@@ -201,3 +201,22 @@ def test_the_console_average_leaves_out_skipped_and_rolled_back_steps():
     for step in (4, 5, 6):
         cb.on_log(SimpleNamespace(step=step, rollbacks=1), {"train/loss": 1.0, "train/step_skipped": 0.0})
     assert metrics.lines[-1][0] == 6 and metrics.lines[-1][2]["train/loss"] == pytest.approx(1.0)
+
+
+def test_a_skipped_line_step_shows_its_own_values_and_the_interval_counts_its_time():
+    """The line's own step skipped: the line still shows that step's lr, skipped count and
+    validation loss (not the previous step's, without the val loss), the loss of the steps that
+    were not skipped, and tokens/s over the time of both steps."""
+    metrics = FakeMetrics()
+    cb = MetricLogging(metrics, log_interval=2, train_steps=10)
+    first = {"train/loss": 3.0, "train/lr": 1e-3, "train/skipped_steps": 0.0, "train/step_skipped": 0.0,
+             "train/step_time_s": 1.0, "train/tokens_per_s": 100.0}
+    second = {"train/loss": float("nan"), "train/lr": 2e-3, "train/skipped_steps": 1.0, "train/step_skipped": 1.0,
+              "train/step_time_s": 3.0, "train/tokens_per_s": 100 / 3, "val/loss": 3.5}
+    for step, values in ((1, first), (2, second)):
+        cb.on_log(SimpleNamespace(step=step, rollbacks=0), values)
+    (step, _, line), = metrics.lines
+    assert step == 2
+    assert line["train/loss"] == pytest.approx(3.0)  # the NaN of the skipped step stays out
+    assert line["train/lr"] == 2e-3 and line["train/skipped_steps"] == 1.0 and line["val/loss"] == 3.5
+    assert line["train/tokens_per_s"] == pytest.approx(50.0)  # 200 tokens in 4 s
