@@ -582,8 +582,9 @@ def report(saved: dict, write: bool):
     lines += [
         "",
         "**Not measured here:** MFU on GPU for the `medium` preset (and any GPU number) - this machine has no "
-        "GPU. The trainer logs `train/mfu` and `train/tflops_per_device` when it runs on one; the scaling configs' "
-        "times in the README assume 40 % MFU and are not a measurement.",
+        "GPU. The trainer logs `train/mfu` and `train/tflops_per_device` when it runs on one; the README's times "
+        "for the scaling configs are at 40 % MFU and at the MFU measured on one H200 "
+        "(`benchmarks/results/gpu/summary.md`), not measured here.",
         "",
         "![throughput ratios and checkpoint time](scaling.png)",
         "",
