@@ -16,6 +16,7 @@ from ascender_dist.models.ascender import (
     reference_attention,
 )
 from ascender_dist.models.ascender.fast_moments import MOMENT_STRIDE
+from tests.helpers.causality import assert_gradients_causal
 
 torch.set_num_threads(1)
 F64, F32 = torch.float64, torch.float32
@@ -182,15 +183,39 @@ def test_fast_zero_omega_is_sdpa(causal):
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("t", [5, 21])
+# Causal moment states every MOMENT_STRIDE (256) rows are out of reach of these lengths: the leak
+# tests also run at stride 8 (states at 8, 16, 24, 32), with t = 16 on a state boundary, where a
+# state holding a key after its boundary is read by row t while that key is in t's future.
+LEAK_POSITIONS = [5, 16, 21]
+LEAK_STRIDES = [256, 8]
+
+
+def leak_hp(source="affinity", **changes):
+    """Causal with every mask path: a window, globals, ALiBi, all three aux losses."""
+    return base_hp(causal=True, window=5, num_global=2, other_bias="alibi", neighbour_source=source,
+                   aux_compactness_weight=0.3, aux_crowding_weight=0.5, aux_alignment_weight=0.2, **changes)
+
+
+def set_moment_stride(monkeypatch, stride):
+    from ascender_dist.models.ascender import fast_moments
+
+    monkeypatch.setattr(fast_moments, "MOMENT_STRIDE", stride)
+
+
+@pytest.mark.parametrize("stride", LEAK_STRIDES)
+@pytest.mark.parametrize("source", ["affinity", "base_scores"])
+@pytest.mark.parametrize("t", LEAK_POSITIONS)
 @pytest.mark.parametrize("impl", ["fast", "reference"])
-def test_no_future_leak(impl, t):
+def test_no_future_leak(monkeypatch, impl, t, source, stride):
     """Causal: changing every input after position t leaves outputs and statistics at <= t
-    unchanged to the last bit (t sits inside a chunk, so chunk-level leaks show too)."""
-    hp = base_hp(causal=True, window=5, num_global=2, other_bias="alibi")
+    unchanged to the last bit (t sits inside a chunk, so chunk-level leaks show too; t = 16 on a
+    moment-state boundary at stride 8), for both neighbour sources (the base scores rank q . k,
+    the affinity h . h)."""
+    set_moment_stride(monkeypatch, stride)
+    hp = leak_hp(source)
     inputs = [x.detach() for x in make_inputs(b=1, n=40, dtype=F32)]
     params = make_params(hp, 2, dtype=F32)
-    # t inside the first chunk (0..7) and inside a later one (16..23), chunk_size 8
+    # t inside the first chunk (0..7), first (16) and inside (21) of a later one (16..23), chunk_size 8
     changed = [x.clone() for x in inputs]
     g = torch.Generator().manual_seed(3)
     for x in changed:
@@ -204,6 +229,39 @@ def test_no_future_leak(impl, t):
         assert torch.equal(ra[:, :, : t + 1], info_b["rows"][name][:, :, : t + 1]), name
     for name, ma in info_a.get("maps", {}).items():
         assert torch.equal(ma[..., : t + 1, : t + 1], info_b["maps"][name][..., : t + 1, : t + 1]), name
+
+
+def outputs_of(path, params, hp):
+    """(q, k, v, z, h) -> [out, every differentiable row statistic] of ``path``, aux on."""
+
+    def forward(*inputs):
+        result = path(*inputs, params, hp, use_sep=True, with_aux=True)
+        return [result.out] + [r for r in result.rows.values() if r.is_floating_point()]
+
+    return forward
+
+
+GRAD_LEAK_CASES = [("reference", "affinity", 256)] + [
+    ("fast", source, stride) for source in ("affinity", "base_scores") for stride in LEAK_STRIDES
+]
+
+
+@pytest.mark.parametrize("t", LEAK_POSITIONS)
+@pytest.mark.parametrize("impl, source, stride", GRAD_LEAK_CASES, ids=["-".join(map(str, c)) for c in GRAD_LEAK_CASES])
+def test_no_future_leak_in_gradients(monkeypatch, impl, source, stride, t):
+    """The backward is causal too (the fast path's is written by hand, moment states' in closed
+    form): for a loss on the outputs and row statistics at <= t, q, k, v, z and h after t get
+    exactly zero gradient, and the gradients at <= t and of every per-head parameter are bit-for-bit
+    unchanged when everything after t is rewritten (float64; both neighbour sources; stride 8:
+    several moment states, t = 16 on a boundary)."""
+    set_moment_stride(monkeypatch, stride)
+    hp = leak_hp(source)
+    params = make_params(hp, 2)
+    path = fast_attention if impl == "fast" else reference_attention
+    inputs = [x.detach() for x in make_inputs(b=1, n=40)]
+    named = list(params.named_parameters())
+    assert_gradients_causal(outputs_of(path, params, hp), inputs, t, dim=2, names=["q", "k", "v", "z", "h"],
+                            params=[p for _, p in named], param_names=[name for name, _ in named])  # fmt: skip
 
 
 class _LargestTensor(TorchDispatchMode):

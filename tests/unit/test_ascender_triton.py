@@ -13,7 +13,9 @@ from ascender_dist.models.ascender import ascender_attention, reference_attentio
 from ascender_dist.models.ascender import attention as entry
 from ascender_dist.models.ascender.kernels import triton_supported
 
-from .test_ascender_fast import base_hp, make_inputs, make_params
+from tests.helpers.causality import assert_gradients_causal
+
+from .test_ascender_fast import base_hp, make_inputs, make_params, outputs_of
 
 import triton  # noqa: E402  a [dev] requirement: a missing one fails collection instead of skipping 44 tests
 import triton.language as tl  # noqa: E402
@@ -157,6 +159,38 @@ def test_kernels_with_several_causal_moment_states_float64(monkeypatch):
     compare(base_hp(causal=True, chunk_size=4, **AUX), 37, with_aux=True)
 
 
+# (CUDA_ROW_TILE_ELEMS, the chunks row_chunks(on_cuda=True) must then give for n = 37, b * heads = 2,
+# window 4 + 2 globals, stride 8): the real cap keeps one chunk over all five moment states; a cap of
+# 400 halves it to 10 rows, so chunks start mid-stride (10, 20: states 1 and 2) and cross boundaries
+GPU_CHUNKINGS = [(None, [(0, 37)]), (400, [(0, 10), (10, 20), (20, 30), (30, 37)])]
+
+
+@pytest.mark.parametrize("cap, want", GPU_CHUNKINGS, ids=["one_chunk", "10_row_chunks"])
+def test_kernels_with_the_gpu_row_chunks_across_moment_states_float64(monkeypatch, cap, want):
+    """CPU stand-in for the GPU's row chunking (row_chunks(on_cuda=True): chunks as long as
+    CUDA_ROW_TILE_ELEMS allows, each spanning several causal moment states where CPU tensors get
+    the fast path's chunks within one): forced here under the interpreter with the moment stride
+    shrunk to 8, against the float64 reference at 1e-9 like the tests above (out, every gradient,
+    row statistics, aux losses)."""
+    from ascender_dist.models.ascender import fast_moments
+    from ascender_dist.models.ascender.kernels import function
+
+    monkeypatch.setattr(fast_moments, "MOMENT_STRIDE", 8)
+    monkeypatch.setattr(function, "MOMENT_STRIDE", 8)  # the chunk width estimate reads its own copy
+    if cap is not None:
+        monkeypatch.setattr(function, "CUDA_ROW_TILE_ELEMS", cap)
+    gpu_chunks, seen = function.row_chunks, []
+
+    def as_on_cuda(n, batch_heads, call, on_cuda):
+        seen.append(gpu_chunks(n, batch_heads, call, on_cuda=True))
+        return seen[-1]
+
+    monkeypatch.setattr(function, "row_chunks", as_on_cuda)
+    compare(base_hp(causal=True, window=4, num_global=2, **AUX), 37, with_aux=True)
+    assert seen and all(chunks == want for chunks in seen), seen  # the GPU chunking did run
+    assert any(c0 // 8 != (c1 - 1) // 8 for c0, c1 in want)  # a chunk spans a state boundary
+
+
 def test_kernels_shared_omega_float64():
     """share_omega_across_heads: params.omega is an expanded view; every head's gradient sums
     into the one shared parameter."""
@@ -182,13 +216,28 @@ def test_kernels_other_head_dims_float64(hd):
     compare(base_hp(causal=True, d_z=6, d_a=9, **AUX), 17, with_aux=True, hd=hd)
 
 
-def test_kernels_do_not_leak_future_tokens():
+# (t, moment stride, neighbour source): t = 20 in the middle of a 16-row block; at stride 8 (states at
+# 8, 16, 24, 32) t = 24 is on a state boundary, still mid-block, where a state holding a key after its
+# boundary would be read by row t while that key is in t's future
+LEAK_CASES = [(20, 256, "affinity"), (24, 8, "affinity"), (24, 8, "base_scores")]
+LEAK_IDS = ["t20", "t24_stride8", "t24_stride8_base_scores"]
+
+
+def _leak_setup(monkeypatch, stride, source, dtype):
+    from ascender_dist.models.ascender import fast_moments
+
+    monkeypatch.setattr(fast_moments, "MOMENT_STRIDE", stride)
+    hp = base_hp(causal=True, window=4, num_global=2, other_bias="alibi", neighbour_source=source, **AUX)
+    inputs = [x.detach().to(DEVICE) for x in make_inputs(b=1, n=40, hd=16, dtype=dtype)]
+    return hp, inputs, make_params(hp, 2, dtype=dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("t, stride, source", LEAK_CASES, ids=LEAK_IDS)
+def test_kernels_do_not_leak_future_tokens(monkeypatch, t, stride, source):
     """Changing every input after position t leaves rows <= t unchanged to the last bit (t in
-    the middle of a 16-row block, so masking inside a block is what is checked)."""
-    hp = base_hp(causal=True, window=4, num_global=2, other_bias="alibi", **AUX)
-    inputs = [x.detach().to(DEVICE) for x in make_inputs(b=1, n=40, hd=16, dtype=F32)]
-    params = make_params(hp, 2, dtype=F32).to(DEVICE)
-    t = 20
+    the middle of a 16-row block, so masking inside a block is what is checked; at stride 8 also
+    on a moment-state boundary; both neighbour sources)."""
+    hp, inputs, params = _leak_setup(monkeypatch, stride, source, F32)
     changed = [x.clone() for x in inputs]
     g = torch.Generator().manual_seed(3)
     for x in changed:
@@ -199,6 +248,19 @@ def test_kernels_do_not_leak_future_tokens():
     assert not torch.equal(a.out[..., t + 1 :, :], b.out[..., t + 1 :, :])
     for name, ra in a.rows.items():
         assert torch.equal(ra[:, :, : t + 1], b.rows[name][:, :, : t + 1]), name
+
+
+@pytest.mark.parametrize("t, stride, source", LEAK_CASES, ids=LEAK_IDS)
+def test_kernels_do_not_leak_future_tokens_in_gradients(monkeypatch, t, stride, source):
+    """The kernels' backward (K3-K5, written by hand) is causal too: for a loss on the outputs and
+    row statistics at <= t, q, k, v, z and h after t get exactly zero gradient, and the gradients
+    at <= t and of every per-head parameter are bit-for-bit unchanged when everything after t is
+    rewritten (float64)."""
+    hp, inputs, params = _leak_setup(monkeypatch, stride, source, F64)
+    named = list(params.named_parameters())
+    assert_gradients_causal(outputs_of(triton_attention, params, hp), inputs, t, dim=2,
+                            names=["q", "k", "v", "z", "h"], params=[p for _, p in named],
+                            param_names=[name for name, _ in named])  # fmt: skip
 
 
 @pytest.mark.parametrize("n, causal", [(33, True), (17, False)])

@@ -8,6 +8,7 @@ import torch
 
 from ascender_dist.models.connection import ConnectionHParams, ConnectionLayer
 from ascender_dist.models.connection import reference as ref
+from tests.helpers.causality import assert_gradients_causal
 
 D = 8
 
@@ -179,6 +180,39 @@ def test_no_future_leak_through_the_adaptive_stop(connection, t, granularity):
     # not vacuous: the visible chunks stopped early while the loop ran on for the changed future
     assert int(steps2[:, :visible].max()) < iterations2 == hp.max_steps, (steps2, iterations2)
     assert not torch.equal(steps, steps2)
+
+
+def assert_layer_gradients_causal(layer, t):
+    """tests.helpers.causality on the layer ([s, b, D]: positions along dim 0), float64, s = 11."""
+    named = list(layer.named_parameters())
+    assert_gradients_causal(layer, [inputs(s=11)], t, dim=0, names=["x"], params=[p for _, p in named],
+                            param_names=[name for name, _ in named])  # fmt: skip
+
+
+@pytest.mark.parametrize("connection, normalize", [("bilinear", True), ("linear", False)])
+@pytest.mark.parametrize("t", [0, 2, 3, 5, 9])
+def test_no_future_leak_in_gradients(connection, normalize, t):
+    """The backward is causal too: for a loss on the outputs at <= t, the tokens after t get exactly
+    zero gradient, and the gradients of the tokens at <= t and of every parameter are bit-for-bit
+    unchanged when everything after t is rewritten (float64; chunks of 3: t = 2 ends a chunk, 3
+    starts one, 9 starts the partial last chunk)."""
+    layer, _ = make(causal=True, connection=connection, normalize_compression=normalize)
+    assert_layer_gradients_causal(layer, t)
+
+
+@pytest.mark.parametrize("granularity", ["sample", "slot"])
+@pytest.mark.parametrize("connection, t", [("bilinear", 0), ("bilinear", 2), ("bilinear", 3), ("bilinear", 5),
+                                           ("linear", 0), ("linear", 2)])
+def test_no_future_leak_in_gradients_through_the_adaptive_stop(connection, t, granularity):
+    """The gradient check above with the adaptive stop firing: frozen samples / slots must pass no
+    gradient to the future that keeps the batched loop going (the visible chunks stop after 1 step,
+    the rewritten future runs to max_steps: checked on the rewritten run, the helper's last)."""
+    layer, hp = make(causal=True, connection=connection, normalize_compression=connection == "bilinear",
+                     stop_granularity=granularity, max_steps=8, threshold=0.3, connection_init_scale=0.05)
+    assert_layer_gradients_causal(layer, t)
+    steps, iterations = layer.last_stats.steps, layer.last_stats.iterations
+    visible = t // hp.causal_chunk_size + 1
+    assert int(steps[:, :visible].max()) < iterations == hp.max_steps, (steps, iterations)
 
 
 def test_causal_handles_length_not_multiple_of_chunk_and_chunk_longer_than_sequence():

@@ -17,6 +17,7 @@ import torch
 
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.resolve import config_from_dict, derive
+from tests.helpers.causality import assert_gradients_causal
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
 
 VOCAB = 300
@@ -35,7 +36,7 @@ MODELS = {
     "connection": {"architecture": "connection", "connection": CONN},  # pattern AC
     "mixed_SC": {"architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN},
 }
-POSITIONS = [5, 13]  # inside the first and the second chunk of 8
+POSITIONS = [5, 13]  # inside the first and the second chunk of 8 (megatron tests: also 16, see MOMENT_STRIDE)
 
 
 def _build(model_cfg):
@@ -75,11 +76,54 @@ def _assert_causal(logits_fn, t: int):
     assert not torch.equal(a[:, t + 1:], b[:, t + 1:])  # the changed future does matter
 
 
-@pytest.mark.parametrize("t", POSITIONS)
+@pytest.mark.parametrize("stride", [256, 8])
+@pytest.mark.parametrize("t", POSITIONS + [16])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_megatron_model_has_no_future_leak(single_rank_group, name, t):
+def test_megatron_model_has_no_future_leak(single_rank_group, monkeypatch, name, t, stride):
+    """Stride: ASCender's causal moment states every 256 rows (none inside SEQ) or every 8 (states
+    at 8 and 16, t = 16 on a boundary, where a state holding a key after it would leak)."""
+    from ascender_dist.models.ascender import fast_moments
+
+    monkeypatch.setattr(fast_moments, "MOMENT_STRIDE", stride)
     model = _build(MODELS[name])
     _assert_causal(lambda x: _megatron_logits(model, x), t)
+
+
+def _embedding_forward(model):
+    """(embeddings [s, b, h]) -> logits [s, b, vocab]: the model with its embedding output replaced
+    by the given tensor, so a gradient can be taken with respect to it (token ids have none)."""
+    tokens = _token_pair(0)[0]
+    positions = torch.arange(SEQ).unsqueeze(0).expand_as(tokens)
+
+    def forward(embeddings):
+        handle = model.embedding.register_forward_hook(lambda module, args, out: embeddings)
+        try:
+            return model(tokens, positions, None).transpose(0, 1)  # [b, s, vocab] -> [s, b, vocab]
+        finally:
+            handle.remove()
+
+    with torch.no_grad():
+        embeddings = model.embedding(input_ids=tokens, position_ids=positions)
+    return forward, embeddings
+
+
+@pytest.mark.parametrize("t", POSITIONS + [16])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_megatron_model_has_no_future_leak_in_gradients(single_rank_group, monkeypatch, name, t):
+    """The backward is causal too (ASCender's fast path differentiates by hand): for a loss on the
+    logits at <= t, the embeddings after t get exactly zero gradient, and the gradients of the
+    embeddings at <= t and of every weight are bit-for-bit unchanged when the embeddings after t
+    are rewritten. ASCender's causal moment states every 256 rows are shrunk to every 8 (states at
+    8 and 16 of the 24 positions; t = 16 on a boundary)."""
+    from ascender_dist.models.ascender import fast_moments
+
+    monkeypatch.setattr(fast_moments, "MOMENT_STRIDE", 8)
+    model = _build(MODELS[name])
+    forward, embeddings = _embedding_forward(model)
+    assert embeddings.shape == (SEQ, 2, BASE["hidden_size"])
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert_gradients_causal(forward, [embeddings], t, dim=0, names=["embeddings"], params=[p for _, p in named],
+                            param_names=[n for n, _ in named])  # fmt: skip
 
 
 def _make_bidirectional(model) -> int:
