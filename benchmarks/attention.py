@@ -24,9 +24,11 @@ estimated memory exceeds --mem-cap-gb are skipped; a worker that exceeds --timeo
 of the memory worker, per round of the timing worker) is reported as such.
 
     .venv/bin/python benchmarks/attention.py           # ~15 min on a 2-core CPU
-    .venv/bin/python benchmarks/attention.py --quick   # smoke run
+    .venv/bin/python benchmarks/attention.py --quick   # smoke run: prints the table, writes nothing
+    .venv/bin/python benchmarks/attention.py --rewrite # re-render md/png from attention.json, no runs
 
-Writes benchmarks/results/attention.{json,md,png}.
+Writes benchmarks/results/attention.{json,md,png} (``--note`` paragraphs are kept in attention.json, so
+``--rewrite`` and ``--merge`` keep them unless new ``--note`` paragraphs are given).
 """
 
 from __future__ import annotations
@@ -281,11 +283,34 @@ def commit_lines(state: dict, points: list[dict]) -> str:
     return text
 
 
-def write_results(points: list[dict], lengths: list[int], args, state: dict, machine_text: str | None = None) -> None:
-    """state: git_state() of the run that measured (for --rewrite, the one recorded in attention.json);
-    machine_text: the machine it ran on (for --rewrite, the recorded one, not this process's)."""
+def recorded_notes(saved: dict, md_path: Path) -> list[str]:
+    """The ``--note`` paragraphs of an earlier run: attention.json's ``notes``; a JSON written before notes
+    were recorded has none, so they are read back from its attention.md (the paragraphs between the
+    timing table and the GFLOPs table), else none."""
+    if "notes" in saved:
+        return list(saved["notes"])
+    try:
+        text = md_path.read_text()
+    except OSError:
+        return []
+    lines = text.splitlines()
+    rows = [i for i, line in enumerate(lines) if line.startswith("| ") and "|" in line[1:]]
+    end = next((i for i, line in enumerate(lines) if line.startswith("Forward attention GFLOPs")), None)
+    if not rows or end is None or rows[0] > end:
+        return []
+    last_row = max(i for i in rows if i < end)
+    body = "\n".join(lines[last_row + 1:end]).strip()
+    return [para.strip() for para in body.split("\n\n") if para.strip()]
+
+
+def write_results(points: list[dict], lengths: list[int], notes: list[str], state: dict,
+                  machine_text: str | None = None, write: bool = True, cpus: int | None = None) -> str:
+    """The report's markdown; with ``write``, attention.{md,json,png} too (--quick prints, writes nothing).
+    notes: the --note paragraphs under the table, saved in attention.json (``--rewrite`` renders them from
+    there); state: git_state() of the run that measured (for --rewrite, the one recorded in attention.json);
+    machine_text, cpus: the machine it ran on and its logical CPUs (for --rewrite, the recorded ones)."""
     machine_text = machine_text or machine()
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    cpus = cpus or os.cpu_count()
     by = {(p["impl"], p["n"]): p for p in points}
     sdpa_mem = {n: by[("sdpa", n)].get("peak_mib") for n in lengths if ("sdpa", n) in by}
     lines = [
@@ -298,7 +323,7 @@ def write_results(points: list[dict], lengths: list[int], args, state: dict, mac
         "thread, interleaved: each round times one fwd+bwd of each, SDPA first; `rounds` rounds after one warm-up",
         "call each. `x SDPA`: the ratio impl / SDPA of the same round, median and minimum over the rounds; `time`:",
         "the median time. `load`: the 1-minute load average of the machine at the start / end of the n's timing",
-        f"process (the machine has {os.cpu_count()} cores and is shared; above ~1 other work competed for the cores: absolute",
+        f"process (the machine has {cpus} logical CPUs and is shared; above ~1 other work competed for the cores: absolute",
         "times are inflated, the same-round ratios less so). Peak: resident-memory high-water mark above the level",
         "before one fwd+bwd (MiB, a fresh process per point, not affected by load); x SDPA: ratio to SDPA's peak.",
         "",
@@ -330,7 +355,7 @@ def write_results(points: list[dict], lengths: list[int], args, state: dict, mac
                 timing = f"{p['time_s']:.3f} | {p['time_ratio']:.1f} (earlier run, best of a few) | | | | " \
                          f"{p['peak_mib']:.0f} | {mem_ratio:.1f} | | "
             lines.append(f"| {n} | {impl} | {timing} | {commit} |")
-    for note in args.note or []:
+    for note in notes:
         lines += ["", note]
     lines += ["", "Forward attention GFLOPs (analytic, see `attention_gflops`): full = top-k over all j < i,",
               "windowed = top-k over the +-window band plus globals.", "",
@@ -342,10 +367,16 @@ def write_results(points: list[dict], lengths: list[int], args, state: dict, mac
             f"| {n} | {full['sdpa']:.2f} | {full['ascender']:.2f} | {win['ascender']:.2f} | "
             f"{full['neighbour_search']:.3f} / {win['neighbour_search']:.3f} |"
         )
-    (RESULTS / "attention.md").write_text("\n".join(lines) + "\n")
+    text = "\n".join(lines) + "\n"
+    if not write:
+        return text
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "attention.md").write_text(text)
     state = {k: state.get(k) for k in ("git_commit", "git_dirty")}
-    (RESULTS / "attention.json").write_text(json.dumps(dict(machine=machine_text, **state, points=points), indent=1))
+    (RESULTS / "attention.json").write_text(json.dumps(dict(machine=machine_text, logical_cpus=cpus, **state,
+                                                            notes=list(notes), points=points), indent=1))
     plot(points, lengths)
+    return text
 
 
 def plot(points: list[dict], lengths: list[int]) -> None:
@@ -386,17 +417,23 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per memory run / per timing round")
     ap.add_argument("--reps", type=int, default=5, help="interleaved timing rounds per n (>= 5)")
     ap.add_argument("--mem-cap-gb", type=float, default=6.0, help="skip dense points estimated above this")
-    ap.add_argument("--quick", action="store_true", help="n = 256, 512 only")
+    ap.add_argument("--quick", action="store_true", help="smoke run: n = 256, 512 only; prints the table, writes nothing")
     ap.add_argument("--merge", action="store_true", help="keep the lengths of the existing attention.json that this run does not measure")
-    ap.add_argument("--note", action="append", help="a paragraph to print under the table (repeatable)")
+    ap.add_argument("--note", action="append",
+                    help="a paragraph to print under the table (repeatable; saved in attention.json; with --rewrite "
+                         "or --merge it replaces the recorded notes, which are kept otherwise)")
     ap.add_argument("--rewrite", action="store_true", help="only re-render md/png from attention.json")
     args = ap.parse_args()
     if args.reps < 5:
         ap.error("--reps must be >= 5 (median and minimum of at least five same-round ratios)")
+    if args.quick and (args.rewrite or args.merge):
+        ap.error("--quick writes nothing: it does not combine with --rewrite or --merge")
     lengths = [256, 512] if args.quick else args.lengths
     if args.rewrite:
         saved = json.loads((RESULTS / "attention.json").read_text())
-        write_results(saved["points"], sorted({p["n"] for p in saved["points"]}), args, saved, saved.get("machine"))
+        notes = args.note if args.note else recorded_notes(saved, RESULTS / "attention.md")
+        write_results(saved["points"], sorted({p["n"] for p in saved["points"]}), notes, saved, saved.get("machine"),
+                      cpus=saved.get("logical_cpus"))
         return
     from ascender_dist.research.ablate.provenance import git_state  # research extra; gpu_check imports this file
 
@@ -407,10 +444,15 @@ def main() -> None:
             p.update(cpu=cpu_model(), **state)
             print(json.dumps(p), flush=True)
             points.append(p)
+    notes = list(args.note or [])
     if args.merge and (RESULTS / "attention.json").exists():
-        points = merged_points(json.loads((RESULTS / "attention.json").read_text())["points"], points)
+        saved = json.loads((RESULTS / "attention.json").read_text())
+        points = merged_points(saved["points"], points)
         lengths = sorted({p["n"] for p in points})
-    write_results(points, lengths, args, state)
+        notes = notes or recorded_notes(saved, RESULTS / "attention.md")
+    text = write_results(points, lengths, notes, state, write=not args.quick)
+    if args.quick:
+        print(text + "\n(--quick: smoke run, nothing written)")
 
 
 if __name__ == "__main__":

@@ -31,8 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ascender_dist.machine import machine_record  # noqa: E402
 from ascender_dist.research.ablate.provenance import git_state  # noqa: E402
 from benchmarks.attention import HEADS, _layer, cpu_time, machine  # noqa: E402
+from benchmarks.report import cpus_text  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 ROW_COUNTS = (32, 64, 128)
@@ -50,6 +52,7 @@ def measure(n: int, rounds: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
+    state = git_state()  # the code that runs: taken before measuring
     sdpa = _layer("sdpa", n)
     fast = {r: _layer("fast", n, chunk_size=r, max_tile_elems=HEADS * r * n) for r in ROW_COUNTS}
     sdpa()
@@ -64,7 +67,7 @@ def measure(n: int, rounds: int) -> dict:
         print(f"round {i + 1}/{rounds}: " + ", ".join(f"{r} rows {per_round[-1]['fast_s'][str(r)] / sdpa_s:.2f}x"
                                                        for r in ROW_COUNTS), flush=True)  # fmt: skip
     return dict(n=n, rounds=per_round, load_start=load_start, load_end=os.getloadavg()[0],
-                threads=torch.get_num_threads(), machine=machine(), **git_state())
+                threads=torch.get_num_threads(), machine=machine(), machine_record=machine_record(), **state)
 
 
 def write_results(result: dict) -> None:
@@ -77,7 +80,7 @@ def write_results(result: dict) -> None:
         "(see its docstring).",
         "",
         f"n = {n}, causal, 8 heads x 64, fp32, fwd+bwd, {len(rows)} interleaved rounds, thread CPU time; load "
-        f"{result['load_start']:.1f} / {result['load_end']:.1f} (1-minute average at start / end; 2 shared cores).",
+        f"{result['load_start']:.1f} / {result['load_end']:.1f} (1-minute average at start / end{cpus_text(result)}).",
         "",
         f"| rows per chunk | chunks | fast CPU s (median) | x SDPA median | x SDPA min "
         f"| tiles at n = {LONGEST} (MiB) |",

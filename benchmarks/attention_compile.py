@@ -19,9 +19,12 @@ benchmarks/attention.py (batch 1, 8 heads x 64, causal, fp32, one torch thread):
   written as the fast path writes them (in place into existing tiles), as one pure function
   (fresh tensors, ``torch.where`` masks), and that pure function compiled (inductor fuses it
   into one loop). Per round each variant runs ``--calls`` times on fresh copies of the same
-  inputs; the table gives the median over rounds of each round's minimum, in ms.
+  inputs (the variants in a rotated order); the table gives the median over rounds of each round's
+  minimum, in ms, and each variant's ratio to the in-place passes of the same round (median and
+  minimum over the rounds).
 
-    .venv/bin/python benchmarks/attention_compile.py          # ~4 min on a 2-core CPU
+    .venv/bin/python benchmarks/attention_compile.py            # ~4 min on a 2-core CPU
+    .venv/bin/python benchmarks/attention_compile.py --rewrite  # re-render the .md from the .json, no runs
 
 Writes benchmarks/results/attention_compile.{json,md}.
 """
@@ -42,10 +45,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ascender_dist.machine import machine_record  # noqa: E402
 from ascender_dist.research.ablate.provenance import git_state  # noqa: E402
 from benchmarks.attention import HEADS, _layer, cpu_time, machine  # noqa: E402
+from benchmarks.report import cpus_text, ratio_stats  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+IN_PLACE = "in place (fast path)"  # the tile chain's baseline: what the fast path runs
 ROW_FUNCTIONS = ("row_algebra", "row_algebra_backward", "align_rows", "align_backward")  # in fast_function
 CHUNK_ROWS = 64
 
@@ -137,7 +143,7 @@ def measure_chain(n: int, rounds: int, calls: int) -> dict:
     compiled(x0, r0, upper_full, lo, count)
     compile_s = time.perf_counter() - t0
     variants = {
-        "in place (fast path)": lambda x, r: chain_in_place(x, r, upper, c0, lo, count, scratch),
+        IN_PLACE: lambda x, r: chain_in_place(x, r, upper, c0, lo, count, scratch),
         "pure, eager": lambda x, r: chain_pure(x, r, upper_full, lo, count),
         "pure, compiled": lambda x, r: compiled(x, r, upper_full, lo, count),
     }
@@ -159,6 +165,19 @@ def measure_chain(n: int, rounds: int, calls: int) -> dict:
     return dict(rounds=per_round, compile_s=compile_s, shape=[B, C, L], max_rel_diff=max_rel)
 
 
+def chain_rows(chain: dict) -> list[dict]:
+    """Per tile-chain variant: the median over rounds of the round's minimum (s), and the same-round ratio
+    to the in-place passes (variant / in place of that round), median and minimum over the rounds."""
+    rounds = chain["rounds"]
+    base = [x[IN_PLACE] for x in rounds]
+    out = []
+    for name in rounds[0]:
+        times = [x[name] for x in rounds]
+        out.append(dict(variant=name, median_s=statistics.median(times),
+                        x_in_place={k: v for k, v in ratio_stats(times, base).items() if k != "ratios"}))
+    return out
+
+
 def write_results(result: dict) -> None:
     layer, chain = result["layer"], result["chain"]
     rows = layer["rounds"]
@@ -170,7 +189,8 @@ def write_results(result: dict) -> None:
         "(see its docstring).",
         "",
         f"Layer: n = {result['n']}, causal, 8 heads x 64, fp32, fwd+bwd, {len(rows)} interleaved rounds, thread CPU "
-        f"time; load {result['load_start']:.1f} / {result['load_end']:.1f} (1-minute average at start / end).",
+        f"time; load {result['load_start']:.1f} / {result['load_end']:.1f} (1-minute average at start / end"
+        f"{cpus_text(result)}).",
         "",
         "| fast path | CPU s (median) | x SDPA median | x SDPA min |",
         "|---|---:|---:|---:|",
@@ -183,10 +203,13 @@ def write_results(result: dict) -> None:
               f"Compiling the per-row algebra: first call {layer['compile_s']:.1f} s, {layer['graphs']} graphs "
               "(dynamo splits the functions at graph breaks).", "",
               f"Tile chain: forward kernel + Separation passes of one chunk, shape {chain['shape']}, "
-              f"{len(chain['rounds'])} rounds; ms per call (median over rounds of the round's minimum).", "",
-              "| variant | ms |", "|---|---:|"]
-    for name in chain["rounds"][0]:
-        lines.append(f"| {name} | {1e3 * statistics.median(x[name] for x in chain['rounds']):.2f} |")
+              f"{len(chain['rounds'])} rounds, the variants in a rotated order; ms per call (median over rounds of "
+              "the round's minimum); x in place: the variant's time over the in-place passes' time of the same "
+              "round, median and minimum over the rounds.", "",
+              "| variant | ms | x in place median | x in place min |", "|---|---:|---:|---:|"]
+    for row in chain_rows(chain):
+        lines.append(f"| {row['variant']} | {1e3 * row['median_s']:.2f} | {row['x_in_place']['median']:.2f} | "
+                     f"{row['x_in_place']['min']:.2f} |")
     lines += ["", f"Compiled chain: first call {chain['compile_s']:.1f} s; largest difference from the in-place "
               f"passes {chain['max_rel_diff']:.1e} relative to each output's largest entry.", ""]
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -194,22 +217,28 @@ def write_results(result: dict) -> None:
     (RESULTS / "attention_compile.json").write_text(json.dumps(result, indent=1))
 
 
-def main() -> None:
-    import torch
-
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=10, help="tile-chain calls per variant and round")
-    args = ap.parse_args()
+    ap.add_argument("--rewrite", action="store_true", help="only re-render the .md from attention_compile.json")
+    args = ap.parse_args(argv)
+    if args.rewrite:
+        write_results(json.loads((RESULTS / "attention_compile.json").read_text()))
+        print((RESULTS / "attention_compile.md").read_text())
+        return
     if args.rounds < 5:
         ap.error("--rounds must be >= 5 (median and minimum of at least five same-round ratios)")
+    import torch
+
     torch.set_num_threads(1)
+    state = git_state()  # the code that runs: taken before measuring
     load_start = os.getloadavg()[0]
     result = dict(n=args.n, layer=measure_layer(args.n, args.rounds),
                   chain=measure_chain(args.n, args.rounds, args.calls))
     result.update(load_start=load_start, load_end=os.getloadavg()[0], threads=torch.get_num_threads(),
-                  machine=machine(), **git_state())
+                  machine=machine(), machine_record=machine_record(), **state)
     write_results(result)
     print((RESULTS / "attention_compile.md").read_text())
 

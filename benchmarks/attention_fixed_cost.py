@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from ascender_dist.machine import machine_record  # noqa: E402
 from ascender_dist.research.ablate.provenance import git_state  # noqa: E402
 from benchmarks.attention import HEADS, _layer, cpu_time, machine  # noqa: E402
-from benchmarks.report import commit_text  # noqa: E402
+from benchmarks.report import commit_text, cpus_text  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 HEAD_COUNTS = (1, 2, 4, 8)
@@ -67,7 +68,8 @@ def measure(n: int, rounds: int) -> dict:
         per_round.append(dict(sdpa_s=sdpa_s, fast_s={str(h): times[h] for h in HEAD_COUNTS}, fixed_s=fixed,
                               per_head_s=per_head))
     return dict(n=n, rounds=per_round, load_start=load_start, load_end=os.getloadavg()[0],
-                threads=torch.get_num_threads(), machine=machine(), chunk_rows=CHUNK_ROWS, **state)
+                threads=torch.get_num_threads(), machine=machine(), machine_record=machine_record(),
+                chunk_rows=CHUNK_ROWS, **state)
 
 
 def summary(result: dict) -> dict:
@@ -97,7 +99,7 @@ def write_results(result: dict) -> None:
         "",
         f"n = {result['n']}, causal, head dim 64, fp32, fwd+bwd, {result['chunk_rows']}-row chunks for every "
         f"head count, {len(first)} interleaved rounds, thread CPU time; load {result['load_start']:.1f} / "
-        f"{result['load_end']:.1f} (1-minute average at start / end; 2 shared cores).",
+        f"{result['load_end']:.1f} (1-minute average at start / end{cpus_text(result)}).",
         "",
         "| heads | fast path CPU s (median) |",
         "|---:|---:|",

@@ -1,22 +1,26 @@
 """Data pipeline throughput on this machine, against what a cluster needs.
 
-Run:  OMP_NUM_THREADS=1 python benchmarks/data.py [--max-bytes 6000000] [--repeats 3] [--sections ...]
+Run:  OMP_NUM_THREADS=1 python benchmarks/data.py [--max-bytes 6000000] [--repeats 5] [--sections ...]
+      python benchmarks/data.py --render      # rewrite data.md / data.png from data.json, no runs
 
-Measures: sharding MB/s with 1 and 2 worker processes (and the hours each scaling preset's corpus
-would take on 64 cores); tokenizer training's peak memory on a corpus larger than its sample;
+Measures: sharding MB/s with 1 and 2 worker processes, the two alternating within each of ``--repeats``
+rounds (median and fastest run of each, and the median and minimum of the same-round speedup), and the
+hours each scaling preset's corpus would take on 64 cores; tokenizer training's peak memory on a corpus larger than its sample;
 loader tokens/s per rank with 0, 1 and 2 worker processes (and 2 at node-level DP) at each preset's
 sequence length and micro-batch - the four settings rotated within each of ``max(5, --repeats)``
 rounds, with the median and minimum of each one's ratio to workers=0 of the same round - beside one H100 SXM's consumption at 40% MFU for that preset (FLOPs/token from
 ``ascender_dist/models/counting.py``), and the loader's memory; per-rank decode work and tokens/s
 at DP 2 and DP 64 with whole-shard reads (every rank decodes every shard) against reads of the
-rank's own samples only, interleaved in one process; resume latency.
+rank's own samples only, interleaved in one process; resume latency (median and minimum).
 
 ``--sections`` re-runs only some sections; the others keep the previous run's numbers from
 ``data.json`` (the report says which sections are from which run).
 
-Writes ``benchmarks/results/data.md`` (naming CPU model, threads, load average and the git commit:
-the machine is shared, so every figure is a median of ``--repeats`` runs or of interleaved rounds)
-and ``data.json`` (raw numbers).
+Writes ``benchmarks/results/data.md`` (naming CPU model, threads, load average, the git commit and the
+sentencepiece / webdataset / numpy versions: the machine is shared, so every figure is a median of
+``--repeats`` runs or of interleaved rounds), ``data.png`` (loader tokens/s per setting against the GPU's
+consumption) and ``data.json`` (raw numbers, and the sha256 of every ``configs/scaling/*.yaml`` config read,
+``provenance.config_hash``).
 """
 
 from __future__ import annotations
@@ -40,12 +44,14 @@ from data_pipeline.loader import StreamingLoader  # noqa: E402
 from data_pipeline.shards import load_manifest, write_shards  # noqa: E402
 from data_pipeline.tokenizer import Tokenizer, iter_documents, train_tokenizer  # noqa: E402
 from ascender_dist.machine import cpu_model  # noqa: E402
+from ascender_dist.versions import package_versions  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 H100_SXM_BF16_TFLOPS = 989.0
 MFU = 0.4
 CORES = 64
 PRESETS = ("small", "medium", "large")
+VERSIONED = ("sentencepiece", "webdataset", "numpy")  # what tokenizes, reads the shards, holds the samples
 
 
 # --------------------------------------------------------------------------- machine
@@ -58,7 +64,7 @@ def machine() -> dict:
     import torch
     return {"cpu": cpu_model(), "threads": os.cpu_count(), "usable_threads": len(os.sched_getaffinity(0)),
             "ram_gib": round(mem), "os": f"{platform.system()} {platform.release()}",
-            "python": platform.python_version(), "torch": torch.__version__,
+            "python": platform.python_version(), "torch": torch.__version__, "versions": package_versions(VERSIONED),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "unset"), "loadavg_start": os.getloadavg()}
 
 
@@ -73,13 +79,22 @@ def median(values):
     return values[len(values) // 2]
 
 
+def _stats(ratios: dict) -> dict:
+    """benchmarks.report.ratio_stats without the list of ratios."""
+    return {k: v for k, v in ratios.items() if k != "ratios"}
+
+
 # --------------------------------------------------------------------------- presets
 def preset_needs(preset: str) -> dict:
     """Sequence length, micro-batch, layout and one H100 SXM's token rate at 40% MFU for the
     ``gpt-<preset>`` scaling config (GPT has the fewest FLOPs/token of the three architectures,
     so it consumes tokens fastest), and the corpus tokens of the hungriest architecture."""
+    from ascender_dist.config.loader import to_dict
     from ascender_dist.config.resolve import load_config
     from ascender_dist.models.counting import count_model
+    from ascender_dist.research.ablate.provenance import config_hash
+
+    hashes = {}
     cfg = load_config(REPO / "configs" / "scaling" / f"gpt-{preset}.yaml")
     flops = count_model(cfg.model, 32000, cfg.parallel.tensor_model_parallel_size).flops_per_token
     per_gpu = MFU * H100_SXM_BF16_TFLOPS * 1e12 / flops
@@ -88,8 +103,9 @@ def preset_needs(preset: str) -> dict:
     tokens = 0
     for arch in ("gpt", "ascender", "connection"):
         c = load_config(REPO / "configs" / "scaling" / f"{arch}-{preset}.yaml")
+        hashes[f"configs/scaling/{arch}-{preset}.yaml"] = config_hash(to_dict(c))
         tokens = max(tokens, c.train.train_steps * c.train.global_batch_size * c.model.seq_length)
-    return {"seq_length": cfg.model.seq_length, "micro_batch_size": cfg.train.micro_batch_size,
+    return {"config_sha256": hashes, "seq_length": cfg.model.seq_length, "micro_batch_size": cfg.train.micro_batch_size,
             "flops_per_token": flops, "gpu_tokens_per_s": per_gpu, "replica_gpus": replica,
             # every rank of a model replica (TP/PP peers) loads the replica's batch
             "rank_needs_tokens_per_s": per_gpu * replica, "node_dp": 8 // replica, "corpus_tokens": tokens}
@@ -97,18 +113,26 @@ def preset_needs(preset: str) -> dict:
 
 # --------------------------------------------------------------------------- sharding
 def bench_sharding(corpus: Path, model: Path, work: Path, args) -> dict:
-    """Seconds of `data-pipeline shard` (a fresh process, as a user runs it) with 1 and 2 workers."""
-    out = {}
-    for workers in (1, 2):
-        times = []
-        for r in range(args.repeats):
+    """Seconds of `data-pipeline shard` (a fresh process, as a user runs it) with 1 and 2 workers, the two
+    run back to back in each of ``args.repeats`` rounds (1 worker first in even rounds, 2 in odd ones): per
+    setting the median and minimum time and every run; the same-round speedup (1-worker time / 2-worker
+    time), median and minimum."""
+    from benchmarks.report import ratio_stats
+
+    times: dict = {1: [], 2: []}
+    for r in range(args.repeats):
+        for workers in ((1, 2) if r % 2 == 0 else (2, 1)):
             dest = work / f"shards-w{workers}-{r}"
             cmd = [sys.executable, "-m", "data_pipeline", "--quiet", "shard", "--input", str(corpus), "--tokenizer",
                    str(model), "--out-dir", str(dest), "--seq-length", "1024", "--samples-per-shard",
                    str(args.samples_per_shard), "--workers", str(workers)]
             _, seconds = timed(subprocess.run, cmd, check=True, capture_output=True, cwd=REPO)
-            times.append(seconds)
-        out[f"shard_s_w{workers}"] = median(times)
+            times[workers].append(seconds)
+    out: dict = {}
+    for workers, ts in times.items():
+        out[f"shard_s_w{workers}"], out[f"shard_s_w{workers}_min"] = median(ts), min(ts)
+    out["shard_runs"] = {f"w{w}": ts for w, ts in times.items()}
+    out["shard_speedup_w2"] = _stats(ratio_stats(times[1], times[2]))
     out["shard_outputs_identical"] = (work / "shards-w1-0" / "manifest.json").read_bytes() == \
         (work / "shards-w2-0" / "manifest.json").read_bytes()  # the manifest holds every shard's sha256
     return out
@@ -277,7 +301,11 @@ def main(argv=None) -> int:
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of {','.join(SECTIONS)} to run; the others keep the numbers "
                         "of the previous run's data.json")
+    p.add_argument("--render", action="store_true", help="rewrite data.md and data.png from data.json, no runs")
     args = p.parse_args(argv)
+    if args.render:
+        write_results(json.loads((RESULTS / "data.json").read_text()), json_too=False)
+        return 0
     if args.repeats < 5:
         p.error("--repeats must be >= 5 (the machine is shared: a median of fewer runs is noise)")
     sections = [x.strip() for x in args.sections.split(",") if x.strip()]
@@ -308,6 +336,7 @@ def main(argv=None) -> int:
         res.update(bench_sharding(big_input, model, work, args))
         for w in (1, 2):
             res[f"shard_mb_per_s_w{w}"] = args.copies * res["text_mb"] / res[f"shard_s_w{w}"]
+            res[f"shard_mb_per_s_w{w}_best"] = args.copies * res["text_mb"] / res[f"shard_s_w{w}_min"]
         print(f"sharding: {res['shard_mb_per_s_w1']:.2f} / {res['shard_mb_per_s_w2']:.2f} MB/s", flush=True)
     elif not (work / "shards-w1-0" / "manifest.json").exists():
         write_shards([big_input], tok, work / "shards-w1-0", 1024, samples_per_shard=args.samples_per_shard,
@@ -326,6 +355,7 @@ def main(argv=None) -> int:
               flush=True)
 
     needs = {preset: preset_needs(preset) for preset in PRESETS}
+    res["config_sha256"] = {path: h for need in needs.values() for path, h in need.pop("config_sha256").items()}
     ds_of = {}
     for preset, need in needs.items():
         seq = need["seq_length"]
@@ -348,17 +378,72 @@ def main(argv=None) -> int:
                 key = f"{int(frac * 100)}{tag}"
                 runs = [bench_resume(m.path.parent, 1024, 8, frac, buf) for _ in range(args.repeats)]
                 res[f"resume_s_{key}"] = median([r[0] for r in runs])
+                res[f"resume_s_{key}_min"] = min(r[0] for r in runs)
+                res[f"resume_s_{key}_runs"] = [r[0] for r in runs]
                 res[f"resume_shards_{key}"] = runs[0][1]
     res["train_samples_1024"] = m.num_samples("train")
     res["train_shards_1024"] = len(m.split_shards("train"))
     res["train_samples_2048"] = load_manifest(work / "ds-2048").num_samples("train")
     res["machine"]["loadavg_end"] = os.getloadavg()
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "data.json").write_text(json.dumps(res, indent=2) + "\n")
-    (RESULTS / "data.md").write_text(render(res))
-    print((RESULTS / "data.md").read_text())
+    write_results(res)
     return 0
+
+
+def write_results(res: dict, json_too: bool = True) -> None:
+    """data.md and data.png (and data.json, unless re-rendering it); prints the report."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if json_too:
+        (RESULTS / "data.json").write_text(json.dumps(res, indent=2) + "\n")
+    has_plot = plot(res, RESULTS / "data.png")
+    (RESULTS / "data.md").write_text(render(res, has_plot))
+    print((RESULTS / "data.md").read_text())
+
+
+PLOT_SETTINGS = (("w0", "workers=0"), ("w1", "1 worker"), ("w2", "2 workers"), ("w2_node_dp", "2 workers, node DP"))
+
+
+def plot(r: dict, path: Path) -> bool:
+    """data.png: per preset, the loader's tokens/s per rank for each setting (bar: median over the rounds;
+    tick: the slowest round) against one H100 SXM's consumption at 40% MFU (the GPU need per rank of the
+    loader table). False (nothing drawn) when the results hold no loader section."""
+    if not r.get("presets"):
+        return False
+    from ascender_dist.plotting import pyplot
+
+    plt = pyplot()  # one line naming the research extra when matplotlib is missing
+    presets = list(r["presets"])
+    fig, ax = plt.subplots(figsize=(11, 4.6))
+    width = 0.8 / len(PLOT_SETTINGS)
+    for i, (key, label) in enumerate(PLOT_SETTINGS):
+        xs = [j + (i - (len(PLOT_SETTINGS) - 1) / 2) * width for j in range(len(presets))]
+        meds = [r["presets"][p].get(key, float("nan")) for p in presets]
+        ax.bar(xs, meds, width, label=label)
+        lows = [min(r["presets"][p]["loader_runs"][key]) if key in r["presets"][p].get("loader_runs", {})
+                else float("nan") for p in presets]
+        ax.plot(xs, lows, "k_", markersize=10, label="slowest round" if i == 0 else None)
+    needs = [r["presets"][p]["rank_needs_tokens_per_s"] for p in presets]
+    for j, need in enumerate(needs):
+        ax.hlines(need, j - 0.45, j + 0.45, colors="red", linestyles="--", zorder=3,
+                  label="GPU need per rank (1 H100 SXM, 40% MFU)" if j == 0 else None)
+        ax.annotate(f"{need / 1e6:.2f} M", (j + 0.45, need), fontsize=7, color="red", textcoords="offset points",
+                    xytext=(2, -3))
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=min(needs) / 3)
+    ax.set_xticks(range(len(presets)),
+                  [f"{p}\nseq {r['presets'][p]['seq_length']} x mb {r['presets'][p]['micro_batch_size']}"
+                   for p in presets])
+    ax.set_ylabel("tokens/s per rank (median over rounds)")
+    ax.set_title("StreamingLoader throughput vs the GPU's consumption", fontsize=10)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    mc = r["machine"]
+    fig.suptitle(f"{mc['cpu']}, {mc['threads']} hardware threads (shared), OMP_NUM_THREADS={mc['omp_num_threads']}",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def _kept_repeats(r: dict) -> str:
@@ -479,18 +564,53 @@ def provenance(r: dict) -> list[str]:
             f"{commit_text(r.get('git_previous')).lower()}.", ""]
 
 
-def render(r: dict) -> str:
+def _versions(mc: dict) -> str:
+    """``, sentencepiece 0.2.0, webdataset 1.0.2, numpy 2.1.0`` (records before versions were kept: empty)."""
+    return "".join(f", {name} {version or 'not installed'}" for name, version in mc.get("versions", {}).items())
+
+
+def _sharding_lines(r: dict, w1: float, w2: float) -> list[str]:
+    """The sharding table and its same-round speedup (older records: medians only)."""
+    best = lambda w: f" ({r[f'shard_mb_per_s_w{w}_best']:.2f})" if f"shard_mb_per_s_w{w}_best" in r else ""  # noqa: E731
+    head = "MB/s of text: median (fastest run)" if "shard_mb_per_s_w1_best" in r else "MB/s of text (median)"
+    lines = [f"| processes | {head} | per process |", "|---:|---:|---:|",
+             f"| 1 (`shard`) | {w1:.2f}{best(1)} | {w1:.2f} |",
+             f"| 2 (`shard --workers 2`) | {w2:.2f}{best(2)} | {w2 / 2:.2f} |", ""]
+    sp = r.get("shard_speedup_w2")
+    if sp:
+        runs = len(r.get("shard_runs", {}).get("w1", []))
+        lines.append(f"Scaling 1 -> 2 processes, the two alternating in each of {runs} rounds: same-round speedup "
+                     f"{sp['median']:.2f}x median, {sp['min']:.2f}x minimum (efficiency {min(1.0, sp['median'] / 2):.0%}; "
+                     "includes starting the worker processes and the merge). Outputs byte-identical: "
+                     f"{'yes' if r['shard_outputs_identical'] else 'NO'}.")
+    else:  # an older run: all 1-worker runs, then all 2-worker runs
+        lines.append(f"Scaling 1 -> 2 processes: {w2 / w1:.2f}x, the ratio of the medians of back-to-back runs of "
+                     f"each (an older run, before the two were alternated; efficiency {min(1.0, w2 / (2 * w1)):.0%}; "
+                     "includes starting the worker processes and the merge). Outputs byte-identical: "
+                     f"{'yes' if r['shard_outputs_identical'] else 'NO'}.")
+    return lines + [""]
+
+
+def _resume_ms(r: dict, key: str) -> str:
+    """``123 ms`` (median), ``(min 110)`` beside it when recorded."""
+    low = r.get(f"resume_s_{key}_min")
+    return f"{r[f'resume_s_{key}'] * 1000:.0f} ms" + (f" (min {low * 1000:.0f})" if low is not None else "")
+
+
+def render(r: dict, has_plot: bool = False) -> str:
     """The markdown report."""
     from benchmarks.report import commit_text
 
     s, mc = r["settings"], r["machine"]
     load = lambda t: " / ".join(f"{x:.2f}" for x in t)  # noqa: E731
     w1, w2 = r["shard_mb_per_s_w1"], r["shard_mb_per_s_w2"]
-    eff = min(1.0, w2 / (2 * w1))
+    sp = r.get("shard_speedup_w2")
+    eff = min(1.0, sp["median"] / 2) if sp else min(1.0, w2 / (2 * w1))
     lines = ["# Data pipeline benchmark", "",
              f"Machine: {mc['cpu']}, {mc['threads']} hardware threads ({mc['usable_threads']} usable by this "
-             f"process), {mc['ram_gib']} GiB RAM, {mc['os']}, Python {mc['python']}, torch {mc['torch']}, "
-             f"OMP_NUM_THREADS={mc['omp_num_threads']}. {commit_text(r)} (the latest invocation).", "",
+             f"process), {mc['ram_gib']} GiB RAM, {mc['os']}, Python {mc['python']}, torch {mc['torch']}"
+             f"{_versions(mc)}, OMP_NUM_THREADS={mc['omp_num_threads']}. {commit_text(r)} (the latest invocation).",
+             "",
              f"Load average (1/5/15 min) at start {load(mc['loadavg_start'])}, at end {load(mc['loadavg_end'])}: the "
              "machine is shared with other jobs, so these figures are noisy (each is the median of "
              f"{s['repeats']} runs{_kept_repeats(r)}, or of interleaved rounds where a table says so) and, where the "
@@ -500,12 +620,7 @@ def render(r: dict) -> str:
              f"Input: the default corpus ({r['text_mb']:.2f} MB of text) {s['copies']} times over in one .jsonl; "
              f"`data-pipeline shard` as a fresh process; vocab {s['vocab_size']}, seq 1024, "
              f"{r['bytes_per_token']:.2f} bytes of text per token.", "",
-             "| processes | MB/s of text | per process |", "|---:|---:|---:|",
-             f"| 1 (`shard`) | {w1:.2f} | {w1:.2f} |",
-             f"| 2 (`shard --workers 2`) | {w2:.2f} | {w2 / 2:.2f} |", "",
-             f"Scaling 1 -> 2 processes: {w2 / w1:.2f}x (efficiency {eff:.0%}; includes starting the worker "
-             "processes and the merge). Outputs byte-identical: "
-             f"{'yes' if r['shard_outputs_identical'] else 'NO'}.", "",
+             *_sharding_lines(r, w1, w2),
              f"Hours to shard each preset's corpus on {CORES} cores (jobs or workers), from the per-core rate "
              f"{w1:.2f} MB/s and the measured efficiency {eff:.0%} (assumed to hold to {CORES}; the corpus is the "
              "largest of the three architectures' 20-tokens-per-parameter budgets; a 32k vocabulary packs more "
@@ -564,6 +679,8 @@ def render(r: dict) -> str:
               "themselves. 'workers for 20x' extrapolates the node-DP rate linearly from 2 workers (each worker "
               "adding half the 2-worker rate); the training process still assembles the rank's part of every "
               "shuffle block, which caps that scaling.", ""]
+    if has_plot:
+        lines += ["![loader tokens/s per rank against the GPU's need](data.png)", ""]
     if "own_rows" in r:
         lines += own_rows_lines(r)
     lines += ["Loader memory per rank (2 workers, 200 micro-batches, peak RSS): "
@@ -578,16 +695,22 @@ def render(r: dict) -> str:
               "## Resume", "",
               "| Measurement | Result |", "|---|---|",
               f"| Resume at 10% of an epoch (construct + load_state_dict + first batch), shuffle buffer "
-              f"{s['shuffle_buffer']} | {r['resume_s_10'] * 1000:.0f} ms, {r['resume_shards_10']} shard(s) read |",
-              f"| Resume at 90%, shuffle buffer {s['shuffle_buffer']} | {r['resume_s_90'] * 1000:.0f} ms, "
+              f"{s['shuffle_buffer']} | {_resume_ms(r, '10')}, {r['resume_shards_10']} shard(s) read |",
+              f"| Resume at 90%, shuffle buffer {s['shuffle_buffer']} | {_resume_ms(r, '90')}, "
               f"{r['resume_shards_90']} shard(s) read |",
               f"| Resume at 10% / 90%, shuffle buffer {s['samples_per_shard']} (= shard size) | "
-              f"{r['resume_s_10_small_buffer'] * 1000:.0f} ms / {r['resume_s_90_small_buffer'] * 1000:.0f} ms, "
+              f"{_resume_ms(r, '10_small_buffer')} / {_resume_ms(r, '90_small_buffer')}, "
               f"{r['resume_shards_10_small_buffer']} / {r['resume_shards_90_small_buffer']} shard(s) read |", "",
+              (f"Each resume figure: the median of {len(r['resume_s_10_runs'])} runs, the fastest in brackets."
+               if "resume_s_10_runs" in r else "Each resume figure: a median of repeated runs (an older run: no "
+               "minimum kept)."),
+              "",
               "A resume reads only the shards overlapping the current shuffle block (never consumed ones), so its "
               "cost follows the buffer/shard ratio, not the position in the epoch.", "",
               "Reproduce: `OMP_NUM_THREADS=1 python benchmarks/data.py` (`--sections loader,own_rows` for the "
-              "loader tables only). Raw numbers: `data.json`.", ""]
+              "loader tables only). Raw numbers: `data.json`"
+              + (f"; the sha256 of the {len(r['config_sha256'])} `configs/scaling/*.yaml` configs read "
+                 "(`provenance.config_hash`): `config_sha256` there." if r.get("config_sha256") else "."), ""]
     return "\n".join(lines)
 
 

@@ -29,6 +29,13 @@ def commit_text(state: dict | None) -> str:
     return f"Commit {state['git_commit'][:12]}{' (dirty)' if state.get('git_dirty') else ''}"
 
 
+def cpus_text(result: dict) -> str:
+    """``; 2 logical CPUs, shared`` from the ``machine_record`` (ascender_dist/machine.py) a result recorded;
+    nothing for records made before it was kept (their machine line names the count)."""
+    cpus = (result.get("machine_record") or {}).get("logical_cpus")
+    return f"; {cpus} logical CPUs, shared" if cpus else ""
+
+
 def ratio_stats(num: list[float], den: list[float]) -> dict:
     """Median and minimum of the same-round ratios num[i] / den[i], and the ratios themselves."""
     import statistics

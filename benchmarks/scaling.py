@@ -20,7 +20,12 @@ gpt ``small`` (the preset's seq_length, 2048) runs only if a DP2 step, after its
 CPU seconds on every rank (and < twice that in wall time); otherwise it is reported as too slow.
 
 Checkpoints: DP2 x ZeRO-1, one AdamW step (so the optimizer moments exist), then ``Trainer.save()``
-and ``checkpoint.load_checkpoint(engine, ...)`` timed ``--ckpt-reps`` times each (median).
+and ``checkpoint.load_checkpoint(engine, ...)`` timed ``--ckpt-reps`` (>= 5) times each (median and minimum).
+
+``--rounds`` and ``--ckpt-reps`` below 5 are refused (except by ``--quick``, which writes nothing).
+scaling.json records the git commit and whether the tree was dirty (``provenance.git_state``), the
+package versions, and the sha256 of every run config the benchmark built (``provenance.config_hash``,
+with the temporary dataset paths replaced by the dataset they name) beside the datasets' manifest hashes.
 
     .venv/bin/python benchmarks/scaling.py            # ~11 min on 2 shared cores (5 if gpt small fails its gate)
     .venv/bin/python benchmarks/scaling.py --quick    # smoke run (gpt debug, few steps), nothing written
@@ -49,7 +54,9 @@ if str(ROOT) not in sys.path:  # `python benchmarks/scaling.py` from anywhere
 
 from ascender_dist.config.presets import MODEL_PRESETS  # noqa: E402
 from ascender_dist.machine import cpu_model  # noqa: E402
-from benchmarks.report import RESULTS, publish  # noqa: E402
+from benchmarks.report import RESULTS, commit_text, publish  # noqa: E402
+
+MIN_REPEATS = 5  # the project's floor for interleaved rounds and repeated timings
 
 ARCHS = ("gpt", "ascender", "connection")
 # layout name -> (world size, parallel section). ZeRO-1 everywhere (the project default and what the
@@ -211,18 +218,9 @@ def checkpoint_worker(args: dict) -> dict:
 # ----------------------------------------------------------------------------- driver side
 
 
-def _git() -> dict:
-    """The commit measured, and the tracked files that differed from it (others edit this tree too)."""
-    import subprocess
-
-    def git(*cmd):
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout
-
-    return {"commit": git("rev-parse", "--short", "HEAD").strip(),
-            "uncommitted": [l[3:] for l in git("status", "--porcelain", "--untracked-files=no").splitlines() if l]}
-
-
 def _machine() -> dict:
+    """CPU, cores, memory and library versions (benchmarks/gpu_check/machine.py records the same; the git
+    state is added by the caller: ``provenance.git_state()`` here, the copier's word on a GPU host)."""
     import torch
 
     cpu = cpu_model()
@@ -232,7 +230,36 @@ def _machine() -> dict:
     return {"cpu_model": cpu, "cores": os.cpu_count(), "mem_gib": round(mem, 1), "torch": torch.__version__,
             "python": platform.python_version(),
             "versions": package_versions(("deepspeed", "megatron-core")),
-            "gpu": torch.cuda.is_available(), **_git()}
+            "gpu": torch.cuda.is_available()}
+
+
+def config_hashes(jobs: list[dict], data: dict, datasets: dict | None = None) -> dict:
+    """``{job key: config_hash}`` of the run config each job trains (``make_config``, as the ranks build it).
+    The dataset paths (a fresh temporary directory per invocation) are replaced by ``datasets[seq]``, a
+    name of the dataset they hold, so two invocations of the same settings hash alike."""
+    from ascender_dist.config.loader import to_dict
+    from ascender_dist.research.ablate.provenance import config_hash
+
+    out = {}
+    for job in jobs:
+        cfg = to_dict(make_config(job, data[str(job["seq"])], Path("<work dir>") / job["key"].replace(" ", "_")))
+        label = (datasets or {}).get(str(job["seq"]), f"tiny dataset, seq {job['seq']}")
+        cfg["data"] = {**cfg["data"], "manifest": f"<{label}: manifest>", "tokenizer": f"<{label}: tokenizer>"}
+        out[job["key"]] = config_hash(cfg)
+    return out
+
+
+def check_repeats(p: argparse.ArgumentParser, args) -> None:
+    """p.error for fewer than MIN_REPEATS rounds or checkpoint repetitions, except in a --quick run (which
+    writes nothing) and in the modes that measure nothing (--render, --summarise)."""
+    if args.quick or args.render or args.summarise:
+        return
+    if args.rounds < MIN_REPEATS:
+        p.error(f"--rounds must be >= {MIN_REPEATS} (median and minimum of at least {MIN_REPEATS} interleaved "
+                "rounds); --quick for a smoke run")
+    if args.ckpt_reps < MIN_REPEATS:
+        p.error(f"--ckpt-reps must be >= {MIN_REPEATS} (median and minimum of at least {MIN_REPEATS} saves and "
+                "loads); --quick for a smoke run")
 
 
 def launch(target: str, world: int, args: dict, env: dict | None = None, timeout: float = 900.0) -> tuple[list, dict]:
@@ -293,7 +320,7 @@ def main():
     p.add_argument("--steps", type=int, default=16, help="steps per debug point per round (incl. warm-up)")
     p.add_argument("--warmup", type=int, default=3, help="steps discarded at the start of each point")
     p.add_argument("--rounds", type=int, default=5,
-                   help="alternate the 1-rank and 2-rank launches this many times (>= 5 for a committed table)")
+                   help="alternate the 1-rank and 2-rank launches this many times (>= 5; --quick: 1)")
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--global-batch", type=int, default=32, help="sequences per step (debug: x 128 tokens)")
     p.add_argument("--two-threads", action=argparse.BooleanOptionalAction, default=False,
@@ -309,13 +336,15 @@ def main():
                         "rank one)")
     p.add_argument("--small-seq", type=int, default=MODEL_PRESETS["small"]["seq_length"],
                    help="small's sequence length: the preset's (a dataset of another length is refused)")
-    p.add_argument("--ckpt-reps", type=int, default=3)
+    p.add_argument("--ckpt-reps", type=int, default=5,
+                   help="timed saves and loads per checkpoint model (>= 5: median and minimum; --quick: 1)")
     p.add_argument("--ckpt-models", nargs="+", default=["debug", "debug-w4", "debug-w16", "small"])
     p.add_argument("--quick", action="store_true", help="gpt debug only, few steps, no small, results not written")
     p.add_argument("--render", action="store_true", help="rewrite scaling.md/.png from scaling.json, no runs")
     p.add_argument("--summarise", metavar="RAW_JSON",
                    help="summarise and write the raw.json a run kept in its work dir (when its summary failed)")
     args = p.parse_args()
+    check_repeats(p, args)
     if args.summarise:
         report(summarise(json.loads(Path(args.summarise).read_text())), write=True)
         return
@@ -327,6 +356,9 @@ def main():
         args.archs, args.steps, args.warmup, args.rounds, args.small = ["gpt"], 6, 2, 1, False
         args.two_threads, args.ckpt_reps, args.ckpt_models = False, 1, ["debug"]
 
+    from ascender_dist.research.ablate.provenance import file_sha256, git_state  # research extra, only when run
+
+    state = git_state()  # the code that runs: taken before measuring
     t_start = time.time()
     tmp = Path(tempfile.mkdtemp(prefix="scaling_"))
     print(f"work dir {tmp}", flush=True)
@@ -339,6 +371,27 @@ def main():
                                                       corpus_bytes=1_500_000 * args.small_seq // 1024)
     print(f"data ready ({time.time() - t_start:.0f} s)", flush=True)
 
+    # every job's run config, built and hashed before the first launch (a config that does not build fails here)
+    dbg = throughput_jobs("debug", args.archs, LAYOUTS, args.steps, args.micro_batch, args.global_batch, 128)
+    two_thread_jobs = [{**j, "key": j["key"].replace(REFERENCE, "1 rank, 2 threads"), "layout": "1 rank, 2 threads"}
+                       for j in dbg[1]]
+    # gpt small: the gate is DP2's: after its warm-up steps, stop the whole group if a step took > --small-max-step-s;
+    # the layouts after it are not gated themselves (a set with holes would compare nothing)
+    sm = throughput_jobs("small", ["gpt"], ["DP2", "TP2", "PP2", REFERENCE], args.small_steps, 1,
+                         args.small_global_batch, args.small_seq) if args.small else {1: [], 2: []}
+    for job in sm[2]:
+        job["group"] = "small"
+        if job["layout"] == "DP2":
+            job.update(max_step_s=args.small_max_step_s, gate_steps=args.small_warmup)
+    sm[2].sort(key=lambda j: j["layout"] != "DP2")
+    ck_jobs = [{"key": name, "preset": CKPT_MODELS[name][0], "arch": "gpt", "model": CKPT_MODELS[name][1],
+                "parallel": {"zero_stage": 1}, "steps": 1, "micro": 1, "global": 2, "seq": 128}
+               for name in args.ckpt_models]
+    manifests = {seq: file_sha256(d["manifest"]) for seq, d in data.items()}
+    hashes = config_hashes([*dbg[1], *dbg[2], *(two_thread_jobs if args.two_threads else []), *sm[1], *sm[2], *ck_jobs],
+                           data, {seq: f"make_tiny_dataset seq {seq}, manifest sha256 {(h or '?')[:16]}"
+                                  for seq, h in manifests.items()})
+
     launches = []
     raw: dict[str, list] = {}  # key -> per-round list of per-rank results
 
@@ -348,9 +401,6 @@ def main():
             raw.setdefault(key, []).append([r[key] for r in res])
 
     # ---- debug preset, every architecture, alternating 1-rank / 2-rank launches
-    dbg = throughput_jobs("debug", args.archs, LAYOUTS, args.steps, args.micro_batch, args.global_batch, 128)
-    two_thread_jobs = [{**j, "key": j["key"].replace(REFERENCE, "1 rank, 2 threads"), "layout": "1 rank, 2 threads"}
-                       for j in dbg[1]]
     for r in range(args.rounds):
         print(f"round {r + 1}/{args.rounds}: debug", flush=True)
         for world in (1, 2):
@@ -365,15 +415,6 @@ def main():
     small_gate = None
     if args.small:
         print("gpt small", flush=True)
-        # the gate is DP2's: after its warm-up steps, stop the whole group if a step took > --small-max-step-s;
-        # the layouts after it are not gated themselves (a set with holes would compare nothing)
-        sm = throughput_jobs("small", ["gpt"], ["DP2", "TP2", "PP2", REFERENCE], args.small_steps, 1,
-                             args.small_global_batch, args.small_seq)
-        for job in sm[2]:
-            job["group"] = "small"
-            if job["layout"] == "DP2":
-                job.update(max_step_s=args.small_max_step_s, gate_steps=args.small_warmup)
-        sm[2].sort(key=lambda j: j["layout"] != "DP2")
         res, info = launch("benchmarks.scaling:throughput_worker", 2,
                            {"jobs": sm[2], "data": data, "root": str(tmp / "runs_small")}, timeout=1500)
         collect(res, info)
@@ -384,9 +425,6 @@ def main():
 
     # ---- checkpoints at DP2 x ZeRO-1
     print("checkpoints", flush=True)
-    ck_jobs = [{"key": name, "preset": CKPT_MODELS[name][0], "arch": "gpt", "model": CKPT_MODELS[name][1],
-                "parallel": {"zero_stage": 1}, "steps": 1, "micro": 1, "global": 2, "seq": 128}
-               for name in args.ckpt_models]
     ck_res, info = launch("benchmarks.scaling:checkpoint_worker", 2,
                           {"jobs": ck_jobs, "data": data, "root": str(tmp / "ckpt"), "reps": args.ckpt_reps},
                           timeout=1200)
@@ -395,7 +433,8 @@ def main():
     measured = {"args": {k: v for k, v in vars(args).items() if k not in ("render", "summarise")},
                 "launches": launches, "raw": raw, "checkpoints": ck_res[0], "small_gate_step_s": small_gate,
                 "wall_seconds": time.time() - t_start, "uptime_end": Path("/proc/loadavg").read_text().split()[:3],
-                "machine": _machine()}
+                "machine": {**_machine(), **state},
+                "config_sha256": hashes, "data_manifest_sha256": manifests}
     # kept until the summary is written: a failing summary can be redone with --summarise <this file>
     (tmp / "raw.json").write_text(json.dumps(measured))
     print(f"raw results in {tmp / 'raw.json'}", flush=True)
@@ -460,10 +499,12 @@ def summarise(measured: dict) -> dict:
         r0 = measured["checkpoints"][name]
         ckpts.append({"model": name, "preset": CKPT_MODELS[name][0], "overrides": CKPT_MODELS[name][1],
                       "params": r0["params"], "bytes": r0["bytes"], "save_s": statistics.median(r0["save_s"]),
-                      "load_s": statistics.median(r0["load_s"]), "save_s_all": r0["save_s"],
+                      "load_s": statistics.median(r0["load_s"]), "save_s_min": min(r0["save_s"]),
+                      "load_s_min": min(r0["load_s"]), "save_s_all": r0["save_s"],
                       "load_s_all": r0["load_s"], "files": r0["files"]})
     meta = {**measured["machine"], **{k: measured[k] for k in ("wall_seconds", "launches", "uptime_end", "args",
-                                                                  "small_gate_step_s")}}
+                                                                  "small_gate_step_s")},
+            **{k: measured[k] for k in ("config_sha256", "data_manifest_sha256") if k in measured}}
     gate = next((q["rounds"][0] for q in points if q["preset"] == "small" and q["layout"] == "DP2"), None)
     if gate and gate.get("gate_cpu_s") is not None:  # CPU seconds of the busier rank in the gate step
         meta["small_gate_cpu_s"] = gate["gate_cpu_s"]
@@ -475,6 +516,22 @@ def summarise(measured: dict) -> dict:
 
 def _fmt_int(x) -> str:
     return f"{x:,.0f}"
+
+
+def ckpt_min(c: dict, what: str) -> float:
+    """The fastest of a checkpoint's timed saves or loads (records before the minimum was kept: from the
+    recorded repetitions)."""
+    return c.get(f"{what}_s_min", min(c[f"{what}_s_all"]))
+
+
+def code_line(meta: dict) -> str:
+    """The commit measured and whether the tree was dirty (``git_state``); records made before that name the
+    commit and the tracked files that differed."""
+    if "git_commit" in meta:
+        return commit_text(meta).replace("Commit", "commit", 1)
+    return f"commit {meta.get('commit', '?')}" + (
+        f", with other engineers' uncommitted edits in {', '.join(meta['uncommitted'])}" if meta.get("uncommitted")
+        else "")
 
 
 def report(saved: dict, write: bool):
@@ -494,9 +551,7 @@ def report(saved: dict, write: bool):
         f"{meta['versions']['megatron-core']}, Python {meta['python']}. fp32, gloo. "
         f"Run by `benchmarks/scaling.py` in {meta['wall_seconds'] / 60:.1f} min. "
         f"1-minute load average seen around the launches: {min(loads):.2f} to {max(loads):.2f} "
-        f"(our own ranks count: one busy rank adds ~1). Code: commit {meta.get('commit', '?')}"
-        + (f", with other engineers' uncommitted edits in {', '.join(meta['uncommitted'])}" if meta.get("uncommitted")
-           else "") + ".",
+        f"(our own ranks count: one busy rank adds ~1). Code: {code_line(meta)}.",
         "",
         "Each layout trains through `Trainer(cfg).fit()` (megatron-core layers in DeepSpeed's engine; its "
         "pipeline engine for PP2) on ranks started by `tests.helpers.multiproc.run_ranks` (one process per "
@@ -505,7 +560,7 @@ def report(saved: dict, write: bool):
         "A step's time is the slowest rank's; the first "
         f"{a['warmup']} steps of each point are dropped and the median of the rest is reported "
         f"({a['rounds']} round(s) of {a['steps']} steps, the 1-rank and 2-rank launches alternating"
-        f"{'' if a['rounds'] >= 5 else '; FEWER than the 5 rounds this project requires of a committed table: re-run it'}"
+        f"{'' if a['rounds'] >= MIN_REPEATS else f'; FEWER than the {MIN_REPEATS} rounds this project requires of a committed table: re-run it'}"
         "). Same global "
         f"batch in every layout: debug {a['global_batch']} x 128 tokens (micro-batch {a['micro_batch']}: 1 rank and "
         f"TP2/PP2 accumulate/pipeline {a['global_batch'] // a['micro_batch']} micro-batches, DP2 "
@@ -564,19 +619,28 @@ def report(saved: dict, write: bool):
         "",
         "One AdamW step (so the moments exist), then `Trainer.save()` and "
         "`ascender_dist.training.checkpoint.load_checkpoint(engine, dir, tag)`, each timed "
-        f"{a['ckpt_reps']} times between barriers; the median is shown (all runs in scaling.json). Bytes: the "
+        f"{a['ckpt_reps']} times between barriers"
+        + (f" (FEWER than the {MIN_REPEATS} this project requires: re-run it)" if a["ckpt_reps"] < MIN_REPEATS else "")
+        + "; median and minimum shown (all runs in scaling.json). Bytes: the "
         "whole tag directory (model states from DP rank 0, one ZeRO optimizer partition per rank, RNG states, "
         "meta/config). Files were just written, so loads read from the page cache; saves end when the data "
         "is in the page cache (DeepSpeed does not fsync). This is serialisation cost, not disk bandwidth.",
         "",
-        "| model | shape | params | bytes on disk | bytes / param | save s | load s |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| model | shape | params | bytes on disk | bytes / param | save s: median (min) | load s: median (min) "
+        "| repetitions |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     shapes = {"debug": "2 x 64 (debug)", "debug-w4": "2 x 256, ffn 1024", "debug-w16": "2 x 1024, ffn 4096",
               "small": "12 x 768 (small)"}
     for c in ckpts:
         lines.append(f"| {c['model']} | {shapes.get(c['model'], '')} | {_fmt_int(c['params'])} | "
-                     f"{c['bytes'] / 2**20:,.1f} MiB | {c['bytes'] / c['params']:.1f} | {c['save_s']:.2f} | {c['load_s']:.2f} |")
+                     f"{c['bytes'] / 2**20:,.1f} MiB | {c['bytes'] / c['params']:.1f} | "
+                     f"{c['save_s']:.2f} ({ckpt_min(c, 'save'):.2f}) | {c['load_s']:.2f} ({ckpt_min(c, 'load'):.2f}) | "
+                     f"{len(c['save_s_all'])} |")
+    if meta.get("config_sha256"):
+        lines += ["", f"Run configs: the sha256 of each of the {len(meta['config_sha256'])} configs built "
+                      "(`provenance.config_hash`, temporary dataset paths replaced by the dataset's name and manifest "
+                      "hash) is in scaling.json (`meta.config_sha256`)."]
     lines += ["", "## Reading", ""]
     lines += reading(saved, points)
     lines += [
@@ -590,7 +654,7 @@ def report(saved: dict, write: bool):
         "",
     ]
     if publish("scaling", lines, saved, write):
-        plot(points, ckpts)
+        plot(points, ckpts, meta.get("cores"))
 
 
 def reading(saved: dict, points: list) -> list[str]:
@@ -609,12 +673,12 @@ def reading(saved: dict, points: list) -> list[str]:
     share1 = [c for q in debug if q["world"] == 1 for c in q["cpu_per_wall"]]
     share2 = [c for q in debug if q["world"] == 2 for c in q["cpu_per_wall"]]
     out = [
-        "* **What 2 ranks can do here.** The machine has 2 cores, shared with other engineers' jobs. The 1-rank "
+        f"* **What 2 ranks can do here.** The machine has {meta.get('cores', '?')} cores, shared with other engineers' jobs. The 1-rank "
         "reference is one process with one intra-op thread, so a 2-rank layout has at most twice its CPU: the "
         "ideal ratio of every layout is 2.0, reachable only if the second core is free. TP2 and PP2 split one "
         "model replica (each rank does half the arithmetic) and pay for it in per-layer all-reduces (TP) or "
         "activation sends and a pipeline bubble (PP); DP2 splits the batch and pays one gradient all-reduce "
-        "(reduce-scatter/all-gather under ZeRO-1) per step. On 2 shared cores no layout can more than double the "
+        "(reduce-scatter/all-gather under ZeRO-1) per step. With 2 ranks on shared cores no layout can more than double the "
         "1-rank run, and only while nobody else wants the second core.",
     ]
     if share1 and share2:
@@ -710,12 +774,12 @@ def reading(saved: dict, points: list) -> list[str]:
                    "disk (fp32 weights 4, plus ZeRO-1's fp32 flat copy of the partition 4 and the two Adam moments "
                    f"8); the largest model here ({_fmt_int(big['params'])} params, {big['bytes'] / 2**20:,.0f} MiB) "
                    f"saves in {big['save_s']:.1f} s and loads in {big['load_s']:.1f} s (median of "
-                   f"{len(big['save_s_all'])}). Below a few MiB the time is the fixed cost of the protocol "
+                   f"{len(big['save_s_all'])}; minimum {ckpt_min(big, 'save'):.1f} / {ckpt_min(big, 'load'):.1f} s). Below a few MiB the time is the fixed cost of the protocol "
                    "(barriers, RNG files, COMPLETE marker and atomic `latest`, DeepSpeed's bookkeeping).")
     return out
 
 
-def plot(points, ckpts):
+def plot(points, ckpts, cores=None):
     from ascender_dist.plotting import pyplot
 
     plt = pyplot()  # one line naming the research extra when matplotlib is missing
@@ -760,7 +824,7 @@ def plot(points, ckpts):
         ac.set_title("checkpoint, DP2 x ZeRO-1")
         ac.grid(True, which="both", alpha=0.3)
         ac.legend()
-    fig.suptitle("2 shared CPU cores, fp32, gloo", fontsize=9)
+    fig.suptitle(f"{cores or '?'} shared CPU cores, fp32, gloo", fontsize=9)
     fig.tight_layout()
     fig.savefig(RESULTS / "scaling.png", dpi=110)
 

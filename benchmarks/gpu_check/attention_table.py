@@ -6,21 +6,28 @@ k = 16, window 128 + 4 globals), built on the plan's device in its dtype (bf16 o
 ``F.scaled_dot_product_attention(is_causal=True)`` under the first of FlashAttention, cuDNN, memory-efficient,
 math that accepts the inputs (the one that ran is named).
 
-Time: one first call (Triton compiles here; recorded apart), warm-up calls, then ``repeats`` calls timed
-with CUDA events (perf_counter on CPU); median and min. Peak memory: ``torch.cuda.max_memory_allocated``
-during one more call, above what was allocated before it (inputs and parameters excluded); none on CPU.
-Before each length the section checks that 4x the previous length's time (attention is quadratic) fits
-in what is left of its budget; lengths that do not fit are recorded as not measured.
+Time: per length both layers are built in one process, each gets one first call (Triton compiles here;
+recorded apart) and its warm-up calls, then ``repeats`` rounds each time one call of SDPA and one of ASCender
+back to back (the order alternating round by round), with CUDA events (perf_counter on CPU). Per layer: the
+median and minimum time; per row: the ratio ASCender / SDPA of each round, median and minimum over the
+rounds (a slow spell of the host or the GPU hits both calls of a round alike). The host's 1-minute load
+average (``os.getloadavg``) at the start and end of each length is recorded. Peak memory:
+``torch.cuda.max_memory_allocated`` during one more call, above what was allocated before it (inputs and
+parameters excluded); none on CPU. Before each length the section checks that 4x the previous length's
+time (attention is quadratic) fits in what is left of its budget; lengths that do not fit are recorded as
+not measured.
 
 CUDA graph (CUDA only): the same ASCender fwd+bwd captured once per length in a ``torch.cuda.CUDAGraph``
-(after warm-up calls on a side stream, as torch's docs prescribe) and replayed, timed like the eager calls:
-what the layer costs without the host launching its ~1,200 kernels one by one. The capture fails if the
-path synchronises with the host (a copy from pageable memory, ``.item()``); the failure is recorded.
+(after warm-up calls on a side stream, as torch's docs prescribe) and replayed, in rounds alternating with
+SDPA calls like the eager ones: what the layer costs without the host launching its ~1,200 kernels one by
+one. The capture fails if the path synchronises with the host (a copy from pageable memory, ``.item()``);
+the failure is recorded.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -30,6 +37,7 @@ from benchmarks.gpu_check.plan import Budget, Plan
 
 log = logging.getLogger("gpu_check")
 TRITON_KERNELS = ("stats_kernel", "forward_kernel", "row_grad_kernel", "col_grad_kernel")  # kernels/*.py
+IMPLS = ("sdpa", "ascender")  # SDPA first in the first round; the order alternates after that
 
 
 def _sync(device: str) -> None:
@@ -83,30 +91,68 @@ def sdpa_runner(n: int, plan: Plan):
     raise RuntimeError("no SDPA backend ran: " + "; ".join(errors))
 
 
-def time_fwd_bwd(run, plan: Plan) -> dict:
-    """First-call seconds, then ``plan.repeats`` timed calls after ``plan.warmup`` calls in all."""
+def _failed(exc: BaseException) -> str:
+    return f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+
+
+def call_seconds(run, device: str) -> float:
+    """Seconds of one call: CUDA events around it on CUDA, perf_counter on CPU."""
     import torch
 
-    t0 = time.perf_counter()
-    run()
-    _sync(plan.device)
-    first = time.perf_counter() - t0
-    for _ in range(plan.warmup - 1):
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         run()
-    times = []
-    for _ in range(plan.repeats):
-        if plan.device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3  # elapsed_time is in ms
+    t = time.perf_counter()
+    run()
+    return time.perf_counter() - t
+
+
+def time_interleaved(runs: dict, plan: Plan, first_calls: bool = True) -> dict:
+    """``runs``: name -> fwd+bwd closure. Each gets its first call (timed apart, with ``first_calls``) and
+    ``plan.warmup`` calls in all, then ``plan.repeats`` rounds time one call of each, the order rotated by
+    one each round. Per name: ``{first_call_s, median_s, min_s, times_s}`` (times in round order), or
+    ``{"status": "failed: ..."}`` for a closure that raised (the others go on without it)."""
+    out: dict = {}
+    live = {}
+    for name, run in runs.items():
+        try:
+            t0 = time.perf_counter()
             run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)  # elapsed_time is in ms
-        else:
-            t = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t)
-    return {"first_call_s": first, "median_s": statistics.median(times), "min_s": min(times), "times_s": times}
+            _sync(plan.device)
+            first = time.perf_counter() - t0
+            for _ in range(plan.warmup - 1):
+                run()
+            _sync(plan.device)
+        except Exception as exc:  # e.g. out of memory at a long length: recorded, the other layer still runs
+            out[name] = {"status": _failed(exc)}
+            continue
+        out[name] = {"first_call_s": first} if first_calls else {}
+        out[name]["times_s"] = []
+        live[name] = run
+    names = list(live)
+    for r in range(plan.repeats if names else 0):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            if "status" in out[name]:
+                continue
+            try:
+                out[name]["times_s"].append(call_seconds(live[name], plan.device))
+            except Exception as exc:
+                out[name] = {"status": _failed(exc)}
+    for res in out.values():
+        if "status" not in res:
+            res.update(median_s=statistics.median(res["times_s"]), min_s=min(res["times_s"]))
+    return out
+
+
+def round_ratios(num: list[float], den: list[float]) -> dict:
+    """Median and minimum of the same-round ratios num[i] / den[i], and the ratios (benchmarks/report.py)."""
+    from benchmarks.report import ratio_stats
+
+    return ratio_stats(num, den)
 
 
 def peak_mib(run, device: str):
@@ -116,8 +162,9 @@ def peak_mib(run, device: str):
     return cuda_peak_mib(run) if device == "cuda" else None
 
 
-def graph_time(run, plan: Plan) -> dict:
-    """run() captured in a CUDA graph and replayed: {graph_median_s, graph_min_s} or {graph_status}."""
+def graph_time(run, plan: Plan, sdpa=None) -> dict:
+    """run() captured in a CUDA graph and replayed, in rounds alternating with ``sdpa`` calls when given:
+    {graph_median_s, graph_min_s, graph_times_s, graph_sdpa_times_s} or {graph_status}."""
     import torch
 
     try:
@@ -130,38 +177,69 @@ def graph_time(run, plan: Plan) -> dict:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             run()
-        timed = time_fwd_bwd(graph.replay, plan)
+        timed = time_interleaved({"graph": graph.replay, **({"sdpa": sdpa} if sdpa else {})}, plan, first_calls=False)
+        if "status" in timed["graph"]:
+            return {"graph_status": timed["graph"]["status"]}
     except Exception as exc:  # a capture failure is a finding, recorded; the eager numbers stand
-        return {"graph_status": f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"}
-    return {"graph_status": "ok", "graph_median_s": timed["median_s"], "graph_min_s": timed["min_s"]}
+        return {"graph_status": _failed(exc)}
+    out = {"graph_status": "ok", "graph_median_s": timed["graph"]["median_s"], "graph_min_s": timed["graph"]["min_s"],
+           "graph_times_s": timed["graph"]["times_s"]}
+    if "times_s" in timed.get("sdpa", {}):
+        out["graph_sdpa_times_s"] = timed["sdpa"]["times_s"]
+    return out
 
 
-def measure_point(impl: str, n: int, plan: Plan, ascender_impl: str) -> dict:
+def build_runner(impl: str, n: int, plan: Plan, ascender_impl: str):
+    """(fwd+bwd closure, backend name) of one layer."""
+    if impl == "sdpa":
+        return sdpa_runner(n, plan)
+    return _layer("auto", n, plan.device, plan.dtype), ascender_impl
+
+
+def measure_pair(n: int, plan: Plan, ascender_impl: str) -> list[dict]:
+    """The SDPA and ASCender points of one length, timed in interleaved rounds (``time_interleaved``); then
+    each layer's peak memory and, on CUDA, ASCender's CUDA-graph replay in rounds with SDPA. A failed layer
+    (e.g. out of memory) is recorded in its point; the other is still measured."""
     import torch
 
-    point = {"impl": impl, "n": n}
+    points = {impl: {"impl": impl, "n": n} for impl in IMPLS}
+    runs = {}
+    load_start = os.getloadavg()[0]
     try:
-        if impl == "sdpa":
-            run, point["backend"] = sdpa_runner(n, plan)
-        else:
-            run, point["backend"] = _layer("auto", n, plan.device, plan.dtype), ascender_impl
-        point.update(time_fwd_bwd(run, plan), peak_mib=peak_mib(run, plan.device), status="ok")
-        if impl != "sdpa" and plan.device == "cuda":
-            point.update(graph_time(run, plan))
-    except Exception as exc:  # one failed point (e.g. out of memory) is recorded; the others still run
-        point["status"] = f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+        for impl in IMPLS:
+            try:
+                runs[impl], points[impl]["backend"] = build_runner(impl, n, plan, ascender_impl)
+            except Exception as exc:
+                points[impl]["status"] = _failed(exc)
+        for impl, timed in time_interleaved(runs, plan).items():
+            points[impl].update(timed)
+        for impl, run in runs.items():
+            point = points[impl]
+            if "status" in point:
+                continue
+            try:
+                point.update(peak_mib=peak_mib(run, plan.device), status="ok")
+                if impl != "sdpa" and plan.device == "cuda":
+                    point.update(graph_time(run, plan, runs.get("sdpa") if points["sdpa"].get("status") == "ok"
+                                            else None))
+            except Exception as exc:
+                point["status"] = _failed(exc)
     finally:
-        run = None
+        runs = None
         if plan.device == "cuda":
             torch.cuda.empty_cache()
-    graph = point.get("graph_status")
-    log.info("[attention] n=%d %s (%s): %s", n, impl, point.get("backend", "?"),
-             f"median {point['median_s'] * 1e3:.2f} ms, min {point['min_s'] * 1e3:.2f} ms" +
-             (f", peak {point['peak_mib']:.0f} MiB" if point["peak_mib"] is not None else "") +
-             (f"; CUDA graph replay median {point['graph_median_s'] * 1e3:.2f} ms" if graph == "ok" else
-              f"; CUDA graph {graph}" if graph else "")
-             if point["status"] == "ok" else point["status"])
-    return point
+    load = [load_start, os.getloadavg()[0]]
+    for point in points.values():
+        point["host_load_1m"] = load  # the host's 1-minute load average at the start / end of this length
+        point.setdefault("peak_mib", None)
+        graph = point.get("graph_status")
+        log.info("[attention] n=%d %s (%s): %s", n, point["impl"], point.get("backend", "?"),
+                 f"median {point['median_s'] * 1e3:.2f} ms, min {point['min_s'] * 1e3:.2f} ms" +
+                 (f", peak {point['peak_mib']:.0f} MiB" if point["peak_mib"] is not None else "") +
+                 (f"; CUDA graph replay median {point['graph_median_s'] * 1e3:.2f} ms" if graph == "ok" else
+                  f"; CUDA graph {graph}" if graph else "")
+                 if point["status"] == "ok" else point["status"])
+    return [points[impl] for impl in IMPLS]
 
 
 def profile_split(run, device: str, top: int = 10) -> dict:
@@ -216,7 +294,7 @@ def run(plan: Plan, work: Path, budget: Budget) -> dict:
             log.warning("[attention] n=%d not measured: %s", n, points[-1]["status"])
             continue
         t0 = time.monotonic()
-        pair = [measure_point(impl, n, plan, ascender_impl) for impl in ("sdpa", "ascender")]
+        pair = measure_pair(n, plan, ascender_impl)
         points += pair
         estimate = 4 * next_length_seconds(pair, plan, time.monotonic() - t0)
     profile = {"status": "skipped: no length of 2048 or less measured"}
@@ -239,17 +317,25 @@ def run(plan: Plan, work: Path, budget: Budget) -> dict:
 
 
 def table_rows(points: list[dict]) -> list[dict]:
-    """One row per length: both impls side by side, ASCender / SDPA ratios, analytic forward FLOP ratio."""
+    """One row per length: both impls side by side, ASCender / SDPA ratios, analytic forward FLOP ratio.
+    ``round_ratio`` / ``graph_round_ratio``: median, minimum and list of the same-round ratios (what the table
+    shows); ``time_ratio`` / ``graph_ratio``: the ratio of the two medians (kept for readers of older records)."""
     rows = []
     for n in sorted({p["n"] for p in points}):
         a = next(p for p in points if p["n"] == n and p["impl"] == "ascender")
         s = next(p for p in points if p["n"] == n and p["impl"] == "sdpa")
         flops = attention_gflops(n, windowed=True)
         row = {"n": n, "ascender": a, "sdpa": s, "flop_ratio": flops["ascender"] / flops["sdpa"]}
+        if "host_load_1m" in a:
+            row["host_load_1m"] = a["host_load_1m"]
         if a["status"] == s["status"] == "ok":
             row["time_ratio"] = a["median_s"] / s["median_s"]
+            if len(a.get("times_s", [])) == len(s.get("times_s", [])) > 0:
+                row["round_ratio"] = round_ratios(a["times_s"], s["times_s"])
             if a.get("graph_status") == "ok":
                 row["graph_ratio"] = a["graph_median_s"] / s["median_s"]
+                if len(a.get("graph_times_s", [])) == len(a.get("graph_sdpa_times_s", [])) > 0:
+                    row["graph_round_ratio"] = round_ratios(a["graph_times_s"], a["graph_sdpa_times_s"])
             if a["peak_mib"] is not None and s["peak_mib"]:
                 row["memory_ratio"] = a["peak_mib"] / s["peak_mib"]
         rows.append(row)
@@ -267,6 +353,18 @@ def _graph_ms(p: dict) -> str:
     return f"{p['graph_median_s'] * 1e3:.3f} / {p['graph_min_s'] * 1e3:.3f}" if status == "ok" else status
 
 
+def _ratio(row: dict, rounds_key: str, medians_key: str) -> str:
+    """``median / min`` of the same-round ratios; a record made before they were kept: the ratio of the medians."""
+    if rounds_key in row:
+        return f"{row[rounds_key]['median']:.2f} / {row[rounds_key]['min']:.2f}"
+    return f"{row[medians_key]:.2f} (ratio of medians)" if medians_key in row else ""
+
+
+def _load(row: dict) -> str:
+    load = row.get("host_load_1m")
+    return f"{load[0]:.1f} / {load[1]:.1f}" if load else ""
+
+
 def _mib(p: dict) -> str:
     return "n/a (CPU)" if p.get("peak_mib", 0) is None else (f"{p['peak_mib']:.0f}" if p["status"] == "ok" else "")
 
@@ -281,19 +379,24 @@ def markdown(result: dict) -> list[str]:
     lines = [f"One causal attention layer, forward + backward, {result['dtype']} on {result['device']}: batch "
              f"{sh['batch']}, {sh['heads']} heads x {sh['head_dim']}, d_z = d_a = {sh['d_z']}, k = {sh['k']}, window "
              f"{sh['window']} + {sh['num_global']} globals. ASCender: `ascender_attention(impl=\"auto\")` -> {impl}; "
-             f"SDPA backend: {', '.join(backends) or 'none ran'}. Time: median / min of {result['repeats']} calls "
-             f"after {result['warmup']} warm-up call(s) (ms); peak: allocated memory above the inputs during one "
-             "call (MiB). CUDA graph: the same ASCender fwd+bwd captured once and replayed (ms; its ratio to "
-             "SDPA beside it). FLOP ratio: analytic forward FLOPs, ASCender (windowed neighbourhoods) / SDPA "
-             "(`benchmarks/attention.py: attention_gflops`).", "",
-             "| n | ASCender ms (median / min) | SDPA ms (median / min) | time ratio | ASCender CUDA graph ms "
-             "(median / min) | graph ratio | ASCender peak MiB | SDPA peak MiB | memory ratio | FLOP ratio |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"SDPA backend: {', '.join(backends) or 'none ran'}. Time: {result['repeats']} rounds after "
+             f"{result['warmup']} warm-up call(s), each round one SDPA and one ASCender call back to back (the order "
+             "alternating); per layer the median / min time (ms); ASCender / SDPA: the ratio of each round's two "
+             "calls, median / min over the rounds. Peak: allocated memory above the inputs during one call (MiB). "
+             "CUDA graph: the same ASCender fwd+bwd captured once and replayed, in rounds with SDPA calls (ms; the "
+             "same-round ratio to SDPA beside it). FLOP ratio: analytic forward FLOPs, ASCender (windowed "
+             "neighbourhoods) / SDPA (`benchmarks/attention.py: attention_gflops`). Host load: the 1-minute load "
+             "average at the start / end of the length.", "",
+             "| n | ASCender ms (median / min) | SDPA ms (median / min) | ASCender / SDPA (median / min) "
+             "| ASCender CUDA graph ms (median / min) | graph / SDPA (median / min) | ASCender peak MiB "
+             "| SDPA peak MiB | memory ratio | FLOP ratio | host load |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         ratio = lambda key: f"{r[key]:.2f}" if key in r else ""  # noqa: E731
-        lines.append(f"| {r['n']} | {_ms(r['ascender'])} | {_ms(r['sdpa'])} | {ratio('time_ratio')} | "
-                     f"{_graph_ms(r['ascender'])} | {ratio('graph_ratio')} | "
-                     f"{_mib(r['ascender'])} | {_mib(r['sdpa'])} | {ratio('memory_ratio')} | {r['flop_ratio']:.2f} |")
+        lines.append(f"| {r['n']} | {_ms(r['ascender'])} | {_ms(r['sdpa'])} | {_ratio(r, 'round_ratio', 'time_ratio')} | "
+                     f"{_graph_ms(r['ascender'])} | {_ratio(r, 'graph_round_ratio', 'graph_ratio')} | "
+                     f"{_mib(r['ascender'])} | {_mib(r['sdpa'])} | {ratio('memory_ratio')} | {r['flop_ratio']:.2f} | "
+                     f"{_load(r)} |")
     firsts = [f"n={r['n']}: {r['ascender']['first_call_s']:.1f} s" for r in result["rows"]
               if "first_call_s" in r["ascender"]]
     if firsts:

@@ -1,8 +1,10 @@
-"""benchmarks/attention.py: --merge never mixes one length from two runs, and --rewrite keeps the
-recorded machine (made-up points, no timing)."""
+"""benchmarks/attention.py: --merge never mixes one length from two runs, --rewrite keeps the recorded
+machine and the --note paragraphs, --quick writes nothing (made-up points, no timing)."""
 
-import argparse
 import json
+import sys
+
+import pytest
 
 import benchmarks.attention as bench
 
@@ -27,10 +29,67 @@ def test_rewrite_keeps_the_recorded_machine_and_names_each_rows_commit(tmp_path,
     monkeypatch.setattr(bench, "plot", lambda points, lengths: None)
     points = [_point("sdpa", 512, "a" * 40, 1.0), _point("fast", 512, "a" * 40, 4.0),
               _point("sdpa", 1024, "c" * 40, 1.0), _point("fast", 1024, "c" * 40, 4.5)]  # fmt: skip
-    args = argparse.Namespace(note=None)
-    bench.write_results(points, [512, 1024], args, {"git_commit": "a" * 40, "git_dirty": False}, "Recorded CPU box")
+    bench.write_results(points, [512, 1024], [], {"git_commit": "a" * 40, "git_dirty": False}, "Recorded CPU box")
     md = (tmp_path / "attention.md").read_text()
     assert "Machine: Recorded CPU box." in md
     assert json.loads((tmp_path / "attention.json").read_text())["machine"] == "Recorded CPU box"
     rows = [line for line in md.splitlines() if line.startswith("| 1024 | fast")]
     assert rows and rows[0].rstrip().endswith("| ccccccc |")
+
+
+def _main(monkeypatch, *argv):
+    monkeypatch.setattr(sys, "argv", ["attention.py", *argv])
+    bench.main()
+
+
+def test_notes_are_saved_in_the_json_and_survive_rewrite(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    monkeypatch.setattr(bench, "plot", lambda points, lengths: None)
+    points = [_point("sdpa", 512, "a" * 40, 1.0), _point("fast", 512, "a" * 40, 4.0)]
+    notes = ["Reading: fast is 4x SDPA here.", "Memory: a second paragraph."]
+    bench.write_results(points, [512], notes, {"git_commit": "a" * 40, "git_dirty": False}, "Recorded CPU box", cpus=2)
+    saved = json.loads((tmp_path / "attention.json").read_text())
+    assert saved["notes"] == notes and saved["logical_cpus"] == 2
+    (tmp_path / "attention.md").write_text("overwritten by hand")  # --rewrite renders the notes from the JSON
+    _main(monkeypatch, "--rewrite")
+    md = (tmp_path / "attention.md").read_text()
+    assert all(note in md for note in notes) and "Machine: Recorded CPU box." in md
+    assert json.loads((tmp_path / "attention.json").read_text())["notes"] == notes
+    _main(monkeypatch, "--rewrite", "--note", "A new reading.")  # new notes replace the recorded ones
+    md = (tmp_path / "attention.md").read_text()
+    assert "A new reading." in md and notes[0] not in md
+
+
+def test_rewrite_of_a_json_without_notes_keeps_the_notes_of_its_markdown(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    monkeypatch.setattr(bench, "plot", lambda points, lengths: None)
+    points = [_point("sdpa", 512, "a" * 40, 1.0), _point("fast", 512, "a" * 40, 4.0)]
+    notes = ["Reading: one paragraph\nover two lines.", "Memory: another."]
+    bench.write_results(points, [512], notes, {"git_commit": "a" * 40, "git_dirty": False}, "Recorded CPU box")
+    saved = json.loads((tmp_path / "attention.json").read_text())
+    del saved["notes"]  # an attention.json written before notes were recorded
+    (tmp_path / "attention.json").write_text(json.dumps(saved))
+    assert bench.recorded_notes(saved, tmp_path / "attention.md") == notes
+    _main(monkeypatch, "--rewrite")
+    assert json.loads((tmp_path / "attention.json").read_text())["notes"] == notes
+
+
+def test_quick_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    monkeypatch.setattr(bench, "plot", lambda points, lengths: pytest.fail("--quick drew a figure"))
+    measured = []
+
+    def run_length(n, impls, args):
+        measured.append(n)
+        return [dict(_point(impl, n, "a" * 40, 1.0 if impl == "sdpa" else 4.0)) for impl in impls]
+
+    monkeypatch.setattr(bench, "run_length", run_length)
+    _main(monkeypatch, "--quick", "--impls", "sdpa", "fast")
+    assert measured == [256, 512]
+    assert list(tmp_path.iterdir()) == []
+    assert "| 512 | fast |" in capsys.readouterr().out
+
+
+def test_fewer_than_five_reps_are_refused(monkeypatch):
+    with pytest.raises(SystemExit):
+        _main(monkeypatch, "--quick", "--reps", "3")

@@ -313,13 +313,144 @@ def test_gpu_driver_from_nvidia_smi_and_tolerant_of_its_absence(tmp_path, monkey
     assert gpu_driver() == {"driver_version": None, "nvidia_smi": "exit 9: NVIDIA-SMI has failed"}
 
 
-def test_the_header_names_the_driver_beside_cuda():
+def _info(**fields):
     info = {"device": "cuda", "device_name": "NVIDIA H200", "device_count": 1, "device_memory_gib": 139.8,
             "compute_capability": "9.0", "torch": "2.11.0+cu130", "triton": "3.6.0", "cuda": "13.0",
             "driver_version": "580.159.04", "versions": {"deepspeed": "0.19.8", "megatron-core": "0.16.1"},
             "python": "3.12.3", "cpu_model": "Xeon", "cores": 16, "commit": "abc", "uncommitted": [],
             "date_utc": "2026-11-29 10:00:00 UTC"}
-    assert "CUDA 13.0 (driver 580.159.04), deepspeed 0.19.8" in header_lines(info)[1]
+    return {**info, **fields}
+
+
+def test_the_header_names_the_driver_beside_cuda():
+    assert "CUDA 13.0 (driver 580.159.04), deepspeed 0.19.8" in header_lines(_info())[1]
+
+
+def test_a_copied_tree_is_not_recorded_as_clean_unless_its_copier_says_so(monkeypatch):
+    from benchmarks.gpu_check.machine import SOURCE_COMMIT_VAR, SOURCE_DIRTY_VAR, source_state
+
+    monkeypatch.setenv(SOURCE_COMMIT_VAR, "093ca37")
+    monkeypatch.delenv(SOURCE_DIRTY_VAR, raising=False)
+    state = source_state()
+    assert state == {"commit": "093ca37 (per ASCENDER_SOURCE_COMMIT)", "git_commit": "093ca37", "git_dirty": None}
+    line = header_lines(_info(**state))[2]
+    assert line.startswith("Commit 093ca37 (per ASCENDER_SOURCE_COMMIT) (uncommitted changes unknown")
+    for value, dirty in (("1", True), ("0", False), ("maybe", None)):
+        monkeypatch.setenv(SOURCE_DIRTY_VAR, value)
+        assert source_state()["git_dirty"] is dirty
+    monkeypatch.setenv(SOURCE_DIRTY_VAR, "1")
+    assert "with uncommitted changes (git status not clean)" in header_lines(_info(**source_state()))[2]
+    monkeypatch.setenv(SOURCE_DIRTY_VAR, "0")
+    assert header_lines(_info(**source_state()))[2] == \
+        "Commit 093ca37 (per ASCENDER_SOURCE_COMMIT); measured 2026-11-29 10:00:00 UTC."
+
+
+def test_a_checkout_records_git_state_and_old_records_keep_their_files(monkeypatch):
+    from benchmarks.gpu_check import machine
+
+    monkeypatch.delenv(machine.SOURCE_COMMIT_VAR, raising=False)
+    state = machine.source_state()
+    assert set(state) == {"commit", "git_commit", "git_dirty"} and state["git_dirty"] in (True, False, None)
+    old = _info(uncommitted=["a.py", "b.py"])  # recorded before git_state: the tracked files that differed
+    assert "Commit abc with uncommitted changes in a.py, b.py;" in header_lines(old)[2]
+
+
+# ---------------------------------------------------------------------------------------------- attention table
+
+
+def _cpu_plan(repeats=5, warmup=2):
+    import dataclasses
+
+    return dataclasses.replace(DRY_RUN, repeats=repeats, warmup=warmup)
+
+
+def test_sdpa_and_ascender_alternate_within_each_round(monkeypatch):
+    """Stand-in layers on CPU: each call is logged; the timed calls alternate SDPA and ASCender round by round."""
+    from benchmarks.gpu_check import attention_table as at
+
+    calls, clock = [], {"sdpa": iter([1.0, 2.0, 1.0, 4.0, 1.0]), "ascender": iter([10.0, 4.0, 30.0, 8.0, 50.0])}
+    runs = {name: (lambda name=name: calls.append(name)) for name in ("sdpa", "ascender")}
+    monkeypatch.setattr(at, "call_seconds", lambda run, device: (run(), next(clock[calls[-1]]))[1])
+    timed = at.time_interleaved(runs, _cpu_plan())
+    # first call + 1 more warm-up each, then 5 rounds, SDPA first in even rounds, ASCender first in odd ones
+    assert calls == ["sdpa", "sdpa", "ascender", "ascender"] + ["sdpa", "ascender", "ascender", "sdpa"] * 2 + \
+        ["sdpa", "ascender"]
+    assert timed["sdpa"]["times_s"] == [1.0, 2.0, 1.0, 4.0, 1.0] and timed["sdpa"]["median_s"] == 1.0
+    assert timed["ascender"]["min_s"] == 4.0 and timed["ascender"]["first_call_s"] >= 0
+
+
+def _point(impl, n, times, **extra):
+    import statistics
+
+    return {"impl": impl, "n": n, "status": "ok", "backend": "MATH" if impl == "sdpa" else "fast", "times_s": times,
+            "median_s": statistics.median(times), "min_s": min(times), "first_call_s": 0.1, "peak_mib": None,
+            "host_load_1m": [0.5, 0.7], **extra}
+
+
+def test_the_table_reports_median_and_minimum_of_the_same_round_ratios():
+    from benchmarks.gpu_check import attention_table as at
+
+    sdpa = _point("sdpa", 24, [1.0, 2.0, 1.0, 4.0, 1.0])
+    asc = _point("ascender", 24, [10.0, 4.0, 30.0, 8.0, 50.0])
+    (row,) = at.table_rows([sdpa, asc])
+    # same-round ratios 10, 2, 30, 2, 50: median 10, min 2 (the ratio of the medians would be 10 / 1 = 10 too,
+    # but its minimum does not exist; a slow round of both calls cancels)
+    assert row["round_ratio"]["ratios"] == [10.0, 2.0, 30.0, 2.0, 50.0]
+    assert (row["round_ratio"]["median"], row["round_ratio"]["min"]) == (10.0, 2.0)
+    asc2 = _point("ascender", 24, [2.0, 4.0, 2.0, 8.0, 2.0])  # twice SDPA in every round
+    (row2,) = at.table_rows([sdpa, asc2])
+    assert row2["round_ratio"]["median"] == row2["round_ratio"]["min"] == 2.0
+    assert row2["time_ratio"] == 2.0  # the ratio of the medians, kept for older readers
+    result = {"rows": [row], "shape": {"batch": 1, "heads": 8, "head_dim": 64, "d_z": 32, "d_a": 32, "k": 16,
+                                       "window": 128, "num_global": 4},
+              "ascender_impl": "fast", "ascender_not_triton_because": "CPU", "dtype": "float32", "device": "cpu",
+              "repeats": 5, "warmup": 2}
+    md = "\n".join(at.markdown(result))
+    assert "| ASCender / SDPA (median / min) |" in md and "| host load |" in md
+    assert "| 24 | 10000.000 / 4000.000 | 1000.000 / 1000.000 | 10.00 / 2.00 | n/a (CPU) |" in md
+    assert md.splitlines()[4].endswith("| 0.5 / 0.7 |")
+
+
+def test_measure_pair_records_rounds_load_and_a_failing_layer(monkeypatch):
+    from benchmarks.gpu_check import attention_table as at
+
+    state = {"ascender_calls": 0}
+
+    def build(impl, n, plan, ascender_impl):
+        def run():
+            if impl == "ascender":
+                state["ascender_calls"] += 1
+                if n == 40 and state["ascender_calls"] > 4:  # out of memory in a timed round
+                    raise RuntimeError("CUDA out of memory\ndetail")
+        return run, "MATH" if impl == "sdpa" else ascender_impl
+
+    monkeypatch.setattr(at, "build_runner", build)
+    monkeypatch.setattr(at.os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    sdpa, asc = at.measure_pair(24, _cpu_plan(), "fast")
+    assert sdpa["status"] == asc["status"] == "ok" and len(sdpa["times_s"]) == len(asc["times_s"]) == 5
+    assert sdpa["host_load_1m"] == [1.5, 1.5] and asc["peak_mib"] is None
+    (row,) = at.table_rows([sdpa, asc])
+    assert len(row["round_ratio"]["ratios"]) == 5 and row["round_ratio"]["min"] <= row["round_ratio"]["median"]
+    state["ascender_calls"] = 0
+    sdpa, asc = at.measure_pair(40, _cpu_plan(), "fast")
+    assert sdpa["status"] == "ok" and len(sdpa["times_s"]) == 5
+    assert asc["status"] == "failed: RuntimeError: CUDA out of memory"
+    (row,) = at.table_rows([sdpa, asc])
+    assert "round_ratio" not in row and "time_ratio" not in row
+
+
+def test_an_older_attention_record_still_renders():
+    """benchmarks/results/gpu/attention.json predates the same-round ratios: the ratio of its medians is shown."""
+    from benchmarks.gpu_check import attention_table as at
+    from benchmarks.gpu_check.__main__ import GPU_RESULTS
+
+    path = GPU_RESULTS / "attention.json"
+    if not path.exists():
+        pytest.skip("no committed GPU attention record")
+    result = json.loads(path.read_text())
+    md = "\n".join(at.markdown(result))
+    if any("round_ratio" not in r and "time_ratio" in r for r in result["rows"]):
+        assert "(ratio of medians)" in md
 
 
 # ---------------------------------------------------------------------------------------------- wheels
