@@ -42,7 +42,20 @@ def to_deepspeed_config(cfg: RunConfig, derived: Derived, load_universal: bool =
         ds["gradient_clipping"] = 0.0
     if load_universal:  # resuming at another data-parallel size (see training.checkpoint.ensure_universal)
         ds["checkpoint"] = {"load_universal": True}
+    if p.sequence_parallel and p.pipeline_model_parallel_size > 1:
+        ds["pipeline"] = whole_stage_tensors()
     if bf16:
         # bf16 ZeRO-0 would otherwise accumulate gradients in bf16 across micro-batches
         ds["data_types"] = {"grad_accum_dtype": "fp32"}
     return ds
+
+
+def whole_stage_tensors() -> dict:
+    """DeepSpeed's pipeline section under sequence parallelism: each tensor-parallel rank sends its
+    whole activation (and activation gradient) to the next stage. DeepSpeed's default
+    (``pipe_partitioned`` / ``grad_partitioned``) sends 1/TP of it from each rank and all-gathers the
+    pieces on the other side, which is right only when every TP rank holds the same tensor; under
+    sequence parallelism each holds its own slice of the sequence, and the next stage would train on
+    a mix of the slices (loss off by 1e-2 at the first step, without an error). Whole tensors cost no
+    more here: a rank's slice is already 1/TP of the sequence."""
+    return {"pipe_partitioned": False, "grad_partitioned": False}

@@ -1,7 +1,8 @@
-"""Parity matrix: TP2, PP2, DP2 x ZeRO-0/1/2/3, sequence parallel, activation recompute, TP2xPP2 and PP2xDP2 give the single-process losses and weights
-for gpt, ascender and connection, a few AdamW steps from the same initial weights on the same data (and
-ASCender with omega shared across heads under the TP2 layouts); TP-replicated parameters stay identical
-on every TP rank."""
+"""Parity matrix: TP2, PP2, DP2 x ZeRO-0/1/2/3, sequence parallel (also with PP2 and with DP2), activation
+recompute, TP2xPP2 and PP2xDP2 give the single-process losses and weights for gpt, ascender and connection,
+a few AdamW steps from the same initial weights on the same data (and ASCender with omega shared across
+heads under the TP2 layouts, ASCender with its auxiliary losses on, GPT with untied embeddings under PP);
+TP-replicated parameters stay identical on every TP rank."""
 
 import pytest
 
@@ -20,6 +21,10 @@ PARAM_TOL = 1e-5
 # the schedule's rates (the first at lr/2): 1.2e-5 in layer 0's rows of head 0's z, 4e-8 for the
 # median QKV row; 2.3e-6 when the first step still ran at LR 0.
 ASCENDER_TP_PARAM_TOL = 3e-5
+
+
+def _cells(world: int) -> list:
+    return [f"{a}_{l}" for a, l in matrix(world)]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +68,7 @@ def _check(results, name):
         assert shared["count"] == 2 and shared["moved"] > 1e-4 and shared["diff"] < PARAM_TOL, value
 
 
-@pytest.mark.parametrize("name", [f"{a}_{l}" for a, l in matrix(2)])
+@pytest.mark.parametrize("name", _cells(2))
 def test_two_rank_layouts_match_single_process(two_ranks, name):
     _check(two_ranks, name)
 
@@ -71,11 +76,12 @@ def test_two_rank_layouts_match_single_process(two_ranks, name):
 @pytest.mark.parametrize("arch,layout", sorted(UNSUPPORTED))
 def test_unsupported_layouts_are_refused_at_config_load(tmp_path, arch, layout):
     args = {"data": {"manifest": "m.json", "tokenizer": ""}, "root": str(tmp_path)}
+    parallel = {**LAYOUTS[2], **LAYOUTS[4]}[layout]
     with pytest.raises(ConfigError, match="parallel.sequence_parallel: not supported with Connection layers"):
-        _config(args, arch, layout, LAYOUTS[2][layout])
+        _config(args, arch, layout, parallel)
 
 
-@pytest.mark.parametrize("name", [f"{a}_{l}" for a, l in matrix(4)])
+@pytest.mark.parametrize("name", _cells(4))
 def test_four_rank_layouts_match_single_process(four_ranks, name):
     _check(four_ranks, name)
 

@@ -1,11 +1,42 @@
-"""TP=2 vs TP=1 of whole models with the same weights: loss, logits and every gradient within 1e-5."""
+"""TP=2 vs TP=1 of whole models with the same weights: loss and logits within 1e-5, every gradient
+within 1e-4 of its own largest value."""
 
 import pytest
 
 from tests.helpers.multiproc import assert_check, run_ranks
 
 pytestmark = pytest.mark.distributed
-TOL = 1e-5
+TOL = 1e-5  # loss and logits (absolute; they are O(1))
+# Gradients: per tensor, max |g_tp - g_ref| <= GRAD_RTOL * max |g_ref| + GRAD_ATOL. An absolute 1e-5
+# would pass any error in a small gradient (ASCender's kappa ~1e-9, Connection's w_k_slots ~2e-5 at
+# these sizes); measured float error <= 1.4e-6 relative (ASCender, Connection), except SMALL_GRADS.
+GRAD_RTOL = 1e-4
+GRAD_ATOL = 1e-11  # rounding floor (the smallest errors measured are ~1e-11 on gradients of ~1e-5)
+# every compared gradient must be well above the floor, so that the relative part is what checks it
+MIN_REF_GRAD = 1e-7
+# Gradients below MIN_REF_GRAD, compared against the floor only, with the reason (each must really be
+# below it: a listed tensor that grew is reported, so the list cannot go stale):
+# - kappa under the default pre_norm gate placement: the density gate eta = min(1, rho / kappa)
+#   multiplies the bias before the row normalisation, which cancels it up to eps, so kappa's gradient is
+#   an eps residue (max |g| ~1e-9) that TP's reduction order moves by 2.5e-4 of itself.
+#   ascender_post_norm_kappa_tp2 checks kappa where it acts (max |g| ~2e-4).
+PRE_NORM_KAPPA = ("core_attention.params.kappa",)
+SMALL_GRADS = {check: PRE_NORM_KAPPA for check in (
+    "ascender_tp2", "ascender_aux_losses_tp2", "ascender_gqa_swiglu_tp2", "ascender_shared_omega_tp2",
+    "mixed_ascender_connection_tp2")}
+
+
+def assert_grads_match(diffs: dict, check: str) -> None:
+    """Every gradient of a tp_parity result within its relative tolerance (see GRAD_RTOL)."""
+    grads = diffs["grads"]
+    assert len(grads) == diffs["num_params"] > 0, diffs
+    exempt = SMALL_GRADS.get(check, ())
+    bad = {name: (diff, ref) for name, (diff, ref) in grads.items() if diff > GRAD_RTOL * ref + GRAD_ATOL}
+    assert not bad, f"gradients differ (name: (max error, max |g_ref|)): {bad}"
+    small = {name: ref for name, (_, ref) in grads.items() if ref < MIN_REF_GRAD}
+    assert not {n: r for n, r in small.items() if not n.endswith(exempt)}, ("gradients too small to compare", small)
+    listed = {name: ref for name, (_, ref) in grads.items() if name.endswith(exempt)}
+    assert set(listed) == set(small) and bool(listed) == bool(exempt), ("SMALL_GRADS: listed but not small", listed)
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +47,7 @@ def results(tmp_path_factory):
 
 @pytest.mark.parametrize("check", ["gpt_tp2", "gpt_swiglu_rmsnorm_gqa_tp2", "gpt_learned_pos_untied_tp2",
                                    "ascender_tp2", "ascender_aux_losses_tp2", "ascender_gqa_swiglu_tp2",
-                                   "ascender_shared_omega_tp2",
+                                   "ascender_shared_omega_tp2", "ascender_post_norm_kappa_tp2",
                                    "connection_bilinear_tp2", "connection_linear_tp2",
                                    "mixed_ascender_connection_tp2"])
 def test_tensor_parallel_matches_single_rank(results, check):
@@ -25,7 +56,7 @@ def test_tensor_parallel_matches_single_rank(results, check):
         assert not diffs["zero_grads"], diffs["zero_grads"]  # a detached parameter gets zeros in both layouts
         assert diffs["loss"] < TOL, diffs
         assert diffs["logits"] < TOL, diffs
-        assert diffs["max_grad"] < TOL, diffs
+        assert_grads_match(diffs, check)
 
 
 def test_the_same_seed_gives_the_same_initial_weights_at_any_tp_size(results):

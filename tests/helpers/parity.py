@@ -112,4 +112,6 @@ def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = ()) -> dict:
         "reported": {name: {"diff": grad_diffs[name], "reference_abs": reference["grads"][name].abs().max().item(),
                             "shape": list(sharded["grads"][name].shape)}
                      for name in grad_diffs if name.endswith(report) and report},
+        # every gradient: [max abs difference, max abs of the TP=1 gradient], for a per-tensor relative check
+        "grads": {name: [diff, reference["grads"][name].abs().max().item()] for name, diff in grad_diffs.items()},
     }

@@ -50,11 +50,25 @@ ARCHS["mixed_sc"] = {"architecture": "connection", "layer_pattern": "SC", "add_b
 # embedding module for the tied head, whose position table is never trained; the gathered weights
 # must be the first stage's.
 ARCHS["gpt_learned_pos"] = {"position_embedding_type": "learned_absolute"}
+# Untied input and output embeddings: under PP the last stage holds its own output layer (the
+# pipeline's LMHeadPipe) instead of a tied copy of the embedding.
+ARCHS["gpt_untied"] = {"untie_embeddings_and_output_weights": True}
+# ASCender's three auxiliary losses on (their weights default to 0): their gradient is attached with
+# the scale 1 / (gradient accumulation steps x TP), so a layout with another accumulation count (dp2:
+# 2 micro-batches per rank, the reference 4) or TP size must still train like the reference. Measured:
+# a scale of 1/tp moves dp2_zero1's weights by 9e-3, 1/GAS moves tp2's by 9e-3. Weights 0.1: at 0.5 the
+# aux gradient is about 3x the task's, and TP's float noise in it (~5e-7 relative at one step) becomes
+# 3e-5 in the embedding through Adam's eps after 3 steps; at 0.1 it is 2e-6.
+ARCHS["ascender_aux"] = {**ARCHS["ascender"], "ascender": {
+    **ARCHS["ascender"]["ascender"], "aux_compactness_weight": 0.1, "aux_crowding_weight": 0.1,
+    "aux_alignment_weight": 0.1}}
 ARCH_STEPS = {"ascender_topk": 1}
 ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_dp2_zero3"),
                 "gpt_learned_pos": ("pp2",),
                 "ascender_topk": ("pp2", "dp2_zero1", "dp2_zero3", "dp2_recompute", "pp2_dp2"),
-                "mixed_sc": ("tp2", "pp2", "dp2_zero1", "tp2_pp2")}
+                "mixed_sc": ("tp2", "pp2", "dp2_zero1", "tp2_pp2"),
+                "gpt_untied": ("pp2", "tp2_pp2"),
+                "ascender_aux": ("dp2_zero1", "pp2", "tp2")}
 LAYOUTS = {
     2: {"tp2": {"tensor_model_parallel_size": 2},
         "pp2": {"pipeline_model_parallel_size": 2},
@@ -70,12 +84,19 @@ LAYOUTS = {
     4: {"tp2_pp2": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
         "pp2_dp2": {"pipeline_model_parallel_size": 2},  # ZeRO-1 over the data-parallel pairs of each stage
         "tp2_dp2_zero3": {"tensor_model_parallel_size": 2, "zero_stage": 3},
-        "tp2_pp2_zero0": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "zero_stage": 0}},
+        "tp2_pp2_zero0": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "zero_stage": 0},
+        # the pipeline's own sequence-parallel code: rotary length x TP, the norms' gradient hooks on
+        # the PipelineModule (its layers are not megatron's GPTModel)
+        "tp2_pp2_sequence_parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+                                      "sequence_parallel": True},
+        # sequence parallel with data parallelism: the TP-summed norm gradients then averaged over DP
+        "tp2_dp2_sequence_parallel": {"tensor_model_parallel_size": 2, "zero_stage": 1, "sequence_parallel": True}},
 }
 
 
 # refused at config load with the reason (tested in test_layouts), so not in the matrix
-UNSUPPORTED = {("connection", "tp2_sequence_parallel")}
+UNSUPPORTED = {("connection", "tp2_sequence_parallel"), ("connection", "tp2_pp2_sequence_parallel"),
+               ("connection", "tp2_dp2_sequence_parallel")}
 
 
 def matrix(world: int) -> list[tuple[str, str]]:

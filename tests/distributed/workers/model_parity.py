@@ -35,6 +35,11 @@ def main(args):
         "ascender_shared_omega_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "ascender", "ascender": {**ASC, "share_omega_across_heads": True}}},
             report=("omega_shared",)),
+        # post_norm: the gates (the density gate eta = min(1, rho / kappa) too) and the lambdas, trained
+        # here, scale the normalised bias, so kappa's gradient is real (max |g| ~2e-4 with kappa_init 1).
+        # Under the default pre_norm the row normalisation cancels them up to eps (kappa's |g| ~1e-9).
+        "ascender_post_norm_kappa_tp2": lambda: tp_parity({"model": {**DEBUG, "architecture": "ascender", "ascender": {
+            **ASC, "gate_placement": "post_norm", "trainable_lambdas": True, "kappa_init": 1.0}}}),
         "mixed_ascender_connection_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN}}),
         "connection_stop_under_tp": connection_stop_under_tp,
