@@ -60,21 +60,28 @@ def test_crash_while_writing_keeps_the_complete_checkpoint_of_the_same_step(sing
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_00000001"]
 
 
-def test_crash_between_the_two_renames_reads_the_copy_moved_aside(single_rank_group, tmp_path, monkeypatch):
-    _save(tmp_path, 1, "first run")
+def save_killed_between_the_renames(monkeypatch, directory: Path, step: int, text: str) -> list[tuple[str, str]]:
+    """Save ``step`` again over a complete ``step_N`` and die between its two directory renames
+    (1: step_N -> step_N.replaced, 2: step_N.partial -> step_N); returns the renames (src, dst) begun."""
     real_replace, calls = os.replace, []
 
     def replace_then_die(src, dst):
         if Path(src).is_dir():  # (files are replaced too: atomic_write_text)
             calls.append((Path(src).name, Path(dst).name))
-            if len(calls) == 2:  # 1: step_1 -> step_1.replaced, 2: step_1.partial -> step_1
+            if len(calls) == 2:
                 raise Crash("killed between the renames")
         real_replace(src, dst)
 
     monkeypatch.setattr(ckpt.os, "replace", replace_then_die)
     with pytest.raises(Crash):
-        _save(tmp_path, 1, "second run")
+        _save(directory, step, text)
     monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    return calls
+
+
+def test_crash_between_the_two_renames_reads_the_copy_moved_aside(single_rank_group, tmp_path, monkeypatch):
+    _save(tmp_path, 1, "first run")
+    calls = save_killed_between_the_renames(monkeypatch, tmp_path, 1, "second run")
     assert calls[0] == ("step_00000001", "step_00000001.replaced")
     assert not (tmp_path / "step_00000001").exists()
     assert ckpt.latest_tag(tmp_path) == "step_00000001.replaced"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from ascender_dist.config.resolve import config_from_dict, derive
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.resume_check import check_resume, data_fingerprint
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
-from tests.unit.test_checkpoint import Crash, FakeEngine, _load, _save
+from tests.unit.test_checkpoint import Crash, FakeEngine, _load, _save, save_killed_between_the_renames
 
 
 # ----------------------------------------------------------------------------- a crash in the first save
@@ -91,20 +90,8 @@ def test_the_placeholder_reads_the_moved_aside_copy_when_the_resumed_step_is_sav
     with pytest.raises(Crash):
         _save(tmp_path, 100, "first")
     undo()
-    real_replace, calls = os.replace, []
-
-    def replace_then_die(src, dst):
-        if Path(src).is_dir():
-            calls.append(Path(dst).name)
-            if len(calls) == 2:  # 1: step_100 -> step_100.replaced, 2: step_100.partial -> step_100
-                raise Crash("killed between the renames")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(ckpt.os, "replace", replace_then_die)
-    with pytest.raises(Crash):
-        _save(tmp_path, 100, "again")
-    monkeypatch.setattr(ckpt.os, "replace", real_replace)
-    assert calls[0] == "step_00000100.replaced" and not (tmp_path / "step_00000100").exists()
+    calls = save_killed_between_the_renames(monkeypatch, tmp_path, 100, "again")
+    assert calls[0][1] == "step_00000100.replaced" and not (tmp_path / "step_00000100").exists()
     assert ckpt.latest_tag(tmp_path) == "step_00000100.replaced" and _load(tmp_path) == "first"
 
 
@@ -279,19 +266,7 @@ def test_a_universal_copy_of_a_moved_aside_tag_is_pruned(single_rank_group, tmp_
 
     monkeypatch.setattr(subprocess, "run", fake_ds_to_universal)
     _save(tmp_path, 1, "first run")
-    real_replace, calls = os.replace, []
-
-    def replace_then_die(src, dst):
-        if Path(src).is_dir():
-            calls.append(1)
-            if len(calls) == 2:
-                raise Crash("killed between the renames")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(ckpt.os, "replace", replace_then_die)
-    with pytest.raises(Crash):
-        _save(tmp_path, 1, "second run")
-    monkeypatch.setattr(ckpt.os, "replace", real_replace)
+    save_killed_between_the_renames(monkeypatch, tmp_path, 1, "second run")
     tag = ckpt.latest_tag(tmp_path)
     assert tag == "step_00000001.replaced"
     assert ckpt.ensure_universal(tmp_path, tag) == "step_00000001.replaced-universal"  # another DP size

@@ -5,26 +5,13 @@ an empty file was the default config, deep nesting was a RecursionError tracebac
 megatron at model build, and ``name: ..`` put the run's checkpoints outside its own directory.
 """
 
-from pathlib import Path
 
 import pytest
 
 from ascender_dist.config import ConfigError, load_config
 from ascender_dist.config.loader import dump_yaml, parse_override, parse_yaml_text, read_yaml_file, to_dict
 
-
-def _write(tmp_path, text: str) -> Path:
-    path = tmp_path / "run.yaml"
-    path.write_text(text)
-    return path
-
-
-def _error(tmp_path, text: str, overrides=()) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(_write(tmp_path, text), overrides)
-    message = str(info.value)
-    assert "\n" not in message, "errors must be one line"
-    return message
+from tests.unit.test_config import _error, _write
 
 
 # ------------------------------------------------------------------------------------ null sections
