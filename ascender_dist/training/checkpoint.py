@@ -494,9 +494,9 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
 def _check_file(path: Path, record: dict) -> Optional[str]:
     """What is wrong with one checkpoint file, or None. A read error (EIO, permission) is this
     rank's problem like a bad checksum: returned, so that it reaches the peers (first_failure)."""
-    if not path.is_file():
-        return f"{path}: missing"
-    try:
+    try:  # is_file() too: it raises on EACCES / EIO / ESTALE (only a missing file reads as False)
+        if not path.is_file():
+            return f"{path}: missing"
         size = path.stat().st_size
         if size < record["size"]:
             return f"{path}: truncated ({size} of {record['size']} bytes)"

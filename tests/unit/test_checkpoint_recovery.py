@@ -191,6 +191,27 @@ def test_a_read_error_while_checking_a_file_is_that_ranks_agreed_failure(single_
     assert failures[-1].startswith(f"{shard}: unreadable")  # went through the collective, not raised alone
 
 
+
+def test_a_permission_error_on_the_files_directory_is_that_ranks_agreed_failure(single_rank_group, tmp_path,
+                                                                                monkeypatch):
+    """Path.is_file() hides only a missing file: EACCES on a directory of the tag raises from it, and
+    must be the rank's failure line too, not a traceback on one rank while its peers wait."""
+    import errno
+
+    monkeypatch.setattr(ckpt, "_layouts", lambda: None)
+    _save(tmp_path, 1, "one")
+    real_is_file = Path.is_file
+
+    def denied(self):
+        if self.parent.name == "rng":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_is_file(self)
+
+    monkeypatch.setattr(Path, "is_file", denied)
+    shard = tmp_path / "step_00000001" / "rng" / "rank_00000.pt"
+    with pytest.raises(ckpt.CheckpointError, match=rf"^{shard}: unreadable \(PermissionError: "):
+        ckpt.load_checkpoint(FakeEngine(""), tmp_path)
+
 # ----------------------------------------------------------------------------- resuming with another tokenizer
 def _run_cfg(root: Path, tokenizer: Path, manifest: str = "manifest.json", **data):
     return config_from_dict({"data": {"manifest": str(root / manifest), "tokenizer": str(tokenizer), **data},
