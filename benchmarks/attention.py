@@ -283,26 +283,6 @@ def commit_lines(state: dict, points: list[dict]) -> str:
     return text
 
 
-def recorded_notes(saved: dict, md_path: Path) -> list[str]:
-    """The ``--note`` paragraphs of an earlier run: attention.json's ``notes``; a JSON written before notes
-    were recorded has none, so they are read back from its attention.md (the paragraphs between the
-    timing table and the GFLOPs table), else none."""
-    if "notes" in saved:
-        return list(saved["notes"])
-    try:
-        text = md_path.read_text()
-    except OSError:
-        return []
-    lines = text.splitlines()
-    rows = [i for i, line in enumerate(lines) if line.startswith("| ") and "|" in line[1:]]
-    end = next((i for i, line in enumerate(lines) if line.startswith("Forward attention GFLOPs")), None)
-    if not rows or end is None or rows[0] > end:
-        return []
-    last_row = max(i for i in rows if i < end)
-    body = "\n".join(lines[last_row + 1:end]).strip()
-    return [para.strip() for para in body.split("\n\n") if para.strip()]
-
-
 def write_results(points: list[dict], lengths: list[int], notes: list[str], state: dict,
                   machine_text: str | None = None, write: bool = True, cpus: int | None = None) -> str:
     """The report's markdown; with ``write``, attention.{md,json,png} too (--quick prints, writes nothing).
@@ -431,7 +411,7 @@ def main() -> None:
     lengths = [256, 512] if args.quick else args.lengths
     if args.rewrite:
         saved = json.loads((RESULTS / "attention.json").read_text())
-        notes = args.note if args.note else recorded_notes(saved, RESULTS / "attention.md")
+        notes = args.note or saved.get("notes", [])
         write_results(saved["points"], sorted({p["n"] for p in saved["points"]}), notes, saved, saved.get("machine"),
                       cpus=saved.get("logical_cpus"))
         return
@@ -449,7 +429,7 @@ def main() -> None:
         saved = json.loads((RESULTS / "attention.json").read_text())
         points = merged_points(saved["points"], points)
         lengths = sorted({p["n"] for p in points})
-        notes = notes or recorded_notes(saved, RESULTS / "attention.md")
+        notes = notes or saved.get("notes", [])
     text = write_results(points, lengths, notes, state, write=not args.quick)
     if args.quick:
         print(text + "\n(--quick: smoke run, nothing written)")

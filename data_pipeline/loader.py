@@ -210,13 +210,9 @@ def _check_tar_end(url: str, data: bytes) -> None:
         raise _CorruptShard(url, "truncated tar (no end-of-archive marker)")
 
 
-def _decode_samples(spec: ShardSpec, samples: list[dict], checks: ShardChecks) -> np.ndarray:
-    """Stack the ``tokens.npy`` of every sample and check shape, count, tokenizer and id range."""
-    return _decode_samples_and_meta(spec, samples, checks)[0]
-
-
 def _decode_samples_and_meta(spec: ShardSpec, samples: list[dict], checks: ShardChecks) -> tuple[np.ndarray, dict]:
-    """:func:`_decode_samples`, plus the checked meta.json of the first sample ({} without one)."""
+    """Stack the ``tokens.npy`` of every sample and check shape, count, tokenizer and id range;
+    returns them with the checked meta.json of the first sample ({} without one)."""
     if not samples:
         raise _CorruptShard(spec.url, "empty shard (no samples)")
     meta = _check_meta(spec.url, samples[0]["meta.json"], checks) if "meta.json" in samples[0] else {}

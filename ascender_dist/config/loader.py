@@ -50,9 +50,9 @@ _STRICT_NUMBERS = (
                 r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
      list("-+0123456789.")),
 )
-# Booleans as YAML 1.2 reads them: only true and false (any of three spellings). YAML 1.1 also reads
-# yes/no/on/off as booleans, so `auto_resume: off` was quietly false, `name: no` a bool and an
-# ablation variant named `off` the string 'False'; they stay strings, and a bool field refuses them.
+# Booleans as YAML 1.2 reads them: only true and false (any of three spellings). YAML 1.1 would also
+# read yes/no/on/off as booleans (`name: no` a bool, a grid variant named `off` the string 'False');
+# here they stay strings, and a bool field refuses them with its dotted name.
 _STRICT_BOOLS = (
     ("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")),
 )

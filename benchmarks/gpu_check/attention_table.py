@@ -277,8 +277,11 @@ def next_length_seconds(pair: list[dict], plan: Plan, wall_s: float) -> float:
     if any(p["status"] != "ok" for p in pair):
         return wall_s
     calls = plan.warmup + plan.repeats + 1
-    graphs = sum(p.get("graph_median_s", p["median_s"]) * (calls + 1) for p in pair if "graph_status" in p)
-    return sum(p["median_s"] * calls for p in pair) + graphs
+    graphed = [p for p in pair if "graph_status" in p]
+    # the graph replays run in rounds with SDPA again: its calls count once more per graphed point
+    sdpa = sum(p["median_s"] for p in pair if p["impl"] == "sdpa") * (calls + 1) * len(graphed)
+    graphs = sum(p.get("graph_median_s", p["median_s"]) * (calls + 1) for p in graphed)
+    return sum(p["median_s"] * calls for p in pair) + graphs + sdpa
 
 
 def run(plan: Plan, work: Path, budget: Budget) -> dict:

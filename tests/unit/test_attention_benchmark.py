@@ -60,20 +60,6 @@ def test_notes_are_saved_in_the_json_and_survive_rewrite(tmp_path, monkeypatch):
     assert "A new reading." in md and notes[0] not in md
 
 
-def test_rewrite_of_a_json_without_notes_keeps_the_notes_of_its_markdown(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "RESULTS", tmp_path)
-    monkeypatch.setattr(bench, "plot", lambda points, lengths: None)
-    points = [_point("sdpa", 512, "a" * 40, 1.0), _point("fast", 512, "a" * 40, 4.0)]
-    notes = ["Reading: one paragraph\nover two lines.", "Memory: another."]
-    bench.write_results(points, [512], notes, {"git_commit": "a" * 40, "git_dirty": False}, "Recorded CPU box")
-    saved = json.loads((tmp_path / "attention.json").read_text())
-    del saved["notes"]  # an attention.json written before notes were recorded
-    (tmp_path / "attention.json").write_text(json.dumps(saved))
-    assert bench.recorded_notes(saved, tmp_path / "attention.md") == notes
-    _main(monkeypatch, "--rewrite")
-    assert json.loads((tmp_path / "attention.json").read_text())["notes"] == notes
-
-
 def test_quick_writes_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "RESULTS", tmp_path)
     monkeypatch.setattr(bench, "plot", lambda points, lengths: pytest.fail("--quick drew a figure"))

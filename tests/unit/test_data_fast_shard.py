@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from data_pipeline.fast_shard import decode_regular_shard, probe_layout
-from data_pipeline.loader import ShardChecks, ShardSpec, _decode_samples, _parse_tar
+from data_pipeline.loader import ShardChecks, ShardSpec, _decode_samples_and_meta, _parse_tar
 from data_pipeline.shards import encode_shard, npy_bytes
 
 from .data_fixtures import tar_of
@@ -17,7 +17,7 @@ META = {"tokenizer_sha256": "f" * 64, "seq_length": 9, "dtype": "uint16", "vocab
 
 
 def reference(data: bytes, seq: int) -> np.ndarray:
-    return _decode_samples(ShardSpec("x.tar", -1), _parse_tar("x.tar", data), ShardChecks(seq))
+    return _decode_samples_and_meta(ShardSpec("x.tar", -1), _parse_tar("x.tar", data), ShardChecks(seq))[0]
 
 
 @pytest.mark.parametrize("dtype,n", [(np.uint16, 1), (np.uint16, 37), (np.int32, 5)])

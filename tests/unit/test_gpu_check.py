@@ -476,3 +476,19 @@ def test_prepare_wheels_without_network_downloads_nothing_and_says_so(tmp_path, 
     text = capsys.readouterr().out
     assert "NO NETWORK: pypi.example:443" in text and "nothing was downloaded" in text
     assert "removed hjson-3.0.0-py3-none-any.whl" in text and not stale.exists()
+
+
+def test_the_next_lengths_estimate_counts_the_sdpa_calls_of_the_graph_rounds():
+    """The CUDA-graph replays are timed in rounds with SDPA, so SDPA's calls count twice when the
+    ASCender point has a graph; the budget check would otherwise start a length it cannot finish."""
+    from types import SimpleNamespace
+
+    from benchmarks.gpu_check.attention_table import next_length_seconds
+
+    plan = SimpleNamespace(warmup=1, repeats=3)  # 5 calls per point (warm-up, repeats, first call)
+    sdpa = {"impl": "sdpa", "status": "ok", "median_s": 1.0}
+    eager = {"impl": "ascender", "status": "ok", "median_s": 2.0}
+    graphed = {**eager, "graph_status": "ok", "graph_median_s": 0.5}
+    assert next_length_seconds([sdpa, eager], plan, 99.0) == pytest.approx(5 * 1.0 + 5 * 2.0)
+    assert next_length_seconds([sdpa, graphed], plan, 99.0) == pytest.approx(5 * 1.0 + 5 * 2.0 + 6 * 0.5 + 6 * 1.0)
+    assert next_length_seconds([sdpa, {**eager, "status": "error"}], plan, 99.0) == 99.0
