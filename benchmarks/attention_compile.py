@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
 from ascender_dist.machine import machine_record  # noqa: E402
 from ascender_dist.research.ablate.provenance import git_state  # noqa: E402
 from benchmarks.attention import HEADS, _layer, cpu_time, machine  # noqa: E402
-from benchmarks.report import cpus_text, ratio_stats  # noqa: E402
+from benchmarks.report import cpus_text, ratio_summary  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 IN_PLACE = "in place (fast path)"  # the tile chain's baseline: what the fast path runs
@@ -174,7 +174,7 @@ def chain_rows(chain: dict) -> list[dict]:
     for name in rounds[0]:
         times = [x[name] for x in rounds]
         out.append(dict(variant=name, median_s=statistics.median(times),
-                        x_in_place={k: v for k, v in ratio_stats(times, base).items() if k != "ratios"}))
+                        x_in_place=ratio_summary(times, base)))
     return out
 
 

@@ -79,11 +79,6 @@ def median(values):
     return values[len(values) // 2]
 
 
-def _stats(ratios: dict) -> dict:
-    """benchmarks.report.ratio_stats without the list of ratios."""
-    return {k: v for k, v in ratios.items() if k != "ratios"}
-
-
 # --------------------------------------------------------------------------- presets
 def preset_needs(preset: str) -> dict:
     """Sequence length, micro-batch, layout and one H100 SXM's token rate at 40% MFU for the
@@ -117,7 +112,7 @@ def bench_sharding(corpus: Path, model: Path, work: Path, args) -> dict:
     run back to back in each of ``args.repeats`` rounds (1 worker first in even rounds, 2 in odd ones): per
     setting the median and minimum time and every run; the same-round speedup (1-worker time / 2-worker
     time), median and minimum."""
-    from benchmarks.report import ratio_stats
+    from benchmarks.report import ratio_summary
 
     times: dict = {1: [], 2: []}
     for r in range(args.repeats):
@@ -132,7 +127,7 @@ def bench_sharding(corpus: Path, model: Path, work: Path, args) -> dict:
     for workers, ts in times.items():
         out[f"shard_s_w{workers}"], out[f"shard_s_w{workers}_min"] = median(ts), min(ts)
     out["shard_runs"] = {f"w{w}": ts for w, ts in times.items()}
-    out["shard_speedup_w2"] = _stats(ratio_stats(times[1], times[2]))
+    out["shard_speedup_w2"] = ratio_summary(times[1], times[2])
     out["shard_outputs_identical"] = (work / "shards-w1-0" / "manifest.json").read_bytes() == \
         (work / "shards-w2-0" / "manifest.json").read_bytes()  # the manifest holds every shard's sha256
     return out
@@ -475,7 +470,7 @@ def loader_section(ds: Path, need: dict, args) -> dict:
     """Tokens/s of rank 0 with 0, 1, 2 workers at DP 1 and with 2 workers at node DP, the four settings
     run back to back in an order rotated by one each round, ``max(5, repeats)`` rounds: per setting the
     median rate and the median and minimum of its ratio to the same round's workers=0 rate; memory."""
-    from benchmarks.report import ratio_stats
+    from benchmarks.report import ratio_summary
 
     seq, mbs = need["seq_length"], need["micro_batch_size"]
     row = dict(need)
@@ -492,9 +487,9 @@ def loader_section(ds: Path, need: dict, args) -> dict:
     row["loader_runs"] = runs
     row["loader_rounds"] = len(runs["w0"])
     row["loader_load"] = [load_start, os.getloadavg()[0]]
-    row["loader_x_w0"] = {k: {s: v for s, v in ratio_stats(runs[k], runs["w0"]).items() if s != "ratios"}
+    row["loader_x_w0"] = {k: ratio_summary(runs[k], runs["w0"])
                           for k in LOADER_SETTINGS[1:]}
-    row["loader_w2_x_w1"] = {s: v for s, v in ratio_stats(runs["w2"], runs["w1"]).items() if s != "ratios"}
+    row["loader_w2_x_w1"] = ratio_summary(runs["w2"], runs["w1"])
     row["rss_main"], row["rss_worker"] = loader_memory(ds, seq, mbs, 2, 200, args.shuffle_buffer)
     row["rss_main_dp64"], row["rss_worker_dp64"] = loader_memory(ds, seq, mbs, 2, 200, args.shuffle_buffer, 64)
     print(f"loader {seq}x{mbs}: {row['w1']:,.0f} / {row['w2']:,.0f} tokens/s "

@@ -42,3 +42,8 @@ def ratio_stats(num: list[float], den: list[float]) -> dict:
 
     ratios = [a / b for a, b in zip(num, den)]
     return {"median": statistics.median(ratios), "min": min(ratios), "ratios": ratios}
+
+
+def ratio_summary(num: list[float], den: list[float]) -> dict:
+    """:func:`ratio_stats` without the ratios themselves: the median and minimum a table shows."""
+    return {k: v for k, v in ratio_stats(num, den).items() if k != "ratios"}

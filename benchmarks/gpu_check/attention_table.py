@@ -148,13 +148,6 @@ def time_interleaved(runs: dict, plan: Plan, first_calls: bool = True) -> dict:
     return out
 
 
-def round_ratios(num: list[float], den: list[float]) -> dict:
-    """Median and minimum of the same-round ratios num[i] / den[i], and the ratios (benchmarks/report.py)."""
-    from benchmarks.report import ratio_stats
-
-    return ratio_stats(num, den)
-
-
 def peak_mib(run, device: str):
     """Peak CUDA memory of one call above the memory allocated before it (MiB); None on CPU."""
     from ascender_dist.training.metrics import cuda_peak_mib
@@ -323,6 +316,8 @@ def table_rows(points: list[dict]) -> list[dict]:
     """One row per length: both impls side by side, ASCender / SDPA ratios, analytic forward FLOP ratio.
     ``round_ratio`` / ``graph_round_ratio``: median, minimum and list of the same-round ratios (what the table
     shows); ``time_ratio`` / ``graph_ratio``: the ratio of the two medians (kept for readers of older records)."""
+    from benchmarks.report import ratio_stats
+
     rows = []
     for n in sorted({p["n"] for p in points}):
         a = next(p for p in points if p["n"] == n and p["impl"] == "ascender")
@@ -334,11 +329,11 @@ def table_rows(points: list[dict]) -> list[dict]:
         if a["status"] == s["status"] == "ok":
             row["time_ratio"] = a["median_s"] / s["median_s"]
             if len(a.get("times_s", [])) == len(s.get("times_s", [])) > 0:
-                row["round_ratio"] = round_ratios(a["times_s"], s["times_s"])
+                row["round_ratio"] = ratio_stats(a["times_s"], s["times_s"])
             if a.get("graph_status") == "ok":
                 row["graph_ratio"] = a["graph_median_s"] / s["median_s"]
                 if len(a.get("graph_times_s", [])) == len(a.get("graph_sdpa_times_s", [])) > 0:
-                    row["graph_round_ratio"] = round_ratios(a["graph_times_s"], a["graph_sdpa_times_s"])
+                    row["graph_round_ratio"] = ratio_stats(a["graph_times_s"], a["graph_sdpa_times_s"])
             if a["peak_mib"] is not None and s["peak_mib"]:
                 row["memory_ratio"] = a["peak_mib"] / s["peak_mib"]
         rows.append(row)
