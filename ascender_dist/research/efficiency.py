@@ -266,7 +266,8 @@ def render(rows: list[dict], ablation: Optional[dict], settings: dict) -> str:
               f"1-minute load average while measuring: {min(loads):.1f}-{max(loads):.1f} on "
               f"{os.cpu_count()} cores (shared machine: absolute times are inflated and noisy)." if loads else ""]
     if ablation:
-        lines += ["", f"## Measured during the training runs of `{ablation['source']}`", "",
+        commits = ", ".join(c[:12] for c in ablation.get("commits", [])) or "not recorded"
+        lines += ["", f"## Measured during the training runs of `{ablation['source']}` (commit {commits})", "",
                   "| variant | runs | tokens/s mean ± std | median step time (s) | peak RSS of the run (MiB) |",
                   "|---|---:|---:|---:|---:|"]
         for e in ablation["configs"]:
@@ -303,14 +304,19 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: --out is required", file=sys.stderr)
         return 2
     setup_cli_logging()
+    from ascender_dist.config.loader import to_dict
     from ascender_dist.config.resolve import config_from_dict
+
+    from ascender_dist.research.ablate.index import run_commits
+    from ascender_dist.research.ablate.provenance import config_hash
 
     try:
         specs = []
         for row in [r.strip() for r in args.rows.split(",") if r.strip()]:
             raw, impl = row_config(row, args.preset, args.batch, args.vocab, args.overrides)
-            config_from_dict(raw)  # fail here, in one line, on a bad override
-            specs.append({"row": row, "config": raw, "impl": impl, "batch": args.batch, "repeats": args.repeats})
+            cfg = config_from_dict(raw)  # fail here, in one line, on a bad override
+            specs.append({"row": row, "config": raw, "impl": impl, "batch": args.batch, "repeats": args.repeats,
+                          "config_sha256": config_hash(to_dict(cfg))})
         ablation = None
         if args.from_ablation:
             path = Path(args.from_ablation)
@@ -319,7 +325,8 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
 
                 raise ConfigError("--from-ablation", f"{path}: not found (an `ascender-dist ablate` results.json)")
             report = json.loads(path.read_text())
-            ablation = {"source": str(path), "configs": report["tables"]["cost"]["configs"]}
+            ablation = {"source": str(path), "commits": [c for c in run_commits(report) if c],
+                        "configs": report["tables"]["cost"]["configs"]}
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -328,7 +335,7 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
     rows = []
     for spec in tqdm(specs, desc="efficiency", unit="row"):
         result = _run_child(spec, args.threads, args.timeout)
-        rows.append({"row": spec["row"], **result})
+        rows.append({"row": spec["row"], "config_sha256": spec["config_sha256"], **result})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"preset": args.preset, "batch": args.batch, "vocab": args.vocab, "repeats": args.repeats,

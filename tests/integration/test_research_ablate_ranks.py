@@ -56,7 +56,9 @@ def test_two_rank_grid_records_provenance_documents_curves_and_rebuilds(tmp_path
         assert [p[0] for p in r["val_curve"]] == [2, 4]
         prov = r["provenance"]
         assert len(prov["git_commit"]) == 40 and isinstance(prov["git_dirty"], bool)
-        assert set(prov["versions"]) == {"torch", "megatron-core", "deepspeed", "ascender-dist"}
+        assert set(prov["versions"]) == {"torch", "megatron-core", "deepspeed", "ascender-dist", "sentencepiece",
+                                         "numpy", "scipy", "scikit-learn"}
+        assert r["eval_iters"] == 2  # what collect checks against the grid's eval_iters
         assert len(prov["config_sha256"]) == 64 and len(prov["data_manifest_sha256"]) == 64
     report = tmp_path / "report"
     full = json.loads((report / "results.json").read_text())

@@ -469,6 +469,10 @@ def test_efficiency_table_renders_rows_and_ablation_throughput():
     md = efficiency.render([row], ablation, {"preset": "debug", "batch": 8, "vocab": 512, "threads": 1})
     assert "| gpt | 1,000 | 1e+05 | 9e+04 | 1e+06 | 12.5 | 1000 | 4.0 |" in md
     assert "| gpt | 3 | 900 ± 10 | 0.200 | 600 |" in md
+    assert "training runs of `x.json` (commit not recorded)" in md
+    md = efficiency.render([row], {**ablation, "commits": ["a" * 40]}, {"preset": "debug", "batch": 8, "vocab": 512,
+                                                                         "threads": 1})  # fmt: skip
+    assert f"training runs of `x.json` (commit {'a' * 12})" in md
 
 
 def test_efficiency_command_writes_both_tables_with_provenance(tmp_path, monkeypatch):
@@ -482,6 +486,8 @@ def test_efficiency_command_writes_both_tables_with_provenance(tmp_path, monkeyp
     assert efficiency.efficiency_main(["--out", str(tmp_path), "--rows", "gpt,connection"]) == 0
     table = json.loads((tmp_path / "table2.json").read_text())
     assert [r["row"] for r in table["rows"]] == ["gpt", "connection"]
+    hashes = [r["config_sha256"] for r in table["rows"]]
+    assert len(set(hashes)) == 2 and all(len(h) == 64 for h in hashes)  # each row's resolved config
     assert {"git_commit", "git_dirty", "versions", "command"} <= set(table["provenance"])
     assert "| connection |" in (tmp_path / "table2.md").read_text()
 

@@ -77,3 +77,70 @@ def test_cli_report_only_exits_2_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error: ") and str(d) in err and len(err.splitlines()) == 1
     assert not (tmp_path / "report" / "results.json").exists()
+
+
+def _older_schema_run(tmp_path, edit=None):
+    """A run made before the schema grew: its config lacks a field added since (at its default), its
+    record hashes that older config and its run directory keeps it as config.yaml (as launch_run
+    writes it). ``edit``: changes that older config before it is hashed and saved (another run)."""
+    from ascender_dist.config.loader import dump_yaml
+
+    path, runs, d = _setup(tmp_path)
+    grid = load_grid(path)
+    grid.runs_dir = runs
+    old = to_dict(run_config(grid, grid.variant("gpt"), 1))
+    del old["train"]["exit_signals"]  # a field added after the run, at its default
+    if edit:
+        edit(old)
+    record = json.loads((d / RESULT).read_text())
+    record["provenance"]["config_sha256"] = config_hash(old)
+    (d / RESULT).write_text(json.dumps(record))
+    (d / "config.yaml").write_text(dump_yaml(old))
+    return grid, d
+
+
+def test_a_field_added_to_the_schema_since_the_run_does_not_refuse_it(tmp_path):
+    grid, d = _older_schema_run(tmp_path)
+    assert [r["val_loss"] for r in collect_records(grid)] == [5.0]
+    (d / "config.yaml").unlink()  # nothing shows the settings are the same: refused
+    with pytest.raises(AblationError, match="config sha256"):
+        collect_records(grid)
+
+
+def test_a_run_of_other_settings_is_refused_even_from_an_older_schema(tmp_path):
+    grid, d = _older_schema_run(tmp_path, edit=lambda cfg: cfg["optimizer"].update(lr=5e-4))
+    with pytest.raises(AblationError, match="config sha256"):
+        collect_records(grid)
+    (tmp_path / "edited").mkdir()
+    grid, d = _older_schema_run(tmp_path / "edited")  # config.yaml edited after the run: not the hashed one
+    text = (d / "config.yaml").read_text()
+    assert "warmup_steps: 1\n" in text
+    (d / "config.yaml").write_text(text.replace("warmup_steps: 1\n", "warmup_steps: 2\n"))
+    with pytest.raises(AblationError, match="config sha256"):
+        collect_records(grid)
+
+
+def test_a_run_validated_over_other_eval_iters_is_refused(tmp_path):
+    """eval_iters reaches the run as a flag, not through its config (not in the hash): the record's
+    own eval_iters is checked against the grid's."""
+    path, runs, d = _setup(tmp_path)
+    grid = load_grid(path)
+    grid.runs_dir = runs
+    asked = run_config(grid, grid.variant("gpt"), 1).train.eval_iters
+    record = json.loads((d / RESULT).read_text())
+    (d / RESULT).write_text(json.dumps({**record, "eval_iters": asked}))
+    assert len(collect_records(grid)) == 1
+    grid.eval_iters = asked + 1
+    with pytest.raises(AblationError, match="eval_iters") as exc:
+        collect_records(grid)
+    assert str(d) in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_tables_refuse_runs_scored_on_different_validation_sets():
+    from ascender_dist.research.ablate.collect import check_same_validation
+
+    same = [{"config": c, "seed": 1, "val_batches": 32, "val_sequences": 256} for c in ("gpt", "asc")]
+    check_same_validation(same)
+    with pytest.raises(AblationError, match="different sets: gpt seed 1 on 32 batches / 256 sequences, asc seed 1 "
+                                            "on 16 / 128"):
+        check_same_validation([same[0], {**same[1], "val_batches": 16, "val_sequences": 128}])

@@ -20,18 +20,43 @@ def _load_record(result_file: Path, variant_name: str) -> dict:
     return record
 
 
+def _saved_config_agrees(saved: Path, got: str, want: str) -> bool:
+    """The run's own config.yaml (written whole at launch) is the config its record hashed (``got``),
+    and read with today's schema it is the config the grid asks for (``want``): only the schema grew
+    since the run (a field added later, at its default, changes the hash of unchanged settings)."""
+    from ascender_dist.config.errors import ConfigError
+    from ascender_dist.config.loader import from_dict, read_yaml_file, to_dict
+    from ascender_dist.config.schema import RunConfig
+
+    from .provenance import config_hash
+
+    try:
+        raw = read_yaml_file(saved)
+        return config_hash(raw) == got and config_hash(to_dict(from_dict(RunConfig, raw))) == want
+    except (OSError, ConfigError):
+        return False
+
+
 def check_recorded_config(grid: Grid, variant: Variant, seed: int, record: dict) -> None:
     """Refuse a finished run whose recorded config hash is not that of the config the grid asks for now
-    (a ``--set`` or an edited grid after the run). Records without a hash (older runs) pass."""
+    (a ``--set`` or an edited grid after the run), unless the run's saved config shows the settings are
+    the same and only the schema grew (:func:`_saved_config_agrees`). Records without a hash (older
+    runs) pass."""
     from ascender_dist.config.loader import to_dict
 
     from .provenance import config_hash
 
+    cfg = run_config(grid, variant, seed)
+    asked = grid.eval_iters if grid.eval_iters is not None else cfg.train.eval_iters
+    if record.get("eval_iters", asked) != asked:  # not in the config hash: a flag of the run (older records: none)
+        raise AblationError(f"{run_dir(grid, variant, seed)}: {RESULT} was validated over eval_iters "
+                            f"{record['eval_iters']!r}, the grid now asks for {asked!r} (another validation set); "
+                            "remove the run directory to re-run it, or use another --runs-dir")
     got = (record.get("provenance") or {}).get("config_sha256")
     if got is None:
         return
-    want = config_hash(to_dict(run_config(grid, variant, seed)))
-    if got != want:
+    want = config_hash(to_dict(cfg))
+    if got != want and not _saved_config_agrees(run_dir(grid, variant, seed) / "config.yaml", got, want):
         raise AblationError(f"{run_dir(grid, variant, seed)}: {RESULT} was trained with config sha256 {got[:12]}, "
                             f"the grid now asks for {want[:12]} (grid or --set changed since); remove the run "
                             "directory to re-run it, or use another --runs-dir")
@@ -53,6 +78,18 @@ def collect_records(grid: Grid) -> list[dict]:
             if (run_dir(grid, v, s) / RESULT).exists():
                 out.append(load_checked_record(grid, v, s))
     return out
+
+
+def check_same_validation(records: Sequence[dict]) -> None:
+    """Every record was scored on the same validation set (batches and sequences): a table compares
+    their losses, which over different sets compares the sets too."""
+    sets = {}
+    for r in records:
+        sets.setdefault((r.get("val_batches"), r.get("val_sequences")), f"{r['config']} seed {r.get('seed')}")
+    if len(sets) > 1:
+        (a, first), (b, second) = list(sets.items())[:2]
+        raise AblationError(f"runs validated on different sets: {first} on {a[0]} batches / {a[1]} sequences, "
+                            f"{second} on {b[0]} / {b[1]}; re-run them with one eval_iters")
 
 
 # ============================================================================ aggregation
@@ -310,6 +347,7 @@ def aggregate(records: Sequence[dict], baseline: str, compare_to: Sequence[str] 
 
     if not records:
         raise ValueError("no run records to aggregate")
+    check_same_validation(records)
     order = list(dict.fromkeys(r["config"] for r in records))
     kw = dict(n_resamples=n_resamples, n_permutations=n_permutations, seed=seed)
     seeds = sorted({r["seed"] for r in records})

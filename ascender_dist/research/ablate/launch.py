@@ -211,6 +211,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     val_curve = list(curve.curve)  # the train.eval_interval validations, before the final one
 
     # final validation over eval_iters batches per rank; per-sequence losses from the callback
+    eval_requested = eval_iters if eval_iters is not None else cfg.train.eval_iters  # recorded: collect checks it
     if eval_iters == "all":
         eval_iters = 1 << 62  # validate clips it to the batches there are
     connection_stats: dict = {}
@@ -243,7 +244,8 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         "config": None, "seed": cfg.train.seed,  # filled by the parent (variant name)
         "name": cfg.name, "architecture": cfg.model.architecture, "layer_pattern": expand_layer_pattern(cfg.model),
         "world_size": trainer.pstate.world_size, "device": str(trainer.pstate.device),
-        "val_loss": float(val_loss), "val_batches": iters, "val_sequences": len(example_losses),
+        "val_loss": float(val_loss), "eval_iters": eval_requested, "val_batches": iters,
+        "val_sequences": len(example_losses),
         "val_example_losses": example_losses, "val_example_index": example_index,
         "val_example_documents": validation_documents(cfg, trainer.tokenizer, example_index),
         "val_curve": [[step, loss] for step, loss in val_curve],

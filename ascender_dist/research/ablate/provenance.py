@@ -14,7 +14,9 @@ from typing import Optional, Sequence
 from ascender_dist.machine import machine_record
 from ascender_dist.versions import package_versions
 
-PACKAGES = ("torch", "megatron-core", "deepspeed", "ascender-dist")
+# what a run's numbers or a table's statistics depend on: training (torch, megatron-core, deepspeed,
+# the tokenizer's sentencepiece), statistics and clustering (numpy, scipy, scikit-learn)
+PACKAGES = ("torch", "megatron-core", "deepspeed", "ascender-dist", "sentencepiece", "numpy", "scipy", "scikit-learn")
 # per-run fields of a run config: differ between the seeds of one variant, not part of its hash
 PER_RUN_FIELDS = ("name", "output_dir")
 PER_RUN_TRAIN_FIELDS = ("seed",)
