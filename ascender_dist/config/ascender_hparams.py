@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.errors import ConfigError, non_finite_field
 
 KERNEL_TAU_FORMS = ("tau", "tau2")
 STD_FORMS = ("population", "sample")
@@ -102,6 +102,9 @@ class AscenderHParams:
         def fail(name: str, msg: str) -> None:
             raise ConfigError(f"{prefix}.{name}" if prefix else name, msg)
 
+        bad = non_finite_field(self)
+        if bad is not None:
+            fail(bad[0], f"must be a finite number (got {bad[1]})")
         for name in ("d_z", "d_a", "k", "chunk_size", "max_tile_elems"):
             if getattr(self, name) < 1:
                 fail(name, f"must be >= 1 (got {getattr(self, name)})")

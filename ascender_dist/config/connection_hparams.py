@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.errors import ConfigError, non_finite_field
 
 CONNECTION_TYPES = ("linear", "bilinear")
 STOP_GRANULARITIES = ("sample", "slot")
@@ -67,6 +67,9 @@ class ConnectionHParams:
         def fail(field: str, message: str) -> None:
             raise ConfigError(f"{prefix}.{field}" if prefix else field, message)
 
+        bad = non_finite_field(self)
+        if bad is not None:
+            fail(bad[0], f"must be a finite number (got {bad[1]})")
         if self.num_slots < 1:
             fail("num_slots", f"must be >= 1 (got {self.num_slots})")
         if self.connection not in CONNECTION_TYPES:

@@ -18,3 +18,17 @@ class ConfigError(UserError, ValueError):
         self.path = path
         self.message = message
         super().__init__(f"{path}: {message}" if path else message)
+
+
+def non_finite_field(obj) -> "tuple[str, float] | None":
+    """(name, value) of the first float field of dataclass ``obj`` that is NaN or infinite, else None.
+    The hyper-parameter classes refuse such values: ``<`` / ``>`` checks pass NaN, and a config.json
+    (Python's json reads NaN and Infinity) reaches them without the YAML loader's check."""
+    import dataclasses
+    import math
+
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f.name, value
+    return None

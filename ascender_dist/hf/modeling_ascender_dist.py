@@ -164,6 +164,7 @@ class AscenderAttention(SoftmaxAttention):
 
     def __init__(self, config: AscenderDistConfig):
         self.hp = _hparams(AscenderHParams, config.ascender)
+        self.hp.validate("ascender", config.head_dim)  # config.json is not checked by the YAML loader
         super().__init__(config, extra_per_head=self.hp.d_z + self.hp.d_a)
         self.core_attention = AscenderCore(config, self.hp)
         self.step = int(config.ascender_step)
@@ -191,6 +192,7 @@ class ConnectionAttention(nn.Module):
     def __init__(self, config: AscenderDistConfig):
         super().__init__()
         self.hp = _hparams(ConnectionHParams, config.connection)
+        self.hp.validate("connection", config.hidden_size)  # config.json is not checked by the YAML loader
         self.layer = ConnectionLayer(self.hp, config.hidden_size)
         self.buffers_ready = False
 

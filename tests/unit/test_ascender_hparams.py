@@ -36,6 +36,9 @@ def test_defaults_are_valid_for_head_dim_64():
         (dict(neighbour_source="keys"), "model.ascender.neighbour_source", "affinity, base_scores"),
         (dict(chunk_size=0), "model.ascender.chunk_size", ">= 1"),
         (dict(aux_crowding_weight=-1.0), "model.ascender.aux_crowding_weight", ">= 0"),
+        # NaN passes every < / > check, and a config.json reaches the class without the YAML loader
+        (dict(lambda_sep=float("nan")), "model.ascender.lambda_sep", "must be a finite number (got nan)"),
+        (dict(tau_coh=float("inf")), "model.ascender.tau_coh", "must be a finite number (got inf)"),
     ],
 )
 def test_invalid_fields_name_their_path(changes, path, fragment):

@@ -25,6 +25,11 @@ from ascender_dist.models.connection import ConnectionHParams, ConnectionLayer, 
         ("num_slots", 1, 64, "model.connection.num_slots: must be >= 2 for the bilinear connection"),
         # torch.Generator.manual_seed overflows past 2**64 - 1 (a traceback when the layer is built)
         ("slot_seed", 2**64, 64, "model.connection.slot_seed: must be in [-2**63, 2**64)"),
+        # NaN passes every < / <= check (a NaN threshold stopped every sample after one step) and a
+        # config.json reaches the class without the YAML loader's finiteness check
+        ("threshold", float("nan"), 64, "model.connection.threshold: must be a finite number (got nan)"),
+        ("compression_eps", float("inf"), 64, "model.connection.compression_eps: must be a finite number"),
+        ("init_std", float("nan"), 64, "model.connection.init_std: must be a finite number"),
     ],
 )
 def test_validate_names_the_field(field, value, hidden, needle):

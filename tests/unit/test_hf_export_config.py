@@ -84,3 +84,23 @@ def test_exported_model_uses_the_alibi_slopes_the_run_trained_with(tmp_path, pre
     slopes = model.model.decoder.layers[0].self_attention.core_attention.params.alibi_slope
     trained = AscenderHeadParams(AscenderHParams(**ascender), 12, dtype=dtype).alibi_slope
     assert slopes.dtype == torch.float32 and torch.equal(slopes, trained.float())
+
+
+@pytest.mark.parametrize("architecture, section, field", [("ascender", "ascender", "lambda_sep"),
+                                                          ("connection", "connection", "threshold")])
+def test_a_config_json_with_a_non_finite_hyperparameter_is_refused_in_one_line(architecture, section, field):
+    """config.json is read by Python's json (NaN / Infinity parse) and reaches the layers without the
+    YAML loader's finiteness check: the remote-code model validates the hyper-parameters itself."""
+    from ascender_dist.config.errors import ConfigError
+    from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
+    from ascender_dist.tools.hf_export import remote_code_config
+
+    extra = {"hidden_size": 48, "num_attention_heads": 12, "ascender": {"d_z": 4, "d_a": 4}} if architecture == "ascender" \
+        else {"num_layers": 2, "seq_length": 256}  # the connection pattern AC, several chunks
+    cfg = config_from_dict({"name": "nan", "model": {**MODEL, "architecture": architecture, **extra}})
+    config = remote_code_config(cfg, {"step": 3, "architecture": architecture, "vocab_size": 64}, vocab_size=64,
+                                tied=True)
+    AscenderDistForCausalLM(config)  # as exported: valid
+    getattr(config, section)[field] = float("nan")
+    with pytest.raises(ConfigError, match=rf"^{section}\.{field}: must be a finite number \(got nan\)$"):
+        AscenderDistForCausalLM(config)
