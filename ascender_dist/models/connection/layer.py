@@ -136,7 +136,8 @@ class ReasoningStats:
     def scalars(self) -> dict[str, float]:
         """Mean/max steps as Python floats (one host sync: call only when logging)."""
         s = self.steps.float()
-        return {"steps_mean": float(s.mean()), "steps_max": float(s.max()), "iterations": float(self.iterations)}
+        mean, top = torch.stack([s.mean(), s.max()]).tolist()  # one device-to-host copy
+        return {"steps_mean": mean, "steps_max": top, "iterations": float(self.iterations)}
 
 
 class ConnectionLayer(nn.Module):
