@@ -4,7 +4,9 @@
 # through the real `deepspeed` launcher (DeepSpeed ZeRO over megatron-core layers), writing
 # TensorBoard logs and a checkpoint. Run launch/setup.sh first (the README's command does).
 #
-#   bash launch/demo.sh [--set key=value ...]        e.g. --set model.architecture=ascender
+#   bash launch/demo.sh [--set key=value ...]
+#   DEMO_DIR=runs/demo-ascender bash launch/demo.sh --set model.architecture=ascender
+#     (another model needs another DEMO_DIR: a re-run resumes DEMO_DIR's checkpoint, which must match)
 # Environment: DEMO_DIR (runs/demo), DEMO_CONFIG (configs/demo.yaml), DEMO_CORPUS_BYTES (6000000),
 #              DEMO_VOCAB (4096), DEMO_SEQ (128), NUM_RANKS (2)
 set -euo pipefail

@@ -19,6 +19,8 @@
 #   --gpus_per_node N    GPUS_PER_NODE  ranks on every node (default: each host's slots)
 #   --ssh_port PORT      SSH_PORT       ssh mode: the port of the sshd on every host (default: ssh's)
 #   DEEPSPEED      the launcher command (default: deepspeed, from .venv/bin if there, else PATH)
+#   STOP_WAIT_S    after a launcher killed on a stop (this node's ranks), seconds to wait for them to
+#                  finish their save before this script exits (default 40; launch/run_launcher.sh)
 # ssh mode forwards NCCL_*, PYTHON*, OMP_NUM_THREADS, DS_ACCELERATOR, GLOO_SOCKET_IFNAME,
 # TORCH_NCCL_ASYNC_ERROR_HANDLING, CUDA_DEVICE_MAX_CONNECTIONS, the names in FORWARD_ENV and the
 # lines of DeepSpeed's env files (DS_ENV_FILE, default .deepspeed_env, in ~ and the repository root).
@@ -39,6 +41,7 @@ NODE_RANK=${NODE_RANK:-}
 NUM_NODES=${NUM_NODES:-}
 GPUS_PER_NODE=${GPUS_PER_NODE:-}
 SSH_PORT=${SSH_PORT:-}
+STOP_WAIT_S=${STOP_WAIT_S:-}
 CONFIG=""
 TRAIN_ARGS=()
 while [ $# -gt 0 ]; do
@@ -78,7 +81,7 @@ done
 [ -f "$HOSTFILE" ] || die "hostfile $HOSTFILE does not exist"
 [ -n "$CONFIG" ] || die "no config: pass --config FILE (a YAML run config, e.g. configs/demo.yaml)"
 [ -f "$CONFIG" ] || die "config $CONFIG does not exist"
-for n in MASTER_PORT NODE_RANK NUM_NODES GPUS_PER_NODE SSH_PORT; do
+for n in MASTER_PORT NODE_RANK NUM_NODES GPUS_PER_NODE SSH_PORT STOP_WAIT_S; do
   case "${!n}" in *[!0-9]*) die "$n must be a non-negative integer, got '${!n}'" ;; esac
 done
 HOSTFILE=$(cd "$(dirname "$HOSTFILE")" && pwd)/$(basename "$HOSTFILE")
@@ -102,6 +105,15 @@ esac
   die "--num_nodes $NUM_NODES but the hostfile lists ${#HOSTS[@]} hosts (DeepSpeed would run on those alone)"
 if [ -n "$NUM_NODES" ] && [ "$NUM_NODES" -lt ${#HOSTS[@]} ]; then HOSTS=("${HOSTS[@]:0:$NUM_NODES}"); fi
 [ -n "$MASTER_ADDR" ] || MASTER_ADDR=${HOSTS[0]%% *}
+# A loopback rendezvous (a MASTER_ADDR left from local runs, a hostfile starting with localhost) is
+# each node's own: the other nodes would wait out the distributed timeout (slurm.sbatch refuses it too)
+is_loopback() { case "$1" in localhost|127.*|::1) return 0 ;; esac; return 1; }
+if is_loopback "$MASTER_ADDR" && [ ${#HOSTS[@]} -gt 1 ]; then
+  for entry in "${HOSTS[@]}"; do  # hosts that all name this machine are fine (tests/integration/test_multinode.py)
+    is_loopback "${entry%% *}" ||
+      die "MASTER_ADDR=$MASTER_ADDR is this node only, but the hostfile also lists ${entry%% *}: set --master_addr (or MASTER_ADDR) to the first host's address"
+  done
+fi
 
 cd "$(dirname "$0")/.."
 [ -d .venv/bin ] && export PATH="$PWD/.venv/bin:$PATH"
@@ -116,10 +128,12 @@ if [ -n "$NODE_RANK" ]; then
   [ "$NODE_RANK" -lt ${#HOSTS[@]} ] || die "--node_rank $NODE_RANK but the hostfile lists ${#HOSTS[@]} hosts"
   local_host=${HOSTS[$NODE_RANK]}
 else
-  command -v pdsh >/dev/null || die "pdsh not found: install it (ssh mode), or start every node yourself with --node_rank"
-  case "$PWD" in  # DeepSpeed's pdsh runner sends every host an unquoted 'cd <repo>; <python> ...'
-    *[[:space:]]*) die "ssh mode cannot start ranks in a path with spaces ($PWD): DeepSpeed's remote command does not quote it; move the repository, or start every node yourself with --node_rank" ;;
-  esac
+  if [ ${#HOSTS[@]} -gt 1 ]; then  # one host: DeepSpeed starts it locally, without pdsh
+    command -v pdsh >/dev/null || die "pdsh not found: install it (ssh mode), or start every node yourself with --node_rank"
+    case "$PWD" in  # DeepSpeed's pdsh runner sends every host an unquoted 'cd <repo>; <python> ...'
+      *[[:space:]]*) die "ssh mode cannot start ranks in a path with spaces ($PWD): DeepSpeed's remote command does not quote it; move the repository, or start every node yourself with --node_rank" ;;
+    esac
+  fi
   for entry in "${HOSTS[@]}"; do  # DeepSpeed would end in a traceback for an unreachable one
     ssh -o BatchMode=yes -o ConnectTimeout=10 ${SSH_PORT:+-p "$SSH_PORT"} "${entry%% *}" true </dev/null >/dev/null 2>&1 ||
       die "host ${entry%% *} is not reachable by passwordless ssh${SSH_PORT:+ on port $SSH_PORT} (ssh mode needs it; or start every node yourself with --node_rank)"

@@ -21,8 +21,15 @@
 # for the ranks: the launcher processes ignore it (its default action would end them, and the job,
 # at once); the ranks inherit the ignore and install their own handler for training.
 # The exit status is the launcher's (75 after a stop on request). If the launcher itself ended
-# abnormally, whatever is left of its process group gets SIGTERM. A SIGKILL to this script's own
-# process group (not the launcher's) cannot be passed on.
+# abnormally (local mode), what is left of its process group is asked to stop and waited for, up to
+# STOP_WAIT_S seconds (default 40: DeepSpeed's launch.py gives its ranks 30 s after a SIGTERM before
+# SIGKILL), so that a checkpoint being saved is not cut by this script's exit (Slurm ends a step's
+# processes when the task's main process exits, a container when its init's child does). A launcher
+# killed by SIGTERM gets SIGUSR1 sent after it, not another SIGTERM: the SIGTERM came from a scheduler
+# that signals every process of the job, launch.py included (a second one interrupts its wait for the
+# ranks); a SIGKILLed or failed launcher's group gets SIGTERM. Whatever still runs after STOP_WAIT_S
+# gets SIGTERM and is left behind. A SIGKILL to this script's own process group (not the launcher's)
+# cannot be passed on.
 _launcher_terms=0
 
 _launcher_term() {  # $1: the launcher's pid; local mode
@@ -32,6 +39,22 @@ _launcher_term() {  # $1: the launcher's pid; local mode
   else
     kill -TERM -- "-$1" 2>/dev/null || true
   fi
+}
+
+_launcher_group_alive() {  # $1: a process group id; true while a member has not exited
+  if command -v ps >/dev/null; then  # zombies count for kill -0: orphans wait for a reaper
+    ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/ {found = 1} END {exit !found}'
+  else
+    kill -0 -- "-$1" 2>/dev/null
+  fi
+}
+
+_launcher_group_wait() {  # $1: the launcher's pid (its process group); false after STOP_WAIT_S
+  local deadline=$((SECONDS + ${STOP_WAIT_S:-40}))
+  while _launcher_group_alive "$1"; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.2
+  done
 }
 
 run_launcher() {
@@ -60,13 +83,25 @@ run_launcher() {
     wait "$child" || rc=$?
     kill -0 "$child" 2>/dev/null || break  # a trapped signal ended the wait, not the launcher
   done
-  if [ "$rc" -gt 128 ]; then  # the launcher may have ended between an interrupted wait and the test
+  if [ "$rc" -gt 128 ] || [ "$rc" -lt 0 ]; then  # the launcher may have ended between an interrupted wait and the test
     local again=0
     wait "$child" 2>/dev/null || again=$?
-    [ "$again" -eq 127 ] || rc=$again
+    case "$again" in 127|-*) ;; *) rc=$again ;; esac  # 127: no such job; -1: below
   fi
-  if [ "$mode" = local ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 75 ]; then
-    kill -TERM -- "-$child" 2>/dev/null || true  # ranks the launcher left behind (a killed runner)
+  # bash 5.2 may report -1 for a launcher that ended while a trap ran: its status is lost. After a
+  # trapped SIGTERM it is taken as 143 (a stop), else as a failure
+  if [ "$rc" -lt 0 ]; then rc=$(( _launcher_terms > 0 ? 143 : 1 )); fi
+  if [ "$mode" = local ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 75 ] && _launcher_group_alive "$child"; then
+    # launch.py and the ranks the launcher left behind (a killed runner) may be saving a checkpoint
+    if [ "$rc" -eq 143 ]; then
+      kill -USR1 -- "-$child" 2>/dev/null || true  # they had the SIGTERM too; ranks record one stop request
+    else
+      kill -TERM -- "-$child" 2>/dev/null || true
+    fi
+    if ! _launcher_group_wait "$child"; then
+      echo "run_launcher: the launcher's processes still run ${STOP_WAIT_S:-40} s after it ended (STOP_WAIT_S): sending SIGTERM and leaving them" >&2
+      kill -TERM -- "-$child" 2>/dev/null || true
+    fi
   fi
   return "$rc"
 }

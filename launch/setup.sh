@@ -5,7 +5,8 @@
 #   TORCH_SPEC set -> exactly that; a torch in pyproject.toml's range already installed (in .venv, or
 #   in $PYTHON, e.g. an NGC container's build: the venv then sees $PYTHON's packages) -> kept, never
 #   replaced; no CUDA device -> the CPU build of the tested version; a CUDA device -> its CUDA build
-#   (TORCH_CUDA_INDEX, default the PyTorch cu126 index). Idempotent: re-running only checks.
+#   (TORCH_CUDA_INDEX, default the PyTorch cu126 index). Re-runnable: a re-run keeps the venv and a torch
+#   in range, but pip still contacts the package index (pip's upgrade, the project's requirements).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -27,6 +28,10 @@ if [ "$SYSTEM_SITE" = 1 ]; then
     "$PYTHON" -m venv --system-site-packages .venv   # (re)writes pyvenv.cfg; installed packages stay
 elif [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
+fi
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then  # e.g. left by a venv made without ensurepip
+    echo "setup: error: .venv has no pip (a half-made virtualenv, e.g. from a failed '$PYTHON -m venv' without ensurepip / python3-venv): delete it (rm -rf .venv) and re-run" >&2
+    exit 2
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 if [ "$ACTION" = install ]; then

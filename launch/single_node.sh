@@ -10,6 +10,8 @@
 #   OMP_NUM_THREADS  threads per rank (default: cores / ranks)
 #   DEEPSPEED        the launcher command (default: deepspeed, from .venv/bin if there, else PATH)
 #   DS_ACCELERATOR   DeepSpeed accelerator (default: cpu when there is no GPU, else DeepSpeed's choice)
+#   STOP_WAIT_S      after a launcher killed on a stop, seconds to wait for its ranks to finish their
+#                    save before this script exits (default 40; launch/run_launcher.sh)
 # Everything on the command line is passed to launch/train.py: --config FILE (required),
 # --set key=value ... Relative paths inside the config and in --set values are taken from the
 # repository root (as in demo.sh); --config may be relative to the current directory.
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$CONFIG" ] || die "no config: pass --config FILE (a YAML run config, e.g. configs/demo.yaml)"
 [ -f "$CONFIG" ] || die "config $CONFIG does not exist"
-case "${NUM_RANKS:-}${MASTER_PORT:-}" in *[!0-9]*) die "NUM_RANKS and MASTER_PORT must be integers" ;; esac
+case "${NUM_RANKS:-}${MASTER_PORT:-}${STOP_WAIT_S:-}" in *[!0-9]*) die "NUM_RANKS, MASTER_PORT and STOP_WAIT_S must be integers" ;; esac
 CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
 
 cd "$(dirname "$0")/.."

@@ -140,3 +140,67 @@ def test_installed_torch_and_triton_are_kept_and_triton_is_a_range():
     assert "python launch/keep_installed.py > /etc/pip-constraints.txt" in DOCKERFILE
     tritons = [d for extra in PYPROJECT["optional-dependencies"].values() for d in extra if d.startswith("triton")]
     assert tritons and all("==" not in d and in_range("3.7.1", d.removeprefix("triton")) for d in tritons), tritons
+
+
+def _requirement_names(extra: str | None = None) -> list[str]:
+    """The requirements of the dependencies (extra None) or of an extra, this project's own extras
+    followed."""
+    out = []
+    for dep in PYPROJECT["dependencies"] if extra is None else PYPROJECT["optional-dependencies"][extra]:
+        if re.split(r"[\s<>=!~;\[]", dep)[0] == PYPROJECT["name"]:
+            for name in re.search(r"\[([^\]]*)\]", dep).group(1).split(","):
+                out += _requirement_names(name.strip())
+        else:
+            out.append(dep)
+    return out
+
+
+def test_requires_python_admits_no_python_the_pins_refuse():
+    """scikit-learn>=1.9 (research, pulled by dev) exists for Python >= 3.11 only, yet pyproject.toml and
+    the README said 3.10+. For every requirement whose lowest admitted release line is the one installed
+    here (e.g. scikit-learn 1.9.x for >=1.9), that release's Requires-Python must admit the project's
+    minimum Python; the README's quick start names the same minimum."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    minimum = re.fullmatch(r">=\s*(\d+\.\d+)", PYPROJECT["requires-python"]).group(1)
+    checked = set()
+    for extra in [None, *PYPROJECT["optional-dependencies"]]:
+        for line in _requirement_names(extra):
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate({"python_version": minimum}):
+                continue
+            lows = [Version(s.version) for s in req.specifier if s.operator in (">=", "==", "~=")]
+            try:
+                meta = metadata(req.name)
+            except PackageNotFoundError:
+                continue
+            installed = Version(meta["Version"])
+            if not lows or installed.release[:len(lows[0].release)] != lows[0].release:
+                continue  # an older release line is admitted too; its Python support is not known here
+            needs = meta.get("Requires-Python")
+            assert needs is None or SpecifierSet(needs).contains(minimum), (line, installed, needs, minimum)
+            checked.add(req.name)
+    assert "scikit-learn" in checked
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert re.findall(r"Python (\d+\.\d+)\+", readme) == [minimum]
+
+
+def test_setup_refuses_a_venv_left_without_pip(tmp_path):
+    """A `python3 -m venv` that failed for want of ensurepip leaves .venv/bin/python without pip: every
+    re-run of setup.sh then failed in 'No module named pip'; it says to delete .venv instead."""
+    for path in ("launch/setup.sh", "launch/torch_plan.py", "launch/keep_installed.py", "pyproject.toml"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text((REPO_ROOT / path).read_text())
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / ".venv")], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "TORCH_CUDA_INDEX", "TORCH_CPU_INDEX")}
+    env.update(PYTHON=sys.executable, ASCENDER_CUDA_PROBE="false", ASCENDER_TORCH_PROBE="true",
+               PIP_INDEX_URL="http://127.0.0.1:9/", PIP_RETRIES="0", PIP_TIMEOUT="1")  # no index is reached
+    proc = subprocess.run(["bash", "launch/setup.sh"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("setup: error: .venv has no pip") and "rm -rf .venv" in lines[0]

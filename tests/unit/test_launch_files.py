@@ -25,7 +25,7 @@ DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 # Launcher settings a developer's shell may have exported; the scripts read them as defaults.
 LAUNCH_ENV = ("HOSTFILE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NUM_NODES", "GPUS_PER_NODE", "NUM_RANKS",
               "OMP_NUM_THREADS", "DS_ENV_FILE", "FORWARD_ENV", "DEEPSPEED", "SRUN_ARGS", "ASCENDER_DIR",
-              "SLURM_RUN_DIR")
+              "SLURM_RUN_DIR", "STOP_WAIT_S")
 
 
 def _tool(name: str, package: str) -> str:
@@ -310,6 +310,46 @@ def test_multi_node_ssh_mode_keeps_the_users_deepspeed_env_file(stubs, tmp_path)
     assert "SITE_LIB=/opt/site" in call["dsenv"].splitlines()
 
 
+def test_multi_node_refuses_a_loopback_master_address_with_other_hosts(stubs, tmp_path):
+    """A MASTER_ADDR=localhost left from local runs (or a hostfile starting with localhost) made every
+    other node rendezvous with itself and wait out the distributed timeout; slurm.sbatch refused it,
+    multi_node.sh started anyway."""
+    env, _, calls = stubs
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a slots=1\nnode-b slots=1\n")
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "1",
+                                 "--config", "configs/demo.yaml"], env={**env, "MASTER_ADDR": "localhost"}),
+                           "MASTER_ADDR=localhost")
+    hosts.write_text("localhost slots=1\nnode-b slots=1\n")  # the default: the first host
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "0",
+                                 "--config", "configs/demo.yaml"], env=env), "MASTER_ADDR=localhost", "node-b")
+    assert calls() == []
+    # every host a name of this machine (tests/integration/test_multinode.py), or one host: fine
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    assert _run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "1", "--master_addr",
+                 "127.0.0.1", "--config", "configs/demo.yaml"], env=env).returncode == 0
+    hosts.write_text("node-a slots=2\n")
+    assert _run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "0",
+                 "--config", "configs/demo.yaml"], env={**env, "MASTER_ADDR": "::1"}).returncode == 0
+    assert len(calls()) == 2
+
+
+def test_multi_node_needs_pdsh_only_for_several_hosts(stubs, tmp_path):
+    """DeepSpeed starts a one-host hostfile locally, without pdsh: the script asked for pdsh anyway."""
+    env, _, calls = stubs
+    (Path(env["DEEPSPEED"]).parent / "pdsh").unlink()
+    env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if not (Path(d) / "pdsh").exists())
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a slots=2\n")
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--config", "configs/demo.yaml"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls()
+    assert "--no_ssh" not in call["args"] and _after(call["args"], "--master_addr") == "node-a"
+    hosts.write_text("node-a slots=2\nnode-b slots=2\n")
+    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--config",
+                                 "configs/demo.yaml"], env=env), "pdsh not found")
+
+
 def test_slurm_runs_one_no_ssh_launcher_per_node(stubs, tmp_path):
     env, out, calls = stubs
     env.update(SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(REPO_ROOT), SLURM_JOB_NODELIST="gpu-[07-08]",
@@ -352,6 +392,25 @@ def test_slurm_refuses_a_loopback_master_address_on_several_nodes(stubs, tmp_pat
     env.update(MASTER_ADDR="gpu-07-ib")  # another name of the first node (an IB interface) is the user's call
     assert _run(["bash", str(LAUNCH / "slurm.sbatch"), "--config", "configs/demo.yaml"], env=env,
                 cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("job_id", ["4242", "15000", "31999", "987654"])
+def test_slurm_default_port_stays_below_the_ephemeral_range(stubs, tmp_path, job_id):
+    """20000 + id % 20000 reached 39999: inside Linux's ephemeral range (32768-60999), where any outgoing
+    connection on the node may hold the port as its source port."""
+    env, _, calls = stubs
+    env.update(SLURM_JOB_ID=job_id, SLURM_SUBMIT_DIR=str(REPO_ROOT), SLURM_JOB_NODELIST="gpu-[07-08]",
+               SLURM_JOB_NUM_NODES="2", SLURM_GPUS_ON_NODE="4", SLURM_RUN_DIR=str(tmp_path / "job"))
+    proc = _run(["bash", str(LAUNCH / "slurm.sbatch"), "--config", "configs/demo.yaml"], env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ports = {_after(call["args"], "--master_port") for call in calls()}
+    assert ports == {str(20000 + int(job_id) % 12000)} and 20000 <= int(ports.pop()) < 32768
+    env.update(MASTER_PORT="40001")  # the user's choice wins
+    shutil.rmtree(tmp_path / "out")
+    (tmp_path / "out").mkdir()
+    assert _run(["bash", str(LAUNCH / "slurm.sbatch"), "--config", "configs/demo.yaml"], env=env,
+                cwd=tmp_path).returncode == 0
+    assert {_after(call["args"], "--master_port") for call in calls()} == {"40001"}
 
 
 STUB_LAUNCHER_WITH_A_RANK = """#!/usr/bin/env bash
@@ -409,6 +468,83 @@ def test_a_second_sigterm_reaches_ranks_that_do_not_watch_sigusr1_yet(tmp_path):
         if (out / "rank.pid").exists():  # the launcher's own process group is not the script's
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(int((out / "rank.pid").read_text())).kill()
+
+
+STUB_LAUNCHER_KILLED_WITH_ITS_RANK = """#!/usr/bin/env bash
+# DeepSpeed's runner in local mode (no SIGTERM handler: it dies of one) over a rank that saves a
+# checkpoint for SAVE_S seconds after its first stop signal (RANK_IGNORES=1: it never stops)
+echo $$ > "$STUB_OUT/launcher.pid"
+python3 -c '
+import os, signal, sys, time
+out = os.environ["STUB_OUT"]
+got = []
+for number in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(number, signal.SIG_IGN if os.environ.get("RANK_IGNORES") else lambda n, f: got.append(n))
+open(out + "/rank.pid", "w").write(str(os.getpid()))
+while not got:
+    time.sleep(0.05)
+time.sleep(float(os.environ["SAVE_S"]))
+open(out + "/rank.saved", "w").write(" ".join(signal.Signals(n).name for n in got))
+sys.exit(75)
+' &
+wait $!
+"""
+
+
+def _scancel_single_node(tmp_path, **env_extra: str):
+    """Start single_node.sh over the stub above, then signal SIGTERM to the script and to every process
+    of the launcher's group at once, as Slurm's scancel does to a step. Returns (exit status, seconds
+    from the signals to the script's exit, stderr, the rank's psutil.Process, out dir)."""
+    import signal
+    import time
+
+    import psutil
+
+    stub, out = tmp_path / "deepspeed", tmp_path / "out"
+    out.mkdir()
+    stub.write_text(STUB_LAUNCHER_KILLED_WITH_ITS_RANK)
+    stub.chmod(0o755)
+    env = _clean_env(DEEPSPEED=str(stub), STUB_OUT=str(out), NUM_RANKS="1", MASTER_PORT="29556", **env_extra)
+    with open(tmp_path / "stderr", "w") as stderr:  # a file: a rank left running would hold a pipe open
+        proc = subprocess.Popen(["bash", str(LAUNCH / "single_node.sh"), "--config", "configs/demo.yaml"],
+                                env=env, cwd=REPO_ROOT, stderr=stderr, start_new_session=True)
+    rank = None
+    try:
+        deadline = time.monotonic() + 30
+        while not (out / "rank.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the rank's handlers are installed before it writes its pid
+        rank = psutil.Process(int((out / "rank.pid").read_text()))
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        os.killpg(int((out / "launcher.pid").read_text()), signal.SIGTERM)
+        proc.wait(timeout=60)
+        return proc.returncode, time.monotonic() - start, (tmp_path / "stderr").read_text(), rank, out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if rank is not None and rank.is_running() and rank.status() != psutil.STATUS_ZOMBIE:
+            rank.kill()  # the launcher's own process group is not the script's
+
+
+def test_a_stop_that_kills_the_launcher_waits_for_the_ranks_save(tmp_path):
+    """scancel signals every process of the step: DeepSpeed's runner dies of the SIGTERM at once, while
+    launch.py and the ranks save. The script returned 143 right away (and sent the ranks a second
+    SIGTERM), and Slurm ends the step's processes when the task's script exits: the save was cut."""
+    import psutil
+
+    rc, elapsed, err, rank, out = _scancel_single_node(tmp_path, SAVE_S="3")
+    assert rc == 143, err
+    assert (out / "rank.saved").exists(), f"the script exited after {elapsed:.1f} s, before the rank's save"
+    assert (out / "rank.saved").read_text().split().count("SIGTERM") == 1  # Slurm's; none from the script
+    assert not rank.is_running() or rank.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_stop_waits_for_the_ranks_no_longer_than_stop_wait_s(tmp_path):
+    rc, elapsed, err, rank, out = _scancel_single_node(tmp_path, SAVE_S="0", RANK_IGNORES="1", STOP_WAIT_S="2")
+    assert rc == 143 and 1 <= elapsed < 20, (rc, elapsed, err)  # bash's SECONDS counts whole seconds
+    assert "still run 2 s after it ended (STOP_WAIT_S)" in err and not (out / "rank.saved").exists()
 
 
 def test_relaunched_conversion_ranks_never_see_gpus():
@@ -561,3 +697,66 @@ def test_conversion_relaunch_finds_the_launcher_on_path_or_says_where_it_looked(
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(UserError, match=f"neither next to {bare / 'python3'} nor on PATH"):
         deepspeed_launcher()
+
+
+# ---------------------------------------------------------------- documented commands
+
+
+def _doc_lines(path: Path) -> list[str]:
+    """The lines of a doc or example file, '# ' comment prefixes and backslash continuations undone."""
+    text = re.sub(r"\\\n\s*", " ", path.read_text())
+    return [re.sub(r"^#\s*", "", line).strip() for line in text.splitlines()]
+
+
+def test_documented_demo_config_commands_pass_the_batch_check(capsys):
+    """configs/demo.yaml's global batch 32 is no multiple of micro batch 8 x 16 ranks: the hostfile
+    example (2 hosts x 8 slots) and the single-node example on an 8-GPU machine stopped at the config
+    check. Every documented launch of it is checked here with `ascender-dist plan` for its shape."""
+    import shlex
+
+    from ascender_dist.tools.plan import plan_main
+
+    example = LAUNCH / "hostfile.example"
+    hosts = [line.split() for line in example.read_text().splitlines() if line and not line.startswith("#")]
+    (slots,) = {int(h[1].removeprefix("slots=")) for h in hosts}  # the same on every host
+    checked = []
+    for path in (example, REPO_ROOT / "docs" / "cluster.md"):
+        for line in _doc_lines(path):
+            match = re.search(r"bash launch/(single|multi)_node\.sh .*--config configs/demo\.yaml.*", line)
+            if not match:
+                continue
+            words = shlex.split(match.group(0), comments=True)
+            sets = [arg for i, arg in enumerate(words) if i and words[i - 1] == "--set"]
+            shapes = [(1, g) for g in (1, 2, 4, 8)] if match.group(1) == "single" else [(len(hosts), slots)]
+            for nodes, gpus in shapes:
+                argv = ["--config", str(REPO_ROOT / "configs" / "demo.yaml"), "--nodes", str(nodes),
+                        "--gpus-per-node", str(gpus), *[x for s in sets for x in ("--set", s)]]
+                assert plan_main(argv) == 0, (path.name, line, nodes, gpus, capsys.readouterr().err)
+                checked.append((path.name, match.group(1)))
+    assert {("hostfile.example", "multi"), ("cluster.md", "single"), ("cluster.md", "multi")} <= set(checked)
+
+
+def test_docker_runs_of_the_launch_scripts_give_a_save_time():
+    """docs/cluster.md: a save on `docker stop` needs --init (the SIGTERM reaches the launch script) and
+    --stop-timeout (docker's SIGKILL comes after 10 s); docker/README.md's single-node run had neither."""
+    found = 0
+    for path in (REPO_ROOT / "docker" / "README.md", REPO_ROOT / "docs" / "cluster.md"):
+        for line in _doc_lines(path):
+            if "docker run" in line and re.search(r"(single|multi)_node\.sh", line) and "--help" not in line:
+                found += 1
+                assert "--init" in line and re.search(r"--stop-timeout \d+", line), (path.name, line)
+    assert found >= 3
+
+
+def test_the_readme_trains_ascender_in_its_own_demo_dir():
+    """A re-run of demo.sh in runs/demo resumes the GPT checkpoint there, which the resume check refuses
+    for model.architecture=ascender ('checkpoint ... has gpt'): the README's command must use another
+    DEMO_DIR."""
+    demo = (LAUNCH / "demo.sh").read_text()
+    default = re.search(r"^DEMO_DIR=\$\{DEMO_DIR:-(\S+)\}$", demo, re.M).group(1)
+    for path in (REPO_ROOT / "README.md", LAUNCH / "demo.sh"):
+        lines = [line for line in _doc_lines(path) if "model.architecture=" in line]
+        assert lines, path
+        for line in lines:
+            match = re.search(r"DEMO_DIR=(\S+) bash launch/demo\.sh .*--set model\.architecture=", line)
+            assert match and match.group(1).strip("`") != default, (path.name, line)
