@@ -160,10 +160,17 @@ def reshard_cmd(args: argparse.Namespace) -> None:
 
 
 def export_hf_cmd(args: argparse.Namespace) -> None:
-    from ascender_dist.tools.hf_export import export_hf
+    import json
+
+    from ascender_dist.tools.hf_export import EXPORT_MARKER, export_hf
 
     out = export_hf(Path(args.consolidated), Path(args.out), args.tokenizer)
-    print(f"wrote {out} (load with transformers.AutoModelForCausalLM.from_pretrained)")
+    try:  # what export_hf recorded; a remote-code export also carries the model's own code
+        remote = bool(json.loads((out / EXPORT_MARKER).read_text()).get("trust_remote_code"))
+    except (OSError, ValueError, AttributeError):
+        remote = (out / "modeling_ascender_dist.py").is_file()
+    hint = f"{str(out)!r}, trust_remote_code=True" if remote else f"{str(out)!r}"
+    print(f"wrote {out} (load with transformers.AutoModelForCausalLM.from_pretrained({hint}))")
     if not (out / "tokenizer.json").is_file():
         print("warning: no tokenizer in the export (the run's data.tokenizer is not a file here): "
               "pass --tokenizer PATH/tokenizer.model", file=sys.stderr)

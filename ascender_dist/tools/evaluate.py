@@ -28,7 +28,12 @@ or a Hugging Face export (``ascender-dist export-hf``). NAME defaults to the dir
 
 Writes ``OUT/results.json`` (every number, per run, plus the settings) and ``OUT/results.md``
 (one table per size: rows = runs, columns = val loss, perplexity, each task metric) and prints
-the markdown. A bad directory or an unknown task is one line on stderr and exit status 2.
+the markdown. A bad directory or an unknown task is one line on stderr and exit status 2; so is, before
+any model runs, what lm-eval would stop at (no tokenizer, the wrong one, an ``OUT/hf/NAME`` that must
+not be replaced) and a run without validation data. A failure once some runs finished (a task's
+data missing, an export or lm-eval failing on a later run) still writes both files with what
+finished plus ``"error"`` (a crash's traceback in ``"traceback"``), then prints its one line (exit
+status 2, or 1 for a crash).
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ class Run:
     tokenizer: Optional[str] = None  # the run's data.tokenizer, or an export's tokenizer.model
     tokenizer_sha256: Optional[str] = None  # what the weights were trained with (consolidated meta.json)
     results: dict = field(default_factory=dict)
+    config: object = field(default=None, repr=False)  # a consolidated run's config (config.yaml)
+    meta: Optional[dict] = field(default=None, repr=False)  # a consolidated run's meta.json
 
 
 # ----------------------------------------------------------------------------- runs
@@ -136,7 +143,8 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
                   size=_size_of(model.preset, name, cfg.name), step=meta.get("step"),
                   seq_length=model.seq_length, vocab_size=meta.get("vocab_size"),
                   manifest=manifest or mixture or data.manifest or None,
-                  tokenizer=data.tokenizer or None, tokenizer_sha256=recorded_tokenizer_sha256(meta))
+                  tokenizer=data.tokenizer or None, tokenizer_sha256=recorded_tokenizer_sha256(meta),
+                  config=cfg, meta=meta)
         run.parameters = _stored_parameters(path / "model.safetensors")
         return run
     if is_hf_export(path):
@@ -182,9 +190,31 @@ def load_model(run: Run, device: str = "cpu"):
     else:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(run.path), trust_remote_code=True, dtype=torch.float32)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(run.path), trust_remote_code=True, dtype=torch.float32)
+        except (OSError, ValueError, ImportError) as exc:  # a partial or foreign export: transformers' many lines
+            reason = _one_line(exc).split(" Checkout 'https://huggingface.co")[0]  # a local directory: no Hub
+            raise EvaluationError(f"{run.path}: cannot load the Hugging Face export of run {run.name} "
+                                  f"({reason}): a partial or damaged export? export it again") from None
         run.parameters = sum(p.numel() for p in model.parameters())
     return model.to(device).eval()
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    """``exc`` as one short line: its message with whitespace collapsed, else its type's name."""
+    text = " ".join(str(exc).split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text or type(exc).__name__
+
+
+def check_validation_input(run: Run) -> None:
+    """What the validation loss needs and the run description alone tells (no model loaded): a
+    one-line EvaluationError naming the run otherwise."""
+    if not run.manifest:
+        raise EvaluationError(f"{run.name}: no validation data (the run names no data.manifest; pass --manifest)")
+    if not run.seq_length:
+        raise EvaluationError(f"{run.name}: unknown sequence length")
 
 
 def validation_loss(run: Run, model, batch_size: int = 8, max_samples: Optional[int] = None,
@@ -195,10 +225,7 @@ def validation_loss(run: Run, model, batch_size: int = 8, max_samples: Optional[
 
     from data_pipeline.loader import StreamingLoader
 
-    if not run.manifest:
-        raise EvaluationError(f"{run.name}: no validation data (the run names no data.manifest; pass --manifest)")
-    if not run.seq_length:
-        raise EvaluationError(f"{run.name}: unknown sequence length")
+    check_validation_input(run)
     loader = StreamingLoader(run.manifest, seq_length=run.seq_length, micro_batch_size=1, global_batch_size=1,
                              dp_rank=0, dp_size=1, seed=0, split="val", tokenizer_sha256=tokenizer_identity(run),
                              vocab_size=run.vocab_size)
@@ -299,6 +326,33 @@ def check_task_data(tasks: list[str], manager) -> None:
                                 f"{fetch_hint(task, manager)}") from None
 
 
+def export_dir(run: Run, out: Path) -> Path:
+    """Where a consolidated run is exported for lm-eval: ``OUT/hf/NAME``."""
+    return out / "hf" / run.name
+
+
+def check_task_input(run: Run, out: Path) -> None:
+    """Before any model runs: what lm-eval needs of ``run`` that its files tell. An export has a
+    tokenizer; a consolidated run has a ``data.tokenizer`` file here, that file is the tokenizer the
+    weights were trained with (meta.json's ``tokenizer_sha256`` / vocab size), and ``OUT/hf/NAME``
+    may be written (a new directory or a previous export, not inside the run). One-line errors."""
+    if run.kind == "hf":
+        if not ((run.path / "tokenizer_config.json").is_file() or (run.path / "tokenizer.model").is_file()):
+            raise EvaluationError(f"{run.path}: lm-eval needs the tokenizer, and the export has none "
+                                  "(tokenizer_config.json or tokenizer.model): export with --tokenizer")
+        return
+    from ascender_dist.tools.hf_export import check_export_out, check_tokenizer
+
+    if run.name in ("", ".", "..") or Path(run.name).name != run.name:
+        raise EvaluationError(f"run name {run.name!r} cannot name the export directory {out / 'hf'}/NAME of "
+                              "its lm-eval tasks: use NAME=DIR with a plain name")
+    if not (run.tokenizer and Path(run.tokenizer).is_file()):
+        raise EvaluationError(f"{run.name}: lm-eval needs the tokenizer, and the run's data.tokenizer "
+                              f"({run.tokenizer!r}, {run.path / 'config.yaml'}) is not a file here")
+    check_tokenizer(Path(run.tokenizer), run.config, run.meta or {}, run.path / "meta.json")
+    check_export_out(export_dir(run, out), run.path)
+
+
 def hf_dir_for(run: Run, out: Path) -> Path:
     if run.kind == "hf":
         return run.path
@@ -308,7 +362,7 @@ def hf_dir_for(run: Run, out: Path) -> Path:
     if tokenizer is None:
         raise EvaluationError(f"{run.name}: lm-eval needs the tokenizer, and the run's data.tokenizer "
                               f"({run.tokenizer!r}) is not a file")
-    return export_hf(run.path, out / "hf" / run.name, tokenizer=tokenizer)
+    return export_hf(run.path, export_dir(run, out), tokenizer=tokenizer)
 
 
 def lm_eval_tasks(run: Run, hf_dir: Path, tasks: list[str], manager, *, batch_size, device: str,
@@ -424,6 +478,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class IncompleteEvaluation(Exception):
+    """A failure after some results existed: ``results.json`` / ``results.md`` were written with what
+    finished and the error (``report["error"]``); ``str(e)`` is that one line, ``status`` the exit
+    status (2 for bad input, 1 for a crash, whose traceback results.json keeps)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 def evaluate(args: argparse.Namespace) -> dict:
     import torch
 
@@ -436,42 +500,97 @@ def evaluate(args: argparse.Namespace) -> dict:
     for include in args.include_path:
         if not Path(include).is_dir():
             raise EvaluationError(f"{include}: --include-path directory not found")
+    batch = args.eval_batch_size
+    if batch != "auto":
+        try:
+            batch = int(batch)
+        except ValueError:
+            batch = 0
+        if batch < 1:
+            raise EvaluationError(f"--eval-batch-size {args.eval_batch_size!r}: expected a positive integer or 'auto'")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise EvaluationError(f"{out}: --out is an existing file, not a directory")
+    # everything the files tell, before any model runs: a failure after the first run's numbers
+    # would otherwise cost their compute (and, before the report below, lost them)
+    for run in runs:
+        if not args.no_val:
+            check_validation_input(run)
+        if tasks:
+            check_task_input(run, out)
     manager = None
     if tasks:
         manager = task_manager(args.include_path)
-        check_tasks(tasks, manager)  # before any model runs
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for run in runs:
-        log.info("evaluating %s (%s, %s)", run.name, run.architecture, run.path)
-        row = {"name": run.name, "path": str(run.path), "kind": run.kind, "architecture": run.architecture,
-               "size": run.size, "step": run.step}
-        if not args.no_val:
-            model = load_model(run, device)
-            row.update(validation_loss(run, model, args.batch_size, args.val_samples, device))
-            del model
-        row["parameters"] = run.parameters
-        rows.append(row)
-    if tasks:
-        try:  # the validation numbers are written even when a task's data is missing
-            check_task_data(tasks, manager)
-        except TaskDataError as exc:
-            write_report(out, rows, tasks, args, device, error=str(exc))
+        check_tasks(tasks, manager)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EvaluationError(f"{out}: cannot create the output directory ({exc.strerror or exc})") from None
+    rows: list[dict] = []
+    current = None
+    try:
+        for run in runs:
+            current = run
+            log.info("evaluating %s (%s, %s)", run.name, run.architecture, run.path)
+            row = {"name": run.name, "path": str(run.path), "kind": run.kind, "architecture": run.architecture,
+                   "size": run.size, "step": run.step}
+            if not args.no_val:
+                model = load_model(run, device)
+                row.update(validation_loss(run, model, args.batch_size, args.val_samples, device))
+                del model
+            row["parameters"] = run.parameters
+            rows.append(row)
+        if tasks:
+            current = None
+            check_task_data(tasks, manager)  # the validation numbers are written even when a task's data is missing
+            for run, row in zip(runs, rows):
+                current = run
+                row["tasks"] = lm_eval_tasks(run, hf_dir_for(run, out), tasks, manager, batch_size=batch,
+                                             device=device, limit=args.limit, num_fewshot=args.num_fewshot)
+    except BaseException as exc:
+        if not rows:  # nothing finished: nothing to keep
             raise
-        batch = args.eval_batch_size if args.eval_batch_size == "auto" else int(args.eval_batch_size)
-        for run, row in zip(runs, rows):
-            row["tasks"] = lm_eval_tasks(run, hf_dir_for(run, out), tasks, manager, batch_size=batch, device=device,
-                                         limit=args.limit, num_fewshot=args.num_fewshot)
+        _report_failure(out, rows, tasks, args, device, exc, current)
+        if not isinstance(exc, Exception):  # an interrupt: the finished results are written, it goes on
+            raise
+        raise IncompleteEvaluation(*_failure_line(exc, current)) from exc
     return write_report(out, rows, tasks, args, device)
 
 
+def _failure_line(exc: BaseException, run: Optional[Run]) -> tuple[str, int]:
+    """(one line for a failure, exit status): bad input says itself (2); a crash names the run (1)."""
+    if isinstance(exc, UserError):
+        return str(exc), 2
+    if isinstance(exc, ImportError):
+        return f"{exc.name or exc}: not installed (pip install lm-eval for --tasks)", 2
+    where = f"run {run.name}: " if run is not None else ""
+    return f"{where}{type(exc).__name__}: {_one_line(exc)}", 1
+
+
+def _report_failure(out: Path, rows: list[dict], tasks: list[str], args: argparse.Namespace, device: str,
+                    exc: BaseException, run: Optional[Run]) -> None:
+    """Write the report of the runs that finished, with the failure; a crash's traceback goes into
+    results.json (the terminal gets one line)."""
+    import traceback
+
+    message, _ = _failure_line(exc, run)
+    details = {}
+    if run is not None:
+        details["failed_run"] = run.name
+    if not isinstance(exc, (UserError, ImportError)):
+        details["traceback"] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    write_report(out, rows, tasks, args, device, error=message, **details)
+
+
 def write_report(out: Path, rows: list[dict], tasks: list[str], args: argparse.Namespace, device: str,
-                 error: Optional[str] = None) -> dict:
-    """Write ``results.json`` / ``results.md`` for ``rows`` (``error``: why the tasks are missing)."""
-    rows = sorted(rows, key=_order)
+                 error: Optional[str] = None, **details) -> dict:
+    """Write ``results.json`` / ``results.md`` for ``rows`` (``error``: why results are missing;
+    ``details``: more about it, e.g. ``failed_run``). Each file is replaced atomically (a crash
+    leaves the previous one whole)."""
+    from ascender_dist.training.checkpoint import atomic_write_text
     from ascender_dist.versions import package_versions
 
+    rows = sorted(rows, key=_order)
     versions = {k: v for k, v in package_versions(("ascender-dist", "torch", "transformers", "lm_eval")).items() if v}
     report = {"runs": rows, "columns": columns(rows), "tasks": tasks,
               "settings": {"manifest": args.manifest, "val_samples": args.val_samples, "limit": args.limit,
@@ -479,21 +598,27 @@ def write_report(out: Path, rows: list[dict], tasks: list[str], args: argparse.N
               "versions": versions}
     if error:
         report["error"] = error
-    (out / "results.json").write_text(json.dumps(report, indent=1))
-    (out / "results.md").write_text(markdown(rows))
+        report.update(details)
+    try:
+        atomic_write_text(out / "results.json", json.dumps(report, indent=1))
+        atomic_write_text(out / "results.md", markdown(rows))
+    except OSError as exc:
+        raise EvaluationError(f"{out}: cannot write the results ({exc.strerror or exc})") from None
     return report
 
 
 def evaluate_main(argv: Optional[Sequence[str]] = None) -> int:
-    """``ascender-dist evaluate ...``: exit 0, or 2 with one line on stderr for bad input."""
+    """``ascender-dist evaluate ...``: exit 0; 2 with one line on stderr for bad input; after a failure
+    once some runs finished, their results are written and shown, then the one line (2, or 1 for a
+    crash)."""
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         report = evaluate(args)
-    except TaskDataError as exc:
+    except IncompleteEvaluation as exc:
         print(Path(args.out, "results.md").read_text())
-        print(f"wrote {Path(args.out) / 'results.json'} (validation only)", flush=True)
+        print(f"wrote {Path(args.out) / 'results.json'} (the runs that finished, and the error)", flush=True)
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return exc.status
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

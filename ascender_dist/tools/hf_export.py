@@ -302,21 +302,49 @@ def check_tokenizer(tokenizer: Path, cfg, meta: dict, meta_file: Path) -> None:
 
 
 EXPORT_CODE = ("ascender_dist/hf", "ascender_dist/models", "ascender_dist/tools/hf_export.py",
-               "ascender_dist/tools/hf_tokenizer.py")  # what an export's code and its conversion come from
+               "ascender_dist/tools/hf_tokenizer.py",  # the remote code, the layer math, the exporter
+               "ascender_dist/config/architectures.py",  # config.json's layer_pattern
+               "ascender_dist/training/layer_stats.py")  # config.json's ascender_step
+# plus every module hf/vendor.py may copy into an export (:func:`vendored_code`)
+
+
+def vendored_code() -> list[str]:
+    """The source files, relative to the repository root, that :mod:`ascender_dist.hf.vendor` may
+    copy into a remote-code export, from its own lists (one source of truth): every module of its
+    ``PACKAGES``, except that of the config package only its ``VENDORED_CONFIG`` modules go."""
+    from ascender_dist.hf.vendor import PACKAGES, VENDORED_CONFIG
+
+    root = Path(__file__).resolve().parents[2]
+    files = set()
+    for key, dotted in PACKAGES.items():
+        package = root / dotted.replace(".", "/")
+        if key == "config":
+            files.update(package / f"{module}.py" for module in VENDORED_CONFIG)
+        else:
+            files.update(package.glob("*.py"))  # a sub-package (kernels) is a PACKAGES entry of its own
+    return sorted(str(path.relative_to(root)) for path in files)
+
+
+def export_code_files() -> list[Path]:
+    """Every source file :func:`export_code_sha256` covers: :data:`EXPORT_CODE` and :func:`vendored_code`."""
+    root = Path(__file__).resolve().parents[2]
+    files = set()
+    for entry in (*EXPORT_CODE, *vendored_code()):
+        path = root / entry
+        files.update(path.rglob("*.py") if path.is_dir() else [path])
+    return sorted(files)
 
 
 def export_code_sha256() -> str:
     """One sha256 over the source files an export is written from (the remote code, the layer math
-    it vendors, the exporter): a git checkout keeps its package version between commits, so the
-    version alone would keep a cache written by other code."""
+    and hyper-parameter classes it vendors, the exporter): a git checkout keeps its package version
+    between commits, so the version alone would keep a cache written by other code."""
     import hashlib
 
     root = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
-    for entry in EXPORT_CODE:
-        path = root / entry
-        for source in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            digest.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes() + b"\0")
+    for source in export_code_files():
+        digest.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

@@ -8,6 +8,7 @@ cannot import ascender_dist (the export carries its own copy of the layer math).
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,14 +36,15 @@ def exports(sources, tmp_path_factory):
     return out
 
 
-def _megatron_logits(consolidated: str, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _megatron_logits(consolidated: str, tokens: torch.Tensor, steps=None) -> tuple[torch.Tensor, ...]:
     """As test_conversion's _our_logits (megatron TP=1, consolidated weights), at step 0 (a freshly
-    built model) and at the checkpoint's step (ASCender's Separation warm-up reads the step)."""
+    built model) and at the step the checkpoint's weights last ran with (ASCender's Separation
+    warm-up reads the step), or at each of ``steps``."""
     from ascender_dist.config.resolve import derive
     from ascender_dist.training.engine import build_run_model
     from ascender_dist.parallel.setup import init_model_parallel
     from ascender_dist.tools.convert import read_consolidated
-    from ascender_dist.training.layer_stats import set_training_step
+    from ascender_dist.training.layer_stats import last_training_step, set_training_step
     from ascender_dist.training.weights import load_canonical_state, pad_vocab
 
     state, cfg, meta = read_consolidated(Path(consolidated))
@@ -51,11 +53,12 @@ def _megatron_logits(consolidated: str, tokens: torch.Tensor) -> tuple[torch.Ten
     model = build_run_model(cfg, derived).eval()
     load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size))
     positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+    out = []
     with torch.no_grad():
-        plain = model(tokens, positions, None)[..., : meta["vocab_size"]]
-        set_training_step(model, meta["step"])
-        stepped = model(tokens, positions, None)[..., : meta["vocab_size"]]
-    return plain, stepped
+        for step in steps if steps is not None else (0, last_training_step(meta["step"])):
+            set_training_step(model, step)
+            out.append(model(tokens, positions, None)[..., : meta["vocab_size"]])
+    return tuple(out)
 
 
 @pytest.mark.parametrize("name", ["ascender-tiny", "connection-tiny"])
@@ -79,6 +82,41 @@ def test_remote_code_export_logits_match_megatron(sources, exports, single_rank_
     assert theirs.shape == stepped.shape == (2, 24, 500)
     assert (theirs - stepped).abs().max().item() < 1e-4
     assert (theirs - plain).abs().max().item() < 1e-4  # Separation on from step 0: the step does not matter here
+
+
+@pytest.mark.parametrize("starts_after", [0, 1], ids=["separation-on", "separation-off"])
+def test_separation_warm_up_follows_the_step_the_weights_last_ran_with(sources, tmp_path, single_rank_group,
+                                                                       starts_after):
+    """The ascender run re-configured so that Separation joins exactly at the step its weights last
+    ran with (saved at N: N - 1), or one step later: the export must switch it on, or leave it off,
+    as our megatron model at that step does, and differ from the model one step on the other side
+    (an ascender_step of N, or of 0, fails one of the two)."""
+    import yaml
+
+    from ascender_dist.tools.hf_export import export_hf
+    from ascender_dist.training.layer_stats import last_training_step
+    from transformers import AutoModelForCausalLM
+
+    source = Path(sources["consolidated"]["ascender-tiny"])
+    step = last_training_step(json.loads((source / "meta.json").read_text())["step"])
+    assert step >= 1  # a boundary before it exists
+    start = step + starts_after
+    consolidated = tmp_path / "cons"
+    shutil.copytree(source, consolidated)
+    raw = yaml.safe_load((consolidated / "config.yaml").read_text())
+    assert raw["model"]["ascender"].get("separation_start_step", 0) == 0  # what the other tests see
+    raw["model"]["ascender"]["separation_start_step"] = start
+    (consolidated / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = export_hf(consolidated, tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["ascender_step"], config["ascender"]["separation_start_step"]) == (step, start)
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = hf(TOKENS).logits
+    other_side = step - 1 if starts_after == 0 else step + 1  # Separation off (on) there
+    same, other = _megatron_logits(str(consolidated), TOKENS, steps=(step, other_side))
+    assert (theirs - same).abs().max().item() < 1e-4
+    assert (same - other).abs().max().item() > 1e-3  # the two sides of the boundary are told apart
 
 
 def test_export_loads_without_ascender_dist_installed(exports, tmp_path):

@@ -295,3 +295,69 @@ def test_a_write_error_is_one_line_and_leaves_no_temporary_directory(consolidate
     assert _tree(hf) == before
     _no_leftovers(tmp_path, "hf")
 
+
+
+# ----------------------------------------------------------------------------- durability before the old output goes
+def _record_syncs_renames_and_deletes(monkeypatch) -> list:
+    """Record, in order, every os.fsync (as the path its descriptor names), os.replace and
+    shutil.rmtree while the converters run."""
+    import os
+    import shutil
+
+    events: list = []
+    real_fsync, real_replace, real_rmtree = os.fsync, os.replace, shutil.rmtree
+
+    def fsync(fd):
+        events.append(("fsync", os.path.realpath(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fsync(fd)
+
+    def replace(src, dst, *args, **kwargs):
+        events.append(("replace", os.path.realpath(src), os.path.realpath(dst)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    def rmtree(path, *args, **kwargs):
+        events.append(("rmtree", os.path.realpath(path)))
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    return events
+
+
+@pytest.mark.parametrize("tool", ["consolidate", "export-hf"])
+def test_outputs_are_synced_before_the_previous_output_is_deleted(consolidated, tmp_path, monkeypatch, tool):
+    """Every file of the new output and its directory are fsynced before it is renamed in, the parent
+    directory (the renames) after that, and all of it before the previous output is deleted: a power
+    loss then never leaves an output whose files were not written while the old one is gone."""
+    import os
+
+    if tool == "consolidate":
+        state, cfg, meta = read_consolidated(consolidated)
+        out = consolidated
+
+        def write():
+            write_consolidated(out, state, cfg, {**meta, "step": 99})
+    else:
+        out = export_hf(consolidated, tmp_path / "hf")
+
+        def write():
+            export_hf(consolidated, out)
+    out = out.resolve()
+    events = _record_syncs_renames_and_deletes(monkeypatch)
+    write()
+    monkeypatch.undo()
+    staged = out.with_name(f".{out.name}.tmp.{os.getpid()}")
+    aside = str(out.with_name(f".{out.name}.old.{os.getpid()}"))
+    moved_aside = events.index(("replace", str(out), aside))
+    deleted = events.index(("rmtree", aside), moved_aside)  # the previous output, moved aside, then deleted
+    moved_in = events.index(("replace", str(staged), str(out)))
+    synced = [e[1] for e in events[:deleted] if e[0] == "fsync"]
+    files = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    if tool == "consolidate":
+        assert [str(f) for f in files] == ["config.yaml", "meta.json", "model.safetensors"]
+        assert read_consolidated(out)[2]["step"] == 99
+    for name in files:
+        assert str(staged / name) in synced[:moved_in], name
+    assert str(staged) in [e[1] for e in events[:moved_in] if e[0] == "fsync"]  # its entries, before the rename
+    assert str(out.parent) in [e[1] for e in events[moved_in:deleted] if e[0] == "fsync"]  # the renames

@@ -1,6 +1,7 @@
 """ASCender attention through Triton kernels (the GPU path; on CPU tensors under TRITON_INTERPRET=1).
 
-    from ascender_dist.models.ascender.kernels import triton_attention, triton_supported
+Its two entry points, ``triton_supported`` and ``triton_attention`` (imported from this package):
+
     ok, why = triton_supported(q, hp)          # (False, "one line for the log") when not covered
     result = triton_attention(q, k, v, z, h, params, hp, use_sep=..., with_aux=..., with_stats=...)
 

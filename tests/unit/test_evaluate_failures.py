@@ -1,0 +1,225 @@
+"""``ascender-dist evaluate`` never loses finished results and fails early where it can: what lm-eval
+would stop at (no tokenizer, the wrong one, an ``OUT/hf/NAME`` it must not replace) and a run without
+validation data are one line before any model runs; a failure once some runs finished (lm-eval or
+an export failing on a later run) still writes results.json / results.md with what finished and the
+error, then exits non-zero with one line; a partial export directory is one line naming it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ascender_dist.tools import evaluate as ev
+from tests.helpers.errors import one_line
+
+from .export_fixtures import two_tokenizers, write_run  # noqa: F401  (fixtures)
+
+TASK = "tiny_code_mc"
+TASK_YAML = """task: {task}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: answer
+target_delimiter: ""
+metric_list:
+  - metric: acc
+metadata:
+  version: 1.0
+"""
+VAL = {"val_loss": 5.0, "perplexity": 148.4, "val_samples": 4, "val_tokens": 512, "val_seconds": 0.1}
+
+
+def _write_task(directory: Path) -> Path:
+    """A local multiple-choice task (no network: datasets' json builder reads the file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = directory / f"{TASK}.jsonl"
+    data.write_text(json.dumps({"question": "import", "choices": [" os", " 1"], "answer": 0}) + "\n")
+    (directory / f"{TASK}.yaml").write_text(TASK_YAML.format(task=TASK, data=data))
+    return directory
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """Validation and lm-eval replaced by recorders: ``calls`` lists what ran, in order. The task
+    manager is a stand-in knowing TASK (lm-eval's own takes seconds to index its tasks)."""
+    calls: list = []
+
+    def load_model(run, device="cpu"):
+        calls.append(("load", run.name))
+        run.parameters = 1234
+        return object()
+
+    def validation_loss(run, model, *args, **kwargs):
+        calls.append(("val", run.name))
+        return dict(VAL)
+
+    def lm_eval_tasks(run, hf_dir, tasks, manager, **kwargs):
+        calls.append(("lm-eval", run.name))
+        return {TASK: {"acc": 0.5, "samples": 1}}
+
+    manager = SimpleNamespace(all_tasks=[TASK], match_tasks=lambda names: [], load=lambda names: None)
+    monkeypatch.setattr(ev, "load_model", load_model)
+    monkeypatch.setattr(ev, "validation_loss", validation_loss)
+    monkeypatch.setattr(ev, "lm_eval_tasks", lm_eval_tasks)
+    monkeypatch.setattr(ev, "task_manager", lambda include: manager)
+    return calls
+
+
+def _run(argv, capsys) -> tuple[int, str, str]:
+    code = ev.evaluate_main([*map(str, argv), "--device", "cpu"])
+    captured = capsys.readouterr()
+    return code, captured.out, (captured.err.strip().splitlines() or [""])[-1]
+
+
+# ----------------------------------------------------------------------------- checked before any model runs
+def test_a_runs_missing_tokenizer_with_a_local_task_fails_before_any_validation(two_tokenizers, tmp_path, capsys,
+                                                                                monkeypatch):
+    """The review's scenario, with lm-eval's real task manager and a local task: the old code
+    computed the validation loss first, then exited 2 at the export without writing anything."""
+    calls: list = []
+    monkeypatch.setattr(ev, "load_model", lambda run, device="cpu": calls.append("load") or object())
+    monkeypatch.setattr(ev, "validation_loss", lambda *a, **k: calls.append("val") or dict(VAL))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = tmp_path / "moved" / "tokenizer.model"
+    run = write_run(tmp_path / "cons", two_tokenizers[0], data_tokenizer=str(missing))
+    out = tmp_path / "eval"
+    code, _, err = _run([run, "--manifest", tmp_path / "m.json", "--tasks", TASK,
+                         "--include-path", _write_task(tmp_path / "tasks"), "--out", out], capsys)
+    assert code == 2 and calls == [], (calls, err)
+    one_line(err, "lm-eval needs the tokenizer", str(missing), str(run / "config.yaml"), kind=str)
+    assert not (out / "results.json").exists()  # nothing was computed: nothing to keep
+
+
+def test_a_tokenizer_that_is_not_the_runs_is_refused_before_any_validation(two_tokenizers, tmp_path, capsys,
+                                                                           stubbed):
+    ours, other = two_tokenizers
+    run = write_run(tmp_path / "cons", ours, data_tokenizer=str(other))  # trained with ours, names the other
+    code, _, err = _run([run, "--manifest", tmp_path / "m.json", "--tasks", TASK, "--out", tmp_path / "eval"],
+                        capsys)
+    assert code == 2 and stubbed == []
+    one_line(err, str(other), "not the tokenizer this model was trained with", kind=str)
+
+
+def test_an_export_target_that_must_not_be_replaced_is_refused_before_any_validation(two_tokenizers, tmp_path,
+                                                                                     capsys, stubbed):
+    run = write_run(tmp_path / "cons", two_tokenizers[0])
+    out = tmp_path / "eval"
+    (out / "hf" / "cons").mkdir(parents=True)
+    (out / "hf" / "cons" / "notes.txt").write_text("mine")
+    code, _, err = _run([run, "--manifest", tmp_path / "m.json", "--tasks", TASK, "--out", out], capsys)
+    assert code == 2 and stubbed == []
+    one_line(err, str(out / "hf" / "cons"), "not a previous export-hf output", kind=str)
+    assert (out / "hf" / "cons" / "notes.txt").read_text() == "mine"
+    code, _, err = _run([f"a/b={run}", "--manifest", tmp_path / "m.json", "--tasks", TASK, "--out", out], capsys)
+    assert code == 2 and stubbed == []
+    one_line(err, "run name 'a/b'", kind=str)
+
+
+def test_a_bad_eval_batch_size_fails_before_any_validation(two_tokenizers, tmp_path, capsys, stubbed):
+    run = write_run(tmp_path / "cons", two_tokenizers[0])
+    code, _, err = _run([run, "--manifest", tmp_path / "m.json", "--tasks", TASK, "--eval-batch-size", "x",
+                         "--out", tmp_path / "eval"], capsys)
+    assert code == 2 and stubbed == []  # the old code parsed it after every validation loss
+    one_line(err, "--eval-batch-size 'x'", kind=str)
+
+
+def test_an_export_without_manifest_fails_before_loading_the_model(two_tokenizers, tmp_path, capsys, stubbed):
+    from ascender_dist.tools.hf_export import export_hf
+
+    hf = export_hf(write_run(tmp_path / "cons", two_tokenizers[0]), tmp_path / "hf")
+    code, _, err = _run([hf, "--out", tmp_path / "eval"], capsys)
+    assert code == 2 and stubbed == []  # the old code loaded the whole model first
+    one_line(err, "hf: no validation data", "--manifest", kind=str)
+
+
+# ----------------------------------------------------------------------------- failures once results exist
+def _two_runs(tmp_path, tokenizer) -> list[str]:
+    run = write_run(tmp_path / "cons", tokenizer)
+    shutil.copytree(run, tmp_path / "cons2")
+    return [f"first={run}", f"second={tmp_path / 'cons2'}"]
+
+
+def test_an_lm_eval_crash_on_the_second_run_keeps_every_finished_result(two_tokenizers, tmp_path, capsys,
+                                                                        stubbed, monkeypatch):
+    def lm_eval_tasks(run, hf_dir, tasks, manager, **kwargs):
+        stubbed.append(("lm-eval", run.name))
+        if run.name == "second":
+            raise RuntimeError("CUDA error: device-side assert triggered\n  deep inside lm-eval")
+        return {TASK: {"acc": 0.5, "samples": 1}}
+
+    monkeypatch.setattr(ev, "lm_eval_tasks", lm_eval_tasks)
+    out = tmp_path / "eval"
+    code, stdout, err = _run([*_two_runs(tmp_path, two_tokenizers[0]), "--manifest", tmp_path / "m.json",
+                              "--tasks", TASK, "--out", out], capsys)
+    assert code == 1
+    one_line(err, "run second", "RuntimeError", "device-side assert", kind=str)
+    assert err.startswith("error: ")
+    report = json.loads((out / "results.json").read_text())  # the old code wrote nothing
+    runs = {r["name"]: r for r in report["runs"]}
+    assert runs["first"]["val_loss"] == runs["second"]["val_loss"] == VAL["val_loss"]
+    assert runs["first"]["tasks"] == {TASK: {"acc": 0.5, "samples": 1}} and "tasks" not in runs["second"]
+    assert report["error"] == err[len("error: "):] and report["failed_run"] == "second"
+    assert "Traceback" in report["traceback"] and "Traceback" not in stdout
+    assert "| first |" in (out / "results.md").read_text() and "| first |" in stdout
+
+
+def test_an_export_failure_on_the_second_run_keeps_every_finished_result(two_tokenizers, tmp_path, capsys, stubbed,
+                                                                         monkeypatch):
+    from ascender_dist.tools.convert import ConversionError
+
+    real = ev.hf_dir_for
+
+    def hf_dir_for(run, out):
+        if run.name == "second":
+            raise ConversionError(out / "hf" / "second", "writing the output failed (No space left on device)")
+        return real(run, out)
+
+    monkeypatch.setattr(ev, "hf_dir_for", hf_dir_for)
+    out = tmp_path / "eval"
+    code, _, err = _run([*_two_runs(tmp_path, two_tokenizers[0]), "--manifest", tmp_path / "m.json",
+                         "--tasks", TASK, "--out", out], capsys)
+    assert code == 2
+    one_line(err, str(out / "hf" / "second"), "No space left on device", kind=str)
+    report = json.loads((out / "results.json").read_text())
+    assert [r["name"] for r in report["runs"]] == ["first", "second"] and "traceback" not in report
+    assert report["runs"][0]["tasks"][TASK]["acc"] == 0.5 and report["error"] == err[len("error: "):]
+    assert (out / "hf" / "first" / "config.json").is_file()  # the first run's real export
+
+
+def test_a_validation_failure_on_the_second_run_keeps_the_first(two_tokenizers, tmp_path, capsys, stubbed,
+                                                                monkeypatch):
+    def validation_loss(run, model, *args, **kwargs):
+        if run.name == "second":
+            raise ev.EvaluationError("second: the validation split is empty")
+        return dict(VAL)
+
+    monkeypatch.setattr(ev, "validation_loss", validation_loss)
+    out = tmp_path / "eval"
+    code, _, err = _run([*_two_runs(tmp_path, two_tokenizers[0]), "--manifest", tmp_path / "m.json", "--out", out],
+                        capsys)
+    assert code == 2 and err == "error: second: the validation split is empty"
+    report = json.loads((out / "results.json").read_text())
+    assert [r["name"] for r in report["runs"]] == ["first"] and report["runs"][0]["val_loss"] == VAL["val_loss"]
+    assert report["failed_run"] == "second"
+
+
+# ----------------------------------------------------------------------------- a partial export (finding 4)
+@pytest.mark.parametrize("removed", ["configuration_ascender_dist.py", "asd_connection_layer.py"])
+def test_a_partial_remote_code_export_is_one_line_naming_it(two_tokenizers, tmp_path, removed):
+    from ascender_dist.tools.hf_export import export_hf
+
+    hf = export_hf(write_run(tmp_path / "cons", two_tokenizers[0]), tmp_path / "hf", remote_code=True)
+    (hf / removed).unlink()
+    with pytest.raises(ev.EvaluationError) as info:
+        ev.load_model(ev.parse_run(str(hf), str(tmp_path / "m.json")))
+    one_line(info.value, str(hf), "cannot load the Hugging Face export", removed)
