@@ -263,3 +263,24 @@ def test_a_report_with_runs_from_a_dirty_checkout_is_not_called_current(tmp_path
     (folder / "bias" / "results.json").write_text(json.dumps(full))
     assert "**unknown**: 1 run(s) made from a checkout with uncommitted changes" in index.index_markdown(
         folder, tmp_path, ROOT)
+
+
+def test_figures_and_the_efficiency_table_have_a_state_and_timings_take_no_review(repo, tmp_path):
+    """The outputs that are not ablate reports (figures/, efficiency/) are listed with their state; a
+    reviewed commit keeps the figures current but not the timing table (reviews compare every field
+    but the timings)."""
+    run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
+    folder = tmp_path / "research"
+    _report(folder, "bias", run)
+    for rel in ("figures/figures.json", "efficiency/table2.json"):
+        (folder / rel).parent.mkdir(parents=True)
+        (folder / rel).write_text(json.dumps({"provenance": {"git_commit": run}}))
+    text = index.index_markdown(folder, tmp_path, repo)
+    assert f"| [`figures/figures.json`](figures/figures.json) | Figures 1 and 4, Table 4 | {run[:7]} | current: " in text
+    later = _commit(repo, "ascender_dist/models/ascender/fast.py", "b = 2\n")
+    (folder / index.NEUTRAL_FILE).write_text(f'"{later[:7]}": same numbers, faster\n')
+    text = index.index_markdown(folder, tmp_path, repo)
+    figures, table2 = (next(line for line in text.splitlines() if f"`{rel}`" in line)
+                       for rel in ("figures/figures.json", "efficiency/table2.json"))
+    assert "| current: " in figures and later[:7] in figures
+    assert f"| **stale**: model/trainer/data code changed since, in {later[:7]}: re-run |" in table2

@@ -359,6 +359,31 @@ def section(folder: str, full: dict) -> list[str]:
     return lines
 
 
+# outputs below the folder that are not ablate reports: (JSON with a ``provenance``, what it holds, whether it
+# reports timings or memory, which a neutral-commit review does not cover: those were checked "identical but
+# the timings")
+OTHER_OUTPUTS = (("figures/figures.json", "Figures 1 and 4, Table 4", False),
+                 ("efficiency/table2.json", "Table 2 (efficiency: FLOPs, memory, tokens/s)", True))
+
+
+def other_outputs_table(folder: Path, neutral: dict, root: Path = REPO) -> list[str]:
+    """State lines of the generated outputs in OTHER_OUTPUTS that exist below ``folder``."""
+    rows = []
+    for rel, what, timed in OTHER_OUTPUTS:
+        path = folder / rel
+        if not path.is_file():
+            continue
+        commit = (json.loads(path.read_text()).get("provenance") or {}).get("git_commit")
+        state, why = code_state([commit], {} if timed else neutral, root)
+        shown = f"**{state}**" if state != "current" else state
+        rows.append(f"| [`{rel}`]({rel}) | {what} | {commit[:7] if commit else 'none recorded'} | {shown}: {why} |")
+    if not rows:
+        return []
+    return ["## Other generated outputs", "", "| file | what | made at | state |", "|---|---|---|---|", *rows, "",
+            "A table of timings or memory is current only if no model/trainer/data commit followed it: the "
+            f"reviews in `{NEUTRAL_FILE}` compare every recorded field but the timings.", ""]
+
+
 def index_markdown(folder: Path, grids_dir: Path, root: Path = REPO) -> str:
     """The index of ``folder`` (see the module docstring)."""
     reports = read_reports(folder)
@@ -374,7 +399,7 @@ def index_markdown(folder: Path, grids_dir: Path, root: Path = REPO) -> str:
              f"({', '.join(f'`{p}`' for p in MODEL_CODE)}) or a grid file (`{GRID_CONFIGS}`, edits) changed after "
              "the commit the runs were made at"
              + (f"; commits reviewed as not changing a run are listed in `{NEUTRAL_FILE}`" if neutral else "") + ".",
-             "", *status_table(reports, neutral, configured, root), ""]
+             "", *status_table(reports, neutral, configured, root), "", *other_outputs_table(folder, neutral, root)]
     for name, full in reports:
         lines += section(name, full)
     return "\n".join(lines).rstrip() + "\n"
