@@ -332,6 +332,7 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     from tqdm import tqdm
 
+    provenance = report_provenance()  # before anything is written: the outputs may lie inside the checkout
     rows = []
     for spec in tqdm(specs, desc="efficiency", unit="row"):
         result = _run_child(spec, args.threads, args.timeout)
@@ -343,7 +344,7 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
     (out / "table2.md").write_text(render(rows, ablation, settings))
     (out / "table2.json").write_text(json.dumps({"settings": settings, "rows": rows, "ablation": ablation,
                                                  "python": platform.python_version(),
-                                                 "provenance": report_provenance()}, indent=1))
+                                                 "provenance": provenance}, indent=1))
     print(f"wrote {out / 'table2.md'} and table2.json")
     return 0
 

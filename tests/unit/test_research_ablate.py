@@ -488,6 +488,12 @@ def test_efficiency_command_writes_both_tables_with_provenance(tmp_path, monkeyp
     assert [r["row"] for r in table["rows"]] == ["gpt", "connection"]
     hashes = [r["config_sha256"] for r in table["rows"]]
     assert len(set(hashes)) == 2 and all(len(h) == 64 for h in hashes)  # each row's resolved config
+    # the git state is read before the tables are written (inside a checkout they made it "dirty")
+    seen = []
+    monkeypatch.setattr(efficiency, "report_provenance", lambda: seen.append((tmp_path / "again" / "table2.md").exists())
+                        or {"git_commit": "x", "git_dirty": False})
+    assert efficiency.efficiency_main(["--out", str(tmp_path / "again"), "--rows", "gpt"]) == 0
+    assert seen == [False]
     assert {"git_commit", "git_dirty", "versions", "command"} <= set(table["provenance"])
     assert "| connection |" in (tmp_path / "table2.md").read_text()
 
