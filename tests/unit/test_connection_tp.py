@@ -6,6 +6,7 @@ times out), with megatron's autograd semantics: reduce = all-reduce fwd / identi
 identity fwd / all-reduce bwd, gather = all-gather fwd / own slice bwd.
 """
 
+import itertools
 import threading
 
 import pytest
@@ -104,10 +105,9 @@ def run_ranks(full: ConnectionLayer, hp, x, g):
     return results
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # every combination: the sharding differs per connection, stop and mode
     "causal, connection, granularity, normalize",
-    [(False, "bilinear", "sample", True), (True, "bilinear", "sample", True), (True, "bilinear", "slot", True),
-     (True, "linear", "sample", True), (True, "linear", "slot", True), (True, "bilinear", "sample", False)],
+    list(itertools.product((False, True), ("linear", "bilinear"), ("sample", "slot"), (True, False))),
 )
 def test_tp2_shards_match_unsharded_layer(causal, connection, granularity, normalize):
     hp = ConnectionHParams(num_slots=4, connection=connection, rank=4, max_steps=6, threshold=0.2,

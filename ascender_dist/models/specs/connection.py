@@ -47,8 +47,9 @@ class ConnectionSelfAttention(MegatronModule):
                 gather_fn=gather_from_tensor_model_parallel_region,
                 dtype=config.params_dtype,
             )
-        # the global stream moves by one full layer's draws at every TP size (what the TP=1 local layer
-        # drew), so the layers built after this one get the same initial weights at any TP size
+        # the global stream moves by two full layers' draws at every TP size (this one, and the unsharded
+        # copy _init_tp_invariant builds before reseeding it), so the layers built after this one get
+        # the same initial weights at any TP size
         ConnectionLayer(hp, config.hidden_size, dtype=config.params_dtype)
         self._init_tp_invariant(hp, config.hidden_size, tp_size, tp_rank, init_seed + 1000 * layer_number)
         for name, param in self.layer.named_parameters():
