@@ -93,11 +93,14 @@ def check_model(cfg: RunConfig, tag_dir: Path) -> None:
                           f"checkpoint.dir")
 
 
-def check_tokenizer(cfg: RunConfig, meta: dict, tag_dir: Path, derived: Optional[Derived] = None) -> None:
+def check_tokenizer(cfg: RunConfig, meta: dict, tag_dir: Path, derived: Optional[Derived] = None,
+                    loaded_sha256: Optional[str] = None) -> None:
     """Raise ConfigError naming ``data.tokenizer`` (or ``model.vocab_size``) if the run's tokenizer
-    is not the one the checkpoint in ``tag_dir`` was trained with: its file's sha256 against
-    meta.json's ``tokenizer_sha256`` when recorded, and (with the run's ``derived`` sizes) the vocab
-    sizes meta.json records, the only check left for an older checkpoint without the sha256."""
+    is not the one the checkpoint in ``tag_dir`` was trained with: its sha256 against meta.json's
+    ``tokenizer_sha256`` when recorded, and (with the run's ``derived`` sizes) the vocab sizes
+    meta.json records, the only check left for an older checkpoint without the sha256.
+    ``loaded_sha256``: that of the tokenizer the run loaded (the trainer's; the file may have been
+    replaced since), else the file is hashed."""
     meta_file = tag_dir / "meta.json"
     recorded = recorded_tokenizer_sha256(meta)
     if recorded and not cfg.data.tokenizer:
@@ -108,7 +111,7 @@ def check_tokenizer(cfg: RunConfig, meta: dict, tag_dir: Path, derived: Optional
         from data_pipeline.tokenizer import tokenizer_sha256
 
         try:
-            found = tokenizer_sha256(Path(cfg.data.tokenizer))
+            found = loaded_sha256 or tokenizer_sha256(Path(cfg.data.tokenizer))
         except OSError as exc:
             raise ConfigError("data.tokenizer", f"{cfg.data.tokenizer}: unreadable ({exc.strerror or exc})") from None
         if found != recorded:
@@ -128,16 +131,17 @@ def check_tokenizer(cfg: RunConfig, meta: dict, tag_dir: Path, derived: Optional
 
 
 def check_resume(cfg: RunConfig, checkpoint_dir: Path, tag: str, log_it: bool,
-                 derived: Optional[Derived] = None) -> dict:
+                 derived: Optional[Derived] = None, tokenizer_sha256: Optional[str] = None) -> dict:
     """Raise ConfigError if ``tag`` (a universal copy: its source) holds another model, was trained
     with another tokenizer (``derived``: the run's sizes, checked against the recorded ones when
-    given) or on other data (unless allowed). Returns the data record for the run's next
-    checkpoints: ``data_fingerprint`` and the list of ``data_changes`` made on resumes."""
+    given; ``tokenizer_sha256``: the loaded tokenizer's, see check_tokenizer) or on other data
+    (unless allowed). Returns the data record for the run's next checkpoints: ``data_fingerprint``
+    and the list of ``data_changes`` made on resumes."""
     source = tag.removesuffix(UNIVERSAL)
     tag_dir = Path(checkpoint_dir) / source
     check_model(cfg, tag_dir)
     meta = read_meta(checkpoint_dir, source)
-    check_tokenizer(cfg, meta, tag_dir, derived)
+    check_tokenizer(cfg, meta, tag_dir, derived, loaded_sha256=tokenizer_sha256)
     current, saved = data_fingerprint(cfg), meta.get("data_fingerprint")
     changes = list(meta.get("data_changes", []))
     if saved is not None and saved != current:

@@ -101,8 +101,9 @@ class Trainer:
         self.resume_tag = None  # a universal copy is read once; later rollbacks use our own checkpoints
         if tag is not None:  # same model, same data (or a change the config allows), before loading
             # reads the manifests again (a rollback too): a file rewritten meanwhile stops every rank
+            loaded = self.tokenizer.sha256 if self.tokenizer else None  # what this run reads, not the file now
             self.data_record = on_every_rank(lambda: check_resume(self.cfg, self.derived.checkpoint_dir, tag,
-                                                                  self.pstate.is_logging_rank, self.derived))
+                                                                  self.pstate.is_logging_rank, self.derived, loaded))
         self.engine = self._engine_for(tag)
         client_state = ckpt.load_checkpoint(self.engine, self.derived.checkpoint_dir, tag)
         if client_state is None:

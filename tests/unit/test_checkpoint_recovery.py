@@ -250,6 +250,19 @@ def test_another_tokenizer_is_refused_even_when_the_data_may_change(tmp_path, to
         check_resume(no_tokenizer, tmp_path, "step_00000005", log_it=False)
 
 
+def test_the_check_compares_the_tokenizer_the_run_loaded_not_the_file_now(tmp_path, tokenizers):
+    """The trainer passes its loaded tokenizer's sha256: a file replaced after loading cannot pass for
+    the run's tokenizer, and the file is not read again."""
+    tok_a, tok_b = tokenizers
+    sha_a, sha_b = (hashlib.sha256(t.read_bytes()).hexdigest() for t in (tok_a, tok_b))
+    cfg = _run_cfg(tmp_path, tok_a)
+    _tag_trained_with(tmp_path, cfg, tokenizer_sha256=sha_a, vocab_size=32000)
+    with pytest.raises(ConfigError, match=r"^data\.tokenizer: .* is not the tokenizer checkpoint"):
+        check_resume(cfg, tmp_path, "step_00000005", log_it=False, tokenizer_sha256=sha_b)  # the file is A's
+    tok_a.unlink()  # the loaded one is A: no file read needed
+    check_resume(cfg, tmp_path, "step_00000005", log_it=False, tokenizer_sha256=sha_a)
+
+
 def test_an_older_checkpoint_without_the_tokenizer_sha256_is_checked_by_vocab_sizes(tmp_path, tokenizers):
     tok_a, _ = tokenizers
     cfg = config_from_dict({"data": {"manifest": str(tmp_path / "manifest.json"), "tokenizer": str(tok_a)},
