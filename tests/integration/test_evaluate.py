@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.lm_eval_task import TASK
+from tests.helpers.lm_eval_task import write_task as write_lm_eval_task
 from tests.helpers.multiproc import REPO_ROOT
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
-TASK = "tiny_code_mc"
 QUESTIONS = [  # (context, choices, index of the answer)
     ("def add(a, b):\n    return", [" a + b", " a - b", " None"], 0),
     ("import", [" os", " 123", " )"], 0),
@@ -34,35 +35,8 @@ QUESTIONS = [  # (context, choices, index of the answer)
     ("try:\n    pass\nexcept", [" Exception:", " 5", " {"], 0),
     ("return self.", ["value", "(((", "123"], 0),
 ]
-TASK_YAML = """task: {task}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: answer
-target_delimiter: ""
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-  - metric: acc_norm
-    aggregation: mean
-    higher_is_better: true
-metadata:
-  version: 1.0
-"""
-
-
 def write_task(directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    data = directory / f"{TASK}.jsonl"
-    data.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in QUESTIONS))
-    (directory / f"{TASK}.yaml").write_text(TASK_YAML.format(task=TASK, data=data))
-    return directory
+    return write_lm_eval_task(directory, QUESTIONS)
 
 
 def _env(tmp: Path) -> dict:

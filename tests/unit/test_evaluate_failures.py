@@ -15,36 +15,15 @@ import pytest
 
 from ascender_dist.tools import evaluate as ev
 from tests.helpers.errors import one_line
+from tests.helpers.lm_eval_task import TASK, write_task
 
 from .export_fixtures import two_tokenizers, write_run  # noqa: F401  (fixtures)
 
-TASK = "tiny_code_mc"
-TASK_YAML = """task: {task}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: answer
-target_delimiter: ""
-metric_list:
-  - metric: acc
-metadata:
-  version: 1.0
-"""
 VAL = {"val_loss": 5.0, "perplexity": 148.4, "val_samples": 4, "val_tokens": 512, "val_seconds": 0.1}
 
 
 def _write_task(directory: Path) -> Path:
-    """A local multiple-choice task (no network: datasets' json builder reads the file)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    data = directory / f"{TASK}.jsonl"
-    data.write_text(json.dumps({"question": "import", "choices": [" os", " 1"], "answer": 0}) + "\n")
-    (directory / f"{TASK}.yaml").write_text(TASK_YAML.format(task=TASK, data=data))
-    return directory
+    return write_task(directory, [("import", [" os", " 1"], 0)])
 
 
 @pytest.fixture
