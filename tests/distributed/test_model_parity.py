@@ -45,7 +45,7 @@ def results(tmp_path_factory):
                      args={"root": str(tmp_path_factory.mktemp("dist_ckpt"))})
 
 
-@pytest.mark.parametrize("check", ["gpt_tp2", "gpt_swiglu_rmsnorm_gqa_tp2", "gpt_learned_pos_untied_tp2",
+@pytest.mark.parametrize("check", ["gpt_tp2", "gpt_padded_vocab_tp2", "gpt_swiglu_rmsnorm_gqa_tp2", "gpt_learned_pos_untied_tp2",
                                    "ascender_tp2", "ascender_aux_losses_tp2", "ascender_gqa_swiglu_tp2",
                                    "ascender_shared_omega_tp2", "ascender_post_norm_kappa_tp2",
                                    "connection_bilinear_tp2", "connection_linear_tp2",

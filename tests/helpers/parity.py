@@ -14,30 +14,32 @@ from ascender_dist.training.trainer import aux_loss_gradient_scale
 VOCAB = 256
 
 
-def _tokens(cfg, batch: int = 2) -> torch.Tensor:
+def _tokens(cfg, vocab: int = VOCAB, batch: int = 2) -> torch.Tensor:
     gen = torch.Generator().manual_seed(7)
-    return torch.randint(0, VOCAB, (batch, cfg.model.seq_length + 1), generator=gen)
+    return torch.randint(0, vocab, (batch, cfg.model.seq_length + 1), generator=gen)
 
 
-def _forward_backward(cfg, tp: int, full_state=None):
-    """Build the model at TP=tp (DP fills the rest), run loss + logits + backward; return full tensors."""
+def _forward_backward(cfg, tp: int, full_state=None, vocab: int = VOCAB):
+    """Build the model at TP=tp (DP fills the rest), run the training loss (models.build.lm_loss: the
+    padding ids of the vocabulary masked on each rank's slice) + logits + backward; return full tensors."""
     from megatron.core import parallel_state as mps
 
+    from ascender_dist.models.build import lm_loss
     from ascender_dist.training.engine import build_run_model
 
     destroy_model_parallel()
     cfg.parallel.tensor_model_parallel_size = tp
-    derived = derive(cfg, dist.get_world_size(), VOCAB)
+    derived = derive(cfg, dist.get_world_size(), vocab)
     init_model_parallel(tp, 1, cfg.train.seed)
     model = build_run_model(cfg, derived)
     set_aux_loss_scale(aux_loss_gradient_scale(1, tp))  # as the trainer does, for one micro-batch
     group = mps.get_tensor_model_parallel_group()
     if full_state is not None:
         load_full_state(model, full_state, tp, mps.get_tensor_model_parallel_rank())
-    tokens = _tokens(cfg)
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    tokens = _tokens(cfg, vocab)
+    inputs = tokens[:, :-1]
     position_ids = torch.arange(inputs.shape[1]).unsqueeze(0).expand_as(inputs)
-    loss = model(inputs, position_ids, None, labels=labels).mean()
+    loss = lm_loss(model, tokens, vocab)
     loss.backward()
     with torch.no_grad():
         logits = model(inputs, position_ids, None)  # [b, s, vocab/tp]
@@ -81,15 +83,17 @@ def tp_init_parity(raw_cfg: dict, tp: int = 2) -> dict:
     return {"num_params": len(diffs), "differing": sorted(name for name, d in diffs.items() if d > 0)}
 
 
-def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = ()) -> dict:
+def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = (), vocab: int = VOCAB) -> dict:
     """Max abs differences (loss, logits, every grad) between TP=tp and TP=1 runs with the same weights.
 
     ``report``: name suffixes whose gradients are also listed one by one under ``"reported"``
-    (``{name: {"diff", "reference_abs", "shape"}}``), with this rank's own local gradient."""
+    (``{name: {"diff", "reference_abs", "shape"}}``), with this rank's own local gradient.
+    ``vocab``: the tokenizer's size; one that the padded vocabulary exceeds puts padding ids in the
+    last TP rank's slice, which the loss must mask there (and at TP=1 at the end)."""
     init_process_group()
     cfg = config_from_dict(raw_cfg)
-    sharded = _forward_backward(cfg, tp)
-    reference = _forward_backward(cfg, 1, full_state=sharded["params"])
+    sharded = _forward_backward(cfg, tp, vocab=vocab)
+    reference = _forward_backward(cfg, 1, full_state=sharded["params"], vocab=vocab)
     grad_diffs = {name: (sharded["grads"][name] - g).abs().max().item() for name, g in reference["grads"].items()}
     if tp > 1 and sharded["num_sharded"] == 0:
         raise AssertionError(f"TP={tp} run holds no sharded parameter: the layout silently ran unsharded")

@@ -15,6 +15,8 @@ DEBUG = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidd
 def main(args):
     return run_checks({
         "gpt_tp2": lambda: tp_parity({"model": {**DEBUG}}),
+        # 250 ids padded to 256: the second rank's slice [128, 256) ends in 6 padding ids the loss masks
+        "gpt_padded_vocab_tp2": lambda: tp_parity({"model": {**DEBUG}}, vocab=250),
         "gpt_swiglu_rmsnorm_gqa_tp2": lambda: tp_parity({"model": {
             **DEBUG, "activation": "swiglu", "normalization": "RMSNorm", "num_query_groups": 2,
             "add_bias_linear": False}}),
