@@ -210,10 +210,36 @@ def test_kernels_shared_omega_float64():
         torch.testing.assert_close(a, b_, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("hd", [16, 32, 96, 128])
+@pytest.mark.parametrize("hd", [16, 32, 64, 96, 128])
 def test_kernels_other_head_dims_float64(hd):
-    """96 is not a power of two: the kernels pad it to 128 and mask the extra columns."""
+    """64: the presets' head dim (small, medium); 96 is not a power of two: the kernels pad it to 128
+    and mask the extra columns."""
     compare(base_hp(causal=True, d_z=6, d_a=9, **AUX), 17, with_aux=True, hd=hd)
+
+
+# (head dim, rows per block forward / row backward / key-block backward on a GPU): every padded
+# width <= 64 (head dim 16 with L_coh's value columns: 21 -> 32), and above (head dim 64: 97 -> 128)
+GPU_BLOCKS = [(16, (64, 32, 32)), (64, (32, 32, 16))]
+
+
+@pytest.mark.parametrize("hd, rows", GPU_BLOCKS, ids=["hd16_rows_64_32_32", "hd64_rows_32_32_16"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
+def test_kernels_with_the_gpu_block_sizes_float64(monkeypatch, causal, hd, rows):
+    """The interpreter runs 16-row blocks; the GPU's (launch.block_size for fp32 / bf16 inputs: 64,
+    32 and 16 rows) are forced here, n = 70 off every block multiple (a partial last block; causal
+    blocks ending mid-way through a key block), ALiBi and every aux loss, against the float64
+    reference at 1e-9 like the tests above."""
+    from ascender_dist.models.ascender.kernels import launch
+
+    gpu_rows, seen = launch.block_size, set()
+
+    def as_on_gpu(width, interpreted, kernel="forward", f64=False):
+        seen.add((kernel, gpu_rows(width, False, kernel, False)))  # fp32's rows, not fp64's halves
+        return gpu_rows(width, False, kernel, False)
+
+    monkeypatch.setattr(launch, "block_size", as_on_gpu)
+    compare(base_hp(causal=causal, other_bias="alibi", **AUX), 70, with_aux=True, hd=hd)
+    assert seen == set(zip(("forward", "row", "col"), rows)), seen
 
 
 # (t, moment stride, neighbour source): t = 20 in the middle of a 16-row block; at stride 8 (states at
@@ -316,8 +342,9 @@ def test_auto_resolves_to_triton_on_cuda_and_matches_reference():
 def test_triton_fwd_bwd_never_syncs_with_the_host_and_replays_in_a_cuda_graph():
     """One fwd+bwd issues no host synchronisation (a copy from pageable host memory in the
     operand setup once made every call sync and uncapturable), so it captures in a CUDA graph,
-    and the replay gives the eager gradients (float64; the kernels' atomic adds reorder sums
-    only at rounding level)."""
+    and the replay gives the eager gradients (float64; the kernels have no atomics, but the torch
+    row algebra's backward scatters with index_add_, whose CUDA atomics may reorder sums at
+    rounding level)."""
     hp = base_hp(causal=True)
     inputs = [x.detach().cuda().requires_grad_() for x in make_inputs(b=1, n=70, hd=64)]
     params = make_params(hp, 2).cuda()
@@ -386,19 +413,27 @@ def test_print_config_line_names_the_path_per_device():
 def _check_bf16_cluster_densities(device):
     """Clusters far apart (|z|^2 ~ 300) with members 0.1 apart under a kernel as narrow, bf16 inputs:
     the kernels' densities and centroids within 1% of the float64 reference on the same bf16-rounded
-    inputs (measured 0.08% / 0.04% in the interpreter)."""
+    inputs (measured 0.08% / 0.04% in the interpreter), and z's gradient (of out . w) within 5e-3 of
+    its largest reference entry (1.7e-3 in the TF32 emulation; 1.5e-3 with every product exact; 9.7e-3
+    when the backward's distance-gradient products were TF32)."""
     hp = base_hp(causal=True, d_z=32, d_a=8, tau_sep=0.1, tau_coh=0.1)
     g = torch.Generator().manual_seed(3)
     q, k, v, _, h = make_inputs(b=1, n=40, hd=16, dz=32, da=8)
     centres = 3.0 * torch.randn(4, 32, generator=g, dtype=F64)
     z = centres[torch.arange(40) % 4] + 0.1 * torch.randn(40, 32, generator=g, dtype=F64)
-    inputs = [x.detach().to(device, torch.bfloat16) for x in (q, k, v, z.expand(1, 2, 40, 32), h)]
+    inputs = [x.detach().to(device, torch.bfloat16).requires_grad_() for x in (q, k, v, z.expand(1, 2, 40, 32), h)]
+    inputs64 = [x.detach().double().cpu().requires_grad_() for x in inputs]
     params64 = make_params(hp, 2)
     got = triton_attention(*inputs, copy.deepcopy(params64).to(device, F32), hp, use_sep=True)
-    ref = reference_attention(*[x.double().cpu() for x in inputs], params64, hp, use_sep=True)
+    ref = reference_attention(*inputs64, params64, hp, use_sep=True)
     for key in ("rho", "centroid"):
         err = (got.rows[key].double().cpu() - ref.rows[key]).abs() / (ref.rows[key].abs() + 1e-3)
         assert err.max().item() < 1e-2, (key, err.max().item())
+    w = torch.randn(ref.out.shape, generator=torch.Generator().manual_seed(7), dtype=F64)
+    gz = torch.autograd.grad((got.out.double() * w.to(device)).sum(), inputs[3])[0].double().cpu()
+    gz_ref = torch.autograd.grad((ref.out * w).sum(), inputs64[3])[0]
+    err = ((gz - gz_ref).abs().max() / gz_ref.abs().max()).item()
+    assert err < 5e-3, ("grad z", err)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the interpreter has no TF32 products")
@@ -406,7 +441,8 @@ def test_kernels_bfloat16_inputs_keep_the_densities_of_near_pairs_in_tight_clust
     """The distance GEMM forms -|z_i - z_j|^2 from terms as large as |z|^2: with TF32 products (the
     default of tl.dot for the low-precision path on a GPU, 10-bit mantissas) near pairs' kernel
     weights were off by several %, so it runs in IEEE fp32 whatever the inputs' precision; TF32's
-    would be ~10^4 x further off than the 1% allowed. The interpreter multiplies exactly, so this
+    would be ~10^4 x further off than the 1% allowed. Likewise the backward's products with Zr
+    (z's gradient). The interpreter multiplies exactly, so this
     discriminates on a GPU only (benchmarks/gpu_check);
     test_kernels_distance_products_are_ieee_when_the_others_are_tf32 is its CPU stand-in."""
     _check_bf16_cluster_densities("cuda")
@@ -426,8 +462,9 @@ def test_kernels_distance_products_are_ieee_when_the_others_are_tf32(monkeypatch
     """CPU stand-in for the test above: every product the kernels leave to tl.dot's default
     precision (mm(.., IEEE=False), taken for bf16 inputs) runs with TF32-rounded operands, as on a
     GPU; the distance (and Cohesion moment) GEMMs, which must be IEEE, then still keep the densities
-    and centroids within 1%. The emulation is checked to bite: the whole call with TF32 everywhere
-    misses that 1% by far."""
+    and centroids within 1%, and the backward's distance-gradient products (dx @ Zr, gmom . Zr_j), IEEE
+    too, z's gradient within 5e-3. The emulation is checked to bite: the whole call with TF32
+    everywhere misses that 1% by far."""
     from ascender_dist.models.ascender.kernels import backward, forward, tiles
 
     if not tiles.interpreting():
@@ -442,20 +479,74 @@ def test_kernels_distance_products_are_ieee_when_the_others_are_tf32(monkeypatch
         _check_bf16_cluster_densities("cpu")
 
 
+H100_OPTIN, A100_OPTIN = 232448, 166912  # shared bytes a block may use (227 / 163 KiB, opt-in maxima)
+
+
 def test_devices_without_the_kernels_shared_memory_are_not_covered():
     """An sm_89 card (~99 KiB per block) would fail with OutOfResources at the first launch; it is
     not covered (auto takes the fast path, with the reason in the log). H100 and A100 limits pass at
-    every head dim (the 160 KiB that ahead-of-time compiles measure: test_triton_compile); a device
-    just below that does not."""
+    every head dim with the default widths (the 160 KiB that ahead-of-time compiles measure:
+    test_triton_compile); a device just below that does not."""
+    from ascender_dist.config.ascender_hparams import AscenderHParams
     from ascender_dist.models.ascender.kernels.support import shared_memory_shortfall
 
-    assert shared_memory_shortfall("NVIDIA H100", 227 * 1024, 128) == ""
-    assert shared_memory_shortfall("NVIDIA A100", 166912, 64) == ""  # A100's opt-in maximum, bytes
-    assert shared_memory_shortfall("NVIDIA A100", 166912, 128) == ""
+    assert shared_memory_shortfall("NVIDIA H100", H100_OPTIN, 128) == ""
+    assert shared_memory_shortfall("NVIDIA A100", A100_OPTIN, 64) == ""
+    assert shared_memory_shortfall("NVIDIA A100", A100_OPTIN, 128, AscenderHParams(aux_compactness_weight=0.1)) == ""
     assert shared_memory_shortfall("a smaller one", 159 * 1024, 128) == (
-        "a smaller one allows 159 KiB of shared memory per block, the kernels need 160 KiB at head dim 128")
+        "a smaller one allows 159 KiB of shared memory per block, the kernels need 160 KiB at head dim 128, "
+        "d_z 32, d_a 32")
     assert "NVIDIA L40S allows 99 KiB" in shared_memory_shortfall("NVIDIA L40S", 99 * 1024, 32)
     assert shared_memory_shortfall("unknown", None, 64) == ""  # torch without the property: as before
+
+
+def _on_a_cuda_device(monkeypatch, name, optin):
+    """triton_supported sees a CUDA tensor on a device called ``name`` with ``optin`` shared bytes
+    per block (no GPU needed: q is a stand-in with what triton_supported reads of it)."""
+    from types import SimpleNamespace
+
+    from ascender_dist.models.ascender.kernels import support
+
+    props = SimpleNamespace(name=name, shared_memory_per_block_optin=optin)
+    monkeypatch.setattr(support.torch.cuda, "get_device_properties", lambda device: props)
+    return lambda hd, dtype=torch.bfloat16: SimpleNamespace(shape=(1, 2, 8, hd), is_cuda=True, dtype=dtype,
+                                                            device=torch.device("cuda", 0))  # fmt: skip
+
+
+@pytest.mark.parametrize("name, optin", [("NVIDIA H100", H100_OPTIN), ("NVIDIA A100", A100_OPTIN)])
+def test_cuda_support_depends_on_the_geometry_widths_not_only_the_head_dim(monkeypatch, name, optin):
+    """The kernels' shared memory grows with d_z and d_a (Zr, Hr: d + 2 columns, padded to a power of
+    two) and the L_coh value columns, not with the head dim alone: head dim 128 with d_z = d_a = 128
+    measured 240 KiB (320 with L_coh), over H100's 227, and was still chosen by auto (OutOfResources
+    at the first launch); 64 / 64 needs 192 KiB (over A100's 163). Only widths with a measured need
+    (support.SHARED_BYTES_NEEDED: d_z, d_a <= 62) are covered; the presets' are, with L_coh or
+    without: debug (head dim 16, 8 / 8), small and medium (64, 32 / 32), large (96, 48 / 48), and the
+    default widths at head dim 128."""
+    from ascender_dist.config.ascender_hparams import AscenderHParams
+
+    q_on_cuda = _on_a_cuda_device(monkeypatch, name, optin)
+    for hd, d in [(16, 8), (64, 32), (96, 48), (128, 32)]:
+        for aux in (0.0, 0.5):
+            hp = AscenderHParams(d_z=d, d_a=d, aux_compactness_weight=aux)
+            assert triton_supported(q_on_cuda(hd), hp) == (True, ""), (hd, d, aux)
+    assert triton_supported(q_on_cuda(64)) == (True, "")  # no hparams: the defaults (32 / 32)
+    for d_z, d_a in [(128, 128), (64, 64), (64, 32), (32, 63)]:
+        ok, why = triton_supported(q_on_cuda(128), AscenderHParams(d_z=d_z, d_a=d_a, aux_compactness_weight=0.5))
+        assert not ok and why == (f"head dim 128, d_z {d_z}, d_a {d_a} with the L_coh value columns: no measured "
+                                  f"shared-memory need of the Triton kernels at these widths (covered: d_z, d_a <= 62)")
+    assert triton_supported(q_on_cuda(128), AscenderHParams(d_z=62, d_a=62, use_sep=False, use_coh=False)) == (True, "")
+    # fp64 (tests) halves the rows, not the bytes: the key-block backward above 64 columns needs 272 KiB
+    assert triton_supported(q_on_cuda(64, F64), base_hp()) == (True, "")  # test_auto_resolves_to_triton_on_cuda
+    assert triton_supported(q_on_cuda(128, F64)) == (False, f"{name} allows {optin // 1024} KiB of shared memory "
+                                                           "per block, the kernels need 272 KiB at head dim 128, "
+                                                           "d_z 32, d_a 32 in float64")
+
+
+def test_cuda_support_refuses_a_device_with_less_shared_memory_than_the_presets_need(monkeypatch):
+    q_on_cuda = _on_a_cuda_device(monkeypatch, "NVIDIA L40S", 101376)  # 99 KiB
+    hp = base_hp(d_z=32, d_a=32)
+    assert triton_supported(q_on_cuda(64), hp) == (False, "NVIDIA L40S allows 99 KiB of shared memory per block, "
+                                                          "the kernels need 160 KiB at head dim 64, d_z 32, d_a 32")
 
 
 def test_kernels_under_autocast_compute_what_they_compute_without_it():

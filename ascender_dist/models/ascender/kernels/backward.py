@@ -83,7 +83,7 @@ def row_grad_kernel(qk_ptr, k_ptr, qa_ptr, ka_ptr, qc_ptr, zl_ptr, zr_ptr, hl_pt
             da, dx = geometry_grads(ds, p, fac, cvar, cmu, grho, gl, gmom, zr, dev, r, w, wc, clamped, diag,
                                     vis, ratio, SEP, COH, LSEP, IEEE)
             if SEP or COH:
-                gzl += mm(dx, zr, IEEE)
+                gzl += mm(dx, zr, True)  # IEEE: see geometry_grads
             if SEP:
                 ghl += mm(da, hr, IEEE)
         else:
@@ -194,7 +194,7 @@ def col_grad_kernel(qk_ptr, k_ptr, qa_ptr, ka_ptr, qc_ptr, qcl_ptr, zl_ptr, zr_p
             da, dx = geometry_grads(ds, p, fac, cvar, cmu, grho, gl, gmom, zr, dev, r, w, wc, clamped, diag,
                                     vis, ratio, SEP, COH, LSEP, IEEE)
             dx = tl.where(live, dx, 0.0)
-            gz += mm(tl.trans(dx), zq, IEEE)
+            gz += mm(tl.trans(dx), zq, True)  # IEEE: see geometry_grads
             if SEP:
                 da = tl.where(live, da, 0.0)
                 gh += mm(tl.trans(da), hq, IEEE)

@@ -19,11 +19,13 @@ except ImportError as e:
 
 from .backward import col_grad_kernel, row_grad_kernel
 from .forward import forward_kernel, stats_kernel
+from .support import padded
 
 
 def _pad(width: int) -> int:
-    """Power-of-two block width >= 16 (tl.arange and the GPU dot need it)."""
-    return max(16, triton.next_power_of_2(max(1, width)))
+    """Power-of-two block width >= 16 (tl.arange and the GPU dot need it); support.padded, which
+    triton_supported's shared-memory decision reads."""
+    return padded(width)
 
 
 def block_size(width: int, interpreted: bool, kernel: str = "forward", f64: bool = False) -> int:
@@ -35,7 +37,9 @@ def block_size(width: int, interpreted: bool, kernel: str = "forward", f64: bool
     160 with TF32; 32 rows at head dim 96 / 128 would need 224, hence 16 there: at most 140 KiB),
     the row backward at 32 rows, head dim 128 with the L_coh value columns (160 KiB), the forward
     at 64 rows and head dim 64 (144 KiB). fp64 (tests) doubles the bytes: half the rows.
-    ``width``: widest padded operand. support.SHARED_BYTES_NEEDED holds the maxima."""
+    ``width``: widest padded operand. These figures hold for d_z, d_a <= 62 (Zr, Hr at most 64
+    wide); support.SHARED_BYTES_NEEDED holds the measured maxima by operand widths, and
+    triton_supported refuses wider ones."""
     if interpreted:
         return 16
     if kernel == "col":

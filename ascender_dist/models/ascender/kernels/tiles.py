@@ -217,7 +217,11 @@ def geometry_grads(ds, p, fac, cvar, cmu, grho, gl, gmom, zr, dev, r, w, wc, cla
                    SEP: tl.constexpr, COH: tl.constexpr, LSEP: tl.constexpr, IEEE: tl.constexpr):
     """Gradients at the tile's affinity (da, before Hl_i . Hr_j) and distance (dx, before
     Zl_i . Zr_j), given the row gradients of the statistics: cvar = 2 dL/dvar_i / denom_i,
-    cmu = dL/dmu_i / count_i, grho = dL/drho_i, gmom = dL/dmom_i (mom_i = sum_j wc_ij Zr_j)."""
+    cmu = dL/dmu_i / count_i, grho = dL/drho_i, gmom = dL/dmom_i (mom_i = sum_j wc_ij Zr_j).
+    The distance-gradient products (gmom . Zr_j here; dx @ Zr in the callers) are IEEE fp32 whatever
+    the inputs' precision, as the forward's distance GEMM: Zr_j's columns [s z_j, 1, -a |z_j|^2] hold
+    the large terms that cancel in z's gradient (TF32 products: grad z off by ~1% of its largest entry
+    in the bf16 emulation, test_kernels_distance_products_are_ieee_when_the_others_are_tf32)."""
     da = ds * 0.0
     dx = ds * 0.0
     if SEP:
@@ -227,7 +231,7 @@ def geometry_grads(ds, p, fac, cvar, cmu, grho, gl, gmom, zr, dev, r, w, wc, cla
         da = tl.where(r > 0, dphi * w, 0.0)
         dx = (dphi * r + grho[:, None]) * w
     if COH:
-        dx += ratio * mm(gmom, tl.trans(zr), IEEE) * wc
+        dx += ratio * mm(gmom, tl.trans(zr), True) * wc
     dx = tl.where(clamped | diag, 0.0, dx)
     dx = tl.where(vis, dx, 0.0)
     return da, dx
