@@ -90,7 +90,7 @@ def print_config(args: argparse.Namespace) -> None:
     if "S" in expand_layer_pattern(cfg.model):
         from ascender_dist.models.ascender.attention import attention_paths
 
-        print(f"# {attention_paths(cfg.model.hidden_size // cfg.model.num_attention_heads)}")
+        print(f"# {attention_paths(cfg.model.hidden_size // cfg.model.num_attention_heads, cfg.model.ascender)}")
 
 
 RELAUNCHED = "ASCENDER_DIST_RELAUNCHED"  # set by _relaunch for the ranks it starts

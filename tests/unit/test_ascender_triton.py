@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 
+from ascender_dist.config.ascender_hparams import AscenderHParams
 from ascender_dist.models.ascender import ascender_attention, reference_attention
 from ascender_dist.models.ascender import attention as entry
 from ascender_dist.models.ascender.kernels import triton_supported
@@ -406,8 +407,16 @@ def test_unsupported_head_dim_falls_back_to_fast_with_one_log_line(caplog):
 
 
 def test_print_config_line_names_the_path_per_device():
-    assert entry.attention_paths(64) == "ascender attention (impl auto): CUDA -> triton, CPU -> fast"
-    assert entry.attention_paths(24).startswith("ascender attention (impl auto): CUDA -> fast (head dim 24")
+    hp = AscenderHParams()
+    assert entry.attention_paths(64, hp) == (
+        "ascender attention (impl auto): CUDA -> triton on GPUs allowing >= 160 KiB of shared memory per block, "
+        "else fast, CPU -> fast")
+    assert entry.attention_paths(24, hp).startswith("ascender attention (impl auto): CUDA -> fast (head dim 24")
+    # a covered head dim with operand widths that have no measured shared-memory need: auto runs fast there
+    wide = AscenderHParams(d_z=64, d_a=64)
+    line = entry.attention_paths(128, wide)
+    assert "CUDA -> fast (head dim 128, d_z 64, d_a 64: no measured shared-memory need" in line, line
+    assert entry.attention_paths(128, wide, impl="fast").endswith("CUDA -> fast, CPU -> fast")
 
 
 def _check_bf16_cluster_densities(device):
@@ -487,7 +496,6 @@ def test_devices_without_the_kernels_shared_memory_are_not_covered():
     not covered (auto takes the fast path, with the reason in the log). H100 and A100 limits pass at
     every head dim with the default widths (the 160 KiB that ahead-of-time compiles measure:
     test_triton_compile); a device just below that does not."""
-    from ascender_dist.config.ascender_hparams import AscenderHParams
     from ascender_dist.models.ascender.kernels.support import shared_memory_shortfall
 
     assert shared_memory_shortfall("NVIDIA H100", H100_OPTIN, 128) == ""
@@ -522,8 +530,6 @@ def test_cuda_support_depends_on_the_geometry_widths_not_only_the_head_dim(monke
     (support.SHARED_BYTES_NEEDED: d_z, d_a <= 62) are covered; the presets' are, with L_coh or
     without: debug (head dim 16, 8 / 8), small and medium (64, 32 / 32), large (96, 48 / 48), and the
     default widths at head dim 128."""
-    from ascender_dist.config.ascender_hparams import AscenderHParams
-
     q_on_cuda = _on_a_cuda_device(monkeypatch, name, optin)
     for hd, d in [(16, 8), (64, 32), (96, 48), (128, 32)]:
         for aux in (0.0, 0.5):

@@ -66,15 +66,24 @@ def _pick_impl(impl: str, q: torch.Tensor, hp: AscenderHParams | None = None) ->
     return "fast"
 
 
-def attention_paths(head_dim: int, impl: str = "auto") -> str:
-    """The path ``impl`` takes per device, one line for print-config."""
-    from .kernels.support import SUPPORTED_HEAD_DIMS, interpreter_requested
+def attention_paths(head_dim: int, hp: AscenderHParams, impl: str = "auto") -> str:
+    """The path ``impl`` takes per device for a layer with hparams ``hp``, one line for
+    print-config. On CUDA the kernels need a covered head dim, operand widths with a measured
+    shared-memory need and a GPU that allows it (known only on the GPU: the line names the need)."""
+    from .kernels.support import (SUPPORTED_HEAD_DIMS, interpreter_requested, launch_widths, shared_bytes_needed,
+                                  shared_memory_shortfall)
 
     if impl in ("fast", "reference"):
         return f"ascender attention (impl {impl}): CUDA -> {impl}, CPU -> {impl}"
-    cuda = "triton" if head_dim in SUPPORTED_HEAD_DIMS else (
-        f"fast (head dim {head_dim} is not one of the Triton kernels' {SUPPORTED_HEAD_DIMS})")
-    cpu = "triton (interpreter)" if impl == "triton" and interpreter_requested() and cuda == "triton" else "fast"
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        cuda = f"fast (head dim {head_dim} is not one of the Triton kernels' {SUPPORTED_HEAD_DIMS})"
+    elif shortfall := shared_memory_shortfall("", None, head_dim, hp):
+        cuda = f"fast ({shortfall})"
+    else:
+        need = max(shared_bytes_needed(w) for w in launch_widths(head_dim, hp))
+        cuda = f"triton on GPUs allowing >= {need // 1024} KiB of shared memory per block, else fast"
+    covered = not cuda.startswith("fast")
+    cpu = "triton (interpreter)" if impl == "triton" and interpreter_requested() and covered else "fast"
     return f"ascender attention (impl {impl}): CUDA -> {cuda}, CPU -> {cpu}"
 
 
