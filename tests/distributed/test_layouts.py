@@ -1,8 +1,12 @@
-"""Parity matrix: TP2, PP2, DP2 x ZeRO-0/1/2/3, sequence parallel (also with PP2 and with DP2), activation
-recompute, TP2xPP2 and PP2xDP2 give the single-process losses and weights for gpt, ascender and connection,
-a few AdamW steps from the same initial weights on the same data (and ASCender with omega shared across
-heads under the TP2 layouts, ASCender with its auxiliary losses on, GPT with untied embeddings under PP);
-TP-replicated parameters stay identical on every TP rank."""
+"""Parity matrix: TP2, PP2, DP2 x ZeRO-0/1/2/3, sequence parallel (also with PP2, with DP2 and with DP2 x
+ZeRO-3), activation recompute, TP2xPP2, PP2xDP2 and TP2xDP2 x ZeRO-3 give the single-process losses and
+weights for gpt, ascender and connection (no sequence parallel for Connection: refused at config load), a
+few AdamW steps from the same initial weights on the same data (and ASCender with omega shared across
+heads under the TP2 layouts, ASCender with its auxiliary losses on, GPT with untied embeddings under PP,
+GPT and ASCender with grouped-query attention, 2 query groups of 2 heads per rank, under TP2, GPT's
+TP2xPP2 and ASCender's TP2xDP2 x ZeRO-3); TP-replicated parameters stay identical on every TP rank, and
+every cell checks the layout it really ran (process groups, ZeRO stage, sequence parallel, recompute,
+heads and query groups per rank) against the one it asked for."""
 
 import pytest
 

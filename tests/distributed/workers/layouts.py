@@ -3,6 +3,9 @@
 ``reference`` (1 rank) draws the initial weights of each architecture, saves them, trains, and
 saves losses + final weights. ``layouts`` (2 or 4 ranks) starts every layout from those weights
 (``checkpoint.init_from``) on the same data and reports the differences.
+
+The matrix is ``ARCHS`` x ``LAYOUTS[world]``, less ``UNSUPPORTED`` (refused at config load) and
+restricted per architecture by ``ONLY_LAYOUTS``: see :func:`matrix`.
 """
 
 import contextlib
@@ -62,13 +65,26 @@ ARCHS["gpt_untied"] = {"untie_embeddings_and_output_weights": True}
 ARCHS["ascender_aux"] = {**ARCHS["ascender"], "ascender": {
     **ARCHS["ascender"]["ascender"], "aux_compactness_weight": 0.1, "aux_crowding_weight": 0.1,
     "aux_alignment_weight": 0.1}}
+# Grouped-query attention with several query groups per TP rank: 8 heads in 4 groups (head dim 4 at
+# hidden 32), so at TP2 each rank holds 2 groups of 2 heads and the fused QKV projection's output
+# dim is split between whole groups (q of 2 heads | k | v per group, plus z | h per head for
+# ASCender). The default 4-head model is plain MHA, one head per group. The layouts compare with a
+# reference of the same GQA model, so a query-group count silently dropped by the config would match
+# too: _layout_used also reads the heads and query groups per rank back from the built attention.
+GQA = {"num_attention_heads": 8, "num_query_groups": 4}
+ARCHS["gpt_gqa"] = {**GQA}
+ARCHS["ascender_gqa"] = {**ARCHS["ascender"], **GQA}
 ARCH_STEPS = {"ascender_topk": 1}
 ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_dp2_zero3"),
                 "gpt_learned_pos": ("pp2",),
                 "ascender_topk": ("pp2", "dp2_zero1", "dp2_zero3", "dp2_recompute", "pp2_dp2"),
                 "mixed_sc": ("tp2", "pp2", "dp2_zero1", "tp2_pp2"),
                 "gpt_untied": ("pp2", "tp2_pp2"),
-                "ascender_aux": ("dp2_zero1", "pp2", "tp2")}
+                "ascender_aux": ("dp2_zero1", "pp2", "tp2"),
+                # the query-group split: TP2 alone, and one 4-rank TP2 layout each (the pipeline's
+                # own layer stack for GPT, ZeRO-3's partitioned QKV for ASCender)
+                "gpt_gqa": ("tp2", "tp2_pp2"),
+                "ascender_gqa": ("tp2", "tp2_dp2_zero3")}
 LAYOUTS = {
     2: {"tp2": {"tensor_model_parallel_size": 2},
         "pp2": {"pipeline_model_parallel_size": 2},
@@ -90,13 +106,17 @@ LAYOUTS = {
         "tp2_pp2_sequence_parallel": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
                                       "sequence_parallel": True},
         # sequence parallel with data parallelism: the TP-summed norm gradients then averaged over DP
-        "tp2_dp2_sequence_parallel": {"tensor_model_parallel_size": 2, "zero_stage": 1, "sequence_parallel": True}},
+        "tp2_dp2_sequence_parallel": {"tensor_model_parallel_size": 2, "zero_stage": 1, "sequence_parallel": True},
+        # sequence parallel with ZeRO-3: the norms' TP-summing gradient hooks on parameters ZeRO-3
+        # partitions over DP (their data released between uses), the sequence-sharded activations
+        # through ZeRO-3's gathered weights
+        "tp2_sp_dp2_zero3": {"tensor_model_parallel_size": 2, "zero_stage": 3, "sequence_parallel": True}},
 }
 
 
 # refused at config load with the reason (tested in test_layouts), so not in the matrix
 UNSUPPORTED = {("connection", "tp2_sequence_parallel"), ("connection", "tp2_pp2_sequence_parallel"),
-               ("connection", "tp2_dp2_sequence_parallel")}
+               ("connection", "tp2_dp2_sequence_parallel"), ("connection", "tp2_sp_dp2_zero3")}
 
 
 def matrix(world: int) -> list[tuple[str, str]]:
@@ -216,7 +236,10 @@ def _tp_replica_diff(trainer) -> float:
 def _layout_used(trainer) -> dict:
     """The layout the run really trained with, read back from megatron's process groups, DeepSpeed's
     engine and the built model: a config regression that quietly ran another layout (pp2 as DP=2,
-    ZeRO-3 as stage 0, recompute off) would still match the reference. Collective-free."""
+    ZeRO-3 as stage 0, recompute off, GQA as MHA) would still match the reference. Collective-free.
+
+    ``attention_per_rank``: the distinct [heads, query groups] per TP rank of this rank's megatron
+    attention modules (SelfAttention and its core attention; Connection layers have none)."""
     from megatron.core import parallel_state as mps
 
     module = trainer.engine.module
@@ -227,16 +250,27 @@ def _layout_used(trainer) -> dict:
             "zero_stage": trainer.engine.zero_optimization_stage(),
             "sequence_parallel": any(c.sequence_parallel for c in configs),
             "activation_checkpointing": any(c.recompute_granularity == "full" for c in configs)
-            or getattr(module, "activation_checkpoint_interval", 0) > 0}  # megatron's, or the pipeline's
+            or getattr(module, "activation_checkpoint_interval", 0) > 0,  # megatron's, or the pipeline's
+            "attention_per_rank": sorted({(m.num_attention_heads_per_partition, m.num_query_groups_per_partition)
+                                          for m in module.modules() if hasattr(m, "num_query_groups_per_partition")})}
 
 
-def layout_expected(parallel: dict, world: int, default_zero_stage: int) -> dict:
-    """What a LAYOUTS entry asks for, with the run config's defaults filled in."""
+def layout_expected(parallel: dict, world: int, reference, model: dict) -> dict:
+    """What a LAYOUTS entry asks for, with the run config's defaults (``reference``: the arch's
+    reference RunConfig) filled in; rank 0's view (pipeline stage 0's layers). The heads and query
+    groups come from ``model``, the model section as written (not as resolved: a loader that
+    dropped num_query_groups would resolve both sides to MHA)."""
+    from ascender_dist.config.architectures import expand_layer_pattern
+
     tp, pp = parallel.get("tensor_model_parallel_size", 1), parallel.get("pipeline_model_parallel_size", 1)
+    first_stage = expand_layer_pattern(reference.model)[: reference.model.num_layers // pp]
+    heads = model["num_attention_heads"]
+    groups = model.get("num_query_groups") or heads
     return {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, "data_parallel_size": world // (tp * pp),
-            "zero_stage": parallel.get("zero_stage", default_zero_stage),
+            "zero_stage": parallel.get("zero_stage", reference.parallel.zero_stage),
             "sequence_parallel": parallel.get("sequence_parallel", False),
-            "activation_checkpointing": parallel.get("activation_checkpointing", False)}
+            "activation_checkpointing": parallel.get("activation_checkpointing", False),
+            "attention_per_rank": [(heads // tp, groups // tp)] if set(first_stage) - {"C"} else []}
 
 
 def _compare(args, arch: str, name: str, parallel: dict) -> dict:
@@ -247,7 +281,8 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     norms = GradNorms()
     trainer = Trainer(_config(args, arch, name, parallel, init_from=str(files["init"])), callbacks=[norms])
     used = _layout_used(trainer)
-    expected = layout_expected(parallel, dist.get_world_size(), _config(args, arch, "reference", {}).parallel.zero_stage)
+    written = tiny_run_config(args["data"], Path(args["root"]), model=ARCHS[arch])["model"]
+    expected = layout_expected(parallel, dist.get_world_size(), _config(args, arch, "reference", {}), written)
     losses = trainer.fit()
     with objects_received() as received:
         final = gather_canonical_state(trainer.engine.module, trainer.cfg)
