@@ -21,7 +21,8 @@ or a Hugging Face export (``ascender-dist export-hf``). NAME defaults to the dir
   plain torch: the Hugging Face model of :mod:`ascender_dist.hf` (what ``export-hf`` writes, tested
   to match our megatron model at TP=1 within 1e-4) built from the consolidated weights, no
   megatron, no process group; an export directory is loaded with ``AutoModelForCausalLM`` (remote
-  code on).
+  code on) through ``lm_eval_adapter.remote_code_path``, so each export runs its own code even
+  where exports of one directory name (``small/hf``, ``medium/hf``) are evaluated together.
 * lm-eval tasks (``--tasks``): a consolidated run is exported into ``OUT/hf/NAME`` first, then
   lm-eval's HFLM runs it through the ``ascender-dist`` model of
   :mod:`ascender_dist.tools.lm_eval_adapter` (``--include-path`` adds task YAML directories).
@@ -190,10 +191,15 @@ def load_model(run: Run, device: str = "cpu"):
     else:
         from transformers import AutoModelForCausalLM
 
+        from ascender_dist.tools.lm_eval_adapter import remote_code_path
+
+        link = run.path
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(run.path), trust_remote_code=True, dtype=torch.float32)
+            link = remote_code_path(run.path)  # its own code, whatever other exports of its name ran
+            model = AutoModelForCausalLM.from_pretrained(str(link), trust_remote_code=True, dtype=torch.float32)
         except (OSError, ValueError, ImportError) as exc:  # a partial or foreign export: transformers' many lines
-            reason = _one_line(exc).split(" Checkout 'https://huggingface.co")[0]  # a local directory: no Hub
+            reason = _one_line(exc).replace(str(link), str(run.path))  # the directory the user named
+            reason = reason.split(" Checkout 'https://huggingface.co")[0]  # a local directory: no Hub
             raise EvaluationError(f"{run.path}: cannot load the Hugging Face export of run {run.name} "
                                   f"({reason}): a partial or damaged export? export it again") from None
         run.parameters = sum(p.numel() for p in model.parameters())

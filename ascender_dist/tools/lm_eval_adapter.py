@@ -23,12 +23,20 @@ now ships a fast ``tokenizer.json`` with sentencepiece's ids), else our sentence
 (``prefix_token_id``), as our documents are separated by EOS and never start with BOS.
 Every other model argument is HFLM's (``batch_size``, ``dtype``, ``max_length``, ...);
 ``trust_remote_code`` is always on and ``device`` defaults to cuda when available, else cpu.
+Exports load through :func:`remote_code_path`, so each one runs its own code even when another
+export of the same directory name (``runs/small/hf``, ``runs/medium/hf``) was loaded before.
 """
 
 from __future__ import annotations
 
+import atexit
 import fcntl
+import functools
+import hashlib
+import os
+import shutil
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -37,6 +45,7 @@ from ascender_dist.config.errors import UserError
 from ascender_dist.tools.hf_export import LM_EVAL_EXPORT_SUBDIR as EXPORT_SUBDIR  # the export cache's name
 
 MODEL_NAME = "ascender-dist"
+CODE_LINK_PREFIX = "ascender_dist_code_"  # + the code digest: the package transformers imports an export as
 
 
 class AdapterError(UserError, ValueError):
@@ -144,13 +153,68 @@ def hf_directory(path: str | Path) -> Path:
                        "directory (model.safetensors + meta.json + config.yaml)")
 
 
+def _sha256_16(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def code_digest(export: Path) -> str:
+    """16 hex digits of the sha256 of an export's Python files (names and bytes): the code that
+    transformers imports from it."""
+    parts = []
+    for source in sorted(Path(export).glob("*.py")):
+        data = source.read_bytes()
+        parts.append(f"{source.name}\0{len(data)}\0".encode() + data)
+    return _sha256_16(b"".join(parts))
+
+
+def _remove_links(directory: Path, owner: int) -> None:
+    """Remove ``directory`` (links only: rmtree never follows them), in the process that made it."""
+    if os.getpid() == owner:  # not in a forked child exiting
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _links_directory() -> Path:
+    """This process's directory of :func:`remote_code_path` links, removed at exit."""
+    directory = Path(tempfile.mkdtemp(prefix="ascender-dist-remote-code-"))
+    atexit.register(_remove_links, directory, os.getpid())
+    return directory
+
+
+def remote_code_path(export: str | Path) -> Path:
+    """The path to give ``from_pretrained(..., trust_remote_code=True)`` for the export directory
+    ``export``: a symlink to it whose name is its :func:`code_digest`.
+
+    transformers imports a local directory's code under a package named after the directory
+    (``transformers_modules.<name>``, which stays in ``sys.modules``; recent versions add a hash of
+    each module's files, but map a config class to the first model class loaded for it and reuse
+    that for every later export whose configuration file is the same), so two exports of one name
+    (``runs/small/hf``, ``runs/medium/hf``) whose code differs would both run the code loaded first.
+    Named by its code, each export imports its own; exports with the same code share it. The link's
+    parent is named by the export's path, so each link leads to its own weights; links live in a
+    directory of this process, removed at exit. A directory without Python files (a GPT-NeoX / Llama
+    export) imports no code and is its own path."""
+    if not any(Path(export).glob("*.py")):
+        return Path(export)
+    export = Path(export).resolve()
+    link = _links_directory() / _sha256_16(str(export).encode()) / f"{CODE_LINK_PREFIX}{code_digest(export)}"
+    if not link.is_symlink():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            link.symlink_to(export, target_is_directory=True)
+        except FileExistsError:  # another thread made it: the same name means the same target
+            pass
+    return link
+
+
 def load_tokenizer(path: Path):
     """AutoTokenizer of an export, else our sentencepiece tokenizer over its tokenizer.model."""
     path = Path(path)
     if (path / "tokenizer_config.json").is_file():
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=True)
+        # older exports name a remote-code tokenizer class: loaded as their own code, like the model
+        return AutoTokenizer.from_pretrained(str(remote_code_path(path)), trust_remote_code=True)
     if (path / "tokenizer.model").is_file():
         from ascender_dist.hf.tokenization_ascender_dist import AscenderDistTokenizer
 
@@ -170,7 +234,7 @@ def _model_class():
                 pretrained = hf_directory(pretrained)
                 if tokenizer is None:
                     tokenizer = load_tokenizer(pretrained)
-                pretrained = str(pretrained)
+                pretrained = str(remote_code_path(pretrained))  # its own code, whatever its directory's name
             kwargs["trust_remote_code"] = True
             if getattr(tokenizer, "eos_token_id", None) is not None:
                 # our documents end with EOS and never start with BOS: score an empty context after EOS

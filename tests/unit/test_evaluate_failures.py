@@ -197,11 +197,10 @@ def test_a_validation_failure_on_the_second_run_keeps_the_first(two_tokenizers, 
 def test_a_partial_remote_code_export_is_one_line_naming_it(two_tokenizers, tmp_path, removed):
     from ascender_dist.tools.hf_export import export_hf
 
-    # a directory name no other test uses: transformers imports an export's code as the package of
-    # its directory's name, and a module already imported under it (another test's "hf") would hide
-    # the missing file
-    name = f"partial-{tmp_path.parent.name}-{tmp_path.name}"
-    hf = export_hf(write_run(tmp_path / "cons", two_tokenizers[0]), tmp_path / name, remote_code=True)
+    # "hf", the name other tests' exports have: load_model imports each export's own code
+    # (lm_eval_adapter.remote_code_path), so a complete "hf" loaded earlier in the process cannot hide
+    # this one's missing file
+    hf = export_hf(write_run(tmp_path / "cons", two_tokenizers[0]), tmp_path / "hf", remote_code=True)
     (hf / removed).unlink()
     with pytest.raises(ev.EvaluationError) as info:
         ev.load_model(ev.parse_run(str(hf), str(tmp_path / "m.json")))
