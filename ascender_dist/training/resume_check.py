@@ -10,6 +10,10 @@ loader keeps).
   ``padded_vocab_size``: all a checkpoint written before the sha256 was recorded can be checked
   against). A tokenizer swap is refused even with ``data.allow_change_on_resume: true``: the
   embedding rows would mean other pieces;
+- the data's tokenizer: the sha256 of the tokenizer the training data was made with (its
+  manifests record it) must be the one ``meta.json`` records (``data_tokenizer_sha256``), also
+  with ``data.allow_change_on_resume: true`` and in a run without ``data.tokenizer``, where the
+  vocabulary size alone would pass data made with another tokenizer of the same size;
 - data: the sha256 of each manifest's *content* (with its mixture weight) is recorded in
   ``meta.json``; resuming on other data is refused unless ``data.allow_change_on_resume: true``,
   in which case the change is logged and recorded in every later checkpoint (``data_changes``).
@@ -30,6 +34,7 @@ from ascender_dist.config.loader import to_dict
 from ascender_dist.config.resolve import Derived
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.training.checkpoint import UNIVERSAL, CheckpointError, read_meta, recorded_tokenizer_sha256
+from data_pipeline.shards import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +64,36 @@ def data_fingerprint(cfg: RunConfig) -> str:
         if not manifest:  # no data configured (a conversion's throw-away trainer)
             parts.append(["", weight])
             continue
+        path = Path(manifest)
+        if path.is_dir():  # a manifest given by its directory, as the loader accepts it
+            path = path / MANIFEST_NAME
         try:
-            content = hashlib.sha256(Path(manifest).read_bytes()).hexdigest()
+            content = hashlib.sha256(path.read_bytes()).hexdigest()
         except OSError as exc:
             raise ConfigError("data.mixture" if cfg.data.mixture else "data.manifest",
                               f"{manifest}: unreadable ({exc.strerror or exc})") from None
         parts.append([content, weight])
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def data_tokenizer_sha256(loader) -> Optional[str]:
+    """The sha256 of the tokenizer the datasets of ``loader`` (a StreamingLoader) were made with:
+    their manifests' (for plain shard URLs, the first shard read's; the loader refuses a mixture of
+    two tokenizers), or None when no source records one."""
+    made_with = {ds.checks.tokenizer_sha256 for ds in loader.datasets} - {None}
+    return made_with.pop() if len(made_with) == 1 else None
+
+
+def _check_data_tokenizer(cfg: RunConfig, meta: dict, tag_dir: Path, data_sha256: Optional[str]) -> None:
+    recorded = meta.get("data_tokenizer_sha256")
+    if not isinstance(recorded, str) or not data_sha256 or data_sha256 == recorded:
+        return
+    field = "data.mixture" if cfg.data.mixture else "data.manifest"
+    sources = ", ".join(m for m, _ in data_sources(cfg))
+    raise ConfigError(field, f"{sources} was made with tokenizer sha256 {data_sha256[:12]}..., checkpoint {tag_dir} "
+                             f"was trained on data made with {recorded[:12]}... ({tag_dir / 'meta.json'} "
+                             "data_tokenizer_sha256): its token ids mean other pieces; data of another tokenizer "
+                             "needs a new run (another checkpoint.dir)")
 
 
 def _saved_model(tag_dir: Path) -> Optional[dict]:
@@ -131,17 +159,20 @@ def check_tokenizer(cfg: RunConfig, meta: dict, tag_dir: Path, derived: Optional
 
 
 def check_resume(cfg: RunConfig, checkpoint_dir: Path, tag: str, log_it: bool,
-                 derived: Optional[Derived] = None, tokenizer_sha256: Optional[str] = None) -> dict:
+                 derived: Optional[Derived] = None, tokenizer_sha256: Optional[str] = None,
+                 data_tokenizer: Optional[str] = None) -> dict:
     """Raise ConfigError if ``tag`` (a universal copy: its source) holds another model, was trained
     with another tokenizer (``derived``: the run's sizes, checked against the recorded ones when
-    given; ``tokenizer_sha256``: the loaded tokenizer's, see check_tokenizer) or on other data
-    (unless allowed). Returns the data record for the run's next checkpoints: ``data_fingerprint``
+    given; ``tokenizer_sha256``: the loaded tokenizer's, see check_tokenizer), on data made with
+    another tokenizer (``data_tokenizer``: data_tokenizer_sha256 of the run's loader) or on other
+    data (unless allowed). Returns the data record for the run's next checkpoints: ``data_fingerprint``
     and the list of ``data_changes`` made on resumes."""
     source = tag.removesuffix(UNIVERSAL)
     tag_dir = Path(checkpoint_dir) / source
     check_model(cfg, tag_dir)
     meta = read_meta(checkpoint_dir, source)
     check_tokenizer(cfg, meta, tag_dir, derived, loaded_sha256=tokenizer_sha256)
+    _check_data_tokenizer(cfg, meta, tag_dir, data_tokenizer)
     current, saved = data_fingerprint(cfg), meta.get("data_fingerprint")
     changes = list(meta.get("data_changes", []))
     if saved is not None and saved != current:

@@ -81,6 +81,16 @@ def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = 
     )
 
 
+def require_validation_batches(cfg: RunConfig, val_loader) -> None:
+    """Raise a DataError if ``val_loader`` yields no batch (the same length on every rank, so every
+    rank raises): its split has fewer samples than one micro-batch per data-parallel rank."""
+    if len(val_loader) == 0:
+        from data_pipeline.errors import DataError
+
+        raise DataError(cfg.data.manifest or "data.mixture",
+                        "the validation split has fewer samples than one micro-batch per data-parallel rank")
+
+
 def aux_loss_gradient_scale(gradient_accumulation_steps: int, tensor_parallel: int) -> float:
     """Gradient of ASCender's auxiliary losses relative to a task loss of 1: DeepSpeed divides the
     task loss of every micro-batch by the accumulation steps, and each tensor-parallel rank's aux
@@ -194,7 +204,7 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     from exists. ``callbacks`` run after the default ones (layer statistics, throughput, logging)."""
     init_process_group(cfg.parallel.distributed_timeout_minutes)
     check_same_config(cfg)
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = on_every_rank(lambda: load_tokenizer(cfg))  # one node's missing file stops every rank
     derived = derive(cfg, dist.get_world_size(), tokenizer.vocab_size if tokenizer else None)
     p = cfg.parallel
     set_aux_loss_scale(aux_loss_gradient_scale(derived.gradient_accumulation_steps, p.tensor_model_parallel_size))
@@ -202,6 +212,8 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
                                  p.distributed_timeout_minutes)
     loader = build_loader(cfg, tokenizer, pstate)
     val_loader = build_loader(cfg, tokenizer, pstate, split="val") if cfg.train.eval_interval else None
+    if val_loader is not None:  # now, not at the first validation, eval_interval steps of training later
+        require_validation_batches(cfg, val_loader)
     # every rank creates the directories; one node's failure (a read-only mount) stops all of them
     on_every_rank(lambda: ckpt.prepare_checkpoint_dir(derived.checkpoint_dir))
     ckpt.check_shared_dir(derived.checkpoint_dir)

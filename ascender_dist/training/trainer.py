@@ -23,11 +23,11 @@ from ascender_dist.models.build import poison
 from ascender_dist.training.guard import any_rank, max_over_ranks, on_every_rank
 from ascender_dist.training.layer_stats import set_training_step
 from ascender_dist.training.lr_schedule import lr_at, set_lr
-from ascender_dist.training.resume_check import check_resume, data_fingerprint
+from ascender_dist.training.resume_check import check_resume, data_fingerprint, data_tokenizer_sha256
 from ascender_dist.training.rollback import DivergenceError, RollbackPolicy
 from ascender_dist.versions import package_versions
 from ascender_dist.training.run import aux_loss_gradient_scale, build_loader, build_run  # noqa: F401 (re-exported)
-from ascender_dist.training.run import resume_tag_for_layout
+from ascender_dist.training.run import require_validation_batches, resume_tag_for_layout
 
 log = logging.getLogger("ascender_dist")
 
@@ -102,8 +102,10 @@ class Trainer:
         if tag is not None:  # same model, same data (or a change the config allows), before loading
             # reads the manifests again (a rollback too): a file rewritten meanwhile stops every rank
             loaded = self.tokenizer.sha256 if self.tokenizer else None  # what this run reads, not the file now
+            made_with = data_tokenizer_sha256(self.loader)
             self.data_record = on_every_rank(lambda: check_resume(self.cfg, self.derived.checkpoint_dir, tag,
-                                                                  self.pstate.is_logging_rank, self.derived, loaded))
+                                                                  self.pstate.is_logging_rank, self.derived, loaded,
+                                                                  made_with))
         self.engine = self._engine_for(tag)
         client_state = ckpt.load_checkpoint(self.engine, self.derived.checkpoint_dir, tag)
         if client_state is None:
@@ -139,6 +141,7 @@ class Trainer:
             "vocab_size": self.cfg.model.vocab_size or (self.tokenizer.vocab_size if self.tokenizer else None),
             "padded_vocab_size": self.derived.padded_vocab_size,
             "tokenizer_sha256": self.tokenizer.sha256 if self.tokenizer else None,
+            "data_tokenizer_sha256": data_tokenizer_sha256(self.loader),  # checked on resume (resume_check)
             "data": self.loader.state_dict(), **self.data_record,
             "versions": package_versions(("ascender-dist", "megatron-core", "deepspeed", "torch")),
         }
@@ -215,12 +218,8 @@ class Trainer:
     def _validation_loss(self, iters: int) -> float:
         from megatron.core import parallel_state as mps
 
+        require_validation_batches(self.cfg, self.val_loader)
         iters = min(iters, len(self.val_loader))
-        if iters == 0:
-            from data_pipeline.errors import DataError
-
-            raise DataError(self.cfg.data.manifest or "data.mixture",
-                            "the validation split has fewer samples than one micro-batch per data-parallel rank")
         batches = iter(self.val_loader)
         if self.pipelined:
             return float(self.engine.eval_batch(pipeline_batches(batches), num_micro_batches=iters))

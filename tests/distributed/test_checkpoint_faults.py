@@ -41,6 +41,13 @@ def test_a_write_failing_on_one_rank_fails_the_save_everywhere_and_keeps_latest(
     assert tags == ["step_00000001"] and values[0]["latest"] == "step_00000001"
 
 
+def test_a_tokenizer_one_rank_cannot_read_stops_every_rank_with_its_line(results):
+    own, peer = assert_check(results, "tokenizer_unreadable_on_rank1")[::-1]  # rank 1's, rank 0's
+    assert own["type"] == "DataError" and own["message"].endswith(": tokenizer not found (this node's view)"), own
+    assert peer["message"] == own["message"] and peer["rank"] == 1, peer
+    assert own["seconds"] < 30 and peer["seconds"] < 30
+
+
 def test_resume_names_a_changed_model_field_and_refuses_other_data_unless_allowed(results):
     for value in assert_check(results, "resume_checks"):
         assert re.fullmatch(r"model.hidden_size: checkpoint \S+/step_00000002 has 32, the config has 64; resume with "

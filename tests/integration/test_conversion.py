@@ -68,6 +68,9 @@ def test_consolidated_has_canonical_names_and_no_vocab_padding(runs):
     assert meta["tensor_model_parallel_size"] == 2 and meta["step"] == 3
     # the checkpoint records the tokenizer's identity; consolidate carries it (export-hf checks it)
     assert meta["tokenizer_sha256"] == tokenizer_sha256(Path(runs["data"]["tokenizer"]))
+    # and the tokenizer its data was made with (the manifest's), which a resume compares
+    trained = json.loads((runs["root"] / "gpt_tp2" / "checkpoints" / "step_00000003" / "meta.json").read_text())
+    assert trained["data_tokenizer_sha256"] == meta["tokenizer_sha256"]
     assert state["embedding.word_embeddings.weight"].shape[0] == meta["vocab_size"] < meta["padded_vocab_size"]
     assert "decoder.layers.1.self_attention.linear_qkv.weight" in state
     assert cfg.parallel.tensor_model_parallel_size == 1

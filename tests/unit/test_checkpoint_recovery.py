@@ -280,6 +280,43 @@ def test_an_older_checkpoint_without_the_tokenizer_sha256_is_checked_by_vocab_si
         check_resume(cfg, tmp_path, "step_00000005", log_it=False, derived=derived)
 
 
+def test_data_made_with_another_tokenizer_is_refused_in_a_run_without_data_tokenizer(tmp_path, tokenizers):
+    """A run that names no tokenizer (model.vocab_size set) has only the vocabulary size to compare: the
+    tokenizer its data was made with (the manifests') is recorded and compared, even when the data may
+    change."""
+    sha_a, sha_b = "a" * 64, "b" * 64
+    cfg = config_from_dict({"data": {"manifest": str(tmp_path / "manifest.json"), "allow_change_on_resume": True},
+                            "model": {"hidden_size": 64, "vocab_size": 32000}})
+    _tag_trained_with(tmp_path, cfg, vocab_size=32000, data_tokenizer_sha256=sha_a)
+    check_resume(cfg, tmp_path, "step_00000005", log_it=False, data_tokenizer=sha_a)  # the same: resumes
+    with pytest.raises(ConfigError, match=rf"^data\.manifest: {tmp_path / 'manifest.json'} was made with tokenizer "
+                                          r"sha256 bbbbbbbbbbbb\.\.\., checkpoint .*step_00000005 was trained on data "
+                                          r"made with aaaaaaaaaaaa\.\.\. \(.*meta\.json data_tokenizer_sha256\)") as info:
+        check_resume(cfg, tmp_path, "step_00000005", log_it=False, data_tokenizer=sha_b)
+    assert "\n" not in str(info.value)
+    _tag_trained_with(tmp_path, cfg, vocab_size=32000)  # an older checkpoint without the record: nothing to compare
+    check_resume(cfg, tmp_path, "step_00000005", log_it=False, data_tokenizer=sha_b)
+
+
+def test_a_manifest_given_by_its_directory_has_the_fingerprint_of_its_file(tmp_path, tokenizers):
+    by_file = _run_cfg(tmp_path, tokenizers[0])
+    by_directory = config_from_dict({**to_dict(by_file), "data": {**to_dict(by_file)["data"], "manifest": str(tmp_path)}})
+    assert data_fingerprint(by_directory) == data_fingerprint(by_file)
+
+
+def test_the_data_tokenizer_is_the_one_the_loaders_datasets_were_made_with():
+    from types import SimpleNamespace
+
+    from ascender_dist.training.resume_check import data_tokenizer_sha256
+
+    def loader(*shas):
+        return SimpleNamespace(datasets=[SimpleNamespace(checks=SimpleNamespace(tokenizer_sha256=s)) for s in shas])
+
+    assert data_tokenizer_sha256(loader("ab", "ab")) == "ab"
+    assert data_tokenizer_sha256(loader(None, "ab")) == "ab"
+    assert data_tokenizer_sha256(loader(None)) is None
+
+
 def test_the_tools_read_the_recorded_tokenizer_through_the_training_helper():
     from ascender_dist.tools import convert
 

@@ -102,9 +102,30 @@ def resume_checks(data, root: Path) -> dict:
             "manifest": other["manifest"]}
 
 
+def tokenizer_unreadable_on_rank1(data, root: Path) -> dict:
+    """Rank 1 cannot read the tokenizer (a node without the mount): every rank stops with its line
+    instead of rank 0 waiting in the next collective until the group's timeout."""
+    from unittest import mock
+
+    from data_pipeline.errors import DataError
+    from data_pipeline.tokenizer import Tokenizer
+
+    missing = DataError(data["tokenizer"], "tokenizer not found (this node's view)")
+    patch = mock.patch.object(Tokenizer, "load", side_effect=missing) if dist.get_rank() == 1 else mock.MagicMock()
+    started = time.monotonic()
+    try:
+        with patch:
+            _trainer(data, root / "no_tokenizer")
+    except Exception as exc:  # the failing rank's own DataError, the peer's UserError naming rank 1
+        return {"type": type(exc).__name__, "message": str(exc), "rank": getattr(exc, "rank", None),
+                "seconds": time.monotonic() - started}
+    return {"message": None}
+
+
 def main(args):
     data, root = args["data"], Path(args["root"])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return run_checks({"damaged_file_of_rank1": lambda: damaged_file_of_rank1(data, root),
                        "write_fails_on_rank1": lambda: write_fails_on_rank1(data, root),
-                       "resume_checks": lambda: resume_checks(data, root)})
+                       "resume_checks": lambda: resume_checks(data, root),
+                       "tokenizer_unreadable_on_rank1": lambda: tokenizer_unreadable_on_rank1(data, root)})
