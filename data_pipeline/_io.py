@@ -1,14 +1,21 @@
-"""Small file helpers shared by the pipeline: atomic writes and hashing.
+"""Small file helpers shared by the pipeline: atomic, durable writes and hashing.
 
 Every file the pipeline produces is written under a temporary name in the same directory
 and renamed into place, so an interrupted or failed write never destroys a file that was
 already there (rename is atomic on POSIX within one filesystem). The file gets the mode a plain
 ``open()`` would give it (0666 minus the umask, 0644 by default), not mkstemp's private 0600, so
 a group sharing the directory can read it.
+
+Atomic is not durable: after a power loss or kernel crash the rename may have reached the disk
+while the bytes it names did not (a zero-length or zero-filled file under the final name), or
+neither. So a file's data is fsynced before the rename that makes it count, and its directory
+after (:func:`fsync_file`, :func:`fsync_dir`); the same order holds for what is committed by a
+later record rather than a rename (shards before their manifest, part files before their job mark).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -60,17 +67,58 @@ def _write_problem(path: Path, error: OSError) -> str:
 
 
 def _write_via_temporary(path: Path, data: bytes) -> None:
-    """The write-and-rename of :func:`atomic_write_bytes`; the temporary file never outlives a failure."""
+    """The write-and-rename of :func:`atomic_write_bytes`: the bytes fsynced before the rename, the
+    directory after it (see the module docstring); the temporary file never outlives a failure."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, umask_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         _unlink_quietly(tmp)
         raise
+    fsync_dir(path.parent)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (created or truncated) and fsync it before returning: for files
+    that a later rename or record commits (shards in a temporary directory, part streams), whose
+    bytes must be on disk before that commit is."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a file written (and closed) elsewhere, e.g. by a worker process, to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# errnos of file systems that cannot fsync a directory (some FUSE and network mounts): they give
+# no way to make an entry durable, and refusing to write there at all would help no one
+_NO_DIR_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF}
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the entries of ``directory`` (files created or renamed in it) survive a power loss (the
+    pipeline's writes and the checkpoints'); a file system that cannot sync a directory is let be."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in _NO_DIR_SYNC:
+            raise
+    finally:
+        os.close(fd)
 
 
 def current_umask() -> int:

@@ -36,6 +36,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from collections import OrderedDict
 import multiprocessing
@@ -381,7 +382,11 @@ def _result_at(fut: Future, j: int):
 # =========================================================================== one dataset
 def _resolve_source(src, *, seq_length: int, tokenizer_sha256: str | None, vocab_size: int | None,
                     split: str, url_template: str | None):
-    """(name, shard specs, checks) from a Manifest, a manifest path/dir, a URL pattern or a list of URLs."""
+    """(name, shard specs, checks) from a Manifest, a manifest path/dir, a URL pattern or a list of URLs.
+
+    Plain URLs carry no split: they are read as ``split``, except that shards named as the writer
+    names the OTHER split's (``...-train-NNNNNN.tar`` for a val loader) are refused, see
+    :func:`_check_url_split`."""
     if isinstance(src, (str, Path)) and not str(src).strip() or isinstance(src, (list, tuple)) and not src:
         raise DataError("data.manifest", "not set (set it to a manifest.json, or use data.mixture)")
     if isinstance(src, (str, Path)) and (str(src).endswith(".json") or Path(src).is_dir()):
@@ -391,9 +396,36 @@ def _resolve_source(src, *, seq_length: int, tokenizer_sha256: str | None, vocab
     urls = expand_urls(str(src)) if isinstance(src, (str, Path)) else [u for s in src for u in expand_urls(str(s))]
     if not urls:
         raise DataError(str(src), "no shard URLs")
+    _check_url_split(urls, split)
     checks = ShardChecks(seq_length, tokenizer_sha256, vocab_size)
     return (urls[0] if len(urls) == 1 else f"{urls[0]} (+{len(urls) - 1})"), \
         [ShardSpec(u, -1) for u in urls], checks
+
+
+# a shard the writer named (shards.py: ``{prefix}-{split}-NNNNNN.tar``), anywhere in a URL (a pipe's
+# command may follow the name); the last such name in the URL is the shard's
+_SPLIT_NAME = re.compile(r"-(train|val)-\d{6,}\.tar(?![\w.])")
+
+
+def _url_split(url: str) -> str | None:
+    """The split a shard URL's file name says it belongs to ("train"/"val"), None when its name is
+    not the writer's."""
+    found = _SPLIT_NAME.findall(url)
+    return found[-1] if found else None
+
+
+def _check_url_split(urls: list[str], split: str) -> None:
+    """Refuse plain shard URLs whose names say they are the other split's shards.
+
+    Without a manifest nothing says which split a URL is: read as ``split`` whatever it is,
+    ``evaluate`` over a train pattern would report a "validation loss" on training data, and a train
+    loader over a glob of the dataset directory would train on its val shards. Names the writer did
+    not give (no ``-train-``/``-val-NNNNNN.tar``) stay readable as the requested split."""
+    other = "val" if split == "train" else "train"
+    for url in urls:
+        if _url_split(url) == other:
+            raise DataError(url, f'plain URLs carry no split: this is a {other}-split shard by its name, but '
+                                 f'the loader wants "{split}" shards; pass the manifest (or only {split} shards)')
 
 
 def _from_manifest(m: Manifest, seq_length, tokenizer_sha256, vocab_size, split, url_template):
@@ -810,6 +842,30 @@ def _agreed_faults(mine: list[tuple[int, str, str, bool]], all_gather=None) -> l
     return [tuple(merged[i]) for i in sorted(merged)]
 
 
+def _agreed_setup(build, all_gather=None):
+    """``build()``, with its DataError agreed on by every rank: each rank's error (or None) goes
+    through one ``all_gather``, and if any rank failed EVERY rank raises the lowest failing rank's
+    line, naming the ranks that met that same line (``(found by rank 1)``).
+
+    For the set-up steps before the pooled shard checks (loading manifests, expanding URLs,
+    ``_check_distinct_shards``): a rank raising there alone (its mount missing, a manifest it
+    cannot read) left its peers in the shard checks' first all_gather, a raw "Connection closed by
+    peer" on gloo, a hang until the timeout on NCCL. Without ``all_gather`` this is ``build()``."""
+    if all_gather is None:
+        return build()
+    try:
+        result, mine = build(), None
+    except DataError as e:
+        result, mine = None, (e.where, e.problem)
+    reports = all_gather(mine)
+    failed = [(rank, report) for rank, report in enumerate(reports) if report is not None]
+    if failed:
+        first = failed[0][1]
+        where, problem = first
+        raise DataError(where, problem + _found_by([rank for rank, report in failed if report == first])) from None
+    return result
+
+
 def _found_by(ranks: list[int]) -> str:
     """`` (found by rank 1)`` / `` (found by ranks 0, 1)``; nothing when no rank is named."""
     if not ranks:
@@ -1001,8 +1057,10 @@ class StreamingLoader:
     collective ``f(obj) -> [obj of rank 0, obj of rank 1, ...]`` of small picklable objects (the
     trainer's uses ``torch.distributed.all_gather_object``). The set-up shard checks are then
     decided on the union of every rank's findings, so shards, sample counts and orders are the same
-    on every rank (see ``_Dataset._usable_specs``); it is called once per dataset, in order. None:
-    this process decides alone.
+    on every rank (see ``_Dataset._usable_specs``); before those, a DataError met while loading the
+    manifests / resolving the URLs is pooled too (:func:`_agreed_setup`: a rank whose mount is
+    missing stops every rank with its line instead of leaving them in a collective). It is called
+    once for the sources, then once per dataset, in order. None: this process decides alone.
     """
 
     def __init__(self, manifest_or_urls, *, seq_length: int, micro_batch_size: int, global_batch_size: int,
@@ -1020,11 +1078,16 @@ class StreamingLoader:
         self._pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
                                          initializer=_leave_signals_to_the_owner) if num_workers > 0 else None
         sources = self._as_weighted(manifest_or_urls)
-        templates = _templates_per_dataset(url_template, len(sources))
-        resolved = [_resolve_source(src, seq_length=seq_length, tokenizer_sha256=tokenizer_sha256,
-                                    vocab_size=vocab_size, split=split, url_template=template)
-                    for (src, _), template in zip(sources, templates)]
-        _check_distinct_shards(resolved)
+
+        def resolve():
+            templates = _templates_per_dataset(url_template, len(sources))
+            resolved = [_resolve_source(src, seq_length=seq_length, tokenizer_sha256=tokenizer_sha256,
+                                        vocab_size=vocab_size, split=split, url_template=template)
+                        for (src, _), template in zip(sources, templates)]
+            _check_distinct_shards(resolved)
+            return resolved
+
+        resolved = _agreed_setup(resolve, all_gather)
         self.datasets = [
             _Dataset(*r, seed=self.seed, stream_id=i, shuffle=(split == "train"), shuffle_buffer=shuffle_buffer,
                      on_corrupt=on_corrupt, pool=self._pool, prefetch=max(1, num_workers), workers=num_workers,

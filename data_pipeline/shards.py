@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from ascender_dist.config.checks import url_template_problem
 
-from ._io import atomic_write_json, sha256_bytes
+from ._io import atomic_write_json, fsync_dir, sha256_bytes, write_durably
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, iter_documents
 from .tokenizer import Tokenizer
@@ -439,10 +439,10 @@ def _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len, dtype
 
 
 def _flush(samples, tmp_dir: Path, index: int, dtype, meta):
-    """Write one shard's tar into the temp dir; checksum computed from the exact bytes written."""
+    """Write one shard's tar into the temp dir, fsynced; checksum computed from the exact bytes written."""
     data = encode_shard(samples, dtype, meta)
     path = tmp_dir / f"{index:06d}.tar"
-    path.write_bytes(data)
+    write_durably(path, data)  # on disk before _finalize moves it under a name the manifest lists
     info = ShardInfo(name="", split="", num_samples=len(samples), num_tokens=len(samples) * len(samples[0]),
                      sha256=sha256_bytes(data), bytes=len(data))
     return path, info
@@ -456,18 +456,26 @@ def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: 
     Whatever can fail short of an I/O error fails before the old manifest goes: each shard is first
     renamed to its final name inside the temp dir (a name the file system refuses stops here, the
     old dataset untouched) and no final name may be an existing directory. An OSError after that is
-    a one-line DataError saying the dataset needs the build run again."""
+    a one-line DataError saying the dataset needs the build run again.
+
+    Durability (see :mod:`._io`): the writers fsynced every shard's bytes in the temp dir; the old
+    manifest's removal is made durable before the first move, and the moves before the new
+    manifest is written, so after a power loss no manifest names shards whose data or names did
+    not reach the disk."""
     staged = _stage_final_names(written, tmp_dir, prefix, val_shard_indices(len(written), val_fraction))
     for info, _ in staged:
         if (out_dir / info.name).is_dir():
             raise DataError(str(out_dir / info.name), "cannot write shard: a directory has its name")
     _remove_old_manifest(out_dir)
-    for info, path in staged:
-        try:
-            os.replace(path, out_dir / info.name)
-        except OSError as e:
-            raise DataError(str(out_dir / info.name), f"cannot move the new shard into place ({e.strerror or e}); "
-                                                      "the old manifest is removed: run the build again") from None
+    try:
+        for info, path in staged:
+            where = out_dir / info.name
+            os.replace(path, where)
+        where = out_dir
+        fsync_dir(out_dir)
+    except OSError as e:
+        raise DataError(str(where), f"cannot move the new shards into place ({e.strerror or e}); "
+                                    "the old manifest is removed: run the build again") from None
     return [info for info, _ in staged]
 
 
@@ -501,6 +509,7 @@ def _remove_old_manifest(out_dir: Path) -> None:
     path = Path(out_dir) / MANIFEST_NAME
     try:
         path.unlink(missing_ok=True)
+        fsync_dir(path.parent)  # gone on disk before any new shard takes an old one's name
     except OSError as e:
         raise DataError(str(path), f"cannot remove the old manifest before replacing its shards "
                                    f"({e.strerror or e})") from None

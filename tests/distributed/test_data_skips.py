@@ -1,6 +1,7 @@
 """Shards one rank cannot use at set-up are dropped on every rank (skip) or stop every rank with the
 same line (error), on 2 real ranks through the trainer's build_loader: tensor-parallel peers keep
-reading identical batches, and the validation length stays the same everywhere."""
+reading identical batches, and the validation length stays the same everywhere. A manifest one
+rank cannot load stops every rank at once with the same line (no peer left in a collective)."""
 
 import json
 from pathlib import Path
@@ -20,7 +21,8 @@ def setup(tmp_path_factory):
     train = [s["name"] for s in shards if s["split"] == "train"]
     val = [s["name"] for s in shards if s["split"] == "val"]
     assert len(train) >= 4 and len(val) >= 2, (train, val)
-    args = {"data": data, "root": str(tmp_path_factory.mktemp("run")), "hide_train": [train[2]], "hide_val": [val[0]]}
+    args = {"data": data, "root": str(tmp_path_factory.mktemp("run")), "hide_train": [train[2]], "hide_val": [val[0]],
+            "missing_manifest": str(tmp_path_factory.mktemp("mount") / "missing" / "manifest.json")}
     return args, run_ranks("tests.distributed.workers.data_skips:main", world_size=2, timeout=300, args=args)
 
 
@@ -48,3 +50,11 @@ def test_error_mode_stops_every_rank_with_the_same_line(setup):
     assert errors[0]["error"] == errors[1]["error"]
     assert args["hide_train"][0] in errors[0]["error"] and "(found by rank 1)" in errors[0]["error"]
     assert errors[0]["error"].startswith("DataError: ") and "\n" not in errors[0]["error"]
+
+
+def test_a_manifest_one_rank_cannot_load_stops_every_rank_with_the_same_line(setup):
+    args, results = setup
+    rank0, rank1 = assert_check(results, "missing_manifest")
+    assert rank0["error"] == rank1["error"], (rank0, rank1)  # not a raw "Connection closed by peer" on rank 0
+    assert rank0["error"] == f"DataError: {args['missing_manifest']}: manifest not found (found by rank 1)"
+    assert rank0["seconds"] < 10 and rank1["seconds"] < 10, (rank0, rank1)  # no wait for a collective's timeout

@@ -10,6 +10,8 @@ import pytest
 from data_pipeline import loader as loader_mod
 from data_pipeline.errors import DataError
 
+from tests.helpers.errors import one_line
+
 from .data_fixtures import loader, make_dataset, run_global, sample_ids
 
 UNEVEN = [13, 5, 9, 1, 17, 7, 11]  # 63 samples: epochs end mid-batch (G = 8)
@@ -254,3 +256,35 @@ def test_loader_workers_leave_a_jobs_signals_to_the_trainer(tmp_path):
     assert all(worker.is_alive() for worker in workers)
     more = [next(batches)["tokens"] for _ in range(12)]  # past the first epoch's shards: new reads
     assert len(more) == 12 and first[0].shape == more[0].shape
+
+
+# --------------------------------------------------------------------------- URL sources and splits
+@pytest.mark.parametrize("split, source, culprit", [
+    ("val", "syn-train-{000000..000006}.tar", "syn-train-000000.tar"),   # evaluate on a train pattern
+    ("train", "syn-val-{000000..000001}.tar", "syn-val-000000.tar"),
+    ("val", "pipe:cat {dir}/syn-train-000003.tar", "syn-train-000003.tar"),
+])
+def test_url_sources_of_the_other_split_are_refused(uneven, split, source, culprit):
+    """Plain URLs carry no split: a val loader given train shards (or a train loader given val
+    shards), recognised by the writer's ``-{split}-NNNNNN.tar`` names, is one line naming the shard,
+    not a "validation loss" over training data."""
+    src = source.format(dir=uneven) if "{dir}" in source else str(uneven / source)
+    with pytest.raises(DataError) as e:
+        loader(src, split=split)
+    other = "val" if split == "train" else "train"
+    one_line(e, culprit, "plain URLs carry no split", f"{other}-split shard", "pass the manifest", kind=DataError)
+
+
+def test_a_train_url_list_with_a_val_shard_in_it_is_refused(uneven):
+    """A glob over the dataset directory picks up the val shards too: a train loader must not train on them."""
+    urls = [str(p) for p in sorted(uneven.glob("syn-*.tar"))]
+    with pytest.raises(DataError) as e:
+        loader(urls)
+    one_line(e, "syn-val-000000.tar", "plain URLs carry no split", kind=DataError)
+
+
+def test_url_sources_of_the_requested_split_or_without_a_split_name_are_read_as_it(uneven, tmp_path):
+    val = loader(str(uneven / "syn-val-{000000..000001}.tar"), split="val", micro_batch_size=2)
+    assert [i for b in val for i in sample_ids(b["tokens"])] == list(range(63, 73))
+    (tmp_path / "plain.tar").write_bytes((uneven / "syn-train-000000.tar").read_bytes())
+    assert len(loader(str(tmp_path / "plain.tar"), split="val", micro_batch_size=1, global_batch_size=1)) == 13

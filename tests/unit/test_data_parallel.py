@@ -4,6 +4,7 @@ byte for byte; an unfinished or failed job leaves nothing that a loader could mi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,32 @@ def test_malformed_job_mark_names_the_file(tmp_path, inputs, tiny_tokenizer, edi
     msg = str(e.value)
     assert msg.startswith(f"{mark}: ") and needle in msg and "\n" not in msg, msg
     assert sorted(p.name for p in out.iterdir()) == [PARTS_DIR]
+
+
+# --------------------------------------------------------------------------- merge: parts a shard reads
+def test_a_shard_task_maps_only_the_parts_its_samples_lie_in(tmp_path, monkeypatch):
+    """Each ``_write_shard`` task once memory-mapped every part file (jobs x workers of them, 240 ms
+    per shard at 1024 parts) to read the one or two its samples lie in; it maps only those, and the
+    shards are the same bytes."""
+    import numpy as np
+
+    from data_pipeline import parallel as par
+    from data_pipeline.shards import encode_shard
+
+    counts = [10, 0, 7, 25, 3, 0, 12, 30]  # empty parts (no file to map) and samples across part ends
+    files = []
+    for k, n in enumerate(counts):
+        files.append(str(tmp_path / f"p{k}.bin"))
+        np.arange(sum(counts[:k]), sum(counts[:k]) + n, dtype=np.uint16).tofile(files[-1])
+    stream = np.arange(sum(counts), dtype=np.uint16)
+    real, mapped = np.memmap, []
+    monkeypatch.setattr(np, "memmap", lambda f, *a, **kw: mapped.append(Path(f).name) or real(f, *a, **kw))
+    meta, sample_len = {"seq_length": 4}, 5
+    for first, count, needs in ((0, 2, ["p0"]), (2, 3, ["p2", "p3"]), (8, 2, ["p3", "p4", "p6"]), (16, 1, ["p7"])):
+        mapped.clear()
+        path, info = par._write_shard(files, counts, "uint16", meta, first, count, sample_len,
+                                      str(tmp_path / f"s{first}.tar"))
+        assert sorted(mapped) == [n + ".bin" for n in needs], (first, mapped)
+        rows = stream[first * sample_len:(first + count) * sample_len].reshape(count, sample_len)
+        assert Path(path).read_bytes() == encode_shard(list(rows), np.dtype("uint16"), meta)
+        assert info["num_samples"] == count

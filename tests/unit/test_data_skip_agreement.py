@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import functools
+import threading
+import time
 
 import pytest
 
@@ -174,3 +176,45 @@ def test_content_errors_are_not_retried(ds, monkeypatch, waits):
         loader_mod.read_shard(spec, loader_mod.ShardChecks(8))
     one_line(e, "sha256 mismatch", kind=DataError)
     assert len(calls) == 1 and waits == []
+
+
+# --------------------------------------------------------------------------- sources one rank cannot resolve
+def _impatient_ranks() -> ThreadRanks:
+    """Two thread ranks whose all_gather gives up after 5 s: a peer left waiting in it (the old
+    behaviour) shows as a BrokenBarrierError instead of a 30 s wait."""
+    ranks = ThreadRanks(2)
+    ranks.barrier = threading.Barrier(2, timeout=5)
+    return ranks
+
+
+@pytest.mark.parametrize("missing_on", [[1], [0, 1]])
+def test_a_manifest_some_ranks_cannot_load_stops_every_rank_with_the_same_line(ds, tmp_path, missing_on):
+    """A mount missing on one node: that rank fails while loading the manifest, before the set-up
+    checks' first all_gather. Its peers must not wait in that collective (gloo: "Connection closed
+    by peer", NCCL: a hang until the timeout): every rank raises the lowest failing rank's line."""
+    ranks = _impatient_ranks()
+    gone = tmp_path / "missing-mount" / "manifest.json"
+    start = time.monotonic()
+    errors = ranks.run(lambda r: loader(gone if r in missing_on else ds, all_gather=ranks.all_gather))
+    assert time.monotonic() - start < 4.5
+    assert all(isinstance(e, DataError) for e in errors), errors
+    assert str(errors[0]) == str(errors[1])
+    found_by = "(found by rank 1)" if missing_on == [1] else "(found by ranks 0, 1)"
+    one_line(errors[0], str(gone), "manifest not found", found_by, kind=DataError)
+
+
+def test_a_source_check_one_rank_fails_later_is_pooled_too(ds, monkeypatch):
+    """The same for the checks between resolving and the shard scan (``_check_distinct_shards``)."""
+    ranks = _impatient_ranks()
+    real = loader_mod._check_distinct_shards
+
+    def check(resolved):
+        if ranks.rank() == 1:
+            raise DataError("syn-train-000001.tar", "shard listed twice in dataset x")
+        return real(resolved)
+
+    monkeypatch.setattr(loader_mod, "_check_distinct_shards", check)
+    errors = ranks.run(lambda r: loader(ds, all_gather=ranks.all_gather))
+    assert all(isinstance(e, DataError) for e in errors), errors
+    assert str(errors[0]) == str(errors[1]) == \
+        "syn-train-000001.tar: shard listed twice in dataset x (found by rank 1)"

@@ -1,7 +1,9 @@
 """2 ranks, TP=2 (one data-parallel replica, so both ranks must read identical batches): shards that
-fail the set-up check on rank 1 only, in skip and in error mode, as the trainer builds its loaders."""
+fail the set-up check on rank 1 only, in skip and in error mode, as the trainer builds its loaders;
+and a manifest that rank 1 cannot load at all (its mount missing)."""
 
 import errno
+import time
 from unittest import mock
 
 from ascender_dist.config.resolve import config_from_dict
@@ -48,6 +50,23 @@ def _view(ld) -> dict:
             "batches": [next(it)["tokens"].tolist() for _ in range(MICRO_BATCHES)]}
 
 
+def _missing_manifest_on_rank_1(args, pstate) -> dict:
+    """Build the loader with rank 1's manifest on a missing mount: what each rank raised, and when.
+    Last of the checks: a rank that raised alone would leave its peer in the set-up all_gather."""
+    from ascender_dist.training.run import build_loader, load_tokenizer
+
+    cfg = loader_config(args, "error")
+    tokenizer = load_tokenizer(cfg)
+    if pstate.rank == 1:
+        cfg.data.manifest = str(args["missing_manifest"])
+    start = time.monotonic()
+    try:
+        build_loader(cfg, tokenizer, pstate)
+        return {"error": None, "seconds": time.monotonic() - start}
+    except Exception as exc:  # compared across ranks by the test
+        return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - start}
+
+
 def main(args):
     from ascender_dist.parallel.setup import init_model_parallel, init_process_group
 
@@ -58,4 +77,5 @@ def main(args):
         "skip_val": lambda: {**_view(_build(args, pstate, "skip", "val")),
                              "len": len(_build(args, pstate, "skip", "val"))},
         "error_train": lambda: type(_build(args, pstate, "error", "train")).__name__,  # a raise, on every rank
+        "missing_manifest": lambda: _missing_manifest_on_rank_1(args, pstate),  # keep last (see its docstring)
     })
