@@ -245,33 +245,15 @@ def _write_problem(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or " ".join(str(exc).split()) or type(exc).__name__
 
 
-def sync_tree(directory: Path) -> None:
-    """Force every file below ``directory`` and then every directory's entries (``directory``'s
-    included) to stable storage, as checkpoints do before they are published: without it a power
-    loss after the rename could leave the new output's names pointing at data never written, once
-    the previous output is gone. An error is an OSError (the caller's "writing the output failed")."""
-    files, directories = [], [directory]
-    for path in directory.rglob("*"):
-        if path.is_dir() and not path.is_symlink():
-            directories.append(path)
-        elif path.is_file() and not path.is_symlink():
-            files.append(path)
-    for path in sorted(files):
-        with open(path, "rb") as fh:
-            os.fsync(fh.fileno())
-    for path in sorted(directories, key=lambda p: len(p.parts), reverse=True):  # the deepest first
-        ckpt.fsync_dir(path)
-
-
 def replace_output(tmp: Path, out_dir: Path) -> None:
     """Publish the finished ``tmp`` as ``out_dir``: its files and directories are synced
-    (:func:`sync_tree`), the previous output is renamed aside, ``tmp`` renamed in
+    (:func:`checkpoint.sync_tree`), the previous output is renamed aside, ``tmp`` renamed in
     (:func:`~ascender_dist.training.publish.publish_directory`), the parent directory synced (the
     renames), and only then the old copy deleted. If the second rename fails, the previous output
     is renamed back; after a crash between the two renames it survives as ``.<name>.old.<pid>``
     next to ``out_dir``."""
     aside = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
-    sync_tree(tmp)  # an OSError here: nothing was replaced (staged_output says so)
+    ckpt.sync_tree(tmp)  # an OSError here: nothing was replaced (staged_output says so)
     try:
         publish_directory(tmp, out_dir, aside)
     except OSError as exc:

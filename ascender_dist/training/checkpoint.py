@@ -40,6 +40,7 @@ import torch.distributed as dist
 from ascender_dist.config.errors import UserError
 from ascender_dist.training.guard import any_rank, first_failure
 from ascender_dist.training.publish import publish_directory
+from data_pipeline._io import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,22 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make the entries of ``directory`` (files created or renamed in it) survive a power loss."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def sync_tree(directory: Path) -> None:
+    """Force every file below ``directory`` and then every directory's entries (``directory``'s
+    included) to stable storage, as checkpoints do before they are published: without it a power
+    loss after the rename could leave the new output's names pointing at data never written, once
+    the previous output is gone. An error is an OSError (the caller's "writing the output failed")."""
+    files, directories = [], [directory]
+    for path in directory.rglob("*"):
+        if path.is_dir() and not path.is_symlink():
+            directories.append(path)
+        elif path.is_file() and not path.is_symlink():
+            files.append(path)
+    for path in sorted(files):
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+    for path in sorted(directories, key=lambda p: len(p.parts), reverse=True):  # the deepest first
+        fsync_dir(path)
 
 
 def prepare_checkpoint_dir(checkpoint_dir: Path) -> None:
@@ -309,9 +319,14 @@ def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
     moved-aside and half-deleted directories, universal conversions' work directories). A universal
     copy of a moved-aside tag (``step_N.replaced-universal``) goes at the first save after it was
     read: its source is renamed back or deleted here, and a resume makes a copy of ``step_N``."""
-    keep = set(complete_tags(checkpoint_dir)[-keep_last:]) | {latest}
     latest_step = step_of_tag(latest)
-    for path in list(Path(checkpoint_dir).iterdir()):
+    # after a rollback, the tags above latest are the abandoned run's: never a rollback target, they
+    # take no place among the keep_last
+    line = [tag for tag in complete_tags(checkpoint_dir) if step_of_tag(tag) <= latest_step]
+    keep = set(line[-keep_last:]) | {latest}
+    listing = list(Path(checkpoint_dir).iterdir())
+    names = {path.name for path in listing}  # what existed before this pass deleted anything
+    for path in listing:
         if path.name.startswith(".") and UNIVERSAL in path.name and path.name.endswith((".tmp", ".old", ".failed", ".alive")):
             # what an interrupted or failed universal conversion left (ensure_universal): optimizer-sized
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
@@ -319,9 +334,12 @@ def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
         if not path.is_dir() or path.name in keep:
             continue
         base = path.with_name(path.name.rsplit(".", 1)[0])
-        if path.name.endswith(REPLACED) and not base.exists() and (path / COMPLETE).is_file():
+        if path.name.endswith(REPLACED) and base.name not in names and (path / COMPLETE).is_file():
             os.replace(path, base)  # a save crashed mid-swap: this is still that step's checkpoint
         elif path.name.endswith((PARTIAL, REPLACED, DELETING)) and _TAG_RE.match(_step_tag_of(base.name)):
+            # its marker first: a crash mid-delete must not leave a .replaced that a later pass,
+            # after its step's tag is pruned, would rename back as a complete checkpoint
+            (path / COMPLETE).unlink(missing_ok=True)
             shutil.rmtree(path, ignore_errors=True)
         elif path.name.endswith(UNIVERSAL) and _TAG_RE.match(_step_tag_of(path.name)):
             if path.name.removesuffix(UNIVERSAL) not in keep:  # (a .replaced source is never kept)
@@ -483,12 +501,23 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
         _publish(checkpoint_dir, tag)
         atomic_write_text(checkpoint_dir / LATEST, tag)
         fsync_dir(checkpoint_dir)
-        _prune(checkpoint_dir, keep_last, tag)
 
     failure = first_failure(_writing(publish, checkpoint_dir) if rank == 0 else None)
     if failure:
         raise _save_failed(checkpoint_dir, tag, failure)
+    if rank == 0:
+        _prune_after_save(checkpoint_dir, keep_last, tag)
     return tag
+
+
+def _prune_after_save(checkpoint_dir: Path, keep_last: int, tag: str) -> None:
+    """_prune once ``latest`` names ``tag``: the save is complete, so a pruning error (a busy or
+    stale directory on shared storage) is a warning, not a failed save; the next save prunes again."""
+    try:
+        _prune(checkpoint_dir, keep_last, tag)
+    except OSError as exc:
+        log.warning("%s: %s is saved, but pruning older checkpoints failed (%s); the next save tries again",
+                    checkpoint_dir, tag, exc)
 
 
 def _check_file(path: Path, record: dict) -> Optional[str]:
@@ -802,24 +831,58 @@ def _heartbeat(path: Path, attempt: str):
         thread.join()
 
 
+UNIVERSAL_CONVERTER = "deepspeed.checkpoint.ds_to_universal"
+# python -c: ignore the signals named in argv[1] (an ignored signal stays ignored in the module's own
+# worker processes), then run module argv[2] as __main__ with the remaining arguments
+_SHIELDED_MAIN = """import runpy, signal, sys
+for name in filter(None, sys.argv[1].split(",")):
+    signal.signal(getattr(signal, name), signal.SIG_IGN)
+module = sys.argv[2]
+sys.argv = [module] + sys.argv[3:]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def run_shielded(module: str, args: list[str]):
+    """``python -m module args`` (output captured) with the signals this rank watches to save and
+    stop (preemption.watch_signals) ignored: a scheduler's warning or the launcher's SIGTERM goes to
+    every process of the job, and must reach the rank, which stops after its next step, not kill a
+    conversion the resume is waiting for. A signal in the child's first milliseconds, before it
+    ignores them, can still end it."""
+    import subprocess
+    import sys
+
+    from ascender_dist.training.preemption import watched_signal_names
+
+    return subprocess.run([sys.executable, "-c", _SHIELDED_MAIN, ",".join(watched_signal_names()), module, *args],
+                          capture_output=True, text=True)
+
+
+def _failure_line(result) -> str:
+    """Why a child process failed, in one line: the signal that killed it, else its last output line."""
+    if result.returncode < 0:
+        import signal
+
+        return f"killed by {signal.Signals(-result.returncode).name}"
+    tail = (result.stderr or result.stdout).strip().splitlines()[-1:]
+    return tail[0] if tail else f"exit status {result.returncode}"
+
+
 def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker: str) -> None:
     """Rank 0: ds_to_universal into a hidden work directory, then publish it as ``universal``
     (the previous copy renamed aside, not deleted first: a crash between the renames loses no copy
     that a later attempt could not make again, and never touches the source tag)."""
-    import subprocess
-    import sys
-
     work = checkpoint_dir / f".{universal}.tmp"
     shutil.rmtree(work, ignore_errors=True)
     try:
         _universal_input_view(checkpoint_dir / tag, work / tag)
-        result = subprocess.run(
-            [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(work / tag),
-             "--output_folder", str(work / universal), "--inject_missing_state", "--num_extract_workers", "1",
-             "--num_merge_workers", "1"], capture_output=True, text=True)
+        result = run_shielded(UNIVERSAL_CONVERTER, [
+            "--input_folder", str(work / tag), "--output_folder", str(work / universal), "--inject_missing_state",
+            "--num_extract_workers", "1", "--num_merge_workers", "1"])
         if result.returncode:
-            tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["?"]
-            raise CheckpointError(f"{checkpoint_dir / tag}: conversion to a universal checkpoint failed: {tail[0]}")
+            raise CheckpointError(f"{checkpoint_dir / tag}: conversion to a universal checkpoint failed: "
+                                  f"{_failure_line(result)}")
+        sync_tree(work / universal)  # a later resume trusts the copy by its marker alone
         atomic_write_text(work / universal / COMPLETE, marker)
         aside = checkpoint_dir / f".{universal}.old"
         publish_directory(work / universal, checkpoint_dir / universal, aside)

@@ -48,6 +48,11 @@ def watch_signals(names: list[str]) -> None:
             _Signals.previous[number] = signal.signal(number, _handle)
 
 
+def watched_signal_names() -> list[str]:
+    """The signals watch_signals installed its handler for (names), in the order installed."""
+    return [signal.Signals(number).name for number in _Signals.previous]
+
+
 def unwatch_signals() -> None:
     """Give the watched signals their previous handlers back and forget what was received."""
     for number, handler in _Signals.previous.items():

@@ -122,6 +122,7 @@ class Trainer:
         if "rollback" in client_state:
             self.rollback_policy.load_state_dict(client_state["rollback"])
         self.skipped_steps = int(client_state.get("skipped_steps", self.engine.skipped_steps))
+        self.rollbacks = int(client_state.get("rollbacks", 0))  # train/rollbacks goes on across restarts
         self.metrics.continue_at(self.step)  # TensorBoard hides the steps after it logged before
         if self.pstate.is_logging_rank:
             log.info("resumed from %s at step %d", self.derived.checkpoint_dir / tag if tag else
@@ -157,7 +158,7 @@ class Trainer:
             self.engine, self.derived.checkpoint_dir, step,
             client_state={"step": step, "data": self.loader.state_dict(), "config": to_dict(self.cfg),
                           "guard": self.guard.state_dict(), "rollback": self.rollback_policy.state_dict(),
-                          "skipped_steps": self.skipped_steps,
+                          "skipped_steps": self.skipped_steps, "rollbacks": self.rollbacks,
                           "padded_vocab_size": self.derived.padded_vocab_size},
             keep_last=self.cfg.checkpoint.keep_last,
             extra_files={"config.yaml": dump_yaml(to_dict(self.cfg)),
@@ -273,16 +274,17 @@ class Trainer:
                 f"{self.rollback_policy.in_a_row} rollbacks in a row (train.max_rollbacks: "
                 f"{self.cfg.train.max_rollbacks}); {last_good}")
         data_state, row, skipped = self.loader.state_dict(), self.rollback_policy.state_dict(), self.skipped_steps
+        rollbacks = self.rollbacks
         self.resume(ckpt.tag_for_step(target))
         self.loader.load_state_dict(data_state)
         self.rollback_policy.load_state_dict(row)  # the row goes on, whatever row the target had recorded
         self.skipped_steps = skipped  # the skipped steps that led here stay counted
+        self.rollbacks = rollbacks + 1  # and the rollbacks, this one included (the save below records it)
         # saved again at once (same weights, the data position past the failed batches) and made
         # `latest`: a job that dies before its next save resumes here, not at the checkpoint the
         # rollback passed over, and does not replay the failed batches
         self.save()
         self.consecutive_bad = 0
-        self.rollbacks += 1
         if self.pstate.is_logging_rank:
             log.warning("rolled back from step %d to the checkpoint of step %d (rollback %d in a row of at most "
                         "%d); data continues where it was", bad_step, self.step, self.rollback_policy.in_a_row,

@@ -75,4 +75,6 @@ def test_a_restarted_job_goes_on_counting_the_rollback_row_it_resumes_inside(res
         # on record: its next rollback is a repeat (older, step 4), and the one after is the third
         assert value["resumed_at"] == 6
         assert value["resumed"] == ["step_00000004"]
+        # train/rollbacks goes on across the restart: the first job's rollback, then the second's
+        assert value["rollbacks_at_resume"] == 1 and value["rollbacks"] == 2, value
         assert value["error"] is not None and "after 2 rollbacks in a row" in value["error"], value

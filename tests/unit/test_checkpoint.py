@@ -373,3 +373,90 @@ def test_a_save_records_every_ranks_position_for_the_rng_files(single_rank_group
     tag = _save(tmp_path, 1, "weights")
     assert json.loads((tmp_path / tag / "rng" / ckpt.RNG_POSITIONS).read_text()) == [[0, 0]]
     assert "rng/positions.json" in ckpt.read_meta(tmp_path, tag)["files"]  # checked before a load like the rest
+
+
+# ----------------------------------------------------------------------------- found in review: retention, pruning, conversion
+def test_retention_after_a_rollback_counts_only_the_checkpoints_of_the_current_line(single_rank_group, tmp_path):
+    """keep_last=2; a rollback to 200 saves 200 again, then 250 is saved: 300 (the abandoned run's,
+    never a rollback target) must not take a place that 200, the next rollback's target, needs."""
+    def save(step):
+        return ckpt.save_checkpoint(FakeEngine(f"v{step}"), tmp_path, step, client_state={}, keep_last=2,
+                                    extra_files={"meta.json": '{"step": %d}' % step})
+
+    for step in (100, 200, 300, 200, 250):
+        save(step)
+    assert ckpt.complete_tags(tmp_path) == ["step_00000200", "step_00000250"]
+    assert ckpt.latest_tag(tmp_path) == "step_00000250"
+
+
+def test_a_half_deleted_moved_aside_copy_is_never_renamed_back(tmp_path, monkeypatch):
+    """A crash inside the delete of step_1.replaced (its step_1 still there) left it with COMPLETE and
+    little else; a later pass that prunes step_1 must delete it, not rename it back as step_1,
+    whatever order the directory lists them in."""
+    full = ["COMPLETE", "meta.json", "weights.txt"]
+    for name, files in (("step_00000001", full), ("step_00000001.replaced", ["COMPLETE"]),
+                        ("step_00000003", full), ("step_00000004", full)):
+        (tmp_path / name).mkdir()
+        for f in files:
+            (tmp_path / name / f).write_text("x")
+    (tmp_path / ckpt.LATEST).write_text("step_00000004")
+    real_iterdir = Path.iterdir
+    monkeypatch.setattr(Path, "iterdir", lambda self: iter(sorted(real_iterdir(self), key=lambda p: p.name)))
+    ckpt._prune(tmp_path, 1, "step_00000004")
+    monkeypatch.undo()
+    assert ckpt.complete_tags(tmp_path) == ["step_00000004"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_00000004"]
+
+
+def test_a_pruning_error_after_latest_moved_is_a_warning_not_a_failed_save(single_rank_group, tmp_path, monkeypatch,
+                                                                             caplog):
+    import errno
+    import logging
+
+    _save(tmp_path, 1, "v1")
+
+    def busy(*args):
+        raise OSError(errno.ENOTEMPTY, "Directory not empty", str(tmp_path / "step_00000001.deleting"))
+
+    monkeypatch.setattr(ckpt, "_prune", busy)
+    with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+        assert _save(tmp_path, 2, "v2") == "step_00000002"
+    assert ckpt.latest_tag(tmp_path) == "step_00000002" and _load(tmp_path) == "v2"
+    assert any("step_00000002 is saved, but pruning older checkpoints failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_conversion_child_ignores_the_signals_the_rank_watches(monkeypatch):
+    """The launcher's SIGTERM and a scheduler's SIGUSR1 reach every process of the job: the rank
+    records them (it saves and stops after its next step), the conversion it waits for goes on."""
+    import signal
+
+    from ascender_dist.training.preemption import unwatch_signals, watch_signals
+
+    unshielded = ckpt.run_shielded("tests.helpers.signal_self", [])
+    assert unshielded.returncode == -signal.SIGUSR1 and ckpt._failure_line(unshielded) == "killed by SIGUSR1"
+    watch_signals(["SIGTERM", "SIGUSR1"])
+    try:
+        shielded = ckpt.run_shielded("tests.helpers.signal_self", [])
+    finally:
+        unwatch_signals()
+    assert shielded.returncode == 0 and shielded.stdout.strip() == "survived", shielded
+
+
+def test_a_universal_copy_is_synced_before_its_marker(single_rank_group, tmp_path, monkeypatch):
+    """Later resumes trust a universal copy by its COMPLETE marker alone: its files reach stable
+    storage first."""
+    import subprocess
+
+    def fake_ds_to_universal(cmd, **kwargs):
+        out = Path(cmd[cmd.index("--output_folder") + 1])
+        out.mkdir(parents=True)
+        (out / "weights.txt").write_text("converted")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    synced = []
+    monkeypatch.setattr(subprocess, "run", fake_ds_to_universal)
+    monkeypatch.setattr(ckpt, "sync_tree", lambda d: synced.append((d.name, (d / ckpt.COMPLETE).exists(),
+                                                                      (d / "weights.txt").exists())))
+    _save(tmp_path, 1, "first")
+    ckpt.ensure_universal(tmp_path, "step_00000001")
+    assert synced == [("step_00000001-universal", False, True)]

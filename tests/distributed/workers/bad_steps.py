@@ -149,9 +149,10 @@ def _diverging_restart_check(args) -> dict:
     except _Crash:
         pass
     second = _trainer(args, "diverging_restart", **sections)  # auto-resumes from the re-saved target
-    resumed_at = second.step
+    resumed_at, rollbacks_at_resume = second.step, second.rollbacks
     error, resumed = _diverge(second)
-    return {"error": error, "resumed_at": resumed_at, "resumed": resumed, "step": second.step}
+    return {"error": error, "resumed_at": resumed_at, "resumed": resumed, "step": second.step,
+            "rollbacks_at_resume": rollbacks_at_resume, "rollbacks": second.rollbacks}
 
 
 def main(args):
