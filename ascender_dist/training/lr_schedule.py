@@ -13,7 +13,8 @@ Shape of the schedule, with peak ``lr``, floor ``min_lr``, warmup ``W`` and ``T 
 - decay: from the peak step ``P = max(W, 1)`` (``W = 0``: step 1 runs at ``lr``) to step ``T``,
   progress ``p = (s - P) / (T - P)`` (clamped to [0, 1]):
   ``cosine`` ``min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2``, ``linear``
-  ``lr - (lr - min_lr) * p``, ``constant`` ``lr``. Step ``T`` runs at ``min_lr``.
+  ``lr - (lr - min_lr) * p``, ``constant`` ``lr``. Step ``T`` runs at ``min_lr`` when ``T > P``
+  (with ``T = P``, i.e. ``W = T`` or ``T = 1``, no step is left to decay: the last runs at ``lr``).
 
 A skipped step (non-finite or spiking loss) consumes its step number like its batch: the schedule
 is a function of the step, not of how many updates were applied.
