@@ -35,6 +35,16 @@ TIMEOUT_LIMIT_MINUTES = 10**6  # ~2 years: datetime.timedelta (the process group
 # torch scalar: one beyond 64 bits is an OverflowError at model build. Below 2**63 every inv_freq stays
 # finite and nonzero in float32 (the smallest is about base**-1 >= 1e-19, far above float32's 1e-38).
 ROTARY_BASE_LIMIT = 2**63
+# sizes a library puts into a C int (tensor shapes, index types, megatron's layer loops); layers far
+# below that: print-config and the layer pattern spell out one character per layer
+SIZE_LIMIT = 2**31
+SIZE_FIELDS = ("model.hidden_size", "model.num_attention_heads", "model.num_query_groups", "model.ffn_hidden_size",
+               "model.seq_length", "model.vocab_size", "model.make_vocab_size_divisible_by",
+               "train.micro_batch_size", "train.global_batch_size", "train.train_steps", "train.eval_iters")
+LAYER_LIMIT = 2**16
+# the signals a scheduler, a container runtime or a user sends to ask a job to stop; others (SIGCHLD,
+# SIGWINCH, SIGCONT, ...) arrive in normal operation and would stop the run at once
+EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU")
 
 
 def check_upper_bounds(cfg: RunConfig) -> None:
@@ -48,6 +58,13 @@ def check_upper_bounds(cfg: RunConfig) -> None:
     rotary_base = cfg.model.rotary_base
     if rotary_base >= ROTARY_BASE_LIMIT:
         raise ConfigError("model.rotary_base", f"must be < 2**63 (got {rotary_base})")
+    if cfg.model.num_layers > LAYER_LIMIT:
+        raise ConfigError("model.num_layers", f"must be <= 2**16 (got {cfg.model.num_layers})")
+    for dotted in SIZE_FIELDS:
+        section, name = dotted.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value is not None and value >= SIZE_LIMIT:
+            raise ConfigError(dotted, f"must be < 2**31 (got {value})")
 
 
 def check_run_name(cfg: RunConfig) -> None:
@@ -58,6 +75,8 @@ def check_run_name(cfg: RunConfig) -> None:
     separators = {"/", os.sep} | ({os.altsep} if os.altsep else set())
     if name in ("", ".", ".."):
         raise ConfigError("name", f"must name one directory under runs/ (got {name!r})")
+    if any(ord(c) < 32 or c == "\x7f" for c in name):
+        raise ConfigError("name", f"must not contain control characters (got {name!r})")
     if any(sep in name for sep in separators):
         raise ConfigError("name", f"must not contain a path separator (got {name!r}); "
                                   "set output_dir to put the run elsewhere")
@@ -252,11 +271,9 @@ def check_exit_settings(cfg: RunConfig) -> None:
     if t.exit_duration_minutes < 0:
         raise ConfigError("train.exit_duration_minutes", f"must be >= 0 (0: off) (got {t.exit_duration_minutes})")
     for name in t.exit_signals:
-        number = getattr(signal, str(name), None)
-        if not str(name).startswith("SIG") or not isinstance(number, signal.Signals) or number in (
-                signal.SIGKILL, signal.SIGSTOP):
-            raise ConfigError("train.exit_signals", f"{name!r} is not a signal a process can catch (e.g. SIGTERM, "
-                                                    "SIGUSR1, SIGUSR2)")
+        if name not in EXIT_SIGNALS or not isinstance(getattr(signal, name, None), signal.Signals):
+            raise ConfigError("train.exit_signals", f"{name!r} is not a stop signal; use some of "
+                                                    f"{', '.join(EXIT_SIGNALS)}")
 
 
 def check_wandb(cfg: RunConfig) -> None:

@@ -168,6 +168,13 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+class _OutOfRange(ConfigError):
+    """A value of the field's type that no such field may hold (reported as such inside an Optional)."""
+
+
 def _coerce(value: Any, tp: Any, path: str) -> Any:
     """Return ``value`` as an instance of annotated type ``tp`` or raise ConfigError naming ``path``."""
     origin = get_origin(tp)
@@ -177,14 +184,15 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(value, arg, path)
-            except ConfigError as exc:
-                errors.append(exc)
+            except _OutOfRange:
+                raise  # the right type, a value no field of it may hold: that, not "expected str | null"
+            except ConfigError:
+                pass
         raise ConfigError(path, f"expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value not in get_args(tp):
@@ -219,10 +227,14 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(path, f"must be a finite number (got an integer of {len(str(value))} digits)") from None
         if not math.isfinite(value):
             raise ConfigError(path, f"must be a finite number (got {value})")
+        if abs(value) > FLOAT32_MAX:  # every float field reaches a float32 / bf16 tensor or computation
+            raise _OutOfRange(path, f"must be within float32's range, |x| <= 3.4e38 (got {value})")
         return value
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(path, f"expected str, got {type(value).__name__} {value!r}")
+        if "\0" in value:  # no name or path may hold one (the OS refuses it, deep inside a library)
+            raise _OutOfRange(path, f"must not contain a NUL character (got {value!r})")
         return value
     raise ConfigError(path, f"unsupported field type {tp!r}")
 
@@ -287,12 +299,24 @@ def parse_override(text: str) -> dict:
     if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) for key in keys):
         raise ConfigError(f"--set {text}", "override must look like dotted.key=value")
     value = parse_yaml_text(raw, source=f"--set {text}") if raw.strip() else ""
+    _refuse_trailing_comment(raw, text)
     tree: dict = {}
     node = tree
     for key in keys[:-1]:
         node = node.setdefault(key, {})
     node[keys[-1]] = value
     return tree
+
+
+def _refuse_trailing_comment(raw: str, text: str) -> None:
+    """A ``#`` after whitespace starts a YAML comment: ``--set "name=demo #2"`` would silently set
+    ``demo``. Refused unless the value is quoted (the parsed value then ends where the text does)."""
+    if "#" not in raw:
+        return
+    node = yaml.compose(raw, Loader=yaml.SafeLoader)  # None: the whole value is a comment
+    if node is None or node.end_mark.index < len(raw.rstrip()):
+        raise ConfigError(f"--set {text}", "'#' starts a YAML comment, which would drop the rest of the value: "
+                                           "quote the value (e.g. name='\"demo #2\"')")
 
 
 def override_key(text: str) -> str:

@@ -93,7 +93,8 @@ class TrainConfig:
     # a few minutes (a step and a save) under the scheduler's time limit, as Megatron's --exit-duration-in-mins
     exit_duration_minutes: float = 0.0
     # signals on which every rank saves a checkpoint at the next step boundary and stops (exit status 75):
-    # a scheduler's warning (Slurm --signal=USR1@600) or a preemption's SIGTERM; []: their default action (death)
+    # a scheduler's warning (Slurm --signal=USR1@600) or a preemption's SIGTERM; []: their default action (death);
+    # some of SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU
     exit_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
 
 

@@ -157,8 +157,8 @@ def _check_inputs(cluster: ClusterShape, mfu: float, tokens: Optional[int], head
         if getattr(cluster, name) < 1:
             raise ConfigError(f"cluster.{name}", f"must be >= 1 (got {getattr(cluster, name)})")
     for name in ("gpu_memory_gib", "peak_tflops"):
-        if not getattr(cluster, name) > 0:
-            raise ConfigError(f"cluster.{name}", f"must be > 0 (got {getattr(cluster, name)})")
+        if not (math.isfinite(getattr(cluster, name)) and getattr(cluster, name) > 0):
+            raise ConfigError(f"cluster.{name}", f"must be a finite number > 0 (got {getattr(cluster, name)})")
     if not 0 < mfu <= 1:
         raise ConfigError("mfu", f"must be in (0, 1] (got {mfu})")
     if tokens is not None and tokens < 1:

@@ -154,3 +154,50 @@ def test_a_run_name_must_be_one_directory_under_the_runs_root(tmp_path, text, ov
 def test_ordinary_run_names_still_load(tmp_path):
     for name in ("x y", "gpt-small.v2", "...x", "a,b-seed1"):
         assert load_config(_write(tmp_path, "name: x\n"), [f"name={name}"]).name == name
+
+
+# ------------------------------------------------------------- found in review: sizes, float range, '#', names, signals
+
+@pytest.mark.parametrize("text,expected", [
+    ("model:\n  num_layers: 100000000000000000000000\n", "model.num_layers: must be <= 2**16 (got 1"),
+    ("model:\n  num_layers: 2000000000\n", "model.num_layers: must be <= 2**16 (got 2000000000)"),
+    ("model:\n  seq_length: 100000000000000000000\n", "model.seq_length: must be < 2**31"),
+    ("model:\n  make_vocab_size_divisible_by: 10000000000000\n", "model.make_vocab_size_divisible_by: must be < 2**31"),
+    ("train:\n  micro_batch_size: 4294967296\n  global_batch_size: 4294967296\n", "train.micro_batch_size: must be < 2**31"),
+], ids=["layers-huge", "layers-2e9", "seq", "divisible-by", "micro-batch"])
+def test_sizes_beyond_what_the_libraries_index_with_are_one_line(tmp_path, text, expected):
+    """They crashed in expand_layer_pattern (OverflowError), or built multi-GB strings for minutes."""
+    assert expected in _error(tmp_path, text)
+
+
+@pytest.mark.parametrize("text,field", [
+    ("model:\n  init_method_std: 1.0e39\n", "model.init_method_std"),
+    ("model:\n  architecture: ascender\n  ascender:\n    tau_sep: 1.0e39\n", "model.ascender.tau_sep"),
+    ("optimizer:\n  lr: -1.0e39\n", "optimizer.lr"),
+])
+def test_floats_beyond_float32_are_refused(tmp_path, text, field):
+    """Finite in float64, inf in the float32 / bf16 tensors they reach (a NaN loss, or a torch error)."""
+    assert f"{field}: must be within float32's range, |x| <= 3.4e38" in _error(tmp_path, text)
+
+
+def test_a_hash_in_an_override_value_must_be_quoted(tmp_path):
+    """YAML reads '#' after a space as a comment: the rest of the value was dropped silently."""
+    message = _error(tmp_path, "name: x\n", ["name=demo #2"])
+    assert message.startswith("--set name=demo #2: '#' starts a YAML comment"), message
+    assert "output_dir=#scratch: '#' starts a YAML comment" in _error(tmp_path, "name: x\n", ["output_dir=#scratch"])
+    assert load_config(_write(tmp_path, "name: x\n"), ['name="demo #2"']).name == "demo #2"
+    assert load_config(_write(tmp_path, "name: x\n"), ["name=a#b"]).name == "a#b"  # not a comment in YAML
+
+
+def test_nul_and_control_characters_are_refused_in_names_and_paths(tmp_path):
+    assert "name: must not contain a NUL character" in _error(tmp_path, 'name: "a\\0b"\n')
+    assert "name: must not contain control characters" in _error(tmp_path, 'name: "a\\tb"\n')
+    assert "output_dir: must not contain a NUL character" in _error(tmp_path, 'output_dir: "runs/\\0x"\n')
+
+
+def test_only_stop_signals_are_exit_signals(tmp_path):
+    """SIGCHLD arrives whenever a subprocess or loader worker ends: the run would stop at once."""
+    message = _error(tmp_path, "train:\n  exit_signals: [SIGTERM, SIGCHLD]\n")
+    assert "train.exit_signals: 'SIGCHLD' is not a stop signal; use some of SIGTERM, SIGINT" in message
+    assert load_config(_write(tmp_path, "train:\n  exit_signals: [SIGUSR2, SIGHUP]\n")).train.exit_signals == [
+        "SIGUSR2", "SIGHUP"]

@@ -140,6 +140,10 @@ def test_bad_cluster_inputs_name_the_field():
         plan(make_cfg(), EIGHT_GPUS, vocab_size=V, mfu=1.5, tokens=None)
     with pytest.raises(ConfigError, match="^cluster.nodes: must be >= 1"):
         plan(make_cfg(), ClusterShape(nodes=0), vocab_size=V, mfu=0.4, tokens=None)
+    for name in ("gpu_memory_gib", "peak_tflops"):  # inf: an OverflowError, or a training time of 0
+        cluster = ClusterShape(**{**EIGHT_GPUS.__dict__, name: float("inf")})
+        with pytest.raises(ConfigError, match=rf"^cluster.{name}: must be a finite number > 0 \(got inf\)"):
+            plan(make_cfg(), cluster, vocab_size=V, mfu=0.4, tokens=None)
 
 
 @pytest.fixture

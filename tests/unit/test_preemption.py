@@ -44,8 +44,8 @@ def test_the_time_budget_requests_a_stop(single_rank_group):
 
 
 @pytest.mark.parametrize("train,needle", [
-    ({"exit_signals": ["SIGKILL"]}, "train.exit_signals: 'SIGKILL' is not a signal a process can catch"),
-    ({"exit_signals": ["USR1"]}, "train.exit_signals: 'USR1' is not a signal"),
+    ({"exit_signals": ["SIGKILL"]}, "train.exit_signals: 'SIGKILL' is not a stop signal; use some of SIGTERM"),
+    ({"exit_signals": ["USR1"]}, "train.exit_signals: 'USR1' is not a stop signal"),
     ({"exit_duration_minutes": -1}, "train.exit_duration_minutes: must be >= 0"),
 ])
 def test_bad_exit_settings_are_one_line(train, needle):

@@ -135,6 +135,30 @@ def test_unknown_grid_key_and_bad_seeds(tmp_path):
         load_grid(_write_grid(tmp_path, seeds=[1, 1]))
 
 
+@pytest.mark.parametrize("grid,expected", [
+    ({"keep_checkpoints": "no"}, "keep_checkpoints: expected true or false, got 'no'"),
+    ({"jobs": 2.9}, "jobs: expected a positive integer, got 2.9"),
+    ({"threads": "1e3"}, "threads: expected a positive integer, got 1000.0"),  # YAML 1.2 reads 1e3 as a float
+    ({"ranks": [2]}, "ranks: expected a positive integer, got [2]"),
+    ({"dataset": {"root": "d", "val_fraction": 1.5}}, "dataset.val_fraction: expected a number in (0, 1), got 1.5"),
+    ({"dataset": {"root": "d", "corpus_bytes": "3e5"}}, "dataset.corpus_bytes: expected a positive integer, got 300000.0"),
+], ids=["keep-no", "jobs-float", "threads-str", "ranks-list", "val-fraction", "corpus-str"])
+def test_the_grids_own_keys_are_typed_strictly(tmp_path, grid, expected):
+    """bool('no') is True and int(2.9) is 2: such values changed what the grid did without a word."""
+    with pytest.raises(ConfigError) as info:
+        load_grid(_write_grid(tmp_path, **grid))
+    assert str(info.value).endswith(expected) and "\n" not in str(info.value), str(info.value)
+
+
+def test_a_variant_named_with_dots_only_stays_inside_runs_dir(tmp_path):
+    from ascender_dist.research.ablate.grid import _safe, run_dir
+
+    grid = load_grid(_write_grid(tmp_path, standalone={"..": {}}))
+    out = run_dir(grid, grid.variants[0], 1)
+    assert out == grid.runs_dir / "__" / "seed1"  # not runs_dir/../seed1
+    assert _safe(".") == "_" and _safe("") == "_" and _safe("a.b") == "a.b" and _safe("...x") == "...x"
+
+
 def test_same_seed_means_same_data_settings_for_every_variant(tmp_path):
     """The loader is seeded by train.seed: for one seed, all variants share seed and data section."""
     path = _write_grid(tmp_path, seeds=[1, 2], variants={"gpt": {}, "asc": {"model.architecture": "ascender"}},

@@ -127,7 +127,44 @@ def _label_value(value) -> str:
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._=,+-]", "_", name)
+    """``name`` as one directory name: other characters become _, and a name of dots only (``..``
+    would leave runs_dir) or an empty one becomes underscores."""
+    safe = re.sub(r"[^A-Za-z0-9._=,+-]", "_", name)
+    return "_" * max(1, len(safe)) if set(safe) <= {"."} else safe
+
+
+def _grid_bool(raw: dict, key: str, default: bool, src: str) -> bool:
+    """A true/false grid key, strictly (``no`` or ``'false'`` is not false: an error, like the run config's)."""
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{src}: {key}", f"expected true or false, got {value!r}")
+    return value
+
+
+def _grid_count(raw: dict, key: str, default: int, src: str) -> int:
+    """A positive integer grid key (2.9 or '3' is an error, not 2 or a traceback)."""
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{src}: {key}", f"expected a positive integer, got {value!r}")
+    return value
+
+
+# value checks of the dataset keys other than root: (type, test, what it must be)
+DATASET_VALUES = {
+    "corpus_bytes": (int, lambda v: v > 0, "a positive integer"),
+    "vocab_size": (int, lambda v: v > 0, "a positive integer"),
+    "seq_length": (int, lambda v: v > 0, "a positive integer"),
+    "samples_per_shard": (int, lambda v: v > 0, "a positive integer"),
+    "val_fraction": ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
+}
+
+
+def _check_dataset_values(dataset: dict, src: str) -> None:
+    for key, (types_, test, meaning) in DATASET_VALUES.items():
+        if key in dataset:
+            value = dataset[key]
+            if isinstance(value, bool) or not isinstance(value, types_) or not test(value):
+                raise ConfigError(f"{src}: dataset.{key}", f"expected {meaning}, got {value!r}")
 
 
 def _mapping(value, where: str) -> dict:
@@ -265,6 +302,7 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
             raise ConfigError(f"{src}: dataset.{bad[0]}", f"unknown key; allowed: {', '.join(DATASET_KEYS)}")
         if "root" not in dataset:
             raise ConfigError(f"{src}: dataset.root", "required (directory of corpus, tokenizer and shards)")
+        _check_dataset_values(dataset, src)
         root = Path(dataset["root"])
         base = deep_merge(base, {"data": {"manifest": str(root / "shards" / "manifest.json"),
                                           "tokenizer": str(root / "tokenizer.model")}})
@@ -306,8 +344,9 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
         dataset=dataset, eval_iters=eval_iters,
         runs_dir=Path(raw.get("runs_dir") or f"runs/ablations/{name}"),
         report_dir=Path(raw.get("report_dir") or f"runs/ablations/{name}/report"),
-        keep_checkpoints=bool(raw.get("keep_checkpoints", True)), jobs=int(raw.get("jobs", 1)),
-        threads=int(raw.get("threads", 1)), ranks=int(raw.get("ranks", 1)), description=str(raw.get("description") or "").strip(),
+        keep_checkpoints=_grid_bool(raw, "keep_checkpoints", True, src), jobs=_grid_count(raw, "jobs", 1, src),
+        threads=_grid_count(raw, "threads", 1, src), ranks=_grid_count(raw, "ranks", 1, src),
+        description=str(raw.get("description") or "").strip(),
     )
     grid.data_order_axes = sorted({p for v in variants for p in v.overrides
                                    if any(p == d or p.startswith(d) for d in DATA_ORDER_PATHS)})
