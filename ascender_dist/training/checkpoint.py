@@ -40,7 +40,7 @@ import torch.distributed as dist
 from ascender_dist.config.errors import UserError
 from ascender_dist.training.guard import any_rank, first_failure
 from ascender_dist.training.publish import publish_directory
-from data_pipeline._io import fsync_dir
+from data_pipeline._io import fsync_dir, fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +96,7 @@ def sync_tree(directory: Path) -> None:
         elif path.is_file() and not path.is_symlink():
             files.append(path)
     for path in sorted(files):
-        with open(path, "rb") as fh:
-            os.fsync(fh.fileno())
+        fsync_file(path)
     for path in sorted(directories, key=lambda p: len(p.parts), reverse=True):  # the deepest first
         fsync_dir(path)
 
