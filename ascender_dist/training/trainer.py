@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from ascender_dist.config.architectures import unreached_warmups
 from ascender_dist.config.loader import dump_yaml, to_dict
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.training import checkpoint as ckpt
@@ -324,6 +325,8 @@ class Trainer:
                      cfg.name, cfg.model.architecture, self.step, t.train_steps, self.pstate.world_size,
                      self.pstate.tp_size, self.pstate.pp_size, self.pstate.dp_size,
                      self.derived.gradient_accumulation_steps)
+            for line in unreached_warmups(cfg):
+                log.warning("%s", line)
         if self.step >= t.train_steps and self.pstate.is_logging_rank:  # e.g. a finished run's output_dir
             log.warning("%s is already at step %d >= train.train_steps %d: nothing to train (raise "
                         "train.train_steps to continue it, or set another output_dir for a new run)",

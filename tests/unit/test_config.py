@@ -391,3 +391,23 @@ def test_a_mixed_layer_pattern_gets_every_kinds_preset_fields():
     # a pure-GPT pattern gets neither kind's fields changed from their defaults
     plain = config_from_dict({"model": {"preset": "large", "architecture": "gpt"}})
     assert plain.model.ascender.d_z != large_asc["ascender"]["d_z"]
+
+
+def test_warmups_that_a_run_never_finishes_are_named():
+    from ascender_dist.config.architectures import unreached_warmups
+
+    def lines(**ascender):
+        cfg = config_from_dict({"model": {"architecture": "ascender", "ascender": {"d_z": 8, "d_a": 8, **ascender}},
+                                "train": {"train_steps": 20}})
+        return unreached_warmups(cfg)
+
+    assert lines(separation_start_step=19, aux_start_step=0, aux_compactness_weight=0.1) == []
+    (line,) = lines(separation_start_step=20)
+    assert line.startswith("model.ascender.separation_start_step = 20 >= train.train_steps = 20")
+    assert lines(separation_start_step=50, use_sep=False) == []  # off anyway: nothing to warn about
+    assert lines(aux_start_step=30, aux_compactness_weight=0.0, aux_crowding_weight=0.0,
+                 aux_alignment_weight=0.0) == []
+    assert [s.split(" ")[0] for s in lines(aux_start_step=30, aux_crowding_weight=0.1, separation_start_step=0)] == [
+        "model.ascender.aux_start_step"]
+    gpt = config_from_dict({"model": {"architecture": "gpt"}, "train": {"train_steps": 20}})
+    assert unreached_warmups(gpt) == []
