@@ -170,6 +170,12 @@ def check_zero_stage(cfg: RunConfig) -> None:
                           "for bf16 (it would train on bf16 weights and sums); use zero_stage 1")
 
 
+def check_grad_reduce_dtype(cfg: RunConfig) -> None:
+    if cfg.train.grad_reduce_dtype == "bf16" and cfg.train.precision != "bf16":
+        raise ConfigError("train.grad_reduce_dtype",
+                          "bf16 needs train.precision bf16 (an fp32 run reduces its fp32 gradients in fp32)")
+
+
 def check_sequence_parallel(cfg: RunConfig) -> None:
     tp = cfg.parallel.tensor_model_parallel_size
     if cfg.parallel.sequence_parallel and tp == 1:
@@ -292,6 +298,7 @@ STATIC_CHECKS = [
     check_tensor_parallel_divides_heads,
     check_pipeline_divides_layers,
     check_zero_stage,
+    check_grad_reduce_dtype,
     check_sequence_parallel,
     check_batch_divisibility,
     check_optimizer,

@@ -80,6 +80,10 @@ class TrainConfig:
     train_steps: int = 100
     seed: int = 1234
     precision: Literal["fp32", "bf16"] = "fp32"
+    # bf16 only: the dtype data-parallel gradient reductions communicate in. fp32 (Megatron-LM's and
+    # torchtitan's default) sums every rank's gradient unrounded; bf16 (DeepSpeed's default) halves
+    # the traffic but rounds each micro-batch's reduced gradient to 8 significant bits
+    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     eval_interval: int = 0  # 0: no periodic validation
     eval_iters: int = 4  # >= 1; validation is turned off with eval_interval: 0
     # skip a step whose loss exceeds this factor x the running mean (0: only non-finite losses skip)

@@ -26,3 +26,14 @@ def test_bf16_weights_leave_and_enter_as_fp32_masters(results, stage):
     for value in [first, *others]:
         assert value["params_are_bf16"], value
         assert value["loaded_masters_vs_file"] == 0.0, value
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_bf16_gradients_are_reduced_in_fp32_by_default(results, stage):
+    """Accumulated over micro-batches and reduced over DP=2 unrounded (float32 sums of the bf16
+    micro-batch gradients); DeepSpeed's own bf16 default rounds them to bf16, which this measures too
+    (so the check can tell the two apart)."""
+    for fp32 in assert_check(results, f"reduce_z{stage}_fp32"):
+        assert fp32 < 1e-6, fp32
+    for bf16 in assert_check(results, f"reduce_z{stage}_bf16"):
+        assert bf16 > 1e-4, bf16

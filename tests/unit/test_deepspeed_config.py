@@ -21,3 +21,24 @@ def test_without_sequence_parallelism_deepspeeds_partitioned_exchange_stays(tmp_
     for parallel in ({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
                      {"tensor_model_parallel_size": 2, "sequence_parallel": True}):
         assert "pipeline" not in _ds(tmp_path, **parallel)
+
+
+def test_bf16_reduces_gradients_in_fp32_unless_asked_for_bf16(tmp_path):
+    def ds(**train):
+        cfg = config_from_dict({"output_dir": str(tmp_path), "model": {"vocab_size": 128},
+                                "parallel": {"zero_stage": 1}, "train": train})
+        return to_deepspeed_config(cfg, derive(cfg, world_size=2))
+
+    bf16 = ds(precision="bf16")
+    assert bf16["communication_data_type"] == "fp32" and bf16["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert ds(precision="bf16", grad_reduce_dtype="bf16")["communication_data_type"] == "bf16"
+    assert "communication_data_type" not in ds(precision="fp32")
+
+
+def test_bf16_gradient_reduction_needs_a_bf16_run():
+    import pytest
+
+    from ascender_dist.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.grad_reduce_dtype: bf16 needs train.precision bf16"):
+        config_from_dict({"train": {"grad_reduce_dtype": "bf16"}})
