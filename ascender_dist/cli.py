@@ -123,6 +123,27 @@ def _relaunch(world_size: int, argv: list[str]) -> None:
     result = subprocess.run(cmd, env=env)
     if result.returncode:
         raise SystemExit(result.returncode)
+    left = _ranks_left_running(port)
+    if left:  # DeepSpeed's runner exits 0 when its launch.py died of a signal (it passes on codes > 0 only)
+        for proc in left:
+            proc.terminate()
+        raise SystemExit(f"ascender-dist: the deepspeed launcher exited 0 but {len(left)} of its ranks still ran "
+                         "(its launch.py was killed?): stopped them; the command did not finish")
+
+
+def _ranks_left_running(port: int) -> list:
+    """The processes _relaunch started for rendezvous ``port`` that are still alive (psutil.Process)."""
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+            if env.get(RELAUNCHED) == "1" and env.get("MASTER_PORT") == str(port) and proc.status() != psutil.STATUS_ZOMBIE:
+                left.append(proc)
+        except (psutil.Error, OSError):  # gone, or another user's
+            continue
+    return left
 
 
 def consolidate_cmd(args: argparse.Namespace) -> None:

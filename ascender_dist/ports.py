@@ -35,9 +35,11 @@ def _bindable(port: int, host: str) -> bool:
         return True
 
 
-def free_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
+def free_port(host: str = "", attempts: int = 64) -> int:
     """A port that is free now and outside the ephemeral range (random in [LOW, start of that
-    range)); falls back to one the kernel picks when that range is too small or all tries are taken."""
+    range)); falls back to one the kernel picks when that range is too small or all tries are taken.
+    host "" probes every interface, as the rendezvous store listens: a port another process holds on a
+    non-loopback address only fails there."""
     start, _ = ephemeral_range()
     rng = random.Random()  # system entropy: concurrent callers do not share a sequence
     if start - LOW >= 1000:

@@ -20,7 +20,8 @@
 # SIGUSR1 (a scheduler's warning, e.g. slurm.sbatch's --signal, sent to every process of the job) is
 # for the ranks: the launcher processes ignore it (its default action would end them, and the job,
 # at once); the ranks inherit the ignore and install their own handler for training.
-# The exit status is the launcher's (75 after a stop on request). If the launcher itself ended
+# The exit status is the launcher's (75 after a stop on request; 1 when it exits 0 with ranks still
+# running, which DeepSpeed's runner does after its launch.py died of a signal). If the launcher itself ended
 # abnormally (local mode), what is left of its process group is asked to stop and waited for, up to
 # STOP_WAIT_S seconds (default 40: DeepSpeed's launch.py gives its ranks 30 s after a SIGTERM before
 # SIGKILL), so that a checkpoint being saved is not cut by this script's exit (Slurm ends a step's
@@ -31,6 +32,23 @@
 # gets SIGTERM and is left behind. A SIGKILL to this script's own process group (not the launcher's)
 # cannot be passed on.
 _launcher_terms=0
+
+visible_gpu_include() {  # $1: ranks, $2: CUDA_VISIBLE_DEVICES; prints the launcher's --include value
+  # DeepSpeed's --num_accelerators drops CUDA_VISIBLE_DEVICES and takes GPUs 0..N-1 (another job's on a
+  # shared node); --include names the physical GPUs, by index only (a UUID crashes its parser). Prints
+  # nothing for a value that hides every GPU (-1...); a one-line error and status 2 for one it cannot use.
+  local ranks=$1 visible=$2 listed
+  [ "${visible#-}" = "$visible" ] || return 0
+  case ",$visible," in
+    *,,*|*[!0-9,]*) echo "CUDA_VISIBLE_DEVICES=$visible: GPU indices needed (DeepSpeed's --include takes no UUIDs)"; return 2 ;;
+  esac
+  IFS=, read -r -a listed <<< "$visible"
+  if [ "$ranks" -gt "${#listed[@]}" ]; then
+    echo "NUM_RANKS=$ranks ranks, but CUDA_VISIBLE_DEVICES=$visible lists ${#listed[@]} GPUs"
+    return 2
+  fi
+  echo "localhost:$(IFS=,; echo "${listed[*]:0:$ranks}")"
+}
 
 _launcher_term() {  # $1: the launcher's pid; local mode
   _launcher_terms=$((_launcher_terms + 1))
@@ -91,6 +109,13 @@ run_launcher() {
   # bash 5.2 may report -1 for a launcher that ended while a trap ran: its status is lost. After a
   # trapped SIGTERM it is taken as 143 (a stop), else as a failure
   if [ "$rc" -lt 0 ]; then rc=$(( _launcher_terms > 0 ? 143 : 1 )); fi
+  # DeepSpeed's runner exits 0 when its launch.py died of a signal (it only passes on codes > 0), with
+  # the ranks still training: a clean exit leaves nothing behind (W&B's service runs in its own session)
+  local grace=$(( ${STOP_WAIT_S:-40} < 10 ? ${STOP_WAIT_S:-40} : 10 ))
+  if [ "$mode" = local ] && [ "$rc" -eq 0 ] && ! STOP_WAIT_S=$grace _launcher_group_wait "$child"; then
+    echo "run_launcher: the launcher exited 0 but its processes still run $grace s later (its launch.py was killed?): stopping them, exit status 1" >&2
+    rc=1
+  fi
   if [ "$mode" = local ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 75 ] && _launcher_group_alive "$child"; then
     # launch.py and the ranks the launcher left behind (a killed runner) may be saving a checkpoint
     if [ "$rc" -eq 143 ]; then

@@ -4,8 +4,8 @@
 #   bash launch/single_node.sh --config configs/demo.yaml [--set key=value ...]
 #
 # Environment:
-#   NUM_RANKS        ranks to start, on GPUs 0..N-1 (default: one per GPU that torch sees, honouring
-#                    CUDA_VISIBLE_DEVICES; 2 on a CPU-only machine)
+#   NUM_RANKS        ranks to start, one per GPU (default: one per GPU that torch sees; 2 on a CPU-only
+#                    machine), on the first NUM_RANKS GPUs CUDA_VISIBLE_DEVICES lists (indices), else 0..N-1
 #   MASTER_PORT      rendezvous port on 127.0.0.1 (default: a free one)
 #   OMP_NUM_THREADS  threads per rank (default: cores / ranks)
 #   DEEPSPEED        the launcher command (default: deepspeed, from .venv/bin if there, else PATH)
@@ -39,11 +39,14 @@ cd "$(dirname "$0")/.."
 [ -d .venv/bin ] && export PATH="$PWD/.venv/bin:$PATH"
 DEEPSPEED=${DEEPSPEED:-deepspeed}
 command -v "$DEEPSPEED" >/dev/null || die "launcher $DEEPSPEED not found (run launch/setup.sh, or use the docker image)"
+# the Python next to the launcher (its environment's torch), not whatever `python` PATH has, if any
+PY=$(dirname "$(command -v "$DEEPSPEED")")/python
+[ -x "$PY" ] || PY=python3
 
 ranks_arg=(--num_accelerators "${NUM_RANKS:-}")
 if [ -z "${NUM_RANKS:-}" ]; then
   # GPUs torch cannot use (a CPU build, an old driver) stop here rather than train on CPU unnoticed
-  gpus=$(python -c 'import sys, torch
+  gpus=$("$PY" -c 'import sys, torch
 from ascender_dist.config.errors import UserError
 from ascender_dist.parallel.setup import check_gpus_usable
 try:
@@ -54,20 +57,24 @@ print(torch.cuda.device_count())') || exit 2
   NUM_RANKS=$(( gpus > 0 ? gpus : 2 ))
   ranks_arg=(--num_accelerators "$NUM_RANKS")
   [ "$gpus" -gt 0 ] || export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
-  # With --num_accelerators DeepSpeed would drop CUDA_VISIBLE_DEVICES and take GPUs 0..N-1;
-  # without it, it starts one rank per visible GPU.
-  [ "$gpus" -eq 0 ] || [ -z "${CUDA_VISIBLE_DEVICES:-}" ] || ranks_arg=()
+else
+  gpus=$( (compgen -G "/dev/nvidia[0-9]*" || true) | wc -l)  # device nodes: no torch import
 fi
 [ "$NUM_RANKS" -ge 1 ] || die "NUM_RANKS must be at least 1"
-MASTER_PORT=${MASTER_PORT:-$(python -c 'from ascender_dist.ports import free_port; print(free_port())')}
+# the ranks take the GPUs CUDA_VISIBLE_DEVICES lists (visible_gpu_include)
+# shellcheck source=launch/run_launcher.sh
+. launch/run_launcher.sh
+if [ "$gpus" -gt 0 ] && [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+  include=$(visible_gpu_include "$NUM_RANKS" "$CUDA_VISIBLE_DEVICES") || die "$include"
+  [ -z "$include" ] || ranks_arg=(--include "$include")
+fi
+MASTER_PORT=${MASTER_PORT:-$("$PY" -c 'from ascender_dist.ports import free_port; print(free_port())')}
 # The launcher leaves OMP_NUM_THREADS unset: every rank would use every core.
 cores=$(nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / NUM_RANKS > 0 ? cores / NUM_RANKS : 1 ))}
 
 echo "single_node.sh: $NUM_RANKS ranks, $OMP_NUM_THREADS threads each, port $MASTER_PORT" >&2
 # SIGTERM to this script: the ranks save and stop (exit 75); SIGUSR1 is for the ranks (launch/run_launcher.sh)
-# shellcheck source=launch/run_launcher.sh
-. launch/run_launcher.sh
 rc=0
 run_launcher local "$DEEPSPEED" ${ranks_arg[@]+"${ranks_arg[@]}"} --master_port "$MASTER_PORT" \
   launch/train.py --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} || rc=$?

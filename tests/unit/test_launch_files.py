@@ -699,6 +699,28 @@ def test_conversion_relaunch_finds_the_launcher_on_path_or_says_where_it_looked(
         deepspeed_launcher()
 
 
+def test_a_conversion_relaunch_whose_ranks_outlive_a_clean_launcher_exit_fails(tmp_path, monkeypatch):
+    """consolidate / reshard relaunch through DeepSpeed's runner, which exits 0 when its launch.py died
+    of a signal: the command reported success with the conversion unfinished and its ranks running."""
+    import psutil
+
+    from ascender_dist import cli
+
+    stub = tmp_path / "deepspeed"
+    stub.write_text(STUB_RUNNER_LOSING_A_KILLED_LAUNCH)
+    stub.chmod(0o755)
+    monkeypatch.setattr("ascender_dist.launcher.deepspeed_launcher", lambda: stub)
+    monkeypatch.setenv("STUB_OUT", str(tmp_path))
+    with pytest.raises(SystemExit, match="exited 0 but 1 of its ranks still ran"):
+        cli._relaunch(1, ["consolidate"])
+    rank = psutil.Process(int((tmp_path / "rank.pid").read_text()))
+    try:
+        rank.wait(timeout=10)
+    finally:
+        if rank.is_running():
+            rank.kill()
+
+
 # ---------------------------------------------------------------- documented commands
 
 
@@ -760,3 +782,67 @@ def test_the_readme_trains_ascender_in_its_own_demo_dir():
         for line in lines:
             match = re.search(r"DEMO_DIR=(\S+) bash launch/demo\.sh .*--set model\.architecture=", line)
             assert match and match.group(1).strip("`") != default, (path.name, line)
+
+
+def _visible_gpu_include(ranks: int, visible: str) -> subprocess.CompletedProcess:
+    script = f'. launch/run_launcher.sh; visible_gpu_include {ranks} "{visible}"'
+    return _run(["bash", "-c", script])
+
+
+def test_the_ranks_take_the_gpus_cuda_visible_devices_lists():
+    """--num_accelerators would drop CUDA_VISIBLE_DEVICES (GPUs 0..N-1: another job's on a shared node);
+    --include names the listed GPUs, indices only (DeepSpeed's parser crashes on a UUID)."""
+    assert _visible_gpu_include(2, "4,5,6").stdout.strip() == "localhost:4,5"
+    assert _visible_gpu_include(1, "3").stdout.strip() == "localhost:3"
+    hidden = _visible_gpu_include(2, "-1")
+    assert hidden.returncode == 0 and hidden.stdout == ""
+    for ranks, visible, needle in ((1, "GPU-8f1c2d3e-aaaa", "GPU indices needed"), (2, "0,,1", "GPU indices needed"),
+                                   (3, "4,5", "NUM_RANKS=3 ranks, but CUDA_VISIBLE_DEVICES=4,5 lists 2 GPUs")):
+        proc = _visible_gpu_include(ranks, visible)
+        assert proc.returncode == 2 and needle in proc.stdout, (visible, proc.stdout)
+
+
+def test_single_node_uses_the_python_next_to_the_launcher(stubs):
+    """Not `python` from PATH (missing on stock Debian / Ubuntu, or another environment's)."""
+    env, out, calls = stubs
+    neighbour = Path(env["DEEPSPEED"]).parent / "python"
+    neighbour.write_text(f'#!/bin/sh\necho used >> "$STUB_OUT/neighbour.calls"\nexec {sys.executable} "$@"\n')
+    neighbour.chmod(0o755)
+    proc = _run(["bash", "launch/single_node.sh", "--config", "configs/demo.yaml"], env={**env, "NUM_RANKS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "neighbour.calls").read_text().split() == ["used"]  # the free port
+    assert int(_after(calls()[0]["args"], "--master_port")) > 0
+
+
+STUB_RUNNER_LOSING_A_KILLED_LAUNCH = """#!/usr/bin/env bash
+# DeepSpeed's runner (local): it passes on launch.py's status only when > 0, so a launch.py killed by a
+# signal (status < 0 in Python) ends it with 0 while the rank trains on (with MASTER_PORT set, as launch.py sets it)
+while [ $# -gt 0 ]; do [ "$1" = --master_port ] && export MASTER_PORT=$2; shift; done
+python3 -c '
+import os, signal, subprocess, sys
+launch = subprocess.Popen([sys.executable, "-c", "import os, signal, subprocess, time; "
+    "r = subprocess.Popen([\\"sleep\\", \\"60\\"]); open(os.environ[\\"STUB_OUT\\"] + \\"/rank.pid\\", \\"w\\").write(str(r.pid)); "
+    "os.kill(os.getpid(), signal.SIGKILL)"])
+launch.wait()
+sys.exit(launch.returncode if launch.returncode > 0 else 0)
+'
+"""
+
+
+def test_a_launcher_exiting_0_with_its_ranks_still_running_is_a_failure(tmp_path):
+    import psutil
+
+    stub, out = tmp_path / "deepspeed", tmp_path / "out"
+    out.mkdir()
+    stub.write_text(STUB_RUNNER_LOSING_A_KILLED_LAUNCH)
+    stub.chmod(0o755)
+    env = _clean_env(DEEPSPEED=str(stub), STUB_OUT=str(out), NUM_RANKS="1", MASTER_PORT="29557", STOP_WAIT_S="2")
+    proc = _run(["bash", "launch/single_node.sh", "--config", "configs/demo.yaml"], env=env)
+    rank = psutil.Process(int((out / "rank.pid").read_text()))
+    try:
+        assert proc.returncode == 1, proc.stderr
+        assert "the launcher exited 0 but its processes still run 2 s later" in proc.stderr
+        rank.wait(timeout=10)  # stopped by the script, not left training
+    finally:
+        if rank.is_running():
+            rank.kill()
