@@ -10,8 +10,8 @@ final norm and the (tied or untied) LM head. Hidden states are ``[s, b, h]`` ins
 as in megatron, so the order of operations matches it.
 
 * ``A``: softmax attention; fused QKV laid out per query group ``[q_g | k_g | v_g]``; RoPE is
-  megatron's non-interleaved rotate-half with ``inv_freq = base^(-2i/d)`` over the whole head;
-  scores scaled by ``1/sqrt(head_dim)``, causal.
+  megatron's non-interleaved rotate-half with ``inv_freq = base^(-2i/d)`` over the whole head, at
+  ``position_ids`` (per batch row; default ``0..s-1``); scores scaled by ``1/sqrt(head_dim)``, causal.
 * ``S``: ASCender; fused QKV per group ``[q_g | k_g | v_g | z_g | h_g]``, RoPE on q and k only,
   then :func:`ascender_attention` on ``[b, heads, s, .]`` with the learned per-head parameters
   (``self_attention.core_attention.params.*``).
@@ -84,6 +84,19 @@ def rotary_cos_sin(seq_len: int, dim: int, base: float, device) -> tuple[torch.T
     freqs = torch.outer(seq, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
     return torch.cos(emb), torch.sin(emb)
+
+
+def rotary_for_positions(position_ids: torch.Tensor, dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [s, b, 1, dim] of the positions ``position_ids`` [b, s] (each batch row its own): the
+    rows of :func:`rotary_cos_sin` up to the largest position, gathered by position id, so offset
+    positions rotate q and k as they shift learned position embeddings (``arange`` gives exactly
+    the values of the default)."""
+    if position_ids.numel() and int(position_ids.min()) < 0:
+        raise ValueError(f"position_ids must be >= 0 (got {int(position_ids.min())})")
+    length = int(position_ids.max()) + 1 if position_ids.numel() else 0
+    cos, sin = rotary_cos_sin(length, dim, base, position_ids.device)
+    index = position_ids.long().t()  # [s, b]
+    return cos[:, 0, 0][index].unsqueeze(2), sin[:, 0, 0][index].unsqueeze(2)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -340,14 +353,22 @@ class AscenderDistModel(AscenderDistPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embedding.word_embeddings = value
 
+    def rotary(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor]):
+        """RoPE's (cos, sin) for ``input_ids`` [b, s], None without rope: positions 0..s-1 by default
+        ([s, 1, 1, d], megatron's), else those of ``position_ids`` ([b, s], [1, s] or [s]; per row)."""
+        if self.config.position_embedding_type != "rope":
+            return None
+        dim, base = self.config.head_dim, float(self.config.rotary_base)
+        if position_ids is None:
+            return rotary_cos_sin(input_ids.shape[1], dim, base, input_ids.device)
+        return rotary_for_positions(position_ids.to(input_ids.device).expand(input_ids.shape), dim, base)
+
     def forward(self, input_ids: torch.Tensor, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         b, s = input_ids.shape
+        rotary = self.rotary(input_ids, position_ids)
         if position_ids is None:
             position_ids = torch.arange(s, device=input_ids.device).unsqueeze(0).expand(b, s)
         hidden = self.embedding(input_ids, position_ids)  # [s, b, h]
-        rotary = None
-        if self.config.position_embedding_type == "rope":
-            rotary = rotary_cos_sin(s, self.config.head_dim, float(self.config.rotary_base), input_ids.device)
         for layer in self.decoder.layers:
             hidden = layer(hidden, rotary)
         return self.decoder.final_layernorm(hidden).transpose(0, 1)  # [b, s, h]
@@ -427,4 +448,4 @@ class AscenderDistForCausalLM(AscenderDistPreTrainedModel, GenerationMixin):
 
 
 __all__ = ["AscenderDistConfig", "AscenderDistForCausalLM", "AscenderDistModel", "AscenderDistPreTrainedModel",
-           "rotary_cos_sin", "apply_rotary"]
+           "rotary_cos_sin", "rotary_for_positions", "apply_rotary"]

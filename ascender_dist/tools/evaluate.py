@@ -104,6 +104,14 @@ def _stored_parameters(weights: Path) -> int:
                               f"({' '.join(str(exc).split())})") from None
 
 
+def _export_parameters(export: Path) -> int:
+    """The tensors an export's ``*.safetensors`` files store, counted from their headers (each file
+    checked: one line for a truncated one): the run's parameter count until a model is loaded, so
+    ``--no-val`` still reports it (a remote-code export also stores its few fixed per-head and slot
+    buffers, which a loaded model does not count)."""
+    return sum(_stored_parameters(weights) for weights in sorted(Path(export).glob("*.safetensors")))
+
+
 def tokenizer_identity(run: Run) -> Optional[str]:
     """The sha256 of the tokenizer the run's validation data must have been made with: the one its
     meta.json records, else that of its tokenizer file (an export's ``tokenizer.model``, a run's
@@ -151,8 +159,7 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
     if is_hf_export(path):
         from ascender_dist.tools.convert import read_json_file
 
-        for weights in sorted(path.glob("*.safetensors")):  # before transformers reads them: one line
-            _stored_parameters(weights)
+        parameters = _export_parameters(path)  # before transformers reads the weights: one line
         config = read_json_file(path / "config.json")
         info = read_json_file(path / "ascender_dist.json") if (path / "ascender_dist.json").is_file() else {}
         seq = config.get("max_position_embeddings") or config.get("n_positions")
@@ -160,7 +167,7 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
         return Run(name, path, "hf", architecture=info.get("model_architecture") or config.get("model_type", "?"),
                    size=_size_of(info.get("preset"), name, info.get("run_name")), step=info.get("step"),
                    seq_length=seq, vocab_size=config.get("vocab_size"), manifest=manifest,
-                   tokenizer=str(tokenizer) if tokenizer.exists() else None)
+                   tokenizer=str(tokenizer) if tokenizer.exists() else None, parameters=parameters)
     raise EvaluationError(f"{path}: not a consolidated directory (model.safetensors + meta.json + config.yaml) "
                           "nor a Hugging Face export (config.json + *.safetensors)")
 
@@ -194,10 +201,12 @@ def load_model(run: Run, device: str = "cpu"):
         from ascender_dist.tools.lm_eval_adapter import remote_code_path
 
         link = run.path
+        # a partial or foreign export is one line, not transformers' many; RuntimeError: weights that do
+        # not fit config.json (transformers 5: "You set `ignore_mismatched_sizes` to `False` ...")
         try:
             link = remote_code_path(run.path)  # its own code, whatever other exports of its name ran
             model = AutoModelForCausalLM.from_pretrained(str(link), trust_remote_code=True, dtype=torch.float32)
-        except (OSError, ValueError, ImportError) as exc:  # a partial or foreign export: transformers' many lines
+        except (OSError, ValueError, ImportError, RuntimeError) as exc:
             reason = _one_line(exc).replace(str(link), str(run.path))  # the directory the user named
             reason = reason.split(" Checkout 'https://huggingface.co")[0]  # a local directory: no Hub
             raise EvaluationError(f"{run.path}: cannot load the Hugging Face export of run {run.name} "

@@ -167,6 +167,15 @@ def remote_code_config(cfg, meta: dict, vocab_size: int, tied: bool, special_ids
     return config
 
 
+def fixed_buffers(module: torch.nn.Module) -> dict:
+    """The persistent buffers of ``module`` (its state_dict less its parameters): what follows from the
+    config and may be filled in when a checkpoint lacks it. A trained parameter (ASCender's omega,
+    delta, kappa, tau_score) never is: filled with its init value, weights missing it would pass the
+    fit check and evaluate an untrained model."""
+    trained = {name for name, _ in module.named_parameters()}
+    return {name: t for name, t in module.state_dict().items() if name not in trained}
+
+
 def remote_code_state(state: dict, config) -> dict:
     """Canonical names -> ``model.`` + name (``lm_head.weight`` for the output layer), plus the
     persistent buffers our checkpoints do not hold because they follow from the config (ASCender's
@@ -184,7 +193,7 @@ def remote_code_state(state: dict, config) -> dict:
         if letter == "S":
             fixed = AscenderHeadParams(_hparams(AscenderHParams, config.ascender), config.num_attention_heads,
                                        dtype=dtype)
-            for name, buf in fixed.state_dict().items():  # persistent buffers only (lambdas, ...)
+            for name, buf in fixed_buffers(fixed).items():
                 out.setdefault(f"{prefix}.core_attention.params.{name}", buf.float())
         elif letter == "C":
             hp = _hparams(ConnectionHParams, config.connection)
@@ -348,23 +357,51 @@ def export_code_sha256() -> str:
     return digest.hexdigest()
 
 
-def export_provenance(consolidated_dir: Path, tokenizer: Path | None) -> dict:
-    """What an export is made of besides the weights, recorded in its ``ascender_dist.json``: the
-    ascender-dist version that wrote it and the sha256 of the code it was written from (the remote
-    code and its vendored math), the sha256 of the consolidated config.yaml and of the tokenizer
-    written (None without one). The lm-eval adapter's cache is re-exported when any of them differs
-    from what it would write now."""
+SOURCE_KEYS = ("config_sha256", "meta_sha256", "weights_size_mtime_ns")  # :func:`source_provenance`
+
+
+def source_provenance(consolidated_dir: Path) -> dict:
+    """What identifies the consolidated files an export is made from: the sha256 of config.yaml and
+    meta.json (the step goes into config.json) and model.safetensors' [st_size, st_mtime_ns], compared
+    for equality (``rsync -a`` / ``cp -p`` give new weights an older mtime than an export of the old
+    ones, so "newer than the weights" is no test). Raises OSError."""
+    from data_pipeline._io import sha256_file
+
+    directory = Path(consolidated_dir)
+    weights = (directory / "model.safetensors").stat()
+    return {"config_sha256": sha256_file(directory / "config.yaml"),
+            "meta_sha256": sha256_file(directory / "meta.json"),
+            "weights_size_mtime_ns": [weights.st_size, weights.st_mtime_ns]}
+
+
+def source_before_reading(consolidated_dir: Path) -> dict:
+    """:func:`source_provenance` taken before an export reads the directory: a file replaced while it
+    exports then leaves a marker that no longer matches (exported again next time), never one that
+    matches newer files than the export holds. An unreadable file gives None entries, which match
+    nothing; reading the directory then says what is wrong."""
+    try:
+        return source_provenance(consolidated_dir)
+    except OSError:
+        return dict.fromkeys(SOURCE_KEYS)
+
+
+def export_provenance(consolidated_dir: Path, tokenizer: Path | None, source: dict | None = None) -> dict:
+    """What an export is made of, recorded in its ``ascender_dist.json``: the ascender-dist version
+    that wrote it and the sha256 of the code it was written from (the remote code and its vendored
+    math), the consolidated files (:func:`source_provenance`; ``source`` when the caller took it
+    already) and the sha256 of the tokenizer written (None without one). The lm-eval adapter's cache
+    is re-used only while every entry equals what it would write now."""
     from data_pipeline._io import sha256_file
     from ascender_dist.versions import package_version
 
-    config = Path(consolidated_dir) / "config.yaml"
     try:
-        config_sha = sha256_file(config)
+        source = source if source is not None else source_provenance(consolidated_dir)
         tokenizer_sha = sha256_file(Path(tokenizer)) if tokenizer else None
     except OSError as exc:
-        raise ConversionError(exc.filename or config, f"cannot read ({exc.strerror or exc})") from None
+        where = exc.filename or Path(consolidated_dir) / "config.yaml"
+        raise ConversionError(where, f"cannot read ({exc.strerror or exc})") from None
     return {"ascender_dist_version": package_version("ascender-dist"), "export_code_sha256": export_code_sha256(),
-            "config_sha256": config_sha, "tokenizer_sha256": tokenizer_sha}
+            **source, "tokenizer_sha256": tokenizer_sha}
 
 
 EXPORT_MARKER = "ascender_dist.json"  # written last into every export: a previous export may be replaced
@@ -418,6 +455,7 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
     """
     out_dir = Path(out_dir)
     check_export_out(out_dir, Path(consolidated_dir))  # before reading anything
+    source = source_before_reading(consolidated_dir)  # what the marker records: never newer than the export
     state, cfg, meta = read_consolidated(consolidated_dir)
     kind = standard_architecture(cfg)
     if remote_code is False and kind is None:
@@ -449,5 +487,6 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
             "source": str(consolidated_dir), "architecture": kind, "model_architecture": meta.get("architecture"),
             "trust_remote_code": kind == REMOTE_CODE_ARCHITECTURE, "step": meta.get("step"),
             "vocab_size": meta.get("vocab_size"), "preset": cfg.model.preset, "run_name": cfg.name,
-            **export_provenance(consolidated_dir, Path(tokenizer) if tokenizer else None)}, indent=1))
+            **export_provenance(consolidated_dir, Path(tokenizer) if tokenizer else None, source)},
+            indent=1))
     return out_dir

@@ -182,6 +182,19 @@ def fast_tokenizer(model_file: Path):
     return tok
 
 
+def _save_pretrained(hf, out: Path) -> None:
+    """``hf.save_pretrained(out)`` with every write failure an OSError: the ``tokenizers`` library
+    raises a bare ``Exception("No space left on device (os error 28)")`` for its I/O errors, which
+    ``staged_output`` (it turns OSError into one line and removes the partial output) would let
+    through as a traceback. An OSError is re-raised as it is."""
+    try:
+        hf.save_pretrained(str(out))
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (the library's Rust errors have no type of their own)
+        raise OSError(" ".join(str(exc).split()) or type(exc).__name__) from exc
+
+
 def write_hf_tokenizer(model_file: Path, out: Path, model_max_length: int, fast=None) -> SpecialTokens:
     """Write ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json`` and a copy of
     ``tokenizer.model`` into ``out``; returns the special tokens (their ids go into config.json).
@@ -193,7 +206,7 @@ def write_hf_tokenizer(model_file: Path, out: Path, model_max_length: int, fast=
     hf = PreTrainedTokenizerFast(tokenizer_object=fast or fast_tokenizer(model_file), model_max_length=model_max_length,
                                  clean_up_tokenization_spaces=False, split_special_tokens=True,
                                  **special.token_map())
-    hf.save_pretrained(str(out))
+    _save_pretrained(hf, out)
     config_file = out / "tokenizer_config.json"
     data = json.loads(config_file.read_text()) if config_file.is_file() else {}
     data.update(tokenizer_class="PreTrainedTokenizerFast", split_special_tokens=True,

@@ -13,10 +13,11 @@ or from Python (``import ascender_dist.tools.lm_eval_adapter`` registers it)::
 
 ``pretrained`` is either a directory written by ``ascender-dist export-hf`` (remote-code model, or
 GPT-NeoX / Llama for gpt) or a consolidated directory (``ascender-dist consolidate``), which is
-exported on the fly into ``<dir>/.hf-export`` with the run's ``data.tokenizer`` (re-used while it is
-newer than the weights and its ``ascender_dist.json`` records this ascender-dist version and the
-sha256 of the run's config.yaml and tokenizer; processes started together export it once, under a
-lock on ``<dir>/.hf-export.lock``). A run whose tokenizer file is not reachable is refused.
+exported on the fly into ``<dir>/.hf-export`` with the run's ``data.tokenizer`` (re-used while its
+``ascender_dist.json`` records this ascender-dist version and code, the sha256 of the run's
+config.yaml, meta.json and tokenizer, and the size and mtime of its model.safetensors, each equal to
+what they are now; processes started together export it once, under a lock on
+``<dir>/.hf-export.lock``). A run whose tokenizer file is not reachable is refused.
 The tokenizer is the directory's AutoTokenizer when it has a ``tokenizer_config.json`` (every export
 now ships a fast ``tokenizer.json`` with sentencepiece's ids), else our sentencepiece wrapper over its
 ``tokenizer.model`` (exports written before that). An empty context is scored after EOS
@@ -99,15 +100,16 @@ def _cached_provenance(out: Path) -> Optional[dict]:
 
 
 def _cache_is_warm(consolidated: Path, out: Path, tokenizer: Path) -> bool:
-    """The export cache ``out`` is what exporting now would write: at least as new as the consolidated
-    weights, written by this ascender-dist version from the same config.yaml, with the tokenizer
-    ``tokenizer`` (a tokenizer-less export, or one made before the tokenizer's file changed, is
-    stale). An export is published whole: its marker file means the rest is there too."""
+    """The export cache ``out`` is what exporting now would write: its ``ascender_dist.json`` records
+    exactly the provenance an export would record now (:func:`~ascender_dist.tools.hf_export.export_provenance`:
+    this ascender-dist version and code, the sha256 of config.yaml, meta.json and the tokenizer
+    ``tokenizer``, the size and mtime of the consolidated weights). Equality, not "newer": weights
+    copied with ``rsync -a`` / ``cp -p`` keep their older mtime. A tokenizer-less export, or one of
+    other files, is stale. An export is published whole: its marker file means the rest is there too."""
     from ascender_dist.tools.hf_export import export_provenance
 
     info = _cached_provenance(out)
-    weights = consolidated / "model.safetensors"
-    if info is None or (out / "model.safetensors").stat().st_mtime < weights.stat().st_mtime:
+    if info is None:
         return False
     return all(info.get(key) == value for key, value in export_provenance(consolidated, tokenizer).items())
 

@@ -106,11 +106,13 @@ def test_a_stale_cache_is_exported_again(run_with_tokenizer, two_tokenizers):
     assert first["ascender_dist_version"] == package_version("ascender-dist")
     assert first["tokenizer_sha256"] == tokenizer_sha256(two_tokenizers[0])
     assert hf_directory(run_with_tokenizer) == out and _marker(out) == first  # warm: re-used as it is
-    provenance = ("ascender_dist_version", "export_code_sha256", "config_sha256", "tokenizer_sha256")
+    provenance = ("ascender_dist_version", "export_code_sha256", "config_sha256", "meta_sha256",
+                  "weights_size_mtime_ns", "tokenizer_sha256")
     written_before = {k: v for k, v in first.items() if k not in provenance}  # the marker older versions wrote
     # another version; the same version number from other code (a git checkout between commits); ...
     for stale in ({**first, "ascender_dist_version": "0.0.1"}, {**first, "export_code_sha256": "0" * 64},
-                  {**first, "tokenizer_sha256": None}, {**first, "config_sha256": "0" * 64}, written_before):
+                  {**first, "tokenizer_sha256": None}, {**first, "config_sha256": "0" * 64},
+                  {**first, "meta_sha256": "0" * 64}, {**first, "weights_size_mtime_ns": [0, 0]}, written_before):
         (out / "ascender_dist.json").write_text(json.dumps(stale))
         assert _marker(hf_directory(run_with_tokenizer)) == first, stale
     config = run_with_tokenizer / "config.yaml"
