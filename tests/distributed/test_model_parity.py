@@ -31,7 +31,7 @@ def assert_grads_match(diffs: dict, check: str) -> None:
     grads = diffs["grads"]
     assert len(grads) == diffs["num_params"] > 0, diffs
     exempt = SMALL_GRADS.get(check, ())
-    bad = {name: (diff, ref) for name, (diff, ref) in grads.items() if diff > GRAD_RTOL * ref + GRAD_ATOL}
+    bad = {name: (diff, ref) for name, (diff, ref) in grads.items() if not diff <= GRAD_RTOL * ref + GRAD_ATOL}  # NaN too
     assert not bad, f"gradients differ (name: (max error, max |g_ref|)): {bad}"
     small = {name: ref for name, (_, ref) in grads.items() if ref < MIN_REF_GRAD}
     assert not {n: r for n, r in small.items() if not n.endswith(exempt)}, ("gradients too small to compare", small)

@@ -80,7 +80,7 @@ def tp_init_parity(raw_cfg: dict, tp: int = 2) -> dict:
     if set(sharded) != set(single):
         raise AssertionError(f"parameters differ by name: {sorted(set(sharded) ^ set(single))}")
     diffs = {name: (sharded[name] - single[name]).abs().max().item() for name in single}
-    return {"num_params": len(diffs), "differing": sorted(name for name, d in diffs.items() if d > 0)}
+    return {"num_params": len(diffs), "differing": sorted(name for name, d in diffs.items() if not d == 0)}  # NaN too
 
 
 def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = (), vocab: int = VOCAB) -> dict:

@@ -38,6 +38,7 @@ def runs(tmp_path_factory):
     losses = run_ranks("tests.distributed.workers.conversion:train_sources", world_size=2, timeout=400, args=args)
     exports = tmp_path_factory.mktemp("exports")
     for name in ("gpt_tp2", "llama_pp2"):
+        assert_check(losses, name)  # a run that raised after its last checkpoint would pass unseen
         cli("consolidate", "--checkpoint", str(root / name / "checkpoints"), "--out", str(exports / name))
     return {"args": args, "root": root, "exports": exports, "losses": losses, "data": data}
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.helpers.data import make_tiny_dataset
-from tests.helpers.multiproc import run_ranks
+from tests.helpers.multiproc import assert_check, run_ranks
 from tests.integration.test_conversion import cli
 
 pytestmark = pytest.mark.slow
@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 def test_inspect_connection_writes_heatmaps_and_summary(tmp_path):
     data = make_tiny_dataset(tmp_path / "data")
     args = {"data": data, "root": str(tmp_path / "runs")}
-    run_ranks("tests.distributed.workers.conversion:train_connection", world_size=1, timeout=300, args=args)
+    assert_check(run_ranks("tests.distributed.workers.conversion:train_connection", world_size=1, timeout=300,
+                           args=args), "connection")
     cli("consolidate", "--checkpoint", str(tmp_path / "runs" / "connection" / "checkpoints"),
         "--out", str(tmp_path / "consolidated"), "--architecture", "connection")
     proc = cli("inspect-connection", "--consolidated", str(tmp_path / "consolidated"), "--out", str(tmp_path / "png"),

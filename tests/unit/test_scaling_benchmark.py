@@ -41,14 +41,25 @@ def test_fewer_than_five_rounds_or_checkpoint_reps_are_refused(monkeypatch, caps
     assert info.value.code == 2 and "must be >= 5" in capsys.readouterr().err
 
 
-def test_quick_may_run_fewer_rounds_and_defaults_are_five():
+def test_quick_may_run_fewer_rounds_and_defaults_are_five(monkeypatch):
     import argparse
 
     p = argparse.ArgumentParser()
     quick = argparse.Namespace(quick=True, render=False, summarise=None, rounds=1, ckpt_reps=1)
     scaling.check_repeats(p, quick)  # no error
-    full = argparse.Namespace(quick=False, render=False, summarise=None, rounds=5, ckpt_reps=5)
-    scaling.check_repeats(p, full)
+    seen = []
+
+    class Parsed(Exception):
+        pass
+
+    def capture(parser, args):  # the arguments main() parsed with no flags given: its defaults
+        seen.append(args)
+        raise Parsed
+
+    monkeypatch.setattr(scaling, "check_repeats", capture)
+    with pytest.raises(Parsed):
+        _parse(monkeypatch)
+    assert (seen[0].rounds, seen[0].ckpt_reps, seen[0].quick) == (5, 5, False)
 
 
 def _measured(checkpoints: dict) -> dict:

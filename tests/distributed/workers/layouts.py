@@ -20,6 +20,7 @@ from ascender_dist.config.resolve import config_from_dict
 from ascender_dist.training.callbacks import Callback
 from tests.helpers.data import tiny_run_config
 from tests.helpers.multiproc import run_checks
+from tests.helpers.numeric import nan_max, worst_key
 
 STEPS = 3
 ARCHS = {
@@ -228,7 +229,7 @@ def _tp_replica_diff(trainer) -> float:
             for param in named:
                 parts = [torch.empty_like(param.data) for _ in range(world)]
                 dist.all_gather(parts, param.data.contiguous(), group=group)
-                worst = torch.maximum(worst, max((x - parts[0]).abs().max() for x in parts).float().cpu().view(1))
+                worst = torch.maximum(worst, torch.stack([(x - parts[0]).abs().max() for x in parts]).max().float().cpu().view(1))
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     return worst.item()
 
@@ -297,16 +298,16 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     if missing:
         raise AssertionError(f"parameters present in only one layout: {missing}")
     param_diff = {k: (final[k] - v).abs().max().item() for k, v in ref_final.items()}
-    worst = max(param_diff, key=param_diff.get)
+    worst = worst_key(param_diff)
     shared = [k for k in ref_final if k.endswith("omega_shared")]
     init = read_weights_file(files["init"]) if shared else {}
     return {"layout_used": used, "layout_expected": expected, "losses": losses, "reference_losses": ref_losses,
-            "loss_diff": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            "loss_diff": nan_max(abs(a - b) for a, b in zip(losses, ref_losses)),
             "grad_norms": norms.values, "reference_grad_norms": json.loads(files["grad_norms"].read_text()),
             "param_diff": param_diff[worst], "worst_param": worst, "replica_diff": replica_diff,
             "weights_received": received_by_rank, "model_bytes": sum(len(pickle.dumps(v)) for v in final.values()),
-            "shared_omega": {"count": len(shared), "diff": max((param_diff[k] for k in shared), default=0.0),
-                             "moved": max(((final[k] - init[k]).abs().max().item() for k in shared), default=0.0)}}
+            "shared_omega": {"count": len(shared), "diff": nan_max([0.0, *(param_diff[k] for k in shared)]),
+                             "moved": nan_max([0.0, *((final[k] - init[k]).abs().max().item() for k in shared)])}}
 
 
 def pp_stage_init(args) -> dict:

@@ -5,6 +5,7 @@ from pathlib import Path
 import torch
 
 from tests.helpers.multiproc import run_checks
+from tests.helpers.numeric import nan_max
 from tests.helpers.parity import tp_init_parity, tp_parity
 
 ASC = {"d_z": 8, "d_a": 8, "k": 4, "window": 16, "num_global": 2, "chunk_size": 16, "omega_init": 0.5}
@@ -177,7 +178,7 @@ def pipeline_recompute_matches_plain(raw_cfg: dict) -> dict:
                                                if p.grad is not None})  # fmt: skip
     grads = runs[(0, 9)][1]
     return {"loss_diff": abs(runs[(0, 9)][0] - runs[(1, 9)][0]), "num_grads": len(grads),
-            "max_grad_diff": max((runs[(1, 9)][1][n] - g).abs().max().item() for n, g in grads.items()),
+            "max_grad_diff": nan_max((runs[(1, 9)][1][n] - g).abs().max().item() for n, g in grads.items()),
             "layer_calls_plain": calls[(0, 9)], "layer_calls_recompute": calls[(1, 9)],
             # dropout is on: another seed draws other masks, another loss
             "other_seed_loss_diff": abs(runs[(0, 10)][0] - runs[(0, 9)][0])}
@@ -222,5 +223,5 @@ def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
     loaded = gather_full_state(model, mps.get_tensor_model_parallel_group())
     diffs = {name: (loaded[name] - value).abs().max().item() for name, value in saved.items()}
     equal_before_load = sorted(name for name, value in saved.items() if torch.equal(fresh[name], value))
-    return {"max_diff": max(diffs.values()), "num": len(diffs), "same_names": sorted(saved) == sorted(loaded),
+    return {"max_diff": nan_max(diffs.values()), "num": len(diffs), "same_names": sorted(saved) == sorted(loaded),
             "equal_before_load": equal_before_load}
