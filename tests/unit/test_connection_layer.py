@@ -62,6 +62,28 @@ def test_forward_and_grads_equal_reference_float64(causal, connection, granulari
         assert torch.allclose(gl, gr, rtol=1e-9, atol=1e-12), name
 
 
+@pytest.mark.parametrize("causal, connection, granularity", list(itertools.product(
+    [False, True], ["linear", "bilinear"], ["sample", "slot"])))
+def test_early_stops_freeze_states_as_the_reference_does(causal, connection, granularity):
+    """make()'s defaults run every sample to max_steps in most configurations; a weak connection and
+    a low threshold stop after a step or two, so frozen states (and their gradients) are compared."""
+    layer, hp = make(causal=causal, connection=connection, stop_granularity=granularity, threshold=0.3,
+                     connection_init_scale=0.05, max_steps=8)
+    x = inputs().requires_grad_()
+    g = torch.randn(7, 2, D, dtype=torch.float64)
+    params = [p for _, p in layer.named_parameters()]
+    y = layer(x)
+    grads = torch.autograd.grad((y * g).sum(), params + [x])
+    y_ref, steps = ref.forward(x, weights(layer), hp)
+    grads_ref = torch.autograd.grad((y_ref * g).sum(), params + [x], allow_unused=True)
+    assert int(layer.last_stats.steps.max()) < hp.max_steps  # the stop fired everywhere
+    assert torch.equal(layer.last_stats.steps, ref_steps(steps, hp))
+    assert torch.allclose(y, y_ref, rtol=1e-10, atol=1e-12)
+    for (name, _), gl, gr in zip(list(layer.named_parameters()) + [("x", x)], grads, grads_ref):
+        gr = torch.zeros_like(gl) if gr is None else gr
+        assert torch.allclose(gl, gr, rtol=1e-9, atol=1e-12), name
+
+
 @pytest.mark.parametrize("causal, connection", [(False, "bilinear"), (True, "bilinear"), (True, "linear")])
 def test_forward_and_grads_equal_reference_float32(causal, connection):
     layer, hp = make(dtype=torch.float32, causal=causal, connection=connection)

@@ -86,11 +86,20 @@ def run_ranks(full: ConnectionLayer, hp, x, g):
             torch.set_num_threads(1)
             layer = ConnectionLayer(hp, D, tp_size=TP, tp_rank=rank, dtype=x.dtype, **comm_fns(group, rank))
             layer.load_state_dict(shard_state_dict(full.state_dict(), TP, rank))
+            reasoned = []  # the replicated slot states each rank reasons over (its stop reads them)
+            reason = layer.reason
+
+            def recorded(state):
+                out = reason(state)
+                reasoned.append(out[0].detach().clone())
+                return out
+
+            layer.reason = recorded
             xr = x.clone().requires_grad_()
             y = layer(xr)
             (y * g).sum().backward()
             grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
-            results[rank] = (y.detach(), grads, xr.grad.clone(), layer.last_stats.steps.clone())
+            results[rank] = (y.detach(), grads, xr.grad.clone(), layer.last_stats.steps.clone(), reasoned)
         except BaseException as e:  # noqa: BLE001 - surface thread failures in the test
             errors.append(e)
             group.barrier.abort()
@@ -124,8 +133,10 @@ def test_tp2_shards_match_unsharded_layer(causal, connection, granularity, norma
 
     ranks = run_ranks(full, hp, x, g)
 
-    for rank, (y, grads, x_grad, steps) in enumerate(ranks):
-        assert torch.equal(y, ranks[0][0]), "TP ranks must produce bit-identical outputs"
+    for rank, (y, grads, x_grad, steps, reasoned) in enumerate(ranks):
+        # the slot states are replicated: every rank must reason over bit-identical ones (their stop
+        # decisions read them); y comes out of one all-reduce, identical on the ranks by construction
+        assert reasoned and all(torch.equal(a, b) for a, b in zip(reasoned, ranks[0][4], strict=True))
         assert torch.allclose(y, y_full, rtol=1e-10, atol=1e-12)
         assert torch.equal(steps, full.last_stats.steps)
         assert torch.allclose(x_grad, xf.grad, rtol=1e-9, atol=1e-12)
