@@ -35,5 +35,7 @@ SPEC_BUILDERS = {"A": _gpt_layer, "S": _ascender_layer, "C": _connection_layer}
 
 def layer_spec(letter: str, model: ModelConfig, seed: int):
     """The megatron ModuleSpec of one layer of kind ``letter``; ``seed`` seeds what a layer
-    initialises outside megatron's RNG (the Connection layer's fixed slots)."""
+    initialises outside megatron's RNG: the Connection layer's learned weights, drawn unsharded
+    so that every TP size starts from the same values (its fixed slots come from
+    ``ConnectionHParams.slot_seed``, not from this seed)."""
     return SPEC_BUILDERS[letter](model, seed)
