@@ -21,9 +21,11 @@
 #   DEEPSPEED      the launcher command (default: deepspeed, from .venv/bin if there, else PATH)
 #   STOP_WAIT_S    after a launcher killed on a stop (this node's ranks), seconds to wait for them to
 #                  finish their save before this script exits (default 40; launch/run_launcher.sh)
-# ssh mode forwards NCCL_*, PYTHON*, OMP_NUM_THREADS, DS_ACCELERATOR, GLOO_SOCKET_IFNAME,
-# TORCH_NCCL_ASYNC_ERROR_HANDLING, CUDA_DEVICE_MAX_CONNECTIONS, the names in FORWARD_ENV and the
-# lines of DeepSpeed's env files (DS_ENV_FILE, default .deepspeed_env, in ~ and the repository root).
+# ssh mode forwards NCCL_* (also when DeepSpeed sees no GPU on this node), PYTHON*, OMP_NUM_THREADS,
+# DS_ACCELERATOR, GLOO_SOCKET_IFNAME, TORCH_NCCL_ASYNC_ERROR_HANDLING, CUDA_DEVICE_MAX_CONNECTIONS, the
+# names in FORWARD_ENV and the lines of DeepSpeed's env files (DS_ENV_FILE, default .deepspeed_env, in
+# ~ and the repository root); it passes train.py's arguments through each host's shell, so values with
+# quotes, $, globs and the like are refused there (put them in the config file, or use --node_rank).
 # Everything else is passed to launch/train.py: --config FILE (required), --set key=value ...
 # Relative paths inside the config and in --set values are taken from the repository root (as in
 # demo.sh); --config and --hostfile may be relative to the current directory.
@@ -133,6 +135,14 @@ else
     case "$PWD" in  # DeepSpeed's pdsh runner sends every host an unquoted 'cd <repo>; <python> ...'
       *[[:space:]]*) die "ssh mode cannot start ranks in a path with spaces ($PWD): DeepSpeed's remote command does not quote it; move the repository, or start every node yourself with --node_rank" ;;
     esac
+    # ...and the arguments of train.py, through the remote shell: DeepSpeed only wraps one holding a
+    # space in "...", so quotes, $, `, globs and the like would be changed or run there (on every
+    # host alike, so no config-hash check could notice)
+    for arg in "$PWD" "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}; do
+      case "$arg" in
+        *[!A-Za-z0-9\ _./:=,+@%-]*) die "ssh mode passes '$arg' through each host's shell unquoted, which would change it: put the value in the config file (only letters, digits, spaces and _./:=,+@%- pass), or start every node yourself with --node_rank" ;;
+      esac
+    done
   fi
   for entry in "${HOSTS[@]}"; do  # DeepSpeed would end in a traceback for an unreachable one
     ssh -o BatchMode=yes -o ConnectTimeout=10 ${SSH_PORT:+-p "$SSH_PORT"} "${entry%% *}" true </dev/null >/dev/null 2>&1 ||
@@ -145,6 +155,18 @@ if command -v getent >/dev/null; then  # else every rank would wait out the rend
 fi
 local_ranks=${GPUS_PER_NODE:-${local_host##* }}
 [ "$local_ranks" -ge 1 ] || die "no ranks on this node (slots=0)"
+# With a hostfile DeepSpeed gives each node's ranks GPUs 0..N-1 of what the node shows and drops
+# CUDA_VISIBLE_DEVICES. Where the node shows more GPUs than the variable lists (no device cgroup
+# renumbering them), other GPUs than the listed ones would be used: perhaps another job's.
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && [ "${CUDA_VISIBLE_DEVICES#-}" = "$CUDA_VISIBLE_DEVICES" ] &&
+   command -v nvidia-smi >/dev/null; then
+  IFS=, read -r -a listed_gpus <<< "$CUDA_VISIBLE_DEVICES"
+  expected=$(seq -s, 0 $(( local_ranks - 1 )))
+  shown=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  if [ "$(IFS=,; echo "${listed_gpus[*]:0:$local_ranks}")" != "$expected" ] && [ "$shown" -gt ${#listed_gpus[@]} ]; then
+    die "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES, but the multi-node launcher ignores it and would give this node's $local_ranks ranks GPUs $expected of the $shown it shows: give the job whole nodes, or GPUs through the scheduler's device isolation (cgroups, containers)"
+  fi
+fi
 
 # The launcher leaves OMP_NUM_THREADS unset: every rank would use every core.
 cores=$(nproc)
@@ -163,8 +185,11 @@ else
   case "$user_env" in /*) env_files=("$user_env") ;; *) env_files=("${HOME:-/nonexistent}/$user_env" "$user_env") ;; esac
   for f in "${env_files[@]}"; do [ ! -f "$f" ] || grep -E '^[A-Za-z_][A-Za-z0-9_]*=' "$f" >> "$env_file" || true; done
   read -ra extra_env <<< "${FORWARD_ENV:-}"
+  # NCCL_* too: DeepSpeed forwards them only when it finds a GPU on this node (its CUDA accelerator's
+  # export_envs); started from a login node or a CPU-only torch, NCCL_SOCKET_IFNAME would stay behind
+  read -ra nccl_env <<< "$(compgen -e | grep -E '^NCCL_' | tr '\n' ' ' || true)"
   for n in OMP_NUM_THREADS DS_ACCELERATOR CUDA_DEVICE_MAX_CONNECTIONS TORCH_NCCL_ASYNC_ERROR_HANDLING \
-           GLOO_SOCKET_IFNAME ${extra_env[@]+"${extra_env[@]}"}; do
+           GLOO_SOCKET_IFNAME ${nccl_env[@]+"${nccl_env[@]}"} ${extra_env[@]+"${extra_env[@]}"}; do
     [ -z "${!n:-}" ] || printf '%s=%s\n' "$n" "${!n}" >> "$env_file"
   done
   export DS_ENV_FILE="$env_file"

@@ -25,7 +25,7 @@ DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 # Launcher settings a developer's shell may have exported; the scripts read them as defaults.
 LAUNCH_ENV = ("HOSTFILE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NUM_NODES", "GPUS_PER_NODE", "NUM_RANKS",
               "OMP_NUM_THREADS", "DS_ENV_FILE", "FORWARD_ENV", "DEEPSPEED", "SRUN_ARGS", "ASCENDER_DIR",
-              "SLURM_RUN_DIR", "STOP_WAIT_S")
+              "SLURM_RUN_DIR", "STOP_WAIT_S", "CUDA_VISIBLE_DEVICES")
 
 
 def _tool(name: str, package: str) -> str:
@@ -38,7 +38,8 @@ def _tool(name: str, package: str) -> str:
 
 
 def _clean_env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV and not k.startswith("SLURM_")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCH_ENV and not k.startswith(("SLURM_", "NCCL_"))}
     env.update(extra)
     return env
 
@@ -244,7 +245,9 @@ def test_multi_node_no_ssh_mode_command(stubs, tmp_path):
 
 def test_multi_node_ssh_mode_forwards_environment(stubs):
     env, _, calls = stubs
-    env.update(GLOO_SOCKET_IFNAME="eth7", MY_SETTING="v 1", FORWARD_ENV="MY_SETTING", OMP_NUM_THREADS="3")
+    # NCCL_*: DeepSpeed forwards them only when it sees a GPU on the launching node (none here)
+    env.update(GLOO_SOCKET_IFNAME="eth7", MY_SETTING="v 1", FORWARD_ENV="MY_SETTING", OMP_NUM_THREADS="3",
+               NCCL_SOCKET_IFNAME="ib0", NCCL_IB_HCA="mlx5")
     proc = _run(["bash", "launch/multi_node.sh", "--hostfile", "launch/hostfile.example", "--master_port", "1234",
                  "--gpus_per_node", "2", "--ssh_port", "2222", "--config=configs/demo.yaml"], env=env)
     assert proc.returncode == 0, proc.stderr
@@ -255,8 +258,56 @@ def test_multi_node_ssh_mode_forwards_environment(stubs):
     assert _after(args, "--ssh_port") == "2222"  # an sshd on another port (containers)
     assert _after(args, "--hostfile") == str(REPO_ROOT / "launch" / "hostfile.example")
     forwarded = call["dsenv"].splitlines()
-    for line in ("OMP_NUM_THREADS=3", "GLOO_SOCKET_IFNAME=eth7", "MY_SETTING=v 1"):
+    for line in ("OMP_NUM_THREADS=3", "GLOO_SOCKET_IFNAME=eth7", "MY_SETTING=v 1", "NCCL_SOCKET_IFNAME=ib0",
+                 "NCCL_IB_HCA=mlx5"):
         assert line in forwarded, forwarded
+
+
+@pytest.mark.parametrize("value", ["name=bob's", 'name="0012"', "notes=lr $LR", "notes=`id -un`", "x=a;b",
+                                   "data.sources=[a,b]", "name=a*"])
+def test_multi_node_ssh_mode_refuses_values_the_remote_shell_would_change(stubs, value):
+    """DeepSpeed's pdsh runner quotes only an argument holding a space, and each host's shell parses the
+    line: quotes vanish (a string "0012" would arrive as the number 12), $ and ` run, globs expand."""
+    env, _, calls = stubs
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", "launch/hostfile.example", "--config",
+                 "configs/demo.yaml", "--set", value], env=env)
+    _assert_one_line_error(proc, "ssh mode", value, "--node_rank")
+    assert calls() == []
+
+
+def test_multi_node_ssh_mode_passes_plain_values_and_spaces(stubs):
+    env, _, calls = stubs
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", "launch/hostfile.example", "--config",
+                 "configs/demo.yaml", "--set", "name=run 7", "--set", "optimizer.lr=3e-4",
+                 "--set", "output_dir=runs/a-b_c/d.e"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls()
+    assert call["args"][-6:] == ["--set", "name=run 7", "--set", "optimizer.lr=3e-4", "--set", "output_dir=runs/a-b_c/d.e"]
+
+
+@pytest.mark.parametrize("visible, shown, refused", [
+    ("4,5,6,7", 8, True),  # the launcher would take GPUs 0-3: not the listed ones
+    ("0,1,2,3", 8, False),  # the ones it takes
+    ("4,5,6,7", 4, False),  # a device cgroup shows the node only these: they are 0-3 inside it
+    ("GPU-6f2a,GPU-77b1", 8, True),
+    ("-1", 8, False),  # hides every GPU: nothing to pick
+])
+def test_multi_node_refuses_cuda_visible_devices_the_launcher_would_ignore(stubs, tmp_path, visible, shown, refused):
+    env, out, calls = stubs
+    smi = Path(env["DEEPSPEED"]).parent / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: GPU-{i})'\n" for i in range(shown)))
+    smi.chmod(0o755)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a slots=8\nnode-b slots=8\n")
+    gpus = len(visible.split(","))
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "1", "--gpus_per_node",
+                 str(gpus), "--config", "configs/demo.yaml"], env={**env, "CUDA_VISIBLE_DEVICES": visible})
+    if refused:
+        _assert_one_line_error(proc, f"CUDA_VISIBLE_DEVICES={visible}", "ignores it", f"of the {shown} it shows")
+        assert calls() == []
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert len(calls()) == 1
 
 
 def test_multi_node_launcher_flags_in_equals_form(stubs, tmp_path):
@@ -366,7 +417,7 @@ def test_slurm_runs_one_no_ssh_launcher_per_node(stubs, tmp_path):
     hostfile = tmp_path / "job" / "hostfile"
     assert hostfile.read_text() == "gpu-07 slots=4\ngpu-08 slots=4\n"
     srun_opts = (out / "srun.opts").read_text().splitlines()
-    assert {"--ntasks-per-node=1", "--cpus-per-task=16", "--kill-on-bad-exit=1", "--container-image=img:1",
+    assert {"--ntasks=2", "--ntasks-per-node=1", "--cpus-per-task=16", "--kill-on-bad-exit=1", "--container-image=img:1",
             "--container-mounts=/s:/s"} <= set(srun_opts)
     nodes = calls()
     assert len(nodes) == 2
