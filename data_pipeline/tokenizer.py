@@ -71,12 +71,23 @@ def _training_lines(inputs: Sequence[Path], progress: bool, text_field: str = DE
     texts = iter_training_texts(inputs, text_field)
     for doc in tqdm(texts, desc="train-tokenizer: reading", unit="text", disable=not progress):
         for line in doc.splitlines(keepends=True):
-            while len(line.encode("utf-8")) > _MAX_LINE_BYTES:
-                cut = _MAX_LINE_BYTES // 4  # 4 bytes per char at most: the head is surely short enough
-                yield line[:cut]
-                line = line[cut:]
-            if line:
-                yield line
+            yield from _cut_long_line(line)
+
+
+def _cut_long_line(line: str) -> Iterator[str]:
+    """``line`` in pieces sentencepiece keeps (at most _MAX_LINE_BYTES UTF-8 bytes): heads of
+    _MAX_LINE_BYTES // 4 characters (4 bytes per character at most) while the rest is longer,
+    then the rest. Linear in the line: a line of minified code or a text file without newlines
+    can be gigabytes, and re-encoding the rest after each cut took hours."""
+    remaining = len(line.encode("utf-8"))
+    start, cut = 0, _MAX_LINE_BYTES // 4
+    while remaining > _MAX_LINE_BYTES:
+        head = line[start : start + cut]
+        yield head
+        remaining -= len(head.encode("utf-8"))
+        start += cut
+    if start < len(line):
+        yield line[start:]
 
 
 def _remember_errors(lines: Iterator[str], errors: list) -> Iterator[str]:

@@ -127,3 +127,24 @@ def test_too_little_text_is_an_error(tmp_path, tiny_tokenizer):
 def test_int32_for_large_vocab():
     from data_pipeline.shards import token_dtype
     assert token_dtype(65536) == np.uint16 and token_dtype(65537) == np.int32
+
+
+def _cut_by_reencoding(line: str, max_bytes: int) -> list:
+    """The obviously right, quadratic reading: heads of max_bytes // 4 characters while the rest,
+    re-encoded each time, is longer than max_bytes."""
+    pieces = []
+    while len(line.encode("utf-8")) > max_bytes:
+        pieces.append(line[: max_bytes // 4])
+        line = line[max_bytes // 4 :]
+    return pieces + ([line] if line else [])
+
+
+@pytest.mark.parametrize("line", ["", "short\n", "a" * 16384, "a" * 16385, "é" * 8192, "é" * 8193,
+                                  "x" * 5000 + "€" * 7000 + "🙂" * 3000 + "\n", "🙂" * 40000])
+def test_long_training_lines_are_cut_where_sentencepiece_keeps_every_piece(line):
+    from data_pipeline import tokenizer as tokenizer_mod
+
+    limit = tokenizer_mod._MAX_LINE_BYTES
+    pieces = list(tokenizer_mod._cut_long_line(line))
+    assert pieces == _cut_by_reencoding(line, limit)
+    assert "".join(pieces) == line and all(0 < len(p.encode("utf-8")) <= limit for p in pieces)
