@@ -18,11 +18,17 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
+import re
+import shutil
+import socket
 import tempfile
 from pathlib import Path
 
 from .errors import DataError
+
+log = logging.getLogger(__name__)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -177,3 +183,39 @@ def _unlink_quietly(path) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def run_temp_dir(parent: Path, kind: str) -> Path:
+    """A new temporary directory in ``parent`` for one run's work (``.<kind>-tmp-<machine>-<pid>-*``),
+    after removing the ones runs on this machine left when they were killed outright (SIGKILL, out
+    of memory, a scheduler's kill: no ``finally`` ran), which may hold a dataset's worth of shards.
+    A directory of a live process, of another machine or of another container is left alone:
+    another job may be writing it."""
+    prefix = f".{kind}-tmp-{_machine_tag()}-"
+    for path in sorted(Path(parent).glob(f"{prefix}*")):
+        pid = re.fullmatch(r"(\d+)-.+", path.name[len(prefix):])
+        if pid is not None and path.is_dir() and not _process_alive(int(pid.group(1))):
+            log.warning("removing %s, left by a run on this machine that was killed (process %s)", path, pid.group(1))
+            shutil.rmtree(path, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+
+
+def _machine_tag() -> str:
+    """This host and process-id namespace (containers on one host number processes apart), as
+    one name-safe word: process ids are only comparable within it."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    host = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
+    return f"{host}_{namespace}"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -28,7 +28,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import atomic_write_json, fsync_dir, sha256_bytes, write_durably
+from ._io import atomic_write_json, fsync_dir, run_temp_dir, sha256_bytes, write_durably
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, Piece, expand_inputs, iter_piece, kind_of, parquet_file
 from .shards import (MANIFEST_NAME, Manifest, ShardInfo, _ENCODE_BATCH, _batched, _finalize, _samples_per_shard,
@@ -169,7 +168,7 @@ def run_job(inputs, tokenizer: Tokenizer, parts_dir: Path, settings: dict, *, jo
     sub = partition(mine, workers) if mine else [[] for _ in range(workers)]
     parts_dir.mkdir(parents=True, exist_ok=True)
     stem = f"job-{job_index:05d}-of-{job_count:05d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{stem}-tmp-", dir=parts_dir))
+    tmp = run_temp_dir(parts_dir, stem)
     try:
         dtype = token_dtype(tokenizer.padded_vocab_size).name
         args = [(pieces, str(tokenizer.model_path), dtype, text_field, str(tmp / f"{stem}.{k:03d}.bin"))
@@ -324,7 +323,7 @@ def merge(out_dir: Path, *, parts_dir: Path | None = None, workers: int = 1, kee
         raise DataError(str(out_dir), f"documents gave fewer than {sample_len} tokens: not one sample to write")
     meta = {"tokenizer_sha256": tok["tokenizer_sha256"], "seq_length": settings["seq_length"], "dtype": dtype.name,
             "vocab_size": tok["vocab_size"]}
-    tmp_dir = Path(tempfile.mkdtemp(prefix=".shards-tmp-", dir=out_dir))
+    tmp_dir = run_temp_dir(out_dir, "shards")
     try:
         jobs = [(files, counts, dtype.name, meta, i, min(capacity, n_samples - i), sample_len,
                  str(tmp_dir / f"{i // capacity:06d}.tar")) for i in range(0, n_samples, capacity)]
@@ -357,7 +356,7 @@ def write_shards_parallel(inputs, tokenizer: Tokenizer, out_dir: Path, seq_lengt
     out_dir = Path(out_dir)
     check_workers(workers)
     check_shard_settings(out_dir, seq_length, val_fraction, samples_per_shard, shard_max_bytes, prefix)
-    parts_dir = Path(tempfile.mkdtemp(prefix=".parts-tmp-", dir=out_dir))
+    parts_dir = run_temp_dir(out_dir, "parts")
     try:
         with _pool(workers) as pool:  # one set of processes for both phases
             run_job(inputs, tokenizer, parts_dir, shard_settings(seq_length, samples_per_shard, shard_max_bytes,

@@ -33,7 +33,6 @@ import os
 import re
 import shutil
 import tarfile
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -43,7 +42,7 @@ from tqdm import tqdm
 
 from ascender_dist.config.checks import url_template_problem
 
-from ._io import atomic_write_json, fsync_dir, sha256_bytes, write_durably
+from ._io import atomic_write_json, fsync_dir, run_temp_dir, sha256_bytes, write_durably
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, iter_documents
 from .tokenizer import Tokenizer
@@ -374,7 +373,7 @@ def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, ou
     capacity = _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len, dtype)
     meta = {"tokenizer_sha256": tokenizer.sha256, "seq_length": seq_length, "dtype": dtype.name,
             "vocab_size": tokenizer.vocab_size}
-    tmp_dir = Path(tempfile.mkdtemp(prefix=".shards-tmp-", dir=out_dir))
+    tmp_dir = run_temp_dir(out_dir, "shards")
     try:
         written, n_docs, dropped = _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len,
                                                      dtype, meta, num_threads, progress, text_field)
