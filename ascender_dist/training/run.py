@@ -151,13 +151,21 @@ def resume_tag_for_layout(directory: Path, pstate: ParallelState, zero_stage: in
     saved_dp = meta.get("data_parallel_size", pstate.dp_size)
     if saved_dp == pstate.dp_size or zero_stage == 0:  # ZeRO-0: every rank holds the whole optimizer state
         return tag
-    if zero_stage == 3:
-        from ascender_dist.config.errors import ConfigError
+    from ascender_dist.config.errors import ConfigError
 
+    start_over = (f"resume at data-parallel size {saved_dp}, or start from its weights (`ascender-dist "
+                  f"consolidate`, then checkpoint.init_from)")
+    if zero_stage == 3:
         raise ConfigError("parallel", f"{directory / tag} was saved at data-parallel size {saved_dp} with ZeRO-3; "
                           f"resuming at {pstate.dp_size} is not supported (DeepSpeed's ZeRO-3 universal load "
-                          f"does not restore the optimizer exactly): resume at data-parallel size {saved_dp}, or "
-                          f"start from its weights (`ascender-dist consolidate`, then checkpoint.init_from)")
+                          f"does not restore the optimizer exactly): {start_over}")
+    if pstate.pp_size > 1:
+        # the first and last stages each hold the tied embedding module under one name; DeepSpeed's
+        # universal conversion keeps one stage's copy for both (a learned position table only the
+        # first stage trains would come back untrained), and no test has run this path
+        raise ConfigError("parallel", f"{directory / tag} was saved at data-parallel size {saved_dp} with pipeline "
+                          f"parallelism; resuming at {pstate.dp_size} is not supported (DeepSpeed's universal "
+                          f"conversion merges the stages' copies of the tied embeddings): {start_over}")
     if pstate.is_logging_rank:
         log.info("data-parallel size changed %d -> %d: reading %s through a universal checkpoint",
                  saved_dp, pstate.dp_size, tag)

@@ -91,6 +91,9 @@ def _tag_saved_with(directory, **layout):
      r"parallel\.zero_stage: 1"),
     ({"tensor_model_parallel_size": 1}, dict(tp_size=2, pp_size=1, dp_size=2, zero_stage=1),
      r"^parallel: .*step_00000004 was saved at tp x pp = 1 x 1; resuming at 2 x 1 needs"),
+    ({"pipeline_model_parallel_size": 2}, dict(tp_size=1, pp_size=2, dp_size=1, zero_stage=1),
+     r"^parallel: .*step_00000004 was saved at data-parallel size 2 with pipeline parallelism; resuming at 1 "
+     r"is not supported .*tied embeddings.*resume at data-parallel size 2"),
 ])
 def test_a_layout_that_cannot_be_bridged_is_named_before_loading(tmp_path, layout, run, message):
     """Checked on every resume, the data-parallel size unchanged too (DeepSpeed's own failures
@@ -104,7 +107,8 @@ def test_a_layout_that_cannot_be_bridged_is_named_before_loading(tmp_path, layou
     with pytest.raises(ConfigError, match=message):
         resume_tag_for_layout(tmp_path, SimpleNamespace(is_logging_rank=True, **run), zero_stage)
     # the same layout resumes from the tag itself
-    assert resume_tag_for_layout(tmp_path, SimpleNamespace(is_logging_rank=True, tp_size=1, pp_size=1, dp_size=2),
+    pp = layout.get("pipeline_model_parallel_size", 1)
+    assert resume_tag_for_layout(tmp_path, SimpleNamespace(is_logging_rank=True, tp_size=1, pp_size=pp, dp_size=2),
                                  1) == "step_00000004"
 
 
