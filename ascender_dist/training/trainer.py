@@ -110,6 +110,8 @@ class Trainer:
         self.engine = self._engine_for(tag)
         client_state = ckpt.load_checkpoint(self.engine, self.derived.checkpoint_dir, tag)
         if client_state is None:
+            # a job of this run that died before its first checkpoint logged steps this one logs again
+            self.metrics.continue_at(self.step)
             return False
         if "step" not in client_state:  # a universal copy may not carry our client state
             client_state = ckpt.read_meta(self.derived.checkpoint_dir, tag.removesuffix(ckpt.UNIVERSAL))
