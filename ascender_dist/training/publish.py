@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from data_pipeline._io import fsync_dir
+
 
 def publish_directory(staged: Path, final: Path, aside: Path,
                       keep_old: Callable[[Path], bool] = lambda old: True) -> bool:
@@ -22,7 +24,9 @@ def publish_directory(staged: Path, final: Path, aside: Path,
     to ``aside`` (a stale ``aside`` is deleted before), or deleted when ``keep_old(final)`` says it
     is not worth keeping (an incomplete directory). Returns whether ``aside`` now holds the previous
     ``final``: the caller deletes it when the new one is in use, and reads it if this raises
-    between the renames."""
+    between the renames. The renames are forced to stable storage before it returns: whatever
+    the caller writes next to point at ``final`` (a checkpoint's ``latest``) must not outlive them
+    in a power loss."""
     moved = False
     if final.exists():
         shutil.rmtree(aside, ignore_errors=True)
@@ -32,4 +36,5 @@ def publish_directory(staged: Path, final: Path, aside: Path,
         else:
             shutil.rmtree(final)
     os.replace(staged, final)
+    fsync_dir(final.parent)
     return moved
