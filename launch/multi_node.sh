@@ -118,6 +118,8 @@ if is_loopback "$MASTER_ADDR" && [ ${#HOSTS[@]} -gt 1 ]; then
 fi
 
 cd "$(dirname "$0")/.."
+# shellcheck source=launch/run_launcher.sh
+. launch/run_launcher.sh
 [ -d .venv/bin ] && export PATH="$PWD/.venv/bin:$PATH"
 DEEPSPEED=${DEEPSPEED:-deepspeed}
 command -v "$DEEPSPEED" >/dev/null || die "launcher $DEEPSPEED not found (run launch/setup.sh, or use the docker image)"
@@ -155,17 +157,9 @@ if command -v getent >/dev/null; then  # else every rank would wait out the rend
 fi
 local_ranks=${GPUS_PER_NODE:-${local_host##* }}
 [ "$local_ranks" -ge 1 ] || die "no ranks on this node (slots=0)"
-# With a hostfile DeepSpeed gives each node's ranks GPUs 0..N-1 of what the node shows and drops
-# CUDA_VISIBLE_DEVICES. Where the node shows more GPUs than the variable lists (no device cgroup
-# renumbering them), other GPUs than the listed ones would be used: perhaps another job's.
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && [ "${CUDA_VISIBLE_DEVICES#-}" = "$CUDA_VISIBLE_DEVICES" ] &&
-   command -v nvidia-smi >/dev/null; then
-  IFS=, read -r -a listed_gpus <<< "$CUDA_VISIBLE_DEVICES"
-  expected=$(seq -s, 0 $(( local_ranks - 1 )))
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && command -v nvidia-smi >/dev/null; then  # (ignored_gpus_problem)
   shown=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
-  if [ "$(IFS=,; echo "${listed_gpus[*]:0:$local_ranks}")" != "$expected" ] && [ "$shown" -gt ${#listed_gpus[@]} ]; then
-    die "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES, but the multi-node launcher ignores it and would give this node's $local_ranks ranks GPUs $expected of the $shown it shows: give the job whole nodes, or GPUs through the scheduler's device isolation (cgroups, containers)"
-  fi
+  problem=$(ignored_gpus_problem "$local_ranks" "$CUDA_VISIBLE_DEVICES" "$shown") || die "$problem"
 fi
 
 # The launcher leaves OMP_NUM_THREADS unset: every rank would use every core.
@@ -187,7 +181,7 @@ else
   read -ra extra_env <<< "${FORWARD_ENV:-}"
   # NCCL_* too: DeepSpeed forwards them only when it finds a GPU on this node (its CUDA accelerator's
   # export_envs); started from a login node or a CPU-only torch, NCCL_SOCKET_IFNAME would stay behind
-  read -ra nccl_env <<< "$(compgen -e | grep -E '^NCCL_' | tr '\n' ' ' || true)"
+  mapfile -t nccl_env < <(compgen -e | grep -E '^NCCL_' || true)
   for n in OMP_NUM_THREADS DS_ACCELERATOR CUDA_DEVICE_MAX_CONNECTIONS TORCH_NCCL_ASYNC_ERROR_HANDLING \
            GLOO_SOCKET_IFNAME ${nccl_env[@]+"${nccl_env[@]}"} ${extra_env[@]+"${extra_env[@]}"}; do
     [ -z "${!n:-}" ] || printf '%s=%s\n' "$n" "${!n}" >> "$env_file"
@@ -199,8 +193,6 @@ echo "multi_node.sh: ${#HOSTS[@]} nodes, $local_ranks ranks per node, master $MA
 # SIGTERM to this script: with the ranks on this host (--node_rank, or one host) they save and stop
 # (exit 75); over pdsh the runner ends the remote launchers. SIGUSR1 (a scheduler's warning, e.g.
 # slurm.sbatch's --signal) is for the ranks, not the launcher (launch/run_launcher.sh)
-# shellcheck source=launch/run_launcher.sh
-. launch/run_launcher.sh
 mode=ssh
 if [ -n "$NODE_RANK" ] || [ ${#HOSTS[@]} -eq 1 ]; then mode=local; fi  # one host: DeepSpeed runs no pdsh
 rc=0

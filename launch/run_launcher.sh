@@ -50,6 +50,21 @@ visible_gpu_include() {  # $1: ranks, $2: CUDA_VISIBLE_DEVICES; prints the launc
   echo "localhost:$(IFS=,; echo "${listed[*]:0:$ranks}")"
 }
 
+ignored_gpus_problem() {  # $1: ranks per node, $2: CUDA_VISIBLE_DEVICES, $3: GPUs the node shows (nvidia-smi)
+  # With a hostfile DeepSpeed gives each node's ranks GPUs 0..N-1 of what the node shows and drops
+  # CUDA_VISIBLE_DEVICES. Where the node shows more GPUs than the variable lists (no device cgroup
+  # renumbering them), other GPUs than the listed ones would be used: perhaps another job's. Prints
+  # that in one line with status 2; nothing for a value it cannot mislead (unset, hiding every GPU).
+  local ranks=$1 visible=$2 shown=$3 listed expected
+  [ -n "$visible" ] && [ "${visible#-}" = "$visible" ] || return 0
+  IFS=, read -r -a listed <<< "$visible"
+  expected=$(seq -s, 0 $(( ranks - 1 )))
+  if [ "$(IFS=,; echo "${listed[*]:0:$ranks}")" != "$expected" ] && [ "$shown" -gt ${#listed[@]} ]; then
+    echo "CUDA_VISIBLE_DEVICES=$visible, but the multi-node launcher ignores it and would give this node's $ranks ranks GPUs $expected of the $shown it shows: give the job whole nodes, or GPUs through the scheduler's device isolation (cgroups, containers)"
+    return 2
+  fi
+}
+
 _launcher_term() {  # $1: the launcher's pid; local mode
   _launcher_terms=$((_launcher_terms + 1))
   if [ "$_launcher_terms" -eq 1 ]; then
