@@ -312,6 +312,27 @@ def _step_tag_of(name: str) -> str:
     return name.removesuffix(UNIVERSAL).removesuffix(REPLACED)
 
 
+def _crash_leftover(path: Path) -> bool:
+    """Whether ``path`` is what a crashed save, prune or universal conversion left behind and nothing
+    reads: a staging (``.partial``) or half-deleted (``.deleting``) tag directory, or a universal
+    conversion's work file (ensure_universal). Optimizer-sized, so removed before a save writes too."""
+    name = path.name
+    if name.startswith(".") and UNIVERSAL in name and name.endswith((".tmp", ".old", ".failed", ".alive")):
+        return True
+    return name.endswith((PARTIAL, DELETING)) and bool(_TAG_RE.match(_step_tag_of(name.rsplit(".", 1)[0])))
+
+
+def _remove_leftover(path: Path) -> None:
+    """Delete a leftover directory (or file) that is no checkpoint: its COMPLETE marker first, so a
+    crash mid-delete never leaves a ``.replaced`` that a later _prune, after its step's tag is
+    pruned, would rename back as a complete checkpoint."""
+    if path.is_dir():
+        (path / COMPLETE).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
     """Delete complete checkpoints beyond the newest ``keep_last`` (and their universal copies),
     incomplete ones older than latest, and what crashed saves and conversions left behind (staging,
@@ -326,20 +347,16 @@ def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
     listing = list(Path(checkpoint_dir).iterdir())
     names = {path.name for path in listing}  # what existed before this pass deleted anything
     for path in listing:
-        if path.name.startswith(".") and UNIVERSAL in path.name and path.name.endswith((".tmp", ".old", ".failed", ".alive")):
-            # what an interrupted or failed universal conversion left (ensure_universal): optimizer-sized
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        if _crash_leftover(path):
+            _remove_leftover(path)
             continue
         if not path.is_dir() or path.name in keep:
             continue
         base = path.with_name(path.name.rsplit(".", 1)[0])
         if path.name.endswith(REPLACED) and base.name not in names and (path / COMPLETE).is_file():
             os.replace(path, base)  # a save crashed mid-swap: this is still that step's checkpoint
-        elif path.name.endswith((PARTIAL, REPLACED, DELETING)) and _TAG_RE.match(_step_tag_of(base.name)):
-            # its marker first: a crash mid-delete must not leave a .replaced that a later pass,
-            # after its step's tag is pruned, would rename back as a complete checkpoint
-            (path / COMPLETE).unlink(missing_ok=True)
-            shutil.rmtree(path, ignore_errors=True)
+        elif path.name.endswith(REPLACED) and _TAG_RE.match(_step_tag_of(base.name)):
+            _remove_leftover(path)
         elif path.name.endswith(UNIVERSAL) and _TAG_RE.match(_step_tag_of(path.name)):
             if path.name.removesuffix(UNIVERSAL) not in keep:  # (a .replaced source is never kept)
                 _remove_tag(path)  # its source is pruned: a copy is made again when needed
@@ -462,7 +479,11 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
 
     def prepare():
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(checkpoint_dir / staged, ignore_errors=True)  # a crash left a half-written save
+        # what crashed saves left (this step's half-written save among them) goes before this one writes:
+        # the disk then needs room for keep_last checkpoints and one being written, not also the leftovers
+        for path in list(checkpoint_dir.iterdir()):
+            if _crash_leftover(path):
+                _remove_leftover(path)
         (checkpoint_dir / staged).mkdir()
 
     failure = first_failure(_writing(prepare, checkpoint_dir) if rank == 0 else None)

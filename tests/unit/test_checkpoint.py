@@ -263,6 +263,29 @@ def test_a_crash_while_pruning_leaves_no_complete_looking_tag_with_files_missing
                                                                         "step_00000005"]
 
 
+def test_what_crashed_saves_left_is_removed_before_the_next_save_writes(single_rank_group, tmp_path):
+    """A disk sized for keep_last checkpoints and one being written: the staging and half-deleted
+    directories of crashed saves (optimizer-sized) go before DeepSpeed writes, not only in the prune
+    after it; complete checkpoints and a moved-aside copy that may be the only complete one stay."""
+    _save(tmp_path, 1, "v1")
+    os.replace(tmp_path / "step_00000001", tmp_path / "step_00000001.replaced")  # a crash mid-swap: the only copy
+    leftovers = ["step_00000002.partial", "step_00000001-universal.deleting", "step_00000000.deleting"]
+    for name in leftovers:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "optimizer.pt").write_text("x" * 100)
+    (tmp_path / ".step_00000001-universal.tmp").mkdir()
+    seen_at_write = []
+
+    class Watching(FakeEngine):
+        def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+            seen_at_write.extend(sorted(p.name for p in Path(save_dir).iterdir()))
+            super().save_checkpoint(save_dir, tag, client_state, save_latest)
+
+    ckpt.save_checkpoint(Watching("v3"), tmp_path, 3, client_state={}, keep_last=3)
+    assert seen_at_write == ["latest", "step_00000001.replaced", "step_00000003.partial"]
+    assert _load(tmp_path) == "v3" and ckpt.complete_tags(tmp_path) == ["step_00000001", "step_00000003"]
+
+
 def test_universal_copies_go_with_their_source_tag(single_rank_group, tmp_path):
     for step in (1, 2, 3):
         _save(tmp_path, step, f"v{step}")
