@@ -9,7 +9,8 @@ OLMo-core), so a new measurement is a new callback instead of a patch of the Tra
   on_step_end(trainer, values)            after it (``trainer.step`` counts it); add scalars to ``values``
   on_validation_start(trainer)            before each validation pass
   on_validation_end(trainer, loss)        after it, with the mean loss
-  on_log(trainer, values)                 the step's scalars, complete (validation included)
+  on_log(trainer, values)                 the step's scalars, complete (validation included), or a
+                                          validation alone ({"val/loss"}) that a stop left due
   on_rollback(trainer)                    after a rollback to an earlier checkpoint
   on_save(trainer, tag)                   after a checkpoint is complete on every rank
   on_exception(trainer, error)            the run stops with ``error`` (re-raised afterwards)
@@ -141,6 +142,9 @@ class MetricLogging(Callback):
     def on_log(self, trainer, values: dict) -> None:
         self._pending = None
         self.metrics.scalars(trainer.step, values)
+        if "train/loss" not in values:  # a validation alone (due after a stop): its own line
+            self.metrics.line(trainer.step, self.train_steps, values)
+            return
         self._interval.append(values)
         if trainer.step % self.log_interval == 0 or trainer.step == self.train_steps:
             line = interval_averages(self._interval)

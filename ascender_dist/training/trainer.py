@@ -67,6 +67,8 @@ class Trainer:
         self.losses: list[float] = []  # per-step training loss (mean over the global batch), for tests
         self.stop_reason: Optional[str] = None  # set by request_stop: fit saves and ends after this step
         self.last_saved_tag: Optional[str] = None  # this process's newest complete save
+        # the step whose validation a stop skipped (the save came first): run when training goes on from it
+        self.validation_due: Optional[int] = None
         self.data_record = {"data_fingerprint": data_fingerprint(cfg), "data_changes": []}  # -> meta.json
         if cfg.checkpoint.auto_resume:
             self.resume()
@@ -126,6 +128,7 @@ class Trainer:
             self.rollback_policy.load_state_dict(client_state["rollback"])
         self.skipped_steps = int(client_state.get("skipped_steps", self.engine.skipped_steps))
         self.rollbacks = int(client_state.get("rollbacks", 0))  # train/rollbacks goes on across restarts
+        self.validation_due = self.step if client_state.get("validation_due") else None
         self.metrics.continue_at(self.step)  # TensorBoard hides the steps after it logged before
         if self.pstate.is_logging_rank:
             log.info("resumed from %s at step %d", self.derived.checkpoint_dir / tag if tag else
@@ -162,6 +165,7 @@ class Trainer:
             client_state={"step": step, "data": self.loader.state_dict(), "config": to_dict(self.cfg),
                           "guard": self.guard.state_dict(), "rollback": self.rollback_policy.state_dict(),
                           "skipped_steps": self.skipped_steps, "rollbacks": self.rollbacks,
+                          "validation_due": self.validation_due == step,
                           "padded_vocab_size": self.derived.padded_vocab_size},
             keep_last=self.cfg.checkpoint.keep_last,
             extra_files={"config.yaml": dump_yaml(to_dict(self.cfg)),
@@ -231,6 +235,15 @@ class Trainer:
         losses = [self.engine(next(batches)["tokens"].to(self.pstate.device)) for _ in range(iters)]
         self.engine.train()
         return _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
+
+    def _validate_if_due(self) -> None:
+        """The validation that a stop skipped at the current step (``validation_due``), logged at
+        that step on its own: the resumed job runs it before its first step (a completed run after
+        its final save), so the curve keeps every ``train.eval_interval`` point."""
+        if self.validation_due != self.step:
+            return
+        self.validation_due = None
+        self._call("on_log", {"val/loss": self.validate()})
 
     def _after_step(self, values: dict, batches):
         """Bad-step bookkeeping; after ``max_consecutive_bad_steps`` skips, roll back (see
@@ -335,6 +348,7 @@ class Trainer:
                         self.derived.output_dir, self.step, t.train_steps)
         self._call("on_train_start")
         while self.step < last_step:
+            self._validate_if_due()  # after a resume, or a rollback, to a stop's checkpoint
             self._call("on_step_start")
             values = self.train_step(batches)
             self.step += 1
@@ -349,8 +363,11 @@ class Trainer:
                 if self.stop_reason is not None:
                     break  # the checkpoint just loaded is the one to continue from
                 continue  # the step went back to the checkpoint: nothing of this step to log or save
-            if t.eval_interval and self.step % t.eval_interval == 0 and self.stop_reason is None:
-                values["val/loss"] = self.validate()  # not when stopping: the save comes first
+            if t.eval_interval and self.step % t.eval_interval == 0:
+                if self.stop_reason is None:
+                    values["val/loss"] = self.validate()
+                else:  # the save comes first; the checkpoint records the validation as due
+                    self.validation_due = self.step
             self._call("on_log", values)
             # never in a row of skipped steps: the weights may be diverged, and the save could replace a
             # good checkpoint of the same step that a rollback would need
@@ -368,6 +385,8 @@ class Trainer:
             elif self.pstate.is_logging_rank:
                 log.warning("no final save at step %d: its last %d steps were skipped, the newest checkpoint "
                             "stays the latest", self.step, self.consecutive_bad)
+        if self.stop_reason is None:
+            self._validate_if_due()  # a stop decided on the last step: saved first, the run is complete
         if self.stop_reason is not None and self.pstate.is_logging_rank:
             log.warning("stopped at step %d of %d (%s); the newest checkpoint is %s: run the same command "
                         "again to continue", self.step, t.train_steps, self.stop_reason,

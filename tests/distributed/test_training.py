@@ -45,6 +45,19 @@ def test_separation_joins_at_its_start_step_through_the_trainers_step(results):
                 assert (entry[name] > 0) == (step >= 2), (step, name, value)
 
 
+def test_a_stop_on_a_validation_step_validates_when_the_run_goes_on(results):
+    for value in assert_check(results, "stop_on_a_validation_step"):
+        straight = value["straight"]
+        assert [step for step, _ in straight] == [2, 4], value
+        assert value["stopped_at"] == 2 and value["stopped"] == [], value  # the save came first
+        assert value["start"] == 2 and value["resumed"] == straight, value  # same weights, same batches
+        # the due validation on its own at step 2, then step 3's scalars (JSON: lists)
+        (due_step, due_keys), (next_step, next_keys) = value["resumed_logged"]
+        assert (due_step, due_keys, next_step) == (2, ["val/loss"], 3) and "train/loss" in next_keys, value
+        assert value["last"] == straight, value  # the last step's, after its final save
+    assert assert_check(results, "stop_on_a_validation_step")[0]["board_val_steps"] == [2, 4]
+
+
 def test_layer_statistics_are_reduced_over_the_data_parallel_replicas(results):
     for value in assert_check(results, "layer_stats_over_replicas"):  # ranks: (1, 2) and (2, 5)
         assert value == {"connection/steps_mean/layer02": 1.5, "connection/steps_max/layer02": 5.0}

@@ -127,6 +127,44 @@ def separation_schedule(data, root: Path) -> dict:
     return [{"step": step, **entry, "layer_steps": sorted(entry["layer_steps"])} for step, entry in sorted(seen.items())]
 
 
+def stop_on_a_validation_step(data, root: Path) -> dict:
+    """A stop decided on a step that validates saves first and skips the validation; the checkpoint
+    records it as due, and the resumed job runs it before its first step: the validation curve and
+    TensorBoard have every eval_interval point, with the straight run's losses. A stop on the last
+    step (which validates too) validates after its final save."""
+    from ascender_dist.training.callbacks import Callback
+    from tests.helpers.tensorboard import read_scalars
+
+    class Record(Callback):
+        def __init__(self, stop_at=None):
+            self.stop_at, self.curve, self.logged = stop_at, [], []
+
+        def on_step_end(self, trainer, values):
+            if trainer.step == self.stop_at:
+                trainer.request_stop("a test's request")
+
+        def on_validation_end(self, trainer, loss):
+            self.curve.append((trainer.step, loss))
+
+        def on_log(self, trainer, values):
+            self.logged.append((trainer.step, sorted(values)))
+
+    sections = {"train": {"train_steps": 4, "eval_interval": 2, "eval_iters": 2}}
+    straight = Record()
+    _trainer(data, root / "val_straight", callbacks=[straight], **sections).fit()
+    stopped, resumed, last = Record(stop_at=2), Record(), Record(stop_at=4)
+    first = _trainer(data, root / "val_stopped", callbacks=[stopped], **sections)
+    first.fit()
+    second = _trainer(data, root / "val_stopped", callbacks=[resumed], **sections)
+    start = second.step
+    second.fit()
+    _trainer(data, root / "val_last", callbacks=[last], **sections).fit()
+    board = read_scalars(root / "val_stopped" / "tensorboard") if second.pstate.is_logging_rank else {}
+    return {"straight": straight.curve, "stopped": stopped.curve, "stopped_at": first.step, "start": start,
+            "resumed": resumed.curve, "resumed_logged": resumed.logged[:2], "last": last.curve,
+            "board_val_steps": [step for step, _ in board.get("val/loss", [])]}
+
+
 DP_CHANGE_STAGES = (0, 1, 2, 3)
 
 
@@ -141,6 +179,7 @@ def main(args):
                    (lambda stage=stage: resume_takes_the_configs_optimizer_settings(data, root, stage))
                    for stage in (0, 1)})
     checks["separation_schedule"] = lambda: separation_schedule(data, root)
+    checks["stop_on_a_validation_step"] = lambda: stop_on_a_validation_step(data, root)
     return run_checks(checks)
 
 
