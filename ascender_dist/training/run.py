@@ -124,7 +124,9 @@ def _check_saved_layout(tag_dir: Path, meta: dict, pstate: ParallelState, zero_s
 
     saved = (meta.get("tensor_model_parallel_size", pstate.tp_size), meta.get("pipeline_model_parallel_size", pstate.pp_size))
     if saved != (pstate.tp_size, pstate.pp_size):
-        raise ConfigError("parallel", f"{tag_dir} was saved at tp x pp = {saved[0]} x {saved[1]}; resuming "
+        size = "tensor_model_parallel_size" if saved[0] != pstate.tp_size else "pipeline_model_parallel_size"
+        field = f"parallel.{size}"
+        raise ConfigError(field, f"{tag_dir} was saved at tp x pp = {saved[0]} x {saved[1]}; resuming "
                           f"at {pstate.tp_size} x {pstate.pp_size} needs `ascender-dist consolidate` then `reshard`")
     saved_stage = meta.get("zero_stage", zero_stage)
     if saved_stage != zero_stage:  # DeepSpeed's optimizer state differs by stage

@@ -90,7 +90,9 @@ def _tag_saved_with(directory, **layout):
      r"^parallel\.zero_stage: .*step_00000004 was saved with ZeRO stage 1, this run uses 0: resume with "
      r"parallel\.zero_stage: 1"),
     ({"tensor_model_parallel_size": 1}, dict(tp_size=2, pp_size=1, dp_size=2, zero_stage=1),
-     r"^parallel: .*step_00000004 was saved at tp x pp = 1 x 1; resuming at 2 x 1 needs"),
+     r"^parallel\.tensor_model_parallel_size: .*step_00000004 was saved at tp x pp = 1 x 1; resuming at 2 x 1 needs"),
+    ({"pipeline_model_parallel_size": 2}, dict(tp_size=1, pp_size=1, dp_size=2, zero_stage=1),
+     r"^parallel\.pipeline_model_parallel_size: .*step_00000004 was saved at tp x pp = 1 x 2; resuming at 1 x 1 "),
     ({"pipeline_model_parallel_size": 2}, dict(tp_size=1, pp_size=2, dp_size=1, zero_stage=1),
      r"^parallel: .*step_00000004 was saved at data-parallel size 2 with pipeline parallelism; resuming at 1 "
      r"is not supported .*tied embeddings.*resume at data-parallel size 2"),

@@ -160,8 +160,8 @@ def stop_on_a_validation_step(data, root: Path) -> dict:
     second.fit()
     _trainer(data, root / "val_last", callbacks=[last], **sections).fit()
     board = read_scalars(root / "val_stopped" / "tensorboard") if second.pstate.is_logging_rank else {}
-    return {"straight": straight.curve, "stopped": stopped.curve, "stopped_at": first.step, "start": start,
-            "resumed": resumed.curve, "resumed_logged": resumed.logged[:2], "last": last.curve,
+    return {"straight": straight.curve, "stopped": stopped.curve, "stopped_at": first.step,
+            "start": start, "resumed": resumed.curve, "resumed_logged": resumed.logged[:2], "last": last.curve,
             "board_val_steps": [step for step, _ in board.get("val/loss", [])]}
 
 
