@@ -2,7 +2,8 @@
 
 Formats (chosen by file name; a directory or glob expands to the files below it, sorted):
 
-* ``.txt`` / ``.text`` / ``.md`` (and any unknown suffix given explicitly): one document per file;
+* ``.txt`` / ``.text`` / ``.md`` (and any unknown suffix given explicitly): one document per file
+  (a file over ``LONG_TEXT_BYTES`` comes as :class:`TextParts`, read and tokenized in parts);
 * ``.jsonl`` / ``.json`` (one JSON object per line), also ``.jsonl.gz`` and ``.jsonl.zst``
   (decompressed as a stream, never whole in memory): the string field ``text_field`` per line;
 * ``.parquet`` (pyarrow, read one record batch at a time): the column ``text_field`` per row;
@@ -43,6 +44,8 @@ _TEXT = (".txt", ".text", ".md")
 _TAR = (".tar", ".tar.gz", ".tgz")
 _READ_CHUNK = 1 << 20
 _PARQUET_BATCH_ROWS = 1024
+LONG_TEXT_BYTES = 64 << 20  # a text file above this is one document read in parts (TextParts)
+TEXT_PART_BYTES = 16 << 20  # the size a part of a TextParts document grows to before it ends at a newline
 
 
 # --------------------------------------------------------------------------- what a path is
@@ -133,8 +136,8 @@ class Piece:
         return self.lo == 0 and self.hi == -1
 
 
-def iter_piece(piece: Piece, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
-    """Documents of one piece, streamed."""
+def iter_piece(piece: Piece, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str | "TextParts"]:
+    """Documents of one piece, streamed: str, or TextParts for a long plain-text file."""
     path = Path(piece.path)
     kind = kind_of(path)
     if kind == "jsonl":
@@ -149,11 +152,11 @@ def iter_piece(piece: Piece, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[s
         return iter_tar_texts(path, text_field)
     if kind == "dir":
         raise DataError(str(path), "a directory must be expanded first (expand_inputs)")
-    return iter([read_text_file(path)])
+    return iter([text_document(path)])
 
 
-def iter_documents(inputs: Iterable[Path | str], text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
-    """Every document of ``inputs`` (files, directories, globs), in order."""
+def iter_documents(inputs: Iterable[Path | str], text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str | "TextParts"]:
+    """Every document of ``inputs`` (files, directories, globs), in order (see iter_piece)."""
     for path in expand_inputs(inputs):
         yield from iter_piece(Piece(str(path)), text_field)
 
@@ -171,6 +174,56 @@ def read_text_file(path: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise DataError(str(path), f"not valid UTF-8 (byte {e.start}: {e.reason})") from None
+
+
+def text_document(path: Path) -> "str | TextParts":
+    """A plain-text file as one document: its text (read_text_file), or TextParts when it is over
+    LONG_TEXT_BYTES (its tokens would take 10-15x its size in memory if it were encoded whole)."""
+    try:
+        size = Path(path).stat().st_size
+    except OSError as e:
+        raise DataError(str(path), f"cannot read ({e.strerror or e})") from None
+    return TextParts(Path(path), size) if size > LONG_TEXT_BYTES else read_text_file(path)
+
+
+class TextParts:
+    """One document, a long plain-text file, as consecutive parts of its text: each part but the
+    last ends just after a newline, once it holds ``part_bytes`` bytes (a line longer than that
+    stays whole in its part). Iterating reads the file again, in blocks; a consumer that encodes
+    part by part needs memory for one part, not the file (:meth:`Tokenizer.encode_parts` gives the
+    tokens of the whole text). ``nbytes``: the file's size."""
+
+    def __init__(self, path: Path, nbytes: int, part_bytes: int | None = None):
+        self.path, self.nbytes = Path(path), nbytes
+        self.part_bytes = TEXT_PART_BYTES if part_bytes is None else part_bytes
+
+    def __iter__(self) -> Iterator[str]:
+        offset = 0  # of the current part's first byte in the file, for the error message
+        for raw in self._raw_parts():
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(str(self.path), f"not valid UTF-8 (byte {offset + e.start}: {e.reason})") from None
+            offset += len(raw)
+
+    def _raw_parts(self) -> Iterator[bytes]:
+        buf = bytearray()
+        last_newline = -1  # in buf (each block searched once: a long line costs linear time)
+        with _open_binary(self.path) as f:
+            while block := f.read(_READ_CHUNK):
+                found = block.rfind(b"\n")
+                if found >= 0:
+                    last_newline = len(buf) + found
+                buf += block
+                if len(buf) >= self.part_bytes and last_newline >= 0:  # a newline byte is never inside a character
+                    yield bytes(buf[: last_newline + 1])
+                    del buf[: last_newline + 1]
+                    last_newline = -1
+        if buf:
+            yield bytes(buf)
+
+    def __repr__(self) -> str:
+        return f"TextParts({str(self.path)!r}, {self.nbytes})"
 
 
 def iter_text_lines(path: Path) -> Iterator[str]:

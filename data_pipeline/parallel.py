@@ -38,8 +38,8 @@ import numpy as np
 from ._io import atomic_write_json, fsync_dir, run_temp_dir, sha256_bytes, write_durably
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, Piece, expand_inputs, iter_piece, kind_of, parquet_file
-from .shards import (MANIFEST_NAME, Manifest, ShardInfo, _ENCODE_BATCH, _batched, _finalize, _samples_per_shard,
-                     check_shard_prefix, check_shard_settings, encode_shard, remove_stale_shards, token_dtype)
+from .shards import (MANIFEST_NAME, Manifest, ShardInfo, _finalize, _samples_per_shard, check_shard_prefix,
+                     check_shard_settings, encode_shard, encoded_documents, remove_stale_shards, token_dtype)
 from .tokenizer import Tokenizer
 
 PARTS_DIR = ".parts"
@@ -126,15 +126,15 @@ def _tokenize_part(pieces: list[Piece], model_path: str, dtype_name: str, text_f
     n_docs = n_tokens = n_bytes = 0
     docs = (text for piece in pieces for text in iter_piece(piece, text_field))
     with open(out_path, "wb") as f:
-        for batch in _batched(docs, _ENCODE_BATCH):
-            n_docs += len(batch)
-            n_bytes += sum(len(t.encode("utf-8")) for t in batch)
-            for ids in tok.encode_batch(batch):
-                arr = np.empty(len(ids) + 1, dtype=dtype)
-                arr[:-1] = ids
+        for ids, end, text_bytes in encoded_documents(docs, tok):
+            n_docs += end
+            n_bytes += text_bytes
+            arr = np.empty(len(ids) + end, dtype=dtype)
+            arr[: len(ids)] = ids
+            if end:
                 arr[-1] = tok.eos_id
-                f.write(arr.tobytes())
-                n_tokens += len(arr)
+            f.write(arr.tobytes())
+            n_tokens += len(arr)
         f.flush()
         os.fsync(f.fileno())
     return {"num_documents": n_docs, "num_tokens": n_tokens, "text_bytes": n_bytes}

@@ -232,10 +232,12 @@ class _Packer:
         self.sample_len = sample_len
         self.buf: list[int] = []
 
-    def add(self, ids: list[int]) -> Iterator[np.ndarray]:
-        """Append a document and yield every sample that is now complete."""
+    def add(self, ids: list[int], end: bool = True) -> Iterator[np.ndarray]:
+        """Append a document (``end``: its last part, EOS follows) and yield every sample that is
+        now complete."""
         self.buf.extend(ids)
-        self.buf.append(self.eos_id)
+        if end:
+            self.buf.append(self.eos_id)
         n = len(self.buf) // self.sample_len
         if n:
             full = np.asarray(self.buf[: n * self.sample_len], dtype=np.int64).reshape(n, self.sample_len)
@@ -287,16 +289,40 @@ def _documents(documents, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]
             raise DataError(repr(item)[:60], "documents must be str texts or pathlib.Path files")
 
 
-def _batched(it: Iterable, n: int) -> Iterator[list]:
-    """Lists of up to ``n`` consecutive items."""
-    batch = []
-    for x in it:
-        batch.append(x)
-        if len(batch) == n:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+def encoded_documents(documents: Iterable, tokenizer: Tokenizer,
+                      num_threads: int = 1) -> Iterator[tuple[list[int], bool, int]]:
+    """Token ids of ``documents`` (str texts, or formats.TextParts), in order, as ``(ids, end,
+    text_bytes)``: ``end`` on a document's last ids (EOS follows them). Texts are encoded in
+    batches (one sentencepiece call each), a TextParts document part by part, so its memory is
+    that of one part, not of the whole file."""
+    texts: list[str] = []
+
+    def encoded_texts():
+        if texts:
+            for text, ids in zip(texts, tokenizer.encode_batch(texts, num_threads=num_threads)):
+                yield ids, True, len(text.encode("utf-8"))
+            texts.clear()
+
+    for doc in documents:
+        if isinstance(doc, str):
+            texts.append(doc)
+            if len(texts) == _ENCODE_BATCH:
+                yield from encoded_texts()
+            continue
+        yield from encoded_texts()
+        sizes: list[int] = []  # of the parts read for the ids that come next
+        for ids in tokenizer.encode_parts(_measured(doc, sizes)):
+            yield ids, False, sum(sizes)
+            sizes.clear()
+        yield [], True, 0
+    yield from encoded_texts()
+
+
+def _measured(parts: Iterable[str], sizes: list) -> Iterator[str]:
+    """``parts`` unchanged, each one's UTF-8 size appended to ``sizes`` as it is read."""
+    for part in parts:
+        sizes.append(len(part.encode("utf-8")))
+        yield part
 
 
 def _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len: int, dtype: np.dtype) -> int:
@@ -423,14 +449,13 @@ def _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len, dtype
     written = []
     n_docs = 0
     bar = tqdm(desc="shard: tokenizing", unit="B", unit_scale=True, disable=not progress)
-    for batch in _batched(_documents(documents, text_field), _ENCODE_BATCH):
-        n_docs += len(batch)
-        bar.update(sum(len(t.encode("utf-8")) for t in batch))
-        for ids in tokenizer.encode_batch(batch, num_threads=num_threads):
-            pending.extend(packer.add(ids))
-            while len(pending) >= capacity:
-                written.append(_flush(pending[:capacity], tmp_dir, len(written), dtype, meta))
-                del pending[:capacity]
+    for ids, end, text_bytes in encoded_documents(_documents(documents, text_field), tokenizer, num_threads):
+        n_docs += end
+        bar.update(text_bytes)
+        pending.extend(packer.add(ids, end))
+        while len(pending) >= capacity:
+            written.append(_flush(pending[:capacity], tmp_dir, len(written), dtype, meta))
+            del pending[:capacity]
     bar.close()
     if pending:
         written.append(_flush(pending, tmp_dir, len(written), dtype, meta))

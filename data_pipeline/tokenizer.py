@@ -15,11 +15,12 @@ Why the choices below:
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 from tqdm import tqdm
@@ -220,6 +221,28 @@ class Tokenizer:
     def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
         """Encode many texts in one sentencepiece call (much faster than a Python loop)."""
         return self.sp.encode(texts, num_threads=num_threads)
+
+    def encode_parts(self, parts: Iterable[str]) -> Iterator[list[int]]:
+        """The ids of the text ``"".join(parts)``, part by part, where every part but the first
+        starts just after a newline (formats.TextParts): concatenated, exactly ``encode`` of the
+        whole text, in the memory of one part. No piece but ``"\n"`` itself contains a newline
+        (checked: parts_split_exactly), so no piece crosses a part boundary and each side is segmented
+        on its own; a later part is encoded after a newline, ``encode("\n" + part)``, and the ids of
+        ``encode("\n")`` (the dummy prefix and the newline) are dropped from its front. A tokenizer
+        without that property gets the parts joined and encoded whole."""
+        parts = iter(parts)
+        if not self.parts_split_exactly:
+            yield self.encode("".join(parts))
+            return
+        lead = len(self.encode("\n"))
+        for i, part in enumerate(parts):
+            yield self.encode(part) if i == 0 else self.encode("\n" + part)[lead:]
+
+    @functools.cached_property
+    def parts_split_exactly(self) -> bool:
+        """Whether no piece but ``"\n"`` contains a newline (true of the tokenizers train_tokenizer
+        writes: sentencepiece trains on lines), which encode_parts relies on."""
+        return all("\n" not in piece or piece == "\n" for piece in map(self.sp.id_to_piece, range(self.vocab_size)))
 
     def decode(self, ids) -> str:
         """Text of ``ids``; padding ids (>= vocab_size) and tensors/arrays are accepted and pads dropped."""
