@@ -21,6 +21,9 @@
 #   DEEPSPEED      the launcher command (default: deepspeed, from .venv/bin if there, else PATH)
 #   STOP_WAIT_S    after a launcher killed on a stop (this node's ranks), seconds to wait for them to
 #                  finish their save before this script exits (default 40; launch/run_launcher.sh)
+#   STOPPED_MARK   a file to create, exiting 0 instead of 75, when the ranks stopped cleanly (75: saved,
+#                  run the same command again): slurm.sbatch's srun ends every task at the first non-zero
+#                  exit, which would cut the other nodes' teardown short and hide the 75 from the job
 # ssh mode forwards NCCL_* (also when DeepSpeed sees no GPU on this node), PYTHON*, OMP_NUM_THREADS,
 # DS_ACCELERATOR, GLOO_SOCKET_IFNAME, TORCH_NCCL_ASYNC_ERROR_HANDLING, CUDA_DEVICE_MAX_CONNECTIONS, the
 # names in FORWARD_ENV and the lines of DeepSpeed's env files (DS_ENV_FILE, default .deepspeed_env, in
@@ -197,4 +200,8 @@ mode=ssh
 if [ -n "$NODE_RANK" ] || [ ${#HOSTS[@]} -eq 1 ]; then mode=local; fi  # one host: DeepSpeed runs no pdsh
 rc=0
 run_launcher "$mode" "${cmd[@]}" || rc=$?
+if [ "$rc" -eq 75 ] && [ -n "${STOPPED_MARK:-}" ]; then
+  : > "$STOPPED_MARK" || die "cannot create STOPPED_MARK $STOPPED_MARK (the ranks stopped cleanly: exit 75)"
+  exit 0
+fi
 exit "$rc"

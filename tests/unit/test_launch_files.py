@@ -185,8 +185,19 @@ opts=()
 while [ "${1#--}" != "$1" ]; do opts+=("$1"); shift; done
 printf '%s\\n' "${opts[@]}" > "$STUB_OUT/srun.opts"
 for o in "${opts[@]}"; do case "$o" in --container-workdir=*) cd "${o#*=}" ;; esac; done  # as pyxis does
-for ((node = 0; node < SLURM_JOB_NUM_NODES; node++)); do SLURM_NODEID=$node "$@" & done
-wait
+pids=()
+for ((node = 0; node < SLURM_JOB_NUM_NODES; node++)); do SLURM_NODEID=$node "$@" & pids+=($!); done
+status=0
+while [ ${#pids[@]} -gt 0 ]; do  # --kill-on-bad-exit=1: a task's non-zero exit ends the others
+  rc=0
+  wait -n -p ended "${pids[@]}" || rc=$?
+  left=()
+  for p in "${pids[@]}"; do [ "$p" = "$ended" ] || left+=("$p"); done
+  pids=(${left[@]+"${left[@]}"})
+  [ "$rc" -le "$status" ] || status=$rc  # srun exits with the highest status of its tasks
+  if [ "$rc" -ne 0 ] && [ ${#pids[@]} -gt 0 ]; then kill -TERM "${pids[@]}" 2>/dev/null || true; fi
+done
+exit "$status"
 """
 STUB_SCONTROL = """#!/usr/bin/env bash
 [ "$1 $2 $3" = "show hostnames gpu-[07-08]" ] && printf 'gpu-07\\ngpu-08\\n'
@@ -428,6 +439,38 @@ def test_slurm_runs_one_no_ssh_launcher_per_node(stubs, tmp_path):
         assert _after(args, "--master_addr") == "gpu-07" and _after(args, "--master_port") == str(20000 + 4242)
         assert _after(args, "--num_accelerators") == "4"
         assert args[-4:] == ["--config", str(tmp_path / "image" / "configs" / "demo.yaml"), "--set", "x=1"]
+
+
+STUB_DEEPSPEED_STOPPING = """#!/usr/bin/env bash
+# every node's ranks stop cleanly (75); node 1's take longer to finish
+prev=""
+for a in "$@"; do [ "$prev" != "--node_rank" ] || node=$a; prev=$a; done
+if [ "$node" = 1 ]; then sleep 2; touch "$STUB_OUT/node1.finished"; fi
+exit 75
+"""
+
+
+def test_slurm_a_clean_stop_lets_every_node_finish_and_the_job_exits_75(stubs, tmp_path):
+    """srun --kill-on-bad-exit ends every task at the first non-zero exit: a node whose ranks exited 75
+    first cut the others' teardown short, and the job's status was not 75. Each task now reports the
+    stop as a marker and exit 0; the job exits 75."""
+    env, out, _ = stubs
+    stopping = tmp_path / "bin" / "deepspeed-stopping"
+    stopping.write_text(STUB_DEEPSPEED_STOPPING)
+    stopping.chmod(0o755)
+    env.update(SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(REPO_ROOT), SLURM_JOB_NODELIST="gpu-[07-08]",
+               SLURM_JOB_NUM_NODES="2", SLURM_GPUS_ON_NODE="4", SLURM_RUN_DIR=str(tmp_path / "job"),
+               DEEPSPEED=str(stopping))
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "stopped").write_text("")  # a previous job's marker must not count
+    proc = _run(["bash", str(LAUNCH / "slurm.sbatch"), "--config", "configs/demo.yaml"], env=env, cwd=tmp_path)
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert (out / "node1.finished").exists()  # not ended while it finished
+    assert proc.stderr.strip().splitlines()[-1] == ("slurm.sbatch: the run stopped with a checkpoint: submit the "
+                                                    "same command again to continue (exit 75)")
+    env.update(DEEPSPEED=str(tmp_path / "bin" / "deepspeed"))  # a run that ends normally: no stale marker counts
+    assert _run(["bash", str(LAUNCH / "slurm.sbatch"), "--config", "configs/demo.yaml"], env=env,
+                cwd=tmp_path).returncode == 0
 
 
 def test_slurm_refuses_a_loopback_master_address_on_several_nodes(stubs, tmp_path):
