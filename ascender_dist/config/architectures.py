@@ -75,17 +75,22 @@ def check_ascender_hparams(cfg) -> None:
 
 
 def unreached_warmups(cfg) -> list[str]:
-    """One line per ASCender warm-up that this run never finishes (its start step >= train.train_steps
-    while the feature is on): legal, e.g. a short smoke run of a long config, but then the run never
-    trains what it names. The trainer logs them; an error would break such short runs."""
+    """One line per warm-up that this run never finishes (the learning rate's longer than the run; an
+    ASCender start step >= train.train_steps while the feature is on): legal, e.g. a short smoke run
+    of a long config, but then the run never trains what it names. The trainer logs them; an error
+    would break such short runs."""
     m, steps = cfg.model, cfg.train.train_steps
+    lines = []
+    if cfg.optimizer.warmup_steps > steps:
+        lines.append(f"optimizer.warmup_steps = {cfg.optimizer.warmup_steps} > train.train_steps = {steps}: the "
+                     f"learning rate never reaches optimizer.lr = {cfg.optimizer.lr:g} in this run")
     if "S" not in expand_layer_pattern(m):
-        return []
+        return lines
     a = m.ascender
     starts = {"separation_start_step": (a.use_sep, a.separation_start_step, "Separation"),
               "aux_start_step": (a.aux_active(a.aux_start_step), a.aux_start_step, "the auxiliary losses")}
-    return [f"model.ascender.{name} = {start} >= train.train_steps = {steps}: {what} never turn on in this run"
-            for name, (on, start, what) in starts.items() if on and start >= steps]
+    return lines + [f"model.ascender.{name} = {start} >= train.train_steps = {steps}: {what} never turn on in "
+                    f"this run" for name, (on, start, what) in starts.items() if on and start >= steps]
 
 
 def check_connection_hparams(cfg) -> None:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import string
@@ -65,6 +66,12 @@ def check_upper_bounds(cfg: RunConfig) -> None:
         value = getattr(getattr(cfg, section), name)
         if value is not None and value >= SIZE_LIMIT:
             raise ConfigError(dotted, f"must be < 2**31 (got {value})")
+    for section in ("ascender", "connection"):  # every integer of the layers' settings is a size or a step
+        hparams = getattr(cfg.model, section)
+        for f in dataclasses.fields(hparams):
+            value = getattr(hparams, f.name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= SIZE_LIMIT:
+                raise ConfigError(f"model.{section}.{f.name}", f"must be < 2**31 (got {value})")
 
 
 def check_run_name(cfg: RunConfig) -> None:
@@ -80,6 +87,16 @@ def check_run_name(cfg: RunConfig) -> None:
     if any(sep in name for sep in separators):
         raise ConfigError("name", f"must not contain a path separator (got {name!r}); "
                                   "set output_dir to put the run elsewhere")
+
+
+def check_optional_paths(cfg: RunConfig) -> None:
+    """A path field whose default is null refuses "": an unset shell variable in ``--set
+    checkpoint.init_from=$W`` trained from random weights, and ``output_dir=`` / ``checkpoint.dir=``
+    fell back to the default folder, where an auto-resuming run may pick up another run's checkpoint."""
+    for dotted, value in (("output_dir", cfg.output_dir), ("checkpoint.dir", cfg.checkpoint.dir),
+                          ("checkpoint.init_from", cfg.checkpoint.init_from)):
+        if value is not None and not value.strip():
+            raise ConfigError(dotted, f"is empty ({value!r}): give a path, or null (or no key) for the default")
 
 
 def _require_finite(path: str, value: float) -> None:
@@ -206,10 +223,8 @@ def check_optimizer(cfg: RunConfig) -> None:
         raise ConfigError("optimizer.eps", f"must be > 0 (got {o.eps})")
     if not 0 <= o.min_lr <= o.lr:
         raise ConfigError("optimizer.min_lr", f"must be in [0, optimizer.lr={o.lr}] (got {o.min_lr})")
-    if o.warmup_steps < 0 or o.warmup_steps > cfg.train.train_steps:
-        raise ConfigError("optimizer.warmup_steps",
-                          f"must be in [0, train.train_steps={cfg.train.train_steps}] (0: no warmup) "
-                          f"(got {o.warmup_steps})")
+    if o.warmup_steps < 0:  # one longer than the run is legal (a short run of a long config): logged
+        raise ConfigError("optimizer.warmup_steps", f"must be >= 0 (0: no warmup) (got {o.warmup_steps})")
     for name in ("beta1", "beta2"):
         if not 0 <= getattr(o, name) < 1:
             raise ConfigError(f"optimizer.{name}", f"must be in [0, 1) (got {getattr(o, name)})")
@@ -290,6 +305,7 @@ def check_wandb(cfg: RunConfig) -> None:
 
 STATIC_CHECKS = [
     check_run_name,
+    check_optional_paths,
     check_positive_sizes,
     check_upper_bounds,
     check_model_numbers,

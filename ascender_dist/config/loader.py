@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import reprlib
 import types
 from collections.abc import Hashable
 from pathlib import Path
@@ -19,6 +20,15 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from ascender_dist.config.errors import ConfigError
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` for an error message, bounded: a few items and levels of a container, the ends
+    of a long string (a value built from YAML aliases can expand to gigabytes)."""
+    shown = reprlib.Repr()
+    shown.maxlevel, shown.maxstring, shown.maxother = 2, 160, 160
+    shown.maxlist = shown.maxtuple = shown.maxdict = shown.maxset = 8
+    return shown.repr(value)
+
 
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 numbers and booleans (below) and plain-name mapping keys."""
@@ -110,8 +120,9 @@ def _reject_duplicate_keys(node, path: str = "", open_nodes: set | None = None, 
 def parse_yaml_text(text: str, source: str = "<string>") -> Any:
     """The YAML document of ``text`` (None when it holds none); any problem is a one-line ConfigError
     naming ``source``."""
-    loader = _StrictLoader(text)
+    loader = None
     try:
+        loader = _StrictLoader(text)  # its reader refuses control characters here (a ReaderError)
         node = loader.get_single_node()
         if node is None:
             return None
@@ -119,6 +130,11 @@ def parse_yaml_text(text: str, source: str = "<string>") -> Any:
         return loader.construct_document(node)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc.path}", exc.message) from None
+    except yaml.reader.ReaderError as exc:  # a byte YAML forbids: ESC of pasted terminal colours, NUL, ...
+        line = text.count("\n", 0, exc.position) + 1 if isinstance(exc.position, int) else None
+        where = f" line {line}" if line else ""
+        char = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        raise ConfigError(source, f"invalid YAML{where}: the character {char!r} is not allowed") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -129,7 +145,8 @@ def parse_yaml_text(text: str, source: str = "<string>") -> Any:
     except RecursionError:  # PyYAML composes and builds nodes recursively: [[[[...]]]] thousands deep
         raise ConfigError(source, "invalid YAML: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_yaml_file(path: str | Path) -> dict:
@@ -169,6 +186,7 @@ def _type_name(tp) -> str:
 
 
 FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38  # smallest normal float32
 
 
 class _OutOfRange(ConfigError):
@@ -193,15 +211,15 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
                 raise  # the right type, a value no field of it may hold: that, not "expected str | null"
             except ConfigError:
                 pass
-        raise ConfigError(path, f"expected {_type_name(tp)}, got {value!r}")
+        raise ConfigError(path, f"expected {_type_name(tp)}, got {_shown(value)}")
     if origin is Literal:
         if value not in get_args(tp):
-            raise ConfigError(path, f"expected one of {_type_name(tp)}, got {value!r}")
+            raise ConfigError(path, f"expected one of {_type_name(tp)}, got {_shown(value)}")
         return value
     if origin is list:
         (inner,) = get_args(tp) or (Any,)
         if not isinstance(value, list):
-            raise ConfigError(path, f"expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(path, f"expected a list, got {type(value).__name__} {_shown(value)}")
         return [_coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
@@ -212,15 +230,15 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         return from_dict(tp, value, path)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(path, f"expected bool (true/false), got {value!r}")
+            raise ConfigError(path, f"expected bool (true/false), got {_shown(value)}")
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, f"expected int, got {type(value).__name__} {value!r}")
+            raise ConfigError(path, f"expected int, got {type(value).__name__} {_shown(value)}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(path, f"expected float, got {type(value).__name__} {value!r}")
+            raise ConfigError(path, f"expected float, got {type(value).__name__} {_shown(value)}")
         try:
             value = float(value)
         except OverflowError:  # an int beyond float's range
@@ -229,12 +247,14 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(path, f"must be a finite number (got {value})")
         if abs(value) > FLOAT32_MAX:  # every float field reaches a float32 / bf16 tensor or computation
             raise _OutOfRange(path, f"must be within float32's range, |x| <= 3.4e38 (got {value})")
+        if 0 < abs(value) < FLOAT32_TINY:  # 0 or a denormal in float32: an eps or temperature of 0 underneath
+            raise _OutOfRange(path, f"must be 0 or of magnitude >= 1.2e-38 (float32's smallest normal; got {value})")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(path, f"expected str, got {type(value).__name__} {value!r}")
+            raise ConfigError(path, f"expected str, got {type(value).__name__} {_shown(value)}")
         if "\0" in value:  # no name or path may hold one (the OS refuses it, deep inside a library)
-            raise _OutOfRange(path, f"must not contain a NUL character (got {value!r})")
+            raise _OutOfRange(path, f"must not contain a NUL character (got {_shown(value)})")
         return value
     raise ConfigError(path, f"unsupported field type {tp!r}")
 
@@ -248,7 +268,7 @@ def from_dict(cls, data: Any, path: str = ""):
     if data is None:
         raise ConfigError(path or cls.__name__, "a section cannot be null (write {} or remove the key)")
     if not isinstance(data, dict):
-        raise ConfigError(path or cls.__name__, f"expected a mapping, got {type(data).__name__} {data!r}")
+        raise ConfigError(path or cls.__name__, f"expected a mapping, got {type(data).__name__} {_shown(data)}")
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in data:
@@ -298,7 +318,7 @@ def parse_override(text: str) -> dict:
     keys = dotted.strip().split(".")
     if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) for key in keys):
         raise ConfigError(f"--set {text}", "override must look like dotted.key=value")
-    value = parse_yaml_text(raw, source=f"--set {text}") if raw.strip() else ""
+    value = parse_yaml_text(raw, source=f"--set {text if text.isprintable() else repr(text)}") if raw.strip() else ""
     _refuse_trailing_comment(raw, text)
     tree: dict = {}
     node = tree

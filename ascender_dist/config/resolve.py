@@ -46,20 +46,35 @@ def config_with_overrides(raw: dict, overrides: Iterable[str], source: str, fixe
     """``raw`` (read from ``source``) + ``dotted.key=value`` overrides (+ ``fixed`` values a command
     imposes, merged last) -> validated RunConfig.
 
-    An error about a field an override set names the override (``--set optimizer.lr=0: optimizer.lr: ...``),
-    any other error names ``source``.
+    An error about a field an override set names the override (``--set optimizer.lr=0: optimizer.lr: ...``);
+    one that only the overrides bring about names ``source`` with them all; any other error names ``source``.
     """
     overrides = list(overrides)
+    merged = raw
     for text in overrides:
-        raw = deep_merge(raw, parse_override(text))
+        merged = deep_merge(merged, parse_override(text))
     if fixed:
-        raw = deep_merge(raw, fixed)
+        merged, raw = deep_merge(merged, fixed), deep_merge(raw, fixed)
     try:
-        return config_from_dict(raw)
+        return config_from_dict(merged)
     except ConfigError as exc:
         culprit = _blame(exc.path, overrides)
-        where = f"--set {culprit}" if culprit is not None else source
+        if culprit is not None:
+            where = f"--set {culprit}"
+        elif overrides and not _fails_alike(raw, exc):  # another field's override (a batch size, the architecture)
+            where = f"{source} with " + " ".join(f"--set {text}" for text in overrides)
+        else:
+            where = source
         raise ConfigError(f"{where}: {exc.path}" if exc.path else where, exc.message) from None
+
+
+def _fails_alike(raw: dict, error: ConfigError) -> bool:
+    """Whether ``raw`` alone (the file, without the overrides) fails with the same error."""
+    try:
+        config_from_dict(raw)
+    except ConfigError as exc:
+        return (exc.path, exc.message) == (error.path, error.message)
+    return False
 
 
 ABLATION_GRID_KEYS = ("variants", "axes", "standalone")  # with "base": an `ascender-dist ablate` grid

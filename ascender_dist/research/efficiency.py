@@ -303,6 +303,14 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.out:
         print("error: --out is required", file=sys.stderr)
         return 2
+    for flag, value, least in (("--batch", args.batch, 1), ("--vocab", args.vocab, 1), ("--repeats", args.repeats, 1),
+                               ("--threads", args.threads, 1)):
+        if value < least:
+            print(f"error: {flag} must be >= {least} (got {value})", file=sys.stderr)
+            return 2
+    if not args.timeout > 0:
+        print(f"error: --timeout must be > 0 seconds (got {args.timeout})", file=sys.stderr)
+        return 2
     setup_cli_logging()
     from ascender_dist.config.loader import to_dict
     from ascender_dist.config.resolve import config_from_dict
@@ -335,7 +343,14 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
     provenance = report_provenance()  # before anything is written: the outputs may lie inside the checkout
     rows = []
     for spec in tqdm(specs, desc="efficiency", unit="row"):
-        result = _run_child(spec, args.threads, args.timeout)
+        try:
+            result = _run_child(spec, args.threads, args.timeout)
+        except subprocess.TimeoutExpired:
+            print(f"error: measuring {spec['row']} took longer than --timeout {args.timeout:g} s", file=sys.stderr)
+            return 1
+        except RuntimeError as exc:  # the child's own last line
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         rows.append({"row": spec["row"], "config_sha256": spec["config_sha256"], **result})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -411,3 +411,10 @@ def test_warmups_that_a_run_never_finishes_are_named():
         "model.ascender.aux_start_step"]
     gpt = config_from_dict({"model": {"architecture": "gpt"}, "train": {"train_steps": 20}})
     assert unreached_warmups(gpt) == []
+    # the learning rate's warm-up longer than the run (a smoke run of a scaling config: `--set
+    # train.train_steps=20` was refused there): the ramp lr * s / W runs to the end, logged
+    short = config_from_dict({"model": {"architecture": "gpt"}, "train": {"train_steps": 20},
+                              "optimizer": {"lr": 3e-4, "warmup_steps": 41}})
+    assert unreached_warmups(short) == [
+        "optimizer.warmup_steps = 41 > train.train_steps = 20: the learning rate never reaches optimizer.lr = 0.0003 "
+        "in this run"]

@@ -201,3 +201,66 @@ def test_only_stop_signals_are_exit_signals(tmp_path):
     assert "train.exit_signals: 'SIGCHLD' is not a stop signal; use some of SIGTERM, SIGINT" in message
     assert load_config(_write(tmp_path, "train:\n  exit_signals: [SIGUSR2, SIGHUP]\n")).train.exit_signals == [
         "SIGUSR2", "SIGHUP"]
+
+
+# ---------------------------------------------- found in review (2026-11-30): bytes, sizes, blame, empty paths
+
+def test_a_control_character_yaml_forbids_is_one_line_naming_the_source(tmp_path):
+    """PyYAML's reader refuses them while the loader is built, which was outside the error handling:
+    a traceback for ESC pasted from a coloured terminal, from the file or from --set."""
+    path = tmp_path / "run.yaml"
+    path.write_bytes(b"name: x\ndata:\n  manifest: a\x1b[0mb\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: invalid YAML line 3: the character '\\x1b' is not allowed"
+    message = _error(tmp_path, "name: x\n", ["name=x\x01y"])
+    assert message == "--set 'name=x\\x01y': invalid YAML line 1: the character '\\x01' is not allowed"
+
+
+def test_a_value_in_an_error_is_shown_bounded(tmp_path):
+    """Eight levels of YAML aliases nine wide (303 bytes) expand to 43 million items: the message
+    printed them all (254 MB, 1.5 GB of memory)."""
+    levels = ["&a [l, l, l, l, l, l, l, l, l]"] + [
+        f"&{chr(98 + i)} [" + ", ".join([f"*{chr(97 + i)}"] * 9) + "]" for i in range(7)]
+    message = _error(tmp_path, "name: [" + ", ".join(levels) + "]\n")
+    assert "run.yaml: name: expected str, got list [" in message and len(message) < 1000, len(message)
+    assert _error(tmp_path, "name: [1, 2]\n").endswith("expected str, got list [1, 2]")  # short values in full
+
+
+@pytest.mark.parametrize("override,field", [
+    ("optimizer.eps=1e-46", "optimizer.eps"),
+    ("model.ascender.kappa_init=1e-46", "model.ascender.kappa_init"),
+    ("model.ascender.tau_coh=-1e-40", "model.ascender.tau_coh"),
+])
+def test_floats_that_float32_rounds_to_zero_or_a_denormal_are_refused(tmp_path, override, field):
+    """eps = 1e-46 passed "> 0" and is 0 in float32: NaN weights from step 1, every later step skipped,
+    exit 0; kappa_init 1e-46 gave a NaN loss, tau_coh a conversion error inside the fast path."""
+    message = _error(tmp_path, "model:\n  architecture: ascender\n", [override])
+    assert f"{field}: must be 0 or of magnitude >= 1.2e-38" in message, message
+    cfg = load_config(_write(tmp_path, "optimizer:\n  weight_decay: 0.0\n  eps: 1.0e-30\n"))
+    assert cfg.optimizer.weight_decay == 0.0 and cfg.optimizer.eps == 1e-30
+
+
+@pytest.mark.parametrize("override", ["model.ascender.window=100000000000000000000", "model.ascender.k=2147483648",
+                                      "model.connection.num_slots=4294967296"])
+def test_the_layers_integer_settings_are_bounded_too(tmp_path, override):
+    """They passed print-config and overflowed inside the neighbour search at the first step."""
+    field = override.split("=")[0]
+    arch = field.split(".")[1]
+    assert f"{field}: must be < 2**31" in _error(tmp_path, f"model:\n  architecture: {arch}\n", [override])
+
+
+@pytest.mark.parametrize("field", ["checkpoint.init_from", "checkpoint.dir", "output_dir"])
+def test_an_empty_path_is_refused_not_read_as_the_default(tmp_path, field):
+    """`--set checkpoint.init_from=$W` with W unset trained from random weights (exit 0)."""
+    assert f"--set {field}=: {field}: is empty ('')" in _error(tmp_path, "name: x\n", [f"{field}="])
+    assert load_config(_write(tmp_path, "name: x\n"), [f"{field}=null"]) is not None
+
+
+def test_an_error_only_the_overrides_bring_about_names_them(tmp_path):
+    """It named the file alone, which holds no such setting."""
+    message = _error(tmp_path, "train:\n  global_batch_size: 32\n  micro_batch_size: 4\n", ["train.micro_batch_size=5"])
+    assert ("run.yaml with --set train.micro_batch_size=5: train.global_batch_size: 32 is not a multiple of"
+            in message), message
+    own = _error(tmp_path, "train:\n  global_batch_size: 30\n  micro_batch_size: 4\n", ["name=x"])
+    assert "run.yaml: train.global_batch_size: 30" in own, own  # the file's own error: the file alone

@@ -522,6 +522,41 @@ def test_efficiency_command_writes_both_tables_with_provenance(tmp_path, monkeyp
     assert "| connection |" in (tmp_path / "table2.md").read_text()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--repeats", "0"], "error: --repeats must be >= 1 (got 0)"),
+    (["--vocab", "0"], "error: --vocab must be >= 1 (got 0)"),
+    (["--batch", "-1"], "error: --batch must be >= 1 (got -1)"),
+    (["--timeout", "0"], "error: --timeout must be > 0 seconds (got 0.0)"),
+])
+def test_efficiency_refuses_bad_arguments_before_measuring(tmp_path, capsys, args, message):
+    """--repeats 0 was an IndexError traceback from the child, --vocab 0 a ConfigError traceback."""
+    from ascender_dist.research import efficiency
+
+    assert efficiency.efficiency_main(["--out", str(tmp_path), "--rows", "gpt", *args]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == message
+    assert not (tmp_path / "table2.md").exists()
+
+
+def test_a_failed_or_slow_measurement_is_one_line(tmp_path, capsys, monkeypatch):
+    import subprocess
+
+    from ascender_dist.research import efficiency
+
+    def slow(spec, threads, timeout):
+        raise subprocess.TimeoutExpired("measure", timeout)
+
+    monkeypatch.setattr(efficiency, "_run_child", slow)
+    assert efficiency.efficiency_main(["--out", str(tmp_path), "--rows", "gpt", "--timeout", "5"]) == 1
+    assert "error: measuring gpt took longer than --timeout 5 s" in capsys.readouterr().err
+
+    def failed(spec, threads, timeout):
+        raise RuntimeError("measurement of gpt failed (exit 1): MemoryError")
+
+    monkeypatch.setattr(efficiency, "_run_child", failed)
+    assert efficiency.efficiency_main(["--out", str(tmp_path), "--rows", "gpt"]) == 1
+    assert "error: measurement of gpt failed (exit 1): MemoryError" in capsys.readouterr().err
+
+
 def test_equal_flops_grid_gives_each_variant_the_steps_of_the_reference_budget():
     from ascender_dist.models.counting import count_model
 
