@@ -135,7 +135,7 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
     from ascender_dist.tools.lm_eval_adapter import is_consolidated, is_hf_export
 
     name, sep, directory = text.partition("=")
-    if not sep:
+    if not sep or Path(text).is_dir():  # a directory whose path holds '=' (sweep folders: lr=3e-4/...) is DIR
         name, directory = "", text
     path = Path(directory)
     if not path.is_dir():
@@ -507,6 +507,13 @@ def evaluate(args: argparse.Namespace) -> dict:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device != "cpu" and not (device == "cuda" or device.startswith("cuda:")):
+        raise EvaluationError(f"--device {device!r}: expected cpu, cuda or cuda:N")
+    if device != "cpu" and not torch.cuda.is_available():
+        raise EvaluationError(f"--device {device}: no CUDA device is available here (use --device cpu)")
+    for flag, value in (("--batch-size", args.batch_size), ("--val-samples", args.val_samples)):
+        if value is not None and value < 1:
+            raise EvaluationError(f"{flag} must be >= 1 (got {value})")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     runs = [parse_run(text, args.manifest) for text in args.runs]
     names = [r.name for r in runs]

@@ -205,3 +205,36 @@ def test_a_partial_remote_code_export_is_one_line_naming_it(two_tokenizers, tmp_
     with pytest.raises(ev.EvaluationError) as info:
         ev.load_model(ev.parse_run(str(hf), str(tmp_path / "m.json")))
     one_line(info.value, str(hf), "cannot load the Hugging Face export", removed)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--device", "gpu"], "--device 'gpu': expected cpu, cuda or cuda:N"),
+    (["--batch-size", "0"], "--batch-size must be >= 1 (got 0)"),
+    (["--val-samples", "-3"], "--val-samples must be >= 1 (got -3)"),
+])
+def test_bad_options_are_one_line_before_any_run_is_read(tmp_path, extra, message):
+    """--device gpu was a torch traceback; --val-samples -3 --batch-size 0 evaluated every sample in
+    one batch (an out-of-memory on real data)."""
+    args = ev._parser().parse_args([str(tmp_path / "missing"), "--out", str(tmp_path / "o"), *extra])
+    with pytest.raises(ev.EvaluationError) as info:
+        ev.evaluate(args)
+    assert str(info.value) == message
+
+
+def test_cuda_without_a_device_is_one_line(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = ev._parser().parse_args([str(tmp_path / "missing"), "--device", "cuda", "--out", str(tmp_path / "o")])
+    with pytest.raises(ev.EvaluationError) as info:
+        ev.evaluate(args)
+    assert str(info.value) == "--device cuda: no CUDA device is available here (use --device cpu)"
+
+
+def test_a_run_directory_with_an_equals_sign_is_a_directory_not_name_equals_dir(tmp_path, two_tokenizers):
+    """Sweep folders (lr=3e-4/gpt-small) were split at '=': '3e-4/gpt-small: run directory not found'."""
+    run = write_run(tmp_path / "sweep" / "lr=3e-4" / "gpt-small", two_tokenizers[0])
+    parsed = ev.parse_run(str(run), None)
+    assert parsed.name == "gpt-small" and Path(parsed.path) == run
+    named = ev.parse_run(f"mine={run}", None)  # NAME=DIR still works
+    assert named.name == "mine" and Path(named.path) == run
