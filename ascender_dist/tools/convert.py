@@ -245,13 +245,32 @@ def _write_problem(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or " ".join(str(exc).split()) or type(exc).__name__
 
 
+LM_EVAL_EXPORT_SUBDIR = ".hf-export"  # the lm-eval adapter's export cache inside a consolidated run (and its lock)
+
+
+def _entries_not_rewritten(out_dir: Path, tmp: Path) -> list[str]:
+    """What ``out_dir`` holds that the new output ``tmp`` does not, but for the lm-eval export cache
+    (derived from the weights being replaced): files a user added (a model card, evaluation results)."""
+    if not out_dir.is_dir():
+        return []
+    new = {entry.name for entry in tmp.iterdir()}
+    return sorted(entry.name + ("/" if entry.is_dir() else "") for entry in out_dir.iterdir()
+                  if entry.name not in new and not entry.name.startswith(LM_EVAL_EXPORT_SUBDIR))
+
+
 def replace_output(tmp: Path, out_dir: Path) -> None:
-    """Publish the finished ``tmp`` as ``out_dir``: its files and directories are synced
+    """Publish the finished ``tmp`` as ``out_dir`` (refused in one line when ``out_dir`` holds entries
+    the new output does not: replacing would delete them): its files and directories are synced
     (:func:`checkpoint.sync_tree`), the previous output is renamed aside, ``tmp`` renamed in
     (:func:`~ascender_dist.training.publish.publish_directory`), the parent directory synced (the
     renames), and only then the old copy deleted. If the second rename fails, the previous output
     is renamed back; after a crash between the two renames it survives as ``.<name>.old.<pid>``
     next to ``out_dir``."""
+    extra = _entries_not_rewritten(out_dir, tmp)
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        raise ConversionError(out_dir, f"holds {shown}, which the new output does not: replacing it would delete "
+                                       "them; move them out of it, or choose a new --out (nothing was replaced)")
     aside = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
     ckpt.sync_tree(tmp)  # an OSError here: nothing was replaced (staged_output says so)
     try:

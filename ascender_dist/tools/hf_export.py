@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ascender_dist.tools.convert import (ConversionError, check_output_dir, read_consolidated, refuse_other_tokenizer,
-                                        staged_output)
+from ascender_dist.tools.convert import (LM_EVAL_EXPORT_SUBDIR, ConversionError, check_output_dir, read_consolidated,
+                                        refuse_other_tokenizer, staged_output)
 from data_pipeline._io import honour_umask
 
 
@@ -405,7 +405,6 @@ def export_provenance(consolidated_dir: Path, tokenizer: Path | None, source: di
 
 
 EXPORT_MARKER = "ascender_dist.json"  # written last into every export: a previous export may be replaced
-LM_EVAL_EXPORT_SUBDIR = ".hf-export"  # the lm-eval adapter's export cache inside a consolidated run
 
 
 def is_export_output(directory: Path) -> bool:

@@ -115,6 +115,34 @@ def test_both_tools_refuse_a_foreign_non_empty_directory_and_replace_their_own(c
     assert export_hf(consolidated, hf) == hf and (hf / "config.json").is_file()
 
 
+def test_replacing_a_previous_output_that_holds_a_users_files_is_refused(consolidated, tmp_path):
+    """A model card or evaluation results added to a previous export (or consolidated directory) were
+    deleted with it when the command ran again into the same --out (exit 0)."""
+    hf = export_hf(consolidated, tmp_path / "hf")
+    (hf / "README.md").write_text("model card")
+    (hf / "eval").mkdir()
+    (hf / "eval" / "results.json").write_text("{}")
+    before = _tree(hf)
+    with pytest.raises(ConversionError) as info:
+        export_hf(consolidated, hf)
+    _one_line(info.value, str(hf), "holds README.md, eval/, which the new output does not: replacing it would "
+                                   "delete them")
+    assert _tree(hf) == before and not list(tmp_path.glob(".hf.tmp*"))
+    (hf / "README.md").unlink()
+    (hf / "eval" / "results.json").unlink()
+    (hf / "eval").rmdir()
+    assert export_hf(consolidated, hf) == hf  # only its own files: replaced
+    # the lm-eval adapter's export cache inside a consolidated run is derived from the weights: it may go
+    (consolidated / LM_EVAL_EXPORT_SUBDIR).mkdir()
+    (consolidated / f"{LM_EVAL_EXPORT_SUBDIR}.lock").write_text("")
+    from ascender_dist.tools.convert import staged_output
+
+    with staged_output(consolidated) as tmp:
+        for name in ("meta.json", "config.yaml", "model.safetensors"):
+            (tmp / name).write_bytes((consolidated / name).read_bytes())
+    assert not (consolidated / LM_EVAL_EXPORT_SUBDIR).exists() and is_consolidated_output(consolidated)
+
+
 def test_export_hf_refuses_its_input_as_out(consolidated, tmp_path):
     before = _tree(consolidated)
     for out, needle in [(consolidated, "output is the input directory"),
@@ -237,7 +265,8 @@ def _no_leftovers(parent, name: str) -> None:
 
 def test_a_failed_swap_keeps_the_previous_export_loadable(consolidated, tmp_path, monkeypatch):
     hf = export_hf(consolidated, tmp_path / "hf")
-    (hf / "previous.txt").write_text("first export")
+    marker = hf / "ascender_dist.json"  # a mark of the first export that the second would not write
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "note": "first export"}))
     before = _tree(hf)
     renames = _fail_moving_the_new_output_in(monkeypatch, OSError(5, "Input/output error"))
     with pytest.raises(ConversionError) as info:
