@@ -185,7 +185,7 @@ def export_hf_cmd(args: argparse.Namespace) -> None:
 
     from ascender_dist.tools.hf_export import EXPORT_MARKER, export_hf
 
-    out = export_hf(Path(args.consolidated), Path(args.out), args.tokenizer)
+    out = export_hf(Path(args.consolidated), Path(args.out), args.tokenizer, without_tokenizer=args.no_tokenizer)
     try:  # what export_hf recorded; a remote-code export also carries the model's own code
         remote = bool(json.loads((out / EXPORT_MARKER).read_text()).get("trust_remote_code"))
     except (OSError, ValueError, AttributeError):
@@ -239,6 +239,8 @@ def _parser() -> argparse.ArgumentParser:
     p_hf.add_argument("--out", required=True)
     p_hf.add_argument("--tokenizer", default=None, help="sentencepiece .model (default: the run's data.tokenizer), "
                       "written as tokenizer.json (fast, the same ids) + tokenizer.model")
+    p_hf.add_argument("--no-tokenizer", action="store_true",
+                      help="export the weights alone when the run's tokenizer file is not at hand")
     p_hf.set_defaults(fn=export_hf_cmd)
     p_insp = sub.add_parser("inspect-connection", help="PNG heatmaps of a Connection model's slots and connection")
     p_insp.add_argument("--consolidated", required=True, help="output of `ascender-dist consolidate`")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ascender_dist.training.checkpoint import recorded_tokenizer_sha256
 from ascender_dist.tools.convert import (LM_EVAL_EXPORT_SUBDIR, ConversionError, check_output_dir, read_consolidated,
                                         refuse_other_tokenizer, staged_output)
 from data_pipeline._io import honour_umask
@@ -441,7 +442,7 @@ def _write_model(out: Path, state: dict, cfg, meta: dict, standard: str | None, 
 
 
 def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = None,
-              remote_code: bool | None = None) -> Path:
+              remote_code: bool | None = None, without_tokenizer: bool = False) -> Path:
     """Write ``out_dir`` (config.json + model.safetensors [+ tokenizer]) for ``from_pretrained``.
 
     ``remote_code=None``: a gpt that GPT-NeoX or Llama expresses is written as that (loads without
@@ -450,7 +451,8 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
     cannot hold. The tokenizer (the argument, else the run's ``data.tokenizer`` when that file
     exists) is written as a fast tokenizer that gives sentencepiece's ids
     (:mod:`ascender_dist.tools.hf_tokenizer`), and config.json takes its bos/eos/pad ids; without
-    one those ids are left unset.
+    one those ids are left unset, which a run trained with a tokenizer (meta.json records its sha256)
+    allows only with ``without_tokenizer``: an export that silently lacks it never stops at EOS.
     """
     out_dir = Path(out_dir)
     check_export_out(out_dir, Path(consolidated_dir))  # before reading anything
@@ -468,6 +470,13 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
     use_remote = remote_code is True or kind is None
     if not tokenizer and cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file():
         tokenizer = cfg.data.tokenizer
+    if not tokenizer and recorded_tokenizer_sha256(meta) and not without_tokenizer:
+        where = f"its data.tokenizer {cfg.data.tokenizer} is not a file here" if cfg.data.tokenizer else \
+            "its config names no data.tokenizer"
+        sha = recorded_tokenizer_sha256(meta)[:12]
+        raise ConversionError(Path(consolidated_dir) / "meta.json",
+                              f"the run was trained with a tokenizer (sha256 {sha}...), but {where}: pass "
+                              "--tokenizer PATH/tokenizer.model (or --no-tokenizer for the weights alone)")
     special_ids = fast = None
     if tokenizer:  # converted before anything is written: a model with no exact fast tokenizer fails here
         check_tokenizer(Path(tokenizer), cfg, meta, Path(consolidated_dir) / "meta.json")

@@ -134,8 +134,10 @@ def test_lm_eval_sees_our_ids(sources, exports):
 
 
 def test_export_without_a_tokenizer_says_so_and_sets_no_foreign_ids(sources, tmp_path):
-    """No --tokenizer and the run's data.tokenizer gone: a one-line warning, and config.json carries no
-    special ids at all rather than transformers' defaults (another tokenizer's)."""
+    """No --tokenizer and the run's data.tokenizer gone (consolidated on another machine): one error line
+    asking for --tokenizer (it exited 0 with an export that never stops at EOS); with --no-tokenizer a
+    one-line warning, and config.json carries no special ids at all rather than transformers' defaults
+    (another tokenizer's)."""
     import shutil
 
     import yaml
@@ -145,7 +147,14 @@ def test_export_without_a_tokenizer_says_so_and_sets_no_foreign_ids(sources, tmp
     config = yaml.safe_load((source / "config.yaml").read_text())
     config["data"]["tokenizer"] = str(tmp_path / "gone.model")
     (source / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = cli("export-hf", "--consolidated", str(source), "--out", str(tmp_path / "hf"))
+    proc = cli("export-hf", "--consolidated", str(source), "--out", str(tmp_path / "hf"), check=False)
+    assert proc.returncode == 2 and not (tmp_path / "hf").exists(), proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {source / 'meta.json'}: the run was trained with a tokenizer (sha256 "
+        f"{json.loads((source / 'meta.json').read_text())['tokenizer_sha256'][:12]}...), but its data.tokenizer "
+        f"{tmp_path / 'gone.model'} is not a file here: pass --tokenizer PATH/tokenizer.model (or --no-tokenizer for "
+        "the weights alone)")
+    proc = cli("export-hf", "--consolidated", str(source), "--out", str(tmp_path / "hf"), "--no-tokenizer")
     assert proc.stderr.strip().splitlines()[-1].startswith("warning: no tokenizer in the export")
     assert not (tmp_path / "hf" / "tokenizer.json").exists()
     exported = json.loads((tmp_path / "hf" / "config.json").read_text())
