@@ -120,15 +120,62 @@ def _relaunch(world_size: int, argv: list[str]) -> None:
     script = Path(__file__).resolve().parent / "launch_entry.py"
     cmd = [str(launcher), "--num_accelerators", str(world_size), "--master_port", str(port), str(script), *argv]
     logging.getLogger("ascender_dist").info("launching %d ranks: %s", world_size, " ".join(cmd))
-    result = subprocess.run(cmd, env=env)
-    if result.returncode:
-        raise SystemExit(result.returncode)
+    try:
+        returncode = _run_launcher(cmd, env)
+    except BaseException:  # no rank may go on and publish --out after the command failed
+        _terminate(_ranks_left_running(port))
+        raise
+    if returncode:
+        _terminate(_ranks_left_running(port))  # a killed launcher group may leave ranks behind
+        raise SystemExit(returncode)
     left = _ranks_left_running(port)
     if left:  # DeepSpeed's runner exits 0 when its launch.py died of a signal (it passes on codes > 0 only)
-        for proc in left:
-            proc.terminate()
+        _terminate(left)
         raise SystemExit(f"ascender-dist: the deepspeed launcher exited 0 but {len(left)} of its ranks still ran "
                          "(its launch.py was killed?): stopped them; the command did not finish")
+
+
+def _terminate(processes: list) -> None:
+    """SIGTERM to each (psutil.Process), ignoring those already gone."""
+    import psutil
+
+    for proc in processes:
+        try:
+            proc.terminate()
+        except psutil.Error:
+            pass
+
+
+def _run_launcher(cmd: list[str], env: dict) -> int:
+    """Run the launcher in its own process group and wait for it; SIGTERM / SIGINT / SIGHUP to this
+    command are passed on to that whole group (the ranks included), and the command then exits
+    with 128 + the signal. Otherwise a `kill <pid>` of the command (or a caller's timeout) left the
+    ranks running, and they published --out after the caller was told the command failed."""
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum, frame) -> None:
+        received.append(signum)
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    import threading
+
+    watched = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    on_main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    previous = {sig: signal.signal(sig, forward) for sig in watched} if on_main else {}
+    try:
+        returncode = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 + received[0] if received else returncode
 
 
 def _ranks_left_running(port: int) -> list:

@@ -310,8 +310,6 @@ def test_conversion_in_a_shell_with_rank_variables_still_relaunches(tmp_path, mo
     """RANK / WORLD_SIZE in the user's shell (a Kubeflow pod, a torchrun job) do not make the command
     act as a relaunched rank: it checks, pins the tag and relaunches; the ranks it starts carry the
     explicit marker."""
-    import subprocess
-
     import ascender_dist.cli as cli
 
     tag = tmp_path / "ckpt" / "step_00000001"
@@ -324,8 +322,7 @@ def test_conversion_in_a_shell_with_rank_variables_still_relaunches(tmp_path, mo
     monkeypatch.setattr("ascender_dist.tools.convert.read_meta", lambda tag_dir, arch=None: {"world_size": 2})
     monkeypatch.setattr("ascender_dist.tools.convert.consolidate", lambda *a: pytest.fail("ran as a rank"))
     started = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, env: started.append((cmd, env)) or
-                        subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(cli, "_run_launcher", lambda cmd, env: started.append((cmd, env)) or 0)
     args = ["consolidate", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")]
     assert main(args) == 0
     (cmd, env), = started

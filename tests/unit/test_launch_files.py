@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -937,6 +939,43 @@ def test_a_launcher_exiting_0_with_its_ranks_still_running_is_a_failure(tmp_path
         assert proc.returncode == 1, proc.stderr
         assert "the launcher exited 0 but its processes still run 2 s later" in proc.stderr
         rank.wait(timeout=10)  # stopped by the script, not left training
+    finally:
+        if rank.is_running():
+            rank.kill()
+
+
+STUB_RUNNER_WITH_A_RANK = """#!/usr/bin/env bash
+# DeepSpeed's runner: one rank (with MASTER_PORT set, as launch.py sets it) that runs a while
+while [ $# -gt 0 ]; do [ "$1" = --master_port ] && export MASTER_PORT=$2; shift; done
+sleep 60 &
+echo $! > "$STUB_OUT/rank.pid"
+wait
+"""
+
+
+def test_a_conversion_command_killed_ends_its_ranks_too(tmp_path):
+    """`kill <pid>` of consolidate / reshard (a caller's timeout, systemd's KillMode=process) ended the
+    command alone: the launcher and its ranks ran on as orphans and published --out ~20 s after the
+    caller was told the command had failed."""
+    import psutil
+
+    stub = tmp_path / "deepspeed"
+    stub.write_text(STUB_RUNNER_WITH_A_RANK)
+    stub.chmod(0o755)
+    code = ("import sys; from pathlib import Path; import ascender_dist.launcher as l; "
+            f"l.deepspeed_launcher = lambda: Path({str(stub)!r}); from ascender_dist import cli; "
+            "cli._relaunch(1, ['consolidate'])")
+    env = {**_clean_env(), "STUB_OUT": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "rank.pid").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "no rank"
+        time.sleep(0.1)
+    rank = psutil.Process(int((tmp_path / "rank.pid").read_text()))
+    proc.send_signal(signal.SIGTERM)  # the command's process only
+    try:
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        rank.wait(timeout=10)  # gone with it
     finally:
         if rank.is_running():
             rank.kill()
