@@ -215,11 +215,17 @@ def reshard_cmd(args: argparse.Namespace) -> None:
     if not _under_launcher():
         # fail early, in one line, on a bad directory, a bad --set, a layout that does not fit or a
         # tokenizer that is not the weights' one
+        from ascender_dist.tools.hf_export import check_weights_fit_config
+
         check_reshard_out(Path(args.out), Path(args.consolidated))
-        _, cfg, meta = read_consolidated(Path(args.consolidated))
+        state, cfg, meta = read_consolidated(Path(args.consolidated))
         cfg = reshard_config(cfg, Path(args.out), args.overrides, Path(args.consolidated) / "config.yaml",
                              data_parallel=args.data_parallel)
         check_reshard_tokenizer(cfg, meta, Path(args.consolidated) / "meta.json")
+        # a --set of a model field the weights do not have (num_query_groups ...): named here, not by
+        # every rank as checkpoint.init_from after the launch
+        check_weights_fit_config(state, cfg, meta, Path(args.consolidated))
+        del state
         p = cfg.parallel
         world = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * args.data_parallel
         _relaunch(world, ["reshard", *args.argv])

@@ -196,6 +196,21 @@ def test_export_hf_standard_architecture_refuses_a_config_that_does_not_fit(cons
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf.tmp*"))
 
 
+def test_reshard_refuses_a_model_override_the_weights_do_not_fit_before_launching(consolidated, tmp_path, capsys,
+                                                                                  monkeypatch):
+    """`reshard --set model.num_query_groups=2` launched the ranks, which each failed naming
+    checkpoint.init_from (a field never set) and left an empty --out."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr("ascender_dist.cli._relaunch", lambda *a: pytest.fail("launched"))
+    out = tmp_path / "resharded"
+    assert main(["reshard", "--consolidated", str(consolidated), "--out", str(out),
+                 "--set", "model.ffn_hidden_size=128"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {consolidated / 'model.safetensors'}: weights do not fit the model of "), err
+    assert "linear_fc1.weight has shape (256, 64), the model needs (128, 64)" in err, err
+    assert "\n" not in err and not out.exists()
+
+
 def test_evaluate_refuses_a_config_that_does_not_fit(consolidated):
     from ascender_dist.tools.evaluate import load_model, parse_run
 
