@@ -108,7 +108,6 @@ def _under_launcher() -> bool:
 def _relaunch(world_size: int, argv: list[str]) -> None:
     """Run this command again on ``world_size`` local ranks through the deepspeed launcher."""
     import os
-    import subprocess
 
     from ascender_dist.launcher import deepspeed_launcher
     from ascender_dist.ports import free_port
@@ -154,6 +153,7 @@ def _run_launcher(cmd: list[str], env: dict) -> int:
     import os
     import signal
     import subprocess
+    import threading
 
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     received: list[int] = []
@@ -164,8 +164,6 @@ def _run_launcher(cmd: list[str], env: dict) -> int:
             os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-
-    import threading
 
     watched = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     on_main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
