@@ -284,13 +284,16 @@ def check_data_sources(cfg: RunConfig) -> None:
 
 
 def check_exit_settings(cfg: RunConfig) -> None:
-    """A time budget that is a number >= 0; signals Python can catch, by name."""
+    """A time budget and a stall timeout that are numbers >= 0; signals Python can catch, by name."""
     import signal
 
     t = cfg.train
     _require_finite("train.exit_duration_minutes", t.exit_duration_minutes)
     if t.exit_duration_minutes < 0:
         raise ConfigError("train.exit_duration_minutes", f"must be >= 0 (0: off) (got {t.exit_duration_minutes})")
+    _require_finite("train.stall_timeout_minutes", t.stall_timeout_minutes)
+    if t.stall_timeout_minutes < 0:
+        raise ConfigError("train.stall_timeout_minutes", f"must be >= 0 (0: off) (got {t.stall_timeout_minutes})")
     for name in t.exit_signals:
         if name not in EXIT_SIGNALS or not isinstance(getattr(signal, name, None), signal.Signals):
             raise ConfigError("train.exit_signals", f"{name!r} is not a stop signal; use some of "

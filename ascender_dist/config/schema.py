@@ -100,6 +100,10 @@ class TrainConfig:
     # a scheduler's warning (Slurm --signal=USR1@600) or a preemption's SIGTERM; []: their default action (death);
     # some of SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU
     exit_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    # end a rank (stacks in the log, one error line, exit status 3) when no step, validation, save or log
+    # has happened for this long while it is not waiting in a collective (0: off): a hanging pipe: URL or
+    # filesystem outside any collective; above the longest save and parallel.distributed_timeout_minutes
+    stall_timeout_minutes: float = 0.0
 
 
 @dataclass

@@ -29,6 +29,7 @@ from ascender_dist.training.engine import build_engine
 from ascender_dist.training.guard import LossGuard, on_every_rank
 from ascender_dist.training.metrics import MetricLogger, peak_tflops_per_device, prepare_log_dir
 from ascender_dist.training.preemption import stop_callbacks
+from ascender_dist.training.watchdog import watchdog_callbacks
 from ascender_dist.training.weights import pad_vocab, read_weights_file
 
 log = logging.getLogger("ascender_dist")
@@ -211,7 +212,8 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
               callbacks: Sequence[Callback] = ()) -> Run:
     """Set up a run (collective: every rank calls it). ``init_state``: canonical full weights to
     start from (else ``checkpoint.init_from``, else random init); ignored when a checkpoint to resume
-    from exists. ``callbacks`` run after the default ones (layer statistics, throughput, logging)."""
+    from exists. ``callbacks`` run after the default ones (stall watchdog, layer statistics, throughput,
+    logging, stop requests)."""
     init_process_group(cfg.parallel.distributed_timeout_minutes)
     check_same_config(cfg)
     tokenizer = on_every_rank(lambda: load_tokenizer(cfg))  # one node's missing file stops every rank
@@ -247,8 +249,9 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
                                                  run_dir=derived.output_dir, run_name=cfg.name,
                                                  run_config=to_dict(cfg)))
     flops_per_token = count_model(cfg.model, vocab, cfg.parallel.tensor_model_parallel_size).flops_per_token
-    defaults = default_callbacks(cfg, pstate.world_size, metrics, flops_per_token,
-                                 peak_tflops_per_device(cfg.logging.peak_tflops_per_device)) + stop_callbacks(cfg)
+    defaults = watchdog_callbacks(cfg) + default_callbacks(
+        cfg, pstate.world_size, metrics, flops_per_token,
+        peak_tflops_per_device(cfg.logging.peak_tflops_per_device)) + stop_callbacks(cfg)
     return Run(cfg=cfg, tokenizer=tokenizer, derived=derived, pstate=pstate, loader=loader, val_loader=val_loader,
                guard=guard, resume_tag=resume_tag, engine=engine, metrics=metrics,
                callbacks=defaults + list(callbacks))

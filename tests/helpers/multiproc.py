@@ -78,14 +78,17 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 
 def run_ranks(target: str, world_size: int, *, timeout: float = 300.0, args: dict | None = None,
-              env: dict | None = None, attempts: int = 3) -> list[dict]:
+              env: dict | None = None, attempts: int = 3, exits: dict[int, int] | None = None) -> list[dict]:
     """Run ``module:function(args) -> dict`` on ``world_size`` ranks; return each rank's dict.
+
+    ``exits``: ranks expected to end their process with that status instead of returning (their
+    dict is {}; any other status, or 0, is a failure).
 
     The rendezvous port is picked free but can be taken by another process before rank 0 binds
     it (EADDRINUSE): such a launch is retried with a new port."""
     for attempt in range(attempts):
         try:
-            return _run_ranks_once(target, world_size, timeout=timeout, args=args, env=env)
+            return _run_ranks_once(target, world_size, timeout=timeout, args=args, env=env, exits=exits or {})
         except RankFailure as exc:
             if "EADDRINUSE" not in str(exc) or attempt == attempts - 1:
                 raise
@@ -93,7 +96,7 @@ def run_ranks(target: str, world_size: int, *, timeout: float = 300.0, args: dic
 
 
 def _run_ranks_once(target: str, world_size: int, *, timeout: float, args: dict | None,
-                    env: dict | None) -> list[dict]:
+                    env: dict | None, exits: dict[int, int]) -> list[dict]:
     workdir = Path(tempfile.mkdtemp(prefix="ranks_"))
     port = free_port()
     base_env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
@@ -114,7 +117,7 @@ def _run_ranks_once(target: str, world_size: int, *, timeout: float, args: dict 
         if time.monotonic() > deadline:
             timed_out = True
             break
-        if any(p.poll() not in (None, 0) for p in procs):
+        if any(p.poll() not in (None, 0, exits.get(rank)) for rank, p in enumerate(procs)):
             time.sleep(5)  # give peers a moment to report their own error, then stop everyone
             break
         time.sleep(0.2)
@@ -126,8 +129,11 @@ def _run_ranks_once(target: str, world_size: int, *, timeout: float, args: dict 
     results = []
     for rank, p in enumerate(procs):
         out = workdir / f"rank{rank}.json"
-        if p.returncode != 0 or not out.exists():
+        if rank in exits and p.returncode == exits[rank]:
+            results.append({})
+        elif rank in exits or p.returncode != 0 or not out.exists():
             why = "timed out" if timed_out and p.returncode == -signal.SIGKILL else f"exit {p.returncode}"
+            why += f" (expected exit {exits[rank]})" if rank in exits else ""
             failures.append(f"rank {rank}: {why}\n{_tail(workdir / f'rank{rank}.err')}")
             results.append({})
         else:

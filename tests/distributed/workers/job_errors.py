@@ -47,3 +47,36 @@ def bug_on_rank0(args):
         dist.barrier()
 
     return {"status": _run(body)}
+
+
+def read_a_hanging_pipe() -> None:
+    """Stands for a shard read that never returns (a pipe: URL's command that hangs)."""
+    import time
+
+    time.sleep(600)
+
+
+def stall_on_rank1(args):
+    """Rank 1 blocks outside any collective after step 2 while rank 0 goes on into step 3's
+    collectives and waits there: rank 1's stall watchdog (train.stall_timeout_minutes) ends the job."""
+    from ascender_dist.cli import _run
+    from ascender_dist.config.resolve import config_from_dict
+    from ascender_dist.training.callbacks import Callback
+    from ascender_dist.training.trainer import Trainer
+    from tests.helpers.data import tiny_run_config
+
+    rank = int(os.environ["RANK"])
+    root = Path(args["root"])
+    _stderr_to(root / f"stall.rank{rank}.err")
+
+    class HangingRead(Callback):
+        def on_step_end(self, trainer, values):
+            if rank == 1 and trainer.step == 2:
+                read_a_hanging_pipe()
+
+    def body():
+        train = {"train_steps": 50, "stall_timeout_minutes": args["stall_timeout_minutes"]}
+        Trainer(config_from_dict(tiny_run_config(args["data"], root / "stall", train=train)),
+                callbacks=[HangingRead()]).fit()
+
+    return {"status": _run(body)}
