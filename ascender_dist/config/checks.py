@@ -48,6 +48,9 @@ LAYER_LIMIT = 2**16
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGXCPU")
 
 
+HPARAM_SEEDS = frozenset({"slot_seed"})  # integer layer settings that are seeds, not sizes
+
+
 def check_upper_bounds(cfg: RunConfig) -> None:
     """Integers that a library converts into a bounded type at startup (a traceback there)."""
     seed = cfg.train.seed
@@ -66,10 +69,12 @@ def check_upper_bounds(cfg: RunConfig) -> None:
         value = getattr(getattr(cfg, section), name)
         if value is not None and value >= SIZE_LIMIT:
             raise ConfigError(dotted, f"must be < 2**31 (got {value})")
-    for section in ("ascender", "connection"):  # every integer of the layers' settings is a size or a step
+    for section in ("ascender", "connection"):  # every integer of the layers' settings but a seed is a size or a step
         hparams = getattr(cfg.model, section)
         for f in dataclasses.fields(hparams):
             value = getattr(hparams, f.name)
+            if f.name in HPARAM_SEEDS:  # range checked by the layer's own validation (a torch.Generator seed)
+                continue
             if isinstance(value, int) and not isinstance(value, bool) and value >= SIZE_LIMIT:
                 raise ConfigError(f"model.{section}.{f.name}", f"must be < 2**31 (got {value})")
 

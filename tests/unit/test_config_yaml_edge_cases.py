@@ -250,6 +250,16 @@ def test_the_layers_integer_settings_are_bounded_too(tmp_path, override):
     assert f"{field}: must be < 2**31" in _error(tmp_path, f"model:\n  architecture: {arch}\n", [override])
 
 
+def test_a_layer_seed_keeps_the_range_a_torch_generator_takes(tmp_path):
+    """slot_seed is a seed, not a size: a hashed 64-bit seed (and every run saved with one) stays loadable."""
+    text = "model:\n  architecture: connection\n  seq_length: 256\n"
+    path = _write(tmp_path, text)
+    for seed in (2**31, 3_000_000_000, 2**64 - 1):
+        assert load_config(path, [f"model.connection.slot_seed={seed}"]).model.connection.slot_seed == seed
+    too_big = _error(tmp_path, text, [f"model.connection.slot_seed={2**64}"])
+    assert "model.connection.slot_seed: must be in [-2**63, 2**64)" in too_big, too_big
+
+
 @pytest.mark.parametrize("field", ["checkpoint.init_from", "checkpoint.dir", "output_dir"])
 def test_an_empty_path_is_refused_not_read_as_the_default(tmp_path, field):
     """`--set checkpoint.init_from=$W` with W unset trained from random weights (exit 0)."""
