@@ -333,6 +333,15 @@ def _remove_leftover(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _remove_leftover_or_warn(path: Path) -> None:
+    """_remove_leftover before a save: a leftover that cannot go (a stale handle or a busy file on
+    shared storage, another user's file) is a warning, as in _prune_after_save, not a failed save."""
+    try:
+        _remove_leftover(path)
+    except OSError as exc:
+        log.warning("%s: could not remove what a crashed save left (%s); the next save tries again", path, exc)
+
+
 def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
     """Delete complete checkpoints beyond the newest ``keep_last`` (and their universal copies),
     incomplete ones older than latest, and what crashed saves and conversions left behind (staging,
@@ -483,8 +492,8 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
         # the disk then needs room for keep_last checkpoints and one being written, not also the leftovers
         for path in list(checkpoint_dir.iterdir()):
             if _crash_leftover(path):
-                _remove_leftover(path)
-        (checkpoint_dir / staged).mkdir()
+                _remove_leftover_or_warn(path)
+        (checkpoint_dir / staged).mkdir()  # fatal if this step's own leftover could not go
 
     failure = first_failure(_writing(prepare, checkpoint_dir) if rank == 0 else None)
     if failure:

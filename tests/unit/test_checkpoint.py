@@ -6,6 +6,7 @@ launcher (tests/integration/test_fault_tolerance.py) covers DeepSpeed's own file
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from pathlib import Path
@@ -284,6 +285,26 @@ def test_what_crashed_saves_left_is_removed_before_the_next_save_writes(single_r
     ckpt.save_checkpoint(Watching("v3"), tmp_path, 3, client_state={}, keep_last=3)
     assert seen_at_write == ["latest", "step_00000001.replaced", "step_00000003.partial"]
     assert _load(tmp_path) == "v3" and ckpt.complete_tags(tmp_path) == ["step_00000001", "step_00000003"]
+
+
+def test_a_leftover_that_cannot_be_removed_is_a_warning_not_a_failed_save(single_rank_group, tmp_path,
+                                                                            monkeypatch, caplog):
+    """A stale handle on shared storage (or another user's file) kept every save failing: the prune
+    after a save already only warned about the same error."""
+    _save(tmp_path, 1, "v1")
+    (tmp_path / ".step_00000001-universal.alive").write_text("x")  # a conversion's heartbeat left behind
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self.name.endswith(".alive"):
+            raise OSError(errno.ESTALE, "Stale file handle")
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with caplog.at_level("WARNING"):
+        _save(tmp_path, 2, "v2")
+    assert _load(tmp_path) == "v2" and ckpt.complete_tags(tmp_path) == ["step_00000001", "step_00000002"]
+    assert "could not remove what a crashed save left" in caplog.text and "Stale file handle" in caplog.text
 
 
 def test_universal_copies_go_with_their_source_tag(single_rank_group, tmp_path):
