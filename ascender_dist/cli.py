@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -145,30 +146,59 @@ def _terminate(processes: list) -> None:
             pass
 
 
+# the launcher's process group: its leader ends the whole group when it is told to stop or when this
+# command dies, even of SIGKILL (prctl PR_SET_PDEATHSIG below); DeepSpeed's local runner passes no
+# signal on to its launch.py, so ending the runner alone would leave the ranks running
+GROUP_LEADER = 'trap "trap - TERM; kill -TERM 0" TERM; "$@" & wait $!'
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the launcher's group leader, between fork and exec: SIGTERM when ``parent`` (this command)
+    dies (Linux prctl; elsewhere nothing), and at once if it already has."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _run_launcher(cmd: list[str], env: dict) -> int:
     """Run the launcher in its own process group and wait for it; SIGTERM / SIGINT / SIGHUP to this
     command are passed on to that whole group (the ranks included), and the command then exits
-    with 128 + the signal. Otherwise a `kill <pid>` of the command (or a caller's timeout) left the
-    ranks running, and they published --out after the caller was told the command failed."""
-    import os
+    with 128 + the signal; a signal this command ignores (SIGHUP under nohup) stays ignored. If the
+    command dies of SIGKILL the group ends too (its leader, GROUP_LEADER, dies with its parent).
+    Otherwise a `kill <pid>` of the command (or a caller's timeout) left the ranks running, and they
+    published --out after the caller was told the command failed."""
     import signal
     import subprocess
     import threading
 
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     received: list[int] = []
+    launched: list = []
 
     def forward(signum, frame) -> None:
         received.append(signum)
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        for proc_ in launched:
+            try:
+                os.killpg(proc_.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
-    watched = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    watched = [sig for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if signal.getsignal(sig) != signal.SIG_IGN]
     on_main = threading.current_thread() is threading.main_thread()  # handlers can only be set there
     previous = {sig: signal.signal(sig, forward) for sig in watched} if on_main else {}
+    parent = os.getpid()
     try:
+        # the handlers first: a signal arriving while the launcher starts is passed on once it exists
+        proc = subprocess.Popen(["sh", "-c", GROUP_LEADER, "launcher", *cmd], env=env, start_new_session=True,
+                                preexec_fn=lambda: _die_with_parent(parent))
+        launched.append(proc)
+        if received:
+            forward(received[0], None)
         returncode = proc.wait()
     finally:
         for sig, handler in previous.items():

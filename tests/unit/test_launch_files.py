@@ -957,25 +957,61 @@ def test_a_conversion_command_killed_ends_its_ranks_too(tmp_path):
     """`kill <pid>` of consolidate / reshard (a caller's timeout, systemd's KillMode=process) ended the
     command alone: the launcher and its ranks ran on as orphans and published --out ~20 s after the
     caller was told the command had failed."""
+    proc, rank = _conversion_with_a_stub_rank(tmp_path)
+    proc.send_signal(signal.SIGTERM)  # the command's process only
+    try:
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+        rank.wait(timeout=10)  # gone with it
+    finally:
+        if rank.is_running():
+            rank.kill()
+
+
+def _conversion_with_a_stub_rank(tmp_path, prelude: str = ""):
+    """A consolidate command (``prelude`` run first) whose launcher is a stub with one rank; returns
+    (the command's Popen, the rank's psutil.Process) once the rank runs."""
     import psutil
 
     stub = tmp_path / "deepspeed"
     stub.write_text(STUB_RUNNER_WITH_A_RANK)
     stub.chmod(0o755)
-    code = ("import sys; from pathlib import Path; import ascender_dist.launcher as l; "
+    code = (f"{prelude}import sys; from pathlib import Path; import ascender_dist.launcher as l; "
             f"l.deepspeed_launcher = lambda: Path({str(stub)!r}); from ascender_dist import cli; "
             "cli._relaunch(1, ['consolidate'])")
     env = {**_clean_env(), "STUB_OUT": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     deadline = time.monotonic() + 30
     while not (tmp_path / "rank.pid").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "no rank"
         time.sleep(0.1)
-    rank = psutil.Process(int((tmp_path / "rank.pid").read_text()))
-    proc.send_signal(signal.SIGTERM)  # the command's process only
+    return proc, psutil.Process(int((tmp_path / "rank.pid").read_text()))
+
+
+def test_a_conversion_command_killed_with_sigkill_ends_its_ranks_too(tmp_path):
+    """`timeout -k` or a supervisor's SIGKILL to the command's process group: the launcher, in a group
+    of its own, and its ranks ran on and published --out."""
+    proc, rank = _conversion_with_a_stub_rank(tmp_path)
     try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the command's group: the launcher's is another one
+        assert proc.wait(timeout=20) == -signal.SIGKILL
+        rank.wait(timeout=10)  # ended by the launcher group's leader, which dies with the command
+    finally:
+        if rank.is_running():
+            rank.kill()
+
+
+def test_a_conversion_command_under_nohup_outlives_the_hangup(tmp_path):
+    """nohup ignores SIGHUP: the command kept that, and the terminal closing did not end the job."""
+    proc, rank = _conversion_with_a_stub_rank(tmp_path, prelude="import signal; signal.signal(signal.SIGHUP, "
+                                                                 "signal.SIG_IGN); ")
+    try:
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(1.5)
+        assert proc.poll() is None and rank.is_running()
+        proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 128 + signal.SIGTERM
-        rank.wait(timeout=10)  # gone with it
+        rank.wait(timeout=10)
     finally:
         if rank.is_running():
             rank.kill()
