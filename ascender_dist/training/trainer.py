@@ -238,12 +238,15 @@ class Trainer:
 
     def _validate_if_due(self) -> None:
         """The validation that a stop skipped at the current step (``validation_due``), logged at
-        that step on its own: the resumed job runs it before its first step (a completed run after
-        its final save), so the curve keeps every ``train.eval_interval`` point."""
+        that step on its own: the resumed job runs it before its first step, so the curve keeps
+        every ``train.eval_interval`` point; not when the resumed config no longer validates there
+        (``eval_interval`` changed or 0: its validation split may be gone)."""
         if self.validation_due != self.step:
             return
         self.validation_due = None
-        self._call("on_log", {"val/loss": self.validate()})
+        every = self.cfg.train.eval_interval
+        if every and self.step % every == 0:
+            self._call("on_log", {"val/loss": self.validate()})
 
     def _after_step(self, values: dict, batches):
         """Bad-step bookkeeping; after ``max_consecutive_bad_steps`` skips, roll back (see
@@ -364,7 +367,9 @@ class Trainer:
                     break  # the checkpoint just loaded is the one to continue from
                 continue  # the step went back to the checkpoint: nothing of this step to log or save
             if t.eval_interval and self.step % t.eval_interval == 0:
-                if self.stop_reason is None:
+                # on the last step the run is complete: validated before its final save, which then
+                # records nothing due (a re-run of the finished run would validate again)
+                if self.stop_reason is None or self.step >= t.train_steps:
                     values["val/loss"] = self.validate()
                 else:  # the save comes first; the checkpoint records the validation as due
                     self.validation_due = self.step
@@ -385,8 +390,6 @@ class Trainer:
             elif self.pstate.is_logging_rank:
                 log.warning("no final save at step %d: its last %d steps were skipped, the newest checkpoint "
                             "stays the latest", self.step, self.consecutive_bad)
-        if self.stop_reason is None:
-            self._validate_if_due()  # a stop decided on the last step: saved first, the run is complete
         if self.stop_reason is not None and self.pstate.is_logging_rank:
             log.warning("stopped at step %d of %d (%s); the newest checkpoint is %s: run the same command "
                         "again to continue", self.step, t.train_steps, self.stop_reason,

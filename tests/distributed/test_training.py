@@ -54,8 +54,10 @@ def test_a_stop_on_a_validation_step_validates_when_the_run_goes_on(results):
         # the due validation on its own at step 2, then step 3's scalars (JSON: lists)
         (due_step, due_keys), (next_step, next_keys) = value["resumed_logged"]
         assert (due_step, due_keys, next_step) == (2, ["val/loss"], 3) and "train/loss" in next_keys, value
-        assert value["last"] == straight, value  # the last step's, after its final save
-    assert assert_check(results, "stop_on_a_validation_step")[0]["board_val_steps"] == [2, 4]
+        assert value["last"] == straight, value  # the last step's, before its final save
+        assert value["rerun"] == [] and value["off"] == [], value
+    first_rank = assert_check(results, "stop_on_a_validation_step")[0]
+    assert first_rank["board_val_steps"] == [2, 4] and first_rank["board_last_val_steps"] == [2, 4], first_rank
 
 
 def test_layer_statistics_are_reduced_over_the_data_parallel_replicas(results):

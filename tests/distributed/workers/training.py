@@ -131,7 +131,8 @@ def stop_on_a_validation_step(data, root: Path) -> dict:
     """A stop decided on a step that validates saves first and skips the validation; the checkpoint
     records it as due, and the resumed job runs it before its first step: the validation curve and
     TensorBoard have every eval_interval point, with the straight run's losses. A stop on the last
-    step (which validates too) validates after its final save."""
+    step (which validates too) validates before its final save, so a re-run of the finished run
+    validates nothing again; a resume whose config no longer validates skips what was due."""
     from ascender_dist.training.callbacks import Callback
     from tests.helpers.tensorboard import read_scalars
 
@@ -159,10 +160,21 @@ def stop_on_a_validation_step(data, root: Path) -> dict:
     start = second.step
     second.fit()
     _trainer(data, root / "val_last", callbacks=[last], **sections).fit()
-    board = read_scalars(root / "val_stopped" / "tensorboard") if second.pstate.is_logging_rank else {}
+    rerun = Record()  # the same command again on the finished run: nothing to train, nothing due
+    _trainer(data, root / "val_last", callbacks=[rerun], **sections).fit()
+    # stopped on a validating step, resumed with validation turned off: nothing due is run
+    _trainer(data, root / "val_off", callbacks=[Record(stop_at=2)], **sections).fit()
+    off = Record()
+    _trainer(data, root / "val_off", callbacks=[off], train={"train_steps": 4, "eval_interval": 0}).fit()
+
+    def val_steps(run: str) -> list:
+        board = read_scalars(root / run / "tensorboard") if second.pstate.is_logging_rank else {}
+        return [step for step, _ in board.get("val/loss", [])]
+
     return {"straight": straight.curve, "stopped": stopped.curve, "stopped_at": first.step,
             "start": start, "resumed": resumed.curve, "resumed_logged": resumed.logged[:2], "last": last.curve,
-            "board_val_steps": [step for step, _ in board.get("val/loss", [])]}
+            "rerun": rerun.curve, "off": off.curve, "board_val_steps": val_steps("val_stopped"),
+            "board_last_val_steps": val_steps("val_last")}
 
 
 DP_CHANGE_STAGES = (0, 1, 2, 3)
