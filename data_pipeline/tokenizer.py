@@ -34,6 +34,10 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 DEFAULT_INPUT_SENTENCE_SIZE = 2_000_000
 _MAX_LINE_BYTES = 16384  # sentencepiece silently drops longer "sentences"; we split instead
 
+# texts cut after each newline by Tokenizer.parts_split_exactly: whitespace, indents and symbols
+# on both sides of a newline, where a normaliser that does not keep newlines merges across them
+NEWLINE_PROBES = ("a\nb", "x = 1 \n  y = 2\n", "\n\n  #\n#x\t\n\tz", " a\n \n b \n", "é\n\u00a0é\n1\n2")
+
 
 def check_pad_multiple(where: str, multiple) -> None:
     """A padding multiple is an integer >= 1 (1: no padding); anything else is a DataError naming
@@ -225,24 +229,39 @@ class Tokenizer:
     def encode_parts(self, parts: Iterable[str]) -> Iterator[list[int]]:
         """The ids of the text ``"".join(parts)``, part by part, where every part but the first
         starts just after a newline (formats.TextParts): concatenated, exactly ``encode`` of the
-        whole text, in the memory of one part. No piece but ``"\n"`` itself contains a newline
-        (checked: parts_split_exactly), so no piece crosses a part boundary and each side is segmented
-        on its own; a later part is encoded after a newline, ``encode("\n" + part)``, and the ids of
-        ``encode("\n")`` (the dummy prefix and the newline) are dropped from its front. A tokenizer
-        without that property gets the parts joined and encoded whole."""
+        whole text, in the memory of one part. Where newlines split the segmentation
+        (parts_split_exactly) each side is segmented on its own; a later part is encoded after a
+        newline, ``encode("\n" + part)``, and the ids of ``encode("\n")`` (the dummy prefix and the
+        newline) are dropped from its front. A tokenizer without that property gets the parts joined
+        and encoded whole."""
         parts = iter(parts)
         if not self.parts_split_exactly:
             yield self.encode("".join(parts))
             return
+        yield from self._encode_split(parts)
+
+    def _encode_split(self, parts: Iterable[str]) -> Iterator[list[int]]:
         lead = len(self.encode("\n"))
         for i, part in enumerate(parts):
             yield self.encode(part) if i == 0 else self.encode("\n" + part)[lead:]
 
     @functools.cached_property
     def parts_split_exactly(self) -> bool:
-        """Whether no piece but ``"\n"`` contains a newline (true of the tokenizers train_tokenizer
-        writes: sentencepiece trains on lines), which encode_parts relies on."""
-        return all("\n" not in piece or piece == "\n" for piece in map(self.sp.id_to_piece, range(self.vocab_size)))
+        """Whether a text cut after its newlines encodes part by part to its own ids: no piece but
+        ``"\n"`` contains a newline, normalisation keeps newlines (a rule such as nmt_nfkc maps them
+        to spaces, and pieces like "▁#" then span a cut), and probes with whitespace around
+        newlines encode alike cut and whole. True of the tokenizers train_tokenizer writes
+        (identity normalisation, trained on lines); encode_parts relies on it."""
+        if any("\n" in piece and piece != "\n" for piece in map(self.sp.id_to_piece, range(self.vocab_size))):
+            return False
+        if "\n" not in self.sp.normalize("a\nb"):
+            return False
+        for probe in NEWLINE_PROBES:
+            cuts = [i + 1 for i, c in enumerate(probe) if c == "\n"]
+            parts = [probe[i:j] for i, j in zip([0, *cuts], [*cuts, len(probe)]) if i < j]
+            if [i for ids in self._encode_split(parts) for i in ids] != self.encode(probe):
+                return False
+        return True
 
     def decode(self, ids) -> str:
         """Text of ``ids``; padding ids (>= vocab_size) and tensors/arrays are accepted and pads dropped."""
