@@ -181,14 +181,16 @@ def _within(path: Path, ancestor: Path) -> bool:
 
 
 def check_output_dir(out_dir: Path, source: Path, tool: str, is_previous_output, marker: str,
-                     inside_source_ok: bool = False) -> None:
+                     inside_source_ok: bool = False, own_entries=None) -> None:
     """Refuse an ``--out`` whose replacement would lose data, before any work (and before a command
     re-launches itself on several ranks): the converters write a temporary sibling, then replace
     whatever ``out_dir`` holds by it (:func:`staged_output`). ``out_dir`` may be missing, empty or a
     previous output of ``tool`` (``is_previous_output(dir)``, recognised by ``marker``: users re-run
     exports); never the input ``source``, a directory holding it, a path inside it (unless
-    ``inside_source_ok``), a file, or a directory of anything else. Errors are one line naming the
-    path and why."""
+    ``inside_source_ok``), a file, or a directory of anything else; nor a previous output holding
+    entries the tool did not write (``own_entries(dir)``: their names, None if unknown), which the
+    replacement would delete (refused here, not after all the work: replace_output checks again).
+    Errors are one line naming the path and why."""
     out_dir, source = Path(out_dir), Path(source)
     if out_dir.name in ("", ".", ".."):  # it is replaced through a sibling: it needs a name of its own
         raise ConversionError(out_dir, "name the output directory itself (not '.' or '..'): it is written "
@@ -210,12 +212,19 @@ def check_output_dir(out_dir: Path, source: Path, tool: str, is_previous_output,
     if out_dir.is_dir() and any(out_dir.iterdir()) and not is_previous_output(out_dir):
         raise ConversionError(out_dir, f"exists, is not empty and is not a previous {tool} output (no {marker}): "
                                        "refusing to replace it; choose a new --out or empty it yourself")
+    own = own_entries(out_dir) if own_entries is not None and out_dir.is_dir() else None
+    if own is not None:
+        _refuse_entries_replacing_would_delete(out_dir, own)
+
+
+CONSOLIDATED_FILES = frozenset({"meta.json", "config.yaml", "model.safetensors"})  # what consolidate writes
 
 
 def check_consolidate_out(out_dir: Path, checkpoint_dir: Path) -> None:
     """:func:`check_output_dir` for ``consolidate`` (input: the training checkpoint directory)."""
     check_output_dir(out_dir, checkpoint_dir, "consolidate", is_consolidated_output,
-                     f"meta.json + config.yaml + model.safetensors of format {CONSOLIDATED_FORMAT!r}")
+                     f"meta.json + config.yaml + model.safetensors of format {CONSOLIDATED_FORMAT!r}",
+                     own_entries=lambda _: CONSOLIDATED_FILES)
 
 
 def check_reshard_out(out_dir: Path, consolidated_dir: Path) -> None:
@@ -248,14 +257,27 @@ def _write_problem(exc: BaseException) -> str:
 LM_EVAL_EXPORT_SUBDIR = ".hf-export"  # the lm-eval adapter's export cache inside a consolidated run (and its lock)
 
 
-def _entries_not_rewritten(out_dir: Path, tmp: Path) -> list[str]:
-    """What ``out_dir`` holds that the new output ``tmp`` does not, but for the lm-eval export cache
-    (derived from the weights being replaced): files a user added (a model card, evaluation results)."""
+def _lm_eval_cache(name: str) -> bool:
+    """The lm-eval export cache (derived from the weights being replaced), its lock, and the staging and
+    moved-aside siblings a crashed export of it leaves (``..hf-export.tmp.<pid>``, ``.old.<pid>``)."""
+    return name.lstrip(".").startswith(LM_EVAL_EXPORT_SUBDIR.lstrip("."))
+
+
+def _entries_not_in(out_dir: Path, names) -> list[str]:
+    """What ``out_dir`` holds beyond ``names`` and the lm-eval cache: files a user added (a model
+    card, evaluation results)."""
     if not out_dir.is_dir():
         return []
-    new = {entry.name for entry in tmp.iterdir()}
     return sorted(entry.name + ("/" if entry.is_dir() else "") for entry in out_dir.iterdir()
-                  if entry.name not in new and not entry.name.startswith(LM_EVAL_EXPORT_SUBDIR))
+                  if entry.name not in names and not _lm_eval_cache(entry.name))
+
+
+def _refuse_entries_replacing_would_delete(out_dir: Path, names, when: str = "nothing was written") -> None:
+    extra = _entries_not_in(out_dir, names)
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        raise ConversionError(out_dir, f"holds {shown}, which the new output does not: replacing it would delete "
+                                       f"them; move them out of it, or choose a new --out ({when})")
 
 
 def replace_output(tmp: Path, out_dir: Path) -> None:
@@ -266,11 +288,7 @@ def replace_output(tmp: Path, out_dir: Path) -> None:
     renames), and only then the old copy deleted. If the second rename fails, the previous output
     is renamed back; after a crash between the two renames it survives as ``.<name>.old.<pid>``
     next to ``out_dir``."""
-    extra = _entries_not_rewritten(out_dir, tmp)
-    if extra:
-        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
-        raise ConversionError(out_dir, f"holds {shown}, which the new output does not: replacing it would delete "
-                                       "them; move them out of it, or choose a new --out (nothing was replaced)")
+    _refuse_entries_replacing_would_delete(out_dir, {entry.name for entry in tmp.iterdir()}, "nothing was replaced")
     aside = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
     ckpt.sync_tree(tmp)  # an OSError here: nothing was replaced (staged_output says so)
     try:

@@ -413,11 +413,22 @@ def is_export_output(directory: Path) -> bool:
     return (Path(directory) / EXPORT_MARKER).is_file() and (Path(directory) / "config.json").is_file()
 
 
+def exported_files(directory: Path) -> set[str] | None:
+    """The names a previous export wrote (its marker's list, the marker itself included), or None
+    when its marker predates the list or cannot be read."""
+    try:
+        files = json.loads((Path(directory) / EXPORT_MARKER).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return {*files, EXPORT_MARKER} if isinstance(files, list) else None
+
+
 def check_export_out(out_dir: Path, consolidated_dir: Path) -> None:
     """:func:`~ascender_dist.tools.convert.check_output_dir` for ``export-hf``. The one path inside the
     input allowed is the lm-eval adapter's export cache ``<consolidated>/.hf-export``."""
     cache = Path(out_dir).resolve() == Path(consolidated_dir).resolve() / LM_EVAL_EXPORT_SUBDIR
-    check_output_dir(out_dir, consolidated_dir, "export-hf", is_export_output, EXPORT_MARKER, inside_source_ok=cache)
+    check_output_dir(out_dir, consolidated_dir, "export-hf", is_export_output, EXPORT_MARKER, inside_source_ok=cache,
+                     own_entries=exported_files)
 
 
 def _write_model(out: Path, state: dict, cfg, meta: dict, standard: str | None, special_ids: dict | None,
@@ -491,8 +502,9 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
             from ascender_dist.tools.hf_tokenizer import write_hf_tokenizer
 
             write_hf_tokenizer(Path(tokenizer), tmp, cfg.model.seq_length, fast)
+        written = sorted(entry.name for entry in tmp.iterdir())  # a re-export into it refuses any other entry early
         (tmp / EXPORT_MARKER).write_text(json.dumps({
-            "source": str(consolidated_dir), "architecture": kind, "model_architecture": meta.get("architecture"),
+            "files": written, "source": str(consolidated_dir), "architecture": kind, "model_architecture": meta.get("architecture"),
             "trust_remote_code": kind == REMOTE_CODE_ARCHITECTURE, "step": meta.get("step"),
             "vocab_size": meta.get("vocab_size"), "preset": cfg.model.preset, "run_name": cfg.name,
             **export_provenance(consolidated_dir, Path(tokenizer) if tokenizer else None, source)},

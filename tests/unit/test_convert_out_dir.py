@@ -143,6 +143,25 @@ def test_replacing_a_previous_output_that_holds_a_users_files_is_refused(consoli
     assert not (consolidated / LM_EVAL_EXPORT_SUBDIR).exists() and is_consolidated_output(consolidated)
 
 
+def test_a_users_file_in_a_previous_output_is_refused_before_any_work(consolidated, tmp_path):
+    """The refusal above came only after every rank had merged (or exported) the whole model into
+    the staging folder: hours for a large model, thrown away. The checks that run before the launch
+    now know what each tool writes; the lm-eval cache's crash leftovers are not a user's files."""
+    hf = export_hf(consolidated, tmp_path / "hf")
+    assert {"config.json", "model.safetensors"} <= set(json.loads((hf / "ascender_dist.json").read_text())["files"])
+    (hf / "README.md").write_text("model card")
+    with pytest.raises(ConversionError) as info:
+        check_export_out(hf, consolidated)
+    _one_line(info.value, str(hf), "holds README.md, which the new output does not: replacing it would delete them")
+    (consolidated / "eval_results.json").write_text("{}")
+    (consolidated / f".{LM_EVAL_EXPORT_SUBDIR}.tmp.4242").mkdir()  # a crashed lm-eval export's staging folder
+    with pytest.raises(ConversionError) as info:
+        check_consolidate_out(consolidated, tmp_path / "ck")
+    _one_line(info.value, str(consolidated), "holds eval_results.json, which the new output does not")
+    (consolidated / "eval_results.json").unlink()
+    check_consolidate_out(consolidated, tmp_path / "ck")  # its own files and the lm-eval cache's only
+
+
 def test_export_hf_refuses_its_input_as_out(consolidated, tmp_path):
     before = _tree(consolidated)
     for out, needle in [(consolidated, "output is the input directory"),
