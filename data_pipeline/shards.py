@@ -352,8 +352,8 @@ def check_shard_settings(out_dir: Path, seq_length: int, val_fraction: float, sa
                          shard_max_bytes: int | None = None, prefix: str = "shard") -> None:
     """What every shard writer checks before reading anything (the serial one here, the parallel
     jobs of :mod:`.parallel`, the CLI before launching them), then ``out_dir`` created. The shard
-    sizes are None (default size) or >= 1; 0 or a negative size would otherwise mean the default
-    or one-sample shards without a word. The prefix: see :func:`check_shard_prefix`."""
+    sizes are None (default size) or >= 1, and at most one is given; 0 or a negative size would
+    otherwise mean the default or one-sample shards without a word. The prefix: see :func:`check_shard_prefix`."""
     out_dir = Path(out_dir)
     check_shard_prefix(prefix)
     if seq_length < 1:
@@ -361,6 +361,8 @@ def check_shard_settings(out_dir: Path, seq_length: int, val_fraction: float, sa
     for name, value in (("samples_per_shard", samples_per_shard), ("shard_max_bytes", shard_max_bytes)):
         if value is not None and value < 1:
             raise DataError("write_shards", f"{name} must be >= 1 (got {value})")
+    if samples_per_shard is not None and shard_max_bytes is not None:
+        raise DataError("write_shards", "give samples_per_shard or shard_max_bytes, not both (one would be ignored)")
     if not 0 <= val_fraction < 1:
         raise DataError("write_shards", f"val_fraction must be in [0, 1) (got {val_fraction})")
     if out_dir.exists() and not out_dir.is_dir():

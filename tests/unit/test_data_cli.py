@@ -121,3 +121,37 @@ def test_bad_shard_sizes_and_workers_are_refused(tmp_path, text_file, capsys):
         assert not (tmp_path / "ds").exists() or not any((tmp_path / "ds").iterdir()), extra
     assert main(["--quiet", "merge", str(tmp_path / "ds"), "--workers", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: merge: --workers must be >= 1 (got 0)"
+
+
+def test_quiet_is_taken_before_or_after_the_step():
+    """docs/data.md: every step with progress bars (--quiet to silence); after the step's name it was
+    refused as an unrecognized argument."""
+    from data_pipeline.cli import _parser
+
+    steps = {"build-corpus": ["--out", "c.jsonl"], "train-tokenizer": ["--input", "c", "--out-prefix", "t"],
+             "shard": ["--input", "c", "--tokenizer", "t.model", "--out-dir", "d", "--seq-length", "8"],
+             "merge": ["d"], "inspect": ["d"]}
+    for step, rest in steps.items():
+        assert _parser().parse_args([step, *rest, "--quiet"]).quiet is True, step
+        assert _parser().parse_args(["--quiet", step, *rest]).quiet is True, step
+        assert _parser().parse_args([step, *rest]).quiet is False, step
+
+
+def test_both_shard_sizes_are_refused_not_one_ignored(tmp_path, text_file, capsys):
+    """--samples-per-shard won and --shard-max-bytes was dropped without a word (exit 0)."""
+    import pytest
+
+    from data_pipeline.errors import DataError
+    from data_pipeline.shards import write_shards
+    from data_pipeline.tokenizer import train_tokenizer
+
+    model = train_tokenizer([text_file], tmp_path / "tok", 400, progress=False)
+    with pytest.raises(SystemExit) as info:
+        main(["shard", "--input", str(text_file), "--tokenizer", str(model), "--seq-length", "16", "--out-dir",
+              str(tmp_path / "ds"), "--samples-per-shard", "200", "--shard-max-bytes", "100000", "--quiet"])
+    assert info.value.code == 2
+    assert "argument --shard-max-bytes: not allowed with argument --samples-per-shard" in capsys.readouterr().err
+    with pytest.raises(DataError, match="give samples_per_shard or shard_max_bytes, not both"):
+        write_shards([text_file], Tokenizer.load(model), tmp_path / "ds2", 16, samples_per_shard=200,
+                     shard_max_bytes=100_000, progress=False)
+    assert not (tmp_path / "ds").exists() and not (tmp_path / "ds2").exists()
