@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ascender_dist.config.errors import UserError
+from ascender_dist.extras import missing_extra, require_extra
 from ascender_dist.logs import quiet_library_warnings, setup_cli_logging
 
 
@@ -37,6 +38,11 @@ def _run(fn, *args) -> int:
         fn(*args)
     except UserError as exc:
         job_errors.report(str(exc), getattr(exc, "rank", None))
+        return 2
+    except ImportError as exc:
+        if missing_extra(exc) is None:
+            raise
+        job_errors.report(missing_extra(exc))
         return 2
     except Exception as exc:  # noqa: BLE001 (reported once per job below, with its traceback)
         if not job_errors.multi_rank_launch():
@@ -266,6 +272,7 @@ def export_hf_cmd(args: argparse.Namespace) -> None:
 
     from ascender_dist.tools.hf_export import EXPORT_MARKER, export_hf
 
+    require_extra("transformers")  # imported only once the weights are read and converted
     out = export_hf(Path(args.consolidated), Path(args.out), args.tokenizer, without_tokenizer=args.no_tokenizer)
     try:  # what export_hf recorded; a remote-code export also carries the model's own code
         remote = bool(json.loads((out / EXPORT_MARKER).read_text()).get("trust_remote_code"))
@@ -353,7 +360,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         import importlib
 
         module, function = _DELEGATED[argv[0]]
-        return getattr(importlib.import_module(module), function)(argv[1:])
+        try:
+            return getattr(importlib.import_module(module), function)(argv[1:])
+        except ImportError as exc:  # an extra the command needs is not installed: one line, not a traceback
+            if missing_extra(exc) is None:
+                raise
+            print(f"error: ascender-dist {argv[0]}: {missing_extra(exc)}", file=sys.stderr)
+            return 2
     args = _parser().parse_args(argv)
     args.argv = argv[1:]  # for commands that re-launch themselves under the deepspeed launcher
     return _run(args.fn, args)

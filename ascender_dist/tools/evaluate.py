@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ascender_dist.config.errors import UserError
+from ascender_dist.extras import missing_extra
 
 log = logging.getLogger("ascender_dist")
 
@@ -583,8 +584,8 @@ def _failure_line(exc: BaseException, run: Optional[Run]) -> tuple[str, int]:
     """(one line for a failure, exit status): bad input says itself (2); a crash names the run (1)."""
     if isinstance(exc, UserError):
         return str(exc), 2
-    if isinstance(exc, ImportError):
-        return f"{exc.name or exc}: not installed (pip install lm-eval for --tasks)", 2
+    if missing_extra(exc) is not None:
+        return missing_extra(exc), 2
     where = f"run {run.name}: " if run is not None else ""
     return f"{where}{type(exc).__name__}: {_one_line(exc)}", 1
 
@@ -645,7 +646,9 @@ def evaluate_main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:
-        print(f"error: {exc.name or exc}: not installed (pip install lm-eval for --tasks)", file=sys.stderr)
+        if missing_extra(exc) is None:
+            raise
+        print(f"error: {missing_extra(exc)}", file=sys.stderr)
         return 2
     print(Path(args.out, "results.md").read_text())
     print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'results.md'}")

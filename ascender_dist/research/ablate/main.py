@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a run-config field for every run, e.g. --set train.train_steps=20")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (replaces the grid's)")
-    p.add_argument("--only", default=None, help="comma-separated variant names to run/report")
+    p.add_argument("--only", default=None, help="comma-separated variant names to run/report (with the grid's "
+                                                "baseline and the variants they compare to)")
     p.add_argument("--jobs", type=int, default=None, help="runs at a time (default: grid 'jobs', else 1)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: grid 'threads', else 1)")
     p.add_argument("--runs-dir", default=None, help="override the grid's runs_dir")
