@@ -180,6 +180,23 @@ def load_manifest(path) -> Manifest:
     return manifest
 
 
+# a shard name: a relative path of plain components. It becomes a local path next to the manifest or
+# the {name} of a url_template, whose `pipe:` commands run through a shell: no scheme (':'), no
+# whitespace or shell syntax, no absolute path, no '..', no component starting with '-'
+_SHARD_NAME = re.compile(r"[A-Za-z0-9_.+=@-]+(/[A-Za-z0-9_.+=@-]+)*")
+
+
+def shard_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a shard name (a manifest's, or one the writer makes), or None."""
+    if not _SHARD_NAME.fullmatch(name):
+        return ("is not a relative path of letters, digits and . _ - + = @ (a name is pasted into a "
+                "url_template's command and must carry no shell syntax, scheme or whitespace)")
+    parts = name.split("/")
+    if any(part == ".." or part.startswith("-") for part in parts):
+        return "has a '..' or a component starting with '-'"
+    return None
+
+
 def _check_shard_record(where: str, i: int, s, first_of: dict[str, int]) -> None:
     """Shard entry ``i`` has exactly the ShardInfo fields, their types, a known split and a name no
     earlier entry has (``first_of``: normalised name -> index, filled here; ``x.tar`` and
@@ -195,6 +212,9 @@ def _check_shard_record(where: str, i: int, s, first_of: dict[str, int]) -> None
         raise DataError(where, f"shards[{i}]: missing field(s) {', '.join(map(repr, missing))}")
     if s["split"] not in _SPLITS:
         raise DataError(where, f'shards[{i}].split: must be "train" or "val" (got {s["split"]!r})')
+    problem = shard_name_problem(s["name"])
+    if problem:
+        raise DataError(where, f"shards[{i}].name: {s['name']!r} {problem}")
     name = os.path.normpath(s["name"])
     if name in first_of:
         raise DataError(where, f"shards[{i}].name: {s['name']!r} is already shards[{first_of[name]}]")
@@ -381,6 +401,9 @@ def check_shard_prefix(prefix: str) -> None:
     has_dir = any(sep and sep in prefix for sep in ("/", os.sep, os.altsep))
     if has_dir or prefix in ("", ".", "..") or "\0" in prefix:
         raise DataError("write_shards", f"prefix must be a plain file name, without a directory (got {prefix!r})")
+    problem = shard_name_problem(f"{prefix}-train-000000.tar")
+    if problem:  # its shards would be refused when the manifest is read
+        raise DataError("write_shards", f"prefix {prefix!r}: a shard name {problem}")
 
 
 def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, out_dir: Path, seq_length: int,

@@ -338,6 +338,36 @@ def test_manifest_field_types(ds, edit, needles):
     one_line_error(e, str(path), *needles)
 
 
+@pytest.mark.parametrize("name", ["a.tar; touch PWNED", "pipe:touch PWNED", "/etc/passwd", "../x.tar",
+                                  "sub/../../x.tar", "-rf.tar", "a b.tar", "x.tar`id`", "$(id).tar", "x.tar|id"])
+def test_a_shard_name_that_is_not_a_plain_relative_path_is_refused(ds, name, monkeypatch):
+    """A manifest someone else wrote named its shards 'a.tar; cmd' (pasted into a documented
+    pipe: url_template, the command ran on every rank) or 'pipe:cmd' (read as a pipe: URL); '/abs'
+    and '../x' read files outside the dataset."""
+    monkeypatch.chdir(ds)
+    path = _edit_manifest(ds, lambda m: {**m, "shards": [{**m["shards"][0], "name": name}] + m["shards"][1:]})
+    with pytest.raises(DataError) as e:
+        load_manifest(path)
+    one_line_error(e, str(path), f"shards[0].name: {name!r}")
+    assert not (ds / "PWNED").exists()
+
+
+def test_shard_names_in_subdirectories_stay_readable(ds):
+    (ds / "sub").mkdir()
+    first = json.loads((ds / "manifest.json").read_text())["shards"][0]["name"]
+    (ds / first).rename(ds / "sub" / first)
+    path = _edit_manifest(ds, lambda m: {**m, "shards": [{**m["shards"][0], "name": f"sub/{first}"}] + m["shards"][1:]})
+    manifest = load_manifest(path)
+    assert manifest.shard_url(manifest.shards[0]) == str(ds / "sub" / first)
+
+
+def test_the_writer_refuses_a_prefix_its_manifest_could_not_name(tmp_path, tiny_tokenizer, text_file):
+    with pytest.raises(DataError) as e:
+        write_shards([text_file], tiny_tokenizer, tmp_path / "ds", 16, samples_per_shard=20, prefix="my data",
+                     progress=False)
+    one_line_error(e, "prefix 'my data': a shard name is not a relative path")
+
+
 def _rewrite_shard_meta(ds, meta):
     """Replace train shard 0 by one whose meta.json record is ``meta`` (manifest checksum updated)."""
     import numpy as np
