@@ -43,6 +43,7 @@ import argparse
 import json
 import logging
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -131,6 +132,18 @@ def tokenizer_identity(run: Run) -> Optional[str]:
                               f"({exc.strerror or exc})") from None
 
 
+_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # pipe:, s3:, https:, file: ...
+
+
+def _refuse_recorded_url(run_dir: Path, where: str, value: str) -> None:
+    """A run directory's config.yaml is data anyone could have written: a ``pipe:`` manifest there
+    would run its command as whoever evaluates the run. URLs and commands are taken from
+    ``--manifest`` only."""
+    if value and _URL_SCHEME.match(value):
+        raise EvaluationError(f"{run_dir / 'config.yaml'}: {where} {value[:80]!r} is a URL or command, not a local "
+                              "path: evaluate reads a run's own data from local manifests only (pass --manifest)")
+
+
 def parse_run(text: str, manifest: Optional[str]) -> Run:
     """``DIR`` or ``NAME=DIR`` -> a described :class:`Run` (one-line EvaluationError otherwise)."""
     from ascender_dist.tools.lm_eval_adapter import is_consolidated, is_hf_export
@@ -149,6 +162,10 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
         cfg = read_config(path, one_device=True)  # the strict loader: one-line errors naming config.yaml
         model, data = cfg.model, cfg.data
         mixture = [(m.manifest, float(m.weight)) for m in data.mixture]
+        if not manifest:  # the run's own data: only local manifests (a URL or pipe: command came with the files)
+            for where, recorded in [("data.manifest", data.manifest)] + [
+                    (f"data.mixture[{i}].manifest", m) for i, (m, _) in enumerate(mixture)]:
+                _refuse_recorded_url(path, where, recorded)
         run = Run(name, path, "consolidated", architecture=meta.get("architecture", "?"),
                   size=_size_of(model.preset, name, cfg.name), step=meta.get("step"),
                   seq_length=model.seq_length, vocab_size=meta.get("vocab_size"),

@@ -238,3 +238,22 @@ def test_a_run_directory_with_an_equals_sign_is_a_directory_not_name_equals_dir(
     assert parsed.name == "gpt-small" and Path(parsed.path) == run
     named = ev.parse_run(f"mine={run}", None)  # NAME=DIR still works
     assert named.name == "mine" and Path(named.path) == run
+
+
+def test_a_runs_recorded_pipe_manifest_is_refused_not_run(tmp_path, two_tokenizers, monkeypatch):
+    """A consolidated directory is files anyone could have written: its config.yaml's
+    data.manifest 'pipe:cmd' ran cmd as whoever evaluated the run (webdataset's gopen)."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    run = write_run(tmp_path / "cons", two_tokenizers[0])
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    raw["data"]["manifest"] = "pipe:touch PWNED; cat /dev/null"
+    (run / "config.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ev.EvaluationError) as info:
+        ev.parse_run(str(run), None)
+    assert str(info.value) == (f"{run / 'config.yaml'}: data.manifest 'pipe:touch PWNED; cat /dev/null' is a URL or "
+                               "command, not a local path: evaluate reads a run's own data from local manifests "
+                               "only (pass --manifest)")
+    assert not (tmp_path / "PWNED").exists()
+    assert ev.parse_run(str(run), str(tmp_path / "m.json")).manifest == str(tmp_path / "m.json")  # the user's own
