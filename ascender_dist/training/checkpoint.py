@@ -739,7 +739,7 @@ def _load_rng(rng_dir: Path, meta: dict) -> None:
                     rng_file)
         return
     try:
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+        _set_rng_state(torch.load(rng_file, weights_only=True))  # tensors only: no pickled code runs
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"{rng_file}: unreadable ({_first_line(exc)})") from exc
 

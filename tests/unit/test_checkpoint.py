@@ -504,3 +504,27 @@ def test_a_universal_copy_is_synced_before_its_marker(single_rank_group, tmp_pat
     _save(tmp_path, 1, "first")
     ckpt.ensure_universal(tmp_path, "step_00000001")
     assert synced == [("step_00000001-universal", False, True)]
+
+
+class _Payload:
+    """Pickles to a call of os.system: what a planted rank_*.pt would run when unpickled."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_an_rng_file_is_read_as_tensors_only_never_unpickled_code(single_rank_group, tmp_path):
+    """The RNG states are tensors: read with weights_only, a planted pickle in a (group-writable)
+    checkpoint no longer runs its code on resume."""
+    import torch
+
+    _save(tmp_path, 1, "v1")
+    assert _load(tmp_path) == "v1"  # the saved RNG state reads back as tensors
+    rng_file = tmp_path / "step_00000001" / "rng" / "rank_00000.pt"
+    torch.save({"torch": _Payload(tmp_path / "PWNED")}, rng_file)
+    with pytest.raises(ckpt.CheckpointError, match="rank_00000.pt: unreadable"):
+        ckpt._load_rng(rng_file.parent, {"step": 1})
+    assert not (tmp_path / "PWNED").exists()
