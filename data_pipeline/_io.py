@@ -43,6 +43,18 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise DataError(str(path), f"cannot write ({_write_problem(path, e)})") from None
 
 
+def exclusive_temporary(path: Path) -> tuple[Path, int]:
+    """``.<name>.tmp.<pid>`` beside ``path``, created afresh, and a descriptor open for writing it:
+    whatever had that name goes first (a crashed writer's leftover, or a symbolic link planted at
+    the predictable name in a shared directory, which would redirect the write to its target), then
+    the file is created exclusively without following a link (O_EXCL | O_NOFOLLOW), mode 0666 less
+    the umask. The caller writes, then renames it over ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    return tmp, fd
+
+
 def check_writable(path: Path) -> None:
     """Refuse, before the work that produces it, an output file ``path`` that cannot be written:
     an existing directory, a path under a regular file, or a directory the user may not write."""

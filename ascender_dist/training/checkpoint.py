@@ -40,7 +40,7 @@ import torch.distributed as dist
 from ascender_dist.config.errors import UserError
 from ascender_dist.training.guard import any_rank, first_failure
 from ascender_dist.training.publish import publish_directory
-from data_pipeline._io import fsync_dir, fsync_file
+from data_pipeline._io import exclusive_temporary, fsync_dir, fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,10 @@ def step_of_tag(tag: str) -> int:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    """``text`` into ``path`` by a fsynced temporary file renamed over it (exclusive_temporary: a link
+    planted at the temporary's name is not followed)."""
+    tmp, fd = exclusive_temporary(path)
+    with open(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())

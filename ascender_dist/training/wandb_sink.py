@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.schema import WandbConfig
+from data_pipeline._io import exclusive_temporary
 
 STEP_KEY = "step"
 RUN_ID_FILE = "run_id"
@@ -39,8 +40,9 @@ def persistent_run_id(wandb_dir: Path) -> str:
         if run_id:
             return run_id
     run_id = secrets.token_hex(6)  # W&B ids: letters and digits
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(run_id + "\n")
+    tmp, fd = exclusive_temporary(path)
+    with open(fd, "w") as fh:
+        fh.write(run_id + "\n")
     tmp.replace(path)
     return run_id
 

@@ -231,11 +231,12 @@ def write_weights_file(state: dict[str, torch.Tensor], path: str | Path, metadat
 
     from safetensors.torch import save_file
 
-    from data_pipeline._io import honour_umask
+    from data_pipeline._io import exclusive_temporary, honour_umask
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp, fd = exclusive_temporary(path)  # created by us: a link planted at the name is gone
+    os.close(fd)
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp), metadata=metadata)
     honour_umask(tmp)  # safetensors writes 0600
     os.replace(tmp, path)

@@ -528,3 +528,17 @@ def test_an_rng_file_is_read_as_tensors_only_never_unpickled_code(single_rank_gr
     with pytest.raises(ckpt.CheckpointError, match="rank_00000.pt: unreadable"):
         ckpt._load_rng(rng_file.parent, {"step": 1})
     assert not (tmp_path / "PWNED").exists()
+
+
+def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
+    """latest / COMPLETE / meta.json go through '.<name>.tmp.<pid>': in a group-writable checkpoint
+    directory another user's symlink at that name made the write land in its target (~/.bashrc)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    run = tmp_path / "ck"
+    run.mkdir()
+    (run / f".latest.tmp.{os.getpid()}").symlink_to(victim)
+    ckpt.atomic_write_text(run / "latest", "step_00000100")
+    assert victim.read_text() == "mine"
+    assert (run / "latest").read_text() == "step_00000100" and not (run / "latest").is_symlink()
+    assert sorted(p.name for p in run.iterdir()) == ["latest"]

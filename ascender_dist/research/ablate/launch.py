@@ -23,6 +23,7 @@ import torch
 from ascender_dist.launcher import deepspeed_launcher
 from ascender_dist.ports import free_port
 from ascender_dist.training.callbacks import Callback
+from data_pipeline._io import exclusive_temporary
 
 from .collect import _load_record, load_checked_record
 from .grid import RESULT, AblationError, Grid, Variant, run_config, run_dir
@@ -273,8 +274,9 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         "provenance": run_provenance(to_dict(cfg), cfg.data.manifest),
     }
     result_path = Path(result_path)
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
+    tmp, fd = exclusive_temporary(result_path)
+    with open(fd, "w") as fh:
+        fh.write(json.dumps(result))
     tmp.rename(result_path)
     return result
 
