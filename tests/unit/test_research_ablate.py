@@ -242,11 +242,15 @@ def test_cli_dry_run_lists_every_run(tmp_path, capsys):
     assert first[first.index("--run-one") + 1] == str(tmp_path / "runs" / "gpt" / "seed1" / "config.yaml")
 
 
-def test_cli_dry_run_prints_hostfile_and_slurm_commands(tmp_path, capsys):
+def test_cli_dry_run_prints_hostfile_and_slurm_commands(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     path = _write_grid(tmp_path, seeds=[1], variants={"gpt": {}})
+    Path("hosts").write_text("node-1 slots=1\nnode-2 slots=1  # the second node\n")
     assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "r"), "--hostfile", "hosts",
                                "--master-addr", "node-1", "--ranks", "4"]) == 0
-    cmd = shlex.split(capsys.readouterr().out.strip().splitlines()[1])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "on 2 H100" in lines[0]  # the hostfile's slots, not --ranks
+    cmd = shlex.split(lines[1])
     assert cmd[1:7] == ["--hostfile", "hosts", "--master_addr", "node-1", "--num_accelerators", "4"]
     assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "r"), "--slurm"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[1].strip()
@@ -262,6 +266,53 @@ def test_cli_dry_run_prints_hostfile_and_slurm_commands(tmp_path, capsys):
     for part in ("--hostfile $ABLATE_HOSTFILE", "--no_ssh", "--node_rank $SLURM_NODEID",
                  "--master_addr $ABLATE_MASTER_ADDR", "run_entry.py --run-one"):
         assert part in inner
+
+
+def test_a_layout_no_run_can_take_is_refused_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """docs/research.md's `--ranks 8` on bias.yaml (global batch 16 = 8 x 2) failed in every run, one
+    after another after each launch, while --dry-run exited 0 and a hostfile's node count was ignored."""
+    monkeypatch.chdir(tmp_path)
+    path = _write_grid(tmp_path, seeds=[1], variants={"gpt": {}, "asc": {"model.architecture": "ascender"}})
+    monkeypatch.setattr("ascender_dist.research.ablate.main.ensure_dataset", lambda *a: pytest.fail("data built"))
+    monkeypatch.setattr("ascender_dist.research.ablate.main.run_grid", lambda *a, **k: pytest.fail("runs started"))
+    for extra, world in ((["--ranks", "8"], 8), (["--dry-run", "--ranks", "8"], 8)):
+        assert ablate.ablate_main([str(path), "--runs-dir", "r", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (f"error: gpt seed 1 on {world} ranks: train.global_batch_size: 4 is not a multiple of "
+                       f"micro_batch_size x data-parallel size = 2 x {world}"), err
+    Path("hosts").write_text("node-1 slots=2\nnode-2 slots=2\n")
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", "r", "--hostfile", "hosts"]) == 2
+    assert "gpt seed 1 on 4 ranks: " in capsys.readouterr().err
+    Path("hosts").write_text("node-1\n")
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", "r", "--hostfile", "hosts"]) == 2
+    assert capsys.readouterr().err.strip() == "error: hosts:1: expected '<host> slots=<N>', got 'node-1'"
+
+
+def test_a_failed_run_starts_no_queued_run(tmp_path, monkeypatch):
+    from ascender_dist.research.ablate import launch
+
+    grid = load_grid(_write_grid(tmp_path, seeds=[1, 2], variants={"gpt": {}, "asc": {}}))
+    grid.runs_dir = tmp_path / "runs"
+    started = []
+
+    def failing(grid_, v, s, *rest):
+        started.append((v.name, s))
+        raise ablate.AblationError(f"{v.name} seed {s}: run failed")
+
+    monkeypatch.setattr(launch, "launch_run", failing)
+    with pytest.raises(ablate.AblationError, match="gpt seed 1: run failed"):
+        launch.run_grid(grid, jobs=1, progress=False, launcher=launch.Launcher(cuda=False))
+    assert started == [("gpt", 1)]  # three more were queued
+
+
+def test_a_hostfile_run_takes_one_job_at_a_time_whatever_the_grid_says(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("ascender_dist.research.ablate.launch.Launcher.use_cuda", lambda self: True)
+    path = _write_grid(tmp_path, seeds=[1], variants={"gpt": {}}, jobs=2)
+    Path("hosts").write_text("node-1 slots=1\nnode-2 slots=1\n")
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", "r", "--hostfile", "hosts"]) == 0, \
+        capsys.readouterr().err
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", "r", "--hostfile", "hosts", "--jobs", "2"]) == 2
 
 
 def test_concurrent_gpu_runs_get_disjoint_devices(monkeypatch, caplog):

@@ -335,6 +335,15 @@ class Launcher:
         group = slot % (len(ids) // self.ranks)
         return ids[group * self.ranks:(group + 1) * self.ranks]
 
+    def world_size(self) -> int:
+        """The ranks one run spans: the slots of ``hostfile`` (what DeepSpeed's launcher starts), else
+        ``ranks`` per node of the SLURM allocation under ``slurm``, else ``ranks``."""
+        if self.hostfile:
+            return hostfile_slots(Path(self.hostfile))
+        if self.slurm:
+            return self.ranks * int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+        return self.ranks
+
     def check_jobs(self, jobs: int) -> None:
         """Refuse concurrent runs across hosts; warn when concurrent runs must share GPUs (their
         tokens/s then measure the sharing, not the model)."""
@@ -351,6 +360,42 @@ class Launcher:
 
 
 ENTRY = Path(__file__).resolve().with_name("run_entry.py")
+
+
+def hostfile_slots(path: Path) -> int:
+    """The total ``slots=N`` of a DeepSpeed hostfile (``<host> slots=<N>`` lines; blank lines and
+    ``#`` comments skipped), one line naming the file and line when it cannot be read."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AblationError(f"{path}: hostfile unreadable ({exc.strerror or exc})") from None
+    total = 0
+    for number, line in enumerate(lines, 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        slots = [f.removeprefix("slots=") for f in fields[1:] if f.startswith("slots=")]
+        if len(fields) != 2 or len(slots) != 1 or not slots[0].isdigit() or int(slots[0]) < 1:
+            raise AblationError(f"{path}:{number}: expected '<host> slots=<N>', got {line.strip()!r}")
+        total += int(slots[0])
+    if not total:
+        raise AblationError(f"{path}: no '<host> slots=<N>' line")
+    return total
+
+
+def check_layouts(grid: Grid, world_size: int) -> None:
+    """Every run's config checked at the world size its runs will have (the batch divisible by the
+    data-parallel size, TP x PP dividing it), before a dataset is built or a run started: otherwise
+    each run failed in turn after its launch."""
+    from ascender_dist.config.errors import ConfigError
+    from ascender_dist.config.resolve import validate
+
+    for s in grid.seeds:
+        for v in grid.variants:
+            try:
+                validate(run_config(grid, v, s), world_size)
+            except ConfigError as exc:
+                raise AblationError(f"{v.name} seed {s} on {world_size} ranks: {exc}") from None
 
 
 def launch_command(launcher: Launcher, child_args: Sequence[str], port: int, slot: int = 0) -> list[str]:
@@ -490,15 +535,16 @@ def run_grid(grid: Grid, jobs: Optional[int] = None, threads: Optional[int] = No
             slots.put(k)
 
     records = []
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(in_slot, v, s): (v, s) for v, s in pending}
-            for future in concurrent.futures.as_completed(futures):
-                v, s = futures[future]
-                record = future.result()  # AblationError propagates (other runs finish first)
-                bar.update(1)
-                bar.set_postfix_str(f"{v.name} seed {s}: {grid.metric} {record.get(grid.metric, float('nan')):.4f}")
+        futures = {pool.submit(in_slot, v, s): (v, s) for v, s in pending}
+        for future in concurrent.futures.as_completed(futures):
+            v, s = futures[future]
+            record = future.result()  # AblationError propagates: the runs training finish, no queued one starts
+            bar.update(1)
+            bar.set_postfix_str(f"{v.name} seed {s}: {grid.metric} {record.get(grid.metric, float('nan')):.4f}")
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
     for v, s in todo:
         records.append(_load_record(run_dir(grid, v, s) / RESULT, v.name))

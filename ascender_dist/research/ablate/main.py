@@ -15,7 +15,7 @@ from ascender_dist.logs import setup_cli_logging
 
 from .collect import collect_records
 from .grid import RESULT, AblationError, ensure_dataset, load_grid, run_config, run_dir
-from .launch import Launcher, child_args, launch_command, run_grid, run_one, slurm_prelude
+from .launch import Launcher, check_layouts, child_args, launch_command, run_grid, run_one, slurm_prelude
 from .provenance import commits_of, mixed_version_line
 from .report import rebuild, write_report
 
@@ -56,19 +56,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def estimate(grid, variant, seed, ranks: int) -> str:
-    """One-line cost estimate of a run from ``plan`` (analytic FLOPs; time on ``ranks`` H100s at 40%
-    MFU: a GPU estimate, CPU runs take far longer)."""
+def estimate(grid, variant, seed, ranks: int, world: int) -> str:
+    """One-line cost estimate of a run from ``plan`` (analytic FLOPs; time on ``world`` H100s, ``ranks``
+    per node, at 40% MFU: a GPU estimate, CPU runs take far longer)."""
     from ascender_dist.tools.plan import DEFAULT_VOCAB_SIZE, ClusterShape, plan
 
     cfg = run_config(grid, variant, seed)
     vocab = cfg.model.vocab_size or int((grid.dataset or {}).get("vocab_size") or DEFAULT_VOCAB_SIZE)
+    shape = ClusterShape(nodes=world // ranks, gpus_per_node=ranks) if world % ranks == 0 else \
+        ClusterShape(nodes=1, gpus_per_node=world)
     try:
-        p = plan(cfg, ClusterShape(nodes=1, gpus_per_node=ranks), vocab_size=vocab)
+        p = plan(cfg, shape, vocab_size=vocab)
     except ConfigError as exc:
         return f"plan: {exc}"
     return (f"{p.flops_per_token * p.tokens:.3g} training FLOPs, {p.total_params:,} params, "
-            f"{p.memory.total / 2**30:.2f} GiB/GPU, ~{p.train_seconds:.3g} s on {ranks} H100 at 40% MFU")
+            f"{p.memory.total / 2**30:.2f} GiB/GPU, ~{p.train_seconds:.3g} s on {world} H100 at 40% MFU")
 
 
 def dry_run(grid, launcher: Launcher, jobs: Optional[int] = None) -> None:
@@ -83,7 +85,7 @@ def dry_run(grid, launcher: Launcher, jobs: Optional[int] = None) -> None:
             cmd = shlex.join(launch_command(launcher, child_args(grid, v, s), port, k % jobs))
             k += 0 if done else 1
             print(f"{v.name}\tseed {s}\t{directory}\t{'done' if done else 'pending'}\t"
-                  f"{estimate(grid, v, s, launcher.ranks)}\t{json.dumps(v.overrides)}")
+                  f"{estimate(grid, v, s, launcher.ranks, launcher.world_size())}\t{json.dumps(v.overrides)}")
             if launcher.slurm and not launcher.hostfile:
                 cmd = slurm_prelude(directory, launcher.ranks, launcher.master_addr) + "; " + cmd
             print(f"    {cmd}")
@@ -131,13 +133,18 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
             grid.report_dir = Path(args.report_dir)
         launcher = Launcher(ranks=max(1, args.ranks or grid.ranks), hostfile=args.hostfile, slurm=args.slurm,
                             master_addr=args.master_addr)
+        jobs = args.jobs
+        if jobs is None and (args.hostfile or args.slurm):
+            jobs = 1  # each run spans the hosts; the grid's own `jobs` is for one host
+        if args.dry_run or not args.report_only:
+            check_layouts(grid, launcher.world_size())  # before any dataset is built or run started
         if args.dry_run:
-            dry_run(grid, launcher, args.jobs)
+            dry_run(grid, launcher, jobs)
             return 0
         if not args.report_only:
             if grid.dataset is not None:
                 ensure_dataset(grid.dataset)
-            run_grid(grid, args.jobs, args.threads, progress=not args.no_progress, launcher=launcher)
+            run_grid(grid, jobs, args.threads, progress=not args.no_progress, launcher=launcher)
         records = collect_records(grid)
         if not records:
             print(f"error: {grid.runs_dir}: no finished runs to report", file=sys.stderr)
