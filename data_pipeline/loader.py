@@ -183,9 +183,19 @@ def _unreadable(url: str, err: Exception) -> _CorruptShard:
     return _CorruptShard(url, f"cannot read shard ({type(err).__name__}: {err})")
 
 
+# magic numbers of the compressions tarfile / webdataset would undo transparently
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
 def _parse_tar(url: str, data: bytes) -> list[dict]:
     """Samples of a tar held in memory, grouped by key with webdataset's own tar iterators; a tar
-    without its end-of-archive marker is refused (see :func:`_check_tar_end`)."""
+    without its end-of-archive marker is refused (see :func:`_check_tar_end`), and so is a
+    compressed one: token shards are plain tars (the writer never compresses), and decompressing
+    a 200 KB file into a 200 MB member cost every rank and loader worker that much memory before
+    the shard was found bad."""
+    kind = next((name for magic, name in _COMPRESSED.items() if data.startswith(magic)), None)
+    if kind is not None:
+        raise _CorruptShard(url, f"a {kind}-compressed file, not a plain tar (token shards are not compressed)")
     try:
         files = wds_tar.tar_file_iterator(io.BytesIO(data))
         tagged = ({**f, "__url__": url} for f in files)

@@ -68,6 +68,26 @@ def test_garbage_tar_without_manifest(tmp_path):
     one_line_error(e, "syn-train-000001.tar", "corrupt tar")
 
 
+def test_a_compressed_shard_is_refused_before_it_is_decompressed(tmp_path, monkeypatch):
+    """A 200 KB gzip named *.tar inflating to a 200 MB member: webdataset's tar iterator decompressed
+    it whole (in every rank and loader worker) before the shard was found bad."""
+    import gzip
+    import io
+    import tarfile
+
+    make_dataset(tmp_path / "ds", [8, 8])
+    bomb = io.BytesIO()
+    with tarfile.open(fileobj=bomb, mode="w") as tf:
+        info = tarfile.TarInfo("000000.tokens.npy")
+        info.size = 50 << 20
+        tf.addfile(info, io.BytesIO(bytes(info.size)))
+    (tmp_path / "ds" / "syn-train-000001.tar").write_bytes(gzip.compress(bomb.getvalue(), compresslevel=1))
+    monkeypatch.setattr(tarfile.TarFile, "extractfile", lambda *a, **k: pytest.fail("decompressed a member"))
+    with pytest.raises(DataError) as e:
+        loader(str(tmp_path / "ds" / "syn-train-{000000..000001}.tar"))
+    one_line_error(e, "syn-train-000001.tar", "a gzip-compressed file, not a plain tar")
+
+
 def test_corrupt_shard_skipped_with_warning_and_counter(ds, caplog):
     shard = ds / "syn-train-000001.tar"
     data = bytearray(shard.read_bytes())
