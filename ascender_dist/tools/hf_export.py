@@ -14,6 +14,7 @@ the ASCender / Connection math, see :mod:`ascender_dist.hf.vendor`) under parame
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -356,6 +357,45 @@ def export_code_sha256() -> str:
     for source in export_code_files():
         digest.update(str(source.relative_to(root)).encode() + b"\0" + source.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def installed_code_digests() -> dict[str, str]:
+    """sha256 of every ``.py`` file a remote-code export written now holds (the remote code copied
+    and the layer math vendored), by file name: what an export directory's code must equal to be
+    this installation's own."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    import ascender_dist.hf as hf_package
+    from ascender_dist.hf.vendor import vendor_kernels
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        for name in hf_package.REMOTE_CODE_FILES:
+            shutil.copyfile(Path(hf_package.__file__).parent / name, out / name)
+        vendor_kernels(out)
+        return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in out.glob("*.py")}
+
+
+def code_is_installed_code(directory: Path) -> bool:
+    """Whether every Python file of the export ``directory`` is byte for byte one this installation
+    writes, and its config.json maps the Auto classes to them (or to nothing): then loading it with
+    trust_remote_code runs only our own code. A marker's recorded provenance can be copied by anyone
+    who can read the run; the files themselves cannot lie."""
+    import hashlib
+
+    directory = Path(directory)
+    expected = installed_code_digests()
+    try:
+        for path in directory.rglob("*.py"):
+            if expected.get(path.name) != hashlib.sha256(path.read_bytes()).hexdigest() or path.parent != directory:
+                return False
+        auto_map = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("auto_map")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return auto_map in (None, AUTO_MAP)
 
 
 SOURCE_KEYS = ("config_sha256", "meta_sha256", "weights_size_mtime_ns")  # :func:`source_provenance`

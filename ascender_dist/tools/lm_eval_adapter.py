@@ -103,15 +103,20 @@ def _cache_is_warm(consolidated: Path, out: Path, tokenizer: Path) -> bool:
     """The export cache ``out`` is what exporting now would write: its ``ascender_dist.json`` records
     exactly the provenance an export would record now (:func:`~ascender_dist.tools.hf_export.export_provenance`:
     this ascender-dist version and code, the sha256 of config.yaml, meta.json and the tokenizer
-    ``tokenizer``, the size and mtime of the consolidated weights). Equality, not "newer": weights
+    ``tokenizer``, the size and mtime of the consolidated weights), and its Python files are the
+    ones this installation writes (code_is_installed_code). Equality, not "newer": weights
     copied with ``rsync -a`` / ``cp -p`` keep their older mtime. A tokenizer-less export, or one of
     other files, is stale. An export is published whole: its marker file means the rest is there too."""
-    from ascender_dist.tools.hf_export import export_provenance
+    from ascender_dist.tools.hf_export import code_is_installed_code, export_provenance
 
     info = _cached_provenance(out)
     if info is None:
         return False
-    return all(info.get(key) == value for key, value in export_provenance(consolidated, tokenizer).items())
+    if not all(info.get(key) == value for key, value in export_provenance(consolidated, tokenizer).items()):
+        return False
+    # the marker is claims anyone who can read the run could copy: the Python that trust_remote_code
+    # will run must be this installation's own, file by file (else it is exported again)
+    return code_is_installed_code(out)
 
 
 @contextmanager

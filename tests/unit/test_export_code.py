@@ -111,3 +111,15 @@ def test_export_hf_says_how_to_load_the_export(tmp_path, capsys, model, remote):
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("wrote "))
     hint = f"AutoModelForCausalLM.from_pretrained({str(out)!r}" + (", trust_remote_code=True)" if remote else ")")
     assert hint in line, line
+
+
+def test_a_remote_code_export_is_recognised_as_this_installations_code(remote_code_export):
+    """What the lm-eval adapter's cache check requires of every export it re-uses (a mismatch
+    would re-export on every load, or, worse, a check that passes anything would trust any code)."""
+    from ascender_dist.tools.hf_export import code_is_installed_code, installed_code_digests
+
+    assert {p.name for p in remote_code_export.glob("*.py")} == set(installed_code_digests())
+    assert code_is_installed_code(remote_code_export)
+    vendored = remote_code_export / "asd_connection_layer.py"
+    vendored.write_text(vendored.read_text() + "\n# edited\n")
+    assert not code_is_installed_code(remote_code_export)

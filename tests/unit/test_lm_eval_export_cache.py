@@ -121,3 +121,26 @@ def test_a_stale_cache_is_exported_again(run_with_tokenizer, two_tokenizers):
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     again = _marker(hf_directory(run_with_tokenizer))
     assert again["run_name"] == "renamed" and again["config_sha256"] != first["config_sha256"]
+
+
+def test_a_cache_whose_python_is_not_ours_is_never_loaded(run_with_tokenizer, tmp_path):  # noqa: F811
+    """A marker's provenance is claims anyone who can read the run can copy: a planted
+    configuration_evil.py behind an auto_map was served as the warm cache, and trust_remote_code
+    ran it."""
+    from ascender_dist.tools.convert import ConversionError
+    from ascender_dist.tools.hf_export import AUTO_MAP, code_is_installed_code
+    from ascender_dist.tools.lm_eval_adapter import AdapterError, hf_directory
+
+    out = hf_directory(run_with_tokenizer)
+    assert code_is_installed_code(out)
+    config = json.loads((out / "config.json").read_text())
+    evil_map = {**AUTO_MAP, "AutoConfig": "configuration_evil.EvilConfig"}
+    (out / "config.json").write_text(json.dumps({**config, "auto_map": evil_map}))  # the marker left as it was
+    assert not code_is_installed_code(out)
+    assert hf_directory(run_with_tokenizer) == out  # exported again: its own config.json back
+    assert json.loads((out / "config.json").read_text()) == config and code_is_installed_code(out)
+    (out / "configuration_evil.py").write_text("import os; os.system('touch PWNED')\n")
+    assert not code_is_installed_code(out)
+    with pytest.raises((AdapterError, ConversionError)) as info:  # the planted file is not ours to delete
+        hf_directory(run_with_tokenizer)
+    assert "configuration_evil.py" in str(info.value)
