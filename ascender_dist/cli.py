@@ -39,12 +39,10 @@ def _run(fn, *args) -> int:
     except UserError as exc:
         job_errors.report(str(exc), getattr(exc, "rank", None))
         return 2
-    except ImportError as exc:
-        if missing_extra(exc) is None:
-            raise
-        job_errors.report(missing_extra(exc))
-        return 2
     except Exception as exc:  # noqa: BLE001 (reported once per job below, with its traceback)
+        if missing_extra(exc) is not None:  # an optional dependency the command needs is not installed
+            job_errors.report(missing_extra(exc))
+            return 2
         if not job_errors.multi_rank_launch():
             raise
         if job_errors.is_timeout(exc):
@@ -152,10 +150,25 @@ def _terminate(processes: list) -> None:
             pass
 
 
-# the launcher's process group: its leader ends the whole group when it is told to stop or when this
-# command dies, even of SIGKILL (prctl PR_SET_PDEATHSIG below); DeepSpeed's local runner passes no
-# signal on to its launch.py, so ending the runner alone would leave the ranks running
-GROUP_LEADER = 'trap "trap - TERM; kill -TERM 0" TERM; "$@" & wait $!'
+# the launcher's process group leader (python -c): it starts the launcher in its group and, told to
+# stop (SIGTERM, also when this command dies, even of SIGKILL: PR_SET_PDEATHSIG below), ends the
+# whole group: DeepSpeed's local runner passes no signal on to its launch.py, so ending the runner
+# alone would leave the ranks running. Its exit status is the launcher's (128 + a signal's number).
+# (An `sh -c '... & wait'` leader started the launcher as an asynchronous list: SIGINT ignored.)
+GROUP_LEADER = """
+import os, signal, subprocess, sys
+stopping = []
+def stop(signum, frame):
+    if not stopping:  # its own killpg reaches it too
+        stopping.append(signum)
+        os.killpg(0, signal.SIGTERM)
+signal.signal(signal.SIGTERM, stop)
+proc = subprocess.Popen(sys.argv[1:])
+if stopping:  # told to stop while the launcher was being started
+    os.killpg(0, signal.SIGTERM)
+code = proc.wait()
+sys.exit(128 - code if code < 0 else code)
+"""
 
 
 def _die_with_parent(parent: int) -> None:
@@ -200,7 +213,7 @@ def _run_launcher(cmd: list[str], env: dict) -> int:
     parent = os.getpid()
     try:
         # the handlers first: a signal arriving while the launcher starts is passed on once it exists
-        proc = subprocess.Popen(["sh", "-c", GROUP_LEADER, "launcher", *cmd], env=env, start_new_session=True,
+        proc = subprocess.Popen([sys.executable, "-c", GROUP_LEADER, *cmd], env=env, start_new_session=True,
                                 preexec_fn=lambda: _die_with_parent(parent))
         launched.append(proc)
         if received:

@@ -5,6 +5,7 @@ of an ImportError's traceback from inside the command."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Optional
 
 from ascender_dist.config.errors import UserError
@@ -27,10 +28,18 @@ def missing_extra(exc: BaseException) -> Optional[str]:
     if INSTALL_HINT in str(exc):  # raised with the hint already (ascender_dist.research)
         return str(exc)
     name = exc.name or ""
-    extra = EXTRA_OF.get(name) or EXTRA_OF.get(name.split(".")[0])
-    if extra is None:
+    top = name.split(".")[0]
+    extra = EXTRA_OF.get(name) or EXTRA_OF.get(top)
+    if extra is None or _installed(top):  # installed but failing (a version without a name): its own message
         return None
-    return f"{name.split('.')[0]} is not installed: {INSTALL_HINT}{extra}]'"
+    return f"{top} is not installed: {INSTALL_HINT}{extra}]'"
+
+
+def _installed(top: str) -> bool:
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):  # a module blocked in sys.modules (None), or a broken parent
+        return False
 
 
 class MissingExtra(UserError):

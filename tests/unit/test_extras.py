@@ -17,7 +17,12 @@ def test_every_named_package_maps_to_an_extra_of_pyproject():
     assert set(EXTRA_OF.values()) <= set(extras)
 
 
-def test_only_packages_of_an_extra_get_the_line():
+def test_only_packages_of_an_extra_get_the_line(monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",  # as if scipy, transformers were not installed
+                        lambda name, *a: None if name in ("scipy", "transformers") else real_find_spec(name, *a))
     line = missing_extra(ModuleNotFoundError("No module named 'scipy'", name="scipy"))
     assert line == "scipy is not installed: pip install 'ascender-dist[research]'"
     assert missing_extra(ModuleNotFoundError("x", name="transformers.models.llama")).endswith("[hf]'")
@@ -29,6 +34,28 @@ def test_only_packages_of_an_extra_get_the_line():
             require_extra("wandb")
         finally:
             del sys.modules["wandb"]
+
+
+def test_an_installed_package_of_the_wrong_version_keeps_its_own_error():
+    """'cannot import name X from transformers' (an old version) read 'transformers is not installed'."""
+    assert missing_extra(ImportError("cannot import name 'Nope' from 'scipy'", name="scipy")) is None
+
+
+def test_a_failing_import_that_is_no_missing_extra_is_reported_once_for_the_job(monkeypatch):
+    """Such an ImportError escaped _run's job-wide handling on a multi-rank launch: every rank
+    printed its own traceback and gloo peers waited out the distributed timeout."""
+    from ascender_dist import cli
+    from ascender_dist.parallel import job_errors
+
+    reported = []
+    monkeypatch.setattr(job_errors, "connect", lambda: None)
+    monkeypatch.setattr(job_errors, "multi_rank_launch", lambda: True)
+    monkeypatch.setattr(job_errors, "report_unexpected", lambda exc: reported.append(exc) or False)
+
+    def broken():
+        raise ImportError("libfoo.so: cannot open shared object file", name="some_native_ext")
+
+    assert cli._run(broken) == 1 and len(reported) == 1
 
 
 def _blocked(modules: list[str], argv: list[str]) -> subprocess.CompletedProcess:

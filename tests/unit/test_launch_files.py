@@ -1015,3 +1015,15 @@ def test_a_conversion_command_under_nohup_outlives_the_hangup(tmp_path):
     finally:
         if rank.is_running():
             rank.kill()
+
+def test_the_launcher_keeps_sigint_and_its_exit_status(tmp_path):
+    """The group leader must not change what the launcher sees: an `sh -c '... & wait'` leader ran it
+    as an asynchronous list, with SIGINT ignored in every rank (Python then installs no
+    KeyboardInterrupt handler); the launcher's exit status comes back as it was."""
+    from ascender_dist import cli
+
+    out = tmp_path / "sigint.txt"
+    probe = (f"import signal, sys; open({str(out)!r}, 'w').write(str(signal.getsignal(signal.SIGINT) is "
+             "signal.default_int_handler)); sys.exit(5)")
+    assert cli._run_launcher([sys.executable, "-c", probe], dict(os.environ)) == 5
+    assert out.read_text() == "True"
