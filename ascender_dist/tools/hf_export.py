@@ -381,9 +381,11 @@ def installed_code_digests() -> dict[str, str]:
 
 def code_is_installed_code(directory: Path) -> bool:
     """Whether every Python file of the export ``directory`` is byte for byte one this installation
-    writes, and its config.json maps the Auto classes to them (or to nothing): then loading it with
-    trust_remote_code runs only our own code. A marker's recorded provenance can be copied by anyone
-    who can read the run; the files themselves cannot lie."""
+    writes, and no JSON file maps an Auto class elsewhere (config.json: our AUTO_MAP or none; any
+    other, tokenizer_config.json included, none: transformers also follows an ``auto_map`` there,
+    to a local directory or a Hub repo): then loading it with trust_remote_code runs only our own
+    code. A marker's recorded provenance can be copied by anyone who can read the run; the files
+    themselves cannot lie."""
     import hashlib
 
     directory = Path(directory)
@@ -392,10 +394,15 @@ def code_is_installed_code(directory: Path) -> bool:
         for path in directory.rglob("*.py"):
             if expected.get(path.name) != hashlib.sha256(path.read_bytes()).hexdigest() or path.parent != directory:
                 return False
-        auto_map = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("auto_map")
-    except (OSError, ValueError, AttributeError):
+        for path in directory.rglob("*.json"):
+            content = json.loads(path.read_text(encoding="utf-8"))
+            auto_map = content.get("auto_map") if isinstance(content, dict) else None
+            allowed = (None, AUTO_MAP) if path == directory / "config.json" else (None,)
+            if auto_map not in allowed:
+                return False
+    except (OSError, ValueError, UnicodeDecodeError):
         return False
-    return auto_map in (None, AUTO_MAP)
+    return True
 
 
 SOURCE_KEYS = ("config_sha256", "meta_sha256", "weights_size_mtime_ns")  # :func:`source_provenance`

@@ -139,6 +139,13 @@ def test_a_cache_whose_python_is_not_ours_is_never_loaded(run_with_tokenizer, tm
     assert not code_is_installed_code(out)
     assert hf_directory(run_with_tokenizer) == out  # exported again: its own config.json back
     assert json.loads((out / "config.json").read_text()) == config and code_is_installed_code(out)
+    # transformers follows a tokenizer_config.json auto_map too ("<dir>--module.Class": any directory)
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {**tokenizer_config, "auto_map": {"AutoTokenizer": [f"{tmp_path}--tok.EvilTok", None]}}))
+    assert not code_is_installed_code(out)
+    assert hf_directory(run_with_tokenizer) == out
+    assert json.loads((out / "tokenizer_config.json").read_text()) == tokenizer_config
     (out / "configuration_evil.py").write_text("import os; os.system('touch PWNED')\n")
     assert not code_is_installed_code(out)
     with pytest.raises((AdapterError, ConversionError)) as info:  # the planted file is not ours to delete
