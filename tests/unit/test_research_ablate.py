@@ -247,9 +247,9 @@ def test_cli_dry_run_prints_hostfile_and_slurm_commands(tmp_path, capsys, monkey
     path = _write_grid(tmp_path, seeds=[1], variants={"gpt": {}})
     Path("hosts").write_text("node-1 slots=1\nnode-2 slots=1  # the second node\n")
     assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "r"), "--hostfile", "hosts",
-                               "--master-addr", "node-1", "--ranks", "4"]) == 0
+                               "--master-addr", "node-1", "--ranks", "4", "--set", "train.global_batch_size=16"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert "on 2 H100" in lines[0]  # the hostfile's slots, not --ranks
+    assert "on 8 H100" in lines[0]  # --ranks on each of the hostfile's hosts (DeepSpeed's --num_accelerators)
     cmd = shlex.split(lines[1])
     assert cmd[1:7] == ["--hostfile", "hosts", "--master_addr", "node-1", "--num_accelerators", "4"]
     assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", str(tmp_path / "r"), "--slurm"]) == 0
@@ -280,8 +280,10 @@ def test_a_layout_no_run_can_take_is_refused_before_anything_runs(tmp_path, caps
         err = capsys.readouterr().err.strip()
         assert err == (f"error: gpt seed 1 on {world} ranks: train.global_batch_size: 4 is not a multiple of "
                        f"micro_batch_size x data-parallel size = 2 x {world}"), err
-    Path("hosts").write_text("node-1 slots=2\nnode-2 slots=2\n")
-    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", "r", "--hostfile", "hosts"]) == 2
+    Path("hosts").write_text("node-1 slots=8 max_slots=8\nnode-2 slots=8\n")  # slots: DeepSpeed's, not ours
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", "r", "--hostfile", "hosts"]) == 0
+    capsys.readouterr()
+    assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", "r", "--hostfile", "hosts", "--ranks", "2"]) == 2
     assert "gpt seed 1 on 4 ranks: " in capsys.readouterr().err
     Path("hosts").write_text("node-1\n")
     assert ablate.ablate_main([str(path), "--dry-run", "--runs-dir", "r", "--hostfile", "hosts"]) == 2

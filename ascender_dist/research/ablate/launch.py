@@ -336,10 +336,11 @@ class Launcher:
         return ids[group * self.ranks:(group + 1) * self.ranks]
 
     def world_size(self) -> int:
-        """The ranks one run spans: the slots of ``hostfile`` (what DeepSpeed's launcher starts), else
-        ``ranks`` per node of the SLURM allocation under ``slurm``, else ``ranks``."""
+        """The ranks one run spans: ``ranks`` per host of ``hostfile`` (launch_command passes
+        ``--num_accelerators ranks``, which DeepSpeed's launcher gives every host whatever its
+        ``slots``), else per node of the SLURM allocation under ``slurm``, else ``ranks``."""
         if self.hostfile:
-            return hostfile_slots(Path(self.hostfile))
+            return self.ranks * hostfile_hosts(Path(self.hostfile))
         if self.slurm:
             return self.ranks * int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
         return self.ranks
@@ -362,25 +363,27 @@ class Launcher:
 ENTRY = Path(__file__).resolve().with_name("run_entry.py")
 
 
-def hostfile_slots(path: Path) -> int:
-    """The total ``slots=N`` of a DeepSpeed hostfile (``<host> slots=<N>`` lines; blank lines and
+_HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")  # DeepSpeed's runner reads a hostfile line so
+
+
+def hostfile_hosts(path: Path) -> int:
+    """The number of hosts of a DeepSpeed hostfile (``<host> slots=<N> ...`` lines; blank lines and
     ``#`` comments skipped), one line naming the file and line when it cannot be read."""
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise AblationError(f"{path}: hostfile unreadable ({exc.strerror or exc})") from None
-    total = 0
+    hosts = 0
     for number, line in enumerate(lines, 1):
-        fields = line.split("#", 1)[0].split()
-        if not fields:
+        text = line.split("#", 1)[0].strip()
+        if not text:
             continue
-        slots = [f.removeprefix("slots=") for f in fields[1:] if f.startswith("slots=")]
-        if len(fields) != 2 or len(slots) != 1 or not slots[0].isdigit() or int(slots[0]) < 1:
+        if not _HOSTFILE_LINE.match(text):
             raise AblationError(f"{path}:{number}: expected '<host> slots=<N>', got {line.strip()!r}")
-        total += int(slots[0])
-    if not total:
+        hosts += 1
+    if not hosts:
         raise AblationError(f"{path}: no '<host> slots=<N>' line")
-    return total
+    return hosts
 
 
 def check_layouts(grid: Grid, world_size: int) -> None:
