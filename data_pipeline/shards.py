@@ -101,6 +101,10 @@ class Manifest:
         (e.g. ``"pipe:aws s3 cp s3://bucket/data/{name} -"``) for object stores."""
         if url_template:
             check_url_template(url_template)
+            if not _TEMPLATE_SAFE.fullmatch(shard.name):  # a pipe: template runs the result through a shell
+                raise DataError(str(self.path or "manifest"), f"shard {shard.name!r}: a name passed to a "
+                                "url_template must hold only letters, digits and . _ - + = @ / (no whitespace, "
+                                "quotes or shell syntax)")
             return url_template.format(name=shard.name)
         return str(self.base_dir() / shard.name)
 
@@ -180,19 +184,20 @@ def load_manifest(path) -> Manifest:
     return manifest
 
 
-# a shard name: a relative path of plain components. It becomes a local path next to the manifest or
-# the {name} of a url_template, whose `pipe:` commands run through a shell: no scheme (':'), no
-# whitespace or shell syntax, no absolute path, no '..', no component starting with '-'
-_SHARD_NAME = re.compile(r"[A-Za-z0-9_.+=@-]+(/[A-Za-z0-9_.+=@-]+)*")
+# a shard name is joined to the manifest's directory (a path webdataset's gopen opens: a leading
+# "scheme:" would make it a URL, "pipe:" a shell command) or pasted into a url_template's command
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+# what a name passed to a url_template may hold: no whitespace, quotes or shell syntax
+_TEMPLATE_SAFE = re.compile(r"[A-Za-z0-9_.+=@-]+(/[A-Za-z0-9_.+=@-]+)*")
 
 
 def shard_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be a shard name (a manifest's, or one the writer makes), or None."""
-    if not _SHARD_NAME.fullmatch(name):
-        return ("is not a relative path of letters, digits and . _ - + = @ (a name is pasted into a "
-                "url_template's command and must carry no shell syntax, scheme or whitespace)")
-    parts = name.split("/")
-    if any(part == ".." or part.startswith("-") for part in parts):
+    """Why ``name`` cannot be a shard name (a manifest's, or one the writer makes), or None: a
+    relative path inside the dataset's directory, read as a file (no scheme, no '..', no absolute
+    path, no component starting with '-', no control character)."""
+    if not name or name.startswith("/") or _SCHEME.match(name) or any(ord(c) < 32 or c == "\x7f" for c in name):
+        return "is not a relative file path (no scheme such as 'pipe:', no leading '/', no control character)"
+    if any(part == ".." or part.startswith("-") for part in name.split("/")):
         return "has a '..' or a component starting with '-'"
     return None
 
@@ -403,7 +408,7 @@ def check_shard_prefix(prefix: str) -> None:
         raise DataError("write_shards", f"prefix must be a plain file name, without a directory (got {prefix!r})")
     problem = shard_name_problem(f"{prefix}-train-000000.tar")
     if problem:  # its shards would be refused when the manifest is read
-        raise DataError("write_shards", f"prefix {prefix!r}: a shard name {problem}")
+        raise DataError("write_shards", f"prefix {prefix!r}: a shard name it makes {problem}")
 
 
 def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, out_dir: Path, seq_length: int,

@@ -358,12 +358,11 @@ def test_manifest_field_types(ds, edit, needles):
     one_line_error(e, str(path), *needles)
 
 
-@pytest.mark.parametrize("name", ["a.tar; touch PWNED", "pipe:touch PWNED", "/etc/passwd", "../x.tar",
-                                  "sub/../../x.tar", "-rf.tar", "a b.tar", "x.tar`id`", "$(id).tar", "x.tar|id"])
-def test_a_shard_name_that_is_not_a_plain_relative_path_is_refused(ds, name, monkeypatch):
-    """A manifest someone else wrote named its shards 'a.tar; cmd' (pasted into a documented
-    pipe: url_template, the command ran on every rank) or 'pipe:cmd' (read as a pipe: URL); '/abs'
-    and '../x' read files outside the dataset."""
+@pytest.mark.parametrize("name", ["pipe:touch PWNED", "https://example.com/x.tar", "/etc/passwd", "../x.tar",
+                                  "sub/../../x.tar", "-rf.tar", "a\nb.tar", ""])
+def test_a_shard_name_that_is_not_a_relative_file_path_is_refused(ds, name, monkeypatch):
+    """'pipe:cmd' in a manifest someone else wrote was read as a pipe: URL (cmd ran on every rank);
+    '/abs' and '../x' read files outside the dataset."""
     monkeypatch.chdir(ds)
     path = _edit_manifest(ds, lambda m: {**m, "shards": [{**m["shards"][0], "name": name}] + m["shards"][1:]})
     with pytest.raises(DataError) as e:
@@ -372,20 +371,37 @@ def test_a_shard_name_that_is_not_a_plain_relative_path_is_refused(ds, name, mon
     assert not (ds / "PWNED").exists()
 
 
-def test_shard_names_in_subdirectories_stay_readable(ds):
+@pytest.mark.parametrize("name", ["a.tar; touch PWNED", "x.tar`touch PWNED`", "$(touch PWNED).tar", "x.tar|id",
+                                  "a b.tar", "données.tar"])
+def test_a_name_with_shell_syntax_never_reaches_a_url_templates_command(ds, name, monkeypatch):
+    """Pasted into the documented 'pipe:aws s3 cp s3://bucket/{name} -', such a name ran its command;
+    read locally (no template) it is only a file name."""
+    monkeypatch.chdir(ds)
+    path = _edit_manifest(ds, lambda m: {**m, "shards": [{**m["shards"][0], "name": name}] + m["shards"][1:]})
+    manifest = load_manifest(path)
+    assert manifest.shard_url(manifest.shards[0]) == str(ds / name)
+    with pytest.raises(DataError) as e:
+        manifest.shard_url(manifest.shards[0], "pipe:cat /b/{name}")
+    one_line_error(e, f"shard {name!r}: a name passed to a url_template must hold only")
+    assert not (ds / "PWNED").exists()
+
+
+def test_shard_names_in_subdirectories_and_other_scripts_stay_readable(ds):
+    """A dataset written with a prefix such as 'données' or 'my corpus' (accepted by the writer) loads."""
     (ds / "sub").mkdir()
     first = json.loads((ds / "manifest.json").read_text())["shards"][0]["name"]
-    (ds / first).rename(ds / "sub" / first)
-    path = _edit_manifest(ds, lambda m: {**m, "shards": [{**m["shards"][0], "name": f"sub/{first}"}] + m["shards"][1:]})
+    (ds / first).rename(ds / "sub" / f"données {first}")
+    path = _edit_manifest(ds, lambda m: {**m, "shards": [{**m["shards"][0], "name": f"sub/données {first}"}]
+                                         + m["shards"][1:]})
     manifest = load_manifest(path)
-    assert manifest.shard_url(manifest.shards[0]) == str(ds / "sub" / first)
+    assert manifest.shard_url(manifest.shards[0]) == str(ds / "sub" / f"données {first}")
 
 
 def test_the_writer_refuses_a_prefix_its_manifest_could_not_name(tmp_path, tiny_tokenizer, text_file):
     with pytest.raises(DataError) as e:
-        write_shards([text_file], tiny_tokenizer, tmp_path / "ds", 16, samples_per_shard=20, prefix="my data",
+        write_shards([text_file], tiny_tokenizer, tmp_path / "ds", 16, samples_per_shard=20, prefix="pipe:x",
                      progress=False)
-    one_line_error(e, "prefix 'my data': a shard name is not a relative path")
+    one_line_error(e, "prefix 'pipe:x': a shard name it makes is not a relative file path")
 
 
 def _rewrite_shard_meta(ds, meta):
