@@ -57,6 +57,9 @@ class Callback:
     def on_save(self, trainer, tag: str) -> None:
         pass
 
+    def on_load(self, trainer, tag: str) -> None:
+        """A checkpoint was loaded into the engine (a resume, or a rollback before its save)."""
+
     def on_exception(self, trainer, error: BaseException) -> None:
         pass
 

@@ -133,6 +133,7 @@ class Trainer:
         if self.pstate.is_logging_rank:
             log.info("resumed from %s at step %d", self.derived.checkpoint_dir / tag if tag else
                      self.derived.checkpoint_dir / ckpt.tag_for_step(self.step), self.step)
+        self._call("on_load", tag or ckpt.tag_for_step(self.step))
         return True
 
     def checkpoint_meta(self, step: Optional[int] = None) -> dict:

@@ -13,8 +13,9 @@ the job (where the rank was stalled and since what) and ends the process with
 the last checkpoint.
 
 Progress is any hook the trainer calls: a step's start and end, a validation's start and end, a
-save, a log line, a rollback; so the timeout must exceed the longest of them (a checkpoint save of
-a large model to slow storage). It is checked from ``on_train_start`` to ``on_train_end``: set-up
+save, a checkpoint loaded, a log line, a rollback; so the timeout must exceed the longest stretch
+between two of them: a step, a validation, a checkpoint save or load of a large model on slow
+storage (a rollback loads, then saves). It is checked from ``on_train_start`` to ``on_train_end``: set-up
 and resume are not watched. Set it above ``parallel.distributed_timeout_minutes``: on NCCL a rank
 waiting for a stalled peer is blocked in a device synchronisation, not in a ``torch.distributed``
 call, and the collective's timeout names the right rank. A hang that holds the GIL (a C extension
@@ -122,6 +123,9 @@ class StallWatchdog(Callback):
 
     def on_save(self, trainer, tag: str) -> None:
         self._mark(f"checkpoint {tag} was saved")
+
+    def on_load(self, trainer, tag: str) -> None:
+        self._mark(f"checkpoint {tag} was loaded")
 
     def on_rollback(self, trainer) -> None:
         self._mark(f"the rollback to step {trainer.step}")

@@ -123,3 +123,21 @@ def test_config_turns_it_on_and_refuses_a_negative_timeout():
     for bad, why in ((-1, "must be >= 0"), (float("inf"), "finite")):
         with pytest.raises(ConfigError, match=rf"train\.stall_timeout_minutes: .*{why}"):
             config_from_dict({"train": {"stall_timeout_minutes": bad}})
+
+
+def test_a_rollback_marks_progress_between_its_load_and_its_save():
+    """A rollback loads the last checkpoint and saves it again with no step hook between: the load
+    and the save each within the timeout, but not together, ended a healthy rollback (status 3),
+    and the restart replayed the same bad batches."""
+    recorder = Recorder()
+    dog = _dog(0.5, recorder)
+    trainer = types.SimpleNamespace(step=11)
+    dog.on_train_start(trainer)
+    dog.on_step_end(trainer, {})
+    time.sleep(0.35)  # loading the checkpoint
+    dog.on_load(trainer, "step_00000010")
+    time.sleep(0.35)  # saving it again
+    dog.on_save(trainer, "step_00000010")
+    dog.on_rollback(trainer)
+    dog.on_train_end(trainer)
+    assert recorder.lines == []
