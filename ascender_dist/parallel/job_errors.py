@@ -207,6 +207,18 @@ def _timeout_minutes(exc: BaseException) -> Optional[float]:
     return int(match.group(1)) / 60000 if match else None
 
 
+def dump_every_thread(context: str = "") -> None:
+    """``rank R: <context>every thread now (faulthandler):`` and every thread's Python stack, on stderr
+    (this rank's log), for a rank that is about to end a hung job."""
+    rank, _ = _rank_and_world()
+    sys.stderr.write(f"rank {rank}: {context}every thread now (faulthandler):\n")
+    sys.stderr.flush()
+    try:
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    except (OSError, ValueError):  # stderr is not a real file
+        pass
+
+
 def report_timeout(exc: BaseException) -> None:
     """Dump the stack this rank waited in, then one line for the job naming the collective and the
     ranks that did not time out themselves (stopped, or busy elsewhere: they did not arrive)."""
@@ -214,12 +226,7 @@ def report_timeout(exc: BaseException) -> None:
     store = _store()
     sys.stderr.write(f"rank {rank}: Python stack at the distributed timeout:\n")
     sys.stderr.write("".join(traceback.format_tb(exc.__traceback__)))
-    sys.stderr.write(f"rank {rank}: every thread now (faulthandler):\n")
-    sys.stderr.flush()
-    try:
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-    except (OSError, ValueError):  # stderr is not a real file
-        pass
+    dump_every_thread()
     absent = None
     if store is not None:
         try:

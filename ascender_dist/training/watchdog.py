@@ -24,7 +24,6 @@ that never releases it) stops this thread too and is not caught.
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import sys
 import threading
@@ -32,6 +31,7 @@ import time
 from types import FrameType
 from typing import Optional
 
+from ascender_dist.parallel import job_errors
 from ascender_dist.training.callbacks import Callback
 
 EXIT_STATUS = 3  # as a distributed timeout (cli._run): the job hung; the same command resumes it
@@ -85,8 +85,6 @@ class StallWatchdog(Callback):
     (injected by tests; default: :mod:`ascender_dist.parallel.job_errors`)."""
 
     def __init__(self, timeout_minutes: float, report=None, exit_now=None):
-        from ascender_dist.parallel import job_errors
-
         self.timeout_s = 60.0 * timeout_minutes
         self._report = report or job_errors.report
         self._exit_now = exit_now or job_errors.exit_now
@@ -156,13 +154,7 @@ class StallWatchdog(Callback):
             return
 
     def _end(self, idle_s: float, since: str, where: str) -> None:
-        rank = os.environ.get("RANK", "0")
-        sys.stderr.write(f"rank {rank}: no training progress for {idle_s:.0f} s; every thread now (faulthandler):\n")
-        sys.stderr.flush()
-        try:
-            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        except (OSError, ValueError):  # stderr is not a real file
-            pass
+        job_errors.dump_every_thread(f"no training progress for {idle_s:.0f} s; ")
         self._report(f"no training progress for {_duration(idle_s)} (train.stall_timeout_minutes "
                      f"{self.timeout_s / 60:g}) since {since}; the main thread is in {where} "
                      f"(every thread's stack is in the log above)")
