@@ -1025,5 +1025,11 @@ def test_the_launcher_keeps_sigint_and_its_exit_status(tmp_path):
     out = tmp_path / "sigint.txt"
     probe = (f"import signal, sys; open({str(out)!r}, 'w').write(str(signal.getsignal(signal.SIGINT) is "
              "signal.default_int_handler)); sys.exit(5)")
-    assert cli._run_launcher([sys.executable, "-c", probe], dict(os.environ)) == 5
+    # a command started with SIGINT ignored (a pytest-xdist worker, `cmd &` in a script) passes that
+    # on, as nohup's SIGHUP: here the command itself takes SIGINT, as one run from a terminal does
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert cli._run_launcher([sys.executable, "-c", probe], dict(os.environ)) == 5
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert out.read_text() == "True"
