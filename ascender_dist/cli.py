@@ -40,8 +40,9 @@ def _run(fn, *args) -> int:
         job_errors.report(str(exc), getattr(exc, "rank", None))
         return 2
     except Exception as exc:  # noqa: BLE001 (reported once per job below, with its traceback)
-        if missing_extra(exc) is not None:  # an optional dependency the command needs is not installed
-            job_errors.report(missing_extra(exc))
+        missing = missing_extra(exc)
+        if missing is not None:  # an optional dependency the command needs is not installed
+            job_errors.report(missing)
             return 2
         if not job_errors.multi_rank_launch():
             raise
@@ -376,9 +377,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             return getattr(importlib.import_module(module), function)(argv[1:])
         except ImportError as exc:  # an extra the command needs is not installed: one line, not a traceback
-            if missing_extra(exc) is None:
+            missing = missing_extra(exc)
+            if missing is None:
                 raise
-            print(f"error: ascender-dist {argv[0]}: {missing_extra(exc)}", file=sys.stderr)
+            print(f"error: ascender-dist {argv[0]}: {missing}", file=sys.stderr)
             return 2
     args = _parser().parse_args(argv)
     args.argv = argv[1:]  # for commands that re-launch themselves under the deepspeed launcher

@@ -186,16 +186,22 @@ def load_manifest(path) -> Manifest:
 
 # a shard name is joined to the manifest's directory (a path webdataset's gopen opens: a leading
 # "scheme:" would make it a URL, "pipe:" a shell command) or pasted into a url_template's command
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # pipe:, s3:, https:, file: ...
 # what a name passed to a url_template may hold: no whitespace, quotes or shell syntax
 _TEMPLATE_SAFE = re.compile(r"[A-Za-z0-9_.+=@-]+(/[A-Za-z0-9_.+=@-]+)*")
+
+
+def is_url_or_command(text: str) -> bool:
+    """Whether webdataset's gopen would open ``text`` as a URL or run it as a command (a leading
+    "scheme:" such as pipe:, s3:, https:, file:) rather than as a local path."""
+    return bool(_SCHEME.match(text))
 
 
 def shard_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a shard name (a manifest's, or one the writer makes), or None: a
     relative path inside the dataset's directory, read as a file (no scheme, no '..', no absolute
     path, no component starting with '-', no control character)."""
-    if not name or name.startswith("/") or _SCHEME.match(name) or any(ord(c) < 32 or c == "\x7f" for c in name):
+    if not name or name.startswith("/") or is_url_or_command(name) or any(ord(c) < 32 or c == "\x7f" for c in name):
         return "is not a relative file path (no scheme such as 'pipe:', no leading '/', no control character)"
     if any(part == ".." or part.startswith("-") for part in name.split("/")):
         return "has a '..' or a component starting with '-'"

@@ -43,7 +43,6 @@ import argparse
 import json
 import logging
 import math
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -132,14 +131,13 @@ def tokenizer_identity(run: Run) -> Optional[str]:
                               f"({exc.strerror or exc})") from None
 
 
-_URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # pipe:, s3:, https:, file: ...
-
-
 def _refuse_recorded_url(run_dir: Path, where: str, value: str) -> None:
     """A run directory's config.yaml is data anyone could have written: a ``pipe:`` manifest there
     would run its command as whoever evaluates the run. URLs and commands are taken from
     ``--manifest`` only."""
-    if value and _URL_SCHEME.match(value):
+    from data_pipeline.shards import is_url_or_command
+
+    if value and is_url_or_command(value):
         raise EvaluationError(f"{run_dir / 'config.yaml'}: {where} {value[:80]!r} is a URL or command, not a local "
                               "path: evaluate reads a run's own data from local manifests only (pass --manifest)")
 
