@@ -68,6 +68,15 @@ def check_writable(path: Path) -> None:
         raise DataError(str(path), f"cannot write ({ancestor} is not writable)")
 
 
+def refuse_existing(path: Path, advice: str) -> None:
+    """Refuse an output file that already exists (a dangling symlink included): a corpus or a
+    tokenizer is never replaced, since a user's own file or what was made from the old one
+    (shards, checkpoints: they record its hash) would be lost or stop matching."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        raise DataError(str(path), f"exists; not replaced ({advice})")
+
+
 def _nearest_existing(path: Path) -> Path:
     """``path`` or its closest ancestor that exists (the root at worst)."""
     while not path.exists() and path != path.parent:

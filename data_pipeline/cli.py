@@ -143,7 +143,7 @@ def _read_yaml(path: Path) -> dict:
 def _cmd_build_corpus(args) -> int:
     from ._io import check_writable
     from .corpus import build_default_corpus
-    check_writable(args.out)  # before collecting the documents, not after
+    check_writable(args.out)  # before collecting the documents, not after (an existing file: build_default_corpus)
     path = build_default_corpus(args.out, args.max_bytes, progress=not args.quiet)
     n = sum(1 for _ in open(path, "rb"))
     print(f"wrote {path} ({n} documents, {path.stat().st_size:,} bytes)")

@@ -22,7 +22,7 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from ._io import atomic_write_bytes
+from ._io import atomic_write_bytes, refuse_existing
 from .errors import DataError
 
 # Test suites contain deliberately broken files (bad encodings, syntax errors) and are poor prose.
@@ -109,11 +109,13 @@ def build_default_corpus(out_path: Path, max_bytes: int = 6_000_000, *, root: Pa
     Documents are taken whole, in the fixed order of :func:`iter_default_documents`, until the
     UTF-8 size of their texts would exceed ``max_bytes`` (a document that does not fit is skipped,
     later smaller ones may still fit). Deterministic for a given Python version and ``max_bytes``.
-    The file is written to a temporary name and renamed, so a failed build never clobbers a corpus.
+    The file is written to a temporary name and renamed, so a failed build never clobbers a corpus;
+    an existing ``out_path`` is refused, not replaced.
     """
     if max_bytes <= 0:
         raise DataError(str(out_path), f"max_bytes must be > 0 (got {max_bytes})")
     out_path = Path(out_path)
+    refuse_existing(out_path, "a corpus is never replaced: choose another --out or remove it")
     lines: list[str] = []
     total = 0
     bar = tqdm(total=max_bytes, unit="B", unit_scale=True, desc="build-corpus", disable=not progress)

@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, Sequence
 import sentencepiece as spm
 from tqdm import tqdm
 
-from ._io import atomic_write_bytes, atomic_write_json, check_writable, sha256_bytes, sha256_file
+from ._io import atomic_write_bytes, atomic_write_json, check_writable, refuse_existing, sha256_bytes, sha256_file
 from .errors import DataError
 
 log = logging.getLogger(__name__)
@@ -110,11 +110,15 @@ def _remember_errors(lines: Iterator[str], errors: list) -> Iterator[str]:
 # --------------------------------------------------------------------------- training
 def check_output_prefix(out_prefix: Path) -> None:
     """Refuse, before any training, an ``out_prefix`` whose ``.model`` / ``.vocab`` / ``.json`` cannot
-    be written (an existing directory, a prefix under a regular file): training can take hours, and a
-    bad path should not be found out only when the result is written."""
+    be written (an existing directory, a prefix under a regular file) or already exist (a tokenizer
+    is never replaced): training can take hours, and a bad path should not be found out only when
+    the result is written."""
     out_prefix = Path(out_prefix)
     for suffix in (".model", ".vocab", ".json"):
-        check_writable(out_prefix.with_name(out_prefix.name + suffix))
+        path = out_prefix.with_name(out_prefix.name + suffix)
+        check_writable(path)
+        refuse_existing(path, "shards and checkpoints made with a tokenizer there would no longer load: "
+                              "choose another --out-prefix or remove its .model, .vocab and .json")
 
 
 def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model_type: str = "bpe",

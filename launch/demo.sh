@@ -17,10 +17,14 @@ DEMO_CONFIG=${DEMO_CONFIG:-configs/demo.yaml}
 DATA="$DEMO_DIR/data"
 NUM_RANKS=${NUM_RANKS:-2}
 
+# each step writes its output atomically and refuses to replace it: a re-run after an interruption
+# skips the steps that finished
 if [ ! -f "$DATA/shards/manifest.json" ]; then
-  data-pipeline build-corpus --out "$DATA/corpus.jsonl" --max-bytes "${DEMO_CORPUS_BYTES:-6000000}"
-  data-pipeline train-tokenizer --input "$DATA/corpus.jsonl" --out-prefix "$DATA/tokenizer" \
-    --vocab-size "${DEMO_VOCAB:-4096}"
+  [ -f "$DATA/corpus.jsonl" ] ||
+    data-pipeline build-corpus --out "$DATA/corpus.jsonl" --max-bytes "${DEMO_CORPUS_BYTES:-6000000}"
+  [ -f "$DATA/tokenizer.model" ] ||
+    data-pipeline train-tokenizer --input "$DATA/corpus.jsonl" --out-prefix "$DATA/tokenizer" \
+      --vocab-size "${DEMO_VOCAB:-4096}"
   data-pipeline shard --input "$DATA/corpus.jsonl" --tokenizer "$DATA/tokenizer.model" \
     --out-dir "$DATA/shards" --seq-length "${DEMO_SEQ:-128}" --samples-per-shard 512 --val-fraction 0.05
 fi

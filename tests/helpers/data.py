@@ -17,10 +17,13 @@ def make_tiny_dataset(root: Path, corpus_bytes: int = 400_000, vocab_size: int =
     root = Path(root)
     manifest = root / "shards" / "manifest.json"
     model = root / "tokenizer.model"
-    if not manifest.exists():
+    if not manifest.exists():  # steps whose output exists were done (each writes it atomically)
         root.mkdir(parents=True, exist_ok=True)
-        corpus = build_default_corpus(root / "corpus.jsonl", max_bytes=corpus_bytes)
-        train_tokenizer([corpus], root / "tokenizer", vocab_size=vocab_size)
+        corpus = root / "corpus.jsonl"
+        if not corpus.exists():
+            build_default_corpus(corpus, max_bytes=corpus_bytes)
+        if not model.exists():
+            train_tokenizer([corpus], root / "tokenizer", vocab_size=vocab_size)
         write_shards([corpus], Tokenizer.load(model), root / "shards", seq_length=seq_length,
                      samples_per_shard=128, val_fraction=0.1)
     return {"manifest": str(manifest), "tokenizer": str(model)}

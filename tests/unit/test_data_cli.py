@@ -155,3 +155,28 @@ def test_both_shard_sizes_are_refused_not_one_ignored(tmp_path, text_file, capsy
         write_shards([text_file], Tokenizer.load(model), tmp_path / "ds2", 16, samples_per_shard=200,
                      shard_max_bytes=100_000, progress=False)
     assert not (tmp_path / "ds").exists() and not (tmp_path / "ds2").exists()
+
+
+def test_a_tokenizer_or_corpus_that_exists_is_refused_not_replaced(tmp_path, text_file, capsys):
+    """train-tokenizer replaced a tokenizer that shards and checkpoints recorded the hash of (they no
+    longer loaded), build-corpus a user's own JSONL: both refuse, before any work, and keep the file."""
+    from data_pipeline.tokenizer import train_tokenizer
+
+    model = train_tokenizer([text_file], tmp_path / "tok", 400, progress=False)
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("tok.*")}
+    assert main(["--quiet", "train-tokenizer", "--input", str(text_file), "--out-prefix", str(tmp_path / "tok"),
+                 "--vocab-size", "300"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {model}: exists; not replaced (shards and checkpoints made with a tokenizer") \
+        and "\n" not in err
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("tok.*")} == before
+    (tmp_path / "only.json").write_text("{}")  # any one of the three files is enough to refuse
+    assert main(["--quiet", "train-tokenizer", "--input", str(text_file), "--out-prefix", str(tmp_path / "only"),
+                 "--vocab-size", "300"]) == 2
+    assert "only.json: exists; not replaced" in capsys.readouterr().err
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"text": "my precious data"}\n')
+    assert main(["--quiet", "build-corpus", "--out", str(mine), "--max-bytes", "2000"]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: {mine}: exists; not replaced (a corpus is never replaced: "
+                                               "choose another --out or remove it)")
+    assert mine.read_text() == '{"text": "my precious data"}\n'

@@ -455,7 +455,9 @@ def ensure_dataset(spec: dict) -> dict:
     else:
         root.mkdir(parents=True, exist_ok=True)
         log.info("building the dataset in %s", root)
-        corpus = build_default_corpus(root / "corpus.jsonl", max_bytes=settings["corpus_bytes"])
+        corpus = root / "corpus.jsonl"
+        corpus.unlink(missing_ok=True)  # a build cut short before the manifest: made again with these settings
+        build_default_corpus(corpus, max_bytes=settings["corpus_bytes"])
         if not model.exists():
             train_tokenizer([corpus], root / "tokenizer", vocab_size=settings["vocab_size"])
         write_shards([corpus], Tokenizer.load(model), root / "shards", seq_length=settings["seq_length"],
