@@ -155,6 +155,29 @@ def test_tables_on_a_directory_without_results_is_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "results.json" in err
 
 
+def test_tables_refuses_a_missing_or_corrupt_per_sequence_file_without_rewriting(tmp_path, capsys):
+    """A report directory without its per_sequence.npz was rebuilt without the per-sequence tables
+    (results.json rewritten, exit 0: they were lost); a truncated one gave a zipfile traceback."""
+    report.write_report(_grid(tmp_path), _records(), n_resamples=200, n_permutations=200)
+    out = tmp_path / "report"
+    npz = out / report.PER_SEQUENCE
+    saved = {name: (out / name).read_bytes() for name in ("results.json", "results.md")}
+    content = npz.read_bytes()
+    npz.unlink()
+    assert ablate.main.tables_main([str(out), "--n-resamples", "200"]) == 2
+    assert capsys.readouterr().err == (f"error: {npz}: missing, but {out / 'results.json'} holds per-sequence "
+                                       "results; restore it (nothing was rewritten)\n")
+    npz.write_bytes(content[:1000])
+    assert ablate.main.tables_main([str(out), "--n-resamples", "200"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {npz}: unreadable (") and err.endswith("; nothing was rewritten\n")
+    assert err.count("\n") == 1
+    assert {name: (out / name).read_bytes() for name in saved} == saved
+    with pytest.raises(SystemExit):
+        ablate.main.tables_main([str(out), "--n-resamples", "0"])
+    assert "--n-resamples must be >= 1 (got 0)" in capsys.readouterr().err
+
+
 def test_plotting_without_matplotlib_names_the_extra():
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "from ascender_dist.plotting import pyplot\npyplot()")

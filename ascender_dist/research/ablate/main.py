@@ -179,6 +179,8 @@ def tables_main(argv: Optional[Sequence[str]] = None) -> int:
                         "code since, every comparison), from their results.json alone")
     p.add_argument("--grids", default="configs/ablations", help="with --index: the grid YAMLs, to list those not run")
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.n_resamples < 1:
+        p.error(f"--n-resamples must be >= 1 (got {args.n_resamples})")
     setup_cli_logging()
     directory = Path(args.directory)
     if args.index:
@@ -189,6 +191,9 @@ def tables_main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         full = rebuild(directory, n_resamples=args.n_resamples, n_permutations=args.n_resamples)
+    except AblationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except (KeyError, ValueError) as exc:
         print(f"error: {directory / 'results.json'}: not a results.json written by ablate ({exc})", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ import numpy as np
 from ascender_dist.machine import machine_line
 
 from .collect import aggregate
-from .grid import Grid
+from .grid import AblationError, Grid
 from .provenance import config_hash, file_sha256, mixed_commit_line, mixed_version_line, report_provenance, versions_of
 
 PER_SEQUENCE = "per_sequence.npz"
@@ -428,11 +428,16 @@ def write_per_sequence(path: Path, records: Sequence[dict]) -> None:
 
 def read_per_sequence(path: Path) -> dict:
     """``{(config, seed): {key: list}}`` from :func:`write_per_sequence`'s file."""
+    import zipfile
+
     out: dict = {}
-    with np.load(path) as data:
-        for name in data.files:
-            cfg, seed, key = name.rsplit("|", 2)
-            out.setdefault((cfg, seed), {})[key] = data[name].tolist()
+    try:
+        with np.load(path) as data:
+            for name in data.files:
+                cfg, seed, key = name.rsplit("|", 2)
+                out.setdefault((cfg, seed), {})[key] = data[name].tolist()
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # truncated, corrupt, not an npz
+        raise AblationError(f"{path}: unreadable ({exc}); nothing was rewritten") from None
     return out
 
 
@@ -442,13 +447,18 @@ def rebuild(directory: Path, *, n_resamples: int = 10_000, n_permutations: int =
     directory = Path(directory)
     full = json.loads((directory / "results.json").read_text())
     records = [dict(r) for r in full["records"]]
-    per_seq = read_per_sequence(directory / PER_SEQUENCE) if (directory / PER_SEQUENCE).exists() else {}
+    per_seq_path = directory / PER_SEQUENCE
+    if per_seq_path.exists():
+        per_seq = read_per_sequence(per_seq_path)
+    elif (full.get("tables") or {}).get("per_example"):  # rebuilding without it would drop those tables for good
+        raise AblationError(f"{per_seq_path}: missing, but {directory / 'results.json'} holds per-sequence results; "
+                            "restore it (nothing was rewritten)")
+    else:
+        per_seq = {}
     for r in records:
         r.update(per_seq.get((r["config"], str(r["seed"])), {}))
     full.setdefault("compare_to", [c for c in full["grid"].get("compare_to", [])
                                    if any(r["config"] == c for r in records)])
-    import sys
-
     full["report_provenance"] = report_provenance()
     return render(directory, full, records, n_resamples=n_resamples, n_permutations=n_permutations)
 
