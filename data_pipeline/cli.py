@@ -134,6 +134,9 @@ def _read_yaml(path: Path) -> dict:
         if key in out:
             out[key] = int(out[key])
     if "special_tokens" in out:
+        if "user_defined_symbols" in out:  # one of the two lists would be dropped
+            raise ConfigError(f"{path}:{section + '.' if section else ''}special_tokens",
+                              "special_tokens and user_defined_symbols are one setting (two names): give one")
         out["user_defined_symbols"] = out.pop("special_tokens")
     if isinstance(out.get("user_defined_symbols"), str):
         out["user_defined_symbols"] = [out["user_defined_symbols"]]
@@ -164,6 +167,7 @@ def _cmd_shard(args) -> int:
     from .shards import write_shards
     from .tokenizer import Tokenizer
     tok = Tokenizer.load(args.tokenizer, args.pad_multiple)
+    tok.check_document_separator()
     if (args.job_index is None) != (args.job_count is None):
         raise DataError("shard", "--job-index and --job-count go together")
     parallel.check_workers(args.workers)

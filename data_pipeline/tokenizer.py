@@ -108,6 +108,22 @@ def _remember_errors(lines: Iterator[str], errors: list) -> Iterator[str]:
 
 
 # --------------------------------------------------------------------------- training
+RESERVED_PIECES = {"<pad>": PAD_ID, "<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_ID}
+
+
+def check_special_tokens(symbols: Sequence[str]) -> None:
+    """Refuse a special token (user-defined symbol) that is empty or one of the reserved pieces:
+    sentencepiece then drops the reserved id (eos_id -1, which a uint16 shard stores as 65535) or
+    fails with its own wording."""
+    for symbol in symbols:
+        if symbol == "":
+            raise DataError("--special-token", "an empty special token")
+        if symbol in RESERVED_PIECES:
+            reserved = " ".join(RESERVED_PIECES)
+            raise DataError(f"--special-token {symbol}", f"a reserved piece (id {RESERVED_PIECES[symbol]}); "
+                                                         f"reserved: {reserved}")
+
+
 def check_output_prefix(out_prefix: Path) -> None:
     """Refuse, before any training, an ``out_prefix`` whose ``.model`` / ``.vocab`` / ``.json`` cannot
     be written (an existing directory, a prefix under a regular file) or already exist (a tokenizer
@@ -145,6 +161,7 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
         raise DataError(str(out_prefix), f"input_sentence_size must be >= 0, 0 meaning every line "
                                          f"(got {input_sentence_size})")
     check_pad_multiple(str(out_prefix), pad_vocab_to_multiple_of)
+    check_special_tokens(user_defined_symbols)
     check_output_prefix(out_prefix)
     symbols = ["\n"] + [s for s in user_defined_symbols if s != "\n"]
     model_buf = io.BytesIO()
@@ -248,6 +265,13 @@ class Tokenizer:
         lead = len(self.encode("\n"))
         for i, part in enumerate(parts):
             yield self.encode(part) if i == 0 else self.encode("\n" + part)[lead:]
+
+    def check_document_separator(self) -> None:
+        """Refuse a tokenizer without an end-of-document id (sentencepiece's -1, e.g. '</s>' made a
+        user-defined symbol): shards separate documents with it, and -1 would be stored as 65535."""
+        if self.eos_id < 0:
+            raise DataError(str(self.model_path or "tokenizer"), "has no end-of-document piece (eos_id -1): shards "
+                                                                 "separate documents with it; train one with eos")
 
     @functools.cached_property
     def parts_split_exactly(self) -> bool:

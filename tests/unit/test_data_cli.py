@@ -180,3 +180,39 @@ def test_a_tokenizer_or_corpus_that_exists_is_refused_not_replaced(tmp_path, tex
     assert capsys.readouterr().err.strip() == (f"error: {mine}: exists; not replaced (a corpus is never replaced: "
                                                "choose another --out or remove it)")
     assert mine.read_text() == '{"text": "my precious data"}\n'
+
+
+def test_a_reserved_piece_as_special_token_or_two_names_for_one_list_are_refused(tmp_path, text_file, capsys):
+    """--special-token '</s>' trained a tokenizer without eos (eos_id -1, stored in shards as 65535),
+    '<unk>' failed in sentencepiece's words; a YAML giving special_tokens and user_defined_symbols
+    silently dropped one list. A tokenizer without eos is refused by shard."""
+    common = ["--quiet", "train-tokenizer", "--input", str(text_file), "--out-prefix", str(tmp_path / "t"),
+              "--vocab-size", "300"]
+    for piece, pid in (("</s>", 3), ("<s>", 2), ("<pad>", 0), ("<unk>", 1)):
+        assert main(common + ["--special-token", piece]) == 2
+        assert capsys.readouterr().err == (f"error: --special-token {piece}: a reserved piece (id {pid}); "
+                                           "reserved: <pad> <unk> <s> </s>\n")
+    assert main(common + ["--special-token", ""]) == 2
+    assert capsys.readouterr().err == "error: --special-token: an empty special token\n"
+    cfg = tmp_path / "tk.yaml"
+    cfg.write_text('vocab_size: 300\nspecial_tokens: ["<x>"]\nuser_defined_symbols: ["<y>"]\n')
+    assert main(["--quiet", "train-tokenizer", "--input", str(text_file), "--out-prefix", str(tmp_path / "t"),
+                 "--config", str(cfg)]) == 2
+    assert capsys.readouterr().err == (f"error: {cfg}:special_tokens: special_tokens and user_defined_symbols are "
+                                       "one setting (two names): give one\n")
+    assert not list(tmp_path.glob("t.*"))
+
+
+def test_shard_refuses_a_tokenizer_without_an_end_of_document_piece(tmp_path, text_file, capsys):
+    import sentencepiece as spm
+
+    buf = __import__("io").BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text_file.read_text().splitlines()), model_writer=buf,
+                                   vocab_size=300, eos_id=-1, minloglevel=2, hard_vocab_limit=False)
+    model = tmp_path / "noeos.model"
+    model.write_bytes(buf.getvalue())
+    assert main(["--quiet", "shard", "--input", str(text_file), "--tokenizer", str(model), "--seq-length", "16",
+                 "--out-dir", str(tmp_path / "ds")]) == 2
+    assert capsys.readouterr().err == (f"error: {model}: has no end-of-document piece (eos_id -1): shards separate "
+                                       "documents with it; train one with eos\n")
+    assert not (tmp_path / "ds").exists()
