@@ -135,6 +135,23 @@ def test_unknown_grid_key_and_bad_seeds(tmp_path):
         load_grid(_write_grid(tmp_path, seeds=[1, 1]))
 
 
+@pytest.mark.parametrize("argv,expected", [
+    (["--seeds", "1,1"], "error: --seeds: duplicate seeds in [1, 1]"),
+    (["--seeds", ""], "error: --seeds: expected comma-separated integers, got ''"),
+    (["--jobs", "0"], "error: --jobs must be >= 1 (got 0)"),
+    (["--ranks", "-2"], "error: --ranks must be >= 1 (got -2)"),
+    (["--threads", "0"], "error: --threads must be >= 1 (got 0)"),
+], ids=["dup-seeds", "empty-seeds", "jobs-0", "ranks-neg", "threads-0"])
+def test_ablate_command_line_values_are_checked_like_the_grids_own(tmp_path, capsys, argv, expected):
+    """--seeds 1,1 ran every variant twice into one run directory (the grid's own seeds: [1, 1] is
+    refused); --jobs / --ranks / --threads 0 or less and --seeds '' fell back to the grid's values."""
+    from ascender_dist.research.ablate import main as ablate_main_module
+
+    assert ablate_main_module.ablate_main([str(_write_grid(tmp_path)), "--dry-run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == expected and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("grid,expected", [
     ({"keep_checkpoints": "no"}, "keep_checkpoints: expected true or false, got 'no'"),
     ({"jobs": 2.9}, "jobs: expected a positive integer, got 2.9"),

@@ -324,7 +324,8 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
         if missing:
             raise ConfigError(f"--only {missing[0]}", f"no such variant; variants: {', '.join(sorted(names))}")
         variants = [v for v in variants if v.name in only]
-    seed_list = list(seeds) if seeds else _parse_seeds(raw.get("seeds", [1]), f"{src}: seeds")
+    seed_list = _parse_seeds(list(seeds), "--seeds") if seeds is not None else _parse_seeds(raw.get("seeds", [1]),
+                                                                                           f"{src}: seeds")
     baseline = raw.get("baseline", variants[0].name)
     names = [v.name for v in variants]
     if str(baseline) not in names:

@@ -120,10 +120,15 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     setup_cli_logging()
     try:
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds is not None else None
     except ValueError:
         print(f"error: --seeds: expected comma-separated integers, got {args.seeds!r}", file=sys.stderr)
         return 2
+    for flag in ("jobs", "ranks", "threads"):  # 0 or less would fall back to the grid's value unnoticed
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            print(f"error: --{flag} must be >= 1 (got {value})", file=sys.stderr)
+            return 2
     only = [s.strip() for s in args.only.split(",")] if args.only else None
     try:
         grid = load_grid(args.grid, args.overrides, seeds, only)
