@@ -4,7 +4,8 @@ A *consolidated* directory is layout-free:
     model.safetensors   fp32 tensors under canonical names (megatron GPTModel at TP=1), vocab
                         padding stripped (rows >= the tokenizer's vocab size removed)
     config.yaml         the run's config (parallel layout reset to 1 x 1)
-    meta.json           architecture, vocab sizes, source step/layout, data-loader state, versions
+    meta.json           architecture, vocab sizes, source step/layout, data-loader state, versions,
+                        size and sha256 of model.safetensors (checked whenever it is read)
 
 ``consolidate`` and ``reshard`` are collective: they run under the deepspeed launcher with the
 layout's world size (the CLI re-launches itself that way), load through the same engine as
@@ -28,6 +29,7 @@ from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.checkpoint import recorded_tokenizer_sha256
 from ascender_dist.training.publish import publish_directory
 from ascender_dist.training.weights import strip_vocab_padding
+from data_pipeline._io import sha256_file
 
 log = logging.getLogger("ascender_dist")
 
@@ -388,8 +390,11 @@ def write_consolidated(out_dir: Path, state: dict, cfg, meta: dict) -> None:
     raw["checkpoint"]["init_from"] = None
     config_from_dict(raw)  # what it writes, read_consolidated can read
     with staged_output(out_dir) as tmp:
-        write_weights_file(state, tmp / "model.safetensors", metadata={"format": CONSOLIDATED_FORMAT})
+        weights = tmp / "model.safetensors"
+        write_weights_file(state, weights, metadata={"format": CONSOLIDATED_FORMAT})
         (tmp / "config.yaml").write_text(dump_yaml(raw))
+        # read_consolidated checks them: a flipped byte in the tensor data loads without an error
+        meta = {**meta, "weights_bytes": weights.stat().st_size, "weights_sha256": sha256_file(weights)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     log.info("consolidated %d tensors into %s", len(state), out_dir)
 
@@ -409,11 +414,25 @@ def read_consolidated(directory: Path, expect_architecture: Optional[str] = None
     if expect_architecture and meta["architecture"] != expect_architecture:
         raise ConversionError(meta_file, f"architecture is {meta['architecture']!r}, expected {expect_architecture!r}")
     cfg = read_config(directory, one_device=True)
+    check_recorded_weights(weights, meta, meta_file)
     try:
         state = read_weights_file(weights, field=None)
     except ConfigError as exc:
         raise ConversionError(weights, exc.message) from None
     return state, cfg, meta
+
+
+def check_recorded_weights(weights: Path, meta: dict, meta_file: Path) -> None:
+    """One-line ConversionError when ``weights`` is not the file consolidate wrote: its size or sha256
+    differs from what ``meta_file`` records (directories written before they were recorded: not
+    checked)."""
+    size, digest = meta.get("weights_bytes"), meta.get("weights_sha256")
+    if size is not None and weights.stat().st_size != size:
+        raise ConversionError(weights, f"{weights.stat().st_size} bytes, {meta_file} records {size}: truncated or "
+                                       "replaced (consolidate again)")
+    if digest is not None and sha256_file(weights) != digest:
+        raise ConversionError(weights, f"sha256 differs from {meta_file}'s weights_sha256 {str(digest)[:12]}...: "
+                                       "corrupt or modified (consolidate again)")
 
 
 def reshard_config(cfg, checkpoint_dir: Path, overrides: list[str], source: Path, data_parallel: Optional[int] = None):

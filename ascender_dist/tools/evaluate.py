@@ -288,6 +288,8 @@ def validation_loss(run: Run, model, batch_size: int = 8, max_samples: Optional[
     if pending:
         flush()
     loss = loss_sum / tokens
+    if not math.isfinite(loss):  # NaN / inf weights: no number to report (and no valid JSON to write)
+        raise EvaluationError(f"{run.path}: {run.name}'s validation loss is {loss} (non-finite weights or logits)")
     return {"val_loss": loss, "perplexity": math.exp(loss), "val_samples": samples, "val_tokens": tokens,
             "val_seconds": round(time.monotonic() - started, 2)}
 

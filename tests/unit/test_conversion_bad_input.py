@@ -133,6 +133,29 @@ def test_truncated_weights_file(consolidated):
     _one_line(info.value, "checkpoint.init_from", str(weights), "truncated or corrupt")
 
 
+def test_a_consolidated_weights_file_changed_after_consolidate_is_refused(tmp_path):
+    """A flipped byte in model.safetensors' tensor data loaded without an error (export-hf and
+    evaluate then wrote NaN results); consolidate records the file's size and sha256 in meta.json."""
+    from ascender_dist.tools.convert import write_consolidated
+
+    out = tmp_path / "cons"
+    write_consolidated(out, {"embedding.word_embeddings.weight": torch.ones(96, 4)}, config_from_dict({"name": "tiny"}),
+                       dict(GOOD_META))
+    weights, meta = out / "model.safetensors", json.loads((out / "meta.json").read_text())
+    assert meta["weights_bytes"] == weights.stat().st_size and len(meta["weights_sha256"]) == 64
+    assert read_consolidated(out)[0]["embedding.word_embeddings.weight"].sum() == 96 * 4
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0xFF  # inside the tensor data: safetensors reads it without a complaint
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ConversionError) as info:
+        read_consolidated(out)
+    _one_line(info.value, str(weights), "sha256 differs from", "weights_sha256", "corrupt or modified")
+    weights.write_bytes(bytes(data) + b"\0")
+    with pytest.raises(ConversionError) as info:
+        read_consolidated(out)
+    _one_line(info.value, str(weights), f"records {meta['weights_bytes']}", "truncated or replaced")
+
+
 def test_reshard_overrides_go_through_the_config_checks(consolidated, tmp_path):
     _, cfg, _ = read_consolidated(consolidated)
     source = consolidated / "config.yaml"

@@ -6,6 +6,7 @@ error, then exits non-zero with one line; a partial export directory is one line
 
 from __future__ import annotations
 
+import math
 import json
 import shutil
 from pathlib import Path
@@ -257,3 +258,26 @@ def test_a_runs_recorded_pipe_manifest_is_refused_not_run(tmp_path, two_tokenize
                                "only (pass --manifest)")
     assert not (tmp_path / "PWNED").exists()
     assert ev.parse_run(str(run), str(tmp_path / "m.json")).manifest == str(tmp_path / "m.json")  # the user's own
+
+
+def test_a_non_finite_validation_loss_is_an_error_not_a_nan_in_results(tmp_path):
+    """Weights with a NaN (a corrupt file, a diverged run) gave val_loss NaN in the table and a
+    results.json that is not valid JSON; evaluate now stops with one line naming the run."""
+    import types
+
+    import torch
+
+    from tests.helpers.data import SEQ_LENGTH, make_tiny_dataset
+
+    data = make_tiny_dataset(tmp_path / "data", corpus_bytes=120_000)
+    run = ev.Run("diverged", tmp_path / "diverged", "consolidated", seq_length=SEQ_LENGTH, manifest=data["manifest"],
+                 tokenizer=data["tokenizer"])
+
+    def model(tokens, value=float("nan")):  # [b, s] -> logits [b, s, V]
+        return types.SimpleNamespace(logits=torch.full((*tokens.shape, 640), value))
+
+    with pytest.raises(ev.EvaluationError) as info:
+        ev.validation_loss(run, model, max_samples=2)
+    assert str(info.value) == (f"{run.path}: diverged's validation loss is nan (non-finite weights or logits)")
+    finite = ev.validation_loss(run, lambda tokens: model(tokens, 0.0), max_samples=2)
+    assert finite["val_loss"] == pytest.approx(math.log(640))
