@@ -611,8 +611,38 @@ def _json_safe(x):
     return x
 
 
-def _ints(text: Optional[str]) -> Optional[list[int]]:
-    return [int(t) for t in text.split(",")] if text else None
+def _ints(text: Optional[str], flag: str) -> Optional[list[int]]:
+    """``"0,2"`` -> [0, 2]; None when not given; a ConfigError naming ``flag`` otherwise."""
+    from ascender_dist.config.errors import ConfigError
+
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise ConfigError(flag, f"expected comma-separated integers, got {text!r}") from None
+
+
+def _checked_arguments(args, models: list) -> dict:
+    """The make_figures keyword arguments from the command line, each bad value a ConfigError
+    naming its flag (before any model is loaded)."""
+    from ascender_dist.config.errors import ConfigError
+
+    for flag in ("examples", "max_tokens", "cluster_examples", "cluster_tokens"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')}", f"must be >= 1 (got {value})")
+    if args.text is not None and not args.text.strip():
+        raise ConfigError("--text", "is empty: no tokens to draw")
+    seen = set()
+    for _, directory in models:
+        key = directory.resolve()
+        if key in seen:
+            raise ConfigError(str(directory), "given twice (one model per directory)")
+        seen.add(key)
+    return dict(num_examples=args.examples, max_tokens=args.max_tokens, text=args.text,
+                layers=_ints(args.layers, "--layers"), heads=_ints(args.heads, "--heads"),
+                cluster_examples=args.cluster_examples, cluster_tokens=args.cluster_tokens)
 
 
 def figures_main(argv: Optional[Sequence[str]] = None) -> int:
@@ -651,9 +681,7 @@ def figures_main(argv: Optional[Sequence[str]] = None) -> int:
         print("error: give consolidated directories (positional or --model LABEL=DIR)", file=sys.stderr)
         return 2
     try:
-        summary = make_figures(models, Path(args.out), num_examples=args.examples, max_tokens=args.max_tokens,
-                               text=args.text, layers=_ints(args.layers), heads=_ints(args.heads),
-                               cluster_examples=args.cluster_examples, cluster_tokens=args.cluster_tokens)
+        summary = make_figures(models, Path(args.out), **_checked_arguments(args, models))
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

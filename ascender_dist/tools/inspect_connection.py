@@ -61,6 +61,9 @@ def _tokens(cfg, meta: dict, text: Optional[str], max_tokens: int):
         loader = StreamingLoader(cfg.data.manifest, seq_length=cfg.model.seq_length, micro_batch_size=1,
                                  global_batch_size=1, dp_rank=0, dp_size=1, seed=cfg.train.seed, split="val")
         ids = next(iter(loader))["tokens"][0, :max_tokens].tolist()
+    if not ids:  # an empty or whitespace-free-of-tokens --text, or --max-tokens 0: nothing to run
+        raise ConversionError("--text" if text is not None else "--max-tokens",
+                              f"gives no tokens to inspect (text {text!r}, max_tokens {max_tokens})")
     labels = [tokenizer.decode([i]) if tokenizer else str(i) for i in ids]
     return torch.tensor([ids]), [repr(t)[1:-1][:12] for t in labels]
 

@@ -4,6 +4,7 @@ heatmap shares one colour scale, Table 4 lists every seed's value."""
 import json
 
 import numpy as np
+import pytest
 
 from ascender_dist.research import figures
 
@@ -73,3 +74,28 @@ def test_redraw_keeps_the_provenance_of_the_computation(tmp_path):
     after = json.loads((tmp_path / "figures.json").read_text())
     assert after["provenance"] == {"git_commit": "c0ffee" * 6}
     assert "machine" in after["redraw_provenance"]
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["--max-tokens", "0"], "error: --max-tokens: must be >= 1 (got 0)"),
+    (["--examples", "-1"], "error: --examples: must be >= 1 (got -1)"),
+    (["--cluster-tokens", "0"], "error: --cluster-tokens: must be >= 1 (got 0)"),
+    (["--text", ""], "error: --text: is empty: no tokens to draw"),
+    (["--heads", "abc"], "error: --heads: expected comma-separated integers, got 'abc'"),
+    (["--layers", "1,x"], "error: --layers: expected comma-separated integers, got '1,x'"),
+], ids=["max-tokens-0", "examples-neg", "cluster-tokens-0", "empty-text", "heads-abc", "layers-x"])
+def test_bad_figures_arguments_are_one_line_before_any_model_is_loaded(tmp_path, capsys, monkeypatch, extra, expected):
+    """--max-tokens 0 / --text '' gave a torch dtype traceback from inside the model, --heads abc a
+    ValueError from int(): each is now one line naming the flag, before anything is read."""
+    monkeypatch.setattr(figures, "make_figures", lambda *a, **k: pytest.fail("reached make_figures"))
+    assert figures.figures_main([str(tmp_path / "cons"), "--out", str(tmp_path / "out"), *extra]) == 2
+    assert capsys.readouterr().err == expected + "\n"
+
+
+def test_one_directory_given_twice_is_refused(tmp_path, capsys, monkeypatch):
+    """The same directory twice failed after all the work ('duplicate run for config ... seed ...')."""
+    monkeypatch.setattr(figures, "make_figures", lambda *a, **k: pytest.fail("reached make_figures"))
+    cons = tmp_path / "cons"
+    for argv in ([str(cons), str(cons)], ["--model", f"x={cons}", "--model", f"x={cons}"]):
+        assert figures.figures_main([*argv, "--out", str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err == f"error: {cons}: given twice (one model per directory)\n"
