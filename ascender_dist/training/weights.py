@@ -216,6 +216,9 @@ def read_weights_file(path: str | Path, field: Optional[str] = "checkpoint.init_
     def error(problem: str) -> ConfigError:
         return ConfigError(field, f"{path}: {problem}") if field else ConfigError(str(path), problem)
 
+    if path.is_dir():  # e.g. a consolidated directory: its weights are one file in it
+        inside = path / "model.safetensors"
+        raise error(f"is a directory; pass {inside}" if inside.is_file() else "is a directory, not a weights file")
     if not path.is_file():
         raise error("weights file not found")
     try:

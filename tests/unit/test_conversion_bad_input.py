@@ -156,6 +156,17 @@ def test_a_consolidated_weights_file_changed_after_consolidate_is_refused(tmp_pa
     _one_line(info.value, str(weights), f"records {meta['weights_bytes']}", "truncated or replaced")
 
 
+def test_a_consolidated_directory_as_init_from_names_the_file_in_it(consolidated, tmp_path):
+    """checkpoint.init_from naming the directory consolidate wrote said 'weights file not found'."""
+    with pytest.raises(ConfigError) as info:
+        read_weights_file(consolidated)
+    assert str(info.value) == (f"checkpoint.init_from: {consolidated}: is a directory; pass "
+                               f"{consolidated / 'model.safetensors'}")
+    with pytest.raises(ConfigError) as info:
+        read_weights_file(tmp_path)
+    assert str(info.value) == f"checkpoint.init_from: {tmp_path}: is a directory, not a weights file"
+
+
 def test_reshard_overrides_go_through_the_config_checks(consolidated, tmp_path):
     _, cfg, _ = read_consolidated(consolidated)
     source = consolidated / "config.yaml"
