@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("build-corpus", parents=[quiet], help="write the no-download default corpus (stdlib sources + docs) as JSONL")
     c.add_argument("--out", type=Path, required=True)
-    c.add_argument("--max-bytes", type=int, default=6_000_000)
+    c.add_argument("--max-bytes", type=_count, default=6_000_000)
 
     t = sub.add_parser("train-tokenizer", parents=[quiet], help="train a sentencepiece tokenizer")
     t.add_argument("--input", type=Path, nargs="+", required=True, help=_INPUT_HELP)
@@ -44,12 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out-prefix", type=Path, required=True, help="writes PREFIX.model, .vocab, .json")
     t.add_argument("--config", type=Path, help="YAML with vocab_size, model_type, pad_vocab_to_multiple_of, "
                                                 "user_defined_symbols, input_sentence_size (flags win)")
-    t.add_argument("--vocab-size", type=int)
+    t.add_argument("--vocab-size", type=_count)
     t.add_argument("--model-type", choices=["bpe", "unigram", "char", "word"])
     t.add_argument("--special-token", dest="user_defined_symbols", action="append",
                    help="user-defined symbol kept as one piece (repeatable)")
     t.add_argument("--pad-multiple", dest="pad_vocab_to_multiple_of", type=int)
-    t.add_argument("--input-sentence-size", type=int)
+    t.add_argument("--input-sentence-size", type=_count)
 
     s = sub.add_parser("shard", parents=[quiet], help="tokenize, pack and write webdataset shards + manifest.json")
     s.add_argument("--input", type=Path, nargs="+", required=True, help=_INPUT_HELP)
@@ -58,8 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--out-dir", type=Path, required=True)
     s.add_argument("--seq-length", type=int, required=True)
     size = s.add_mutually_exclusive_group()
-    size.add_argument("--samples-per-shard", type=int)
-    size.add_argument("--shard-max-bytes", type=int)
+    size.add_argument("--samples-per-shard", type=_count)
+    size.add_argument("--shard-max-bytes", type=_count)
     s.add_argument("--val-fraction", type=float, default=0.05)
     s.add_argument("--prefix", default="shard")
     s.add_argument("--pad-multiple", type=int, help="override the tokenizer sidecar's padding multiple")
@@ -141,6 +141,18 @@ def _read_yaml(path: Path) -> dict:
     if isinstance(out.get("user_defined_symbols"), str):
         out["user_defined_symbols"] = [out["user_defined_symbols"]]
     return out
+
+
+def _count(text: str) -> int:
+    """A whole number written as the YAML files accept it (``6000000``, ``6_000_000``, ``6e6``):
+    argparse's ``int`` refuses ``6e6``, which docs/data.md says is accepted."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(value)
 
 
 def _cmd_build_corpus(args) -> int:

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from data_pipeline.cli import main
 from data_pipeline.shards import load_manifest
 from data_pipeline.tokenizer import Tokenizer
@@ -216,3 +218,19 @@ def test_shard_refuses_a_tokenizer_without_an_end_of_document_piece(tmp_path, te
     assert capsys.readouterr().err == (f"error: {model}: has no end-of-document piece (eos_id -1): shards separate "
                                        "documents with it; train one with eos\n")
     assert not (tmp_path / "ds").exists()
+
+
+def test_size_flags_take_whole_numbers_written_as_in_yaml(tmp_path, capsys):
+    """--max-bytes 1e6 was refused by argparse ('invalid int value') although docs/data.md says numbers
+    like 1e4 are accepted; 2.5 is still refused."""
+    out = tmp_path / "c.jsonl"
+    assert main(["--quiet", "build-corpus", "--out", str(out), "--max-bytes", "2e4"]) == 0
+    text_bytes = sum(len(json.loads(line)["text"].encode()) for line in out.read_text().splitlines())
+    assert 10_000 < text_bytes <= 20_000
+    with pytest.raises(SystemExit):
+        main(["--quiet", "build-corpus", "--out", str(tmp_path / "d.jsonl"), "--max-bytes", "2.5e3x"])
+    assert "expected a whole number, got '2.5e3x'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--quiet", "train-tokenizer", "--input", str(out), "--out-prefix", str(tmp_path / "t"),
+              "--vocab-size", "300.5"])
+    assert "expected a whole number, got '300.5'" in capsys.readouterr().err
