@@ -19,6 +19,7 @@ import functools
 import io
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -184,6 +185,10 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
     except (RuntimeError, OSError, ValueError) as e:  # ValueError: a setting sentencepiece cannot parse
         if input_errors:  # sentencepiece wrapped our reader's error in a RuntimeError ending in a stack frame
             raise input_errors[0] from None
+        small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e))
+        if small:  # its own words name an option of spm_train, not of this command
+            raise DataError(f"vocab_size {small[1]}", f"below the {small[2]} pieces this corpus needs (its characters "
+                                                      f"and the reserved pieces): use {small[2]} or more") from None
         raise DataError(str(out_prefix), f"sentencepiece training failed: {str(e).strip().splitlines()[-1]}") from None
     return _write_model_files(out_prefix, model_buf.getvalue(), model_type, pad_vocab_to_multiple_of, symbols)
 

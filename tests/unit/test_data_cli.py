@@ -234,3 +234,13 @@ def test_size_flags_take_whole_numbers_written_as_in_yaml(tmp_path, capsys):
         main(["--quiet", "train-tokenizer", "--input", str(out), "--out-prefix", str(tmp_path / "t"),
               "--vocab-size", "300.5"])
     assert "expected a whole number, got '300.5'" in capsys.readouterr().err
+
+
+def test_a_vocabulary_smaller_than_the_corpus_characters_names_the_size_needed(tmp_path, text_file, capsys):
+    """sentencepiece's own message leaked C++ source lines and named --character_coverage, a flag this
+    command does not have."""
+    assert main(["--quiet", "train-tokenizer", "--input", str(text_file), "--out-prefix", str(tmp_path / "t"),
+                 "--vocab-size", "20"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: vocab_size 20: below the ") and "pieces this corpus needs" in err, err
+    assert "trainer_interface" not in err and "character_coverage" not in err and err.count("\n") == 1
