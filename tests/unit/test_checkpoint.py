@@ -542,3 +542,56 @@ def test_a_link_planted_at_the_temporary_name_is_not_written_through(tmp_path):
     assert victim.read_text() == "mine"
     assert (run / "latest").read_text() == "step_00000100" and not (run / "latest").is_symlink()
     assert sorted(p.name for p in run.iterdir()) == ["latest"]
+
+
+# ----------------------------------------------------------------------------- found by a mutation audit
+def test_files_of_a_rank_beyond_the_world_still_get_one_reader():
+    """A resume at a smaller world (4 saving ranks, 2 now): rng/rank_00003.pt names a rank that does
+    not exist; its check goes round-robin to a rank that does, or no rank would verify it."""
+    names = [f"rng/rank_{rank:05d}.pt" for rank in range(4)]
+    owners = ckpt.reader_ranks(names, 2, None)
+    assert set(owners) == set(names) and all(owner in range(2) for owner in owners.values())
+    assert owners["rng/rank_00000.pt"] == 0 and owners["rng/rank_00001.pt"] == 1
+    assert owners["rng/rank_00003.pt"] == names.index("rng/rank_00003.pt") % 2
+
+
+def test_prune_removes_an_incomplete_tag_older_than_latest_but_not_a_newer_one(tmp_path):
+    """A tag directory without COMPLETE below ``latest`` is what a crashed save (an older version's,
+    written in place) left: optimizer-sized and never loadable, it goes. One above ``latest`` is not
+    this line's to judge (the abandoned run's after a rollback) and stays."""
+    for name, complete in (("step_00000001", True), ("step_00000003", False), ("step_00000005", True),
+                           ("step_00000007", False)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights.txt").write_text("x")
+        if complete:
+            (tmp_path / name / ckpt.COMPLETE).write_text("x")
+    (tmp_path / ckpt.LATEST).write_text("step_00000005")
+    ckpt._prune(tmp_path, 3, "step_00000005")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_00000001", "step_00000005",
+                                                                        "step_00000007"]
+
+
+def test_atomic_write_text_syncs_the_temporary_before_renaming_it(tmp_path, monkeypatch):
+    """``latest`` / COMPLETE / meta.json: the rename must not reach the disk before the data, or a
+    power loss leaves ``latest`` (or a COMPLETE marker) empty, naming no checkpoint."""
+    events: list = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.realpath(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fsync(fd)
+
+    def replace(src, dst, *args, **kwargs):
+        events.append(("replace", os.path.realpath(src), os.path.realpath(dst)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "latest"
+    ckpt.atomic_write_text(target, "step_00000100")
+    monkeypatch.undo()
+    replaces = [e for e in events if e[0] == "replace" and e[2] == str(target.resolve())]
+    assert len(replaces) == 1
+    temporary = replaces[0][1]
+    assert ("fsync", temporary) in events[:events.index(replaces[0])]
+    assert target.read_text() == "step_00000100"

@@ -418,3 +418,68 @@ def test_warmups_that_a_run_never_finishes_are_named():
     assert unreached_warmups(short) == [
         "optimizer.warmup_steps = 41 > train.train_steps = 20: the learning rate never reaches optimizer.lr = 0.0003 "
         "in this run"]
+
+
+# ----------------------------------------------------------------------------- boundaries found unpinned
+@pytest.mark.parametrize("text,path", [
+    ("train:\n  micro_batch_size: true\n", "train.micro_batch_size"),
+    ("model:\n  vocab_size: true\n", "model.vocab_size"),  # Optional[int]: the inner int refuses it too
+])
+def test_a_bool_is_not_an_int(tmp_path, text, path):
+    """YAML `true` is a Python int subclass: without the bool guard `micro_batch_size: true` trained
+    with a micro-batch of 1 and `vocab_size: true` with one token, no error."""
+    message = _error(tmp_path, text)
+    assert f"{path}: expected int" in message and "True" in message
+
+
+def test_an_override_value_may_hold_an_equals_sign():
+    """Only the first '=' separates the key: a URL template with a query string (?a=b) is the value."""
+    from ascender_dist.config.loader import parse_override
+
+    assert parse_override("data.url_template=a?b=c") == {"data": {"url_template": "a?b=c"}}
+    assert parse_override("name=x=y=z") == {"name": "x=y=z"}
+
+
+@pytest.mark.parametrize("path", [
+    "model.num_layers", "model.hidden_size", "model.num_attention_heads", "model.seq_length",
+    "train.micro_batch_size", "train.global_batch_size", "train.train_steps",
+    "parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size",
+    "model.make_vocab_size_divisible_by", "logging.log_interval", "parallel.distributed_timeout_minutes",
+])
+def test_a_size_of_zero_is_refused_by_name(tmp_path, path):
+    """0 is the boundary: a size of 0 passed on to a ZeroDivisionError or an empty model deep inside
+    the build, instead of one line naming the field."""
+    section, name = path.split(".")
+    assert _error(tmp_path, f"{section}:\n  {name}: 0\n") == f"{tmp_path / 'run.yaml'}: {path}: must be >= 1 (got 0)"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("optimizer:\n  beta1: 1.0\n", "optimizer.beta1: must be in [0, 1) (got 1.0)"),  # Adam's bias correction 1/(1-1)
+    ("optimizer:\n  beta2: 1.0\n", "optimizer.beta2: must be in [0, 1) (got 1.0)"),
+    ("model:\n  hidden_dropout: 1.0\n", "model.hidden_dropout: must be in [0, 1) (got 1.0)"),  # drops everything
+    ("model:\n  attention_dropout: 1.0\n", "model.attention_dropout: must be in [0, 1) (got 1.0)"),
+    # 1.0: every step above the running mean would skip
+    ("train:\n  loss_spike_factor: 1.0\n", "train.loss_spike_factor: must be 0 (off) or > 1 (got 1.0)"),
+    ("train:\n  seed: 9223372036854775000\n", "train.seed: must be in [0, 2**63 - 2**20)"),  # megatron adds offsets
+    ("data:\n  url_template: 'pipe:cat {name}.{x}'\n", "data.url_template: must contain {name} (the shard file name) "
+                                                         "and no other field"),
+    ("data:\n  url_template: '{name}{0}'\n", "data.url_template: must contain {name} (the shard file name) and no "
+                                              "other field"),
+], ids=lambda v: v.split(":")[0] if isinstance(v, str) and not v.endswith("\n") else None)
+def test_the_edge_values_of_ranges_are_refused(tmp_path, text, expected):
+    """Each bound is exactly where the check says: the first value outside it is refused by name (a
+    second field in a URL template is a KeyError per shard at load time, not one line at start-up)."""
+    assert expected in _error(tmp_path, text)
+
+
+@pytest.mark.parametrize("field", ["checkpoint.init_from", "checkpoint.dir", "output_dir"])
+@pytest.mark.parametrize("blank", [" ", "\t"])
+def test_a_blank_path_is_as_empty_as_an_empty_one(tmp_path, field, blank):
+    """`--set checkpoint.init_from="$W "` with W unset is only whitespace: no file of that name is
+    meant, and the run would otherwise train from random weights or write into the default folder."""
+    import json
+
+    *sections, name = field.split(".")
+    value = json.dumps(blank)  # a YAML double-quoted string: " " or "\\t"
+    text = f"{sections[0]}:\n  {name}: {value}\n" if sections else f"{name}: {value}\n"
+    assert f"{field}: is empty ({blank!r})" in _error(tmp_path, text)

@@ -152,6 +152,15 @@ def test_batch_geometry_is_checked(uneven):
         loader(uneven, dp_rank=2, dp_size=2)
 
 
+def test_the_global_batch_must_split_over_every_data_parallel_rank(uneven):
+    """6 samples over 4 ranks of micro-batch 1: divisible by the micro-batch alone, but the ranks
+    would disagree on the number of micro-batches per step (a hang in the gradient all-reduce)."""
+    with pytest.raises(DataError, match=r"global_batch_size 6 is not divisible by micro_batch_size \* dp_size "
+                                        r"= 1 \* 4"):
+        loader(uneven, global_batch_size=6, micro_batch_size=1, dp_size=4)
+    loader(uneven, global_batch_size=8, micro_batch_size=1, dp_size=4)  # 2 micro-batches per rank: fine
+
+
 def test_batches_are_long_tensors_of_seq_plus_one(uneven):
     b = next(iter(loader(uneven, with_index=True)))
     assert b["tokens"].dtype.is_floating_point is False and str(b["tokens"].dtype) == "torch.int64"

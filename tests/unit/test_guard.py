@@ -104,3 +104,29 @@ def test_the_guard_keeps_the_worst_micro_batch_loss_of_a_step():
     assert guard.take_worst() == -math.inf  # forgotten once taken
     guard.is_bad(float("nan"))
     assert guard.take_worst() == math.inf  # a NaN reports as inf: max() would drop it
+
+
+def test_a_restarted_job_goes_on_counting_the_row():
+    """The row is checkpointed: a job restarted inside it continues it (the next rollback goes older,
+    and the bound still stops it) instead of getting max_rollbacks fresh tries on every restart."""
+    before = RollbackPolicy(max_rollbacks=2)
+    assert before.next_target(12, [3, 6, 9]) == 9
+    state = before.state_dict()
+    assert "max_rollbacks" not in state  # the bound comes from the (possibly changed) config
+    after = RollbackPolicy(max_rollbacks=2)
+    after.load_state_dict(state)
+    assert (after.in_a_row, after.trigger_step, after.target_step) == (1, 12, 9)
+    assert after.next_target(12, [3, 6, 9]) == 6  # a repeat: older than the previous target
+    assert after.next_target(12, [3, 6, 9]) is None  # the bound, counted across the restart
+
+
+def test_an_earlier_bad_step_does_not_move_the_trigger_back():
+    """A repeat triggered by bad steps ending before the first trigger (12, then 10): the row ends only
+    with a save past 12, the furthest trouble; a save at 11 is not past it."""
+    policy = RollbackPolicy(max_rollbacks=3)
+    assert policy.next_target(12, [3, 6, 9]) == 9
+    assert policy.next_target(10, [3, 6, 9]) == 6
+    assert policy.trigger_step == 12
+    policy.saved(11)
+    assert policy.in_a_row == 2 and policy.trigger_step == 12
+    assert policy.next_target(12, [3, 6, 9]) == 3  # still a repeat: older again

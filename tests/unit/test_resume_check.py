@@ -141,3 +141,73 @@ def test_a_run_that_does_not_resume_refuses_a_folder_with_checkpoints(tmp_path):
                                           r"\(newest step_00000004\)"):
         _refuse_fresh_start_over_checkpoints(fresh, tmp_path)
     _refuse_fresh_start_over_checkpoints(config_from_dict({}), tmp_path)  # auto_resume: true resumes there
+
+
+# ----------------------------------------------------------------------------- found by a mutation audit
+@pytest.mark.parametrize("section,name,value", [("ascender", "k", 8), ("connection", "num_slots", 16)])
+def test_a_changed_layer_setting_is_named_by_its_dotted_path(tmp_path, manifest, section, name, value):
+    """The architectures' own settings are nested mappings (model.ascender.*, model.connection.*):
+    they shape the weights as much as hidden_size does, so a change there is refused by its full
+    path with both values, not resumed into a model the checkpoint never trained."""
+    cfg = _cfg(manifest)
+    _tag(tmp_path, cfg)
+    before = getattr(getattr(cfg.model, section), name)
+    with pytest.raises(ConfigError) as info:
+        check_resume(_cfg(manifest, **{section: {name: value}}), tmp_path, "step_00000005", log_it=False)
+    assert str(info.value).startswith(f"model.{section}.{name}: checkpoint {tmp_path / 'step_00000005'} has "
+                                      f"{before!r}, the config has {value!r}; ")
+
+
+def test_a_second_change_of_data_keeps_the_first_in_the_record(tmp_path, manifest):
+    """data_changes is the run's history: a resume on changed data appends to what the checkpoint
+    recorded (oldest first), it does not replace it; else the first change is lost from every later
+    checkpoint's meta.json."""
+    cfg = config_from_dict({"data": {"manifest": str(manifest), "allow_change_on_resume": True},
+                            "model": {"hidden_size": 64}})
+    old = data_fingerprint(cfg)
+    earlier = {"step": 2, "from": "0" * 64, "to": old, "manifests": str(manifest)}
+    _tag(tmp_path, cfg, data_fingerprint=old, data_changes=[earlier])
+    assert check_resume(cfg, tmp_path, "step_00000005", log_it=False)["data_changes"] == [earlier]  # unchanged data
+    manifest.write_text('{"shards": [2]}')
+    record = check_resume(cfg, tmp_path, "step_00000005", log_it=False)
+    assert record["data_changes"] == [earlier, {"step": 5, "from": old, "to": data_fingerprint(cfg),
+                                                "manifests": str(manifest)}]
+
+
+# every ModelConfig field but these changes what the weights mean; a field added to the exempt set
+# must be one of these (a test change, reviewed), never a weight-shaping one slipped in
+_EXEMPT = {"preset", "hidden_dropout", "attention_dropout", "init_method_std"}
+_NESTED = {"ascender", "connection"}  # compared field by field (the test above)
+_BASE_MODEL = {"hidden_size": 64, "ascender": {"d_z": 8, "d_a": 8}}  # 16-wide heads: valid for every architecture
+_ALTERNATIVES = {"architecture": "ascender", "layer_pattern": "AS", "num_layers": 4, "hidden_size": 128,
+                 "num_attention_heads": 8, "num_query_groups": 2, "ffn_hidden_size": 128, "seq_length": 64,
+                 "vocab_size": 1000, "make_vocab_size_divisible_by": 64, "position_embedding_type": "learned_absolute",
+                 "rotary_base": 500000, "normalization": "RMSNorm", "activation": "swiglu", "add_bias_linear": False,
+                 "untie_embeddings_and_output_weights": True, "layernorm_epsilon": 1e-6}
+
+
+def _weight_shaping_fields() -> list[str]:
+    import dataclasses
+
+    from ascender_dist.config.schema import ModelConfig
+
+    return [f.name for f in dataclasses.fields(ModelConfig) if f.name not in _EXEMPT | _NESTED]
+
+
+@pytest.mark.parametrize("field", _weight_shaping_fields())
+def test_every_weight_shaping_model_field_is_compared_on_resume(tmp_path, manifest, field):
+    """A resume with another position embedding, norm, activation, ... would load tensors into a
+    model that uses them differently (or not at all) and train on silently; each such field of
+    ModelConfig (listed from the dataclass, so a new field is covered too) is refused by name."""
+    from ascender_dist.config import validate
+
+    assert field in _ALTERNATIVES, f"give model.{field} a valid alternative value in _ALTERNATIVES"
+    base = config_from_dict({"data": {"manifest": str(manifest)}, "model": _BASE_MODEL})
+    changed = config_from_dict({"data": {"manifest": str(manifest)},
+                                "model": {**_BASE_MODEL, field: _ALTERNATIVES[field]}})
+    validate(changed)  # a real config, not one refused for another reason
+    _tag(tmp_path, base)
+    with pytest.raises(ConfigError) as info:
+        check_resume(changed, tmp_path, "step_00000005", log_it=False)
+    assert str(info.value).startswith(f"model.{field}: checkpoint {tmp_path / 'step_00000005'} has "
+                                      f"{getattr(base.model, field)!r}, the config has {_ALTERNATIVES[field]!r}")
