@@ -483,3 +483,13 @@ def test_a_blank_path_is_as_empty_as_an_empty_one(tmp_path, field, blank):
     value = json.dumps(blank)  # a YAML double-quoted string: " " or "\\t"
     text = f"{sections[0]}:\n  {name}: {value}\n" if sections else f"{name}: {value}\n"
     assert f"{field}: is empty ({blank!r})" in _error(tmp_path, text)
+
+
+@pytest.mark.parametrize("field", ["output_dir", "checkpoint.dir", "checkpoint.init_from", "data.manifest",
+                                   "data.tokenizer"])
+def test_a_path_starting_with_a_tilde_is_refused_not_made_a_directory_named_tilde(tmp_path, field):
+    """output_dir=~/run (YAML or --set: no shell expands it) made a directory literally named '~' in
+    the working directory; a later `rm -rf ~` to clean it up would remove the home directory."""
+    *sections, name = field.split(".")
+    text = f"{sections[0]}:\n  {name}: ~/run\n" if sections else f"{name}: ~/run\n"
+    assert f"{field}: '~/run' starts with '~', which is not expanded here: write the full path" in _error(tmp_path, text)
