@@ -747,8 +747,13 @@ def _load_rng(rng_dir: Path, meta: dict) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    """The exception's type and first line, and its second when the first only announces it
+    (torch's "Error(s) in loading state_dict for X:" then "size mismatch for ...")."""
+    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    head = text[0] if text else ""
+    if head.endswith(":") and len(text) > 1:
+        head = f"{head} {text[1]}"
+    return f"{type(exc).__name__}: {head}"
 
 
 def read_meta(checkpoint_dir: Path, tag: str) -> dict:

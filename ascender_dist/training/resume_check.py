@@ -96,21 +96,25 @@ def _check_data_tokenizer(cfg: RunConfig, meta: dict, tag_dir: Path, data_sha256
                              "needs a new run (another checkpoint.dir)")
 
 
-def _saved_model(tag_dir: Path) -> Optional[dict]:
+def _saved_model(tag_dir: Path) -> dict:
+    """The model section of the config a checkpoint was saved with (every save writes config.yaml:
+    without it the resume could not tell a model of other shapes until loading failed)."""
     path = tag_dir / "config.yaml"
     if not path.is_file():
-        return None
+        raise CheckpointError(f"{path}: missing (every save writes it): the model this checkpoint was trained "
+                              "with cannot be checked")
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise CheckpointError(f"{path}: unreadable ({type(exc).__name__})") from None
-    return saved.get("model") if isinstance(saved, dict) else None
+    if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
+        raise CheckpointError(f"{path}: holds no model section (empty or not a run config): the model this "
+                              "checkpoint was trained with cannot be checked")
+    return saved["model"]
 
 
 def check_model(cfg: RunConfig, tag_dir: Path) -> None:
     saved = _saved_model(tag_dir)
-    if saved is None:
-        return
     ours, theirs = _flatten(to_dict(cfg)["model"], "model."), _flatten(saved, "model.")
     differ = [key for key in ours if key in theirs and ours[key] != theirs[key]
               and key.removeprefix("model.") not in EXEMPT_MODEL_FIELDS]

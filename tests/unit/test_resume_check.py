@@ -211,3 +211,34 @@ def test_every_weight_shaping_model_field_is_compared_on_resume(tmp_path, manife
         check_resume(changed, tmp_path, "step_00000005", log_it=False)
     assert str(info.value).startswith(f"model.{field}: checkpoint {tmp_path / 'step_00000005'} has "
                                       f"{getattr(base.model, field)!r}, the config has {_ALTERNATIVES[field]!r}")
+
+
+@pytest.mark.parametrize("content", [None, "", "name: x\n"], ids=["missing", "empty", "no-model"])
+def test_a_checkpoint_without_its_config_is_refused_before_loading(tmp_path, manifest, content):
+    """With config.yaml missing or empty the model check was skipped: a resume into another model
+    shape failed later inside DeepSpeed's load, reported as 'unreadable (RuntimeError: Error(s) in
+    loading state_dict for LanguageModel:)' with the mismatch itself cut off."""
+    from ascender_dist.training.checkpoint import CheckpointError
+
+    cfg = _cfg(manifest)
+    tag = _tag(tmp_path, cfg)
+    if content is None:
+        (tag / "config.yaml").unlink()
+    else:
+        (tag / "config.yaml").write_text(content)
+    with pytest.raises(CheckpointError) as info:
+        check_resume(cfg, tmp_path, "step_00000005", log_it=False)
+    assert str(info.value).startswith(f"{tag / 'config.yaml'}: ")
+    assert "the model this checkpoint was trained with cannot be checked" in str(info.value)
+
+
+def test_a_load_error_keeps_the_line_that_says_what_failed():
+    from ascender_dist.training.checkpoint import _first_line
+
+    exc = RuntimeError("Error(s) in loading state_dict for LanguageModel:\n\tsize mismatch for embedding.weight: "
+                       "copying a param with shape torch.Size([512, 64]) from checkpoint, the shape in current model "
+                       "is torch.Size([512, 128]).")
+    assert _first_line(exc) == ("RuntimeError: Error(s) in loading state_dict for LanguageModel: size mismatch for "
+                                "embedding.weight: copying a param with shape torch.Size([512, 64]) from checkpoint, "
+                                "the shape in current model is torch.Size([512, 128]).")
+    assert _first_line(ValueError("one line\nmore")) == "ValueError: one line"
