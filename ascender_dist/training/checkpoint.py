@@ -197,7 +197,11 @@ def latest_tag(checkpoint_dir: Path) -> Optional[str]:
     if (Path(checkpoint_dir) / (tag + REPLACED) / COMPLETE).is_file():  # a save crashed mid-swap
         log.warning("%s: %s is being replaced; reading the complete copy %s%s", pointer, tag, tag, REPLACED)
         return tag + REPLACED
-    raise CheckpointError(f"{pointer}: names {tag!r}, which has no {COMPLETE} marker (corrupt checkpoint dir)")
+    found = complete_tags(checkpoint_dir)
+    newest = f"; newest complete checkpoint: {found[-1]}" if found else "; no complete checkpoint"
+    if not tag or not (Path(checkpoint_dir) / tag).is_dir():
+        raise CheckpointError(f"{pointer}: names {tag!r}, which does not exist{newest}")
+    raise CheckpointError(f"{pointer}: names {tag!r}, which has no {COMPLETE} marker (corrupt checkpoint dir){newest}")
 
 
 def _first_save_tag(checkpoint_dir: Path) -> Optional[str]:

@@ -595,3 +595,25 @@ def test_atomic_write_text_syncs_the_temporary_before_renaming_it(tmp_path, monk
     temporary = replaces[0][1]
     assert ("fsync", temporary) in events[:events.index(replaces[0])]
     assert target.read_text() == "step_00000100"
+
+
+def test_latest_naming_a_missing_or_empty_tag_says_so_and_names_the_newest_complete_one(tmp_path):
+    """'latest' naming a tag that does not exist (or nothing) was reported as 'has no COMPLETE marker
+    (corrupt checkpoint dir)' for a directory that is not there, and named no way out."""
+    from ascender_dist.training.checkpoint import COMPLETE, LATEST, CheckpointError, latest_tag
+
+    good = tmp_path / "step_00000004"
+    good.mkdir()
+    (good / COMPLETE).write_text("")
+    for named in ("step_00000099", ""):
+        (tmp_path / LATEST).write_text(named + "\n")
+        with pytest.raises(CheckpointError) as info:
+            latest_tag(tmp_path)
+        assert str(info.value) == (f"{tmp_path / LATEST}: names {named!r}, which does not exist; newest complete "
+                                   "checkpoint: step_00000004")
+    (tmp_path / "step_00000006").mkdir()  # there, but never completed
+    (tmp_path / LATEST).write_text("step_00000006\n")
+    with pytest.raises(CheckpointError) as info:
+        latest_tag(tmp_path)
+    assert str(info.value) == (f"{tmp_path / LATEST}: names 'step_00000006', which has no {COMPLETE} marker (corrupt "
+                               "checkpoint dir); newest complete checkpoint: step_00000004")
