@@ -697,3 +697,15 @@ def test_a_dataset_built_with_other_settings_is_not_reused(tmp_path):
     ensure_dataset({**spec, "samples_per_shard": 256})  # the default, spelled out
     with pytest.raises(AblationError, match=r"corpus_bytes 3000000, the grid asks for 1000000"):
         ensure_dataset({**spec, "corpus_bytes": "1000000"})  # numbers as numbers
+
+
+def test_only_keeps_the_baseline_and_the_variants_compared_to_as_its_help_says(tmp_path):
+    """--only asc dropped the baseline, and the grid file was blamed ("baseline: 'gpt' is not a variant")."""
+    variants = {"gpt": {}, "asc": {"model.architecture": "ascender"}, "asc8": {"model.architecture": "ascender",
+                                                                                "model.ascender.k": 8},
+                "other": {"model.architecture": "ascender", "model.ascender.k": 2}}
+    path = _write_grid(tmp_path, variants=variants, baseline="gpt", compare_to=["asc"])
+    assert [v.name for v in load_grid(path, only=["asc8"]).variants] == ["gpt", "asc", "asc8"]
+    assert [v.name for v in load_grid(path, only=["gpt"]).variants] == ["gpt", "asc"]
+    with pytest.raises(ConfigError, match=r"--only nope: no such variant"):
+        load_grid(path, only=["nope"])

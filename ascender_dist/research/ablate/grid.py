@@ -323,7 +323,10 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
         missing = [o for o in only if o not in names]
         if missing:
             raise ConfigError(f"--only {missing[0]}", f"no such variant; variants: {', '.join(sorted(names))}")
-        variants = [v for v in variants if v.name in only]
+        refs = raw.get("compare_to") or []  # what the chosen variants are reported against runs too
+        keep = set(only) | {str(raw.get("baseline", variants[0].name))} | {str(r) for r in
+                                                                            ([refs] if isinstance(refs, str) else refs)}
+        variants = [v for v in variants if v.name in keep]
     seed_list = _parse_seeds(list(seeds), "--seeds") if seeds is not None else _parse_seeds(raw.get("seeds", [1]),
                                                                                            f"{src}: seeds")
     baseline = raw.get("baseline", variants[0].name)
