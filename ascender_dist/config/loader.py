@@ -156,8 +156,10 @@ def read_yaml_file(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(str(path), "is a directory, not a config file")
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(str(path), "config file not found")
+    if not path.is_file():  # a FIFO, a device such as /dev/null, a socket: no config file to read
+        raise ConfigError(str(path), "not a regular file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

@@ -293,6 +293,21 @@ def test_integers_a_library_cannot_hold_are_refused(tmp_path, text, expected):
     assert expected in _error(tmp_path, text)
 
 
+def test_a_fifo_or_device_is_not_a_config_file_and_a_missing_one_is_not_found(tmp_path):
+    """/dev/null or a FIFO was reported as 'config file not found', although it exists."""
+    import os
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/null")):
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert str(info.value) == f"{path}: not a regular file"
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "nope.yaml")
+    assert str(info.value) == f"{tmp_path / 'nope.yaml'}: config file not found"
+
+
 def test_a_directory_is_not_a_config(tmp_path):
     with pytest.raises(ConfigError, match="is a directory, not a config file"):
         load_config(tmp_path)
