@@ -291,14 +291,51 @@ _COMMANDS = {"build-corpus": _cmd_build_corpus, "train-tokenizer": _cmd_train_to
              "shard": _cmd_shard, "merge": _cmd_merge, "inspect": _cmd_inspect}
 
 
+class _Terminated(BaseException):
+    """SIGTERM in the main process, raised so that every ``finally`` removes its temporary files."""
+
+
+def _terminate_with_cleanup(main_pid: int):
+    """A SIGTERM handler (what timeout, scancel and docker stop send): in the main process it raises
+    _Terminated; a forked worker that inherited it dies as SIGTERM's default would have it."""
+    import os
+    import signal
+
+    def handler(signum, frame):
+        if os.getpid() != main_pid:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise _Terminated()
+
+    return handler
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point (``data-pipeline`` / ``python -m data_pipeline``); returns the exit status."""
+    """Entry point (``data-pipeline`` / ``python -m data_pipeline``); returns the exit status.
+    SIGTERM and Ctrl-C end a command through its cleanup (no temporary directory left, nothing
+    published) with one line, not a traceback: exit 143 / 130."""
+    import os
+    import signal
+    import threading
+
     args = _parser().parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        previous = signal.signal(signal.SIGTERM, _terminate_with_cleanup(os.getpid()))
     try:
         return _COMMANDS[args.command](args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (_Terminated, KeyboardInterrupt) as e:
+        name, status = ("SIGTERM", 143) if isinstance(e, _Terminated) else ("SIGINT", 130)
+        print(f"error: data-pipeline {args.command}: stopped by {name} (its temporary files were removed)",
+              file=sys.stderr)
+        return status
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -244,3 +244,31 @@ def test_a_vocabulary_smaller_than_the_corpus_characters_names_the_size_needed(t
     err = capsys.readouterr().err
     assert err.startswith("error: vocab_size 20: below the ") and "pieces this corpus needs" in err, err
     assert "trainer_interface" not in err and "character_coverage" not in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("signame,status", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_stopped_shard_run_removes_its_temporary_directory_in_one_line(tmp_path, text_file, signame, status):
+    """SIGTERM (timeout, scancel, docker stop) left OUT/.shards-tmp-* behind, SIGINT printed a
+    KeyboardInterrupt traceback. The input is a FIFO nobody writes: the run waits in open()."""
+    import os
+    import signal
+    import time
+
+    from data_pipeline.tokenizer import train_tokenizer
+
+    model = train_tokenizer([text_file], tmp_path / "tok", 400, progress=False)
+    fifo, out = tmp_path / "in.txt", tmp_path / "ds"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "data_pipeline", "--quiet", "shard", "--input", str(fifo),
+                             "--tokenizer", str(model), "--seq-length", "16", "--out-dir", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # xdist workers ignore it
+    deadline = time.monotonic() + 60
+    while not list(out.glob(".shards-tmp-*")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert list(out.glob(".shards-tmp-*")), "the run never made its temporary directory"
+    proc.send_signal(getattr(signal, signame))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == status
+    assert err == f"error: data-pipeline shard: stopped by {signame} (its temporary files were removed)\n"
+    assert not list(out.glob(".shards-tmp-*"))
