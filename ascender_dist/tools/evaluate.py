@@ -244,8 +244,9 @@ def check_validation_input(run: Run) -> None:
     one-line EvaluationError naming the run otherwise."""
     if not run.manifest:
         raise EvaluationError(f"{run.name}: no validation data (the run names no data.manifest; pass --manifest)")
-    if not run.seq_length:
-        raise EvaluationError(f"{run.name}: unknown sequence length")
+    if not run.seq_length:  # only an export can lack it: a consolidated config.yaml always has model.seq_length
+        raise EvaluationError(f"{run.path / 'config.json'}: no max_position_embeddings (nor n_positions): the "
+                              f"sequence length of {run.name} is unknown")
 
 
 def validation_loss(run: Run, model, batch_size: int = 8, max_samples: Optional[int] = None,

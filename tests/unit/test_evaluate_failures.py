@@ -281,3 +281,12 @@ def test_a_non_finite_validation_loss_is_an_error_not_a_nan_in_results(tmp_path)
     assert str(info.value) == (f"{run.path}: diverged's validation loss is nan (non-finite weights or logits)")
     finite = ev.validation_loss(run, lambda tokens: model(tokens, 0.0), max_samples=2)
     assert finite["val_loss"] == pytest.approx(math.log(640))
+
+
+def test_an_export_without_a_sequence_length_names_its_config_json(tmp_path):
+    """'hx: unknown sequence length' named neither the file nor the key that was missing."""
+    run = ev.Run("hx", tmp_path / "hx", "hf", manifest=str(tmp_path / "m.json"))
+    with pytest.raises(ev.EvaluationError) as info:
+        ev.check_validation_input(run)
+    assert str(info.value) == (f"{tmp_path / 'hx' / 'config.json'}: no max_position_embeddings (nor n_positions): "
+                               "the sequence length of hx is unknown")
