@@ -272,7 +272,7 @@ def reshard_cmd(args: argparse.Namespace) -> None:
         check_reshard_tokenizer(cfg, meta, Path(args.consolidated) / "meta.json")
         # a --set of a model field the weights do not have (num_query_groups ...): named here, not by
         # every rank as checkpoint.init_from after the launch
-        check_weights_fit_config(state, cfg, meta, Path(args.consolidated))
+        check_weights_fit_config(state, cfg, meta, Path(args.consolidated), args.overrides)
         del state
         p = cfg.parallel
         world = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * args.data_parallel

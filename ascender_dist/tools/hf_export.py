@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -229,14 +230,17 @@ def _check_against_model(hf_state: dict, config, where, described_by: str = "the
         raise ConversionError(where, f"weights do not fit {described_by}: " + "; ".join(p for p in problems if p))
 
 
-def check_weights_fit_config(state: dict, cfg, meta: dict, directory: Path) -> None:
+def check_weights_fit_config(state: dict, cfg, meta: dict, directory: Path, overrides: Sequence[str] = ()) -> None:
     """The consolidated weights of ``directory`` are exactly the tensors, with their shapes, of the model
     its config.yaml describes (built on the meta device: nothing allocated). Every consumer of a
     consolidated directory runs this before building or writing anything: a config.yaml edited by
     hand (ffn_hidden_size...) or weights of another run is then one line naming the first wrong
     tensor and the config file, not a size-mismatch traceback from load_state_dict nor an export
-    that transformers refuses to load."""
+    that transformers refuses to load. ``overrides``: the ``--set`` texts applied to that config
+    (reshard); those of model fields are named with it."""
     directory = Path(directory)
+    model_sets = [text for text in overrides if text.split("=", 1)[0].strip().startswith("model.")]
+    described = f"the model of {directory / 'config.yaml'}" + "".join(f" with --set {t}" for t in model_sets)
     embedding = state.get("embedding.word_embeddings.weight")
     if embedding is None or embedding.dim() != 2:
         raise ConversionError(directory / "model.safetensors", "no 2-d embedding.word_embeddings.weight tensor: "
@@ -247,8 +251,7 @@ def check_weights_fit_config(state: dict, cfg, meta: dict, directory: Path) -> N
                               f"{directory / 'config.yaml'} ties the output layer to the embedding "
                               "(model.untie_embeddings_and_output_weights: false): weights of another run?")
     config = remote_code_config(cfg, meta, embedding.shape[0], tied)
-    _check_against_model(remote_code_state(state, config), config, directory / "model.safetensors",
-                         f"the model of {directory / 'config.yaml'}")
+    _check_against_model(remote_code_state(state, config), config, directory / "model.safetensors", described)
 
 
 def write_remote_code(state: dict, cfg, meta: dict, out: Path, special_ids: dict | None, where) -> str:

@@ -225,7 +225,8 @@ def test_reshard_refuses_a_model_override_the_weights_do_not_fit_before_launchin
     assert main(["reshard", "--consolidated", str(consolidated), "--out", str(out),
                  "--set", "model.ffn_hidden_size=128"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {consolidated / 'model.safetensors'}: weights do not fit the model of "), err
+    assert err.startswith(f"error: {consolidated / 'model.safetensors'}: weights do not fit the model of "
+                          f"{consolidated / 'config.yaml'} with --set model.ffn_hidden_size=128"), err  # the culprit
     assert "linear_fc1.weight has shape (256, 64), the model needs (128, 64)" in err, err
     assert "\n" not in err and not out.exists()
 
