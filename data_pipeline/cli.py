@@ -222,6 +222,9 @@ def _print_manifest(m) -> None:
 
 
 def _cmd_inspect(args) -> int:
+    for flag in ("top", "sample"):  # a negative count would slice from the end: all rows but one
+        if getattr(args, flag) < 0:
+            raise DataError(f"--{flag}", f"must be >= 0 (got {getattr(args, flag)})")
     summary = inspect_dataset(args.dataset, tokenizer=args.tokenizer, split=args.split, sample=args.sample,
                               top=args.top, progress=not args.quiet)
     if args.json:

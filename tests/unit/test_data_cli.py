@@ -272,3 +272,10 @@ def test_a_stopped_shard_run_removes_its_temporary_directory_in_one_line(tmp_pat
     assert proc.returncode == status
     assert err == f"error: data-pipeline shard: stopped by {signame} (its temporary files were removed)\n"
     assert not list(out.glob(".shards-tmp-*"))
+
+
+def test_inspect_refuses_negative_counts(tmp_path, capsys):
+    """inspect --top -1 listed every row but one (a slice from the end) instead of refusing."""
+    for flag in ("--top", "--sample"):
+        assert main(["--quiet", "inspect", str(tmp_path), flag, "-1"]) == 2
+        assert capsys.readouterr().err == f"error: {flag}: must be >= 0 (got -1)\n"

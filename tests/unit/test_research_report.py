@@ -178,6 +178,12 @@ def test_tables_refuses_a_missing_or_corrupt_per_sequence_file_without_rewriting
     assert "--n-resamples must be >= 1 (got 0)" in capsys.readouterr().err
 
 
+def test_tables_index_refuses_a_grids_folder_that_is_not_there(tmp_path, capsys):
+    """--grids /nonexistent was ignored: the index then listed no grid as not run."""
+    assert ablate.main.tables_main([str(tmp_path), "--index", "--grids", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err == f"error: --grids {tmp_path / 'nope'}: not a directory of grid YAMLs\n"
+
+
 def test_plotting_without_matplotlib_names_the_extra():
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "from ascender_dist.plotting import pyplot\npyplot()")

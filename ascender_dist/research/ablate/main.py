@@ -189,6 +189,9 @@ def tables_main(argv: Optional[Sequence[str]] = None) -> int:
     setup_cli_logging()
     directory = Path(args.directory)
     if args.index:
+        if not Path(args.grids).is_dir():  # the index lists the grids not run from there: none would be listed
+            print(f"error: --grids {args.grids}: not a directory of grid YAMLs", file=sys.stderr)
+            return 2
         return _index_main(directory, Path(args.grids))
     if not (directory / "results.json").is_file():
         print(f"error: {directory / 'results.json'}: not found (a report directory written by ablate)",
