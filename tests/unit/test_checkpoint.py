@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ascender_dist.training import checkpoint as ckpt
+from tests.helpers.fs_events import record_syncs_renames_and_deletes
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
 
 
@@ -574,19 +575,7 @@ def test_prune_removes_an_incomplete_tag_older_than_latest_but_not_a_newer_one(t
 def test_atomic_write_text_syncs_the_temporary_before_renaming_it(tmp_path, monkeypatch):
     """``latest`` / COMPLETE / meta.json: the rename must not reach the disk before the data, or a
     power loss leaves ``latest`` (or a COMPLETE marker) empty, naming no checkpoint."""
-    events: list = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(fd):
-        events.append(("fsync", os.path.realpath(os.readlink(f"/proc/self/fd/{fd}"))))
-        return real_fsync(fd)
-
-    def replace(src, dst, *args, **kwargs):
-        events.append(("replace", os.path.realpath(src), os.path.realpath(dst)))
-        return real_replace(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
+    events = record_syncs_renames_and_deletes(monkeypatch)
     target = tmp_path / "latest"
     ckpt.atomic_write_text(target, "step_00000100")
     monkeypatch.undo()

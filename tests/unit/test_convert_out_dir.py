@@ -11,6 +11,7 @@ import yaml
 
 from ascender_dist.cli import main
 from tests.helpers.errors import one_line as _one_line
+from tests.helpers.fs_events import record_syncs_renames_and_deletes
 from ascender_dist.config.resolve import config_from_dict
 from ascender_dist.tools.convert import (ConversionError, check_consolidate_out, consolidate, is_consolidated_output,
                                          read_consolidated, resolve_tag, write_consolidated)
@@ -360,35 +361,7 @@ def test_a_write_error_is_one_line_and_leaves_no_temporary_directory(consolidate
     _no_leftovers(tmp_path, "hf")
 
 
-
 # ----------------------------------------------------------------------------- durability before the old output goes
-def _record_syncs_renames_and_deletes(monkeypatch) -> list:
-    """Record, in order, every os.fsync (as the path its descriptor names), os.replace and
-    shutil.rmtree while the converters run."""
-    import os
-    import shutil
-
-    events: list = []
-    real_fsync, real_replace, real_rmtree = os.fsync, os.replace, shutil.rmtree
-
-    def fsync(fd):
-        events.append(("fsync", os.path.realpath(os.readlink(f"/proc/self/fd/{fd}"))))
-        return real_fsync(fd)
-
-    def replace(src, dst, *args, **kwargs):
-        events.append(("replace", os.path.realpath(src), os.path.realpath(dst)))
-        return real_replace(src, dst, *args, **kwargs)
-
-    def rmtree(path, *args, **kwargs):
-        events.append(("rmtree", os.path.realpath(path)))
-        return real_rmtree(path, *args, **kwargs)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
-    monkeypatch.setattr(shutil, "rmtree", rmtree)
-    return events
-
-
 @pytest.mark.parametrize("tool", ["consolidate", "export-hf"])
 def test_outputs_are_synced_before_the_previous_output_is_deleted(consolidated, tmp_path, monkeypatch, tool):
     """Every file of the new output and its directory are fsynced before it is renamed in, the parent
@@ -408,7 +381,7 @@ def test_outputs_are_synced_before_the_previous_output_is_deleted(consolidated, 
         def write():
             export_hf(consolidated, out)
     out = out.resolve()
-    events = _record_syncs_renames_and_deletes(monkeypatch)
+    events = record_syncs_renames_and_deletes(monkeypatch)
     write()
     monkeypatch.undo()
     staged = out.with_name(f".{out.name}.tmp.{os.getpid()}")
