@@ -367,7 +367,11 @@ def _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len: int, dtyp
     # and is padded to a 10240-byte record. npy adds a 128-byte header. meta.json: one more member.
     per_sample = 512 + -(-(128 + sample_len * dtype.itemsize) // 512) * 512
     usable = (max_bytes // tarfile.RECORDSIZE) * tarfile.RECORDSIZE - 1024 - 1024
-    return max(1, usable // per_sample)
+    if usable < per_sample:  # not even one sample fits: every shard would hold one, far over the limit
+        least = -(-(per_sample + 2048) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+        raise DataError("write_shards", f"shard_max_bytes {max_bytes} is below one sample's shard ({least} bytes for "
+                                        f"{sample_len} tokens of {dtype.name}): give at least {least}")
+    return usable // per_sample
 
 
 def val_shard_indices(num_shards: int, val_fraction: float) -> set[int]:

@@ -279,3 +279,17 @@ def test_inspect_refuses_negative_counts(tmp_path, capsys):
     for flag in ("--top", "--sample"):
         assert main(["--quiet", "inspect", str(tmp_path), flag, "-1"]) == 2
         assert capsys.readouterr().err == f"error: {flag}: must be >= 0 (got -1)\n"
+
+
+def test_a_shard_size_below_one_sample_is_refused(tmp_path, text_file, capsys):
+    """--shard-max-bytes 10 wrote one sample per shard (11,868 shards of ~10 KiB each) without a word."""
+    from data_pipeline.tokenizer import train_tokenizer
+
+    model = train_tokenizer([text_file], tmp_path / "tok", 400, progress=False)
+    assert main(["--quiet", "shard", "--input", str(text_file), "--tokenizer", str(model), "--seq-length", "16",
+                 "--out-dir", str(tmp_path / "ds"), "--shard-max-bytes", "10"]) == 2
+    assert capsys.readouterr().err == ("error: write_shards: shard_max_bytes 10 is below one sample's shard (10240 "
+                                       "bytes for 17 tokens of uint16): give at least 10240\n")
+    assert not list((tmp_path / "ds").glob("*")) and not list((tmp_path / "ds").glob(".*"))  # nothing written
+    assert main(["--quiet", "shard", "--input", str(text_file), "--tokenizer", str(model), "--seq-length", "16",
+                 "--out-dir", str(tmp_path / "ds"), "--shard-max-bytes", "10240"]) == 0
