@@ -452,6 +452,8 @@ def make_figures(models: Sequence[tuple[Optional[str], Path]], out_dir: Path, *,
         # ---- Figure 1: first directory of each label with ASCender layers
         asc_layers = [l for l in lm.attention_layers() if lm.is_ascender(l)]
         if asc_layers and len(by_label[label]) == 1:
+            _check_chosen(layers, [int(l.layer_number) for l in asc_layers], "--layers", f"{directory}'s ASCender layers")
+            _check_chosen(heads, list(range(lm.cfg.model.num_attention_heads)), "--heads", f"{directory}'s heads")
             for e, ids in enumerate(examples(lm.cfg, num_examples, max_tokens, text)):
                 _, display = token_strings(lm.cfg, ids)
                 captured = lm.capture(torch.tensor([ids]))
@@ -609,6 +611,16 @@ def _json_safe(x):
     if isinstance(x, np.integer):
         return int(x)
     return x
+
+
+def _check_chosen(chosen: Optional[Sequence[int]], available: list[int], flag: str, what: str) -> None:
+    """A ConfigError naming ``flag`` when it picks a number the model does not have (Figure 1 would
+    otherwise be drawn for none of them, with exit status 0)."""
+    from ascender_dist.config.errors import ConfigError
+
+    missing = [c for c in (chosen or []) if c not in available]
+    if missing:
+        raise ConfigError(flag, f"{missing[0]} is not one of {what}: {', '.join(map(str, available))}")
 
 
 def _ints(text: Optional[str], flag: str) -> Optional[list[int]]:

@@ -99,3 +99,14 @@ def test_one_directory_given_twice_is_refused(tmp_path, capsys, monkeypatch):
     for argv in ([str(cons), str(cons)], ["--model", f"x={cons}", "--model", f"x={cons}"]):
         assert figures.figures_main([*argv, "--out", str(tmp_path / "out")]) == 2
         assert capsys.readouterr().err == f"error: {cons}: given twice (one model per directory)\n"
+
+
+def test_a_layer_or_head_the_model_does_not_have_is_named():
+    """--layers 5 on a 2-layer model drew no Figure 1 and exited 0 ('wrote 0 Figure 1 PNGs')."""
+    from ascender_dist.config.errors import ConfigError
+
+    figures._check_chosen([1, 2], [1, 2], "--layers", "d's ASCender layers")  # all there
+    figures._check_chosen(None, [1, 2], "--layers", "d's ASCender layers")  # not given: all
+    with pytest.raises(ConfigError) as info:
+        figures._check_chosen([1, 5], [1, 2], "--layers", "d's ASCender layers")
+    assert str(info.value) == "--layers: 5 is not one of d's ASCender layers: 1, 2"
