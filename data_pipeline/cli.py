@@ -309,6 +309,10 @@ def _terminate_with_cleanup(main_pid: int):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        import multiprocessing
+
+        for child in multiprocessing.active_children():  # --workers: a pool's exit would wait for them
+            child.terminate()
         raise _Terminated()
 
     return handler

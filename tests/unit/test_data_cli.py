@@ -246,8 +246,9 @@ def test_a_vocabulary_smaller_than_the_corpus_characters_names_the_size_needed(t
     assert "trainer_interface" not in err and "character_coverage" not in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("signame,status", [("SIGTERM", 143), ("SIGINT", 130)])
-def test_a_stopped_shard_run_removes_its_temporary_directory_in_one_line(tmp_path, text_file, signame, status):
+@pytest.mark.parametrize("signame,status,workers", [("SIGTERM", 143, 1), ("SIGINT", 130, 1), ("SIGTERM", 143, 2)])
+def test_a_stopped_shard_run_removes_its_temporary_directory_in_one_line(tmp_path, text_file, signame, status,
+                                                                          workers):
     """SIGTERM (timeout, scancel, docker stop) left OUT/.shards-tmp-* behind, SIGINT printed a
     KeyboardInterrupt traceback. The input is a FIFO nobody writes: the run waits in open()."""
     import os
@@ -260,18 +261,21 @@ def test_a_stopped_shard_run_removes_its_temporary_directory_in_one_line(tmp_pat
     fifo, out = tmp_path / "in.txt", tmp_path / "ds"
     os.mkfifo(fifo)
     proc = subprocess.Popen([sys.executable, "-m", "data_pipeline", "--quiet", "shard", "--input", str(fifo),
-                             "--tokenizer", str(model), "--seq-length", "16", "--out-dir", str(out)],
+                             str(text_file), "--tokenizer", str(model), "--seq-length", "16", "--out-dir", str(out),
+                             "--workers", str(workers)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # xdist workers ignore it
     deadline = time.monotonic() + 60
-    while not list(out.glob(".shards-tmp-*")) and time.monotonic() < deadline and proc.poll() is None:
+    temporaries = ".shards-tmp-*" if workers == 1 else ".parts-tmp-*"  # --workers: a worker waits in open()
+    while not list(out.glob(temporaries)) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
-    assert list(out.glob(".shards-tmp-*")), "the run never made its temporary directory"
+    assert list(out.glob(temporaries)), "the run never made its temporary directory"
+    time.sleep(0.5 if workers == 1 else 3)  # the workers started (spawn)
     proc.send_signal(getattr(signal, signame))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status
     assert err == f"error: data-pipeline shard: stopped by {signame} (its temporary files were removed)\n"
-    assert not list(out.glob(".shards-tmp-*"))
+    assert not list(out.glob(".shards-tmp-*")) and not list(out.glob(".parts-tmp-*"))
 
 
 def test_inspect_refuses_negative_counts(tmp_path, capsys):
