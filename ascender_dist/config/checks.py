@@ -102,13 +102,14 @@ def check_optional_paths(cfg: RunConfig) -> None:
                           ("checkpoint.init_from", cfg.checkpoint.init_from)):
         if value is not None and not value.strip():
             raise ConfigError(dotted, f"is empty ({value!r}): give a path, or null (or no key) for the default")
-    check_no_home_shorthand(cfg)
 
 
 def check_no_home_shorthand(cfg: RunConfig) -> None:
     """A path starting with '~' is not expanded (no shell reads a YAML file or the text after
     ``--set key=``): output_dir=~/run made a directory named '~' in the working directory, which a
-    later ``rm -rf ~`` to clean it up would confuse with the home directory."""
+    later ``rm -rf ~`` to clean it up would confuse with the home directory. Checked on the configs
+    a user writes (resolve.load_config), not in STATIC_CHECKS: the config.yaml an older run saved
+    with such a path must still read (consolidate, evaluate, reshard)."""
     paths = [("output_dir", cfg.output_dir), ("checkpoint.dir", cfg.checkpoint.dir),
              ("checkpoint.init_from", cfg.checkpoint.init_from), ("data.manifest", cfg.data.manifest),
              ("data.tokenizer", cfg.data.tokenizer)]

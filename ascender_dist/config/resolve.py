@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from ascender_dist.config.architectures import ARCHITECTURE_CHECKS
-from ascender_dist.config.checks import STATIC_CHECKS, check_world_size_layout
+from ascender_dist.config.checks import STATIC_CHECKS, check_no_home_shorthand, check_world_size_layout
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.loader import deep_merge, from_dict, override_key, parse_override, read_yaml_file
 from ascender_dist.config.presets import preset_model_fields
@@ -87,7 +87,14 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
     if isinstance(raw, dict) and "base" in raw and any(key in raw for key in ABLATION_GRID_KEYS):
         raise ConfigError(str(path), f"an ablation grid (base + variants/axes), not a run config: run it with "
                                      f"`ascender-dist ablate {path}`")
-    return config_with_overrides(raw, overrides, str(path))
+    overrides = list(overrides)
+    cfg = config_with_overrides(raw, overrides, str(path))
+    try:
+        check_no_home_shorthand(cfg)
+    except ConfigError as exc:
+        culprit = _blame(exc.path, overrides)
+        raise ConfigError(f"--set {culprit}: {exc.path}" if culprit else f"{path}: {exc.path}", exc.message) from None
+    return cfg
 
 
 def validate(cfg: RunConfig, world_size: Optional[int] = None) -> None:

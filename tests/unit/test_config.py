@@ -508,3 +508,12 @@ def test_a_path_starting_with_a_tilde_is_refused_not_made_a_directory_named_tild
     *sections, name = field.split(".")
     text = f"{sections[0]}:\n  {name}: ~/run\n" if sections else f"{name}: ~/run\n"
     assert f"{field}: '~/run' starts with '~', which is not expanded here: write the full path" in _error(tmp_path, text)
+
+
+def test_a_tilde_set_on_the_command_line_names_the_override_and_a_saved_config_still_reads(tmp_path):
+    """The check is on what a user writes: an older run's saved config.yaml with output_dir: ~/run
+    (made before the check) must still be read by consolidate, evaluate and reshard."""
+    message = _error(tmp_path, "name: x\n", ["output_dir=~/run"])
+    assert message == ("--set output_dir=~/run: output_dir: '~/run' starts with '~', which is not expanded here: "
+                       "write the full path")
+    assert config_from_dict({"output_dir": "~/run"}).output_dir == "~/run"
