@@ -152,8 +152,21 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, time.perf_count
 """
 
 
+def tokenizer_files(prefix: Path) -> list[Path]:
+    """The files train_tokenizer writes for ``prefix`` (it refuses to replace them)."""
+    return [prefix.with_name(prefix.name + suffix) for suffix in (".model", ".vocab", ".json")]
+
+
+def remove_previous(*paths: Path) -> None:
+    """Delete a previous run's outputs in the work directory: each step is timed again, and the
+    corpus and tokenizer steps refuse to replace an existing file."""
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
 def tokenizer_peak_memory(files, prefix: Path, sample_lines: int) -> tuple[int, float]:
     """(peak RSS bytes, seconds) of a tokenizer training run in a fresh process."""
+    remove_previous(*tokenizer_files(prefix))
     out = subprocess.run([sys.executable, "-c", _TOK_MEM, str(prefix), str(sample_lines), *map(str, files)],
                          capture_output=True, text=True, check=True, cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -319,6 +332,7 @@ def main(argv=None) -> int:
     res.setdefault("section_commits", {}).update({x: {k: res[k] for k in ("git_commit", "git_dirty")}
                                                   for x in sections})
 
+    remove_previous(work / "corpus.jsonl", *tokenizer_files(work / "tok"))  # a --work-dir used before
     corpus, res["corpus_s"] = timed(build_default_corpus, work / "corpus.jsonl", args.max_bytes, progress=False)
     text_bytes = sum(len(t.encode("utf-8")) for t in iter_documents([corpus]))
     res["text_mb"] = text_bytes / 1e6

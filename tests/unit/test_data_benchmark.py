@@ -91,3 +91,18 @@ def test_versions_and_config_hashes_are_recorded():
     hashes = need["config_sha256"]
     assert set(hashes) == {f"configs/scaling/{a}-small.yaml" for a in ("gpt", "ascender", "connection")}
     assert all(len(h) == 64 for h in hashes.values()) and len(set(hashes.values())) == 3
+
+
+def test_a_reused_work_dir_times_corpus_and_tokenizer_again(tmp_path):
+    """--work-dir keeps intermediate files, but build-corpus and train-tokenizer refuse to replace
+    theirs: a second run into the same directory failed; the previous outputs are removed first."""
+    import benchmarks.data as bench
+
+    prefix = tmp_path / "tok"
+    files = [tmp_path / "corpus.jsonl", *bench.tokenizer_files(prefix)]
+    assert [f.name for f in files] == ["corpus.jsonl", "tok.model", "tok.vocab", "tok.json"]
+    for f in files:
+        f.write_text("old")
+    (tmp_path / "keep.txt").write_text("kept")
+    bench.remove_previous(*files, tmp_path / "never-there")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
