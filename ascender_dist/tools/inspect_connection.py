@@ -61,11 +61,19 @@ def _tokens(cfg, meta: dict, text: Optional[str], max_tokens: int):
         loader = StreamingLoader(cfg.data.manifest, seq_length=cfg.model.seq_length, micro_batch_size=1,
                                  global_batch_size=1, dp_rank=0, dp_size=1, seed=cfg.train.seed, split="val")
         ids = next(iter(loader))["tokens"][0, :max_tokens].tolist()
-    if not ids:  # an empty or whitespace-free-of-tokens --text, or --max-tokens 0: nothing to run
-        raise ConversionError("--text" if text is not None else "--max-tokens",
-                              f"gives no tokens to inspect (text {text!r}, max_tokens {max_tokens})")
+    if not ids:  # a --text the tokenizer encodes to nothing
+        raise ConversionError("--text", f"{text!r} gives no tokens to inspect")
     labels = [tokenizer.decode([i]) if tokenizer else str(i) for i in ids]
     return torch.tensor([ids]), [repr(t)[1:-1][:12] for t in labels]
+
+
+def check_input_arguments(text: Optional[str], max_tokens: int) -> None:
+    """Before anything is read: --max-tokens >= 1 (a negative one would slice from the end) and a
+    --text that is not empty."""
+    if max_tokens < 1:
+        raise ConversionError("--max-tokens", f"must be >= 1 (got {max_tokens})")
+    if text is not None and not text.strip():
+        raise ConversionError("--text", "is empty: no tokens to inspect")
 
 
 def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = None, max_tokens: int = 64) -> dict:
@@ -74,6 +82,7 @@ def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = 
     from ascender_dist.parallel.setup import init_model_parallel, init_process_group
     from ascender_dist.training.weights import load_canonical_state, pad_vocab
 
+    check_input_arguments(text, max_tokens)
     state, cfg, meta = read_consolidated(consolidated)
     if "C" not in expand_layer_pattern(cfg.model):
         raise ConversionError(Path(consolidated) / "meta.json", "model has no Connection layers ('C' in layer_pattern)")
