@@ -132,10 +132,12 @@ def check_output_prefix(out_prefix: Path) -> None:
     the result is written."""
     out_prefix = Path(out_prefix)
     for suffix in (".model", ".vocab", ".json"):
-        path = out_prefix.with_name(out_prefix.name + suffix)
-        check_writable(path)
-        refuse_existing(path, "shards and checkpoints made with a tokenizer there would no longer load: "
-                              "choose another --out-prefix or remove its .model, .vocab and .json")
+        check_writable(out_prefix.with_name(out_prefix.name + suffix))
+    # the .model is written last (_write_model_files): it exists only once the sidecars do, and a run
+    # cut short before it leaves nothing this refuses
+    refuse_existing(out_prefix.with_name(out_prefix.name + ".model"),
+                    "shards and checkpoints made with a tokenizer there would no longer load: choose another "
+                    "--out-prefix or remove its .model, .vocab and .json")
 
 
 def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model_type: str = "bpe",
@@ -194,10 +196,11 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
 
 
 def _write_model_files(out_prefix: Path, model: bytes, model_type: str, multiple: int, symbols) -> Path:
-    """Write ``.model``, ``.vocab`` (piece<TAB>score, like spm_train) and the ``.json`` sidecar."""
+    """Write ``.vocab`` (piece<TAB>score, like spm_train), the ``.json`` sidecar and then ``.model``
+    (last, so that a ``.model`` on disk means a complete tokenizer: launch/demo.sh and the test
+    dataset skip the step when it exists)."""
     sp = spm.SentencePieceProcessor(model_proto=model)
     model_path = out_prefix.with_name(out_prefix.name + ".model")
-    atomic_write_bytes(model_path, model)
     vocab_lines = [f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}" for i in range(sp.get_piece_size())]
     atomic_write_bytes(out_prefix.with_name(out_prefix.name + ".vocab"),
                        ("\n".join(vocab_lines) + "\n").encode("utf-8"))
@@ -208,6 +211,7 @@ def _write_model_files(out_prefix: Path, model: bytes, model_type: str, multiple
         "pad_vocab_to_multiple_of": multiple, "pad_id": sp.pad_id(), "unk_id": sp.unk_id(),
         "bos_id": sp.bos_id(), "eos_id": sp.eos_id(), "user_defined_symbols": list(symbols),
     })
+    atomic_write_bytes(model_path, model)  # last: an existing .model means all three files are there
     return model_path
 
 

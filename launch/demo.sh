@@ -17,8 +17,8 @@ DEMO_CONFIG=${DEMO_CONFIG:-configs/demo.yaml}
 DATA="$DEMO_DIR/data"
 NUM_RANKS=${NUM_RANKS:-2}
 
-# each step writes its output atomically and refuses to replace it: a re-run after an interruption
-# skips the steps that finished
+# each step's output appears only once complete (written atomically; the tokenizer's .model after its
+# .vocab and .json) and is never replaced: a re-run after an interruption skips the steps that finished
 if [ ! -f "$DATA/shards/manifest.json" ]; then
   [ -f "$DATA/corpus.jsonl" ] ||
     data-pipeline build-corpus --out "$DATA/corpus.jsonl" --max-bytes "${DEMO_CORPUS_BYTES:-6000000}"

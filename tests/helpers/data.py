@@ -17,7 +17,7 @@ def make_tiny_dataset(root: Path, corpus_bytes: int = 400_000, vocab_size: int =
     root = Path(root)
     manifest = root / "shards" / "manifest.json"
     model = root / "tokenizer.model"
-    if not manifest.exists():  # steps whose output exists were done (each writes it atomically)
+    if not manifest.exists():  # steps whose output exists were done (atomic writes; a tokenizer's .model last)
         root.mkdir(parents=True, exist_ok=True)
         corpus = root / "corpus.jsonl"
         if not corpus.exists():
