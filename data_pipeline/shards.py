@@ -433,8 +433,8 @@ def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, ou
     has been written successfully.
     """
     out_dir = Path(out_dir)
-    check_shard_settings(out_dir, seq_length, val_fraction, samples_per_shard, shard_max_bytes, prefix)
     tokenizer.check_document_separator()
+    check_shard_settings(out_dir, seq_length, val_fraction, samples_per_shard, shard_max_bytes, prefix)
     dtype = token_dtype(tokenizer.padded_vocab_size)
     sample_len = seq_length + 1
     capacity = _samples_per_shard(samples_per_shard, shard_max_bytes, sample_len, dtype)

@@ -199,7 +199,9 @@ def latest_tag(checkpoint_dir: Path) -> Optional[str]:
         return tag + REPLACED
     found = complete_tags(checkpoint_dir)
     newest = f"; newest complete checkpoint: {found[-1]}" if found else "; no complete checkpoint"
-    if not tag or not (Path(checkpoint_dir) / tag).is_dir():
+    if not tag:
+        raise CheckpointError(f"{pointer}: is empty (names no checkpoint){newest}")
+    if not (Path(checkpoint_dir) / tag).is_dir():
         raise CheckpointError(f"{pointer}: names {tag!r}, which does not exist{newest}")
     raise CheckpointError(f"{pointer}: names {tag!r}, which has no {COMPLETE} marker (corrupt checkpoint dir){newest}")
 

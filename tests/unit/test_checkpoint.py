@@ -594,12 +594,12 @@ def test_latest_naming_a_missing_or_empty_tag_says_so_and_names_the_newest_compl
     good = tmp_path / "step_00000004"
     good.mkdir()
     (good / COMPLETE).write_text("")
-    for named in ("step_00000099", ""):
+    for named, problem in (("step_00000099", "names 'step_00000099', which does not exist"),
+                           ("", "is empty (names no checkpoint)")):
         (tmp_path / LATEST).write_text(named + "\n")
         with pytest.raises(CheckpointError) as info:
             latest_tag(tmp_path)
-        assert str(info.value) == (f"{tmp_path / LATEST}: names {named!r}, which does not exist; newest complete "
-                                   "checkpoint: step_00000004")
+        assert str(info.value) == f"{tmp_path / LATEST}: {problem}; newest complete checkpoint: step_00000004"
     (tmp_path / "step_00000006").mkdir()  # there, but never completed
     (tmp_path / LATEST).write_text("step_00000006\n")
     with pytest.raises(CheckpointError) as info:

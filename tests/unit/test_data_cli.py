@@ -234,6 +234,9 @@ def test_size_flags_take_whole_numbers_written_as_in_yaml(tmp_path, capsys):
         main(["--quiet", "train-tokenizer", "--input", str(out), "--out-prefix", str(tmp_path / "t"),
               "--vocab-size", "300.5"])
     assert "expected a whole number, got '300.5'" in capsys.readouterr().err
+    from data_pipeline.cli import _count
+
+    assert _count("9007199254740993") == 9007199254740993 and _count("6_000_000") == 6_000_000  # exact
 
 
 def test_a_vocabulary_smaller_than_the_corpus_characters_names_the_size_needed(tmp_path, text_file, capsys):
