@@ -302,38 +302,45 @@ class _Terminated(BaseException):
     """SIGTERM in the main process, raised so that every ``finally`` removes its temporary files."""
 
 
-def _terminate_with_cleanup(main_pid: int):
-    """A SIGTERM handler (what timeout, scancel and docker stop send): in the main process it raises
-    _Terminated; a forked worker that inherited it dies as SIGTERM's default would have it."""
+def _stop_with_cleanup(main_pid: int):
+    """A SIGTERM / SIGINT handler for the main process: it ends the worker processes (--workers: a
+    pool's exit would wait for their current task, forever for a worker blocked in a read) and
+    raises _Terminated (SIGTERM: what timeout, scancel and docker stop send) or KeyboardInterrupt,
+    so that every ``finally`` removes its temporary files. A forked worker that inherited it dies
+    as the signal's default would have it."""
     import os
     import signal
 
     def handler(signum, frame):
         if os.getpid() != main_pid:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
             return
         import multiprocessing
 
-        for child in multiprocessing.active_children():  # --workers: a pool's exit would wait for them
+        for child in multiprocessing.active_children():
             child.terminate()
-        raise _Terminated()
+        raise _Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
     return handler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point (``data-pipeline`` / ``python -m data_pipeline``); returns the exit status.
-    SIGTERM and Ctrl-C end a command through its cleanup (no temporary directory left, nothing
-    published) with one line, not a traceback: exit 143 / 130."""
+    SIGTERM and Ctrl-C end a command through its cleanup (its temporary directories removed; a
+    merge stopped after it published keeps what it published) with one line, not a traceback:
+    exit 143 / 130."""
     import os
     import signal
     import threading
 
     args = _parser().parse_args(argv)
-    previous = None
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        previous = signal.signal(signal.SIGTERM, _terminate_with_cleanup(os.getpid()))
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        handler = _stop_with_cleanup(os.getpid())
+        for signum, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+            if signal.getsignal(signum) == default:  # an ignored signal stays ignored
+                previous[signum] = signal.signal(signum, handler)
     try:
         return _COMMANDS[args.command](args)
     except UserError as e:
@@ -345,8 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return status
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -146,9 +147,16 @@ def check_workers(workers: int, command: str = "shard") -> None:
         raise DataError(command, f"--workers must be >= 1 (got {workers})")
 
 
+def _ignore_sigint() -> None:
+    """Pool worker start-up: a terminal's Ctrl-C reaches the whole process group, and the main
+    process alone reports it (data_pipeline.cli ends the workers), without a traceback per worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _pool(workers: int) -> ProcessPoolExecutor:
     """Worker processes started fresh (spawn): safe from any parent, threads or torch included."""
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_ignore_sigint)
 
 
 def run_job(inputs, tokenizer: Tokenizer, parts_dir: Path, settings: dict, *, job_index: int = 0,

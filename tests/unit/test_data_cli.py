@@ -249,11 +249,15 @@ def test_a_vocabulary_smaller_than_the_corpus_characters_names_the_size_needed(t
     assert "trainer_interface" not in err and "character_coverage" not in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("signame,status,workers", [("SIGTERM", 143, 1), ("SIGINT", 130, 1), ("SIGTERM", 143, 2)])
+@pytest.mark.parametrize("signame,status,workers,group", [
+    ("SIGTERM", 143, 1, False), ("SIGINT", 130, 1, False), ("SIGTERM", 143, 2, False),
+    ("SIGINT", 130, 2, False), ("SIGINT", 130, 2, True), ("SIGTERM", 143, 2, True)])
 def test_a_stopped_shard_run_removes_its_temporary_directory_in_one_line(tmp_path, text_file, signame, status,
-                                                                          workers):
+                                                                          workers, group):
     """SIGTERM (timeout, scancel, docker stop) left OUT/.shards-tmp-* behind, SIGINT printed a
-    KeyboardInterrupt traceback. The input is a FIFO nobody writes: the run waits in open()."""
+    KeyboardInterrupt traceback. The input is a FIFO nobody writes: the run waits in open().
+    With --workers, SIGINT to the main process alone waited for the pool forever, and a terminal's
+    Ctrl-C (group: the signal reaches the workers too) printed the workers' tracebacks."""
     import os
     import signal
     import time
@@ -267,14 +271,18 @@ def test_a_stopped_shard_run_removes_its_temporary_directory_in_one_line(tmp_pat
                              str(text_file), "--tokenizer", str(model), "--seq-length", "16", "--out-dir", str(out),
                              "--workers", str(workers)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # xdist workers ignore it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # xdist workers ignore it
+                            start_new_session=group)
     deadline = time.monotonic() + 60
     temporaries = ".shards-tmp-*" if workers == 1 else ".parts-tmp-*"  # --workers: a worker waits in open()
     while not list(out.glob(temporaries)) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert list(out.glob(temporaries)), "the run never made its temporary directory"
     time.sleep(0.5 if workers == 1 else 3)  # the workers started (spawn)
-    proc.send_signal(getattr(signal, signame))
+    if group:  # what a terminal does: the whole foreground process group
+        os.killpg(proc.pid, getattr(signal, signame))
+    else:
+        proc.send_signal(getattr(signal, signame))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status
     assert err == f"error: data-pipeline shard: stopped by {signame} (its temporary files were removed)\n"
