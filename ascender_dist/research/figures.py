@@ -402,7 +402,9 @@ def make_figures(models: Sequence[tuple[Optional[str], Path]], out_dir: Path, *,
                   "step": lm.step, "seed": lm.cfg.train.seed, "pattern": lm.pattern,
                   # which trained model it scored: its run config, weights and where it was trained
                   "config_sha256": config_hash(to_dict(lm.cfg)),
-                  "weights_sha256": file_sha256(Path(directory) / "model.safetensors"),
+                  # read_consolidated checked the file against the digest meta.json records (older
+                  # directories record none: hashed here)
+                  "weights_sha256": lm.meta.get("weights_sha256") or file_sha256(Path(directory) / "model.safetensors"),
                   "trained_at": {key: lm.meta.get(key) for key in ("source", "versions")}}
         summary["models"].append(record)
         entry = {"record": record, "omega": {}, "mass_moved": {}}
