@@ -312,22 +312,85 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
-def parse_override(text: str) -> dict:
-    """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}`` with the value parsed as YAML (so 1e-3 is a float)."""
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_OVERRIDE_SHAPE = "override must look like dotted.key=value (a list item: dotted.key[i].field=value)"
+
+
+def _override_value(text: str) -> tuple[str, Any]:
+    """(dotted key, value parsed as YAML) of ``dotted.key=value``."""
     if "=" not in text:
-        raise ConfigError(f"--set {text}", "override must look like dotted.key=value")
+        raise ConfigError(f"--set {text}", _OVERRIDE_SHAPE)
     dotted, raw = text.split("=", 1)
-    keys = dotted.strip().split(".")
-    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) for key in keys):
-        raise ConfigError(f"--set {text}", "override must look like dotted.key=value")
     value = parse_yaml_text(raw, source=f"--set {text if text.isprintable() else repr(text)}") if raw.strip() else ""
     _refuse_trailing_comment(raw, text)
+    return dotted.strip(), value
+
+
+def parse_override(text: str) -> dict:
+    """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}`` with the value parsed as YAML (so 1e-3 is a float)."""
+    dotted, value = _override_value(text)
+    keys = dotted.split(".")
+    if not all(re.fullmatch(_NAME, key) for key in keys):
+        raise ConfigError(f"--set {text}", "override must look like dotted.key=value")
     tree: dict = {}
     node = tree
     for key in keys[:-1]:
         node = node.setdefault(key, {})
     node[keys[-1]] = value
     return tree
+
+
+def override_path(text: str) -> list:
+    """The path an override sets: ``data.mixture[1].weight=0.5`` -> ``["data", "mixture", 1, "weight"]``."""
+    dotted = override_key(text)
+    path: list = []
+    for part in dotted.split("."):
+        match = re.fullmatch(rf"({_NAME})((?:\[\d+\])*)", part)
+        if match is None:
+            raise ConfigError(f"--set {text}", _OVERRIDE_SHAPE)
+        path.append(match.group(1))
+        path += [int(i) for i in re.findall(r"\[(\d+)\]", match.group(2))]
+    return path
+
+
+def _dotted(path: list) -> str:
+    """["data", "mixture", 1, "weight"] -> "data.mixture[1].weight" (the loader's own error paths)."""
+    return "".join(f"[{key}]" if isinstance(key, int) else (f".{key}" if i else key) for i, key in enumerate(path))
+
+
+def apply_override(tree: dict, text: str) -> dict:
+    """``tree`` with one ``dotted.key=value`` override applied (a new tree; ``tree`` is not changed).
+    Mappings merge as in :func:`deep_merge` and missing keys are made (the strict loader then names
+    an unknown one); ``key[i]`` edits item i of a list the tree already holds, which must exist."""
+    path = override_path(text)
+    _, value = _override_value(text)
+
+    def put(node: Any, depth: int) -> Any:
+        key, here = path[depth], _dotted(path[:depth])
+        if isinstance(key, int):
+            if node is None:
+                raise ConfigError(f"--set {text}", f"the config has no list {here} (add it in the file)")
+            if not isinstance(node, list):
+                raise ConfigError(f"--set {text}", f"{here} is not a list here (got {_shown(node)})")
+            if key >= len(node):
+                raise ConfigError(f"--set {text}", f"{here} has {len(node)} item(s): there is no item [{key}] "
+                                                   "(add items in the file)")
+            out: Any = list(node)
+        else:
+            if node is None:
+                node = {}
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {text}", f"{here} is not a mapping here (got {_shown(node)})")
+            out = dict(node)
+        if depth + 1 < len(path):
+            out[key] = put(out[key] if isinstance(key, int) else out.get(key), depth + 1)
+        elif isinstance(value, dict) and isinstance(out[key] if isinstance(key, int) else out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+        return out
+
+    return put(tree, 0)
 
 
 def _refuse_trailing_comment(raw: str, text: str) -> None:
@@ -347,6 +410,7 @@ def override_key(text: str) -> str:
 
 
 __all__ = [
-    "ConfigError", "from_dict", "to_dict", "deep_merge", "override_key", "parse_override", "parse_yaml_text",
+    "ConfigError", "from_dict", "to_dict", "deep_merge", "apply_override", "override_key", "override_path",
+    "parse_override", "parse_yaml_text",
     "read_yaml_file",
 ]

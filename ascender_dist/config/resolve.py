@@ -10,7 +10,7 @@ from typing import Iterable, Optional
 from ascender_dist.config.architectures import ARCHITECTURE_CHECKS
 from ascender_dist.config.checks import STATIC_CHECKS, check_no_home_shorthand, check_world_size_layout
 from ascender_dist.config.errors import ConfigError
-from ascender_dist.config.loader import deep_merge, from_dict, override_key, parse_override, read_yaml_file
+from ascender_dist.config.loader import apply_override, deep_merge, from_dict, override_key, read_yaml_file
 from ascender_dist.config.presets import preset_model_fields
 from ascender_dist.config.schema import RunConfig
 
@@ -52,7 +52,7 @@ def config_with_overrides(raw: dict, overrides: Iterable[str], source: str, fixe
     overrides = list(overrides)
     merged = raw
     for text in overrides:
-        merged = deep_merge(merged, parse_override(text))
+        merged = apply_override(merged, text)
     if fixed:
         merged, raw = deep_merge(merged, fixed), deep_merge(raw, fixed)
     try:

@@ -199,7 +199,7 @@ def glibc_trim() -> None:
 # ============================================================================ driver
 
 def row_config(row: str, preset: str, batch: int, vocab: int, overrides: Sequence[str], seed: int = 1234) -> tuple[dict, Optional[str]]:
-    from ascender_dist.config.loader import deep_merge, parse_override
+    from ascender_dist.config.loader import apply_override, deep_merge
 
     if row not in ROWS:
         from ascender_dist.config.errors import ConfigError
@@ -210,7 +210,7 @@ def row_config(row: str, preset: str, batch: int, vocab: int, overrides: Sequenc
            "train": {"micro_batch_size": batch, "global_batch_size": batch, "seed": seed}}
     raw = deep_merge(raw, extra)
     for text in overrides:
-        raw = deep_merge(raw, parse_override(text))
+        raw = apply_override(raw, text)
     return raw, impl
 
 

@@ -332,6 +332,40 @@ def test_override_errors_name_the_override(tmp_path):
     assert message.startswith(str(tmp_path / "run.yaml") + ": optimizer.min_lr")
 
 
+MIXTURE = "name: x\ndata:\n  mixture:\n    - {manifest: a/manifest.json, weight: 2}\n    - {manifest: b/manifest.json}\n"
+
+
+def test_a_list_item_can_be_overridden_by_its_index(tmp_path):
+    cfg = load_config(_write(tmp_path, MIXTURE), ["data.mixture[1].weight=0.25", "data.mixture[0].manifest=c/m.json"])
+    assert [(m.manifest, m.weight) for m in cfg.data.mixture] == [("c/m.json", 2.0), ("b/manifest.json", 0.25)]
+    cfg = load_config(_write(tmp_path, MIXTURE), ["data.mixture[1]={weight: 3}"])  # a mapping merges into the item
+    assert (cfg.data.mixture[1].manifest, cfg.data.mixture[1].weight) == ("b/manifest.json", 3.0)
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("data.mixture[2].weight=1", "--set data.mixture[2].weight=1: data.mixture has 2 item(s): there is no item [2]"),
+    ("data.manifest[0]=x", "--set data.manifest[0]=x: the config has no list data.manifest (add it in the file)"),
+    ("name[0]=x", "--set name[0]=x: name is not a list here (got 'x')"),
+    ("data.mixture.weight=1", "--set data.mixture.weight=1: data.mixture is not a mapping here"),
+    ("data.mixture[1].weight=0", "--set data.mixture[1].weight=0: data.mixture[1].weight: must be > 0 (got 0.0)"),
+    ("data.mixture[1].wieght=1", "--set data.mixture[1].wieght=1: data.mixture[1].wieght: unknown key"),
+    ("data.mixture[-1].weight=1", "--set data.mixture[-1].weight=1: override must look like dotted.key=value (a list item: dotted.key[i].field=value)"),
+    ("data.mixture[x]=1", "--set data.mixture[x]=1: override must look like dotted.key=value (a list item: dotted.key[i].field=value)"),
+])
+def test_a_bad_list_item_override_is_one_line_naming_it(tmp_path, override, expected):
+    message = _error(tmp_path, MIXTURE, [override])
+    assert message.startswith(expected) and "\n" not in message, message
+
+
+def test_an_override_leaves_the_read_config_as_it_was():
+    from ascender_dist.config.loader import apply_override
+
+    tree = {"data": {"mixture": [{"manifest": "a", "weight": 1.0}]}, "train": {"seed": 1}}
+    out = apply_override(apply_override(tree, "data.mixture[0].weight=2"), "train.seed=3")
+    assert tree == {"data": {"mixture": [{"manifest": "a", "weight": 1.0}]}, "train": {"seed": 1}}
+    assert out == {"data": {"mixture": [{"manifest": "a", "weight": 2}]}, "train": {"seed": 3}}
+
+
 @pytest.mark.parametrize("text,expected", [
     ("model:\n  vocab_size: -5\n", "model.vocab_size: must be >= 1, or null/0"),
     ("model:\n  ffn_hidden_size: -4\n", "model.ffn_hidden_size: must be >= 1"),
