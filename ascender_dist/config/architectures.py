@@ -106,6 +106,9 @@ def check_connection_hparams(cfg) -> None:
                           "a single chunk no token ever reads a reasoned slot state")
     if cfg.parallel.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel", "not supported with Connection layers ('C' in the pattern)")
+    if m.attention_dropout and "A" not in expand_layer_pattern(m):  # no layer would apply it
+        raise ConfigError("model.attention_dropout", "Connection layers have no attention dropout (it applies to "
+                                                     "'A' layers only, and the pattern has none); set 0.0")
 
 
 # Pattern check, then every layer kind's checks: each validates its own hyperparameters whenever

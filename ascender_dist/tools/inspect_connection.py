@@ -16,7 +16,8 @@ from typing import Optional
 import torch
 
 from ascender_dist.config.architectures import expand_layer_pattern
-from ascender_dist.tools.convert import ConversionError, read_consolidated
+from ascender_dist.tools.convert import (ConversionError, read_consolidated, recorded_tokenizer_sha256,
+                                         refuse_other_tokenizer)
 
 
 def _connection_layers(model) -> list:
@@ -46,11 +47,14 @@ def _heatmap(matrix: torch.Tensor, path: Path, title: str, xlabel: str, ylabel: 
     plt.close(fig)
 
 
-def _tokens(cfg, meta: dict, text: Optional[str], max_tokens: int):
-    """(token ids [1, n], token strings) from ``text`` or the first validation sample."""
+def _tokens(cfg, meta: dict, text: Optional[str], max_tokens: int, meta_file: Optional[Path] = None):
+    """(token ids [1, n], token strings) from ``text`` or the first validation sample; the tokenizer
+    (and the shards) must be the ones the weights were trained with when ``meta`` records it."""
     from data_pipeline.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.load(Path(cfg.data.tokenizer)) if cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file() else None
+    if tokenizer is not None:  # another tokenizer would label (or, with --text, encode) other pieces
+        refuse_other_tokenizer(cfg.data.tokenizer, tokenizer.sha256, meta, meta_file or Path("meta.json"))
     if text is not None:
         if tokenizer is None:
             raise ConversionError("data.tokenizer", f"{cfg.data.tokenizer or '(unset)'}: tokenizer not found, needed for --text")
@@ -59,12 +63,30 @@ def _tokens(cfg, meta: dict, text: Optional[str], max_tokens: int):
         from data_pipeline.loader import StreamingLoader
 
         loader = StreamingLoader(cfg.data.manifest, seq_length=cfg.model.seq_length, micro_batch_size=1,
-                                 global_batch_size=1, dp_rank=0, dp_size=1, seed=cfg.train.seed, split="val")
+                                 global_batch_size=1, dp_rank=0, dp_size=1, seed=cfg.train.seed, split="val",
+                                 tokenizer_sha256=recorded_tokenizer_sha256(meta))
         ids = next(iter(loader))["tokens"][0, :max_tokens].tolist()
     if not ids:  # a --text the tokenizer encodes to nothing
         raise ConversionError("--text", f"{text!r} gives no tokens to inspect")
     labels = [tokenizer.decode([i]) if tokenizer else str(i) for i in ids]
     return torch.tensor([ids]), [repr(t)[1:-1][:12] for t in labels]
+
+
+def _input_steps(steps: torch.Tensor, hp) -> dict:
+    """Reasoning steps of the states that the input reached. Causal layers reason once per chunk of
+    ``causal_chunk_size`` tokens from the chunks before it; the first chunk's state is the bare
+    slots, the same for every input, so it is reported apart (``steps_first_chunk``) and
+    ``steps_mean`` / ``steps_max`` are None when the input fits in one chunk.
+    steps: [b] (full) or [b, chunks], with a trailing [N] for per-slot stops."""
+    steps = steps.float()
+    if not hp.causal:
+        return {"steps_mean": steps.mean().item(), "steps_max": steps.max().item()}
+    per_chunk = steps.transpose(0, 1).reshape(steps.shape[1], -1)  # [chunks, b (x N)]
+    later = per_chunk[1:]
+    return {"steps_mean": later.mean().item() if later.numel() else None,
+            "steps_max": later.max().item() if later.numel() else None,
+            "steps_per_chunk": per_chunk.mean(1).tolist(), "steps_first_chunk": per_chunk[0].mean().item(),
+            "causal_chunk_size": hp.causal_chunk_size}
 
 
 def check_input_arguments(text: Optional[str], max_tokens: int) -> None:
@@ -82,16 +104,20 @@ def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = 
     from ascender_dist.parallel.setup import init_model_parallel, init_process_group
     from ascender_dist.training.weights import load_canonical_state, pad_vocab
 
+    from ascender_dist.tools.hf_export import check_weights_fit_config
+
     check_input_arguments(text, max_tokens)
     state, cfg, meta = read_consolidated(consolidated)
     if "C" not in expand_layer_pattern(cfg.model):
         raise ConversionError(Path(consolidated) / "meta.json", "model has no Connection layers ('C' in layer_pattern)")
+    # a config.yaml edited by hand (fewer layers...) would otherwise be inspected as another model
+    check_weights_fit_config(state, cfg, meta, Path(consolidated))
     init_process_group()
     init_model_parallel(1, 1, cfg.train.seed)
     derived = derive(cfg, 1, meta["vocab_size"])
     model = build_run_model(cfg, derived).eval()
     load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size), source=str(consolidated))
-    tokens, labels = _tokens(cfg, meta, text, max_tokens)
+    tokens, labels = _tokens(cfg, meta, text, max_tokens, Path(consolidated) / "meta.json")
     layers = _connection_layers(model)
     inputs: dict[int, torch.Tensor] = {}
     hooks = [layer.register_forward_pre_hook(lambda mod, args, i=i: inputs.__setitem__(i, args[0].detach()))
@@ -110,7 +136,7 @@ def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = 
         with torch.no_grad():
             loads = layer.slot_loads(inputs[i])[0]  # [s, N]
             layer(inputs[i])
-        steps = layer.last_stats.steps.float()
+        steps = _input_steps(layer.last_stats.steps, layer.hp)
         _heatmap(matrix, out_dir / f"layer{number:02d}_connection.png",
                  f"layer {number}: {layer.hp.connection} connection (slot i -> slot j)", "target slot j", "source slot i")
         _heatmap(loads, out_dir / f"layer{number:02d}_slot_loads.png", f"layer {number}: token -> slot loads",
@@ -118,7 +144,7 @@ def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = 
         summary["layers"][number] = {
             "connection": layer.hp.connection, "matrix": matrix.tolist(),
             "slot_load_totals": loads.sum(0).tolist(),
-            "steps_mean": steps.mean().item(), "steps_max": steps.max().item(), "max_steps": layer.hp.max_steps,
+            **steps, "max_steps": layer.hp.max_steps,
         }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary

@@ -411,6 +411,17 @@ def test_zero_means_off_or_from_tokenizer(tmp_path):
     assert derive(cfg, 1, tokenizer_vocab_size=100).padded_vocab_size == 128  # 0 acts like null
 
 
+def test_attention_dropout_is_refused_when_no_layer_applies_it(tmp_path):
+    """Connection layers have no attention dropout: with a pattern of only 'C' layers the value was
+    accepted and recorded, and no layer used it."""
+    text = ("model:\n  architecture: connection\n  seq_length: 64\n  layer_pattern: {}\n  attention_dropout: 0.1\n"
+            "  connection:\n    causal_chunk_size: 16\n")
+    assert _error(tmp_path, text.format("C")) == (f"{tmp_path / 'run.yaml'}: model.attention_dropout: Connection "
+                                                  "layers have no attention dropout (it applies to 'A' layers only, "
+                                                  "and the pattern has none); set 0.0")
+    assert load_config(_write(tmp_path, text.format("AC"))).model.attention_dropout == 0.1  # the A layers use it
+
+
 def test_connection_chunk_must_leave_a_reasoned_prefix(tmp_path):
     """One causal chunk per sequence: every token would read only the bare slots, never a reasoned
     state. The bare defaults (seq_length 128, causal_chunk_size 128) are such a model; every preset

@@ -31,3 +31,32 @@ def test_bad_input_arguments_are_refused_before_anything_is_read(tmp_path, text,
 def test_a_text_gives_its_first_max_tokens(tiny_tokenizer):
     ids, labels = _tokens(_cfg(tiny_tokenizer), {}, "def f(): return 1", 3)
     assert ids.shape == (1, 3) and len(labels) == 3
+
+
+def test_a_text_is_refused_with_another_tokenizer_than_the_weights_were_trained_with(tiny_tokenizer, tmp_path):
+    meta = {"tokenizer_sha256": "0" * 64}  # what meta.json records
+    with pytest.raises(ConversionError) as info:
+        _tokens(_cfg(tiny_tokenizer), meta, "def f(): return 1", 3, tmp_path / "meta.json")
+    message = str(info.value)
+    assert message.startswith(str(tiny_tokenizer.model_path)) and "is not the tokenizer the weights were" in message
+    ids, _ = _tokens(_cfg(tiny_tokenizer), {"tokenizer_sha256": tiny_tokenizer.sha256}, "def f(): return 1", 3)
+    assert ids.shape == (1, 3)
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (2, 3, 4)], ids=["per-sample", "per-slot"])
+def test_the_first_causal_chunk_is_reported_apart_from_the_input_steps(shape):
+    import torch
+
+    from ascender_dist.tools.inspect_connection import _input_steps
+
+    hp = types.SimpleNamespace(causal=True, causal_chunk_size=8)
+    steps = torch.ones(shape, dtype=torch.int32)
+    steps[:, 0] = 3  # the bare slots' state: input-independent
+    steps[1, 2] = 2
+    out = _input_steps(steps, hp)
+    assert out["steps_first_chunk"] == 3.0 and out["steps_max"] == 2.0
+    assert out["steps_mean"] == pytest.approx(1.25) and out["steps_per_chunk"] == pytest.approx([3.0, 1.0, 1.5])
+    one = _input_steps(steps[:, :1], hp)
+    assert one["steps_mean"] is None and one["steps_max"] is None and one["steps_first_chunk"] == 3.0
+    full = _input_steps(steps[:, 0], types.SimpleNamespace(causal=False))
+    assert full == {"steps_mean": 3.0, "steps_max": 3.0}
