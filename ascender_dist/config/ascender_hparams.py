@@ -128,6 +128,13 @@ class AscenderHParams:
         ):  # fmt: skip
             if getattr(self, name) < 0:
                 fail(name, f"must be >= 0 (got {getattr(self, name)})")
+        # each auxiliary loss reads its bias's own quantities (centroids, crowding, headings), which a
+        # bias that is off never computes: its weight would be accepted and train nothing
+        for weight, bias in (("aux_compactness_weight", "use_coh"), ("aux_crowding_weight", "use_sep"),
+                             ("aux_alignment_weight", "use_align")):
+            if getattr(self, weight) > 0 and not getattr(self, bias):
+                fail(weight, f"must be 0 when {bias} is false (the loss reads that bias's quantities; got "
+                             f"{getattr(self, weight)})")
         choices = {
             "kernel_tau_form": KERNEL_TAU_FORMS,
             "std_form": STD_FORMS,

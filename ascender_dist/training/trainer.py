@@ -22,7 +22,7 @@ from ascender_dist.training.callbacks import Callback, overrides
 from ascender_dist.training.engine import apply_optimizer_config, build_engine, pipeline_batches
 from ascender_dist.models.build import poison
 from ascender_dist.training.guard import any_rank, max_over_ranks, on_every_rank
-from ascender_dist.training.layer_stats import set_training_step
+from ascender_dist.training.layer_stats import last_training_step, set_training_step
 from ascender_dist.training.lr_schedule import lr_at, set_lr
 from ascender_dist.training.resume_check import check_resume, data_fingerprint, data_tokenizer_sha256
 from ascender_dist.training.rollback import DivergenceError, RollbackPolicy
@@ -218,6 +218,9 @@ class Trainer:
         same ones every time; the validation callbacks run around it."""
         if self.val_loader is None:  # a run without train.eval_interval validates only when asked
             self.val_loader = build_loader(self.cfg, self.tokenizer, self.pstate, split="val")
+        # the step the weights last trained at, as in a straight run (a due validation that a resumed
+        # job runs before its first step would otherwise run ASCender's schedules at step 0)
+        set_training_step(self.engine.module, last_training_step(self.step))
         self._call("on_validation_start")
         loss = self._validation_loss(self.cfg.train.eval_iters if iters is None else iters)
         self._call("on_validation_end", loss)

@@ -36,6 +36,13 @@ def test_defaults_are_valid_for_head_dim_64():
         (dict(neighbour_source="keys"), "model.ascender.neighbour_source", "affinity, base_scores"),
         (dict(chunk_size=0), "model.ascender.chunk_size", ">= 1"),
         (dict(aux_crowding_weight=-1.0), "model.ascender.aux_crowding_weight", ">= 0"),
+        # an auxiliary loss of a bias that is off was accepted and trained nothing (its total was 0)
+        (dict(use_coh=False, aux_compactness_weight=0.3), "model.ascender.aux_compactness_weight",
+         "must be 0 when use_coh is false"),
+        (dict(use_sep=False, aux_crowding_weight=0.5), "model.ascender.aux_crowding_weight",
+         "must be 0 when use_sep is false"),
+        (dict(use_align=False, aux_alignment_weight=0.2), "model.ascender.aux_alignment_weight",
+         "must be 0 when use_align is false"),
         # NaN passes every < / > check, and a config.json reaches the class without the YAML loader
         (dict(lambda_sep=float("nan")), "model.ascender.lambda_sep", "must be a finite number (got nan)"),
         (dict(tau_coh=float("inf")), "model.ascender.tau_coh", "must be a finite number (got inf)"),

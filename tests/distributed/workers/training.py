@@ -132,7 +132,9 @@ def stop_on_a_validation_step(data, root: Path) -> dict:
     records it as due, and the resumed job runs it before its first step: the validation curve and
     TensorBoard have every eval_interval point, with the straight run's losses. A stop on the last
     step (which validates too) validates before its final save, so a re-run of the finished run
-    validates nothing again; a resume whose config no longer validates skips what was due."""
+    validates nothing again; a resume whose config no longer validates skips what was due.
+    ASCender with Separation from step 1: the due validation must run it as the straight run's
+    validation at step 2 did (the resumed job's layers still said step 0 before its first step)."""
     from ascender_dist.training.callbacks import Callback
     from tests.helpers.tensorboard import read_scalars
 
@@ -150,7 +152,9 @@ def stop_on_a_validation_step(data, root: Path) -> dict:
         def on_log(self, trainer, values):
             self.logged.append((trainer.step, sorted(values)))
 
-    sections = {"train": {"train_steps": 4, "eval_interval": 2, "eval_iters": 2}}
+    model = {"architecture": "ascender", "ascender": {"d_z": 4, "d_a": 4, "k": 4, "window": 8, "chunk_size": 8,
+                                                       "omega_init": 0.5, "separation_start_step": 1}}
+    sections = {"train": {"train_steps": 4, "eval_interval": 2, "eval_iters": 2}, "model": model}
     straight = Record()
     _trainer(data, root / "val_straight", callbacks=[straight], **sections).fit()
     stopped, resumed, last = Record(stop_at=2), Record(), Record(stop_at=4)
@@ -165,7 +169,7 @@ def stop_on_a_validation_step(data, root: Path) -> dict:
     # stopped on a validating step, resumed with validation turned off: nothing due is run
     _trainer(data, root / "val_off", callbacks=[Record(stop_at=2)], **sections).fit()
     off = Record()
-    _trainer(data, root / "val_off", callbacks=[off], train={"train_steps": 4, "eval_interval": 0}).fit()
+    _trainer(data, root / "val_off", callbacks=[off], train={"train_steps": 4, "eval_interval": 0}, model=model).fit()
 
     def val_steps(run: str) -> list:
         board = read_scalars(root / run / "tensorboard") if second.pstate.is_logging_rank else {}
