@@ -268,7 +268,7 @@ def paired_t_test(baseline, treatment) -> float:
 def holm(p_values) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error over the comparisons given), input order.
 
-    ``p_adj[(i)] = max_{j <= i} min(1, (m - j) * p_(j))`` over the ascending order ``p_(1) <= ...``.
+    ``p_adj[(i)] = max_{j <= i} min(1, (m - j + 1) * p_(j))`` over the ascending order ``p_(1) <= ...``.
     ``None`` and NaN entries (comparisons that could not be made or whose p is undefined) come back
     ``None`` and do not count in ``m``.
     """
