@@ -81,9 +81,13 @@ def unreached_warmups(cfg) -> list[str]:
     would break such short runs."""
     m, steps = cfg.model, cfg.train.train_steps
     lines = []
-    if cfg.optimizer.warmup_steps > steps:
-        lines.append(f"optimizer.warmup_steps = {cfg.optimizer.warmup_steps} > train.train_steps = {steps}: the "
-                     f"learning rate never reaches optimizer.lr = {cfg.optimizer.lr:g} in this run")
+    o = cfg.optimizer
+    if o.warmup_steps > steps:
+        lines.append(f"optimizer.warmup_steps = {o.warmup_steps} > train.train_steps = {steps}: the "
+                     f"learning rate never reaches optimizer.lr = {o.lr:g} in this run")
+    elif o.lr_schedule == "wsd" and o.wsd_decay_steps > steps - max(o.warmup_steps, 1):
+        lines.append(f"optimizer.wsd_decay_steps = {o.wsd_decay_steps} > the {steps - max(o.warmup_steps, 1)} "
+                     f"steps after the warmup: the decay starts right after it, without a stable phase")
     if "S" not in expand_layer_pattern(m):
         return lines
     a = m.ascender

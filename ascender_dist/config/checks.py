@@ -245,6 +245,12 @@ def check_optimizer(cfg: RunConfig) -> None:
         raise ConfigError("optimizer.min_lr", f"must be in [0, optimizer.lr={o.lr}] (got {o.min_lr})")
     if o.warmup_steps < 0:  # one longer than the run is legal (a short run of a long config): logged
         raise ConfigError("optimizer.warmup_steps", f"must be >= 0 (0: no warmup) (got {o.warmup_steps})")
+    if o.lr_schedule == "wsd" and o.wsd_decay_steps < 1:  # one longer than the run is legal: logged
+        raise ConfigError("optimizer.wsd_decay_steps", f"must be >= 1 with lr_schedule: wsd (got {o.wsd_decay_steps})")
+    for name, unset in (("wsd_decay_steps", 0), ("wsd_decay_shape", "linear")):
+        if o.lr_schedule != "wsd" and getattr(o, name) != unset:  # it would be accepted and do nothing
+            raise ConfigError(f"optimizer.{name}", f"applies to lr_schedule: wsd only (the schedule is "
+                                                   f"{o.lr_schedule}; got {getattr(o, name)})")
     for name in ("beta1", "beta2"):
         if not 0 <= getattr(o, name) < 1:
             raise ConfigError(f"optimizer.{name}", f"must be in [0, 1) (got {getattr(o, name)})")

@@ -69,8 +69,13 @@ class OptimizerConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     warmup_steps: int = 10  # step s <= warmup_steps runs at lr * s / warmup_steps; 0: step 1 runs at lr
-    # after warmup: cosine / linear decay to min_lr at train.train_steps, or constant lr
-    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    # after warmup: cosine / linear decay to min_lr at train.train_steps, constant lr, or wsd
+    # (warmup-stable-decay): lr until the last wsd_decay_steps steps, which decay to min_lr
+    lr_schedule: Literal["cosine", "linear", "constant", "wsd"] = "cosine"
+    wsd_decay_steps: int = 0  # wsd only (>= 1): the final decay's length in steps
+    # wsd only: the final decay's shape over its progress p in (0, 1]: linear 1 - p, cosine
+    # (1 + cos(pi p)) / 2, sqrt 1 - sqrt(p) (Haegele et al. 2024), scaling lr - min_lr
+    wsd_decay_shape: Literal["linear", "cosine", "sqrt"] = "linear"
 
 
 @dataclass
