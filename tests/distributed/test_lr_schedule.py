@@ -61,3 +61,12 @@ def test_layouts_run_at_the_schedule_from_step_1(setup, name, steps, optimizer):
     if optimizer["warmup_steps"] <= 1:
         assert expected[0] == 3e-3  # the peak of tiny_run_config, not 0
     _check(results, name, expected)
+
+
+def test_warmup_stable_decay_runs_its_plateau_and_decay(setup):
+    args, results = setup
+    optimizer = {"warmup_steps": 1, "lr_schedule": "wsd", "wsd_decay_steps": 3, "wsd_decay_shape": "sqrt"}
+    expected = _expected(args, 6, optimizer)
+    lr, floor = expected[0], expected[-1]
+    assert expected[:3] == [lr] * 3 and lr > expected[3] > expected[4] > floor  # plateau 1..3, decay 4..6
+    _check(results, "wsd_sqrt", expected)

@@ -45,4 +45,6 @@ def main(args):
                                      optimizer={"warmup_steps": 1, "lr_schedule": "linear"}),
         "constant_zero0": lambda: _run(args, "zero0", 3, parallel={"zero_stage": 0},
                                        optimizer={"warmup_steps": 2, "lr_schedule": "constant"}),
+        "wsd_sqrt": lambda: _run(args, "wsd", 6, optimizer={"warmup_steps": 1, "lr_schedule": "wsd",
+                                                            "wsd_decay_steps": 3, "wsd_decay_shape": "sqrt"}),
     })
