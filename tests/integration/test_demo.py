@@ -80,6 +80,7 @@ def test_demo_mixed_ascender_connection_logs_layer_statistics(tmp_path_factory):
     scalars = read_scalars(demo_dir / "tensorboard")
     assert len(scalars["train/loss"]) == 10
     for tag in ("ascender/omega_align/layer01/head00", "ascender/mass_moved_all/layer01",
+                "ascender/tau_score/layer01/head00", "ascender/kappa/layer01/head01",
                 "connection/steps_mean/layer02", "connection/steps_max/layer02"):
         assert scalars[tag], tag
     steps = [v for _, v in scalars["connection/steps_max/layer02"]]

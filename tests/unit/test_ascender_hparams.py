@@ -162,3 +162,5 @@ def test_shared_omega_equals_per_head_with_equal_gains(impl, extra):
     _, info = ascender_attention(*inputs, shared, hp, step=0, impl=impl, return_decomposition=True)
     for col, name in enumerate(("align", "sep", "coh")):
         assert torch.equal(info["stats"][f"omega_{name}"], gains[0, col].expand(nh)), name
+    for name in ("delta", "kappa", "tau_score"):  # the learned, unbounded per-head values, logged to watch them
+        assert torch.equal(info["stats"][name], getattr(shared, name).detach()), name
