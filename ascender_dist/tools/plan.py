@@ -3,15 +3,19 @@
 Pure arithmetic on the config (no model build, no megatron or DeepSpeed import). The formulas and
 their sources are in ``docs/plan.md``; in short:
 
-* model states: the ZeRO paper's mixed-precision model (Rajbhandari et al. 2020): 2 bytes of bf16
-  weights + 2 of bf16 gradients + 12 of optimizer states (fp32 master weights, Adam m and v) per
-  parameter; ZeRO-1 shards the 12 over data-parallel ranks, ZeRO-2 also the gradients, ZeRO-3 also
-  the weights. Before that, a pipeline stage holds its own layers (embedding on the first stage,
-  LM head on the last) and tensor parallelism divides them by TP.
-* activations: Korthikanti et al. 2022, per layer and micro-batch ``s b h (34 + 5 a s / h)`` bytes
-  (TP-sharded parts divided by t; everything divided by t with sequence parallelism); with full
-  recomputation only each layer's input, ``2 s b h``, plus one layer's activations while it is
-  recomputed. ASCender (S) and Connection (C) layers are approximations (see ``docs/plan.md``).
+* model states: what this project's optimizers allocate (docs/plan.md): the ZeRO paper's
+  2 + 2 + 12 bytes per parameter for bf16 (Rajbhandari et al. 2020), with DeepSpeed's details: bf16
+  ZeRO-1 (BF16_Optimizer) keeps an unsharded fp32 gradient buffer beside the bf16 gradients, ZeRO-2/3
+  keep fp32 gradient partitions, and fp32 under ZeRO >= 1 still has an fp32 master copy (ZeRO-0, fp32
+  only, runs the project's own AdamW: 4 + 4 + 8). Before that, a pipeline stage holds its own layers
+  (embedding on the first stage, LM head on the last) and tensor parallelism divides them by TP.
+* activations: what autograd keeps for megatron-core's local (unfused) layer as this project
+  configures it, term by term as in Korthikanti et al. 2022 but counted from the tensors the layer
+  really saves (tests/unit/test_plan_activations.py measures them): the fp32 softmax output and its
+  cast for the value product, the QKV buffer and RoPE's rotated copies, SwiGLU's five ffn-wide
+  tensors, dropout masks only when dropout is on; with full recomputation only each layer's input,
+  plus one layer's activations while it is recomputed. ASCender (S) and Connection (C) layers are
+  approximations (see ``docs/plan.md``).
 * time: ``flops_per_token * tokens / (world * peak * mfu)`` with
   :func:`ascender_dist.models.counting.count_model`'s 6N-style training FLOPs per token.
 """
@@ -35,11 +39,10 @@ from ascender_dist.models.counting import count_model, layer_params as layer_par
 GIB = 2**30
 DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded to a multiple of 128 (used when nothing else says)
 DEFAULT_HEADROOM = 0.9
-# bytes per parameter: (weights, gradients, optimizer states). bf16: the ZeRO paper's 2 + 2 + 12
-# (fp32 master copy 4 + Adam m 4 + v 4); fp32 training has no master copy: 4 + 4 + 8.
-BYTES_PER_PARAM = {"bf16": (2, 2, 12), "fp32": (4, 4, 8)}
-ACTIVATION_BYTES = {"bf16": 2, "fp32": 4}  # bytes per stored activation value (dropout masks: 1)
+ACTIVATION_BYTES = {"bf16": 2, "fp32": 4}  # bytes per stored activation value
+MASK_BYTES = 1  # a dropout mask on a GPU (torch's fused dropout keeps bool; its CPU path keeps the dtype)
 LOGIT_BYTES = 4  # the cross entropy keeps fp32 logits (Korthikanti et al.: 4 s b v / t)
+SOFTMAX_BYTES = 4  # megatron-core's attention_softmax_in_fp32 (its default): the softmax output is fp32
 
 
 @dataclass(frozen=True)
@@ -107,48 +110,100 @@ class Plan:
         return asdict(self)
 
 
-# --------------------------------------------------------------------------- activations
-def _layer_activation_bytes(cfg: RunConfig, letter: str, micro_batch: int, act_bytes: int) -> float:
-    """Stored activations of one layer for one micro-batch on one GPU (Korthikanti et al. 2022, sec. 4).
+# --------------------------------------------------------------------------- model states
+def model_state_bytes(precision: str, zero_stage: int, dp: int) -> tuple[float, float, float]:
+    """Bytes per parameter on one GPU (weights, gradients, optimizer states) as this project's
+    optimizers allocate them (docs/plan.md, "Model states")."""
+    weights = 2.0 if precision == "bf16" else 4.0
+    if zero_stage == 0:  # fp32 only (a config check): the project's ClippedAdamW, m and v, no master copy
+        return weights, 4.0, 8.0
+    optimizer = 12.0 / dp  # DeepSpeed's ZeRO optimizers keep an fp32 master copy, fp32 weights too, + m, v
+    if zero_stage == 1:
+        # bf16: BF16_Optimizer keeps the bf16 .grad and an unsharded fp32 accumulation buffer
+        gradients = 6.0 if precision == "bf16" else 4.0
+    else:
+        gradients = 4.0 / dp  # the fp32 gradient partition (grad_accum_dtype fp32 under bf16)
+    if zero_stage >= 3:
+        weights /= dp
+    return weights, gradients, optimizer
 
-    Values per token, split into replicated ones (divided by t only with sequence parallelism) and
-    tensor-parallel ones (always divided by t). For a GPT layer with MHA, GELU and ffn = 4h this is
-    exactly the paper's ``s b h (10 + 24/t + 5 a s / (h t))`` bytes, or ``s b h (34 + 5 a s / h) / t``
-    with sequence parallelism; GQA, SwiGLU and other FFN widths change the corresponding terms.
-    """
+
+# --------------------------------------------------------------------------- activations
+def norm_bytes(normalization: str, hidden: int, act_bytes: int) -> int:
+    """Bytes one norm keeps per token: LayerNorm its input and two statistics; megatron's RMSNorm
+    computes in fp32 and keeps the fp32 input, the normalised fp32 tensor and one statistic."""
+    if normalization == "RMSNorm":
+        return 8 * hidden + 4
+    return act_bytes * (hidden + 2)
+
+
+def _mlp_values(m) -> int:
+    """Values per token the MLP keeps besides its input: GELU its input and output (2 f); SwiGLU the
+    fc1 output (2 f) and three ffn-wide tensors (the SiLU output, fc2's input and one more; measured)."""
+    ffn = m.ffn_hidden_size or 4 * m.hidden_size
+    return 5 * ffn if m.activation == "swiglu" else 2 * ffn
+
+
+def _qkv_values(m, head_dim: int) -> int:
+    """Values per token the core attention keeps of q, k, v: with grouped-query attention q and the
+    head-repeated k, v (3 h); with multi-head attention the fused QKV buffer (v is a view of it) and
+    RoPE's rotated copies of q and k."""
+    h, a = m.hidden_size, m.num_attention_heads
+    kv = (m.num_query_groups or a) * head_dim
+    if kv < h:
+        return 3 * h
+    return 3 * h + (2 * h if m.position_embedding_type == "rope" else 0)
+
+
+def _softmax_bytes(m, act_bytes: int) -> int:
+    """Bytes per (head, query, key) of the s x s part: the fp32 softmax output, then what the value
+    product keeps: the dropout mask and output, or without dropout the cast to the activation dtype
+    (nothing more in fp32: the same tensor)."""
+    if m.attention_dropout > 0:
+        return SOFTMAX_BYTES + MASK_BYTES + act_bytes
+    return SOFTMAX_BYTES + (act_bytes if act_bytes != SOFTMAX_BYTES else 0)
+
+
+def _layer_activation_bytes(cfg: RunConfig, letter: str, micro_batch: int, act_bytes: int) -> float:
+    """Stored activations of one layer for one micro-batch on one GPU.
+
+    Per token, replicated values (divided by t only with sequence parallelism: the norms, the QKV
+    and fc1 inputs, the hidden dropout masks) and tensor-parallel ones (always divided by t: q, k, v,
+    the s x s part, the output projection's input, the MLP); per layer and micro-batch, GPT layers
+    also keep the s x s bool causal mask and RoPE's cos / sin ([s, head_dim], four of them)."""
     m, p = cfg.model, cfg.parallel
     s, h, a = m.seq_length, m.hidden_size, m.num_attention_heads
     t = p.tensor_model_parallel_size
     tau = t if p.sequence_parallel else 1
     head_dim = h // a
-    kv = (m.num_query_groups or a) * head_dim
-    ffn = m.ffn_hidden_size or 4 * h
-    mlp = (2 * ffn if m.activation == "swiglu" else ffn) + ffn  # fc1 output + activation output
-    rep_mask = 2 * h  # dropout masks after attention and after the MLP (1 byte each)
+    masks = 2 * h * MASK_BYTES if m.hidden_dropout > 0 else 0  # after attention and after the MLP
+    rep = 2 * norm_bytes(m.normalization, h, act_bytes) + act_bytes * h + masks  # norms, fc1 input
+    par = act_bytes * _mlp_values(m)
+    per_layer = 0.0
     if letter == "C":
-        # The Connection layer replaces the attention block (its input, q/k/v, the s x s scores,
-        # the output projection's input). Its own stored values were measured at
-        # ~10.6 h per token (benchmarks/results/connection.md, "saved" column, N=32, c=128,
-        # 4 steps: linear in s, no s x s term); the reasoning states add max_steps * N / c of
-        # those h (1 at that shape): (10 + max_steps * N / c) h. Counted unsharded (conservative).
+        # The Connection layer replaces the attention block (its input, Q, K, V, the scores, the
+        # output projection's input). Its own stored values were measured at ~10.6 h per token
+        # (benchmarks/results/connection.md, "saved" column, N=32, c=128, 4 steps: linear in s, no
+        # s x s term); the reasoning states add max_steps * N / c of those h (1 at that shape):
+        # (10 + max_steps * N / c) h. Counted unsharded (conservative).
         hp = m.connection
         chunk = min(hp.causal_chunk_size, s)
-        rep_tensor = 2 * h + h + (10 + hp.max_steps * hp.num_slots / chunk) * h  # norms, fc1 input, layer
-        par_tensor, par_mask = mlp, 0
+        rep += act_bytes * (10 + hp.max_steps * hp.num_slots / chunk) * h
     else:
-        rep_tensor = 2 * h + h + h  # inputs of the two norms, of the QKV projection, of fc1
-        # q, k, v, output projection input, MLP, softmax output and its dropout output (a s each)
-        par_tensor = h + 2 * kv + h + mlp + 2 * a * s
-        par_mask = a * s  # attention dropout mask
+        rep += act_bytes * h  # the QKV projection's input
+        par += act_bytes * h  # the output projection's input
         if letter == "S":
-            # ASCender: no path keeps an s x s tensor, so no score terms; the query carries z and h
-            # (d_z + d_a per head), and (conservatively) folded q_aug, k_aug, hd + d_z + 1 wider per
-            # head than q, k (the CPU fast path keeps less: no folded tensors, docs/ascender.md).
+            # ASCender: no path keeps an s x s tensor; q, k, v as the QKV output, the z and h channels
+            # (d_z + d_a per head) and (conservatively) folded q_aug, k_aug, hd + d_z + 1 wider per
+            # head than q, k (the CPU fast path keeps less: no folded tensors, docs/ascender.md)
             hp = m.ascender
-            par_tensor += a * (hp.d_z + hp.d_a) + 2 * a * (head_dim + hp.d_z + 1) - 2 * a * s
-            par_mask = 0
-    per_token = act_bytes * (rep_tensor / tau + par_tensor / t) + rep_mask / tau + par_mask / t
-    return s * micro_batch * per_token
+            kv = (m.num_query_groups or a) * head_dim
+            par += act_bytes * (h + 2 * kv + a * (hp.d_z + hp.d_a) + 2 * a * (head_dim + hp.d_z + 1))
+        else:
+            par += act_bytes * _qkv_values(m, head_dim) + _softmax_bytes(m, act_bytes) * a * s
+            rope = 4 * s * head_dim * act_bytes if m.position_embedding_type == "rope" else 0
+            per_layer = s * s + rope  # the causal mask (bool) and cos / sin, whatever the batch
+    return s * micro_batch * (rep / tau + par / t) + per_layer
 
 
 # --------------------------------------------------------------------------- the plan
@@ -182,7 +237,7 @@ def plan(cfg: RunConfig, cluster: ClusterShape, *, vocab_size: int, mfu: float =
     s, h, b = m.seq_length, m.hidden_size, t_cfg.micro_batch_size
     padded_vocab = pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp)
     counts = count_model(cfg.model, vocab_size, cfg.parallel.tensor_model_parallel_size)
-    weight_b, grad_b, optim_b = BYTES_PER_PARAM[t_cfg.precision]
+    weight_b, grad_b, optim_b = model_state_bytes(t_cfg.precision, p.zero_stage, dp)
     act_bytes = ACTIVATION_BYTES[t_cfg.precision]
     tau = tp if p.sequence_parallel else 1
 
@@ -200,21 +255,17 @@ def plan(cfg: RunConfig, cluster: ClusterShape, *, vocab_size: int, mfu: float =
         in_flight = min(pp - i, grad_accum)  # 1F1B: stage i holds pp - i micro-batches
         if i == 0:
             params += padded_vocab * h + (s * h if m.position_embedding_type == "learned_absolute" else 0)
-            extra_act += in_flight * s * b * h / tau  # embedding dropout mask (1 byte)
+            if m.hidden_dropout > 0:
+                extra_act += in_flight * s * b * h * MASK_BYTES / tau  # embedding dropout mask
         if i == pp - 1:
             params += 2 * h if m.normalization == "LayerNorm" else h  # final norm
             if m.untie_embeddings_and_output_weights or pp > 1:  # tied + pp > 1: megatron's copy
                 params += padded_vocab * h
-            # final norm input, LM-head input, fp32 logits of the vocab-parallel cross entropy
-            extra_act += act_bytes * 2 * s * b * h / tau + LOGIT_BYTES * s * b * padded_vocab / tp
+            # final norm, LM-head input, fp32 logits of the vocab-parallel cross entropy
+            extra_act += (s * b * (norm_bytes(m.normalization, h, act_bytes) + act_bytes * h) / tau
+                          + LOGIT_BYTES * s * b * padded_vocab / tp)
         shard = params / tp
         weights, grads, optim = weight_b * shard, grad_b * shard, optim_b * shard
-        if p.zero_stage >= 1:
-            optim /= dp
-        if p.zero_stage >= 2:
-            grads /= dp
-        if p.zero_stage >= 3:
-            weights /= dp
         full = sum(layer_act[c] for c in letters)
         no_ckpt = in_flight * full + extra_act
         ckpt = in_flight * len(letters) * layer_input + max(layer_act[c] for c in letters) + extra_act
@@ -254,11 +305,12 @@ def _notes(cfg: RunConfig, pattern: str, pp: int, worst: StageMemory) -> list[st
     if cfg.parallel.activation_checkpointing:
         notes.append("full recomputation runs each forward twice: the MFU given counts model FLOPs only, "
                      "so expect it lower than without checkpointing")
-    if cfg.train.precision == "fp32":
-        notes.append("precision fp32: 4 + 4 + 8 bytes per parameter (no master copy), 4-byte activations")
-    elif cfg.parallel.zero_stage == 1:
-        notes.append("DeepSpeed's bf16 ZeRO-1 with fp32 gradient accumulation (this project's setting) keeps "
-                     "an unsharded fp32 gradient buffer: 2 bytes/param more than counted here")
+    if cfg.train.precision == "bf16" and cfg.parallel.zero_stage == 1:
+        notes.append("bf16 ZeRO-1: DeepSpeed's BF16_Optimizer keeps the bf16 gradients and an unsharded fp32 "
+                     "accumulation buffer (6 bytes/param, counted)")
+    elif cfg.train.precision == "fp32" and cfg.parallel.zero_stage >= 1:
+        notes.append("fp32 under ZeRO >= 1: DeepSpeed's optimizer keeps an fp32 master copy too "
+                     "(12 bytes/param of optimizer states, sharded; counted)")
     notes.append("not counted: communication buckets, CUDA context, allocator fragmentation "
                  "(the headroom is for these)")
     return notes

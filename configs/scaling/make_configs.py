@@ -14,7 +14,7 @@ The rule (Hoffmann et al. 2022 for the budget, Brown et al. 2020 for batch and l
   * AdamW (0.9, 0.95), weight decay 0.1, clip 1.0, bf16;
   * ASCender: Separation from 10 % of the steps on (the paper's schedule, section 12);
   * layout for nodes of 8 x 80 GB GPUs: data-parallel only (ZeRO-1), activation checkpointing off,
-    for every size: `ascender-dist plan` puts the largest (gpt-large) at 44 GiB per GPU, so tensor or
+    for every size: `ascender-dist plan` puts the largest (gpt-large) at 54 GiB per GPU, so tensor or
     pipeline parallelism would only add all-reduces and a pipeline bubble at these sizes (they are
     for larger models and GPUs with less memory: set parallel.* and check with `plan`).
 """

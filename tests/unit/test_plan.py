@@ -7,6 +7,7 @@ import pytest
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.resolve import config_from_dict
 from ascender_dist.models.counting import count_model
+from ascender_dist.tools import plan as plan_module
 from ascender_dist.tools.plan import ClusterShape, check_fits, format_plan, plan, plan_main
 
 # A GPT with round numbers: h = 1024, 16 heads, ffn 4h, s = 2048, 4 layers, vocab 51200
@@ -35,21 +36,25 @@ def test_gpt_on_8_gpus_tp2_zero1_matches_hand_computation():
     shard = n // 2  # TP = 2
     mem = p.memory
     assert mem.parameters == 2 * shard == 102_815_744  # bf16 weights
-    assert mem.gradients == 2 * shard == 102_815_744  # bf16 gradients (ZeRO-1 keeps them whole)
+    # bf16 ZeRO-1 (DeepSpeed's BF16_Optimizer): the bf16 gradients and an unsharded fp32 buffer
+    assert mem.gradients == 6 * shard == 308_447_232
     assert mem.optimizer_states == 12 * shard // 4 == 154_223_616  # fp32 master + m + v over DP 4
 
-    # activations (Korthikanti et al. 2022), b = 4, t = 2, no sequence parallelism:
-    # per layer s b h (10 + 24 / t + 5 a s / (h t)) = s b h (10 + 12 + 80) = 102 s b h bytes
-    sbh = S * 4 * H
-    per_layer = sbh * (10 + 24 // 2 + 5 * A * S // (H * 2))
-    assert per_layer == 102 * sbh == 855_638_016
-    embedding_mask = sbh  # 1-byte dropout mask on the embedding output (replicated without SP)
-    output = 2 * 2 * sbh + 4 * S * 4 * V // 2  # final norm + LM-head inputs (bf16), fp32 logits / t
-    assert mem.activations_no_checkpointing == L * per_layer + embedding_mask + output == 4_303_355_904
+    # activations, b = 4, t = 2, no sequence parallelism, no dropout, bf16 (2 bytes), values per token:
+    # replicated: two LayerNorms (input + 2 statistics each), the QKV and fc1 inputs
+    replicated = 2 * 2 * (H + 2) + 2 * H + 2 * H
+    # tensor-parallel: the QKV buffer (3h) and RoPE's rotated q, k (2h), the output projection's input,
+    # GELU's input and output (2 x 4h), and per head and key the fp32 softmax output + its bf16 cast
+    sharded = 2 * (5 * H) + 2 * H + 2 * (8 * H) + (4 + 2) * A * S
+    per_layer = S * 4 * (replicated + sharded // 2) + S * S + 4 * S * (H // A) * 2  # + causal mask, cos / sin
+    assert per_layer == 995_164_160
+    output = S * 4 * (2 * (H + 2) + 2 * H) + 4 * S * 4 * V // 2  # final norm, LM-head input, fp32 logits / t
+    assert mem.activations_no_checkpointing == L * per_layer + output == 4_853_104_640
     # full recomputation: each layer's input (2 s b h) + one layer's activations while it is recomputed
-    assert mem.activations_checkpointing == L * 2 * sbh + per_layer + embedding_mask + output == 1_803_550_720
+    sbh = S * 4 * H
+    assert mem.activations_checkpointing == L * 2 * sbh + per_layer + output == 1_934_721_024
     assert mem.activations == mem.activations_no_checkpointing  # the config does not checkpoint
-    assert mem.total == 2 * 102_815_744 + 154_223_616 + 4_303_355_904 == 4_663_211_008
+    assert mem.total == 102_815_744 + 308_447_232 + 154_223_616 + 4_853_104_640 == 5_418_591_232
     assert p.fits and p.available_bytes == int(0.9 * 80 * 2**30)
 
     # time: training FLOPs per token = 3 x forward, forward = 2 N_matmul + 4 s h per layer + LM head 2 V h
@@ -59,7 +64,7 @@ def test_gpt_on_8_gpus_tp2_zero1_matches_hand_computation():
     assert p.tokens == tokens
     assert p.train_seconds == pytest.approx(flops * tokens / (8 * 989e12 * 0.4))  # ~59 s
     table = format_plan(p)
-    assert "| fits" in table and "yes" in table and "4.34" in table  # total GiB/GPU
+    assert "| fits" in table and "yes" in table and "5.05" in table  # total GiB/GPU
 
 
 def _memory(precision: str, zero_stage: int):
@@ -73,19 +78,25 @@ def test_zero_stages_order_memory():
     assert totals[3].total < totals[2].total < totals[1].total
     # only the ZeRO-sharded state shrinks; activations are the same at every stage
     assert len({m.activations for m in totals.values()}) == 1
-    assert totals[1].gradients == 8 * totals[2].gradients  # DP 8
+    # bf16: ZeRO-1 keeps bf16 gradients + an unsharded fp32 buffer (6 bytes), ZeRO-2 an fp32 partition (4 / d)
+    assert 4 * totals[1].gradients == 6 * 8 * totals[2].gradients  # DP 8
     assert totals[2].parameters == 8 * totals[3].parameters
     fp32 = {z: _memory("fp32", z) for z in (0, 1)}
     assert fp32[1].total < fp32[0].total
-    assert fp32[0].optimizer_states == 8 * fp32[1].optimizer_states
+    # ZeRO-0 (the project's AdamW): m and v; ZeRO-1 (DeepSpeed): fp32 master copy + m + v, over DP 8
+    assert 12 * fp32[0].optimizer_states == 8 * 8 * fp32[1].optimizer_states
 
 
 def test_sequence_parallel_and_checkpointing_reduce_activations():
     base = plan(make_cfg(), EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None).memory
     sp = plan(make_cfg(sequence_parallel=True), EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None).memory
-    sbh = S * 4 * H
-    # with SP every layer term is divided by t: s b h (34 + 5 a s / h) / 2 = 97 s b h per layer
-    assert sp.activations_no_checkpointing == (L * 97 * sbh + sbh // 2 + 2 * sbh + 4 * S * 4 * V // 2)
+    # with SP the replicated per-token terms are divided by t too (the causal mask and cos / sin are not)
+    layer = plan_module._layer_activation_bytes(make_cfg(), "A", 4, 2)
+    sp_layer = plan_module._layer_activation_bytes(make_cfg(sequence_parallel=True), "A", 4, 2)
+    replicated = S * 4 * (2 * 2 * (H + 2) + 2 * H + 2 * H)
+    assert sp_layer == layer - replicated + replicated // 2
+    output = S * 4 * (2 * (H + 2) + 2 * H) // 2 + 4 * S * 4 * V // 2
+    assert sp.activations_no_checkpointing == L * sp_layer + output
     ckpt = plan(make_cfg(activation_checkpointing=True), EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None)
     assert ckpt.memory.activations == base.activations_checkpointing < base.activations
     assert any("recomputation" in note for note in ckpt.notes)
@@ -123,8 +134,8 @@ def test_layout_that_does_not_fit_is_refused_in_one_line():
         check_fits(p)
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("parallel: ")
-    assert "does not fit: 4.34 GiB needed per GPU, 3.60 GiB available" in msg
-    assert "parameters 0.10 + gradients 0.10 + optimizer states 0.14 + activations 4.01 GiB" in msg
+    assert "does not fit: 5.05 GiB needed per GPU, 3.60 GiB available" in msg
+    assert "parameters 0.10 + gradients 0.29 + optimizer states 0.14 + activations 4.52 GiB" in msg
     assert "activation_checkpointing=true" in msg  # 1.8 GiB of activations would fit
     check_fits(plan(make_cfg(), EIGHT_GPUS, vocab_size=V, mfu=0.4, tokens=None))  # fits: no error
 
