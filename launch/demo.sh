@@ -41,4 +41,4 @@ deepspeed --num_accelerators "$NUM_RANKS" --master_port "$PORT" launch/train.py 
   --set "model.vocab_size=${DEMO_VOCAB:-4096}" \
   --set "model.seq_length=${DEMO_SEQ:-128}" \
   "$@"
-echo "TensorBoard: .venv/bin/tensorboard --logdir $DEMO_DIR/tensorboard"
+printf 'TensorBoard: %q --logdir %q\n' "$PWD/.venv/bin/tensorboard" "$(cd "$DEMO_DIR" && pwd)/tensorboard"

@@ -187,8 +187,16 @@ else
   mapfile -t nccl_env < <(compgen -e | grep -E '^NCCL_' || true)
   for n in OMP_NUM_THREADS DS_ACCELERATOR CUDA_DEVICE_MAX_CONNECTIONS TORCH_NCCL_ASYNC_ERROR_HANDLING \
            GLOO_SOCKET_IFNAME ${nccl_env[@]+"${nccl_env[@]}"} ${extra_env[@]+"${extra_env[@]}"}; do
+    case "${!n:-}" in *$'\n'*) die "ssh mode cannot forward $n: its value holds a newline (set it in each host's environment, or start every node yourself with --node_rank)" ;; esac
     [ -z "${!n:-}" ] || printf '%s=%s\n' "$n" "${!n}" >> "$env_file"
   done
+  # DeepSpeed writes each as export NAME="value" into the remote command: inside "..." the remote
+  # shell still reads $, `, " and \ (a value would change or run there, on every host alike)
+  while IFS= read -r line; do
+    case "${line#*=}" in
+      *[\$\`\"\\]*) die "ssh mode forwards ${line%%=*} to every host inside \"...\", where its value '${line#*=}' would change (\$, \`, \" and \\ are read by the remote shell): set it in each host's environment, or start every node yourself with --node_rank" ;;
+    esac
+  done < "$env_file"
   export DS_ENV_FILE="$env_file"
 fi
 cmd+=(launch/train.py --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"})

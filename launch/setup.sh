@@ -11,7 +11,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 DRY_RUN=0
-if [ "${1:-}" = "--dry-run" ]; then DRY_RUN=1; fi
+case "$#:${1:-}" in
+  0:) ;;
+  1:--dry-run) DRY_RUN=1 ;;
+  *) echo "setup.sh: error: unknown arguments '$*' (usage: bash launch/setup.sh [--dry-run]); nothing installed" >&2
+     exit 2 ;;
+esac
 
 ACTION="" SPEC="" INDEX_URL="" SYSTEM_SITE="" REMOVE="" GPU="" REASON=""
 PLAN=$("$PYTHON" launch/torch_plan.py .venv/bin/python "$PYTHON")

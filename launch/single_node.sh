@@ -44,7 +44,13 @@ PY=$(dirname "$(command -v "$DEEPSPEED")")/python
 [ -x "$PY" ] || PY=python3
 
 ranks_arg=(--num_accelerators "${NUM_RANKS:-}")
-if [ -z "${NUM_RANKS:-}" ]; then
+if [ "${DS_ACCELERATOR:-}" = cpu ]; then
+  # CPU ranks on purpose (docs/cluster.md), GPUs or not: 2 by default, and no --include of GPU ids
+  # (DeepSpeed's CPU accelerator has no such slots: "No slot '1' specified on host 'localhost'")
+  gpus=0
+  NUM_RANKS=${NUM_RANKS:-2}
+  ranks_arg=(--num_accelerators "$NUM_RANKS")
+elif [ -z "${NUM_RANKS:-}" ]; then
   # GPUs torch cannot use (a CPU build, an old driver) stop here rather than train on CPU unnoticed
   gpus=$("$PY" -c 'import sys, torch
 from ascender_dist.config.errors import UserError

@@ -1,6 +1,7 @@
 """The README's main job at a tiny size, through the real `deepspeed` launcher on 2 CPU ranks."""
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -52,6 +53,10 @@ def test_demo_writes_complete_checkpoint(demo_run):
         assert (ckpt / tag / "config.yaml").is_file()
         assert list((ckpt / tag).glob("mp_rank_00_model_states.pt"))
     assert "checkpoint in" in proc.stderr + proc.stdout
+    # the TensorBoard line to copy: absolute paths, shell-quoted (it was relative to the repository root)
+    tensorboard = shlex.split(proc.stdout.split("TensorBoard: ")[-1].splitlines()[0])
+    assert tensorboard == [str(REPO_ROOT / ".venv" / "bin" / "tensorboard"), "--logdir",
+                           str(demo_dir.resolve() / "tensorboard")], tensorboard
 
 
 def test_demo_rerun_resumes_from_latest_and_continues(demo_run):

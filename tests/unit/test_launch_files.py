@@ -164,6 +164,13 @@ def test_multi_node_unresolvable_master_and_unreachable_host(stubs, tmp_path):
     assert calls() == []  # nothing was launched
 
 
+@pytest.mark.parametrize("args", [["--help"], ["--dryrun"], ["--dry-run", "x"]])
+def test_setup_refuses_unknown_arguments_before_installing_anything(args):
+    """A typo ran the whole installation (uninstalling and reinstalling torch)."""
+    proc = _run(["bash", "launch/setup.sh", *args], env=_clean_env(PYTHON="/nonexistent/python"))
+    _assert_one_line_error(proc, "unknown arguments", "usage: bash launch/setup.sh [--dry-run]", "nothing installed")
+
+
 def test_single_node_without_config():
     _assert_one_line_error(_run(["bash", "launch/single_node.sh", "--set", "train.train_steps=1"]), "no config")
 
@@ -286,6 +293,43 @@ def test_multi_node_ssh_mode_refuses_values_the_remote_shell_would_change(stubs,
                  "configs/demo.yaml", "--set", value], env=env)
     _assert_one_line_error(proc, "ssh mode", value, "--node_rank")
     assert calls() == []
+
+
+@pytest.mark.parametrize("value", ["cost $5 run", 'say "hi"', "`id -un`", "a\\b"])
+def test_multi_node_ssh_mode_refuses_forwarded_values_the_remote_shell_would_change(stubs, tmp_path, value):
+    """DeepSpeed writes each forwarded variable as export NAME="value" into the remote command: the
+    remote shell expands $ and ` and strips quotes there (WANDB_NOTES="cost $5 run" arrived as
+    "cost  run"), from FORWARD_ENV, NCCL_* and ~/.deepspeed_env alike."""
+    env, _, calls = stubs
+    env.update(MY_NOTES=value, FORWARD_ENV="MY_NOTES")
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", "launch/hostfile.example", "--config",
+                 "configs/demo.yaml"], env=env)
+    _assert_one_line_error(proc, "ssh mode forwards MY_NOTES", "--node_rank")
+    assert calls() == []
+    env.pop("FORWARD_ENV")
+    env_file = tmp_path / "ds.env"
+    env_file.write_text(f"MY_NOTES={value}\n")
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", "launch/hostfile.example", "--config",
+                 "configs/demo.yaml"], env={**env, "DS_ENV_FILE": str(env_file)})
+    _assert_one_line_error(proc, "ssh mode forwards MY_NOTES")
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", "launch/hostfile.example", "--config",
+                 "configs/demo.yaml"], env={**env, "MY_NOTES": "two\nlines", "FORWARD_ENV": "MY_NOTES"})
+    _assert_one_line_error(proc, "cannot forward MY_NOTES", "newline")
+
+
+def test_single_node_cpu_ranks_on_a_gpu_node_take_no_gpu_ids(stubs):
+    """DS_ACCELERATOR=cpu on a GPU node with CUDA_VISIBLE_DEVICES set: the GPU count became the rank
+    count and --include localhost:0,1 reached DeepSpeed's CPU accelerator, which has no such slots
+    (ValueError: No slot '1' specified on host 'localhost'). Now: the documented 2 CPU ranks."""
+    env, out, calls = stubs
+    python = Path(env["DEEPSPEED"]).parent / "python"  # the environment's python: torch sees 4 GPUs
+    python.write_text("#!/bin/sh\necho 4\n")
+    python.chmod(0o755)
+    env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="0,1,2,3", MASTER_PORT="29511")
+    proc = _run(["bash", "launch/single_node.sh", "--config", "configs/demo.yaml"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls()
+    assert _after(call["args"], "--num_accelerators") == "2" and "--include" not in call["args"], call["args"]
 
 
 def test_multi_node_ssh_mode_passes_plain_values_and_spaces(stubs):
