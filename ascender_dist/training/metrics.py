@@ -11,10 +11,10 @@ log = logging.getLogger("ascender_dist")
 
 
 # dense bf16 tensor-core datasheet peaks, matched in this order against torch.cuda.get_device_name()
-# (so the PCIe and NVL H100s, 756 and 835, are found before the SXM one). MFU is against this peak
-# whatever train.precision is (as Megatron and PaLM report it); an fp32 run reads low.
-PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0,
-               "A10G": 125.0}
+# (so the PCIe and NVL H100s, 756 and 835, and the H200 NVL, 835, are found before the SXM ones). MFU
+# is against this peak whatever train.precision is (as Megatron and PaLM report it); an fp32 run reads low.
+PEAK_TFLOPS = {"H200 NVL": 835.0, "H200": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0,
+               "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
 
 
 def cuda_peak_mib(fn) -> float:

@@ -20,7 +20,8 @@ def test_no_mfu_without_a_peak():
 
 @pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
                                         ("NVIDIA H100 NVL", 835.0),
-                                        ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                        ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0),
+                                        ("NVIDIA A100-SXM4-80GB", 312.0),
                                         ("Tesla V100-SXM2-32GB", None)])
 def test_peak_by_device_name(monkeypatch, name, peak):
     import torch
