@@ -52,6 +52,7 @@ def check_recorded_config(grid: Grid, variant: Variant, seed: int, record: dict)
         raise AblationError(f"{run_dir(grid, variant, seed)}: {RESULT} was validated over eval_iters "
                             f"{record['eval_iters']!r}, the grid now asks for {asked!r} (another validation set); "
                             "remove the run directory to re-run it, or use another --runs-dir")
+    _check_recorded_data(grid, variant, seed, record, cfg.data.manifest)
     got = (record.get("provenance") or {}).get("config_sha256")
     if got is None:
         return
@@ -59,6 +60,20 @@ def check_recorded_config(grid: Grid, variant: Variant, seed: int, record: dict)
     if got != want and not _saved_config_agrees(run_dir(grid, variant, seed) / "config.yaml", got, want):
         raise AblationError(f"{run_dir(grid, variant, seed)}: {RESULT} was trained with config sha256 {got[:12]}, "
                             f"the grid now asks for {want[:12]} (grid or --set changed since); remove the run "
+                            "directory to re-run it, or use another --runs-dir")
+
+
+def _check_recorded_data(grid: Grid, variant: Variant, seed: int, record: dict, manifest: str) -> None:
+    """Refuse a finished run trained on other data than the grid's manifest holds now: the config
+    names the manifest's path, not its content (a dataset root rebuilt with other settings, or the
+    embedded corpus under another Python). Records without the hash (older runs) pass."""
+    from .provenance import file_sha256
+
+    got = (record.get("provenance") or {}).get("data_manifest_sha256")
+    now = file_sha256(manifest) if manifest and Path(manifest).is_file() else None
+    if got is not None and now is not None and got != now:
+        raise AblationError(f"{run_dir(grid, variant, seed)}: {RESULT} was trained on data manifest sha256 "
+                            f"{got[:12]}, {manifest} is now {now[:12]} (the dataset was rebuilt); remove the run "
                             "directory to re-run it, or use another --runs-dir")
 
 

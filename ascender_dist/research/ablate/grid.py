@@ -219,16 +219,25 @@ def expand_variants(variants: Optional[dict], axes: Optional[dict], source: str 
         dims.append(_axis_options(str(key), value, f"{source}: axes.{key}", short.get(str(key), "")))
     if not dims:
         return [Variant(name="base", overrides={}, labels=("base",))]
-    out, seen = [], set()
+    out, seen, dirs = [], set(), {}
     for combo in itertools.product(*dims):
         labels = tuple(label for label, _ in combo)
         overrides: dict = {}
+        for (label, o), (other_label, other) in itertools.combinations(combo, 2):
+            both = sorted(set(o) & set(other))
+            if both:  # the later dimension would win silently: a label naming a setting the run does not have
+                raise ConfigError(source, f"{label!r} and {other_label!r} both set {both[0]}: one dimension "
+                                          "of the grid must own each setting")
         for _, o in combo:
             overrides.update(o)
         name = ",".join(labels)
         if name in seen:
             raise ConfigError(source, f"two variants are both named {name!r}: rename an option")
+        if _safe(name) in dirs:  # one run directory for both
+            raise ConfigError(source, f"variants {dirs[_safe(name)]!r} and {name!r} share the run directory "
+                                      f"name {_safe(name)!r}: rename one")
         seen.add(name)
+        dirs[_safe(name)] = name
         out.append(Variant(name=name, overrides=overrides, labels=labels))
     return out
 
@@ -460,10 +469,12 @@ def ensure_dataset(spec: dict) -> dict:
         root.mkdir(parents=True, exist_ok=True)
         log.info("building the dataset in %s", root)
         corpus = root / "corpus.jsonl"
-        corpus.unlink(missing_ok=True)  # a build cut short before the manifest: made again with these settings
+        # a build cut short before the manifest: made again with these settings, the tokenizer too (one
+        # kept from a cut-short build may have another vocabulary than the grid asks for now)
+        for stale in (corpus, model, root / "tokenizer.json", root / "tokenizer.vocab"):
+            stale.unlink(missing_ok=True)
         build_default_corpus(corpus, max_bytes=settings["corpus_bytes"])
-        if not model.exists():
-            train_tokenizer([corpus], root / "tokenizer", vocab_size=settings["vocab_size"])
+        train_tokenizer([corpus], root / "tokenizer", vocab_size=settings["vocab_size"])
         write_shards([corpus], Tokenizer.load(model), root / "shards", seq_length=settings["seq_length"],
                      samples_per_shard=settings["samples_per_shard"], val_fraction=settings["val_fraction"])
         (root / DATASET_RECORD).write_text(json.dumps(settings, indent=1) + "\n")

@@ -193,6 +193,8 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     if cfg.parallel.pipeline_model_parallel_size > 1:
         raise AblationError(f"{config_path}: ablate collects per-sequence losses from the model's output; "
                             "pipeline_model_parallel_size must be 1")
+    # the code and data that train it, taken now: a commit made while it trains is not this run's
+    provenance = run_provenance(to_dict(cfg), cfg.data.manifest)
     t_start = time.perf_counter()
     digest, per_sequence, curve = DataDigest(), PerSequenceValidationLosses(), ValidationLosses()
     trainer = Trainer(cfg, callbacks=[digest, per_sequence, curve])
@@ -271,7 +273,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         "setup_s": setup_s, "fit_s": fit_s, "val_s": val_s,
         "torch_threads": torch.get_num_threads(),
         "checkpoint_dir": str(trainer.derived.checkpoint_dir),
-        "provenance": run_provenance(to_dict(cfg), cfg.data.manifest),
+        "provenance": provenance,
     }
     result_path = Path(result_path)
     tmp, fd = exclusive_temporary(result_path)

@@ -30,10 +30,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a run-config field for every run, e.g. --set train.train_steps=20")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (replaces the grid's)")
     p.add_argument("--only", default=None, help="comma-separated variant names to run/report (with the grid's "
-                                                "baseline and the variants they compare to)")
+                                                "baseline and the variants they compare to); an axes grid's "
+                                                "names hold commas themselves and are matched whole")
     p.add_argument("--jobs", type=int, default=None, help="runs at a time (default: grid 'jobs', else 1)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per run (default: grid 'threads', else 1)")
-    p.add_argument("--runs-dir", default=None, help="override the grid's runs_dir")
+    p.add_argument("--runs-dir", default=None, help="override the grid's runs_dir (the report then goes to "
+                                                    "RUNS_DIR/report unless --report-dir says otherwise)")
     p.add_argument("--report-dir", default=None, help="override the grid's report_dir")
     p.add_argument("--report-only", action="store_true", help="write the report from the finished runs only")
     p.add_argument("--dry-run", action="store_true",
@@ -110,6 +112,36 @@ def _child_main(args) -> int:
     return 0
 
 
+def _only_names(text: str, names: list[str]) -> list[str]:
+    """--only's comma-separated names, an axes grid's own comma-holding names (``use_align=false,...``)
+    matched whole, longest first; a part that names nothing is kept for load_grid to name."""
+    parts, out, i = text.split(","), [], 0
+    while i < len(parts):
+        for j in range(len(parts), i, -1):
+            candidate = ",".join(parts[i:j]).strip()
+            if candidate in names:
+                out.append(candidate)
+                i = j
+                break
+        else:
+            out.append(parts[i].strip())
+            i += 1
+    return out
+
+
+def _note_overridden_sets(grid, overrides: Sequence[str]) -> None:
+    """A --set of a field that variants set too applies only to the others (a variant's own value
+    wins): said once per such --set, not left to be found in the results."""
+    from ascender_dist.config.loader import override_key
+
+    for text in overrides:
+        key = override_key(text)
+        owners = [v.name for v in grid.variants if any(k == key or k.startswith(key + ".") for k in v.overrides)]
+        if owners:
+            print(f"note: --set {text} does not apply to {', '.join(owners)}, which set {key} themselves",
+                  file=sys.stderr)
+
+
 def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
     """``ascender-dist ablate``: run (or resume) a grid, then write its report. Exit 2 on a user error."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -129,13 +161,16 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
         if value is not None and value < 1:
             print(f"error: --{flag} must be >= 1 (got {value})", file=sys.stderr)
             return 2
-    only = [s.strip() for s in args.only.split(",")] if args.only else None
     try:
+        only = _only_names(args.only, [v.name for v in load_grid(args.grid, args.overrides, seeds).variants]) \
+            if args.only else None
         grid = load_grid(args.grid, args.overrides, seeds, only)
-        if args.runs_dir:
+        if args.runs_dir:  # another set of runs: never the grid's own report
             grid.runs_dir = Path(args.runs_dir)
+            grid.report_dir = grid.runs_dir / "report"
         if args.report_dir:
             grid.report_dir = Path(args.report_dir)
+        _note_overridden_sets(grid, args.overrides)
         launcher = Launcher(ranks=max(1, args.ranks or grid.ranks), hostfile=args.hostfile, slurm=args.slurm,
                             master_addr=args.master_addr)
         jobs = args.jobs
@@ -153,6 +188,10 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
         records = collect_records(grid)
         if not records:
             print(f"error: {grid.runs_dir}: no finished runs to report", file=sys.stderr)
+            return 2
+        if not any(r.get("config") == grid.baseline for r in records):  # every comparison is against it
+            print(f"error: {grid.runs_dir}: the baseline {grid.baseline!r} has no finished run to compare with "
+                  "(run it first)", file=sys.stderr)
             return 2
         by_commit = commits_of(records)  # one clean or dirty commit: reported in the first line, not refused
         if (len(by_commit) > 1 or "unrecorded" in by_commit) and not args.allow_mixed_commits:

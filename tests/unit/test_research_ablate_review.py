@@ -1,0 +1,150 @@
+"""Grid machinery found wrong by a review: finished runs reused on rebuilt data, a cut-short dataset
+build keeping another vocabulary's tokenizer, provenance taken after training, two variants in one
+run directory, a setting owned by two dimensions, --runs-dir overwriting the grid's report, --only
+and an axes grid's names, --report-only without the baseline, and --set losing to a variant."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from ascender_dist.config.errors import ConfigError
+from ascender_dist.config.loader import to_dict
+from ascender_dist.research import ablate
+from ascender_dist.research.ablate import load_grid
+from ascender_dist.research.ablate.collect import collect_records
+from ascender_dist.research.ablate.grid import RESULT, AblationError, expand_variants, run_config, run_dir
+from ascender_dist.research.ablate.provenance import config_hash, file_sha256
+
+BASE = {"model": {"architecture": "gpt", "preset": "debug", "vocab_size": 512},
+        "train": {"micro_batch_size": 2, "global_batch_size": 4, "train_steps": 5},
+        "optimizer": {"warmup_steps": 1}}
+
+
+def _grid(tmp_path, **grid):
+    path = tmp_path / "grid.yaml"
+    base = {**BASE, "data": {"manifest": str(tmp_path / "data" / "manifest.json"), "tokenizer": "tok.model"}}
+    path.write_text(yaml.safe_dump({"name": "g", "base": base, "seeds": [1], **grid}, sort_keys=False))
+    return path
+
+
+def _finished(grid, variant: str, manifest_sha: str | None) -> None:
+    v = grid.variant(variant)
+    d = run_dir(grid, v, 1)
+    d.mkdir(parents=True)
+    provenance = {"config_sha256": config_hash(to_dict(run_config(grid, v, 1))), "data_manifest_sha256": manifest_sha}
+    (d / RESULT).write_text(json.dumps({"config": variant, "seed": 1, "val_loss": 5.0, "provenance": provenance}))
+
+
+def test_a_finished_run_on_data_rebuilt_since_is_refused(tmp_path):
+    manifest = tmp_path / "data" / "manifest.json"
+    manifest.parent.mkdir()
+    manifest.write_text('{"shards": ["a"]}')
+    grid = load_grid(_grid(tmp_path, variants={"gpt": {}}))
+    grid.runs_dir = tmp_path / "runs"
+    _finished(grid, "gpt", file_sha256(manifest))
+    assert len(collect_records(grid)) == 1
+    manifest.write_text('{"shards": ["b"]}')  # the dataset root removed and built again with other settings
+    with pytest.raises(AblationError, match="was trained on data manifest sha256") as info:
+        collect_records(grid)
+    assert str(run_dir(grid, grid.variant("gpt"), 1)) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_variants_sharing_a_run_directory_are_refused():
+    with pytest.raises(ConfigError, match="variants 'lr 1' and 'lr_1' share the run directory name 'lr_1'"):
+        expand_variants({"lr 1": {"optimizer.lr": 1e-3}, "lr_1": {"optimizer.lr": 2e-3}}, None)
+
+
+@pytest.mark.parametrize("variants,axes", [
+    ({"small": {"optimizer.lr": 1e-3}}, {"optimizer.lr": [1e-4, 2e-4]}),
+    (None, {"optimizer.lr": [1e-4, 2e-4], "peak": {"hi": {"optimizer.lr": 1e-2}}}),
+])
+def test_a_setting_owned_by_two_dimensions_is_refused(variants, axes):
+    """The later dimension won silently: 'small,lr=0.0001' trained at 1e-4, and two differently
+    labelled variants at the same 1e-2."""
+    with pytest.raises(ConfigError, match=r"both set optimizer.lr: one dimension of the grid must own each setting"):
+        expand_variants(variants, axes)
+
+
+def test_runs_dir_without_report_dir_reports_beside_those_runs(tmp_path, monkeypatch):
+    from ascender_dist.research.ablate import main
+
+    written = []
+    monkeypatch.setattr(main, "write_report", lambda grid, records, **kw: written.append(grid.report_dir))
+    path = _grid(tmp_path, variants={"gpt": {}}, report_dir=str(tmp_path / "grid-report"))
+    grid = load_grid(path)
+    grid.runs_dir = tmp_path / "other"
+    _finished(grid, "gpt", None)
+    assert ablate.ablate_main([str(path), "--report-only", "--runs-dir", str(tmp_path / "other"), "--no-progress",
+                               "--allow-mixed-commits"]) == 0
+    assert written == [tmp_path / "other" / "report"]  # never the grid's own report
+
+
+def test_only_matches_an_axes_grids_names_whole(tmp_path):
+    from ascender_dist.research.ablate.main import _only_names
+
+    names = ["use_align=true,use_sep=true", "use_align=false,use_sep=true", "use_align=false,use_sep=false"]
+    assert _only_names("use_align=false,use_sep=true", names) == ["use_align=false,use_sep=true"]
+    assert _only_names("use_align=false,use_sep=true,use_align=false,use_sep=false", names) == names[1:]
+    assert _only_names("gpt,asc", ["gpt", "asc"]) == ["gpt", "asc"]
+    assert _only_names("nope", names) == ["nope"]  # load_grid names it
+    axes = {"model.ascender.use_align": [True, False], "model.ascender.use_sep": [True, False]}
+    path = _grid(tmp_path, variants={"asc": {"model.architecture": "ascender"}}, axes=axes)
+    wanted = load_grid(path).variants[3].name
+    assert ablate.ablate_main([str(path), "--dry-run", "--only", wanted, "--runs-dir", str(tmp_path / "r")]) == 0
+
+
+def test_report_only_without_a_finished_baseline_is_one_line(tmp_path, capsys):
+    path = _grid(tmp_path, variants={"b2": {}, "gpt": {"optimizer.lr": 1e-3}}, baseline="b2")
+    grid = load_grid(path)
+    grid.runs_dir = tmp_path / "runs"
+    _finished(grid, "gpt", None)
+    rc = ablate.ablate_main([str(path), "--report-only", "--runs-dir", str(tmp_path / "runs"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == f"error: {tmp_path / 'runs'}: the baseline 'b2' has no finished run to compare with (run it first)"
+
+
+def test_a_set_that_variants_override_is_said_once(tmp_path, capsys):
+    path = _grid(tmp_path, variants={"a": {"optimizer.lr": 1e-3}, "b": {}})
+    assert ablate.ablate_main([str(path), "--dry-run", "--set", "optimizer.lr=7e-4", "--runs-dir", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "note: --set optimizer.lr=7e-4 does not apply to a, which set optimizer.lr themselves" in err
+
+
+def test_provenance_is_taken_before_training(tmp_path, monkeypatch):
+    """The commit and dirty flag were read after fit(): a commit made while a run trained was recorded."""
+    from ascender_dist.research.ablate import launch, provenance
+    from ascender_dist.training import trainer as trainer_module
+
+    order = []
+    monkeypatch.setattr(provenance, "run_provenance", lambda *a: order.append("provenance") or {})
+
+    class Trains:
+        def __init__(self, *a, **k):
+            order.append("training")
+            raise RuntimeError("stop here")
+
+    monkeypatch.setattr(trainer_module, "Trainer", Trains)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"output_dir: {tmp_path / 'run'}\n")
+    with pytest.raises(RuntimeError, match="stop here"):
+        launch.run_one(config, tmp_path / "result.json")
+    assert order == ["provenance", "training"]
+
+
+def test_a_cut_short_dataset_build_trains_its_tokenizer_again(tmp_path):
+    """A build cut short after its tokenizer kept that tokenizer when built again with another vocabulary
+    (dataset.json then recorded the new one); the whole build is made again with the grid's settings."""
+    from ascender_dist.research.ablate.grid import DATASET_RECORD, ensure_dataset
+    from data_pipeline.corpus import build_default_corpus
+    from data_pipeline.tokenizer import Tokenizer, train_tokenizer
+
+    root = tmp_path / "data"
+    root.mkdir()
+    build_default_corpus(root / "corpus.jsonl", max_bytes=150_000, progress=False)
+    train_tokenizer([root / "corpus.jsonl"], root / "tokenizer", vocab_size=400, progress=False)  # then cut short
+    out = ensure_dataset({"root": str(root), "corpus_bytes": 150_000, "vocab_size": 512, "seq_length": 64})
+    assert Tokenizer.load(out["tokenizer"]).vocab_size == 512
+    assert json.loads((root / DATASET_RECORD).read_text())["vocab_size"] == 512
