@@ -310,7 +310,7 @@ def inspect_connection_cmd(args: argparse.Namespace) -> None:
         if layer["steps_mean"] is None:  # the input fits in the first causal chunk: its state is the bare slots
             print(f"layer {number}: steps not shown: the {len(summary['tokens'])} input tokens fit in the first "
                   f"chunk of {layer['causal_chunk_size']}, whose reasoning state does not depend on the input "
-                  f"(pass --max-tokens > {layer['causal_chunk_size']})")
+                  f"(pass --max-tokens > {layer['causal_chunk_size']}, and a --text that long)")
             continue
         print(f"layer {number}: steps mean {layer['steps_mean']:.2f} max {layer['steps_max']:.0f} "
               f"(max_steps {layer['max_steps']}; after the first chunk)")

@@ -85,6 +85,9 @@ def unreached_warmups(cfg) -> list[str]:
     if o.warmup_steps > steps:
         lines.append(f"optimizer.warmup_steps = {o.warmup_steps} > train.train_steps = {steps}: the "
                      f"learning rate never reaches optimizer.lr = {o.lr:g} in this run")
+    elif o.lr_schedule == "wsd" and steps <= max(o.warmup_steps, 1):
+        lines.append(f"optimizer.lr_schedule = wsd: no step of train.train_steps = {steps} is left after the "
+                     f"warmup to decay: the run ends at optimizer.lr = {o.lr:g}")
     elif o.lr_schedule == "wsd" and o.wsd_decay_steps > steps - max(o.warmup_steps, 1):
         lines.append(f"optimizer.wsd_decay_steps = {o.wsd_decay_steps} > the {steps - max(o.warmup_steps, 1)} "
                      f"steps after the warmup: the decay starts right after it, without a stable phase")

@@ -121,3 +121,12 @@ def test_a_decay_without_a_stable_phase_is_logged():
     fits = config_from_dict({"optimizer": {"lr_schedule": "wsd", "wsd_decay_steps": 90, "warmup_steps": 10},
                              "train": {"train_steps": 100}})
     assert unreached_warmups(fits) == []
+
+
+def test_a_wsd_run_ending_in_its_warmup_says_no_step_decays():
+    from ascender_dist.config.architectures import unreached_warmups
+
+    cfg = config_from_dict({"optimizer": {"lr_schedule": "wsd", "wsd_decay_steps": 5, "warmup_steps": 10},
+                            "train": {"train_steps": 10}})
+    assert unreached_warmups(cfg) == ["optimizer.lr_schedule = wsd: no step of train.train_steps = 10 is left "
+                                      "after the warmup to decay: the run ends at optimizer.lr = 0.0003"]

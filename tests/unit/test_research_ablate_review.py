@@ -148,3 +148,16 @@ def test_a_cut_short_dataset_build_trains_its_tokenizer_again(tmp_path):
     out = ensure_dataset({"root": str(root), "corpus_bytes": 150_000, "vocab_size": 512, "seq_length": 64})
     assert Tokenizer.load(out["tokenizer"]).vocab_size == 512
     assert json.loads((root / DATASET_RECORD).read_text())["vocab_size"] == 512
+
+
+def test_a_standalone_variant_sharing_a_run_directory_is_refused(tmp_path):
+    path = _grid(tmp_path, variants={"lr_1": {"optimizer.lr": 1e-3}}, standalone={"lr 1": {"optimizer.lr": 2e-3}})
+    with pytest.raises(ConfigError, match="shares the run directory name 'lr_1' with variant 'lr_1'"):
+        load_grid(path)
+
+
+def test_a_set_of_the_steps_of_an_equal_flops_grid_is_its_budget_not_overridden(capsys):
+    """equal_flops_of writes train.train_steps into every variant: a --set of it sets the budget."""
+    assert ablate.ablate_main(["configs/ablations/architectures-equal-flops.yaml", "--dry-run", "--set",
+                               "train.train_steps=30", "--runs-dir", "/nonexistent/runs"]) == 0
+    assert "note: --set" not in capsys.readouterr().err

@@ -325,6 +325,10 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
             check_config_path(str(dotted), f"{src}: standalone.{label}.{dotted}")
         if str(label) in {v.name for v in variants}:
             raise ConfigError(f"{src}: standalone.{label}", "a variant of the grid already has this name")
+        shared = [v.name for v in variants if _safe(v.name) == _safe(str(label))]
+        if shared:  # one run directory for both
+            raise ConfigError(f"{src}: standalone.{label}", f"shares the run directory name {_safe(str(label))!r} "
+                                                            f"with variant {shared[0]!r}: rename one")
         variants.append(Variant(name=str(label), overrides={str(k): v for k, v in overrides.items()},
                                 labels=(str(label),)))
     if only:

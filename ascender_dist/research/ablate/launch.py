@@ -194,7 +194,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         raise AblationError(f"{config_path}: ablate collects per-sequence losses from the model's output; "
                             "pipeline_model_parallel_size must be 1")
     # the code and data that train it, taken now: a commit made while it trains is not this run's
-    provenance = run_provenance(to_dict(cfg), cfg.data.manifest)
+    provenance = run_provenance(to_dict(cfg), cfg.data.manifest) if int(os.environ.get("RANK", "0")) == 0 else {}
     t_start = time.perf_counter()
     digest, per_sequence, curve = DataDigest(), PerSequenceValidationLosses(), ValidationLosses()
     trainer = Trainer(cfg, callbacks=[digest, per_sequence, curve])

@@ -134,8 +134,11 @@ def _note_overridden_sets(grid, overrides: Sequence[str]) -> None:
     wins): said once per such --set, not left to be found in the results."""
     from ascender_dist.config.loader import override_key
 
+    derived = {"train.train_steps"} if grid.budget.startswith("equal training FLOPs") else set()
     for text in overrides:
         key = override_key(text)
+        if key in derived:  # the budget's steps per variant follow from it (equal_flops_of), not replace it
+            continue
         owners = [v.name for v in grid.variants if any(k == key or k.startswith(key + ".") for k in v.overrides)]
         if owners:
             print(f"note: --set {text} does not apply to {', '.join(owners)}, which set {key} themselves",
