@@ -125,17 +125,23 @@ def check_special_tokens(symbols: Sequence[str]) -> None:
                                                          f"reserved: {reserved}")
 
 
+def tokenizer_files(out_prefix: Path) -> dict:
+    """The files :func:`train_tokenizer` writes for ``out_prefix``: {"model", "vocab", "json"} -> path."""
+    out_prefix = Path(out_prefix)
+    return {kind: out_prefix.with_name(f"{out_prefix.name}.{kind}") for kind in ("model", "vocab", "json")}
+
+
 def check_output_prefix(out_prefix: Path) -> None:
     """Refuse, before any training, an ``out_prefix`` whose ``.model`` / ``.vocab`` / ``.json`` cannot
     be written (an existing directory, a prefix under a regular file) or already exist (a tokenizer
     is never replaced): training can take hours, and a bad path should not be found out only when
     the result is written."""
-    out_prefix = Path(out_prefix)
-    for suffix in (".model", ".vocab", ".json"):
-        check_writable(out_prefix.with_name(out_prefix.name + suffix))
+    files = tokenizer_files(out_prefix)
+    for path in files.values():
+        check_writable(path)
     # the .model is written last (_write_model_files): it exists only once the sidecars do, and a run
     # cut short before it leaves nothing this refuses
-    refuse_existing(out_prefix.with_name(out_prefix.name + ".model"),
+    refuse_existing(files["model"],
                     "shards and checkpoints made with a tokenizer there would no longer load: choose another "
                     "--out-prefix or remove its .model, .vocab and .json")
 
@@ -200,12 +206,12 @@ def _write_model_files(out_prefix: Path, model: bytes, model_type: str, multiple
     (last, so that a ``.model`` on disk means a complete tokenizer: launch/demo.sh and the test
     dataset skip the step when it exists)."""
     sp = spm.SentencePieceProcessor(model_proto=model)
-    model_path = out_prefix.with_name(out_prefix.name + ".model")
+    files = tokenizer_files(out_prefix)
+    model_path = files["model"]
     vocab_lines = [f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}" for i in range(sp.get_piece_size())]
-    atomic_write_bytes(out_prefix.with_name(out_prefix.name + ".vocab"),
-                       ("\n".join(vocab_lines) + "\n").encode("utf-8"))
+    atomic_write_bytes(files["vocab"], ("\n".join(vocab_lines) + "\n").encode("utf-8"))
     vocab = sp.get_piece_size()
-    atomic_write_json(out_prefix.with_name(out_prefix.name + ".json"), {
+    atomic_write_json(files["json"], {
         "model_file": model_path.name, "model_type": model_type, "sha256": sha256_bytes(model),
         "vocab_size": vocab, "padded_vocab_size": padded_size(vocab, multiple),
         "pad_vocab_to_multiple_of": multiple, "pad_id": sp.pad_id(), "unk_id": sp.unk_id(),

@@ -326,20 +326,6 @@ def _override_value(text: str) -> tuple[str, Any]:
     return dotted.strip(), value
 
 
-def parse_override(text: str) -> dict:
-    """``a.b.c=value`` -> ``{"a": {"b": {"c": value}}}`` with the value parsed as YAML (so 1e-3 is a float)."""
-    dotted, value = _override_value(text)
-    keys = dotted.split(".")
-    if not all(re.fullmatch(_NAME, key) for key in keys):
-        raise ConfigError(f"--set {text}", "override must look like dotted.key=value")
-    tree: dict = {}
-    node = tree
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
-    node[keys[-1]] = value
-    return tree
-
-
 def override_path(text: str) -> list:
     """The path an override sets: ``data.mixture[1].weight=0.5`` -> ``["data", "mixture", 1, "weight"]``."""
     dotted = override_key(text)
@@ -353,7 +339,7 @@ def override_path(text: str) -> list:
     return path
 
 
-def _dotted(path: list) -> str:
+def dotted_path(path: list) -> str:
     """["data", "mixture", 1, "weight"] -> "data.mixture[1].weight" (the loader's own error paths)."""
     return "".join(f"[{key}]" if isinstance(key, int) else (f".{key}" if i else key) for i, key in enumerate(path))
 
@@ -366,7 +352,7 @@ def apply_override(tree: dict, text: str) -> dict:
     _, value = _override_value(text)
 
     def put(node: Any, depth: int) -> Any:
-        key, here = path[depth], _dotted(path[:depth])
+        key, here = path[depth], dotted_path(path[:depth])
         if isinstance(key, int):
             if node is None:
                 raise ConfigError(f"--set {text}", f"the config has no list {here} (add it in the file)")
@@ -410,7 +396,7 @@ def override_key(text: str) -> str:
 
 
 __all__ = [
-    "ConfigError", "from_dict", "to_dict", "deep_merge", "apply_override", "override_key", "override_path",
-    "parse_override", "parse_yaml_text",
+    "ConfigError", "from_dict", "to_dict", "deep_merge", "apply_override", "dotted_path", "override_key",
+    "override_path", "parse_yaml_text",
     "read_yaml_file",
 ]

@@ -494,10 +494,10 @@ def test_a_bool_is_not_an_int(tmp_path, text, path):
 
 def test_an_override_value_may_hold_an_equals_sign():
     """Only the first '=' separates the key: a URL template with a query string (?a=b) is the value."""
-    from ascender_dist.config.loader import parse_override
+    from ascender_dist.config.loader import apply_override
 
-    assert parse_override("data.url_template=a?b=c") == {"data": {"url_template": "a?b=c"}}
-    assert parse_override("name=x=y=z") == {"name": "x=y=z"}
+    assert apply_override({}, "data.url_template=a?b=c") == {"data": {"url_template": "a?b=c"}}
+    assert apply_override({}, "name=x=y=z") == {"name": "x=y=z"}
 
 
 @pytest.mark.parametrize("path", [

@@ -9,7 +9,7 @@ megatron at model build, and ``name: ..`` put the run's checkpoints outside its 
 import pytest
 
 from ascender_dist.config import ConfigError, load_config
-from ascender_dist.config.loader import dump_yaml, parse_override, parse_yaml_text, read_yaml_file, to_dict
+from ascender_dist.config.loader import apply_override, dump_yaml, parse_yaml_text, read_yaml_file, to_dict
 
 from tests.unit.test_config import _error, _write
 
@@ -118,7 +118,7 @@ def test_an_explicit_empty_mapping_is_the_default_config(tmp_path):
 def test_deeply_nested_yaml_is_one_line_not_a_recursion_error(tmp_path, text):
     assert _error(tmp_path, text) == f"{tmp_path / 'run.yaml'}: invalid YAML: nested too deeply"
     with pytest.raises(ConfigError, match="nested too deeply"):
-        parse_override("name=" + text[len("name: "):])
+        apply_override({}, "name=" + text[len("name: "):])
 
 
 # ----------------------------------------------------------------------------------- rotary_base

@@ -52,9 +52,10 @@ def test_a_finished_run_on_data_rebuilt_since_is_refused(tmp_path):
     assert str(run_dir(grid, grid.variant("gpt"), 1)) in str(info.value) and "\n" not in str(info.value)
 
 
-def test_variants_sharing_a_run_directory_are_refused():
+def test_variants_sharing_a_run_directory_are_refused(tmp_path):
+    path = _grid(tmp_path, variants={"lr 1": {"optimizer.lr": 1e-3}, "lr_1": {"optimizer.lr": 2e-3}})
     with pytest.raises(ConfigError, match="variants 'lr 1' and 'lr_1' share the run directory name 'lr_1'"):
-        expand_variants({"lr 1": {"optimizer.lr": 1e-3}, "lr_1": {"optimizer.lr": 2e-3}}, None)
+        load_grid(path)
 
 
 @pytest.mark.parametrize("variants,axes", [
@@ -83,13 +84,17 @@ def test_runs_dir_without_report_dir_reports_beside_those_runs(tmp_path, monkeyp
 
 
 def test_only_matches_an_axes_grids_names_whole(tmp_path):
-    from ascender_dist.research.ablate.main import _only_names
+    from ascender_dist.research.ablate.grid import match_only
 
     names = ["use_align=true,use_sep=true", "use_align=false,use_sep=true", "use_align=false,use_sep=false"]
-    assert _only_names("use_align=false,use_sep=true", names) == ["use_align=false,use_sep=true"]
-    assert _only_names("use_align=false,use_sep=true,use_align=false,use_sep=false", names) == names[1:]
-    assert _only_names("gpt,asc", ["gpt", "asc"]) == ["gpt", "asc"]
-    assert _only_names("nope", names) == ["nope"]  # load_grid names it
+
+    def only(text):
+        return match_only(text.split(","), names)
+
+    assert only("use_align=false,use_sep=true") == ["use_align=false,use_sep=true"]
+    assert only("use_align=false,use_sep=true,use_align=false,use_sep=false") == names[1:]
+    assert match_only(["gpt", "asc"], ["gpt", "asc"]) == ["gpt", "asc"]
+    assert only("nope") == ["nope"]  # load_grid names it
     axes = {"model.ascender.use_align": [True, False], "model.ascender.use_sep": [True, False]}
     path = _grid(tmp_path, variants={"asc": {"model.architecture": "ascender"}}, axes=axes)
     wanted = load_grid(path).variants[3].name
@@ -152,8 +157,40 @@ def test_a_cut_short_dataset_build_trains_its_tokenizer_again(tmp_path):
 
 def test_a_standalone_variant_sharing_a_run_directory_is_refused(tmp_path):
     path = _grid(tmp_path, variants={"lr_1": {"optimizer.lr": 1e-3}}, standalone={"lr 1": {"optimizer.lr": 2e-3}})
-    with pytest.raises(ConfigError, match="shares the run directory name 'lr_1' with variant 'lr_1'"):
+    with pytest.raises(ConfigError, match="variants 'lr_1' and 'lr 1' share the run directory name 'lr_1'"):
         load_grid(path)
+
+
+def test_a_standalone_variant_named_like_a_crossed_one_is_refused(tmp_path):
+    path = _grid(tmp_path, variants={"lr_1": {"optimizer.lr": 1e-3}}, standalone={"lr_1": {"optimizer.lr": 2e-3}})
+    with pytest.raises(ConfigError, match="two variants are both named 'lr_1'"):
+        load_grid(path)
+
+
+def _mixture_grid(tmp_path):
+    path = tmp_path / "grid.yaml"
+    sources = [{"manifest": str(tmp_path / name / "manifest.json")} for name in ("a", "b")]
+    base = {**BASE, "data": {"mixture": sources, "tokenizer": "tok.model"}}
+    path.write_text(yaml.safe_dump({"name": "g", "base": base, "seeds": [1]}, sort_keys=False))
+    return path
+
+
+def test_a_grid_set_edits_a_list_item_by_index_as_run_configs_do(tmp_path):
+    grid = load_grid(_mixture_grid(tmp_path), overrides=["data.mixture[1].weight=0.25"])
+    assert [source["weight"] for source in grid.base["data"]["mixture"][1:]] == [0.25]
+    assert "weight" not in grid.base["data"]["mixture"][0]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("data.mixture[1].wieght=1", "--set data.mixture[1].wieght: unknown config field 'wieght' in data.mixture[1] "
+                                 "(did you mean 'weight'?)"),
+    ("train.train_steps[0]=1", "--set train.train_steps[0]: train.train_steps is not a list"),
+    ("data.mixture[2].weight=1", "there is no item [2]"),
+])
+def test_a_bad_grid_set_of_a_list_item_is_one_line(tmp_path, override, message):
+    with pytest.raises(ConfigError) as info:
+        load_grid(_mixture_grid(tmp_path), overrides=[override])
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_a_set_of_the_steps_of_an_equal_flops_grid_is_its_budget_not_overridden(capsys):

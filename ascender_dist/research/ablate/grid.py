@@ -61,6 +61,9 @@ class Grid:
     budget: str = "equal training tokens"  # how the variants' training budgets compare (report label)
     description: str = ""
     data_order_axes: list = field(default_factory=list)
+    # settings the grid computes per variant from the base config (equal_flops_of: train.train_steps);
+    # a --set of one changes what they are computed from
+    derived: tuple = ()
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:
@@ -78,25 +81,35 @@ def _unwrap_optional(tp):
 
 
 def check_config_path(dotted: str, where: str) -> None:
-    """Raise ConfigError(``where``) unless ``dotted`` names a field of the run-config schema."""
+    """Raise ConfigError(``where``) unless ``dotted`` (``a.b``, a list item ``a.b[1].c``) names a
+    field of the run-config schema."""
+    import difflib
+
+    from ascender_dist.config.loader import dotted_path, override_path
     from ascender_dist.config.schema import RunConfig
 
-    cls = RunConfig
-    parts = dotted.split(".")
-    if not dotted or any(not p for p in parts):
+    try:
+        parts = override_path(dotted) if dotted else []
+    except ConfigError:
+        parts = []
+    if not parts:
         raise ConfigError(where, f"{dotted!r} is not a dotted config path (e.g. model.ascender.k)")
+    cls = RunConfig
     for i, part in enumerate(parts):
+        here = dotted_path(parts[:i]) or "the run config"
+        if isinstance(part, int):
+            if get_origin(cls) is not list:
+                raise ConfigError(where, f"{here} is not a list: cannot set {dotted!r}")
+            cls = _unwrap_optional(get_args(cls)[0])
+            continue
         if not dataclasses.is_dataclass(cls):
-            raise ConfigError(where, f"{'.'.join(parts[:i])} is a value, not a section: cannot set {dotted!r}")
+            raise ConfigError(where, f"{here} is a value, not a section: cannot set {dotted!r}")
         names = [f.name for f in dataclasses.fields(cls)]
         if part not in names:
             close = [n for n in names if n.lower().replace("_", "") == part.lower().replace("_", "")]
-            import difflib
-
             close = close or difflib.get_close_matches(part, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            section = ".".join(parts[:i]) or "the run config"
-            raise ConfigError(where, f"unknown config field {part!r} in {section}{hint}")
+            raise ConfigError(where, f"unknown config field {part!r} in {here}{hint}")
         cls = _unwrap_optional(get_type_hints(cls)[part])
 
 
@@ -219,7 +232,7 @@ def expand_variants(variants: Optional[dict], axes: Optional[dict], source: str 
         dims.append(_axis_options(str(key), value, f"{source}: axes.{key}", short.get(str(key), "")))
     if not dims:
         return [Variant(name="base", overrides={}, labels=("base",))]
-    out, seen, dirs = [], set(), {}
+    out = []
     for combo in itertools.product(*dims):
         labels = tuple(label for label, _ in combo)
         overrides: dict = {}
@@ -230,15 +243,40 @@ def expand_variants(variants: Optional[dict], axes: Optional[dict], source: str 
                                           "of the grid must own each setting")
         for _, o in combo:
             overrides.update(o)
-        name = ",".join(labels)
-        if name in seen:
-            raise ConfigError(source, f"two variants are both named {name!r}: rename an option")
-        if _safe(name) in dirs:  # one run directory for both
-            raise ConfigError(source, f"variants {dirs[_safe(name)]!r} and {name!r} share the run directory "
-                                      f"name {_safe(name)!r}: rename one")
-        seen.add(name)
-        dirs[_safe(name)] = name
-        out.append(Variant(name=name, overrides=overrides, labels=labels))
+        out.append(Variant(name=",".join(labels), overrides=overrides, labels=labels))
+    return out
+
+
+def check_variant_names(variants: list[Variant], source: str) -> None:
+    """Every variant (crossed or standalone) needs a name and a run directory (``_safe(name)``) of its
+    own: a second variant there would resume, report or overwrite the first one's runs."""
+    names: set = set()
+    dirs: dict = {}
+    for v in variants:
+        if v.name in names:
+            raise ConfigError(source, f"two variants are both named {v.name!r}: rename one")
+        if _safe(v.name) in dirs:
+            raise ConfigError(source, f"variants {dirs[_safe(v.name)]!r} and {v.name!r} share the run directory "
+                                      f"name {_safe(v.name)!r}: rename one")
+        names.add(v.name)
+        dirs[_safe(v.name)] = v.name
+
+
+def match_only(parts: Sequence[str], names: Sequence[str]) -> list[str]:
+    """--only's names, given split at commas: an axes grid's own comma-holding names
+    (``use_align=false,...``) are matched whole, longest first; a part that names nothing is kept
+    (load_grid names it in its error)."""
+    parts, out, i = list(parts), [], 0
+    while i < len(parts):
+        for j in range(len(parts), i, -1):
+            candidate = ",".join(parts[i:j]).strip()
+            if candidate in names:
+                out.append(candidate)
+                i = j
+                break
+        else:
+            out.append(parts[i].strip())
+            i += 1
     return out
 
 
@@ -265,9 +303,7 @@ def _read_base(base, grid_path: Path, depth: int = 0) -> dict:
     inner = _read_base(data.get("base"), path, depth + 1)
     inner = deep_merge(inner, dotted_to_tree(_mapping(data.get("set") or {}, f"{path}: set")))
     if isinstance(data.get("dataset"), dict) and "root" in data["dataset"]:
-        root = Path(data["dataset"]["root"])
-        inner = deep_merge(inner, {"data": {"manifest": str(root / "shards" / "manifest.json"),
-                                            "tokenizer": str(root / "tokenizer.model")}})
+        inner = deep_merge(inner, {"data": dataset_paths(Path(data["dataset"]["root"]))})
     return inner
 
 
@@ -284,8 +320,11 @@ def _parse_seeds(value, where: str) -> list[int]:
 
 def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]] = None,
               only: Optional[Sequence[str]] = None) -> Grid:
-    """Read and check a grid file: every override path and every variant's config (ConfigError, one line)."""
-    from ascender_dist.config.loader import deep_merge, parse_override, read_yaml_file
+    """Read and check a grid file: every override path and every variant's config (ConfigError, one line).
+
+    ``only``: the variants to run (with the baseline and ``compare_to``), as --only's text split at
+    commas (names holding commas are matched whole)."""
+    from ascender_dist.config.loader import apply_override, deep_merge, override_key, read_yaml_file
 
     path = Path(path)
     raw = read_yaml_file(path)
@@ -300,9 +339,8 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
         check_config_path(str(dotted), f"{src}: set.{dotted}")
     base = deep_merge(base, dotted_to_tree(set_section))
     for text in overrides:  # command-line --set, applied to every run
-        tree = parse_override(text)
-        check_config_path(text.split("=", 1)[0].strip(), f"--set {text.split('=', 1)[0].strip()}")
-        base = deep_merge(base, tree)
+        check_config_path(override_key(text), f"--set {override_key(text)}")
+        base = apply_override(base, text)
     dataset = raw.get("dataset")
     if dataset is not None:
         dataset = _mapping(dataset, f"{src}: dataset")
@@ -312,9 +350,7 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
         if "root" not in dataset:
             raise ConfigError(f"{src}: dataset.root", "required (directory of corpus, tokenizer and shards)")
         _check_dataset_values(dataset, src)
-        root = Path(dataset["root"])
-        base = deep_merge(base, {"data": {"manifest": str(root / "shards" / "manifest.json"),
-                                          "tokenizer": str(root / "tokenizer.model")}})
+        base = deep_merge(base, {"data": dataset_paths(Path(dataset["root"]))})
     variants = expand_variants(raw.get("variants"), raw.get("axes"), src)
     if raw.get("variants") is None and raw.get("axes") is None and raw.get("standalone"):
         variants = []  # only standalone variants
@@ -323,15 +359,11 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
         overrides = _mapping(overrides if overrides is not None else {}, f"{src}: standalone.{label}")
         for dotted in overrides:
             check_config_path(str(dotted), f"{src}: standalone.{label}.{dotted}")
-        if str(label) in {v.name for v in variants}:
-            raise ConfigError(f"{src}: standalone.{label}", "a variant of the grid already has this name")
-        shared = [v.name for v in variants if _safe(v.name) == _safe(str(label))]
-        if shared:  # one run directory for both
-            raise ConfigError(f"{src}: standalone.{label}", f"shares the run directory name {_safe(str(label))!r} "
-                                                            f"with variant {shared[0]!r}: rename one")
         variants.append(Variant(name=str(label), overrides={str(k): v for k, v in overrides.items()},
                                 labels=(str(label),)))
+    check_variant_names(variants, src)
     if only:
+        only = match_only(only, [v.name for v in variants])
         names = {v.name for v in variants}
         missing = [o for o in only if o not in names]
         if missing:
@@ -397,6 +429,7 @@ def equalise_flops(grid: Grid, reference: str, where: str) -> None:
         per_step, _ = flops_per_step(v)
         v.overrides = {**v.overrides, "train.train_steps": max(1, round(budget / per_step))}
         run_config(grid, v, grid.seeds[0])
+    grid.derived = ("train.train_steps",)
     grid.budget = (f"equal training FLOPs ({budget:.3g}, those of {reference} at {ref_steps} steps; analytic "
                    "counts of models/counting.py): steps per variant " +
                    ", ".join(f"{v.name} {v.overrides['train.train_steps']}" for v in grid.variants))
@@ -431,6 +464,14 @@ DATASET_DEFAULTS = {"corpus_bytes": 3_000_000, "vocab_size": 2048, "seq_length":
 DATASET_RECORD = "dataset.json"  # the settings a grid dataset was built with, beside its shards
 
 
+def dataset_paths(root: Path) -> dict:
+    """The run-config ``data`` paths of the grid dataset under ``root`` (as :func:`ensure_dataset` builds it)."""
+    from data_pipeline.tokenizer import tokenizer_files
+
+    return {"manifest": str(root / "shards" / "manifest.json"),
+            "tokenizer": str(tokenizer_files(root / "tokenizer")["model"])}
+
+
 def dataset_settings(spec: dict) -> dict:
     """The build settings of a grid's ``dataset`` section, defaults filled in, numbers as numbers."""
     return {key: type(default)(spec.get(key, default)) for key, default in DATASET_DEFAULTS.items()}
@@ -462,11 +503,12 @@ def ensure_dataset(spec: dict) -> dict:
 
     from data_pipeline.corpus import build_default_corpus
     from data_pipeline.shards import write_shards
-    from data_pipeline.tokenizer import Tokenizer, train_tokenizer
+    from data_pipeline.tokenizer import Tokenizer, tokenizer_files, train_tokenizer
 
     root = Path(spec["root"])
     settings = dataset_settings(spec)
-    manifest, model = root / "shards" / "manifest.json", root / "tokenizer.model"
+    prefix, paths = root / "tokenizer", dataset_paths(root)
+    manifest, model = Path(paths["manifest"]), Path(paths["tokenizer"])
     if manifest.exists():
         check_dataset_matches(root, settings)
     else:
@@ -475,11 +517,11 @@ def ensure_dataset(spec: dict) -> dict:
         corpus = root / "corpus.jsonl"
         # a build cut short before the manifest: made again with these settings, the tokenizer too (one
         # kept from a cut-short build may have another vocabulary than the grid asks for now)
-        for stale in (corpus, model, root / "tokenizer.json", root / "tokenizer.vocab"):
+        for stale in (corpus, *tokenizer_files(prefix).values()):
             stale.unlink(missing_ok=True)
         build_default_corpus(corpus, max_bytes=settings["corpus_bytes"])
-        train_tokenizer([corpus], root / "tokenizer", vocab_size=settings["vocab_size"])
+        train_tokenizer([corpus], prefix, vocab_size=settings["vocab_size"])
         write_shards([corpus], Tokenizer.load(model), root / "shards", seq_length=settings["seq_length"],
                      samples_per_shard=settings["samples_per_shard"], val_fraction=settings["val_fraction"])
         (root / DATASET_RECORD).write_text(json.dumps(settings, indent=1) + "\n")
-    return {"manifest": str(manifest), "tokenizer": str(model)}
+    return paths

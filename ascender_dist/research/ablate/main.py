@@ -112,32 +112,14 @@ def _child_main(args) -> int:
     return 0
 
 
-def _only_names(text: str, names: list[str]) -> list[str]:
-    """--only's comma-separated names, an axes grid's own comma-holding names (``use_align=false,...``)
-    matched whole, longest first; a part that names nothing is kept for load_grid to name."""
-    parts, out, i = text.split(","), [], 0
-    while i < len(parts):
-        for j in range(len(parts), i, -1):
-            candidate = ",".join(parts[i:j]).strip()
-            if candidate in names:
-                out.append(candidate)
-                i = j
-                break
-        else:
-            out.append(parts[i].strip())
-            i += 1
-    return out
-
-
 def _note_overridden_sets(grid, overrides: Sequence[str]) -> None:
     """A --set of a field that variants set too applies only to the others (a variant's own value
     wins): said once per such --set, not left to be found in the results."""
     from ascender_dist.config.loader import override_key
 
-    derived = {"train.train_steps"} if grid.budget.startswith("equal training FLOPs") else set()
     for text in overrides:
         key = override_key(text)
-        if key in derived:  # the budget's steps per variant follow from it (equal_flops_of), not replace it
+        if key in grid.derived:  # e.g. equal_flops_of's steps per variant: computed from the --set value
             continue
         owners = [v.name for v in grid.variants if any(k == key or k.startswith(key + ".") for k in v.overrides)]
         if owners:
@@ -165,9 +147,7 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: --{flag} must be >= 1 (got {value})", file=sys.stderr)
             return 2
     try:
-        only = _only_names(args.only, [v.name for v in load_grid(args.grid, args.overrides, seeds).variants]) \
-            if args.only else None
-        grid = load_grid(args.grid, args.overrides, seeds, only)
+        grid = load_grid(args.grid, args.overrides, seeds, args.only.split(",") if args.only else None)
         if args.runs_dir:  # another set of runs: never the grid's own report
             grid.runs_dir = Path(args.runs_dir)
             grid.report_dir = grid.runs_dir / "report"
