@@ -7,6 +7,7 @@ run is refused in one line naming its directory instead of being reported as the
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import yaml
@@ -144,3 +145,30 @@ def test_tables_refuse_runs_scored_on_different_validation_sets():
     with pytest.raises(AblationError, match="different sets: gpt seed 1 on 32 batches / 256 sequences, asc seed 1 "
                                             "on 16 / 128"):
         check_same_validation([same[0], {**same[1], "val_batches": 16, "val_sequences": 128}])
+
+
+def test_a_run_finished_on_other_ranks_or_device_is_not_reused(tmp_path, monkeypatch):
+    """world size and device are not in the config hash: a grid run again at another --ranks (or on
+    GPUs after CPU) reused the finished runs and reported them beside its own."""
+    from ascender_dist.research.ablate import launch
+
+    path, runs, d = _setup(tmp_path)
+    record = json.loads((d / RESULT).read_text())
+    (d / RESULT).write_text(json.dumps({**record, "world_size": 1, "device": "cpu"}))
+    grid = load_grid(path)
+    grid.runs_dir = runs
+    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: pytest.fail("a run was launched"))
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    same = launch.Launcher(ranks=1, cuda=False)
+    assert [r["val_loss"] for r in launch.run_grid(grid, progress=False, launcher=same)] == [5.0]
+    for launcher, message in [(launch.Launcher(ranks=2, cuda=False), "finished on 1 cpu rank(s), this invocation "
+                                                                     "trains on 2 cpu rank(s)"),
+                              (launch.Launcher(ranks=1, cuda=True), "trains on 1 cuda rank(s)")]:
+        with pytest.raises(AblationError, match=re.escape(message)) as exc:
+            launch.run_grid(grid, progress=False, launcher=launcher)
+        assert str(d) in str(exc.value) and "\n" not in str(exc.value)
+        with pytest.raises(AblationError, match=re.escape(message)):
+            launch.launch_run(grid, grid.variant("gpt"), 1, threads=1, launcher=launcher)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")  # a GPU host's runs kept on its CPU
+    assert len(launch.run_grid(grid, progress=False, launcher=launch.Launcher(ranks=1, cuda=True))) == 1
+    assert (d / RESULT).exists()  # refused, not deleted

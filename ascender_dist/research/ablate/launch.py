@@ -308,6 +308,10 @@ class Launcher:
             self.cuda = bool(torch.cuda.is_available())
         return self.cuda
 
+    def device_type(self) -> str:
+        """"cuda" or "cpu": what the runs train on (DS_ACCELERATOR=cpu keeps them on the CPU of a GPU host)."""
+        return "cuda" if self.use_cuda() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu" else "cpu"
+
     def gpus(self) -> list[int]:
         """The GPU indices runs may use: ``CUDA_VISIBLE_DEVICES`` when set (``--include`` names physical
         GPUs, and the launcher drops that variable), else every device torch sees."""
@@ -479,6 +483,19 @@ def _last_error_line(log_file: Path) -> str:
     return lines[-1][:300] if lines else "(empty log)"
 
 
+def check_recorded_layout(grid: Grid, variant: Variant, seed: int, record: dict, launcher: Launcher) -> None:
+    """Refuse to reuse a finished run trained on another number of ranks or kind of device than this
+    invocation trains on: neither is in the config hash, and its losses (other reduction orders and
+    kernels) would be compared with runs that differ from it by more than their variant."""
+    got_ranks = record.get("world_size")
+    got_device = str(record.get("device") or "").split(":")[0] or None
+    want_ranks, want_device = launcher.world_size(), launcher.device_type()
+    if (got_ranks is not None and got_ranks != want_ranks) or (got_device is not None and got_device != want_device):
+        raise AblationError(f"{run_dir(grid, variant, seed)}: finished on {got_ranks} {got_device} rank(s), this "
+                            f"invocation trains on {want_ranks} {want_device} rank(s): run the grid as it ran "
+                            "(--ranks), or use another --runs-dir")
+
+
 def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: Optional[float] = None,
                launcher: Optional[Launcher] = None, slot: int = 0) -> dict:
     """Run one (variant, seed) through the launcher unless its result exists; return its record.
@@ -486,8 +503,10 @@ def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: O
     launcher = launcher or Launcher()
     directory = run_dir(grid, variant, seed)
     result_file = directory / RESULT
-    if result_file.exists():  # refused when it was trained with another config than the grid's now
-        return load_checked_record(grid, variant, seed)
+    if result_file.exists():  # refused when it was trained with another config or layout than asked now
+        record = load_checked_record(grid, variant, seed)
+        check_recorded_layout(grid, variant, seed, record, launcher)
+        return record
     if directory.exists():  # an interrupted run: start it again from scratch
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
@@ -521,12 +540,12 @@ def run_grid(grid: Grid, jobs: Optional[int] = None, threads: Optional[int] = No
     jobs = max(1, jobs or grid.jobs)
     threads = max(1, threads or grid.threads)
     todo = [(v, s) for s in grid.seeds for v in grid.variants]  # seed-major: early seeds complete first
+    launcher = launcher or Launcher()
     done = [(v, s) for v, s in todo if (run_dir(grid, v, s) / RESULT).exists()]
-    for v, s in done:  # before training anything: a finished run of another config is refused, not reused
-        load_checked_record(grid, v, s)
+    for v, s in done:  # before training anything: a finished run of another config or layout is refused
+        check_recorded_layout(grid, v, s, load_checked_record(grid, v, s), launcher)
     pending = [t for t in todo if t not in done]
     bar = tqdm(total=len(todo), initial=len(done), unit="run", desc=f"ablate {grid.name}", disable=not progress)
-    launcher = launcher or Launcher()
     launcher.check_jobs(min(jobs, max(1, len(pending))))
     slots: queue.Queue = queue.Queue()
     for k in range(jobs):
