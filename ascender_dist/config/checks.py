@@ -359,9 +359,12 @@ def url_template_problem(template: str) -> str | None:
     """What is wrong with a shard URL template (a ``str.format`` template whose only field is
     ``{name}``, the shard file name), or None. Shared by the config checks and the data loader."""
     try:
-        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        parts = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
     except ValueError as e:
         return f"{e} in {template!r} (write literal braces as {{{{ }}}})"
+    fields = [f for f, _, _ in parts]
     if "name" not in fields or any(f != "name" for f in fields):
         return f"must contain {{name}} (the shard file name) and no other field (got {template!r})"
+    if any(spec or conv for _, spec, conv in parts):  # {name:d} fails, {name!r} quotes, {name:;<60} pads
+        return f"{{name}} takes no format spec or conversion (got {template!r})"
     return None

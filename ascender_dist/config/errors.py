@@ -15,9 +15,16 @@ class ConfigError(UserError, ValueError):
     """A configuration value is missing, mistyped or inconsistent. ``str(e)`` is one line."""
 
     def __init__(self, path: str, message: str):
-        self.path = path
-        self.message = message
-        super().__init__(f"{path}: {message}" if path else message)
+        self.path = printable(path)
+        self.message = printable(message)
+        super().__init__(f"{self.path}: {self.message}" if self.path else self.message)
+
+
+def printable(text: str) -> str:
+    """``text`` with each character a terminal would act on (a newline, an escape) written as its
+    Python escape: a key or value from the file (``"hidden\\nsize"``) keeps the message one line."""
+    text = str(text)
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def non_finite_field(obj) -> "tuple[str, float] | None":

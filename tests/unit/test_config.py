@@ -525,6 +525,14 @@ def test_a_size_of_zero_is_refused_by_name(tmp_path, path):
                                                          "and no other field"),
     ("data:\n  url_template: '{name}{0}'\n", "data.url_template: must contain {name} (the shard file name) and no "
                                               "other field"),
+    # a format spec or conversion failed per shard ({name:d}), quoted the name ({name!r}) or padded it
+    # with characters the shard-name rule keeps out of a pipe: command ({name:;<60})
+    ("data:\n  url_template: 'file:///x/{name:d}'\n", "data.url_template: {name} takes no format spec or conversion"),
+    ("data:\n  url_template: 'file:///x/{name!r}'\n", "data.url_template: {name} takes no format spec or conversion"),
+    ("data:\n  url_template: 'pipe:cat {name:;<60}'\n", "data.url_template: {name} takes no format spec or "
+                                                         "conversion"),
+    ("data:\n  mixture:\n    - manifest: m.json\n      url_template: '{name!s}'\n",
+     "data.mixture[0].url_template: {name} takes no format spec or conversion"),
 ], ids=lambda v: v.split(":")[0] if isinstance(v, str) and not v.endswith("\n") else None)
 def test_the_edge_values_of_ranges_are_refused(tmp_path, text, expected):
     """Each bound is exactly where the check says: the first value outside it is refused by name (a

@@ -274,3 +274,16 @@ def test_an_error_only_the_overrides_bring_about_names_them(tmp_path):
             in message), message
     own = _error(tmp_path, "train:\n  global_batch_size: 30\n  micro_batch_size: 4\n", ["name=x"])
     assert "run.yaml: train.global_batch_size: 30" in own, own  # the file's own error: the file alone
+
+
+# ------------------------------------------------------------------------ keys a terminal acts on
+
+@pytest.mark.parametrize("text,expected", [
+    ('model:\n  "hidden\\nsize": 3\n', "run.yaml: model.hidden\\nsize: unknown key"),
+    ('model:\n  "a\\nb": 3\n  "a\\nb": 4\n', "run.yaml: model.a\\nb: duplicate key (line 3)"),
+    ('model:\n  "\\e[31m": 3\n', "run.yaml: model.\\x1b[31m: unknown key"),
+], ids=["newline", "duplicate-newline", "escape"])
+def test_a_key_holding_a_newline_or_escape_stays_one_printable_line(tmp_path, text, expected):
+    """A quoted key with a newline split the error over two lines; an escape reached the terminal."""
+    message = _error(tmp_path, text)
+    assert expected in message and message.isprintable()

@@ -198,3 +198,42 @@ def test_a_set_of_the_steps_of_an_equal_flops_grid_is_its_budget_not_overridden(
     assert ablate.ablate_main(["configs/ablations/architectures-equal-flops.yaml", "--dry-run", "--set",
                                "train.train_steps=30", "--runs-dir", "/nonexistent/runs"]) == 0
     assert "note: --set" not in capsys.readouterr().err
+
+
+def test_a_variant_at_another_sequence_length_than_the_dataset_is_refused_when_loading(tmp_path):
+    """The grid's shards have one sequence length: a variant at another one failed only when its run
+    started, after the dataset was built and earlier variants had trained."""
+    dataset = {"root": str(tmp_path / "data"), "seq_length": 64, "vocab_size": 512}
+    assert load_grid(_grid(tmp_path, dataset=dataset, variants={"gpt": {"model.seq_length": 64}}))
+    path = _grid(tmp_path, dataset=dataset, variants={"gpt": {"model.seq_length": 64},
+                                                      "long": {"model.seq_length": 128}})
+    with pytest.raises(ConfigError) as info:
+        load_grid(path)
+    assert str(info.value) == (f"{path}: variant long: model.seq_length: 128, but the grid's dataset is written at "
+                               "dataset.seq_length 64: set them equal (a variant of another length needs its own "
+                               "dataset)")
+
+
+@pytest.mark.parametrize("grid,where", [
+    ({"dataset": {"root": "~/abl-data"}}, "dataset.root"),
+    ({"runs_dir": "~/runs"}, "runs_dir"),
+    ({"report_dir": "~/report"}, "report_dir"),
+])
+def test_a_grid_path_starting_with_a_tilde_is_refused(tmp_path, grid, where):
+    """No shell expands a grid file's values: the dataset was built in a directory named '~' in the
+    working directory (run configs refuse such paths already)."""
+    path = _grid(tmp_path, variants={"gpt": {}}, **grid)
+    with pytest.raises(ConfigError, match=f"{where}: .*leading '~'"):
+        load_grid(path)
+
+
+def test_a_variant_whose_vocabulary_cannot_hold_the_grid_tokenizer_is_refused_when_loading(tmp_path):
+    root = tmp_path / "data"
+    dataset = {"root": str(root), "seq_length": 64, "vocab_size": 600}
+    variants = {"gpt": {"model.seq_length": 64, "model.vocab_size": 512}}
+    with pytest.raises(ConfigError, match="variant gpt: model.vocab_size: 512 is smaller than the grid dataset's "
+                                          r"tokenizer \(600 pieces"):
+        load_grid(_grid(tmp_path, dataset=dataset, variants=variants))
+    (root / "shards").mkdir(parents=True)  # built: its tokenizer came out at 500 pieces
+    (root / "shards" / "manifest.json").write_text(json.dumps({"vocab_size": 500, "seq_length": 64}))
+    assert load_grid(_grid(tmp_path, dataset=dataset, variants=variants))

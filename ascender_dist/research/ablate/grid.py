@@ -164,12 +164,23 @@ def _grid_count(raw: dict, key: str, default: int, src: str) -> int:
 
 # value checks of the dataset keys other than root: (type, test, what it must be)
 DATASET_VALUES = {
+    # no shell expands a YAML value: ~/data would be a directory named '~' in the working directory
+    "root": (str, lambda v: bool(v.strip()) and not v.startswith("~"),
+             "a directory path, without a leading '~' (not expanded here: write the full path)"),
     "corpus_bytes": (int, lambda v: v > 0, "a positive integer"),
     "vocab_size": (int, lambda v: v > 0, "a positive integer"),
     "seq_length": (int, lambda v: v > 0, "a positive integer"),
     "samples_per_shard": (int, lambda v: v > 0, "a positive integer"),
     "val_fraction": ((int, float), lambda v: 0 < v < 1, "a number in (0, 1)"),
 }
+
+
+def _grid_dir(raw: dict, key: str, default: str, src: str) -> Path:
+    value = raw.get(key) or default
+    if not isinstance(value, str) or value.startswith("~"):
+        raise ConfigError(f"{src}: {key}", f"expected a directory path without a leading '~' (not expanded here: "
+                                           f"write the full path), got {value!r}")
+    return Path(value)
 
 
 def _check_dataset_values(dataset: dict, src: str) -> None:
@@ -391,8 +402,8 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
         name=name, path=src, base=base, seeds=seed_list, baseline=str(baseline), variants=variants,
         compare_to=[str(c) for c in compare_to if str(c) != str(baseline)], metric=str(raw.get("metric", "val_loss")),
         dataset=dataset, eval_iters=eval_iters,
-        runs_dir=Path(raw.get("runs_dir") or f"runs/ablations/{name}"),
-        report_dir=Path(raw.get("report_dir") or f"runs/ablations/{name}/report"),
+        runs_dir=_grid_dir(raw, "runs_dir", f"runs/ablations/{name}", src),
+        report_dir=_grid_dir(raw, "report_dir", f"runs/ablations/{name}/report", src),
         keep_checkpoints=_grid_bool(raw, "keep_checkpoints", True, src), jobs=_grid_count(raw, "jobs", 1, src),
         threads=_grid_count(raw, "threads", 1, src), ranks=_grid_count(raw, "ranks", 1, src),
         description=str(raw.get("description") or "").strip(),
@@ -400,10 +411,36 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
     grid.data_order_axes = sorted({p for v in variants for p in v.overrides
                                    if any(p == d or p.startswith(d) for d in DATA_ORDER_PATHS)})
     for v in variants:  # every variant must be a valid run config (types, ranges, architecture checks)
-        run_config(grid, v, seed_list[0])
+        _check_reads_dataset(grid, v, run_config(grid, v, seed_list[0]))
     if raw.get("equal_flops_of") is not None:
         equalise_flops(grid, str(raw["equal_flops_of"]), f"{src}: equal_flops_of")
     return grid
+
+
+def _check_reads_dataset(grid: Grid, variant: Variant, cfg) -> None:
+    """The grid's dataset is written at one sequence length, which a run must train at (its loader
+    refuses other shards), by a tokenizer whose pieces the model's vocabulary must hold (training
+    refuses a smaller model.vocab_size): refused here, before the dataset is built or any run trains.
+    The vocabulary is the built tokenizer's (its manifest) once there is one, else the one asked for."""
+    import json
+
+    if grid.dataset is None:
+        return
+    where = f"{grid.path}: variant {variant.name}"
+    settings = dataset_settings(grid.dataset)
+    if cfg.model.seq_length != settings["seq_length"]:
+        raise ConfigError(f"{where}: model.seq_length",
+                          f"{cfg.model.seq_length}, but the grid's dataset is written at dataset.seq_length "
+                          f"{settings['seq_length']}: set them equal (a variant of another length needs its own dataset)")
+    manifest = Path(dataset_paths(Path(grid.dataset["root"]))["manifest"])
+    try:
+        pieces = int(json.loads(manifest.read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):  # not built yet (or unreadable: ensure_dataset says so)
+        pieces = settings["vocab_size"]
+    if cfg.model.vocab_size and cfg.model.vocab_size < pieces:
+        raise ConfigError(f"{where}: model.vocab_size",
+                          f"{cfg.model.vocab_size} is smaller than the grid dataset's tokenizer ({pieces} pieces, "
+                          "dataset.vocab_size): raise it or leave it unset")
 
 
 def equalise_flops(grid: Grid, reference: str, where: str) -> None:
