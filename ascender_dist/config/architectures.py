@@ -10,6 +10,7 @@ entry in each of those tables.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from ascender_dist.config.errors import ConfigError
@@ -62,11 +63,25 @@ def check_layer_pattern(cfg) -> None:
                           f"(got {pattern!r})")
 
 
+@contextlib.contextmanager
+def _preset_hint(m):
+    """A model without a preset gets the schema's bare defaults (hidden 64, 4 heads, 128 tokens), which
+    the ASCender / Connection defaults do not fit: a refusal of a field the user never wrote says so."""
+    try:
+        yield
+    except ConfigError as exc:
+        if m.preset is not None:
+            raise
+        raise ConfigError(exc.path, f"{exc.message} (no model.preset is set: the model sizes are the schema's "
+                                    "defaults; choose a preset, e.g. model.preset: debug, or set the sizes)") from None
+
+
 def check_ascender_hparams(cfg) -> None:
     m = cfg.model
     if "S" not in expand_layer_pattern(cfg.model):
         return
-    m.ascender.validate("model.ascender", m.hidden_size // m.num_attention_heads)
+    with _preset_hint(m):
+        m.ascender.validate("model.ascender", m.hidden_size // m.num_attention_heads)
     if not m.ascender.causal:
         raise ConfigError("model.ascender.causal", "must be true: the model is a causal decoder (a bidirectional "
                           "ASCender would let every position read the tokens it must predict)")
@@ -76,7 +91,8 @@ def check_ascender_hparams(cfg) -> None:
 
 def unreached_warmups(cfg) -> list[str]:
     """One line per warm-up that this run never finishes (the learning rate's longer than the run; an
-    ASCender start step >= train.train_steps while the feature is on): legal, e.g. a short smoke run
+    ASCender start step >= train.train_steps while the feature is on), or validation it never reaches
+    (an eval_interval longer than the run): legal, e.g. a short smoke run
     of a long config, but then the run never trains what it names. The trainer logs them; an error
     would break such short runs."""
     m, steps = cfg.model, cfg.train.train_steps
@@ -91,6 +107,9 @@ def unreached_warmups(cfg) -> list[str]:
     elif o.lr_schedule == "wsd" and o.wsd_decay_steps > steps - max(o.warmup_steps, 1):
         lines.append(f"optimizer.wsd_decay_steps = {o.wsd_decay_steps} > the {steps - max(o.warmup_steps, 1)} "
                      f"steps after the warmup: the decay starts right after it, without a stable phase")
+    if cfg.train.eval_interval > steps:
+        lines.append(f"train.eval_interval = {cfg.train.eval_interval} > train.train_steps = {steps}: the run "
+                     "never validates")
     if "S" not in expand_layer_pattern(m):
         return lines
     a = m.ascender
@@ -104,6 +123,18 @@ def check_connection_hparams(cfg) -> None:
     m = cfg.model
     if "C" not in expand_layer_pattern(cfg.model):
         return
+    with _preset_hint(m):
+        _check_connection_fits(cfg)
+    if cfg.parallel.sequence_parallel:
+        raise ConfigError("parallel.sequence_parallel", "not supported with Connection layers ('C' in the pattern)")
+    if m.attention_dropout and "A" not in expand_layer_pattern(m):  # no layer would apply it
+        raise ConfigError("model.attention_dropout", "Connection layers have no attention dropout (it applies to "
+                                                     "'A' layers only, and the pattern has none); set 0.0")
+
+
+def _check_connection_fits(cfg) -> None:
+    """The Connection hyper-parameters against the model's sizes."""
+    m = cfg.model
     m.connection.validate("model.connection", m.hidden_size, cfg.parallel.tensor_model_parallel_size)
     if not m.connection.causal:
         raise ConfigError("model.connection.causal", "must be true: the model is a causal decoder")
@@ -111,11 +142,6 @@ def check_connection_hparams(cfg) -> None:
         raise ConfigError("model.connection.causal_chunk_size",
                           f"must be < model.seq_length ({m.seq_length}; got {m.connection.causal_chunk_size}): with "
                           "a single chunk no token ever reads a reasoned slot state")
-    if cfg.parallel.sequence_parallel:
-        raise ConfigError("parallel.sequence_parallel", "not supported with Connection layers ('C' in the pattern)")
-    if m.attention_dropout and "A" not in expand_layer_pattern(m):  # no layer would apply it
-        raise ConfigError("model.attention_dropout", "Connection layers have no attention dropout (it applies to "
-                                                     "'A' layers only, and the pattern has none); set 0.0")
 
 
 # Pattern check, then every layer kind's checks: each validates its own hyperparameters whenever

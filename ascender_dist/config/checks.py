@@ -124,6 +124,12 @@ def _require_finite(path: str, value: float) -> None:
         raise ConfigError(path, f"must be a finite number (got {value})")
 
 
+def _default(section, name: str):
+    """The schema's default of field ``name`` of dataclass instance ``section``."""
+    f = next(f for f in dataclasses.fields(section) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
 def check_model_numbers(cfg: RunConfig) -> None:
     m = cfg.model
     if m.vocab_size is not None and m.vocab_size < 0:
@@ -132,6 +138,9 @@ def check_model_numbers(cfg: RunConfig) -> None:
         raise ConfigError("model.ffn_hidden_size", f"must be >= 1, or null for 4 x hidden_size (got {m.ffn_hidden_size})")
     if m.rotary_base < 1:
         raise ConfigError("model.rotary_base", f"must be >= 1 (got {m.rotary_base})")
+    if m.position_embedding_type != "rope" and m.rotary_base != _default(m, "rotary_base"):
+        raise ConfigError("model.rotary_base", f"applies to position_embedding_type: rope only (the positions are "
+                                               f"{m.position_embedding_type}; got {m.rotary_base})")
     for name in ("init_method_std", "layernorm_epsilon"):
         value = getattr(m, name)
         _require_finite(f"model.{name}", value)
@@ -241,7 +250,11 @@ def check_optimizer(cfg: RunConfig) -> None:
             raise ConfigError(f"optimizer.{name}", f"must be >= 0{meaning} (got {getattr(o, name)})")
     if o.eps <= 0:  # AdamW divides by sqrt(v) + eps: a parameter with an exactly zero gradient becomes 0/0
         raise ConfigError("optimizer.eps", f"must be > 0 (got {o.eps})")
-    if not 0 <= o.min_lr <= o.lr:
+    if o.lr_schedule == "constant":  # min_lr is where the other schedules decay to: here it would do nothing
+        if o.min_lr != _default(o, "min_lr"):
+            raise ConfigError("optimizer.min_lr", f"applies to the decaying schedules (cosine, linear, wsd); "
+                                                  f"lr_schedule: constant stays at optimizer.lr (got {o.min_lr})")
+    elif not 0 <= o.min_lr <= o.lr:
         raise ConfigError("optimizer.min_lr", f"must be in [0, optimizer.lr={o.lr}] (got {o.min_lr})")
     if o.warmup_steps < 0:  # one longer than the run is legal (a short run of a long config): logged
         raise ConfigError("optimizer.warmup_steps", f"must be >= 0 (0: no warmup) (got {o.warmup_steps})")
@@ -264,10 +277,12 @@ def check_dropout(cfg: RunConfig) -> None:
 
 
 def check_world_size_layout(cfg: RunConfig, world_size: int) -> None:
-    model_parallel = cfg.parallel.tensor_model_parallel_size * cfg.parallel.pipeline_model_parallel_size
-    if world_size % model_parallel:
-        raise ConfigError("parallel",
-                          f"world size {world_size} is not a multiple of tensor x pipeline = {model_parallel}")
+    tp, pp = cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size
+    if world_size % (tp * pp):
+        path = ("parallel" if tp > 1 and pp > 1 else
+                "parallel.tensor_model_parallel_size" if tp > 1 else "parallel.pipeline_model_parallel_size")
+        raise ConfigError(path, f"world size {world_size} is not a multiple of tensor x pipeline = {tp} x {pp}")
+    model_parallel = tp * pp
     dp = world_size // model_parallel
     t = cfg.train
     if t.global_batch_size % (t.micro_batch_size * dp):
@@ -330,6 +345,9 @@ def check_wandb(cfg: RunConfig) -> None:
     w = cfg.logging.wandb
     if w.entity and not w.project:
         raise ConfigError("logging.wandb.project", f"must be set when logging.wandb.entity is ({w.entity!r})")
+    if w.mode == "offline" and not w.project:  # no project: no Weights & Biases logging at all
+        raise ConfigError("logging.wandb.project", "must be set when logging.wandb.mode is 'offline' (without a "
+                                                   "project nothing is logged to Weights & Biases)")
 
 
 STATIC_CHECKS = [

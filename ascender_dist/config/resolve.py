@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
@@ -92,9 +93,18 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
     try:
         check_no_home_shorthand(cfg)
     except ConfigError as exc:
-        culprit = _blame(exc.path, overrides)
-        raise ConfigError(f"--set {culprit}: {exc.path}" if culprit else f"{path}: {exc.path}", exc.message) from None
+        raise named_source(exc, path, overrides) from None
     return cfg
+
+
+def named_source(exc: ConfigError, path: str | Path, overrides: Iterable[str]) -> ConfigError:
+    """``exc`` (about a field of the config loaded from ``path`` with ``overrides``), naming the
+    ``--set`` that set the field, else the file: for checks made after loading (the world size).
+    An error about no config field (a command's own argument) is returned as it is."""
+    if exc.path.split(".")[0] not in {f.name for f in dataclasses.fields(RunConfig)}:
+        return exc
+    culprit = _blame(exc.path, list(overrides))
+    return ConfigError(f"--set {culprit}: {exc.path}" if culprit else f"{path}: {exc.path}", exc.message)
 
 
 def validate(cfg: RunConfig, world_size: Optional[int] = None) -> None:

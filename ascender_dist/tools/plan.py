@@ -427,11 +427,15 @@ def plan_main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         from ascender_dist.config import load_config
+        from ascender_dist.config.resolve import named_source
 
         cfg = load_config(args.config, args.overrides)
         vocab, vocab_notes = _vocab(cfg, args.vocab_size)
         cluster = ClusterShape(args.nodes, args.gpus_per_node, args.gpu_memory_gib, args.peak_tflops)
-        result = plan(cfg, cluster, vocab_size=vocab, mfu=args.mfu, tokens=args.tokens, headroom=args.headroom)
+        try:
+            result = plan(cfg, cluster, vocab_size=vocab, mfu=args.mfu, tokens=args.tokens, headroom=args.headroom)
+        except ConfigError as exc:  # the layout on this cluster: a field of the file or a --set
+            raise named_source(exc, args.config, args.overrides) from None
         result = replace(result, notes=(*vocab_notes, *result.notes))
         print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
         sys.stdout.flush()

@@ -113,7 +113,7 @@ def test_batch_arithmetic_checked_against_world_size():
 
 def test_world_size_must_fit_model_parallel():
     cfg = config_from_dict({"parallel": {"tensor_model_parallel_size": 2}})
-    with pytest.raises(ConfigError, match="world size 3 is not a multiple of tensor x pipeline = 2"):
+    with pytest.raises(ConfigError, match="world size 3 is not a multiple of tensor x pipeline = 2 x 1"):
         derive(cfg, world_size=3, tokenizer_vocab_size=100)
 
 
@@ -478,6 +478,10 @@ def test_warmups_that_a_run_never_finishes_are_named():
     assert unreached_warmups(short) == [
         "optimizer.warmup_steps = 41 > train.train_steps = 20: the learning rate never reaches optimizer.lr = 0.0003 "
         "in this run"]
+    # validation only every 25 steps of a 20-step run: none (the run gave no val/loss, silently)
+    unvalidated = config_from_dict({"model": {"architecture": "gpt"}, "train": {"train_steps": 20, "eval_interval": 25}})
+    assert unreached_warmups(unvalidated) == ["train.eval_interval = 25 > train.train_steps = 20: the run never "
+                                              "validates"]
 
 
 # ----------------------------------------------------------------------------- boundaries found unpinned
@@ -570,3 +574,38 @@ def test_a_tilde_set_on_the_command_line_names_the_override_and_a_saved_config_s
     assert message == ("--set output_dir=~/run: output_dir: '~/run' starts with '~', which is not expanded here: "
                        "write the full path")
     assert config_from_dict({"output_dir": "~/run"}).output_dir == "~/run"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("optimizer:\n  lr_schedule: constant\n  min_lr: 1.0e-5\n",
+     "optimizer.min_lr: applies to the decaying schedules (cosine, linear, wsd); lr_schedule: constant stays at "
+     "optimizer.lr (got 1e-05)"),
+    ("model:\n  position_embedding_type: learned_absolute\n  rotary_base: 500000\n",
+     "model.rotary_base: applies to position_embedding_type: rope only (the positions are learned_absolute; "
+     "got 500000)"),
+    ("logging:\n  wandb:\n    mode: offline\n", "logging.wandb.project: must be set when logging.wandb.mode is "
+                                                 "'offline'"),
+], ids=["min_lr-constant", "rotary_base-learned", "wandb-offline-no-project"])
+def test_a_setting_that_would_do_nothing_is_refused(tmp_path, text, expected):
+    """Accepted before and without effect: a constant schedule has no floor, learned positions no
+    rotary base, and W&B without a project logs nothing (the wsd_* fields were refused already)."""
+    assert expected in _error(tmp_path, text)
+
+
+def test_a_constant_schedule_below_the_default_floor_is_not_refused_for_it(tmp_path):
+    """The default min_lr (3e-5) is no floor of a constant schedule: lr 1e-5 was refused for it."""
+    from ascender_dist.config.resolve import config_from_dict
+
+    assert config_from_dict({"optimizer": {"lr": 1e-5, "lr_schedule": "constant"}}).optimizer.lr == 1e-5
+
+
+@pytest.mark.parametrize("architecture,expected", [
+    ("ascender", "model.ascender.d_z: must be <= head dim 16 (got 32) (no model.preset is set"),
+    ("connection", "model.connection.causal_chunk_size: must be < model.seq_length (128; got 128)"),
+])
+def test_an_architecture_without_a_preset_says_why_its_defaults_do_not_fit(tmp_path, architecture, expected):
+    """`model: {architecture: ascender}` was refused for a field the user never wrote."""
+    message = _error(tmp_path, f"model:\n  architecture: {architecture}\n")
+    assert expected in message and "choose a preset, e.g. model.preset: debug" in message
+    assert "no model.preset" not in _error(tmp_path, f"model:\n  architecture: {architecture}\n  preset: debug\n"
+                                                     "  seq_length: 0\n")

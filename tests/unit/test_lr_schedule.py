@@ -10,7 +10,8 @@ from ascender_dist.training.lr_schedule import lr_at, set_lr
 
 
 def _optimizer(schedule: str, warmup: int, lr: float = 6e-4, min_lr: float = 6e-5):
-    return config_from_dict({"optimizer": {"lr": lr, "min_lr": min_lr, "warmup_steps": warmup,
+    floor = {} if schedule == "constant" else {"min_lr": min_lr}  # constant has none (refused if set)
+    return config_from_dict({"optimizer": {"lr": lr, **floor, "warmup_steps": warmup,
                                            "lr_schedule": schedule}}).optimizer
 
 

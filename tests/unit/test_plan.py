@@ -141,7 +141,8 @@ def test_layout_that_does_not_fit_is_refused_in_one_line():
 
 
 def test_world_not_divisible_by_tp_times_pp():
-    with pytest.raises(ConfigError, match="world size 6 is not a multiple of tensor x pipeline = 4"):
+    with pytest.raises(ConfigError, match="parallel.tensor_model_parallel_size: world size 6 is not a multiple of "
+                                          "tensor x pipeline = 4 x 1"):
         plan(make_cfg(tensor_model_parallel_size=4), ClusterShape(nodes=1, gpus_per_node=6),
              vocab_size=V, mfu=0.4, tokens=None)
 
@@ -187,4 +188,14 @@ def test_cli_non_fitting_layout_prints_table_then_one_error_line(config_file, ca
 def test_cli_world_not_divisible_is_one_line(config_file, capsys):
     assert plan_main(["--config", config_file, "--gpus-per-node", "3"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "world size 3 is not a multiple of tensor x pipeline = 2" in err
+    assert out == "" and err.count("\n") == 1
+    assert err == (f"error: {config_file}: parallel.tensor_model_parallel_size: world size 3 is not a multiple of "
+                   "tensor x pipeline = 2 x 1\n")  # names the file whose setting it is
+
+
+def test_cli_world_not_divisible_names_the_set_that_chose_the_layout(config_file, capsys):
+    overrides = ["--set", "parallel.tensor_model_parallel_size=1", "--set", "parallel.pipeline_model_parallel_size=4"]
+    assert plan_main(["--config", config_file, "--gpus-per-node", "6", *overrides]) == 2
+    assert capsys.readouterr().err == ("error: --set parallel.pipeline_model_parallel_size=4: "
+                                       "parallel.pipeline_model_parallel_size: world size 6 is not a multiple of "
+                                       "tensor x pipeline = 1 x 4\n")
