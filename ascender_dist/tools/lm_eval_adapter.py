@@ -31,7 +31,6 @@ export of the same directory name (``runs/small/hf``, ``runs/medium/hf``) was lo
 from __future__ import annotations
 
 import atexit
-import fcntl
 import functools
 import hashlib
 import os
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from ascender_dist.config.errors import UserError
+from ascender_dist.locks import exclusive_lock
 from ascender_dist.tools.hf_export import LM_EVAL_EXPORT_SUBDIR as EXPORT_SUBDIR  # the export cache's name
 
 MODEL_NAME = "ascender-dist"
@@ -125,13 +125,7 @@ def _export_lock(consolidated: Path) -> Iterator[None]:
     processes started together on a cold cache export it once (the others wait, then find it warm)
     instead of replacing each other's output while it loads. Taken only on a cold cache, so a warm
     cache in a read-only directory still loads."""
-    lock_path = consolidated / f"{EXPORT_SUBDIR}.lock"
-    try:
-        handle = open(lock_path, "a")
-    except OSError as exc:
-        raise AdapterError(f"{lock_path}: cannot create the export cache lock ({exc.strerror or exc})") from None
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed, also if the process dies
+    with exclusive_lock(consolidated / f"{EXPORT_SUBDIR}.lock", AdapterError, "the export cache lock"):
         yield
 
 

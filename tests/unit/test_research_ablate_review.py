@@ -237,3 +237,27 @@ def test_a_variant_whose_vocabulary_cannot_hold_the_grid_tokenizer_is_refused_wh
     (root / "shards").mkdir(parents=True)  # built: its tokenizer came out at 500 pieces
     (root / "shards" / "manifest.json").write_text(json.dumps({"vocab_size": 500, "seq_length": 64}))
     assert load_grid(_grid(tmp_path, dataset=dataset, variants=variants))
+
+
+def test_grids_sharing_a_dataset_root_take_turns_building_it(tmp_path):
+    """Two grids started together on one dataset.root both found no manifest and built the corpus,
+    tokenizer and shards over each other; the second now waits for the first's lock, then checks."""
+    import fcntl
+    import threading
+
+    from ascender_dist.research.ablate.grid import DATASET_RECORD, dataset_settings, ensure_dataset
+
+    root = tmp_path / "data"
+    (root / "shards").mkdir(parents=True)
+    spec = {"root": str(root), "seq_length": 64}
+    (root / "shards" / "manifest.json").write_text(json.dumps({"seq_length": 64}))  # built by "the other grid"
+    (root / DATASET_RECORD).write_text(json.dumps(dataset_settings(spec)))
+    done = []
+    with open(root / ".build.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the other grid is building
+        waiter = threading.Thread(target=lambda: done.append(ensure_dataset(spec)))
+        waiter.start()
+        waiter.join(timeout=1.0)
+        assert waiter.is_alive() and not done  # waits instead of building beside it
+    waiter.join(timeout=30)
+    assert done == [{"manifest": str(root / "shards" / "manifest.json"), "tokenizer": str(root / "tokenizer.model")}]

@@ -535,21 +535,31 @@ def check_dataset_matches(root: Path, wanted: dict) -> None:
 
 def ensure_dataset(spec: dict) -> dict:
     """Build (once) the default corpus -> sentencepiece tokenizer -> webdataset shards under
-    ``spec['root']``, recording the settings; a dataset already there must match them."""
+    ``spec['root']``, recording the settings; a dataset already there must match them. Under a lock
+    in the root: grids sharing it that start together build it once (the others wait, then check it)."""
+    from ascender_dist.locks import exclusive_lock
+
+    root = Path(spec["root"])
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AblationError(f"{root}: cannot create the dataset directory ({exc.strerror or exc})") from None
+    with exclusive_lock(root / ".build.lock", AblationError, "the dataset build lock"):
+        return _ensure_dataset_locked(root, dataset_settings(spec))
+
+
+def _ensure_dataset_locked(root: Path, settings: dict) -> dict:
     import json
 
     from data_pipeline.corpus import build_default_corpus
     from data_pipeline.shards import write_shards
     from data_pipeline.tokenizer import Tokenizer, tokenizer_files, train_tokenizer
 
-    root = Path(spec["root"])
-    settings = dataset_settings(spec)
     prefix, paths = root / "tokenizer", dataset_paths(root)
     manifest, model = Path(paths["manifest"]), Path(paths["tokenizer"])
     if manifest.exists():
         check_dataset_matches(root, settings)
     else:
-        root.mkdir(parents=True, exist_ok=True)
         log.info("building the dataset in %s", root)
         corpus = root / "corpus.jsonl"
         # a build cut short before the manifest: made again with these settings, the tokenizer too (one
