@@ -15,7 +15,7 @@ PACKAGES = ("ascender_dist", "data_pipeline", "benchmarks")
 # import its own group and groups of a lower or equal layer, never one above it
 LAYERS = {
     "ascender_dist.config": 0, "ascender_dist.logs": 0, "ascender_dist.versions": 0, "ascender_dist.machine": 0, "ascender_dist.ports": 0, "ascender_dist.launcher": 0, "ascender_dist.plotting": 0,
-    "ascender_dist.extras": 0,
+    "ascender_dist.extras": 0, "ascender_dist.locks": 0,
     "data_pipeline": 1, "ascender_dist.compat": 1,
     "ascender_dist.parallel": 2,
     "ascender_dist.models": 3,
