@@ -22,8 +22,11 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import DataError
@@ -91,6 +94,59 @@ def _write_problem(path: Path, error: OSError) -> str:
     if not ancestor.is_dir():
         return f"{ancestor} is not a directory"
     return error.strerror or str(error)
+
+
+def cannot_write(path: Path, error: OSError) -> DataError:
+    """The one-line error for creating ``path`` (a file or folder) that failed with ``error``, named
+    by the folder that refused it (its closest existing ancestor): ``out: cannot write (Permission
+    denied)``, where the OSError would name a temporary file the user never chose."""
+    return DataError(str(_nearest_existing(Path(path).parent)), f"cannot write ({_write_problem(Path(path), error)})")
+
+
+def make_dirs(directory: Path) -> Path:
+    """``directory`` created with its parents where missing; one that cannot be (no permission, a
+    read-only file system) is a one-line DataError (:func:`cannot_write`), not a traceback."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise cannot_write(directory, e) from None
+    return directory
+
+
+@contextmanager
+def writing_into(directory: Path):
+    """Turn an OSError of the writes in the block (a full disk, a quota, an I/O error) into a one-line
+    DataError naming ``directory``, the output folder, and the OS error: ``out: cannot write (No space
+    left on device)``. Use it around writes only, so a read error is never reported as a write's;
+    the caller's ``finally`` still removes its temporary files."""
+    try:
+        yield
+    except OSError as e:
+        raise DataError(str(directory), f"cannot write ({e.strerror or e})") from None
+
+
+@contextmanager
+def signals_deferred(signals=(signal.SIGTERM, signal.SIGINT)):
+    """Hold ``signals`` back during the block, then deliver them: each that arrives is recorded, and
+    raised again to the handler that was in place once the block has ended (also when it fails).
+    For a commit of several steps (a dataset's shards, manifest and stale-shard removal) that a
+    polite stop (SIGTERM from timeout, scancel or docker stop; Ctrl-C) must not cut in half. Python
+    runs handlers in the main thread only, which alone may set them: elsewhere the block runs as is.
+    A signal the process ignores stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: caught.append(signum))
+                for signum in signals if signal.getsignal(signum) not in (signal.SIG_IGN, None)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
 
 
 def _write_via_temporary(path: Path, data: bytes) -> None:
@@ -218,7 +274,10 @@ def run_temp_dir(parent: Path, kind: str) -> Path:
         if pid is not None and path.is_dir() and not _process_alive(int(pid.group(1))):
             log.warning("removing %s, left by a run on this machine that was killed (process %s)", path, pid.group(1))
             shutil.rmtree(path, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+    try:
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+    except OSError as e:  # a folder this user may not write, a read-only file system
+        raise cannot_write(Path(parent) / prefix, e) from None
 
 
 def _machine_tag() -> str:

@@ -117,11 +117,12 @@ def build_default_corpus(out_path: Path, max_bytes: int = 6_000_000, *, root: Pa
     out_path = Path(out_path)
     refuse_existing(out_path, "a corpus is never replaced: choose another --out or remove it")
     lines: list[str] = []
-    total = 0
+    total, smallest = 0, None  # smallest: of the documents that did not fit
     bar = tqdm(total=max_bytes, unit="B", unit_scale=True, desc="build-corpus", disable=not progress)
     for doc in iter_default_documents(root):
         size = len(doc["text"].encode("utf-8"))
         if total + size > max_bytes:
+            smallest = size if smallest is None else min(smallest, size)
             continue
         lines.append(json.dumps(doc, ensure_ascii=False))
         total += size
@@ -129,6 +130,9 @@ def build_default_corpus(out_path: Path, max_bytes: int = 6_000_000, *, root: Pa
         if max_bytes - total < 64:
             break
     bar.close()
+    if not lines and smallest is not None:
+        raise DataError(str(out_path), f"no document fits in max_bytes {max_bytes} (the smallest has {smallest} "
+                                       "bytes): give a larger --max-bytes")
     if not lines:
         raise DataError(str(out_path), f"no standard-library documents found under {root or stdlib_root()}")
     atomic_write_bytes(out_path, ("\n".join(lines) + "\n").encode("utf-8"))

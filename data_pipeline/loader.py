@@ -35,6 +35,7 @@ import io
 import json
 import logging
 import math
+import numbers
 import os
 import re
 import time
@@ -56,7 +57,7 @@ from webdataset.shardlists import expand_urls
 from ._io import sha256_bytes
 from .errors import DataError
 from .fast_shard import decode_regular_shard, open_tar, probe_layout, tar_has_end_marker
-from .shards import Manifest, check_field_types, load_manifest
+from .shards import Manifest, check_field_types, load_manifest, reads_as_url
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class ShardSpec:
         """The file behind a plain or ``file:`` URL (None for pipes and remote URLs)."""
         if self.url.startswith("file:"):
             return Path(self.url[5:])
-        if ":" in self.url.split("/")[0] and not self.url.startswith("/"):
+        if reads_as_url(self.url):
             return None
         return Path(self.url)
 
@@ -1274,10 +1275,8 @@ class StreamingLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where ``state`` was taken; nothing already consumed is read again."""
-        try:
-            consumed, seed = int(state["consumed_samples"]), int(state["seed"])
-        except (KeyError, TypeError, ValueError):
-            raise DataError("loader state", "expected integers consumed_samples and seed") from None
+        _check_state(state)
+        consumed, seed = int(state["consumed_samples"]), int(state["seed"])
         batch_start = int(state.get("batch_start", consumed))
         within = consumed - batch_start
         # mid-batch, each rank has consumed the head of its own slice: only the same geometry continues it
@@ -1331,6 +1330,41 @@ class StreamingLoader:
             self.close()
         except Exception:
             pass
+
+
+# what state_dict() writes: field -> (least, most); None: any integer. The bound on sample counts keeps
+# every index computed from them inside int64. consumed_samples and seed are required, the rest are
+# absent from states of older versions (shuffle_buffer may also be None there).
+_MAX_SAMPLES = 2**62
+_STATE_RANGES = {"consumed_samples": (0, _MAX_SAMPLES), "seed": None, "version": None,
+                 "epoch": (0, _MAX_SAMPLES), "samples_per_epoch": (0, _MAX_SAMPLES),
+                 "global_batch_size": (1, _MAX_SAMPLES), "batch_start": (0, _MAX_SAMPLES),
+                 "shuffle_buffer": (1, _MAX_SAMPLES), "micro_batch_size": (1, _MAX_SAMPLES),
+                 "dp_size": (1, _MAX_SAMPLES)}
+
+
+def _check_state(state) -> None:
+    """Each field :meth:`StreamingLoader.state_dict` writes that ``state`` holds is an integer in its
+    range (:data:`_STATE_RANGES`; consumed_samples and seed must be there), and ``batch_start`` lies
+    within the global batch that ends at ``consumed_samples``; a one-line DataError naming the field
+    otherwise, not a ValueError, TypeError or OverflowError from deep inside the order later."""
+    if not isinstance(state, dict):
+        raise DataError("loader state", f"expected a dict, got {type(state).__name__}")
+    for key in ("consumed_samples", "seed"):
+        if key not in state:
+            raise DataError("loader state", f"{key}: missing")
+    for key, bounds in _STATE_RANGES.items():
+        value = state.get(key)
+        if value is None and key == "shuffle_buffer" or key not in state:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise DataError("loader state", f"{key}: expected an integer, got {type(value).__name__} {value!r}")
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            raise DataError("loader state", f"{key}: must be in [{bounds[0]}, {bounds[1]}] (got {value})")
+    within = state["consumed_samples"] - state.get("batch_start", state["consumed_samples"])
+    if not 0 <= within < state.get("global_batch_size", within + 1):  # state_dict: batch_start <= consumed
+        raise DataError("loader state", f"batch_start {state['batch_start']} is not within the global batch "
+                                        f"before consumed_samples {state['consumed_samples']}")
 
 
 class MixtureLoader(StreamingLoader):

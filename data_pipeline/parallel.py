@@ -36,11 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ._io import atomic_write_json, fsync_dir, run_temp_dir, sha256_bytes, write_durably
+from ._io import atomic_write_json, fsync_dir, make_dirs, run_temp_dir, sha256_bytes, write_durably, writing_into
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, Piece, expand_inputs, iter_piece, kind_of, parquet_file
-from .shards import (MANIFEST_NAME, Manifest, ShardInfo, _finalize, _samples_per_shard, check_shard_prefix,
-                     check_shard_settings, encode_shard, encoded_documents, remove_stale_shards, token_dtype)
+from .shards import (Manifest, ShardInfo, _samples_per_shard, check_shard_prefix, check_shard_settings, commit,
+                     encode_shard, encoded_documents, token_dtype)
 from .tokenizer import Tokenizer
 
 PARTS_DIR = ".parts"
@@ -175,15 +175,15 @@ def run_job(inputs, tokenizer: Tokenizer, parts_dir: Path, settings: dict, *, jo
     files = expand_inputs(inputs)
     mine = partition([Piece(str(p)) for p in files], job_count)[job_index]
     sub = partition(mine, workers) if mine else [[] for _ in range(workers)]
-    parts_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(parts_dir)
     stem = f"job-{job_index:05d}-of-{job_count:05d}"
     tmp = run_temp_dir(parts_dir, stem)
     try:
         dtype = token_dtype(tokenizer.padded_vocab_size).name
         args = [(pieces, str(tokenizer.model_path), dtype, text_field, str(tmp / f"{stem}.{k:03d}.bin"))
                 for k, pieces in enumerate(sub)]
-        with _pool(workers) if pool is None else nullcontext(pool) as p:
-            futures = [p.submit(_tokenize_part, *a) for a in args]
+        with _pool(workers) if pool is None else nullcontext(pool) as p, writing_into(parts_dir):
+            futures = [p.submit(_tokenize_part, *a) for a in args]  # input errors arrive as DataErrors
             results = [f.result() for f in futures]
         parts = []
         for (_, _, _, _, path), res in zip(args, results):
@@ -336,22 +336,21 @@ def merge(out_dir: Path, *, parts_dir: Path | None = None, workers: int = 1, kee
     try:
         jobs = [(files, counts, dtype.name, meta, i, min(capacity, n_samples - i), sample_len,
                  str(tmp_dir / f"{i // capacity:06d}.tar")) for i in range(0, n_samples, capacity)]
-        if pool is not None or workers > 1:
-            with _pool(workers) if pool is None else nullcontext(pool) as p:
-                results = list(p.map(_write_shard, *zip(*jobs)))
-        else:
-            results = [_write_shard(*j) for j in jobs]
+        with writing_into(out_dir):  # a full disk: one line naming the output folder
+            if pool is not None or workers > 1:
+                with _pool(workers) if pool is None else nullcontext(pool) as p:
+                    results = list(p.map(_write_shard, *zip(*jobs)))
+            else:
+                results = [_write_shard(*j) for j in jobs]
         written = [(Path(p), ShardInfo(name="", split="", **info)) for p, info in results]
-        shard_infos = _finalize(written, tmp_dir, out_dir, settings["prefix"], settings["val_fraction"])
+        manifest = commit(written, tmp_dir, out_dir, settings["prefix"], settings["val_fraction"],
+                          seq_length=settings["seq_length"], tokenizer_sha256=tok["tokenizer_sha256"],
+                          vocab_size=tok["vocab_size"], padded_vocab_size=tok["padded_vocab_size"],
+                          eos_id=tok["eos_id"], pad_id=tok["pad_id"], dtype=dtype.name,
+                          num_documents=sum(p["num_documents"] for p in parts),
+                          dropped_tokens=n_tokens - n_samples * sample_len)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    manifest = Manifest(seq_length=settings["seq_length"], tokenizer_sha256=tok["tokenizer_sha256"],
-                        vocab_size=tok["vocab_size"], padded_vocab_size=tok["padded_vocab_size"],
-                        eos_id=tok["eos_id"], pad_id=tok["pad_id"], dtype=dtype.name, shards=shard_infos,
-                        num_documents=sum(p["num_documents"] for p in parts),
-                        dropped_tokens=n_tokens - n_samples * sample_len)
-    manifest.save(out_dir / MANIFEST_NAME)
-    remove_stale_shards(out_dir, settings["prefix"], manifest)
     if not keep_parts:
         shutil.rmtree(parts_dir, ignore_errors=True)
     return manifest

@@ -18,6 +18,7 @@ Layout (why):
   old dataset intact. The old manifest is deleted just before the move, so a crash during it leaves
   no manifest (a one-line loader error until the build is run again), never an old manifest over
   new shards of the same names and sizes, which a partial read (no whole-shard sha256) would accept.
+  A SIGTERM or Ctrl-C in that window is held back until the new manifest is saved (:func:`commit`).
 * Re-sharding into the same directory then deletes the shards of the old run that the new
   manifest does not list (``{prefix}-{train,val}-NNNNNN.tar`` only), so a glob over the directory
   never mixes old and new data.
@@ -42,7 +43,8 @@ from tqdm import tqdm
 
 from ascender_dist.config.checks import url_template_problem
 
-from ._io import atomic_write_json, fsync_dir, run_temp_dir, sha256_bytes, write_durably
+from ._io import (atomic_write_json, fsync_dir, run_temp_dir, sha256_bytes, signals_deferred, write_durably,
+                  writing_into)
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, iter_documents
 from .tokenizer import Tokenizer
@@ -106,7 +108,7 @@ class Manifest:
                                 "url_template must hold only letters, digits and . _ - + = @ / (no whitespace, "
                                 "quotes or shell syntax)")
             return url_template.format(name=shard.name)
-        return str(self.base_dir() / shard.name)
+        return local_url(self.base_dir() / shard.name)
 
     def to_json(self) -> dict:
         """Plain-JSON form (``path`` omitted: it is where the file is, not what it says)."""
@@ -124,6 +126,20 @@ class Manifest:
         return path
 
 
+def reads_as_url(text: str) -> bool:
+    """Whether a shard location reads as a URL or command (``pipe:``, ``s3://``, ``file:``), not a
+    local path: its first path component holds a ':'. What ShardSpec.local_path decides by."""
+    return ":" in text.split("/")[0]
+
+
+def local_url(path: Path) -> str:
+    """``path`` as a shard URL every reader opens as a local file: a relative path whose first folder
+    holds a ':' (``run-12:30/...``) would read as a URL scheme to webdataset's gopen and the loader,
+    so it gets a leading ``./``; any other path is its plain ``str``."""
+    url = str(path)
+    return f"./{url}" if reads_as_url(url) else url
+
+
 def check_url_template(template: str) -> None:
     problem = url_template_problem(template)
     if problem:
@@ -135,6 +151,15 @@ _MANIFEST_TYPES = {"seq_length": int, "tokenizer_sha256": str, "vocab_size": int
                    "eos_id": int, "pad_id": int, "dtype": str, "num_documents": int, "dropped_tokens": int,
                    "version": int}
 _SHARD_TYPES = {"name": str, "split": str, "num_samples": int, "num_tokens": int, "sha256": str, "bytes": int}
+# field -> (least, most) allowed: a count the loader adds up or allocates by must be sane, so that no sum
+# of them can overflow int64 and no id table is larger than an int32 token can index. A shard of 0
+# samples is legal here: the loader reports it as an empty (skippable) shard, by name.
+_MAX_COUNT = 2**48
+_MAX_VOCAB = 2**31
+_MANIFEST_RANGES = {"seq_length": (1, _MAX_COUNT), "vocab_size": (1, _MAX_VOCAB),
+                    "padded_vocab_size": (1, _MAX_VOCAB), "num_documents": (0, _MAX_COUNT),
+                    "dropped_tokens": (0, _MAX_COUNT)}
+_SHARD_RANGES = {"num_samples": (0, _MAX_COUNT), "num_tokens": (0, _MAX_COUNT), "bytes": (0, _MAX_COUNT)}
 _NULLABLE = {"sha256", "bytes"}  # unknown checksum / size: the shard is read without those checks
 _SPLITS = ("train", "val")  # what _finalize writes and the loaders read
 
@@ -151,6 +176,27 @@ def check_field_types(where: str, record: dict, types: dict, prefix: str = "", e
         if isinstance(value, bool) or not isinstance(value, kind):
             raise (error or DataError)(where, f"{prefix}{key}: expected {'an integer' if kind is int else 'a string'}, "
                                               f"got {type(value).__name__} {value!r}")
+
+
+def check_field_ranges(where: str, record: dict, ranges: dict, prefix: str = "") -> None:
+    """Every integer field of ``ranges`` present in ``record`` (types checked before) lies in its
+    ``(least, most)``; a one-line DataError naming ``where`` and the field otherwise."""
+    for key, (least, most) in ranges.items():
+        value = record.get(key)
+        if value is not None and not least <= value <= most:
+            raise DataError(where, f"{prefix}{key}: must be in [{least}, {most}] (got {value})")
+
+
+def _check_manifest_numbers(where: str, raw: dict) -> None:
+    """The manifest's counts and sizes are in range (:data:`_MANIFEST_RANGES`, :data:`_SHARD_RANGES`),
+    ``vocab_size <= padded_vocab_size``, and the shards' totals fit the same bound as one count."""
+    check_field_ranges(where, raw, _MANIFEST_RANGES)
+    if raw.get("vocab_size", 1) > raw.get("padded_vocab_size", _MAX_VOCAB):
+        raise DataError(where, f"vocab_size {raw['vocab_size']} > padded_vocab_size {raw['padded_vocab_size']}")
+    for key in _SHARD_RANGES:
+        total = sum(s[key] or 0 for s in raw.get("shards") or [])
+        if total > _MAX_COUNT:
+            raise DataError(where, f"shards: total {key} {total} > {_MAX_COUNT}")
 
 
 def load_manifest(path) -> Manifest:
@@ -174,6 +220,7 @@ def load_manifest(path) -> Manifest:
     first_of: dict[str, int] = {}
     for i, s in enumerate(raw.get("shards") or []):
         _check_shard_record(str(path), i, s, first_of)
+    _check_manifest_numbers(str(path), raw)
     try:
         shards = [ShardInfo(**s) for s in raw.pop("shards")]
         known = {f.name for f in dataclasses.fields(Manifest)}
@@ -216,6 +263,7 @@ def _check_shard_record(where: str, i: int, s, first_of: dict[str, int]) -> None
     if not isinstance(s, dict):
         raise DataError(where, f"shards[{i}]: expected an object, got {type(s).__name__} {s!r}")
     check_field_types(where, s, _SHARD_TYPES, prefix=f"shards[{i}].")
+    check_field_ranges(where, s, _SHARD_RANGES, prefix=f"shards[{i}].")
     unknown, missing = sorted(set(s) - set(_SHARD_TYPES)), [k for k in _SHARD_TYPES if k not in s]
     if unknown:
         raise DataError(where, f"shards[{i}]: unknown field(s) {', '.join(map(repr, unknown))}")
@@ -442,19 +490,31 @@ def write_shards(documents: Iterable[str] | list[Path], tokenizer: Tokenizer, ou
             "vocab_size": tokenizer.vocab_size}
     tmp_dir = run_temp_dir(out_dir, "shards")
     try:
-        written, n_docs, dropped = _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len,
-                                                     dtype, meta, num_threads, progress, text_field)
+        with writing_into(out_dir):  # a full disk: one line; input errors are DataErrors already
+            written, n_docs, dropped = _write_tmp_shards(documents, tokenizer, tmp_dir, capacity, sample_len,
+                                                         dtype, meta, num_threads, progress, text_field)
         if not written:
             raise DataError(str(out_dir), f"documents gave fewer than {sample_len} tokens: not one sample to write")
-        shard_infos = _finalize(written, tmp_dir, out_dir, prefix, val_fraction)
+        return commit(written, tmp_dir, out_dir, prefix, val_fraction, seq_length=seq_length,
+                      tokenizer_sha256=tokenizer.sha256, vocab_size=tokenizer.vocab_size,
+                      padded_vocab_size=tokenizer.padded_vocab_size, eos_id=tokenizer.eos_id,
+                      pad_id=tokenizer.pad_id, dtype=dtype.name, num_documents=n_docs, dropped_tokens=dropped)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    manifest = Manifest(seq_length=seq_length, tokenizer_sha256=tokenizer.sha256, vocab_size=tokenizer.vocab_size,
-                        padded_vocab_size=tokenizer.padded_vocab_size, eos_id=tokenizer.eos_id,
-                        pad_id=tokenizer.pad_id, dtype=dtype.name, shards=shard_infos,
-                        num_documents=n_docs, dropped_tokens=dropped)
-    manifest.save(out_dir / MANIFEST_NAME)
-    remove_stale_shards(out_dir, prefix, manifest)
+
+
+def commit(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: float, **fields) -> Manifest:
+    """Publish the shards written in ``tmp_dir`` with a manifest of ``fields``: :func:`_finalize`, the
+    manifest's save and :func:`remove_stale_shards`; return the manifest. Both writers (this
+    module's and :mod:`.parallel`'s merge) end here.
+
+    SIGTERM and SIGINT are held back until all three are done (``_io.signals_deferred``): a polite
+    stop between the old manifest's removal and the new one's save would leave new shards, old
+    shards and no manifest; held back, it stops the process just after, the new dataset complete."""
+    with signals_deferred():
+        manifest = Manifest(shards=_finalize(written, tmp_dir, out_dir, prefix, val_fraction), **fields)
+        manifest.save(out_dir / MANIFEST_NAME)
+        remove_stale_shards(out_dir, prefix, manifest)
     return manifest
 
 
@@ -515,8 +575,8 @@ def _flush(samples, tmp_dir: Path, index: int, dtype, meta):
 
 def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: float) -> list[ShardInfo]:
     """Assign splits, name the shards and move them from the temp dir into ``out_dir`` (the old
-    manifest removed first: see :func:`_remove_old_manifest`). Both writers (this module's and
-    :mod:`.parallel`'s merge) end here, then save the new manifest.
+    manifest removed first: see :func:`_remove_old_manifest`), for :func:`commit`, which then saves
+    the new manifest.
 
     Whatever can fail short of an I/O error fails before the old manifest goes: each shard is first
     renamed to its final name inside the temp dir (a name the file system refuses stops here, the

@@ -175,10 +175,12 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
     symbols = ["\n"] + [s for s in user_defined_symbols if s != "\n"]
     model_buf = io.BytesIO()
     input_errors: list[DataError] = []
+    text_lines: list[int] = [0]  # lines holding text that sentencepiece was given
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=_remember_errors(_training_lines(inputs, progress, text_field), input_errors),
+            sentence_iterator=_counted(_remember_errors(_training_lines(inputs, progress, text_field), input_errors),
+                                       text_lines),
             model_writer=model_buf,
             vocab_size=vocab_size, model_type=model_type, byte_fallback=byte_fallback,
             character_coverage=character_coverage, normalization_rule_name="identity",
@@ -193,12 +195,30 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
     except (RuntimeError, OSError, ValueError) as e:  # ValueError: a setting sentencepiece cannot parse
         if input_errors:  # sentencepiece wrapped our reader's error in a RuntimeError ending in a stack frame
             raise input_errors[0] from None
+        if not text_lines[0]:  # sentencepiece's words: "INTERNAL: ... [!sentences_.empty()]"
+            held = "the input holds" if len(inputs) == 1 else "the inputs hold"
+            raise DataError(_names(inputs), f"{held} no text to train a tokenizer on") from None
         small = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)", str(e))
         if small:  # its own words name an option of spm_train, not of this command
             raise DataError(f"vocab_size {small[1]}", f"below the {small[2]} pieces this corpus needs (its characters "
                                                       f"and the reserved pieces): use {small[2]} or more") from None
         raise DataError(str(out_prefix), f"sentencepiece training failed: {str(e).strip().splitlines()[-1]}") from None
     return _write_model_files(out_prefix, model_buf.getvalue(), model_type, pad_vocab_to_multiple_of, symbols)
+
+
+def _counted(lines: Iterator[str], count: list) -> Iterator[str]:
+    """``lines`` unchanged; ``count[0]`` counts those that hold more than a line end, so that a
+    failed training can tell an input without text (sentencepiece then says only "INTERNAL: ...
+    [!sentences_.empty()]") from a failure of its own."""
+    for line in lines:
+        count[0] += bool(line.strip("\r\n"))
+        yield line
+
+
+def _names(paths: Sequence[Path], most: int = 3) -> str:
+    """The files ``paths`` for an error line: the first ``most``, then how many more."""
+    names = ", ".join(map(str, paths[:most]))
+    return names + (f" (+{len(paths) - most} more)" if len(paths) > most else "")
 
 
 def _write_model_files(out_prefix: Path, model: bytes, model_type: str, multiple: int, symbols) -> Path:
@@ -335,13 +355,17 @@ def _processor(model_path: Path, data: bytes) -> spm.SentencePieceProcessor:
 
 
 def _sidecar(model_path: Path) -> dict:
-    """The ``.json`` written next to a ``.model`` by :func:`train_tokenizer`, or {} when absent/unreadable.
-    Valid JSON that is not an object is a DataError naming the file (it is a sidecar, but a broken one)."""
+    """The ``.json`` written next to a ``.model`` by :func:`train_tokenizer`, or {} when there is none.
+    One that is there but unreadable (corrupt, cut short, not UTF-8, no permission) or not a JSON
+    object is a DataError naming the file: read as "no sidecar", it would silently give the default
+    padding, another padded_vocab_size than the one the tokenizer was made with."""
     side = model_path.with_suffix(".json")
     try:
         data = json.loads(side.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:  # ValueError: bad JSON, or UnicodeDecodeError
+        raise DataError(str(side), f"unreadable tokenizer sidecar ({getattr(e, 'strerror', None) or e})") from None
     if not isinstance(data, dict):
         raise DataError(str(side), f"tokenizer sidecar must be a JSON object, got {type(data).__name__}")
     return data
