@@ -1,10 +1,13 @@
 """Parity matrix: TP2, PP2, DP2 x ZeRO-0/1/2/3, sequence parallel (also with PP2, with DP2 and with DP2 x
-ZeRO-3), activation recompute, TP2xPP2, PP2xDP2 and TP2xDP2 x ZeRO-3 give the single-process losses and
+ZeRO-3), activation recompute (with DP2, PP2, TP2 and TP2 x sequence parallel), TP2xPP2, PP2xDP2 (ZeRO-1
+and 0) and TP2xDP2 x ZeRO-0/2/3 give the single-process losses and
 weights for gpt, ascender and connection (no sequence parallel for Connection: refused at config load), a
 few AdamW steps from the same initial weights on the same data (and ASCender with omega shared across
 heads under the TP2 layouts, ASCender with its auxiliary losses on, GPT with untied embeddings under PP,
 GPT and ASCender with grouped-query attention, 2 query groups of 2 heads per rank, under TP2, GPT's
-TP2xPP2 and ASCender's TP2xDP2 x ZeRO-3); TP-replicated parameters stay identical on every TP rank, and
+TP2xPP2 and ASCender's TP2xDP2 x ZeRO-3, the Llama block (SwiGLU, RMSNorm, no biases) and the linear
+Connection under TP2 layouts, the auxiliary losses also under PP2xDP2, TP2xDP2 x ZeRO-3 and sequence
+parallel); TP-replicated parameters stay identical on every TP rank, and
 every cell checks the layout it really ran (process groups, ZeRO stage, sequence parallel, recompute,
 heads and query groups per rank) against the one it asked for."""
 
@@ -39,14 +42,24 @@ def args(tmp_path_factory):
     return args
 
 
+PARTS = 2  # launches per world size (workers/layouts.part_of)
+
+
+def _in_parts(args, world: int) -> list[dict]:
+    """Every cell of the world's matrix, run in PARTS launches; per rank, the results of all of them."""
+    per_part = [run_ranks("tests.distributed.workers.layouts:layouts", world_size=world, timeout=600,
+                          args={**args, "part": part, "parts": PARTS}) for part in range(PARTS)]
+    return [{name: value for results in by_rank for name, value in results.items()} for by_rank in zip(*per_part)]
+
+
 @pytest.fixture(scope="module")
 def two_ranks(args):
-    return run_ranks("tests.distributed.workers.layouts:layouts", world_size=2, timeout=600, args=args)
+    return _in_parts(args, 2)
 
 
 @pytest.fixture(scope="module")
 def four_ranks(args):
-    return run_ranks("tests.distributed.workers.layouts:layouts", world_size=4, timeout=600, args=args)
+    return _in_parts(args, 4)
 
 
 def _check(results, name):

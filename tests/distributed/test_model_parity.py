@@ -3,6 +3,7 @@ within 1e-4 of its own largest value."""
 
 import pytest
 
+from tests.distributed.workers.model_parity import CAUSAL_LAYOUTS, CAUSAL_MODELS, CAUSAL_POSITIONS, CAUSAL_UNSUPPORTED
 from tests.helpers.multiproc import assert_check, run_ranks
 
 pytestmark = pytest.mark.distributed
@@ -57,6 +58,23 @@ def test_tensor_parallel_matches_single_rank(results, check):
         assert diffs["loss"] < TOL, diffs
         assert diffs["logits"] < TOL, diffs
         assert_grads_match(diffs, check)
+
+
+CAUSAL_CHECKS = [f"causal_{name}_{layout}" for name in CAUSAL_MODELS for layout in CAUSAL_LAYOUTS
+                 if (name, layout) not in CAUSAL_UNSUPPORTED]
+
+
+@pytest.mark.parametrize("check", CAUSAL_CHECKS)
+def test_no_future_leak_under_tensor_and_sequence_parallelism(results, check):
+    """Changing every token after t leaves the gathered logits at positions <= t bit-equal on every
+    rank (heads, vocabulary and, with sequence parallelism, the sequence split between the ranks),
+    and the change is seen after t (so the comparison is not vacuous)."""
+    assert len(CAUSAL_CHECKS) == 6
+    for by_position in assert_check(results, check):
+        assert sorted(map(int, by_position)) == sorted(CAUSAL_POSITIONS)
+        for t, diff in by_position.items():
+            assert diff["prefix"] == 0.0, (check, t, diff)
+            assert diff["future"] > 0.0, (check, t, diff)
 
 
 def test_the_same_seed_gives_the_same_initial_weights_at_any_tp_size(results):

@@ -58,6 +58,42 @@ def _forward_backward(cfg, tp: int, full_state=None, vocab: int = VOCAB):
     }
 
 
+def tp_causality(raw_cfg: dict, positions: tuple[int, ...], tp: int = 2, vocab: int = VOCAB) -> dict:
+    """No future leak at TP=tp (and sequence parallel if ``raw_cfg`` asks for it): for each t in
+    ``positions``, every token after t changed. Returns per t the largest change of the gathered
+    logits at positions <= t (0.0 when causal: bit-equal) and after t (> 0: the change is seen)."""
+    from megatron.core import parallel_state as mps
+
+    from ascender_dist.training.engine import build_run_model
+
+    init_process_group()
+    cfg = config_from_dict(raw_cfg)
+    destroy_model_parallel()
+    cfg.parallel.tensor_model_parallel_size = tp
+    init_model_parallel(tp, 1, cfg.train.seed)
+    model = build_run_model(cfg, derive(cfg, dist.get_world_size(), vocab))
+    model.eval()
+    group = mps.get_tensor_model_parallel_group()
+    output_weight = model.output_layer.weight if model.output_layer.weight is not None else model.embedding.word_embeddings.weight
+
+    def logits(tokens):  # [b, s, vocab], gathered over TP
+        positions_ids = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+        with torch.no_grad():
+            local = model(tokens, positions_ids, None)  # [b, s, vocab/tp]
+        return gather_tp_tensor(local.transpose(0, 2), output_weight, group).transpose(0, 2)
+
+    tokens = _tokens(cfg, vocab)[:, :-1]
+    base = logits(tokens)
+    out = {}
+    for t in positions:
+        changed = tokens.clone()
+        changed[:, t + 1:] = (tokens[:, t + 1:] + 1) % vocab  # every later token differs
+        other = logits(changed)
+        out[t] = {"prefix": (other[:, : t + 1] - base[:, : t + 1]).abs().max().item(),
+                  "future": (other[:, t + 1:] - base[:, t + 1:]).abs().max().item()}
+    return out
+
+
 def _initial_state(cfg, tp: int) -> dict:
     """The full (gathered) initial weights of a model built at TP=tp from cfg's seed."""
     from megatron.core import parallel_state as mps

@@ -75,13 +75,23 @@ ARCHS["ascender_aux"] = {**ARCHS["ascender"], "ascender": {
 GQA = {"num_attention_heads": 8, "num_query_groups": 4}
 ARCHS["gpt_gqa"] = {**GQA}
 ARCHS["ascender_gqa"] = {**ARCHS["ascender"], **GQA}
+# the Llama block (SwiGLU's two-in-one fc1 split over TP with stride 2, RMSNorm, no biases) beyond
+# the one-step TP2 check of test_model_parity: sequence parallel, the pipeline, ZeRO-3
+ARCHS["gpt_llama"] = {"activation": "swiglu", "normalization": "RMSNorm", "add_bias_linear": False}
+# the linear connection: one [N, N] slot matrix per layer, replicated over TP (its gradient all-reduced)
+ARCHS["connection_linear"] = {"architecture": "connection",
+                              "connection": {**{k: v for k, v in ARCHS["connection"]["connection"].items()
+                                                if k != "rank"}, "connection": "linear"}}
 ARCH_STEPS = {"ascender_topk": 1}
 ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_dp2_zero3"),
                 "gpt_learned_pos": ("pp2",),
                 "ascender_topk": ("pp2", "dp2_zero1", "dp2_zero3", "dp2_recompute", "pp2_dp2"),
                 "mixed_sc": ("tp2", "pp2", "dp2_zero1", "tp2_pp2"),
                 "gpt_untied": ("pp2", "tp2_pp2"),
-                "ascender_aux": ("dp2_zero1", "pp2", "tp2"),
+                # the aux losses' gradient scale with accumulation 2 per pipeline, ZeRO-3, sequence parallel
+                "ascender_aux": ("dp2_zero1", "pp2", "tp2", "pp2_dp2", "tp2_dp2_zero3", "tp2_sequence_parallel"),
+                "gpt_llama": ("tp2", "tp2_sequence_parallel", "tp2_pp2", "tp2_dp2_zero3"),
+                "connection_linear": ("tp2", "tp2_pp2", "tp2_dp2_zero3"),
                 # the query-group split: TP2 alone, and one 4-rank TP2 layout each (the pipeline's
                 # own layer stack for GPT, ZeRO-3's partitioned QKV for ASCender)
                 "gpt_gqa": ("tp2", "tp2_pp2"),
@@ -96,6 +106,11 @@ LAYOUTS = {
         "tp2_sequence_parallel": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
         "dp2_recompute": {"zero_stage": 1, "activation_checkpointing": True},
         "pp2_recompute": {"pipeline_model_parallel_size": 2, "activation_checkpointing": True},
+        # megatron's own recompute (not the pipeline's) re-running TP's collectives, with and without
+        # sequence parallel's sharded activations
+        "tp2_recompute": {"tensor_model_parallel_size": 2, "activation_checkpointing": True},
+        "tp2_sp_recompute": {"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                             "activation_checkpointing": True},
         # fp32 ZeRO-0 under a pipeline: the run's own optimizer clips by the norm over both stages
         "pp2_zero0": {"pipeline_model_parallel_size": 2, "zero_stage": 0}},
     4: {"tp2_pp2": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2},
@@ -111,13 +126,19 @@ LAYOUTS = {
         # sequence parallel with ZeRO-3: the norms' TP-summing gradient hooks on parameters ZeRO-3
         # partitions over DP (their data released between uses), the sequence-sharded activations
         # through ZeRO-3's gathered weights
-        "tp2_sp_dp2_zero3": {"tensor_model_parallel_size": 2, "zero_stage": 3, "sequence_parallel": True}},
+        "tp2_sp_dp2_zero3": {"tensor_model_parallel_size": 2, "zero_stage": 3, "sequence_parallel": True},
+        # the run's own fp32 optimizer (ZeRO-0) clipping by the norm over TP x DP, and ZeRO-2's
+        # partitioned gradients of TP-sharded weights; ZeRO-0 over a pipeline with data parallelism
+        "tp2_dp2_zero0": {"tensor_model_parallel_size": 2, "zero_stage": 0},
+        "tp2_dp2_zero2": {"tensor_model_parallel_size": 2, "zero_stage": 2},
+        "pp2_dp2_zero0": {"pipeline_model_parallel_size": 2, "zero_stage": 0}},
 }
 
 
 # refused at config load with the reason (tested in test_layouts), so not in the matrix
 UNSUPPORTED = {("connection", "tp2_sequence_parallel"), ("connection", "tp2_pp2_sequence_parallel"),
-               ("connection", "tp2_dp2_sequence_parallel"), ("connection", "tp2_sp_dp2_zero3")}
+               ("connection", "tp2_dp2_sequence_parallel"), ("connection", "tp2_sp_dp2_zero3"),
+               ("connection", "tp2_sp_recompute")}
 
 
 def matrix(world: int) -> list[tuple[str, str]]:
@@ -332,10 +353,18 @@ def pp_stage_init(args) -> dict:
                          if by_stage[a][n].dim() > 1} for a, b in pairs}
 
 
+def part_of(cells: list, part: int, parts: int) -> list:
+    """Every ``parts``-th cell from ``part`` on: the matrix runs in ``parts`` launches, as each cell's
+    process groups stay alive (megatron never destroys them) with their gloo threads, which slow the
+    later cells of one long launch more and more."""
+    return cells[part::parts]
+
+
 def layouts(args):
     world = dist.get_world_size() if dist.is_initialized() else int(__import__("os").environ["WORLD_SIZE"])
+    part, parts = args.get("part", 0), args.get("parts", 1)
     checks = {f"{arch}_{name}": (lambda arch=arch, name=name: _compare(args, arch, name, LAYOUTS[world][name]))
-              for arch, name in matrix(world)}
-    if world == 4:
+              for arch, name in part_of(matrix(world), part, parts)}
+    if world == 4 and part == 0:
         checks["pp4_stage_init"] = lambda: pp_stage_init(args)
     return run_checks(checks)

@@ -6,11 +6,19 @@ import torch
 
 from tests.helpers.multiproc import run_checks
 from tests.helpers.numeric import nan_max
-from tests.helpers.parity import tp_init_parity, tp_parity
+from tests.helpers.parity import tp_causality, tp_init_parity, tp_parity
 
 ASC = {"d_z": 8, "d_a": 8, "k": 4, "window": 16, "num_global": 2, "chunk_size": 16, "omega_init": 0.5}
 CONN = {"num_slots": 6, "rank": 4, "max_steps": 3, "causal_chunk_size": 8, "threshold": 0.0}
 DEBUG = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 128, "seq_length": 32}
+CAUSAL_MODELS = {"gpt": {}, "ascender": {"architecture": "ascender", "ascender": ASC},
+                 "connection": {"architecture": "connection", "connection": CONN},
+                 "mixed_sc": {"architecture": "connection", "layer_pattern": "SC", "ascender": ASC,
+                              "connection": CONN}}
+CAUSAL_LAYOUTS = {"tp2": {"tensor_model_parallel_size": 2},
+                  "tp2_sp": {"tensor_model_parallel_size": 2, "sequence_parallel": True}}
+CAUSAL_UNSUPPORTED = {("connection", "tp2_sp"), ("mixed_sc", "tp2_sp")}  # refused: Connection layers and SP
+CAUSAL_POSITIONS = (5, 7, 15, 20)
 
 
 def main(args):
@@ -46,6 +54,13 @@ def main(args):
         "mixed_ascender_connection_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN}}),
         "connection_stop_under_tp": connection_stop_under_tp,
+        # no future leak under TP (heads split, vocabulary-parallel logits) and sequence parallel (the
+        # sequence itself split between the ranks around every layer): positions inside, at the end
+        # of and after a chunk / neighbourhood window
+        **{f"causal_{name}_{layout}": (lambda model=model, parallel=parallel: tp_causality(
+            {"model": {**DEBUG, **model}, "parallel": parallel}, CAUSAL_POSITIONS))
+           for name, model in CAUSAL_MODELS.items() for layout, parallel in CAUSAL_LAYOUTS.items()
+           if (name, layout) not in CAUSAL_UNSUPPORTED},
         # the same seed gives the same initial weights at TP=1 and TP=2 (a layer after a Connection layer too)
         "init_tp_invariant_connection_first": lambda: tp_init_parity({"model": {
             **DEBUG, "num_layers": 3, "architecture": "connection", "layer_pattern": "CSA", "ascender": ASC,
