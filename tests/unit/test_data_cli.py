@@ -249,6 +249,42 @@ def test_a_vocabulary_smaller_than_the_corpus_characters_names_the_size_needed(t
     assert "trainer_interface" not in err and "character_coverage" not in err and err.count("\n") == 1
 
 
+def _children(pid: int) -> list[int]:
+    """The process ids of ``pid``'s children (Linux /proc)."""
+    from pathlib import Path
+
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def _ignores_sigint(pid: int) -> bool:
+    """Whether process ``pid`` ignores SIGINT (its SigIgn mask in /proc)."""
+    import signal
+    from pathlib import Path
+
+    status = Path(f"/proc/{pid}/status").read_text()
+    ignored = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+    return bool(ignored >> (signal.SIGINT - 1) & 1)
+
+
+def _wait_for_children_ignoring_sigint(pid: int, count: int, deadline: float) -> None:
+    """Until ``pid`` has ``count`` pool workers (spawned children; multiprocessing's resource tracker is
+    one more child) and every child ignores SIGINT: a Ctrl-C before a spawned worker's initializer ran
+    interrupts its start-up with a traceback, which no fixed sleep rules out under load."""
+    import time
+    from pathlib import Path
+
+    while time.monotonic() < deadline:
+        try:
+            children = _children(pid)
+            workers = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+            if len(workers) >= count and all(_ignores_sigint(c) for c in children):
+                return
+        except (OSError, StopIteration):  # a process that came or went while being read
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"the shard run's {count} pool workers never started")
+
+
 @pytest.mark.parametrize("signame,status,workers,group", [
     ("SIGTERM", 143, 1, False), ("SIGINT", 130, 1, False), ("SIGTERM", 143, 2, False),
     ("SIGINT", 130, 2, False), ("SIGINT", 130, 2, True), ("SIGTERM", 143, 2, True)])
@@ -278,7 +314,10 @@ def test_a_stopped_shard_run_removes_its_temporary_directory_in_one_line(tmp_pat
     while not list(out.glob(temporaries)) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.1)
     assert list(out.glob(temporaries)), "the run never made its temporary directory"
-    time.sleep(0.5 if workers == 1 else 3)  # the workers started (spawn)
+    if workers == 1:
+        time.sleep(0.5)
+    else:  # the pool's workers spawned and past their initializer (SIGINT ignored): under load that takes
+        _wait_for_children_ignoring_sigint(proc.pid, workers, deadline)  # longer than any fixed sleep
     if group:  # what a terminal does: the whole foreground process group
         os.killpg(proc.pid, getattr(signal, signame))
     else:
