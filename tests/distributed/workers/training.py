@@ -253,3 +253,41 @@ def resume_at_dp1(args):
     checks = {f"resume_dp1_zero{stage}": (lambda stage=stage: leg(stage)) for stage in DP_CHANGE_STAGES if stage != 3}
     checks["resume_dp1_zero3_refused"] = lambda: refused(3)
     return run_checks(checks)
+
+
+# resumed at another data-parallel size under tensor parallelism: DeepSpeed's universal conversion of
+# TP-sharded optimizer state (training/run.py allows it; only ZeRO-3 and pipelines are refused)
+TP_DP_CHANGE = {"gpt_zero1": ({}, 1), "gpt_zero2": ({}, 2),
+                "ascender_zero1": ({"architecture": "ascender", "add_bias_linear": False,
+                                    "ascender": {"d_z": 4, "d_a": 4, "k": 8, "window": 8, "num_global": 0,
+                                                 "chunk_size": 8, "omega_init": 0.5}}, 1)}
+
+
+def _tp_dp_sections(name: str) -> dict:
+    model, stage = TP_DP_CHANGE[name]
+    return {"model": model, "parallel": {"tensor_model_parallel_size": 2, "zero_stage": stage},
+            "train": {"train_steps": 6}}
+
+
+def tp2_dp2_legs(args):
+    """World 4 (TP2 x DP2): per case, a straight 6-step run and a 3-step run a TP2 x DP1 job resumes."""
+    data, root = args["data"], Path(args["root"])
+
+    def leg(name):
+        straight = _trainer(data, root / f"tpdp_straight_{name}", **_tp_dp_sections(name)).fit()
+        _trainer(data, root / f"tpdp_{name}", **_tp_dp_sections(name)).fit(stop_at=3)
+        return {"straight": straight}
+
+    return run_checks({name: (lambda name=name: leg(name)) for name in TP_DP_CHANGE})
+
+
+def resume_at_tp2_dp1(args):
+    """World 2 (TP2 x DP1): resume the TP2 x DP2 checkpoints and finish the runs."""
+    data, root = args["data"], Path(args["root"])
+
+    def leg(name):
+        trainer = _trainer(data, root / f"tpdp_{name}", **_tp_dp_sections(name))
+        start = trainer.step
+        return {"start": start, "universal": trainer.engine.load_universal_checkpoint(), "losses": trainer.fit()}
+
+    return run_checks({name: (lambda name=name: leg(name)) for name in TP_DP_CHANGE})
