@@ -5,7 +5,8 @@ pure-torch math with ``causal=True``. The megatron wiring around it ignores ``at
 (AscenderCoreAttention and ConnectionSelfAttention rely on ``hp.causal`` and on the [s, b, ...]
 layout being permuted correctly), and the Hugging Face export re-implements the decoder. So here:
 changing every token after position t must leave the logits at positions <= t unchanged to the
-last bit, for the megatron model of every architecture and for the HF model; a non-causal layer
+last bit, for the megatron model of every architecture, for the pipeline engine's layers (one stage;
+tests/distributed/test_model_parity checks TP2 and sequence parallelism) and for the HF model; a non-causal layer
 smuggled past the config check must be caught by the same comparison; and the config refuses
 ``causal: false`` for both custom layers.
 """
@@ -176,3 +177,48 @@ def test_hf_model_has_no_future_leak(t):
             return model(input_ids=x).logits
 
     _assert_causal(logits, t)
+
+
+def _build_pipeline(model_cfg):
+    """The model as the pipeline engine runs it (deepspeed's PipelineModule of EmbeddingPipe,
+    TransformerLayerPipe with attention_mask=None, FinalNormPipe, the tied head), one stage."""
+    from ascender_dist.models.pipeline import build_pipeline_module
+    from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel
+    from ascender_dist.training.engine import model_layout
+
+    cfg = config_from_dict({"model": {**BASE, **model_cfg}})
+    destroy_model_parallel()
+    init_model_parallel(1, 1, seed=5)
+    module = build_pipeline_module(cfg.model, model_layout(cfg, derive(cfg, 1, VOCAB)), cfg.train.precision, seed=5)
+    module.eval()
+    return module
+
+
+@pytest.mark.parametrize("t", POSITIONS + [16])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_pipeline_layers_have_no_future_leak(single_rank_group, monkeypatch, name, t):
+    """The pipeline's own layer classes (used under pipeline_model_parallel_size > 1) pass no mask:
+    they must be causal by themselves, as the GPTModel's are."""
+    from ascender_dist.models.ascender import fast_moments
+
+    monkeypatch.setattr(fast_moments, "MOMENT_STRIDE", 8)
+    module = _build_pipeline(MODELS[name])
+
+    def logits(tokens):
+        with torch.no_grad():
+            return module(tokens).transpose(0, 1)  # [s, b, v] -> [b, s, v]
+
+    _assert_causal(logits, t)
+
+
+@pytest.mark.parametrize("name", ["ascender", "connection"])
+def test_the_pipeline_leak_check_catches_a_bidirectional_layer(single_rank_group, name):
+    module = _build_pipeline(MODELS[name])
+    assert _make_bidirectional(module) > 0
+
+    def logits(tokens):
+        with torch.no_grad():
+            return module(tokens).transpose(0, 1)
+
+    with pytest.raises(AssertionError, match="future leak: positions <= "):
+        _assert_causal(logits, POSITIONS[0])
