@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.distributed.workers.training import TP_DP_CHANGE
 from tests.helpers.data import make_tiny_dataset
 from tests.helpers.multiproc import assert_check, run_ranks
 
@@ -116,3 +117,28 @@ def test_resume_takes_the_configs_optimizer_settings(results, stage):
     assert value["step_at_resume_end"] == 4
     assert value["groups"] == [[0.05, [0.9, 0.999], 1e-6], [0.0, [0.9, 0.999], 1e-6]]  # decay group first
     assert value["clip"] == 0.5
+
+
+# Resumed at another data-parallel size under tensor parallelism (TP2 x DP2 saved, TP2 x DP1 resumed): the
+# optimizer state of TP-sharded weights goes through DeepSpeed's universal conversion.
+@pytest.fixture(scope="module")
+def tp2_dp2_results(args):
+    return run_ranks("tests.distributed.workers.training:tp2_dp2_legs", world_size=4, timeout=400, args=args)
+
+
+@pytest.fixture(scope="module")
+def tp2_dp1_results(args, tp2_dp2_results):
+    return run_ranks("tests.distributed.workers.training:resume_at_tp2_dp1", world_size=2, timeout=300, args=args)
+
+
+@pytest.mark.parametrize("name", sorted(TP_DP_CHANGE))
+def test_resume_at_another_data_parallel_size_under_tensor_parallelism(tp2_dp2_results, tp2_dp1_results, name):
+    """GPT under ZeRO-1 and ZeRO-2, ASCender under ZeRO-1: the resumed run continues the straight run's losses."""
+    straight = assert_check(tp2_dp2_results, name)[0]["straight"]
+    assert len(straight) == 6, straight
+    for value in assert_check(tp2_dp1_results, name):  # both TP ranks
+        assert value["start"] == 3 and value["universal"], value
+        assert len(value["losses"]) == 3, value
+        # same weights, optimizer moments, LR position and data; only the reduction order differs
+        for got, expected in zip(value["losses"], straight[3:]):
+            assert abs(got - expected) < 1e-5, (value["losses"], straight)
