@@ -142,10 +142,14 @@ def signals_deferred(signals=(signal.SIGTERM, signal.SIGINT)):
                 for signum in signals if signal.getsignal(signum) not in (signal.SIG_IGN, None)}
     try:
         yield
+    except BaseException:  # the block's own error wins: the stop it raced with is not raised over it
+        caught.clear()
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        for signum in dict.fromkeys(caught):
+        # SIGTERM first: a handler that raises (SIGINT's KeyboardInterrupt) would drop the ones after it
+        for signum in sorted(dict.fromkeys(caught), key=lambda s: s != signal.SIGTERM):
             signal.raise_signal(signum)
 
 

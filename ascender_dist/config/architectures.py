@@ -11,6 +11,7 @@ entry in each of those tables.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 from ascender_dist.config.errors import ConfigError
@@ -63,6 +64,15 @@ def check_layer_pattern(cfg) -> None:
                           f"(got {pattern!r})")
 
 
+BARE_SIZES = ("hidden_size", "num_attention_heads", "num_layers", "seq_length")  # what a preset would set
+
+
+def schema_default(section, name: str):
+    """The schema's default of field ``name`` of dataclass instance ``section``."""
+    f = next(f for f in dataclasses.fields(section) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
 @contextlib.contextmanager
 def _preset_hint(m):
     """A model without a preset gets the schema's bare defaults (hidden 64, 4 heads, 128 tokens), which
@@ -70,7 +80,7 @@ def _preset_hint(m):
     try:
         yield
     except ConfigError as exc:
-        if m.preset is not None:
+        if m.preset is not None or any(getattr(m, name) != schema_default(m, name) for name in BARE_SIZES):
             raise
         raise ConfigError(exc.path, f"{exc.message} (no model.preset is set: the model sizes are the schema's "
                                     "defaults; choose a preset, e.g. model.preset: debug, or set the sizes)") from None
@@ -91,8 +101,9 @@ def check_ascender_hparams(cfg) -> None:
 
 def unreached_warmups(cfg) -> list[str]:
     """One line per warm-up that this run never finishes (the learning rate's longer than the run; an
-    ASCender start step >= train.train_steps while the feature is on), or validation it never reaches
-    (an eval_interval longer than the run): legal, e.g. a short smoke run
+    ASCender start step >= train.train_steps while the feature is on), validation it never reaches
+    (an eval_interval longer than the run), or a setting that does nothing here (min_lr under a constant
+    schedule, rotary_base with learned positions; often inherited from a base config): legal, e.g. a short smoke run
     of a long config, but then the run never trains what it names. The trainer logs them; an error
     would break such short runs."""
     m, steps = cfg.model, cfg.train.train_steps
@@ -108,8 +119,13 @@ def unreached_warmups(cfg) -> list[str]:
         lines.append(f"optimizer.wsd_decay_steps = {o.wsd_decay_steps} > the {steps - max(o.warmup_steps, 1)} "
                      f"steps after the warmup: the decay starts right after it, without a stable phase")
     if cfg.train.eval_interval > steps:
-        lines.append(f"train.eval_interval = {cfg.train.eval_interval} > train.train_steps = {steps}: the run "
-                     "never validates")
+        lines.append(f"train.eval_interval = {cfg.train.eval_interval} > train.train_steps = {steps}: no periodic "
+                     "validation in this run (no val/loss curve)")
+    if o.lr_schedule == "constant" and o.min_lr != schema_default(o, "min_lr"):
+        lines.append(f"optimizer.min_lr = {o.min_lr:g} has no effect: lr_schedule constant stays at optimizer.lr")
+    if m.position_embedding_type != "rope" and m.rotary_base != schema_default(m, "rotary_base"):
+        lines.append(f"model.rotary_base = {m.rotary_base} has no effect: the positions are "
+                     f"{m.position_embedding_type}")
     if "S" not in expand_layer_pattern(m):
         return lines
     a = m.ascender

@@ -124,12 +124,6 @@ def _require_finite(path: str, value: float) -> None:
         raise ConfigError(path, f"must be a finite number (got {value})")
 
 
-def _default(section, name: str):
-    """The schema's default of field ``name`` of dataclass instance ``section``."""
-    f = next(f for f in dataclasses.fields(section) if f.name == name)
-    return f.default_factory() if f.default is dataclasses.MISSING else f.default
-
-
 def check_model_numbers(cfg: RunConfig) -> None:
     m = cfg.model
     if m.vocab_size is not None and m.vocab_size < 0:
@@ -138,9 +132,6 @@ def check_model_numbers(cfg: RunConfig) -> None:
         raise ConfigError("model.ffn_hidden_size", f"must be >= 1, or null for 4 x hidden_size (got {m.ffn_hidden_size})")
     if m.rotary_base < 1:
         raise ConfigError("model.rotary_base", f"must be >= 1 (got {m.rotary_base})")
-    if m.position_embedding_type != "rope" and m.rotary_base != _default(m, "rotary_base"):
-        raise ConfigError("model.rotary_base", f"applies to position_embedding_type: rope only (the positions are "
-                                               f"{m.position_embedding_type}; got {m.rotary_base})")
     for name in ("init_method_std", "layernorm_epsilon"):
         value = getattr(m, name)
         _require_finite(f"model.{name}", value)
@@ -250,10 +241,9 @@ def check_optimizer(cfg: RunConfig) -> None:
             raise ConfigError(f"optimizer.{name}", f"must be >= 0{meaning} (got {getattr(o, name)})")
     if o.eps <= 0:  # AdamW divides by sqrt(v) + eps: a parameter with an exactly zero gradient becomes 0/0
         raise ConfigError("optimizer.eps", f"must be > 0 (got {o.eps})")
-    if o.lr_schedule == "constant":  # min_lr is where the other schedules decay to: here it would do nothing
-        if o.min_lr != _default(o, "min_lr"):
-            raise ConfigError("optimizer.min_lr", f"applies to the decaying schedules (cosine, linear, wsd); "
-                                                  f"lr_schedule: constant stays at optimizer.lr (got {o.min_lr})")
+    if o.lr_schedule == "constant":  # no floor: min_lr is where the other schedules decay to
+        if o.min_lr < 0:
+            raise ConfigError("optimizer.min_lr", f"must be >= 0 (got {o.min_lr})")
     elif not 0 <= o.min_lr <= o.lr:
         raise ConfigError("optimizer.min_lr", f"must be in [0, optimizer.lr={o.lr}] (got {o.min_lr})")
     if o.warmup_steps < 0:  # one longer than the run is legal (a short run of a long config): logged

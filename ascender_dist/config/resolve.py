@@ -97,13 +97,19 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
     return cfg
 
 
+LAYOUT_SIZES = ("parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size")
+
+
 def named_source(exc: ConfigError, path: str | Path, overrides: Iterable[str]) -> ConfigError:
     """``exc`` (about a field of the config loaded from ``path`` with ``overrides``), naming the
     ``--set`` that set the field, else the file: for checks made after loading (the world size).
     An error about no config field (a command's own argument) is returned as it is."""
     if exc.path.split(".")[0] not in {f.name for f in dataclasses.fields(RunConfig)}:
         return exc
-    culprit = _blame(exc.path, list(overrides))
+    overrides = list(overrides)
+    if exc.path == "parallel":  # the TP x PP layout as a whole: only a --set of those sizes chose it
+        overrides = [o for o in overrides if override_key(o) in LAYOUT_SIZES]
+    culprit = _blame(exc.path, overrides)
     return ConfigError(f"--set {culprit}: {exc.path}" if culprit else f"{path}: {exc.path}", exc.message)
 
 

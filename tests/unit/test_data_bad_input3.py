@@ -284,3 +284,38 @@ def test_a_corpus_size_no_document_fits_says_so(tmp_path):
     with pytest.raises(DataError) as e:
         build_default_corpus(tmp_path / "c.jsonl", 10, root=root, progress=False)
     one_line(e, "no document fits in max_bytes 10", "--max-bytes")
+
+
+def test_signals_held_back_during_a_commit_are_all_delivered_and_never_hide_its_error():
+    """SIGINT's handler raises: delivered first, it dropped a SIGTERM that came with it; and a failure
+    of the commit itself was replaced by the KeyboardInterrupt of a Ctrl-C that arrived meanwhile."""
+    import signal
+
+    from data_pipeline._io import signals_deferred
+
+    delivered = []
+
+    def on_term(signum, frame):
+        delivered.append("SIGTERM")
+
+    def on_int(signum, frame):
+        delivered.append("SIGINT")
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term), signal.signal(signal.SIGINT, on_int)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals_deferred():
+                signal.raise_signal(signal.SIGINT)
+                signal.raise_signal(signal.SIGTERM)
+                assert delivered == []  # held back
+        assert delivered == ["SIGTERM", "SIGINT"]
+        delivered.clear()
+        with pytest.raises(DataError, match="the commit failed"):
+            with signals_deferred():
+                signal.raise_signal(signal.SIGINT)
+                raise DataError("out", "the commit failed")
+        assert delivered == []
+    finally:
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])

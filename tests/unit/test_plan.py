@@ -199,3 +199,11 @@ def test_cli_world_not_divisible_names_the_set_that_chose_the_layout(config_file
     assert capsys.readouterr().err == ("error: --set parallel.pipeline_model_parallel_size=4: "
                                        "parallel.pipeline_model_parallel_size: world size 6 is not a multiple of "
                                        "tensor x pipeline = 1 x 4\n")
+
+
+def test_cli_world_not_divisible_by_tp_times_pp_names_a_layout_set_not_another_parallel_one(config_file, capsys):
+    """The TP x PP error's path is the section 'parallel': a later --set parallel.zero_stage was blamed."""
+    overrides = ["--set", "parallel.pipeline_model_parallel_size=2", "--set", "parallel.zero_stage=1"]
+    assert plan_main(["--config", config_file, "--gpus-per-node", "6", *overrides]) == 2
+    assert capsys.readouterr().err == ("error: --set parallel.pipeline_model_parallel_size=2: parallel: world size 6 "
+                                       "is not a multiple of tensor x pipeline = 2 x 2\n")

@@ -210,8 +210,10 @@ def test_a_variant_at_another_sequence_length_than_the_dataset_is_refused_when_l
     with pytest.raises(ConfigError) as info:
         load_grid(path)
     assert str(info.value) == (f"{path}: variant long: model.seq_length: 128, but the grid's dataset is written at "
-                               "dataset.seq_length 64: set them equal (a variant of another length needs its own "
-                               "dataset)")
+                               "dataset.seq_length 64: set them equal, or give the variant data of its own")
+    own = str(tmp_path / "ctx128" / "manifest.json")  # a variant with data of its own is not held to the grid's
+    assert load_grid(_grid(tmp_path, dataset=dataset, variants={"gpt": {"model.seq_length": 64},
+                                                                "long": {"model.seq_length": 128, "data.manifest": own}}))
 
 
 @pytest.mark.parametrize("grid,where", [
@@ -232,26 +234,24 @@ def test_a_variant_whose_vocabulary_cannot_hold_the_grid_tokenizer_is_refused_wh
     dataset = {"root": str(root), "seq_length": 64, "vocab_size": 600}
     variants = {"gpt": {"model.seq_length": 64, "model.vocab_size": 512}}
     with pytest.raises(ConfigError, match="variant gpt: model.vocab_size: 512 is smaller than the grid dataset's "
-                                          r"tokenizer \(600 pieces"):
+                                          r"tokenizer \(dataset.vocab_size 600\)"):
         load_grid(_grid(tmp_path, dataset=dataset, variants=variants))
-    (root / "shards").mkdir(parents=True)  # built: its tokenizer came out at 500 pieces
-    (root / "shards" / "manifest.json").write_text(json.dumps({"vocab_size": 500, "seq_length": 64}))
-    assert load_grid(_grid(tmp_path, dataset=dataset, variants=variants))
+    own = {"data.tokenizer": str(tmp_path / "small.model")}  # its own tokenizer: not held to the grid's
+    assert load_grid(_grid(tmp_path, dataset=dataset, variants={"gpt": {**variants["gpt"], **own}}))
 
 
 def test_grids_sharing_a_dataset_root_take_turns_building_it(tmp_path):
     """Two grids started together on one dataset.root both found no manifest and built the corpus,
-    tokenizer and shards over each other; the second now waits for the first's lock, then checks."""
+    tokenizer and shards over each other; the second now waits for the first's lock, then finds the
+    dataset built and checks it. A built root takes no lock (it may be read-only)."""
     import fcntl
     import threading
 
     from ascender_dist.research.ablate.grid import DATASET_RECORD, dataset_settings, ensure_dataset
 
     root = tmp_path / "data"
-    (root / "shards").mkdir(parents=True)
+    root.mkdir()
     spec = {"root": str(root), "seq_length": 64}
-    (root / "shards" / "manifest.json").write_text(json.dumps({"seq_length": 64}))  # built by "the other grid"
-    (root / DATASET_RECORD).write_text(json.dumps(dataset_settings(spec)))
     done = []
     with open(root / ".build.lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # the other grid is building
@@ -259,5 +259,34 @@ def test_grids_sharing_a_dataset_root_take_turns_building_it(tmp_path):
         waiter.start()
         waiter.join(timeout=1.0)
         assert waiter.is_alive() and not done  # waits instead of building beside it
+        (root / "shards").mkdir()  # what the other grid's build leaves
+        (root / "shards" / "manifest.json").write_text(json.dumps({"seq_length": 64}))
+        (root / DATASET_RECORD).write_text(json.dumps(dataset_settings(spec)))
     waiter.join(timeout=30)
-    assert done == [{"manifest": str(root / "shards" / "manifest.json"), "tokenizer": str(root / "tokenizer.model")}]
+    paths = {"manifest": str(root / "shards" / "manifest.json"), "tokenizer": str(root / "tokenizer.model")}
+    assert done == [paths] and not (root / "corpus.jsonl").exists()  # found built: nothing built again
+    (root / ".build.lock").unlink()
+    assert ensure_dataset(spec) == paths and not (root / ".build.lock").exists()
+
+def test_a_grid_files_list_item_key_is_refused_in_one_line(tmp_path):
+    """The grid file's own keys build their trees whole: key[i] passed the path check and then failed as
+    an unknown key 'mixture[1]'."""
+    path = _grid(tmp_path, variants={"a": {}, "b": {"data.mixture[1].weight": 3.0}})
+    with pytest.raises(ConfigError, match=r"variants\.b\.data\.mixture\[1\]\.weight: 'data.mixture\[1\]\.weight': a "
+                                          "list item by index is for the command line's --set"):
+        load_grid(path)
+
+
+def test_a_set_of_a_list_item_a_variant_replaces_is_noted(tmp_path, capsys):
+    """A variant that sets the whole list drops the --set's item without a word."""
+    path = tmp_path / "grid.yaml"
+    sources = [{"manifest": str(tmp_path / name / "manifest.json")} for name in ("a", "b")]
+    base = {**BASE, "data": {"mixture": sources, "tokenizer": "tok.model"}}
+    variants = {"both": {}, "only_a": {"data.mixture": sources[:1] + [{**sources[1], "weight": 0.5}]},
+                "merged": {"data": {"num_workers": 0}}}
+    path.write_text(yaml.safe_dump({"name": "g", "base": base, "seeds": [1], "variants": variants}, sort_keys=False))
+    assert ablate.ablate_main([str(path), "--dry-run", "--set", "data.mixture[1].weight=0.25", "--runs-dir",
+                               str(tmp_path / "r")]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: --set")]
+    assert notes == ["note: --set data.mixture[1].weight=0.25 does not apply to only_a, which set "
+                     "data.mixture[1].weight themselves"]

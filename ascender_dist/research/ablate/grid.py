@@ -80,9 +80,9 @@ def _unwrap_optional(tp):
     return tp
 
 
-def check_config_path(dotted: str, where: str) -> None:
-    """Raise ConfigError(``where``) unless ``dotted`` (``a.b``, a list item ``a.b[1].c``) names a
-    field of the run-config schema."""
+def check_config_path(dotted: str, where: str, allow_index: bool = False) -> None:
+    """Raise ConfigError(``where``) unless ``dotted`` names a field of the run-config schema: ``a.b``,
+    and with ``allow_index`` (a command-line --set) a list item ``a.b[1].c``."""
     import difflib
 
     from ascender_dist.config.loader import dotted_path, override_path
@@ -94,6 +94,9 @@ def check_config_path(dotted: str, where: str) -> None:
         parts = []
     if not parts:
         raise ConfigError(where, f"{dotted!r} is not a dotted config path (e.g. model.ascender.k)")
+    if not allow_index and any(isinstance(p, int) for p in parts):
+        raise ConfigError(where, f"{dotted!r}: a list item by index is for the command line's --set; a grid "
+                                 "file sets the whole list")
     cls = RunConfig
     for i, part in enumerate(parts):
         here = dotted_path(parts[:i]) or "the run config"
@@ -350,7 +353,7 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
         check_config_path(str(dotted), f"{src}: set.{dotted}")
     base = deep_merge(base, dotted_to_tree(set_section))
     for text in overrides:  # command-line --set, applied to every run
-        check_config_path(override_key(text), f"--set {override_key(text)}")
+        check_config_path(override_key(text), f"--set {override_key(text)}", allow_index=True)
         base = apply_override(base, text)
     dataset = raw.get("dataset")
     if dataset is not None:
@@ -418,29 +421,25 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
 
 
 def _check_reads_dataset(grid: Grid, variant: Variant, cfg) -> None:
-    """The grid's dataset is written at one sequence length, which a run must train at (its loader
-    refuses other shards), by a tokenizer whose pieces the model's vocabulary must hold (training
+    """A variant that reads the grid's dataset must train at the sequence length its shards are written
+    at (the loader refuses other shards) with a vocabulary that holds the tokenizer asked for (training
     refuses a smaller model.vocab_size): refused here, before the dataset is built or any run trains.
-    The vocabulary is the built tokenizer's (its manifest) once there is one, else the one asked for."""
-    import json
-
+    A variant that names its own data is not checked against it."""
     if grid.dataset is None:
+        return
+    paths = dataset_paths(Path(grid.dataset["root"]))
+    if cfg.data.manifest != paths["manifest"] or cfg.data.mixture:
         return
     where = f"{grid.path}: variant {variant.name}"
     settings = dataset_settings(grid.dataset)
     if cfg.model.seq_length != settings["seq_length"]:
         raise ConfigError(f"{where}: model.seq_length",
                           f"{cfg.model.seq_length}, but the grid's dataset is written at dataset.seq_length "
-                          f"{settings['seq_length']}: set them equal (a variant of another length needs its own dataset)")
-    manifest = Path(dataset_paths(Path(grid.dataset["root"]))["manifest"])
-    try:
-        pieces = int(json.loads(manifest.read_text())["vocab_size"])
-    except (OSError, ValueError, KeyError, TypeError):  # not built yet (or unreadable: ensure_dataset says so)
-        pieces = settings["vocab_size"]
-    if cfg.model.vocab_size and cfg.model.vocab_size < pieces:
+                          f"{settings['seq_length']}: set them equal, or give the variant data of its own")
+    if cfg.data.tokenizer == paths["tokenizer"] and cfg.model.vocab_size and cfg.model.vocab_size < settings["vocab_size"]:
         raise ConfigError(f"{where}: model.vocab_size",
-                          f"{cfg.model.vocab_size} is smaller than the grid dataset's tokenizer ({pieces} pieces, "
-                          "dataset.vocab_size): raise it or leave it unset")
+                          f"{cfg.model.vocab_size} is smaller than the grid dataset's tokenizer "
+                          f"(dataset.vocab_size {settings['vocab_size']}): raise it or leave it unset")
 
 
 def equalise_flops(grid: Grid, reference: str, where: str) -> None:
@@ -539,16 +538,20 @@ def ensure_dataset(spec: dict) -> dict:
     in the root: grids sharing it that start together build it once (the others wait, then check it)."""
     from ascender_dist.locks import exclusive_lock
 
-    root = Path(spec["root"])
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise AblationError(f"{root}: cannot create the dataset directory ({exc.strerror or exc})") from None
-    with exclusive_lock(root / ".build.lock", AblationError, "the dataset build lock"):
-        return _ensure_dataset_locked(root, dataset_settings(spec))
+    root, settings = Path(spec["root"]), dataset_settings(spec)
+    paths = dataset_paths(root)
+    if not Path(paths["manifest"]).exists():  # only a build takes the lock (a built root may be read-only)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise AblationError(f"{root}: cannot create the dataset directory ({exc.strerror or exc})") from None
+        with exclusive_lock(root / ".build.lock", AblationError, "the dataset build lock"):
+            _build_dataset_locked(root, settings)  # unless the grid that held the lock built it
+    check_dataset_matches(root, settings)
+    return paths
 
 
-def _ensure_dataset_locked(root: Path, settings: dict) -> dict:
+def _build_dataset_locked(root: Path, settings: dict) -> None:
     import json
 
     from data_pipeline.corpus import build_default_corpus
@@ -557,9 +560,7 @@ def _ensure_dataset_locked(root: Path, settings: dict) -> dict:
 
     prefix, paths = root / "tokenizer", dataset_paths(root)
     manifest, model = Path(paths["manifest"]), Path(paths["tokenizer"])
-    if manifest.exists():
-        check_dataset_matches(root, settings)
-    else:
+    if not manifest.exists():
         log.info("building the dataset in %s", root)
         corpus = root / "corpus.jsonl"
         # a build cut short before the manifest: made again with these settings, the tokenizer too (one
@@ -571,4 +572,3 @@ def _ensure_dataset_locked(root: Path, settings: dict) -> dict:
         write_shards([corpus], Tokenizer.load(model), root / "shards", seq_length=settings["seq_length"],
                      samples_per_shard=settings["samples_per_shard"], val_fraction=settings["val_fraction"])
         (root / DATASET_RECORD).write_text(json.dumps(settings, indent=1) + "\n")
-    return paths

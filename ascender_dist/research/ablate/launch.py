@@ -309,8 +309,9 @@ class Launcher:
         return self.cuda
 
     def device_type(self) -> str:
-        """"cuda" or "cpu": what the runs train on (DS_ACCELERATOR=cpu keeps them on the CPU of a GPU host)."""
-        return "cuda" if self.use_cuda() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu" else "cpu"
+        """"cuda" or "cpu": the device kind the runs record (parallel/setup.py trains on CUDA whenever
+        torch sees a GPU)."""
+        return "cuda" if self.use_cuda() else "cpu"
 
     def gpus(self) -> list[int]:
         """The GPU indices runs may use: ``CUDA_VISIBLE_DEVICES`` when set (``--include`` names physical

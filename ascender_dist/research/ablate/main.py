@@ -112,6 +112,14 @@ def _child_main(args) -> int:
     return 0
 
 
+def _owns(setting: str, value, key: str) -> bool:
+    """Whether a variant's ``setting`` (= ``value``) replaces what a --set of ``key`` writes: the same
+    field, one inside it, or a list (any value but a mapping, which merges) that holds it."""
+    if setting == key or setting.startswith((f"{key}.", f"{key}[")):
+        return True
+    return key.startswith((f"{setting}.", f"{setting}[")) and not isinstance(value, dict)
+
+
 def _note_overridden_sets(grid, overrides: Sequence[str]) -> None:
     """A --set of a field that variants set too applies only to the others (a variant's own value
     wins): said once per such --set, not left to be found in the results."""
@@ -121,7 +129,7 @@ def _note_overridden_sets(grid, overrides: Sequence[str]) -> None:
         key = override_key(text)
         if key in grid.derived:  # e.g. equal_flops_of's steps per variant: computed from the --set value
             continue
-        owners = [v.name for v in grid.variants if any(k == key or k.startswith(key + ".") for k in v.overrides)]
+        owners = [v.name for v in grid.variants if any(_owns(k, value, key) for k, value in v.overrides.items())]
         if owners:
             print(f"note: --set {text} does not apply to {', '.join(owners)}, which set {key} themselves",
                   file=sys.stderr)
