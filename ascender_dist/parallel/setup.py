@@ -238,7 +238,7 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int,
     if mps.model_parallel_is_initialized() and (
             mps.get_tensor_model_parallel_world_size() != tensor_parallel
             or mps.get_pipeline_model_parallel_world_size() != pipeline_parallel):
-        mps.destroy_model_parallel()  # a new layout in the same process (tests, conversions)
+        destroy_model_parallel()  # a new layout in the same process (tests, conversions)
     if not mps.model_parallel_is_initialized():
         mps.initialize_model_parallel(
             tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel,
@@ -264,11 +264,40 @@ def init_model_parallel(tensor_parallel: int, pipeline_parallel: int, seed: int,
     )
 
 
-def destroy_model_parallel() -> None:
+def _megatron_process_groups() -> list:
+    """The process groups megatron's parallel_state holds (module globals, lists of groups included),
+    each once, except its ``*_GLOO`` groups, which its own destroy ends, and the default group."""
+    import torch.distributed as dist
     from megatron.core import parallel_state as mps
 
-    if mps.model_parallel_is_initialized():
-        mps.destroy_model_parallel()
+    groups: dict[int, object] = {}
+    ended_by_megatron = {id(dist.GroupMember.WORLD)}
+    for name, value in vars(mps).items():
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if not isinstance(item, dist.ProcessGroup):
+                continue
+            if name.endswith("_GLOO"):
+                ended_by_megatron.add(id(item))
+            else:
+                groups[id(item)] = item
+    # on a gloo job a "_GLOO" group may be the very group stored under another name too
+    return [group for key, group in groups.items() if key not in ended_by_megatron]
+
+
+def destroy_model_parallel() -> None:
+    """End megatron's model-parallel groups for real. megatron-core's own destroy only forgets them
+    (and ends its gloo copies): torch keeps every group registered, each gloo one with three threads
+    that wake on their own, so a process that builds many layouts (tests, conversions) slowed down
+    with thousands of idle threads."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mps
+
+    if not mps.model_parallel_is_initialized():
+        return
+    groups = _megatron_process_groups()
+    mps.destroy_model_parallel()
+    for group in groups:
+        dist.destroy_process_group(group)
 
 
 class MegatronMPU:
