@@ -354,9 +354,9 @@ def pp_stage_init(args) -> dict:
 
 
 def part_of(cells: list, part: int, parts: int) -> list:
-    """Every ``parts``-th cell from ``part`` on: the matrix runs in ``parts`` launches, as each cell's
-    process groups stay alive (megatron never destroys them) with their gloo threads, which slow the
-    later cells of one long launch more and more."""
+    """Every ``parts``-th cell from ``part`` on: the matrix runs in ``parts`` launches, as the process
+    groups of each pipeline-parallel cell's engine stay alive (deepspeed never ends its pipeline grid's
+    groups) with their gloo threads, which slow the later cells of one long launch."""
     return cells[part::parts]
 
 
