@@ -38,10 +38,10 @@ import math
 import numbers
 import os
 import re
+import signal
 import time
 from collections import OrderedDict
-import multiprocessing
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -58,6 +58,7 @@ from ._io import sha256_bytes
 from .errors import DataError
 from .fast_shard import decode_regular_shard, open_tar, probe_layout, tar_has_end_marker
 from .shards import Manifest, check_field_types, load_manifest, reads_as_url
+from .workers import SignalQuietPool
 
 log = logging.getLogger(__name__)
 
@@ -821,19 +822,10 @@ class _Dataset:
         return out
 
 
+# loader workers ignore the signals a scheduler or a terminal sends to every process of a job (Ctrl-C,
+# a time-limit warning, a preemption): the training process decides what they mean (save and stop,
+# say) and ends its workers itself. A worker whose owner dies exits when its task queue closes.
 WORKER_IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")
-
-
-def _leave_signals_to_the_owner() -> None:
-    """Loader worker start-up: ignore the signals a scheduler or a terminal sends to every process of
-    a job (Ctrl-C, a time-limit warning, a preemption). The training process decides what they mean
-    (save and stop, say) and ends its workers itself; a worker spawned while the trainer handles such
-    a signal would otherwise get its default action, die, and break the pool the trainer still reads
-    from. A worker whose owner dies exits when its task queue closes."""
-    import signal
-
-    for name in WORKER_IGNORED_SIGNALS:
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 def _agreed_faults(mine: list[tuple[int, str, str, bool]], all_gather=None) -> list[tuple]:
@@ -1096,8 +1088,8 @@ class StreamingLoader:
         self.num_workers, self.with_index = num_workers, with_index
         # worker PROCESSES read and decode shards (threads would share the trainer's GIL); started
         # fresh (spawn), so they are safe next to CUDA, NCCL and DeepSpeed's threads
-        self._pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_leave_signals_to_the_owner) if num_workers > 0 else None
+        self._pool = SignalQuietPool(num_workers, [getattr(signal, name) for name in WORKER_IGNORED_SIGNALS]) \
+            if num_workers > 0 else None
         sources = self._as_weighted(manifest_or_urls)
 
         def resolve():

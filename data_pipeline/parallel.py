@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import shutil
 import signal
@@ -42,6 +41,7 @@ from .formats import DEFAULT_TEXT_FIELD, Piece, expand_inputs, iter_piece, kind_
 from .shards import (Manifest, ShardInfo, _samples_per_shard, check_shard_prefix, check_shard_settings, commit,
                      encode_shard, encoded_documents, token_dtype)
 from .tokenizer import Tokenizer
+from .workers import SignalQuietPool
 
 PARTS_DIR = ".parts"
 
@@ -147,16 +147,10 @@ def check_workers(workers: int, command: str = "shard") -> None:
         raise DataError(command, f"--workers must be >= 1 (got {workers})")
 
 
-def _ignore_sigint() -> None:
-    """Pool worker start-up: a terminal's Ctrl-C reaches the whole process group, and the main
-    process alone reports it (data_pipeline.cli ends the workers), without a traceback per worker."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _pool(workers: int) -> ProcessPoolExecutor:
-    """Worker processes started fresh (spawn): safe from any parent, threads or torch included."""
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_ignore_sigint)
+def _pool(workers: int) -> SignalQuietPool:
+    """Worker processes that leave Ctrl-C to the main process, which alone reports it
+    (data_pipeline.cli ends the workers), without a traceback per worker."""
+    return SignalQuietPool(workers, (signal.SIGINT,))
 
 
 def run_job(inputs, tokenizer: Tokenizer, parts_dir: Path, settings: dict, *, job_index: int = 0,

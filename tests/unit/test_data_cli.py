@@ -256,14 +256,25 @@ def _children(pid: int) -> list[int]:
     return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
 
 
-def _ignores_sigint(pid: int) -> bool:
-    """Whether process ``pid`` ignores SIGINT (its SigIgn mask in /proc)."""
+def _sigint_in(pid: int, mask: str) -> bool:
+    """Whether SIGINT is in process ``pid``'s ``mask`` (SigIgn: ignored, SigBlk: blocked) in /proc."""
     import signal
     from pathlib import Path
 
     status = Path(f"/proc/{pid}/status").read_text()
-    ignored = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
-    return bool(ignored >> (signal.SIGINT - 1) & 1)
+    bits = int(next(line.split()[1] for line in status.splitlines() if line.startswith(f"{mask}:")), 16)
+    return bool(bits >> (signal.SIGINT - 1) & 1)
+
+
+def _ignores_sigint(pid: int) -> bool:
+    return _sigint_in(pid, "SigIgn")
+
+
+def _spawned_workers(pid: int) -> list[int]:
+    """``pid``'s children started by multiprocessing's spawn (the pool's workers)."""
+    from pathlib import Path
+
+    return [c for c in _children(pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
 def _wait_for_children_ignoring_sigint(pid: int, count: int, deadline: float) -> None:
@@ -275,8 +286,7 @@ def _wait_for_children_ignoring_sigint(pid: int, count: int, deadline: float) ->
 
     while time.monotonic() < deadline:
         try:
-            children = _children(pid)
-            workers = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+            children, workers = _children(pid), _spawned_workers(pid)
             if len(workers) >= count and all(_ignores_sigint(c) for c in children):
                 return
         except (OSError, StopIteration):  # a process that came or went while being read
@@ -347,3 +357,37 @@ def test_a_shard_size_below_one_sample_is_refused(tmp_path, text_file, capsys):
     assert not list((tmp_path / "ds").glob("*")) and not list((tmp_path / "ds").glob(".*"))  # nothing written
     assert main(["--quiet", "shard", "--input", str(text_file), "--tokenizer", str(model), "--seq-length", "16",
                  "--out-dir", str(tmp_path / "ds"), "--shard-max-bytes", "10240"]) == 0
+
+
+def test_a_ctrl_c_while_the_pool_workers_start_is_one_line(tmp_path, text_file):
+    """A terminal's Ctrl-C in the first second of a --workers run, while the spawned workers still
+    import (before their initializer ignores SIGINT), printed their KeyboardInterrupt tracebacks. They
+    start with SIGINT blocked (inherited from the submit that started them) until they ignore it."""
+    import os
+    import signal
+    import time
+
+    from data_pipeline.tokenizer import train_tokenizer
+
+    model = train_tokenizer([text_file], tmp_path / "tok", 400, progress=False)
+    fifo, out = tmp_path / "in.txt", tmp_path / "ds"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "data_pipeline", "--quiet", "shard", "--input", str(fifo),
+                             str(text_file), "--tokenizer", str(model), "--seq-length", "16", "--out-dir", str(out),
+                             "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), start_new_session=True)
+    deadline, workers = time.monotonic() + 60, []
+    while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        try:
+            workers = _spawned_workers(proc.pid)
+        except OSError:  # a process that came or went while being read
+            pass
+        time.sleep(0.01)
+    assert len(workers) == 2, "the shard run's pool workers never started"
+    held_off = {c: _sigint_in(c, "SigBlk") or _sigint_in(c, "SigIgn") for c in workers}
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert all(held_off.values()), f"a worker took SIGINT while it started: {held_off}"
+    assert proc.returncode == 130
+    assert err == "error: data-pipeline shard: stopped by SIGINT (its temporary files were removed)\n"
