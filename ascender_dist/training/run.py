@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -90,6 +91,23 @@ def require_validation_batches(cfg: RunConfig, val_loader) -> None:
 
         raise DataError(cfg.data.manifest or "data.mixture",
                         "the validation split has fewer samples than one micro-batch per data-parallel rank")
+
+
+def log_short_validation_split(cfg: RunConfig, batches: int, logging_rank: bool) -> None:
+    """Say once, at build, when ``train.eval_iters`` asks for more validation batches than the split
+    gives each data-parallel rank: every validation then averages all ``batches`` of them."""
+    if logging_rank and cfg.train.eval_iters > batches:
+        log.warning("train.eval_iters: %d validation batches asked, the validation split gives %d per "
+                    "data-parallel rank; each validation uses those %d", cfg.train.eval_iters, batches, batches)
+
+
+def log_loader_workers_above_cpus(cfg: RunConfig, cpus: int, logging_rank: bool) -> None:
+    """Say when ``data.num_workers`` (loader processes per rank, each reading and decoding shards)
+    exceeds this host's CPUs, as PyTorch's DataLoader does: they would only contend (a typo such as
+    200 for 2 starts 200 processes per rank). Not refused: the config may be checked elsewhere."""
+    if logging_rank and cfg.data.num_workers > cpus:
+        log.warning("data.num_workers: %d loader processes per rank on a host with %d CPUs; they will "
+                    "contend for them", cfg.data.num_workers, cpus)
 
 
 def aux_loss_gradient_scale(gradient_accumulation_steps: int, tensor_parallel: int) -> float:
@@ -226,6 +244,8 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     val_loader = build_loader(cfg, tokenizer, pstate, split="val") if cfg.train.eval_interval else None
     if val_loader is not None:  # now, not at the first validation, eval_interval steps of training later
         require_validation_batches(cfg, val_loader)
+        log_short_validation_split(cfg, len(val_loader), pstate.is_logging_rank)
+    log_loader_workers_above_cpus(cfg, os.cpu_count() or 1, pstate.is_logging_rank)
     # every rank creates the directories; one node's failure (a read-only mount) stops all of them
     on_every_rank(lambda: ckpt.prepare_checkpoint_dir(derived.checkpoint_dir))
     ckpt.check_shared_dir(derived.checkpoint_dir)

@@ -1,7 +1,9 @@
-"""A validation split too small for the data-parallel size stops the run when it is built, not at the
+"""What the run's build says about the data it reads.
+
+A validation split too small for the data-parallel size stops the run when it is built, not at the
 first validation: eval_interval steps of training later, and (when save_interval is a multiple of
 eval_interval) before any checkpoint was written, so a restarted job would fail at the same step
-every time."""
+every time. A split smaller than train.eval_iters, and more loader processes than CPUs, are said."""
 
 from __future__ import annotations
 
@@ -28,3 +30,42 @@ def test_a_validation_split_smaller_than_one_micro_batch_stops_the_build(single_
         build_run(cfg)
     assert "\n" not in str(info.value)
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_eval_iters_above_the_split_is_logged_once_at_build(single_rank_group, tmp_path, caplog):
+    """An eval_iters the validation split cannot fill is used clipped to the split (every batch):
+    said at build, not silently."""
+    import logging
+
+    from ascender_dist.training.run import build_run
+    from data_pipeline.loader import StreamingLoader
+
+    data = make_tiny_dataset(tmp_path / "data", corpus_bytes=60_000)
+    batches = len(StreamingLoader(data["manifest"], seq_length=32, micro_batch_size=1, global_batch_size=1,
+                                  dp_rank=0, dp_size=1, seed=1, split="val"))
+    raw = tiny_run_config(data, tmp_path / "run", train={"micro_batch_size": 1, "global_batch_size": 1,
+                                                          "eval_interval": 2, "train_steps": 4, "eval_iters": batches + 5})
+    with caplog.at_level(logging.WARNING, logger="ascender_dist"):
+        build_run(config_from_dict(raw))
+    said = [r.getMessage() for r in caplog.records if "train.eval_iters" in r.getMessage()]
+    assert said == [f"train.eval_iters: {batches + 5} validation batches asked, the validation split gives {batches} "
+                    f"per data-parallel rank; each validation uses those {batches}"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ascender_dist"):
+        build_run(config_from_dict({**raw, "train": {**raw["train"], "eval_iters": batches}}))
+    assert not [r for r in caplog.records if "train.eval_iters" in r.getMessage()]
+
+
+def test_loader_workers_above_the_hosts_cpus_are_logged(caplog):
+    import logging
+
+    from ascender_dist.training.run import log_loader_workers_above_cpus
+
+    cfg = config_from_dict({"model": {"preset": "debug"}, "data": {"num_workers": 200}})
+    with caplog.at_level(logging.WARNING, logger="ascender_dist"):
+        log_loader_workers_above_cpus(cfg, 8, logging_rank=True)
+        log_loader_workers_above_cpus(cfg, 8, logging_rank=False)  # said once per job, by the logging rank
+        log_loader_workers_above_cpus(config_from_dict({"model": {"preset": "debug"}, "data": {"num_workers": 8}}),
+                                      8, logging_rank=True)
+    assert [r.getMessage() for r in caplog.records] == [
+        "data.num_workers: 200 loader processes per rank on a host with 8 CPUs; they will contend for them"]
