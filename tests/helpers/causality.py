@@ -1,4 +1,5 @@
-"""Gradient-side causality checks shared by the layer and model tests.
+"""Causality checks shared by the layer and model tests: the gradient-side check, a token batch with
+its future rewritten, and a model made bidirectional on purpose (the negative control).
 
 The forward checks (rewrite every input after position t, the outputs at <= t stay the same) do
 not see a leak that only the backward has: the fast path and the Triton kernels differentiate by
@@ -10,6 +11,7 @@ zeros (measured 0.0 in float64 and float32 on every path), so any nonzero is a l
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 import torch
@@ -71,3 +73,32 @@ def assert_gradients_causal(forward: Callable, inputs: Sequence[torch.Tensor], t
             f"future leak: gradient of {name} at <= {t} changed by {(past_a - past_b).abs().max().item():.3g}"
     for name, ga, gb in zip(param_names, gpar_a, gpar_b):
         assert torch.equal(ga, gb), f"future leak: gradient of {name} changed by {(ga - gb).abs().max().item():.3g}"
+
+
+def token_pair(t: int, vocab: int, length: int, batch: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded [batch, length] batch of token ids and a copy with every token after position t
+    replaced by another id (each one differs)."""
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (batch, length), generator=g)
+    changed = tokens.clone()
+    changed[:, t + 1:] = (tokens[:, t + 1:] + 1 + torch.randint(0, vocab - 1, changed[:, t + 1:].shape,
+                                                                  generator=g)) % vocab
+    assert torch.all(changed[:, t + 1:] != tokens[:, t + 1:])
+    return tokens, changed
+
+
+def make_bidirectional(module) -> int:
+    """Swap every custom layer's hparams in ``module`` for causal=False (what the config check
+    refuses), so a leak check can be shown to catch it; returns how many layers were swapped."""
+    from ascender_dist.models.specs.ascender import AscenderCoreAttention
+    from ascender_dist.models.specs.connection import ConnectionSelfAttention
+
+    swapped = 0
+    for m in module.modules():
+        if isinstance(m, AscenderCoreAttention):
+            m.hp = dataclasses.replace(m.hp, causal=False)
+            swapped += 1
+        elif isinstance(m, ConnectionSelfAttention):
+            m.layer.hp = dataclasses.replace(m.layer.hp, causal=False)
+            swapped += 1
+    return swapped

@@ -6,19 +6,18 @@ pure-torch math with ``causal=True``. The megatron wiring around it ignores ``at
 layout being permuted correctly), and the Hugging Face export re-implements the decoder. So here:
 changing every token after position t must leave the logits at positions <= t unchanged to the
 last bit, for the megatron model of every architecture, for the pipeline engine's layers (one stage;
-tests/distributed/test_model_parity checks TP2 and sequence parallelism) and for the HF model; a non-causal layer
+tests/distributed/test_model_parity checks TP2 and sequence parallelism, test_pipeline_causality PP2)
+and for the HF model; a non-causal layer
 smuggled past the config check must be caught by the same comparison; and the config refuses
 ``causal: false`` for both custom layers.
 """
-
-import dataclasses
 
 import pytest
 import torch
 
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.resolve import config_from_dict, derive
-from tests.helpers.causality import assert_gradients_causal
+from tests.helpers.causality import assert_gradients_causal, make_bidirectional, token_pair
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
 
 VOCAB = 300
@@ -53,13 +52,7 @@ def _build(model_cfg):
 
 
 def _token_pair(t: int):
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, VOCAB, (2, SEQ), generator=g)
-    changed = tokens.clone()
-    changed[:, t + 1:] = (tokens[:, t + 1:] + 1 + torch.randint(0, VOCAB - 1, changed[:, t + 1:].shape,
-                                                                  generator=g)) % VOCAB  # every one differs
-    assert torch.all(changed[:, t + 1:] != tokens[:, t + 1:])
-    return tokens, changed
+    return token_pair(t, VOCAB, SEQ)
 
 
 def _megatron_logits(model, tokens):
@@ -127,27 +120,11 @@ def test_megatron_model_has_no_future_leak_in_gradients(single_rank_group, monke
                             param_names=[n for n, _ in named])  # fmt: skip
 
 
-def _make_bidirectional(model) -> int:
-    """Swap every custom layer's hparams for causal=False (what the config check refuses)."""
-    from ascender_dist.models.specs.ascender import AscenderCoreAttention
-    from ascender_dist.models.specs.connection import ConnectionSelfAttention
-
-    swapped = 0
-    for module in model.modules():
-        if isinstance(module, AscenderCoreAttention):
-            module.hp = dataclasses.replace(module.hp, causal=False)
-            swapped += 1
-        elif isinstance(module, ConnectionSelfAttention):
-            module.layer.hp = dataclasses.replace(module.layer.hp, causal=False)
-            swapped += 1
-    return swapped
-
-
 @pytest.mark.parametrize("name", ["ascender", "connection"])
 def test_the_leak_check_catches_a_bidirectional_layer(single_rank_group, name):
     """The comparison above is not vacuous: with one layer kind made bidirectional it fails."""
     model = _build(MODELS[name])
-    assert _make_bidirectional(model) > 0
+    assert make_bidirectional(model) > 0
     with pytest.raises(AssertionError, match="future leak: positions <= "):  # the leak, not another assert
         _assert_causal(lambda x: _megatron_logits(model, x), POSITIONS[0])
 
@@ -215,7 +192,7 @@ def test_pipeline_layers_have_no_future_leak(single_rank_group, monkeypatch, nam
 @pytest.mark.parametrize("name", ["ascender", "connection"])
 def test_the_pipeline_leak_check_catches_a_bidirectional_layer(single_rank_group, name):
     module = _build_pipeline(MODELS[name])
-    assert _make_bidirectional(module) > 0
+    assert make_bidirectional(module) > 0
 
     def logits(tokens):
         with torch.no_grad():
