@@ -54,6 +54,11 @@ def main(args):
         "mixed_ascender_connection_tp2": lambda: tp_parity({"model": {
             **DEBUG, "architecture": "connection", "layer_pattern": "SC", "ascender": ASC, "connection": CONN}}),
         "connection_stop_under_tp": connection_stop_under_tp,
+        # bf16 weights and activations (the GPU precision; megatron's bf16 path and the custom layers'
+        # own casts) under TP2 vs TP1, compared within bf16 rounding (test_model_parity.BF16_*)
+        **{f"{name}_bf16_tp2": (lambda model=model: tp_parity({"model": {**DEBUG, **model},
+                                                                "train": {"precision": "bf16"}}))
+           for name, model in CAUSAL_MODELS.items()},
         # no future leak under TP (heads split, vocabulary-parallel logits) and sequence parallel (the
         # sequence itself split between the ranks around every layer): positions inside, at the end
         # of and after a chunk / neighbourhood window
