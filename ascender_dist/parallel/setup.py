@@ -44,13 +44,23 @@ class ParallelState:
         return self.is_last_stage and self.tp_rank == 0 and self.dp_rank == 0
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a Slurm cpuset, a container, taskset), not
+    every CPU of the node."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def local_world_size() -> int:
+    """Ranks on this node, as torchrun (LOCAL_WORLD_SIZE) or the deepspeed launcher (LOCAL_SIZE) says."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1")) or 1))
+
+
 def _set_cpu_threads() -> None:
     """The deepspeed launcher leaves OMP_NUM_THREADS unset: every rank would use every core
     (measured 2.7x slower on 2 ranks / 2 cores). Give each local rank its share."""
     if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:
         return
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1")) or 1)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+    torch.set_num_threads(max(1, usable_cpus() // local_world_size()))
 
 
 def nvidia_devices() -> list[str]:
@@ -201,9 +211,11 @@ def shutdown_process_group() -> None:
     rank 0 hosts, may already be gone."""
     import torch.distributed as dist
 
+    from megatron.core import parallel_state as mps
+
     if not dist.is_initialized():
         return
-    destroy_model_parallel()
+    mps.destroy_model_parallel()  # forgets the groups; the default group's destroy below ends them all
     dist.barrier()
     dist.destroy_process_group()
 
@@ -280,15 +292,16 @@ def _megatron_process_groups() -> list:
                 ended_by_megatron.add(id(item))
             else:
                 groups[id(item)] = item
-    # on a gloo job a "_GLOO" group may be the very group stored under another name too
+    # megatron's list of every group it made (_global_process_group_list) holds the "_GLOO" ones too
     return [group for key, group in groups.items() if key not in ended_by_megatron]
 
 
 def destroy_model_parallel() -> None:
-    """End megatron's model-parallel groups for real. megatron-core's own destroy only forgets them
-    (and ends its gloo copies): torch keeps every group registered, each gloo one with three threads
-    that wake on their own, so a process that builds many layouts (tests, conversions) slowed down
-    with thousands of idle threads."""
+    """End megatron's model-parallel groups for real, for a process that goes on with another layout
+    (tests, conversions). megatron-core's own destroy only forgets them (and ends its gloo copies):
+    torch keeps every group registered, each gloo one with three threads that wake on their own, and
+    such a process slowed down with thousands of idle threads. A job's end (shutdown_process_group)
+    ends every group with the default one, after its barrier."""
     import torch.distributed as dist
     from megatron.core import parallel_state as mps
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -23,7 +22,8 @@ from ascender_dist.config.resolve import Derived, derive
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.ascender.common import set_aux_loss_scale
 from ascender_dist.models.counting import count_model
-from ascender_dist.parallel.setup import ParallelState, init_model_parallel, init_process_group
+from ascender_dist.parallel.setup import (ParallelState, init_model_parallel, init_process_group, local_world_size,
+                                         usable_cpus)
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.callbacks import Callback, default_callbacks
 from ascender_dist.training.engine import build_engine
@@ -101,13 +101,14 @@ def log_short_validation_split(cfg: RunConfig, batches: int, logging_rank: bool)
                     "data-parallel rank; each validation uses those %d", cfg.train.eval_iters, batches, batches)
 
 
-def log_loader_workers_above_cpus(cfg: RunConfig, cpus: int, logging_rank: bool) -> None:
-    """Say when ``data.num_workers`` (loader processes per rank, each reading and decoding shards)
-    exceeds this host's CPUs, as PyTorch's DataLoader does: they would only contend (a typo such as
-    200 for 2 starts 200 processes per rank). Not refused: the config may be checked elsewhere."""
-    if logging_rank and cfg.data.num_workers > cpus:
-        log.warning("data.num_workers: %d loader processes per rank on a host with %d CPUs; they will "
-                    "contend for them", cfg.data.num_workers, cpus)
+def log_loader_workers_above_cpus(cfg: RunConfig, cpus: int, local_ranks: int, logging_rank: bool) -> None:
+    """Say when the loader processes of this node's ranks (``data.num_workers`` per rank, each
+    reading and decoding shards) outnumber the CPUs the job may use here: they would only contend
+    (a typo such as 200 for 2 starts 200 processes per rank). Not refused: the config may be checked
+    elsewhere."""
+    if logging_rank and cfg.data.num_workers * local_ranks > cpus:
+        log.warning("data.num_workers: %d loader processes per rank x %d ranks on this node, over its %d "
+                    "usable CPUs; they will contend for them", cfg.data.num_workers, local_ranks, cpus)
 
 
 def aux_loss_gradient_scale(gradient_accumulation_steps: int, tensor_parallel: int) -> float:
@@ -245,7 +246,7 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     if val_loader is not None:  # now, not at the first validation, eval_interval steps of training later
         require_validation_batches(cfg, val_loader)
         log_short_validation_split(cfg, len(val_loader), pstate.is_logging_rank)
-    log_loader_workers_above_cpus(cfg, os.cpu_count() or 1, pstate.is_logging_rank)
+    log_loader_workers_above_cpus(cfg, usable_cpus(), local_world_size(), pstate.is_logging_rank)
     # every rank creates the directories; one node's failure (a read-only mount) stops all of them
     on_every_rank(lambda: ckpt.prepare_checkpoint_dir(derived.checkpoint_dir))
     ckpt.check_shared_dir(derived.checkpoint_dir)

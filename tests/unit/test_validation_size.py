@@ -56,16 +56,38 @@ def test_eval_iters_above_the_split_is_logged_once_at_build(single_rank_group, t
     assert not [r for r in caplog.records if "train.eval_iters" in r.getMessage()]
 
 
-def test_loader_workers_above_the_hosts_cpus_are_logged(caplog):
+def test_loader_workers_above_the_nodes_usable_cpus_are_logged(caplog):
     import logging
 
     from ascender_dist.training.run import log_loader_workers_above_cpus
 
-    cfg = config_from_dict({"model": {"preset": "debug"}, "data": {"num_workers": 200}})
+    def cfg(workers):
+        return config_from_dict({"model": {"preset": "debug"}, "data": {"num_workers": workers}})
+
     with caplog.at_level(logging.WARNING, logger="ascender_dist"):
-        log_loader_workers_above_cpus(cfg, 8, logging_rank=True)
-        log_loader_workers_above_cpus(cfg, 8, logging_rank=False)  # said once per job, by the logging rank
-        log_loader_workers_above_cpus(config_from_dict({"model": {"preset": "debug"}, "data": {"num_workers": 8}}),
-                                      8, logging_rank=True)
+        log_loader_workers_above_cpus(cfg(200), 8, 1, logging_rank=True)
+        log_loader_workers_above_cpus(cfg(200), 8, 1, logging_rank=False)  # said once per job, by the logging rank
+        log_loader_workers_above_cpus(cfg(4), 8, 2, logging_rank=True)  # 8 processes on 8 CPUs
+        log_loader_workers_above_cpus(cfg(3), 8, 4, logging_rank=True)  # 12 on 8: the node's ranks count
     assert [r.getMessage() for r in caplog.records] == [
-        "data.num_workers: 200 loader processes per rank on a host with 8 CPUs; they will contend for them"]
+        "data.num_workers: 200 loader processes per rank x 1 ranks on this node, over its 8 usable CPUs; they "
+        "will contend for them",
+        "data.num_workers: 3 loader processes per rank x 4 ranks on this node, over its 8 usable CPUs; they "
+        "will contend for them"]
+
+
+def test_usable_cpus_follow_the_affinity_mask():
+    """Under a cpuset (Slurm, a container, taskset) the process may use fewer CPUs than the node has."""
+    import os
+
+    from ascender_dist.parallel.setup import usable_cpus
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    allowed = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(allowed)})
+        assert usable_cpus() == 1
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert usable_cpus() == len(allowed)
