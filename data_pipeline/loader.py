@@ -824,7 +824,7 @@ class _Dataset:
 
 # loader workers ignore the signals a scheduler or a terminal sends to every process of a job (Ctrl-C,
 # a time-limit warning, a preemption): the training process decides what they mean (save and stop,
-# say) and ends its workers itself. A worker whose owner dies exits when its task queue closes.
+# say) and ends its workers itself. A worker whose owner dies exits on its own (data_pipeline.workers).
 WORKER_IGNORED_SIGNALS = ("SIGINT", "SIGTERM", "SIGUSR1", "SIGUSR2")
 
 

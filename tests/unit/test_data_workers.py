@@ -1,7 +1,11 @@
-"""Pool workers leave a job's signals to their owner from their first instruction on (data_pipeline.workers)."""
+"""Pool workers leave a job's signals to their owner from their first instruction on, and do not
+outlive it (data_pipeline.workers)."""
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,10 +24,18 @@ def _has(bits: int, signum: int) -> bool:
     return bool(bits >> (signum - 1) & 1)
 
 
-def _spawned_children() -> set[int]:
-    me = os.getpid()
-    children = {int(c) for task in Path(f"/proc/{me}/task").iterdir() for c in (task / "children").read_text().split()}
-    return {c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
+def _spawned_children(pid: int | None = None) -> set[int]:
+    """The children of ``pid`` (default: this process) started by multiprocessing's spawn."""
+    pid = pid or os.getpid()
+    children = {int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()}
+    spawned = set()
+    for c in children:
+        try:
+            if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes():
+                spawned.add(c)
+        except OSError:  # an earlier test's worker that exited meanwhile
+            pass
+    return spawned
 
 
 def _worker_state(signum: int) -> tuple[int, bool, bool]:
@@ -43,3 +55,34 @@ def test_a_worker_holds_the_signals_off_while_it_starts_then_ignores_them():
         assert future.result(timeout=120) == (pid, True, False)  # ignored, no longer blocked
         assert pool.submit(_worker_state, signal.SIGUSR1).result(timeout=120)[0] == pid
     assert not _has(_mask(os.getpid(), "SigBlk"), signal.SIGUSR1)  # the owner's mask is restored
+
+
+OWNER = """
+import os, signal, sys, time
+from data_pipeline.workers import SignalQuietPool
+pool = SignalQuietPool(2, (signal.SIGINT, signal.SIGTERM))
+futures = [pool.submit(time.sleep, 0.5) for _ in range(2)]
+[f.result() for f in futures]
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_workers_exit_when_their_owner_is_killed_outright():
+    """SIGKILL (the OOM killer, kill -9) gives the owner no chance to end its workers, which ignore
+    SIGTERM and wait on a task queue whose write end they hold themselves: they stayed, re-parented."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "ready"
+        workers = _spawned_children(owner.pid)
+        assert len(workers) == 2, workers
+    finally:
+        owner.kill()
+        owner.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{w}").exists() for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [w for w in workers if Path(f"/proc/{w}").exists()]
+    for w in left:  # do not leave them to the rest of the suite
+        os.kill(w, signal.SIGKILL)
+    assert not left, f"workers {left} outlived their owner by 30 s"
