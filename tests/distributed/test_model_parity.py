@@ -58,6 +58,7 @@ ASCENDER_HEAD_SCALARS = "core_attention.params."
 def test_bf16_tensor_parallel_matches_single_rank_within_bf16_rounding(results, check):
     for diffs in assert_check(results, check):
         assert diffs["num_params"] > 0 and diffs["num_sharded"] > 0 and not diffs["zero_grads"], diffs
+        assert diffs["param_dtypes"] == ["torch.bfloat16"], diffs["param_dtypes"]  # bf16 really ran, both layouts
         assert diffs["loss"] < BF16_LOSS_TOL and diffs["logits"] < BF16_LOGITS_TOL, diffs
         bad = {name: (diff, ref) for name, (diff, ref) in diffs["grads"].items()
                if not diff <= ref * (BF16_HEAD_SCALAR_RTOL if ASCENDER_HEAD_SCALARS in name else BF16_GRAD_RTOL)}
@@ -79,6 +80,7 @@ def test_tensor_parallel_matches_single_rank(results, check):
     for diffs in assert_check(results, check):
         assert diffs["num_params"] > 0
         assert not diffs["zero_grads"], diffs["zero_grads"]  # a detached parameter gets zeros in both layouts
+        assert diffs["param_dtypes"] == ["torch.float32"], diffs["param_dtypes"]
         assert diffs["loss"] < TOL, diffs
         assert diffs["logits"] < TOL, diffs
         assert_grads_match(diffs, check)

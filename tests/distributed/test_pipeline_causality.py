@@ -60,5 +60,6 @@ def test_the_pipeline_leak_check_catches_a_bidirectional_layer(results, control)
     for value in assert_check(results, f"pp2_bidirectional_{control}"):
         _assert_pipeline_layout(value, name)
         assert value["swapped"] == [int(r == stage) for r in range(2)], value["swapped"]
+        assert sorted(map(int, value["by_position"])) == sorted(POSITIONS)
         for t, diff in value["by_position"].items():
             assert not diff["prefix_equal"] and diff["prefix"] > 0.0, (control, t, diff)

@@ -53,6 +53,7 @@ def _forward_backward(cfg, tp: int, full_state=None, vocab: int = VOCAB):
         "params": params,
         "grads": gather_full_state(model, group, grads=True),
         "trainable": {name for name, p in model.named_parameters() if p.requires_grad},
+        "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
         # parameters this rank holds only a shard of: > 0 proves the layout really is tensor parallel
         "num_sharded": sum(tuple(full.shape) != local_shapes[name] for name, full in params.items()),
     }
@@ -147,6 +148,7 @@ def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = (), vocab: i
         "worst_grad": max(grad_diffs, key=grad_diffs.get),
         "num_params": len(grad_diffs),
         "num_sharded": sharded["num_sharded"],
+        "param_dtypes": sorted(set(sharded["param_dtypes"]) | set(reference["param_dtypes"])),
         # gradients that are exactly zero everywhere in the TP=1 run (a detached path gives zeros too)
         "zero_grads": sorted(name for name, g in reference["grads"].items() if not bool(g.abs().max() > 0)),
         "reported": {name: {"diff": grad_diffs[name], "reference_abs": reference["grads"][name].abs().max().item(),

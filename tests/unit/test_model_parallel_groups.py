@@ -22,6 +22,8 @@ def test_destroy_model_parallel_ends_the_groups_an_init_made(single_rank_group):
 
     from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel
 
+    if dist.get_backend() != "gloo":
+        pytest.skip("counts gloo's threads; this process group is NCCL (a GPU machine)")
     destroy_model_parallel()
     before = _threads()
     init_model_parallel(1, 1, seed=1)
