@@ -11,6 +11,7 @@ import pytest
 from data_pipeline.cli import main
 from data_pipeline.shards import load_manifest
 from data_pipeline.tokenizer import Tokenizer
+from tests.helpers.procs import children, has_signal, spawned_children
 
 from .data_fixtures import text_file  # noqa: F401
 
@@ -249,45 +250,17 @@ def test_a_vocabulary_smaller_than_the_corpus_characters_names_the_size_needed(t
     assert "trainer_interface" not in err and "character_coverage" not in err and err.count("\n") == 1
 
 
-def _children(pid: int) -> list[int]:
-    """The process ids of ``pid``'s children (Linux /proc)."""
-    from pathlib import Path
-
-    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
-
-
-def _sigint_in(pid: int, mask: str) -> bool:
-    """Whether SIGINT is in process ``pid``'s ``mask`` (SigIgn: ignored, SigBlk: blocked) in /proc."""
-    import signal
-    from pathlib import Path
-
-    status = Path(f"/proc/{pid}/status").read_text()
-    bits = int(next(line.split()[1] for line in status.splitlines() if line.startswith(f"{mask}:")), 16)
-    return bool(bits >> (signal.SIGINT - 1) & 1)
-
-
-def _ignores_sigint(pid: int) -> bool:
-    return _sigint_in(pid, "SigIgn")
-
-
-def _spawned_workers(pid: int) -> list[int]:
-    """``pid``'s children started by multiprocessing's spawn (the pool's workers)."""
-    from pathlib import Path
-
-    return [c for c in _children(pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
-
-
 def _wait_for_children_ignoring_sigint(pid: int, count: int, deadline: float) -> None:
     """Until ``pid`` has ``count`` pool workers (spawned children; multiprocessing's resource tracker is
     one more child) and every child ignores SIGINT: a Ctrl-C before a spawned worker's initializer ran
     interrupts its start-up with a traceback, which no fixed sleep rules out under load."""
+    import signal
     import time
-    from pathlib import Path
 
     while time.monotonic() < deadline:
         try:
-            children, workers = _children(pid), _spawned_workers(pid)
-            if len(workers) >= count and all(_ignores_sigint(c) for c in children):
+            kids, workers = children(pid), spawned_children(pid)
+            if len(workers) >= count and all(has_signal(c, "SigIgn", signal.SIGINT) for c in kids):
                 return
         except (OSError, StopIteration):  # a process that came or went while being read
             pass
@@ -380,12 +353,12 @@ def test_a_ctrl_c_while_the_pool_workers_start_is_one_line(tmp_path, text_file):
     deadline, workers = time.monotonic() + 60, []
     while len(workers) < 2 and time.monotonic() < deadline and proc.poll() is None:
         try:
-            workers = _spawned_workers(proc.pid)
+            workers = spawned_children(proc.pid)
         except OSError:  # a process that came or went while being read
             pass
         time.sleep(0.01)
     assert len(workers) == 2, "the shard run's pool workers never started"
-    held_off = {c: _sigint_in(c, "SigBlk") or _sigint_in(c, "SigIgn") for c in workers}
+    held_off = {c: has_signal(c, "SigBlk", signal.SIGINT) or has_signal(c, "SigIgn", signal.SIGINT) for c in workers}
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert all(held_off.values()), f"a worker took SIGINT while it started: {held_off}"
