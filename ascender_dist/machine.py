@@ -25,8 +25,13 @@ def _cpuinfo_field(name: str):
 
 
 def cpu_model() -> str:
-    """The CPU's model name (e.g. "AMD EPYC"), else what the platform reports."""
-    return _cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    """The CPU's model name with its x86 family and model numbers when /proc/cpuinfo has them
+    ("AMD EPYC family 26 model 2"), else what the platform reports. Cloud VMs often show a bare
+    "AMD EPYC" for several generations (Zen 3 / 4 / 5 are families 25 / 25 / 26), whose kernels
+    run at different relative speeds, so the numbers are what tells the benchmark rows apart."""
+    name = _cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    family, model = _cpuinfo_field("cpu family"), _cpuinfo_field("model")
+    return f"{name} family {family} model {model}" if family and model else name
 
 
 def vector_isa() -> str:

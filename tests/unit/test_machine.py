@@ -13,6 +13,14 @@ def test_vector_isa_is_the_widest_flag_the_cpu_reports(monkeypatch):
         assert machine.vector_isa() == isa
 
 
+def test_cpu_model_names_the_family_and_model_when_cpuinfo_has_them(monkeypatch):
+    fields = {"model name": "AMD EPYC", "cpu family": "26", "model": "2"}
+    monkeypatch.setattr(machine, "_cpuinfo_field", fields.get)
+    assert machine.cpu_model() == "AMD EPYC family 26 model 2"
+    fields.pop("cpu family")  # e.g. an ARM CPU: no x86 family number
+    assert machine.cpu_model() == "AMD EPYC"
+
+
 def test_runs_and_reports_record_the_machine():
     record = machine.machine_record()
     assert record["cpu"] and record["isa"] and record["logical_cpus"] >= 1
