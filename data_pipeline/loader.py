@@ -158,7 +158,8 @@ def _retry_io(url: str, fn, *args):
     read), and tensor/pipeline peers reading the same rows reach the same verdict only when the
     error is deterministic. Bad bytes and wrong sizes are the file's own, every reader meets them,
     so they are never retried; an EIO, ESTALE or timeout is one node's moment, and skipping the
-    shard on it would give that rank other samples than its peers for the rest of the run."""
+    shard on it would give that rank other samples than its peers for the rest of the run (one
+    still unreadable after the last attempt stops such a run: ``_Dataset._shard_rows``)."""
     for attempt in range(1, IO_TRIES + 1):
         try:
             return fn(*args)
@@ -176,13 +177,21 @@ def _wait(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _unreadable(url: str, err: Exception) -> _CorruptShard:
+class _UnreadableShard(_CorruptShard):
+    """A shard this process could not open, stat or read (an OSError, after :func:`_retry_io`'s
+    attempts when reading): unlike bad bytes, a fault of this node's view of the file, which the
+    ranks reading the same rows may not share."""
+
+
+def _unreadable(url: str, err: Exception) -> _UnreadableShard:
     """The corrupt-shard error for a shard that could not be opened, stat'ed or read: "missing
     shard" when it does not exist, else "cannot read shard (<ErrName>: <msg>)". The same line
-    whichever path met it (whole read, positioned read, setup check), so skip mode skips it."""
+    whichever path met it (whole read, positioned read, setup check), so skip mode skips it where
+    the ranks agree on it (set-up checks, or no peer reads this rank's rows: see
+    ``_Dataset._shard_rows``)."""
     if isinstance(err, FileNotFoundError):
-        return _CorruptShard(url, "missing shard (file not found)")
-    return _CorruptShard(url, f"cannot read shard ({type(err).__name__}: {err})")
+        return _UnreadableShard(url, "missing shard (file not found)")
+    return _UnreadableShard(url, f"cannot read shard ({type(err).__name__}: {err})")
 
 
 # magic numbers of the compressions tarfile / webdataset would undo transparently
@@ -307,8 +316,8 @@ def read_rows(spec: ShardSpec, checks: ShardChecks, rows: np.ndarray) -> tuple[n
     whole shard needs the whole shard, so it is checked only on the fallback. Every rank reads the
     same head and tail, so those verdicts (skip or stop) agree across ranks; a bad sample header
     deeper in is seen only by the rank that owns the sample, so it always stops the run. An I/O
-    error (open, stat or read) is the whole-shard path's "cannot read shard" corrupt-shard error,
-    skippable as there, once :func:`_retry_io`'s attempts are spent.
+    error (open, stat or read) is the whole-shard path's "cannot read shard" error, once
+    :func:`_retry_io`'s attempts are spent (skippable as there: see ``_Dataset._shard_rows``).
     """
     try:
         return _retry_io(spec.url, _read_rows_once, spec, checks, rows)
@@ -467,8 +476,10 @@ class _Dataset:
 
     def __init__(self, name: str, specs: list[ShardSpec], checks: ShardChecks, *, seed: int, stream_id: int,
                  shuffle: bool, shuffle_buffer: int, on_corrupt: str, pool: Executor | None,
-                 prefetch: int, workers: int = 0, progress: bool = False, all_gather=None):
+                 prefetch: int, workers: int = 0, progress: bool = False, all_gather=None,
+                 peers_share_rows: bool = False):
         self.name, self.checks, self.seed, self.stream_id = name, checks, seed, stream_id
+        self.peers_share_rows = peers_share_rows
         self.shuffle, self.on_corrupt, self.pool, self.prefetch = shuffle, on_corrupt, pool, prefetch
         self.workers = max(1, workers)
         self.skipped_shards = 0
@@ -683,7 +694,13 @@ class _Dataset:
     def _shard_rows(self, epoch: int, k: int, rows: np.ndarray, got=None) -> np.ndarray:
         """Rows of the ``k``-th shard in ``epoch``'s order; a skipped corrupt shard is replaced by the
         next healthy shard of the order (rows taken modulo its length), so counts and batches stay
-        identical on every rank."""
+        identical on every rank.
+
+        Mid-run each rank judges its reads alone. Bad bytes are the file's, met by every reader, so
+        peers reading the same rows skip the same shard; an unreadable shard (an I/O error that
+        outlived the retries) may be this node's alone, so with ``peers_share_rows`` it stops the
+        run even in skip mode: skipping it would feed this rank other tokens than its tensor /
+        pipeline peers for the rest of the run, silently."""
         order, _ = self.epoch_order(epoch)
         n = len(order)
         for step in range(n):
@@ -695,6 +712,10 @@ class _Dataset:
                     return self._read(idx, rows, got)
                 return self._read(idx, rows % int(self.counts[idx]))
             except _CorruptShard as e:
+                if isinstance(e, _UnreadableShard) and self.peers_share_rows:
+                    raise DataError(e.where, f"{e.problem}; not skipped: this rank's tensor/pipeline peers read "
+                                             "the same samples and would go on with other ones (resume from the last "
+                                             "checkpoint once the shard reads)") from None
                 self.bad.add(idx)
                 self._skip_or_raise(e)
         raise DataError(self.name, "no readable shards left (all corrupt)")
@@ -1074,6 +1095,9 @@ class StreamingLoader:
     manifests / resolving the URLs is pooled too (:func:`_agreed_setup`: a rank whose mount is
     missing stops every rank with its line instead of leaving them in a collective). It is called
     once for the sources, then once per dataset, in order. None: this process decides alone.
+
+    ``peers_share_rows``: other processes read this one's rows (its tensor / pipeline peers): a
+    shard it cannot read mid-run then stops the run in skip mode too (see ``_Dataset._shard_rows``).
     """
 
     def __init__(self, manifest_or_urls, *, seq_length: int, micro_batch_size: int, global_batch_size: int,
@@ -1081,7 +1105,7 @@ class StreamingLoader:
                  tokenizer_sha256: str | None = None, vocab_size: int | None = None, on_corrupt: str = "error",
                  shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, url_template: str | None = None,
                  with_index: bool = False, progress: bool = False, partial_reads: bool | None = None,
-                 all_gather=None):
+                 all_gather=None, peers_share_rows: bool = False):
         self._check_args(micro_batch_size, global_batch_size, dp_rank, dp_size, split, on_corrupt, num_workers)
         self.seq_length, self.micro_batch_size, self.global_batch_size = seq_length, micro_batch_size, global_batch_size
         self.dp_rank, self.dp_size, self.seed, self.split = dp_rank, dp_size, int(seed), split
@@ -1104,7 +1128,7 @@ class StreamingLoader:
         self.datasets = [
             _Dataset(*r, seed=self.seed, stream_id=i, shuffle=(split == "train"), shuffle_buffer=shuffle_buffer,
                      on_corrupt=on_corrupt, pool=self._pool, prefetch=max(1, num_workers), workers=num_workers,
-                     progress=progress, all_gather=all_gather)
+                     progress=progress, all_gather=all_gather, peers_share_rows=peers_share_rows)
             for i, r in enumerate(resolved)
         ]
         _check_one_tokenizer(self.datasets)

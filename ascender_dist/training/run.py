@@ -80,6 +80,7 @@ def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = 
         on_corrupt=d.on_corrupt,
         partial_reads=False if d.verify_shard_sha256 else None,  # None: partial reads when dp_size > 1
         all_gather=all_gather if together else None,
+        peers_share_rows=together and pstate.world_size > pstate.dp_size,  # tensor / pipeline peers
     )
 
 

@@ -22,6 +22,7 @@ def setup(tmp_path_factory):
     val = [s["name"] for s in shards if s["split"] == "val"]
     assert len(train) >= 4 and len(val) >= 2, (train, val)
     args = {"data": data, "root": str(tmp_path_factory.mktemp("run")), "hide_train": [train[2]], "hide_val": [val[0]],
+            "unreadable_train": train[1],
             "missing_manifest": str(tmp_path_factory.mktemp("mount") / "missing" / "manifest.json")}
     return args, run_ranks("tests.distributed.workers.data_skips:main", world_size=2, timeout=300, args=args)
 
@@ -50,6 +51,16 @@ def test_error_mode_stops_every_rank_with_the_same_line(setup):
     assert errors[0]["error"] == errors[1]["error"]
     assert args["hide_train"][0] in errors[0]["error"] and "(found by rank 1)" in errors[0]["error"]
     assert errors[0]["error"].startswith("DataError: ") and "\n" not in errors[0]["error"]
+
+
+def test_a_shard_one_rank_cannot_read_mid_run_stops_that_rank_in_skip_mode(setup):
+    """TP=2: the peers read the same rows, so rank 1 skipping alone would train on other tokens."""
+    args, results = setup
+    rank0, rank1 = assert_check(results, "unreadable_mid_run")
+    assert rank0 == {"error": None, "skipped_shards": 1}, rank0  # 1: the set-up check's (hide_train), on both
+    assert rank1["error"].startswith("DataError: ") and args["unreadable_train"] in rank1["error"], rank1
+    assert "cannot read shard (OSError: [Errno 5] Input/output error); not skipped" in rank1["error"], rank1
+    assert rank1["skipped_shards"] == 1 and "\n" not in rank1["error"]
 
 
 def test_a_manifest_one_rank_cannot_load_stops_every_rank_with_the_same_line(setup):

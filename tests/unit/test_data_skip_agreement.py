@@ -164,6 +164,37 @@ def test_a_persistent_io_error_makes_the_shard_corrupt_after_the_last_try(ds, mo
     assert len(calls) == 5 and waits == [0.5, 1.0, 2.0, 2.0]  # doubling, capped at IO_BACKOFF_MAX_S
 
 
+@pytest.mark.parametrize("attr, dp_size", [("_fetch_bytes", 1), ("_open_local", 2)])  # whole / positioned reads
+def test_a_shard_unreadable_mid_run_stops_a_rank_with_tensor_or_pipeline_peers(ds, monkeypatch, waits, attr, dp_size):
+    """Skipping alone would feed this rank other tokens than its peers from then on; without peers
+    the shard is skipped as before (only this rank reads those rows)."""
+    _flaky(monkeypatch, "syn-train-000003.tar", attr, 99, OSError(errno.EIO, "Input/output error"))
+    with pytest.raises(DataError) as e:
+        run_global(functools.partial(loader, ds, on_corrupt="skip", peers_share_rows=True), dp_size, 8)
+    one_line(e, "syn-train-000003.tar", "cannot read shard (OSError: [Errno 5] Input/output error); not skipped: "
+             "this rank's tensor/pipeline peers read the same samples", kind=DataError)
+    loaders = []
+
+    def make(**kw):
+        loaders.append(loader(ds, on_corrupt="skip", **kw))
+        return loaders[-1]
+
+    ids, _ = run_global(make, dp_size, 8)
+    assert len(ids) == 64 and not set(ids) & set(range(24, 32))  # nothing from the unreadable shard
+    assert any(ld.skipped_shards for ld in loaders)
+
+
+def test_bad_bytes_mid_run_are_skipped_with_peers_too(ds):
+    """Every reader of the shard meets its bytes, so peers reach the same verdict alone."""
+    shard = ds / "syn-train-000003.tar"
+    data = bytearray(shard.read_bytes())
+    data[600:900] = b"\xff" * 300
+    shard.write_bytes(bytes(data))
+    ld = loader(ds, on_corrupt="skip", peers_share_rows=True)
+    ids = first_ids(ld, 24)
+    assert len(ids) == 48 and not set(ids) & set(range(24, 32)) and ld.skipped_shards == 1
+
+
 def test_content_errors_are_not_retried(ds, monkeypatch, waits):
     """Bad bytes are the file's: every rank reading it meets them, so there is nothing to wait for."""
     shard = ds / "syn-train-000001.tar"

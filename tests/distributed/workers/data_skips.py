@@ -1,6 +1,6 @@
 """2 ranks, TP=2 (one data-parallel replica, so both ranks must read identical batches): shards that
 fail the set-up check on rank 1 only, in skip and in error mode, as the trainer builds its loaders;
-and a manifest that rank 1 cannot load at all (its mount missing)."""
+a shard rank 1 cannot read mid-run; and a manifest that rank 1 cannot load at all (its mount missing)."""
 
 import errno
 import time
@@ -50,6 +50,30 @@ def _view(ld) -> dict:
             "batches": [next(it)["tokens"].tolist() for _ in range(MICRO_BATCHES)]}
 
 
+def _unreadable_mid_run_on_rank_1(args, pstate) -> dict:
+    """Skip mode, one shard failing with EIO on every read of rank 1 only, after the set-up checks
+    passed on both: what each rank met within two epochs (rank 1 must stop, not skip the shard
+    its tensor-parallel peer goes on reading)."""
+    from data_pipeline import loader as loader_mod
+
+    real = loader_mod._fetch_bytes
+
+    def fetch(url):
+        if pstate.rank == 1 and url.rsplit("/", 1)[-1] == args["unreadable_train"]:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(url)
+
+    ld = _build(args, pstate, "skip", "train")
+    it, micro_batches = iter(ld), 2 * ld.samples_per_epoch // ld.micro_batch_size
+    with mock.patch.object(loader_mod, "_fetch_bytes", fetch), mock.patch.object(loader_mod, "_wait", lambda s: None):
+        try:
+            for _ in range(micro_batches):
+                next(it)
+        except Exception as exc:  # compared across ranks by the test
+            return {"error": f"{type(exc).__name__}: {exc}", "skipped_shards": ld.skipped_shards}
+    return {"error": None, "skipped_shards": ld.skipped_shards}
+
+
 def _missing_manifest_on_rank_1(args, pstate) -> dict:
     """Build the loader with rank 1's manifest on a missing mount: what each rank raised, and when.
     Last of the checks: a rank that raised alone would leave its peer in the set-up all_gather."""
@@ -77,5 +101,6 @@ def main(args):
         "skip_val": lambda: {**_view(_build(args, pstate, "skip", "val")),
                              "len": len(_build(args, pstate, "skip", "val"))},
         "error_train": lambda: type(_build(args, pstate, "error", "train")).__name__,  # a raise, on every rank
+        "unreadable_mid_run": lambda: _unreadable_mid_run_on_rank_1(args, pstate),
         "missing_manifest": lambda: _missing_manifest_on_rank_1(args, pstate),  # keep last (see its docstring)
     })
