@@ -28,7 +28,8 @@ output assembly, aux losses).
 
     .venv/bin/python benchmarks/attention_breakdown.py            # ~3 min on a 2-core CPU
 
-Writes benchmarks/results/attention_breakdown.{json,md,png}.
+Writes benchmarks/results/attention_breakdown.{json,md,png} (``--name STEM``: STEM.{json,md,png}, e.g. a
+table per CPU model beside the others).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from benchmarks.attention import HEAD_DIM, HEADS, _layer, _median, _timed, machi
 from benchmarks.report import commit_text, ratio_stats  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+STEM = "attention_breakdown"  # the results' file name; --name gives another, e.g. one per CPU model
 ALLOCATORS = ("glibc default", "keep_freed_memory")
 GEMM_OPS = ("aten::bmm", "aten::baddbmm", "aten::baddbmm_", "aten::addmm", "aten::addmm_", "aten::mm",
             "aten::matmul")
@@ -171,13 +173,13 @@ def run_point(n: int, allocator: str, reps: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def write_results(points: list[dict], state: dict, machine_text: str | None = None) -> None:
+def write_results(points: list[dict], state: dict, machine_text: str | None = None, stem: str = STEM) -> None:
     """state: git_state() of the run that measured (for --rewrite, the one recorded in the json);
     machine_text: the machine it ran on (for --rewrite, the recorded one, not this process's)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     machine_text = machine_text or machine()
     state = {k: state.get(k) for k in ("git_commit", "git_dirty")}
-    (RESULTS / "attention_breakdown.json").write_text(json.dumps({"machine": machine_text, **state, "points": points},
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"machine": machine_text, **state, "points": points},
                                                                  indent=1))
     lines = [
         "# ASCender fast path on CPU: time breakdown and allocator setting", "",
@@ -210,7 +212,7 @@ def write_results(points: list[dict], state: dict, machine_text: str | None = No
                      f"faults from {base['page_faults']} to {kept['page_faults']} and changes the time by "
                      f"{100 * (kept['fast_s'] / base['fast_s'] - 1):+.0f}%.")
     lines += step_lines(points)
-    (RESULTS / "attention_breakdown.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -227,7 +229,7 @@ def step_lines(points: list[dict]) -> list[str]:
     return lines
 
 
-def plot(points: list[dict]) -> None:
+def plot(points: list[dict], stem: str = STEM) -> None:
     from ascender_dist.plotting import pyplot
 
     plt = pyplot()  # one line naming the research extra when matplotlib is missing
@@ -253,7 +255,7 @@ def plot(points: list[dict]) -> None:
     ax.legend(fontsize=8, ncol=2, loc="upper left")
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(RESULTS / "attention_breakdown.png", dpi=110)
+    fig.savefig(RESULTS / f"{stem}.png", dpi=110)
 
 
 def main() -> None:
@@ -264,15 +266,16 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     ap.add_argument("--reps", type=int, default=5, help="interleaved SDPA / fast rounds per row (>= 5)")
     ap.add_argument("--allocators", nargs="+", default=[ALLOCATORS[0]], choices=ALLOCATORS)
-    ap.add_argument("--rewrite", action="store_true", help="only re-render md/png from attention_breakdown.json")
+    ap.add_argument("--rewrite", action="store_true", help="only re-render md/png from the json")
+    ap.add_argument("--name", default=STEM, help="results file stem under benchmarks/results (one per CPU model)")
     args = ap.parse_args()
     if args.reps < 5:
         ap.error("--reps must be >= 5 (median and minimum of at least five same-round ratios)")
     if args.rewrite:
-        saved = json.loads((RESULTS / "attention_breakdown.json").read_text())
+        saved = json.loads((RESULTS / f"{args.name}.json").read_text())
         points = saved["points"]
-        write_results(points, saved, saved.get("machine"))
-        plot(points)
+        write_results(points, saved, saved.get("machine"), args.name)
+        plot(points, args.name)
         return
     from tqdm import tqdm
 
@@ -281,8 +284,8 @@ def main() -> None:
     jobs = [(n, a) for n in args.lengths for a in args.allocators]
     for n, allocator in tqdm(jobs, desc="breakdown points"):
         points.append(run_point(n, allocator, args.reps))
-    write_results(points, state)
-    plot(points)
+    write_results(points, state, stem=args.name)
+    plot(points, args.name)
 
 
 if __name__ == "__main__":
