@@ -4,7 +4,8 @@ loader keeps).
 
 - model: every field of ``model`` in the checkpoint's ``config.yaml`` must equal the run's; the
   first that differs is named in one line with both values. Fields that do not change the weights'
-  meaning are exempt (dropouts, the init std, and ``preset``, whose values are resolved into fields);
+  meaning are exempt (dropouts, the init std, ``preset``, whose values are resolved into fields, and
+  the ASCender fast path's tiling: ``EXEMPT_MODEL_FIELDS``);
 - tokenizer: the run's tokenizer (``data.tokenizer``) must be the one ``meta.json`` records
   (``tokenizer_sha256``), and the vocabulary sizes the ones it records (``vocab_size``,
   ``padded_vocab_size``: all a checkpoint written before the sha256 was recorded can be checked
@@ -38,7 +39,14 @@ from data_pipeline.shards import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 
-EXEMPT_MODEL_FIELDS = {"preset", "hidden_dropout", "attention_dropout", "init_method_std"}
+# Fields whose change leaves the weights' meaning alone: dropouts, the init std (read by a fresh
+# start only), ``preset`` (its values are resolved into fields), and the tiling of ASCender's CPU
+# fast path (the same function in other tiles; a smaller max_tile_elems is how an out-of-memory
+# job resumes).
+EXEMPT_MODEL_FIELDS = {"preset", "hidden_dropout", "attention_dropout", "init_method_std", "ascender.chunk_size",
+                       "ascender.max_tile_elems"}
+# Values that mean the same model: vocab_size 0 acts like None (the tokenizer's size, padded).
+_SAME_MEANING = {"vocab_size": lambda value: value or None}
 
 
 def _flatten(tree: dict, prefix: str) -> dict[str, Any]:
@@ -113,16 +121,33 @@ def _saved_model(tag_dir: Path) -> dict:
     return saved["model"]
 
 
+def _meaning(key: str, value):
+    """``value`` of the model field ``key`` (dotted, ``model.`` first) in the form compared on resume."""
+    same = _SAME_MEANING.get(key.removeprefix("model."))
+    return same(value) if same else value
+
+
 def check_model(cfg: RunConfig, tag_dir: Path) -> None:
     saved = _saved_model(tag_dir)
     ours, theirs = _flatten(to_dict(cfg)["model"], "model."), _flatten(saved, "model.")
-    differ = [key for key in ours if key in theirs and ours[key] != theirs[key]
-              and key.removeprefix("model.") not in EXEMPT_MODEL_FIELDS]
+    differ = [key for key in ours if key in theirs and key.removeprefix("model.") not in EXEMPT_MODEL_FIELDS
+              and _meaning(key, ours[key]) != _meaning(key, theirs[key])]
     if differ:
         more = f" (also differ: {', '.join(differ[1:])})" if len(differ) > 1 else ""
         raise ConfigError(differ[0], f"checkpoint {tag_dir} has {theirs[differ[0]]!r}, the config has "
                           f"{ours[differ[0]]!r}{more}; resume with the checkpoint's model, or start a new "
                           f"checkpoint.dir")
+
+
+def _data_changes(meta: dict, tag_dir: Path) -> list:
+    """meta.json's record of the data changes made on earlier resumes (a list of dicts), carried
+    into the next checkpoints; anything else is a damaged meta.json, named in one line (a string
+    would be carried on split into characters)."""
+    changes = meta.get("data_changes", [])
+    if not isinstance(changes, list) or not all(isinstance(change, dict) for change in changes):
+        raise CheckpointError(f"{tag_dir / 'meta.json'}: data_changes: expected a list of records, got "
+                              f"{str(changes)[:80]!r}")
+    return list(changes)
 
 
 def check_tokenizer(cfg: RunConfig, meta: dict, tag_dir: Path, derived: Optional[Derived] = None,
@@ -178,7 +203,7 @@ def check_resume(cfg: RunConfig, checkpoint_dir: Path, tag: str, log_it: bool,
     check_tokenizer(cfg, meta, tag_dir, derived, loaded_sha256=tokenizer_sha256)
     _check_data_tokenizer(cfg, meta, tag_dir, data_tokenizer)
     current, saved = data_fingerprint(cfg), meta.get("data_fingerprint")
-    changes = list(meta.get("data_changes", []))
+    changes = _data_changes(meta, tag_dir)
     if saved is not None and saved != current:
         field = "data.mixture" if cfg.data.mixture else "data.manifest"
         sources = ", ".join(m for m, _ in data_sources(cfg))

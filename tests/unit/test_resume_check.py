@@ -51,6 +51,29 @@ def test_dropout_and_init_changes_and_older_checkpoints_resume(tmp_path, manifes
     assert record == {"data_fingerprint": data_fingerprint(_cfg(manifest)), "data_changes": []}
 
 
+def test_the_fast_paths_tiling_and_a_vocab_size_0_for_none_resume(tmp_path, manifest):
+    """A smaller model.ascender.max_tile_elems (or chunk_size) is how an out-of-memory job resumes:
+    the same function in smaller tiles. vocab_size 0 acts like None (the tokenizer's size)."""
+    _tag(tmp_path, _cfg(manifest))
+    check_resume(_cfg(manifest, ascender={"chunk_size": 32, "max_tile_elems": 2**16}, vocab_size=0), tmp_path,
+                 "step_00000005", log_it=False)
+    with pytest.raises(ConfigError, match=r"^model\.vocab_size: checkpoint .* has None, the config has 1000; "):
+        check_resume(_cfg(manifest, vocab_size=1000), tmp_path, "step_00000005", log_it=False)
+
+
+@pytest.mark.parametrize("recorded", [5, "a note", [{"step": 2}, "x"]])
+def test_a_damaged_data_changes_record_is_one_line_naming_meta_json(tmp_path, manifest, recorded):
+    """An integer raised a raw TypeError; a string was carried on split into characters."""
+    from ascender_dist.training.checkpoint import CheckpointError
+
+    cfg = _cfg(manifest)
+    _tag(tmp_path, cfg, data_fingerprint=data_fingerprint(cfg), data_changes=recorded)
+    with pytest.raises(CheckpointError) as info:
+        check_resume(cfg, tmp_path, "step_00000005", log_it=False)
+    assert str(info.value).startswith(f"{tmp_path / 'step_00000005' / 'meta.json'}: data_changes: expected a list "
+                                      "of records, got ") and "\n" not in str(info.value)
+
+
 def test_other_data_is_refused_unless_allowed_and_then_recorded(tmp_path, manifest):
     cfg = _cfg(manifest)
     old = data_fingerprint(cfg)
