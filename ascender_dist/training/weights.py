@@ -146,11 +146,12 @@ def rank_shards(module: nn.Module, cfg: RunConfig, full: dict[str, torch.Tensor]
             raise _weights_error(field, source, f"no tensor {name}, which this model needs (another model.num_layers, "
                                                 "untie_embeddings_and_output_weights or architecture?)")
         sharded, dim, stride = tp_partition(param)
-        value = split_full(full[name], dim, tp_size, tp_rank, stride) if sharded and tp_size > 1 else full[name]
-        if value.shape != param.shape:
+        split = sharded and tp_size > 1
+        whole = tuple(n * tp_size if split and d == dim else n for d, n in enumerate(param.shape))
+        if tuple(full[name].shape) != whole:  # before the split: a tensor of other rank or size fails it anywhere
             raise _weights_error(field, source, f"{name} has shape {tuple(full[name].shape)}, which does not fit this "
-                                                f"model ({tuple(param.shape)} per TP rank)")
-        shards.append((name, param, value))
+                                                f"model ({whole}, {tuple(param.shape)} per TP rank)")
+        shards.append((name, param, split_full(full[name], dim, tp_size, tp_rank, stride) if split else full[name]))
     return shards
 
 

@@ -63,3 +63,27 @@ def test_a_missing_or_misshapen_tensor_is_one_line(model_and_state, problem):
     with pytest.raises(ConfigError) as info:
         _load(cfg, model, state)
     one_line(info.value, "checkpoint.init_from", SOURCE, needle)
+
+
+@pytest.mark.parametrize("shape", [(8,), (8, 1), (8, 9), (8, 4)])
+@pytest.mark.parametrize("tp_rank", [0, 1])
+def test_a_misshapen_tensor_is_one_line_on_every_tensor_parallel_rank(monkeypatch, shape, tp_rank):
+    """At TP > 1 the whole tensor is checked before it is split: a tensor of another rank raised a
+    raw IndexError inside torch.chunk, and an uneven split could fit on one rank and not another."""
+    from megatron.core import parallel_state as mps
+    from torch import nn
+
+    from ascender_dist.training.weights import rank_shards
+
+    monkeypatch.setattr(mps, "get_tensor_model_parallel_world_size", lambda: 2)
+    monkeypatch.setattr(mps, "get_tensor_model_parallel_rank", lambda: tp_rank)
+    module = nn.Module()
+    module.w = nn.Parameter(torch.zeros(8, 4))  # this rank's half of a row-parallel (8, 8) weight
+    module.w.tensor_model_parallel, module.w.partition_dim, module.w.partition_stride = True, 1, 1
+    cfg = config_from_dict({})
+    with pytest.raises(ConfigError) as info:
+        rank_shards(module, cfg, {"w": torch.zeros(shape)}, source=SOURCE, field="checkpoint.init_from")
+    one_line(info.value, "checkpoint.init_from", SOURCE, f"w has shape {shape}, which does not fit this model "
+                                                         "((8, 8), (8, 4) per TP rank)")
+    assert rank_shards(module, cfg, {"w": torch.arange(64.0).view(8, 8)}, source=SOURCE)[0][2].equal(
+        torch.arange(64.0).view(8, 8)[:, 4 * tp_rank:4 * tp_rank + 4])
