@@ -387,6 +387,24 @@ def check_task_input(run: Run, out: Path) -> None:
     check_export_out(export_dir(run, out), run.path)
 
 
+def check_exports_spare_inputs(runs: Sequence[Run], out: Path) -> None:
+    """No run's ``OUT/hf/NAME`` may be, hold or lie inside another input of the same command: a
+    previous export of ``OUT`` given back as a baseline would be overwritten by the new run's
+    export before it is evaluated, and its scores would be the new model's."""
+    for run in runs:
+        if run.kind == "hf":
+            continue
+        target = export_dir(run, out).resolve()
+        for other in runs:
+            if other is run:
+                continue  # its own folder: check_export_out
+            source = other.path.resolve()
+            if target == source or source.is_relative_to(target) or target.is_relative_to(source):
+                raise EvaluationError(f"{export_dir(run, out)}: run {run.name!r} would export its model there for "
+                                      f"lm-eval, over run {other.name!r}'s input {other.path}; use another --out "
+                                      "or run name")
+
+
 def hf_dir_for(run: Run, out: Path) -> Path:
     if run.kind == "hf":
         return run.path
@@ -559,6 +577,8 @@ def evaluate(args: argparse.Namespace) -> dict:
             check_validation_input(run)
         if tasks:
             check_task_input(run, out)
+    if tasks:
+        check_exports_spare_inputs(runs, out)
     manager = None
     if tasks:
         manager = task_manager(args.include_path)

@@ -105,6 +105,24 @@ def test_an_export_target_that_must_not_be_replaced_is_refused_before_any_valida
     one_line(err, "run name 'a/b'", kind=str)
 
 
+def test_a_previous_export_given_as_another_run_is_not_exported_over(two_tokenizers, tmp_path, capsys, stubbed):
+    """Comparing a new checkpoint with last time's export of the same --out: the new run's export
+    went to OUT/hf/NAME, replaced the baseline there before it was scored, and the baseline's row
+    held the new model's scores (exit 0)."""
+    from ascender_dist.tools.hf_export import export_hf
+
+    run = write_run(tmp_path / "cons", two_tokenizers[0])
+    out = tmp_path / "eval"
+    previous = export_hf(run, out / "hf" / "new", tokenizer=two_tokenizers[0])
+    before = (previous / "model.safetensors").read_bytes()
+    code, _, err = _run([f"new={run}", f"baseline={previous}", "--manifest", tmp_path / "m.json", "--tasks", TASK,
+                         "--out", out], capsys)
+    assert code == 2 and stubbed == [], (code, err, stubbed)
+    one_line(err, str(previous), "run 'new' would export its model there for lm-eval, over run 'baseline''s input",
+             kind=str)
+    assert (previous / "model.safetensors").read_bytes() == before
+
+
 def test_a_bad_eval_batch_size_fails_before_any_validation(two_tokenizers, tmp_path, capsys, stubbed):
     run = write_run(tmp_path / "cons", two_tokenizers[0])
     code, _, err = _run([run, "--manifest", tmp_path / "m.json", "--tasks", TASK, "--eval-batch-size", "x",
