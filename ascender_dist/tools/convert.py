@@ -282,15 +282,19 @@ def _refuse_entries_replacing_would_delete(out_dir: Path, names, when: str = "no
                                        f"them; move them out of it, or choose a new --out ({when})")
 
 
-def replace_output(tmp: Path, out_dir: Path) -> None:
+def replace_output(tmp: Path, out_dir: Path, own_entries=None) -> None:
     """Publish the finished ``tmp`` as ``out_dir`` (refused in one line when ``out_dir`` holds entries
-    the new output does not: replacing would delete them): its files and directories are synced
+    the new output does not and the previous output did not write, ``own_entries(out_dir)`` as in
+    :func:`check_output_dir`: replacing would delete a user's files; a file only the previous
+    output wrote, such as a module an older export vendored, is replaced with it): its files and directories are synced
     (:func:`checkpoint.sync_tree`), the previous output is renamed aside, ``tmp`` renamed in
     (:func:`~ascender_dist.training.publish.publish_directory`), the parent directory synced (the
     renames), and only then the old copy deleted. If the second rename fails, the previous output
     is renamed back; after a crash between the two renames it survives as ``.<name>.old.<pid>``
     next to ``out_dir``."""
-    _refuse_entries_replacing_would_delete(out_dir, {entry.name for entry in tmp.iterdir()}, "nothing was replaced")
+    previous = own_entries(out_dir) if own_entries is not None and out_dir.is_dir() else None
+    _refuse_entries_replacing_would_delete(out_dir, {entry.name for entry in tmp.iterdir()} | (previous or set()),
+                                           "nothing was replaced")
     aside = out_dir.with_name(f".{out_dir.name}.old.{os.getpid()}")
     ckpt.sync_tree(tmp)  # an OSError here: nothing was replaced (staged_output says so)
     try:
@@ -315,9 +319,9 @@ def replace_output(tmp: Path, out_dir: Path) -> None:
 
 
 @contextmanager
-def staged_output(out_dir: Path) -> Iterator[Path]:
+def staged_output(out_dir: Path, own_entries=None) -> Iterator[Path]:
     """A fresh temporary sibling of ``out_dir`` (:func:`staging_dir`) to write an output into; when
-    the block ends it replaces ``out_dir`` (:func:`replace_output`). On any failure the temporary
+    the block ends it replaces ``out_dir`` (:func:`replace_output`, with ``own_entries``). On any failure the temporary
     directory is removed and ``out_dir`` keeps what it held; a write error (disk full, permission,
     safetensors' I/O errors) is a one-line ConversionError naming ``out_dir``."""
     from safetensors import SafetensorError
@@ -331,7 +335,7 @@ def staged_output(out_dir: Path) -> Iterator[Path]:
         raise ConversionError(out_dir, f"cannot create the output directory ({_write_problem(exc)})") from None
     try:
         yield tmp
-        replace_output(tmp, out_dir)
+        replace_output(tmp, out_dir, own_entries)
     except (OSError, SafetensorError) as exc:
         raise ConversionError(out_dir, f"writing the output failed ({_write_problem(exc)}); nothing was "
                                        "replaced") from None

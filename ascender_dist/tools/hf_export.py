@@ -546,7 +546,7 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
         fast = fast_tokenizer(Path(tokenizer))
         special_ids = special_tokens(load_proto(Path(tokenizer))).config_ids()
     check_weights_fit_config(state, cfg, meta, Path(consolidated_dir))  # the standard classes too
-    with staged_output(out_dir) as tmp:  # a failure leaves what out_dir held and no temporary directory
+    with staged_output(out_dir, own_entries=exported_files) as tmp:  # a failure leaves what out_dir held and no temporary directory
         kind = _write_model(tmp, state, cfg, meta, None if use_remote else kind, special_ids, Path(consolidated_dir))
         if tokenizer:
             from ascender_dist.tools.hf_tokenizer import write_hf_tokenizer

@@ -163,6 +163,30 @@ def test_a_users_file_in_a_previous_output_is_refused_before_any_work(consolidat
     check_consolidate_out(consolidated, tmp_path / "ck")  # its own files and the lm-eval cache's only
 
 
+def test_an_export_replaces_a_previous_one_that_wrote_other_files(consolidated, tmp_path):
+    """A remote-code export (its vendored modules) replaced by a standard GPT-NeoX one, or a cache
+    written by an older version vendoring another module: the early check let them through as the
+    previous export's own files, then the swap refused them as a user's, after the whole export
+    (and every later lm-eval refresh of that cache failed the same way)."""
+    from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
+    from ascender_dist.tools.hf_export import remote_code_config
+
+    cfg = config_from_dict({"name": "learned", "model": {"position_embedding_type": "learned_absolute"}})
+    model = AscenderDistForCausalLM(remote_code_config(cfg, META, META["vocab_size"], tied=True))
+    learned = tmp_path / "learned"
+    write_consolidated(learned, {name.removeprefix("model."): t for name, t in model.state_dict().items()
+                                 if name != "lm_head.weight"}, cfg, META)
+    hf = export_hf(learned, tmp_path / "hf", without_tokenizer=True)
+    remote_only = {p.name for p in hf.iterdir()} - {"config.json", "model.safetensors", "ascender_dist.json"}
+    assert any(name.endswith(".py") for name in remote_only), remote_only
+    check_export_out(hf, consolidated)
+    export_hf(consolidated, hf, without_tokenizer=True)  # the standard export: none of those files
+    assert not remote_only & {p.name for p in hf.iterdir()} and is_export_output(hf)
+    (hf / "README.md").write_text("model card")  # a user's file is still refused
+    with pytest.raises(ConversionError):
+        export_hf(learned, hf, without_tokenizer=True)
+
+
 def test_export_hf_refuses_its_input_as_out(consolidated, tmp_path):
     before = _tree(consolidated)
     for out, needle in [(consolidated, "output is the input directory"),
