@@ -353,7 +353,7 @@ def _parser() -> argparse.ArgumentParser:
     p_insp.add_argument("--consolidated", required=True, help="output of `ascender-dist consolidate`")
     p_insp.add_argument("--out", required=True)
     p_insp.add_argument("--text", default=None, help="input text (default: the first validation sample)")
-    p_insp.add_argument("--max-tokens", type=int, default=64)
+    p_insp.add_argument("--max-tokens", type=int, default=64, help="tokens inspected (at most model.seq_length)")
     p_insp.set_defaults(fn=inspect_connection_cmd)
     for name, (module, _) in _DELEGATED.items():
         sub.add_parser(name, help=f"see `ascender-dist {name} --help` ({module})", add_help=False)

@@ -212,7 +212,9 @@ def _tokenizer(cfg):
 
 
 def examples(cfg, count: int, max_tokens: int, text: Optional[str] = None) -> list[list[int]]:
-    """Token ids of ``count`` examples: ``text`` or the first validation sequences (stored order)."""
+    """Token ids of ``count`` examples: ``text`` or the first validation sequences (stored order), at
+    most ``max_tokens`` and ``model.seq_length`` each (learned positions end there)."""
+    max_tokens = min(max_tokens, cfg.model.seq_length)
     if text is not None:
         tok = _tokenizer(cfg)
         if tok is None:
@@ -220,10 +222,12 @@ def examples(cfg, count: int, max_tokens: int, text: Optional[str] = None) -> li
 
             raise ConversionError("data.tokenizer", f"{cfg.data.tokenizer or '(unset)'}: not found, needed for --text")
         return [tok.encode(text)[:max_tokens]]
+    from ascender_dist.training.run import loader_source
     from data_pipeline.loader import StreamingLoader
 
-    loader = StreamingLoader(cfg.data.manifest, seq_length=cfg.model.seq_length, micro_batch_size=1,
-                             global_batch_size=1, dp_rank=0, dp_size=1, seed=cfg.train.seed, split="val")
+    source, url_template = loader_source(cfg)
+    loader = StreamingLoader(source, seq_length=cfg.model.seq_length, micro_batch_size=1, global_batch_size=1,
+                             dp_rank=0, dp_size=1, seed=cfg.train.seed, split="val", url_template=url_template)
     out = []
     for i, batch in enumerate(loader):
         if i >= count:
@@ -667,7 +671,7 @@ def figures_main(argv: Optional[Sequence[str]] = None) -> int:
                    help="a consolidated directory and its label; repeat a label for several seeds")
     p.add_argument("--out", required=True)
     p.add_argument("--examples", type=int, default=1, help="Figure 1: validation sequences to draw")
-    p.add_argument("--max-tokens", type=int, default=32, help="Figure 1: tokens per drawn sequence")
+    p.add_argument("--max-tokens", type=int, default=32, help="Figure 1: tokens per drawn sequence (at most model.seq_length)")
     p.add_argument("--text", default=None, help="Figure 1 / Table 4 input text instead of validation data")
     p.add_argument("--layers", default=None, help="Figure 1: comma-separated layer numbers (default: all)")
     p.add_argument("--heads", default=None, help="Figure 1: comma-separated heads (default: all)")

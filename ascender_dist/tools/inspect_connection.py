@@ -48,10 +48,13 @@ def _heatmap(matrix: torch.Tensor, path: Path, title: str, xlabel: str, ylabel: 
 
 
 def _tokens(cfg, meta: dict, text: Optional[str], max_tokens: int, meta_file: Optional[Path] = None):
-    """(token ids [1, n], token strings) from ``text`` or the first validation sample; the tokenizer
-    (and the shards) must be the ones the weights were trained with when ``meta`` records it."""
+    """(token ids [1, n], token strings) from ``text`` or the first validation sample, at most
+    ``max_tokens`` and ``model.seq_length`` of them (the positions the model has: learned ones end
+    there); the tokenizer (and the shards) must be the ones the weights were trained with when
+    ``meta`` records it."""
     from data_pipeline.tokenizer import Tokenizer
 
+    max_tokens = min(max_tokens, cfg.model.seq_length)
     tokenizer = Tokenizer.load(Path(cfg.data.tokenizer)) if cfg.data.tokenizer and Path(cfg.data.tokenizer).is_file() else None
     if tokenizer is not None:  # another tokenizer would label (or, with --text, encode) other pieces
         refuse_other_tokenizer(cfg.data.tokenizer, tokenizer.sha256, meta, meta_file or Path("meta.json"))
@@ -60,10 +63,12 @@ def _tokens(cfg, meta: dict, text: Optional[str], max_tokens: int, meta_file: Op
             raise ConversionError("data.tokenizer", f"{cfg.data.tokenizer or '(unset)'}: tokenizer not found, needed for --text")
         ids = tokenizer.encode(text)[:max_tokens]
     else:
+        from ascender_dist.training.run import loader_source
         from data_pipeline.loader import StreamingLoader
 
-        loader = StreamingLoader(cfg.data.manifest, seq_length=cfg.model.seq_length, micro_batch_size=1,
-                                 global_batch_size=1, dp_rank=0, dp_size=1, seed=cfg.train.seed, split="val",
+        source, url_template = loader_source(cfg)
+        loader = StreamingLoader(source, seq_length=cfg.model.seq_length, micro_batch_size=1, global_batch_size=1,
+                                 dp_rank=0, dp_size=1, seed=cfg.train.seed, split="val", url_template=url_template,
                                  tokenizer_sha256=recorded_tokenizer_sha256(meta))
         ids = next(iter(loader))["tokens"][0, :max_tokens].tolist()
     if not ids:  # a --text the tokenizer encodes to nothing

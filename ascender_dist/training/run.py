@@ -43,6 +43,16 @@ def load_tokenizer(cfg: RunConfig):
     return Tokenizer.load(Path(cfg.data.tokenizer)) if cfg.data.tokenizer else None
 
 
+def loader_source(cfg: RunConfig) -> tuple:
+    """(what StreamingLoader reads, its url_template) for the run's ``data`` section: the manifest,
+    or the mixture's (manifest, weight) pairs with a url_template per dataset. Every reader of a
+    run's data takes it from here (the tools too), so a mixture run reads as it trained."""
+    d = cfg.data
+    if d.mixture:
+        return [(m.manifest, m.weight) for m in d.mixture], [m.url_template or d.url_template for m in d.mixture]
+    return d.manifest, d.url_template
+
+
 def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = "train"):
     """Sharded by DATA-parallel rank: tensor/pipeline peers of one replica read identical batches.
 
@@ -61,8 +71,7 @@ def build_loader(cfg: RunConfig, tokenizer, pstate: ParallelState, split: str = 
 
     together = getattr(pstate, "world_size", 1) > 1 and dist.is_initialized() and dist.get_world_size() > 1
     d = cfg.data
-    source = [(m.manifest, m.weight) for m in d.mixture] if d.mixture else d.manifest
-    url_template = [m.url_template or d.url_template for m in d.mixture] if d.mixture else d.url_template
+    source, url_template = loader_source(cfg)
     return StreamingLoader(
         source,
         seq_length=cfg.model.seq_length,

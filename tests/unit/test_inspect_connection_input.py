@@ -9,11 +9,14 @@ import pytest
 from ascender_dist.tools.convert import ConversionError
 from ascender_dist.tools.inspect_connection import _tokens, inspect_connection
 
-from .data_fixtures import text_file, tiny_tokenizer  # noqa: F401
+from .data_fixtures import SEQ, make_dataset, text_file, tiny_tokenizer  # noqa: F401
 
 
-def _cfg(tokenizer):
-    return types.SimpleNamespace(data=types.SimpleNamespace(tokenizer=str(tokenizer.model_path), manifest=None))
+def _cfg(tokenizer, seq_length: int = 64, **data):
+    data = {"tokenizer": str(tokenizer.model_path) if tokenizer else None, "manifest": None, "mixture": [],
+            "url_template": None, **data}
+    return types.SimpleNamespace(data=types.SimpleNamespace(**data), model=types.SimpleNamespace(seq_length=seq_length),
+                                 train=types.SimpleNamespace(seed=1))
 
 
 @pytest.mark.parametrize("text,max_tokens,expected", [
@@ -31,6 +34,25 @@ def test_bad_input_arguments_are_refused_before_anything_is_read(tmp_path, text,
 def test_a_text_gives_its_first_max_tokens(tiny_tokenizer):
     ids, labels = _tokens(_cfg(tiny_tokenizer), {}, "def f(): return 1", 3)
     assert ids.shape == (1, 3) and len(labels) == 3
+
+
+def test_tokens_stop_at_the_models_positions(tiny_tokenizer, tmp_path):
+    """Learned positions end at model.seq_length: a longer --max-tokens raised an IndexError inside
+    the embedding (and a validation window holds seq_length + 1 ids)."""
+    ids, labels = _tokens(_cfg(tiny_tokenizer, seq_length=4), {}, "def f(): return 1 + 2 + 3 + 4", 200)
+    assert ids.shape == (1, 4) and len(labels) == 4
+    make_dataset(tmp_path / "ds", [4], val_counts=[4])
+    ids, _ = _tokens(_cfg(None, seq_length=SEQ, manifest=str(tmp_path / "ds")), {}, None, 200)
+    assert ids.shape == (1, SEQ)
+
+
+def test_a_mixture_runs_validation_sample_is_read_from_its_mixture(tmp_path):
+    """The tool read data.manifest only, and stopped on a mixture run with advice to use the mixture."""
+    make_dataset(tmp_path / "a", [4], val_counts=[4])
+    make_dataset(tmp_path / "b", [4], val_counts=[4], first_id=1000)
+    mixture = [types.SimpleNamespace(manifest=str(tmp_path / name), weight=1.0, url_template=None) for name in "ab"]
+    ids, _ = _tokens(_cfg(None, seq_length=SEQ, mixture=mixture), {}, None, 5)
+    assert ids.shape == (1, 5)
 
 
 def test_a_text_is_refused_with_another_tokenizer_than_the_weights_were_trained_with(tiny_tokenizer, tmp_path):

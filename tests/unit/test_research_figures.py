@@ -110,3 +110,19 @@ def test_a_layer_or_head_the_model_does_not_have_is_named():
     with pytest.raises(ConfigError) as info:
         figures._check_chosen([1, 5], [1, 2], "--layers", "d's ASCender layers")
     assert str(info.value) == "--layers: 5 is not one of d's ASCender layers: 1, 2"
+
+
+def test_examples_come_from_a_mixture_runs_validation_split_within_its_positions(tmp_path):
+    """The figures read data.manifest only (a mixture run had no validation examples), and a
+    --max-tokens above model.seq_length gave a window of seq_length + 1 ids (past learned positions)."""
+    import types
+
+    from .data_fixtures import SEQ, make_dataset
+
+    make_dataset(tmp_path / "a", [4], val_counts=[4])
+    make_dataset(tmp_path / "b", [4], val_counts=[4], first_id=1000)
+    mixture = [types.SimpleNamespace(manifest=str(tmp_path / name), weight=1.0, url_template=None) for name in "ab"]
+    cfg = types.SimpleNamespace(data=types.SimpleNamespace(manifest=None, mixture=mixture, url_template=None),
+                                model=types.SimpleNamespace(seq_length=SEQ), train=types.SimpleNamespace(seed=1))
+    out = figures.examples(cfg, 3, 200)
+    assert len(out) == 3 and all(len(ids) == SEQ for ids in out)
