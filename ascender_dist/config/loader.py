@@ -12,6 +12,7 @@ import dataclasses
 import math
 import re
 import reprlib
+import stat
 import types
 from collections.abc import Hashable
 from pathlib import Path
@@ -50,7 +51,7 @@ class _StrictLoader(yaml.SafeLoader):
 # YAML 1.1's dates (2024-02-30 is a ValueError inside PyYAML) are not read either: no field is a
 # date, and such a value stays a string.
 _YAML11_ONLY = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
-                "tag:yaml.org,2002:timestamp")
+                "tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value")  # value: a bare `=`, a string in 1.2
 _DIGITS = r"\d(?:_?\d)*"  # digits, an underscore allowed only between two of them
 _STRICT_NUMBERS = (
     ("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9](?:_?[0-9])*)$"), list("-+0123456789")),
@@ -66,6 +67,9 @@ _STRICT_NUMBERS = (
 _STRICT_BOOLS = (
     ("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")),
 )
+# `<<` is a merge only as a mapping key (flatten_mapping reads the key's tag); as a value it is the
+# string, as in YAML 1.2, so the typed loading names the field instead of PyYAML naming a tag.
+_StrictLoader.add_constructor("tag:yaml.org,2002:merge", yaml.SafeLoader.construct_scalar)
 _StrictLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML11_ONLY]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
@@ -154,11 +158,15 @@ def read_yaml_file(path: str | Path) -> dict:
     or ``null``) is refused: running the defaults because a file was truncated or the wrong one was
     named is a silently wrong run; a config that wants every default says so with ``{}``."""
     path = Path(path)
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ConfigError(str(path), "config file not found") from None
+    except OSError as exc:  # a folder on the way this user may not enter, a name too long, a loop
+        raise ConfigError(str(path), f"cannot read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
         raise ConfigError(str(path), "is a directory, not a config file")
-    if not path.exists():
-        raise ConfigError(str(path), "config file not found")
-    if not path.is_file():  # a FIFO, a device such as /dev/null, a socket: no config file to read
+    if not stat.S_ISREG(mode):  # a FIFO, a device such as /dev/null, a socket: no config file to read
         raise ConfigError(str(path), "not a regular file")
     try:
         text = path.read_text(encoding="utf-8")

@@ -287,3 +287,21 @@ def test_a_key_holding_a_newline_or_escape_stays_one_printable_line(tmp_path, te
     """A quoted key with a newline split the error over two lines; an escape reached the terminal."""
     message = _error(tmp_path, text)
     assert expected in message and message.isprintable()
+
+
+def test_a_bare_equals_sign_or_double_angle_value_is_a_string_and_merge_keys_still_merge():
+    """YAML 1.1's `value` tag and the merge tag on a value were PyYAML errors naming a tag, no field."""
+    assert parse_yaml_text("name: =\nx: <<\n", source="run.yaml") == {"name": "=", "x": "<<"}
+    assert parse_yaml_text("a: &A {b: 1}\nc:\n  <<: *A\n  d: 2\n", source="run.yaml")["c"] == {"b": 1, "d": 2}
+
+
+def test_a_config_path_that_cannot_be_checked_is_one_line(tmp_path):
+    """stat() failing otherwise than "not found" (a name too long; a folder this user may not enter)
+    was an OSError traceback from Path.is_dir()."""
+    path = tmp_path / ("a" * 300 + ".yaml")
+    with pytest.raises(ConfigError) as info:
+        read_yaml_file(path)
+    assert str(info.value) == f"{path}: cannot read (File name too long)"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: cannot read (File name too long)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import re
 import types
 from dataclasses import dataclass, field
@@ -308,7 +309,7 @@ def _read_base(base, grid_path: Path, depth: int = 0) -> dict:
     path = Path(base)
     if not path.is_absolute():
         candidate = grid_path.parent / path
-        path = candidate if candidate.exists() else path
+        path = candidate if os.path.exists(candidate) else path  # False on any OSError: read_yaml_file names it
     data = read_yaml_file(path)
     if not any(key in data for key in _GRID_ONLY):
         return data
