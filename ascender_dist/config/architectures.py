@@ -99,11 +99,48 @@ def check_ascender_hparams(cfg) -> None:
         raise ConfigError("model.attention_dropout", "ASCender attention has no attention dropout; set 0.0")
 
 
+def unread_settings(m) -> dict[str, str]:
+    """The model settings this model's layers never read, dotted (``model.ascender`` for a whole
+    section), each with why: an architecture's section without its layer kind in the pattern,
+    Connection's rank under the linear connection. A run varying only these trains one model."""
+    pattern = expand_layer_pattern(m)
+    unread = {}
+    if "S" not in pattern:
+        unread["model.ascender"] = f"no ASCender layer ('S') in the layer pattern {pattern}"
+    if "C" not in pattern:
+        unread["model.connection"] = f"no Connection layer ('C') in the layer pattern {pattern}"
+    elif m.connection.connection == "linear":
+        unread["model.connection.rank"] = "the linear connection has no rank"
+    return unread
+
+
+def is_unread(m, dotted: str) -> bool:
+    """Whether the model setting ``dotted`` (``model.x.y``) is one of :func:`unread_settings`."""
+    return any(dotted == path or dotted.startswith(path + ".") for path in unread_settings(m))
+
+
+def _changed_unread(m) -> list[str]:
+    """Lines for the unread sections (:func:`unread_settings`) given other values than the schema's
+    (a field of a read section, such as rank under linear, may come from the preset: not logged)."""
+    lines = []
+    for path, why in unread_settings(m).items():
+        section_name, _, field_name = path.removeprefix("model.").partition(".")
+        if field_name:
+            continue
+        section = getattr(m, section_name)
+        changed = [f"{path}.{f.name} = {getattr(section, f.name)!r}" for f in dataclasses.fields(section)
+                   if getattr(section, f.name) != schema_default(section, f.name)]
+        if changed:
+            lines.append(f"{', '.join(changed)}: no effect, {why}")
+    return lines
+
+
 def unreached_warmups(cfg) -> list[str]:
     """One line per warm-up that this run never finishes (the learning rate's longer than the run; an
     ASCender start step >= train.train_steps while the feature is on), validation it never reaches
     (an eval_interval longer than the run), or a setting that does nothing here (min_lr under a constant
-    schedule, rotary_base with learned positions; often inherited from a base config): legal, e.g. a short smoke run
+    schedule, rotary_base with learned positions, the settings of a layer kind the pattern lacks; often
+    inherited from a base config): legal, e.g. a short smoke run
     of a long config, but then the run never trains what it names. The trainer logs them; an error
     would break such short runs."""
     m, steps = cfg.model, cfg.train.train_steps
@@ -126,6 +163,7 @@ def unreached_warmups(cfg) -> list[str]:
     if m.position_embedding_type != "rope" and m.rotary_base != schema_default(m, "rotary_base"):
         lines.append(f"model.rotary_base = {m.rotary_base} has no effect: the positions are "
                      f"{m.position_embedding_type}")
+    lines += _changed_unread(m)
     if "S" not in expand_layer_pattern(m):
         return lines
     a = m.ascender

@@ -482,6 +482,15 @@ def test_warmups_that_a_run_never_finishes_are_named():
     unvalidated = config_from_dict({"model": {"architecture": "gpt"}, "train": {"train_steps": 20, "eval_interval": 25}})
     assert unreached_warmups(unvalidated) == ["train.eval_interval = 25 > train.train_steps = 20: no periodic "
                                               "validation in this run (no val/loss curve)"]
+    # settings of a layer kind the pattern lacks (often a base config's): named, not an error
+    unread = config_from_dict({"model": {"architecture": "gpt", "ascender": {"k": 8}, "connection": {"rank": 9}},
+                               "train": {"train_steps": 20}})
+    assert unreached_warmups(unread) == [
+        "model.ascender.k = 8: no effect, no ASCender layer ('S') in the layer pattern AA",
+        "model.connection.rank = 9: no effect, no Connection layer ('C') in the layer pattern AA"]
+    linear = config_from_dict({"model": {"architecture": "connection", "preset": "debug",
+                                         "connection": {"connection": "linear"}}, "train": {"train_steps": 20}})
+    assert unreached_warmups(linear) == []  # the preset's rank under linear: not the user's, not logged
 
 
 # ----------------------------------------------------------------------------- boundaries found unpinned

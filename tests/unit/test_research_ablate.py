@@ -167,6 +167,39 @@ def test_the_grids_own_keys_are_typed_strictly(tmp_path, grid, expected):
     assert str(info.value).endswith(expected) and "\n" not in str(info.value), str(info.value)
 
 
+def test_a_metric_no_run_records_is_refused_before_any_run(tmp_path):
+    """`metric: val_los` passed --dry-run and ended the report in a KeyError traceback after every run trained."""
+    with pytest.raises(ConfigError) as info:
+        load_grid(_write_grid(tmp_path, metric="val_los"))
+    assert str(info.value).startswith(f"{tmp_path / 'grid.yaml'}: metric: 'val_los' is not a number each run "
+                                      "records; one of val_loss, ")
+    assert load_grid(_write_grid(tmp_path, metric="final_train_loss")).metric == "final_train_loss"
+
+
+@pytest.mark.parametrize("axes,base_model,same", [
+    ({"model.ascender.k": [4, 8]}, {}, "model.ascender.k"),  # a gpt model: no 'S' layer reads it
+    ({"model.connection.rank": [4, 8]}, {"architecture": "connection", "connection": {"connection": "linear"}},
+     "model.connection.rank"),
+], ids=["ascender-setting-of-gpt", "rank-under-linear"])
+def test_variants_that_differ_only_in_settings_their_models_never_read_are_refused(tmp_path, axes, base_model, same):
+    """Such a grid trained the same runs under two labels and reported the seed noise as an effect."""
+    base = {**BASE, "model": {**BASE["model"], **base_model}}
+    path = tmp_path / "grid.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump({"name": "g", "base": base, "axes": axes}, sort_keys=False))
+    with pytest.raises(ConfigError) as info:
+        load_grid(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: variant ") and f"differ only in {same}, which these models never read" in message
+    with pytest.raises(ConfigError, match=r"variant b: trains the same runs as variant a: they have the same settings$"):
+        load_grid(_write_grid(tmp_path, variants={"a": {}, "b": {}}))
+    # a setting the model reads, varied in the same way, is a grid
+    path.write_text(yaml.safe_dump({"name": "g", "base": {**base, "model": {**base["model"], "architecture": "ascender"}},
+                                    "axes": {"model.ascender.k": [4, 8]}}, sort_keys=False))
+    assert len(load_grid(path).variants) == 2
+
+
 def test_a_variant_named_with_dots_only_stays_inside_runs_dir(tmp_path):
     from ascender_dist.research.ablate.grid import _safe, run_dir
 
@@ -178,8 +211,8 @@ def test_a_variant_named_with_dots_only_stays_inside_runs_dir(tmp_path):
 
 def test_same_seed_means_same_data_settings_for_every_variant(tmp_path):
     """The loader is seeded by train.seed: for one seed, all variants share seed and data section."""
-    path = _write_grid(tmp_path, seeds=[1, 2], variants={"gpt": {}, "asc": {"model.architecture": "ascender"}},
-                       axes={"model.ascender.use_sep": [True, False]})
+    path = _write_grid(tmp_path, seeds=[1, 2], variants={"asc": {"model.architecture": "ascender"}},
+                       axes={"model.ascender.use_sep": [True, False]}, standalone={"gpt": {}})
     grid = load_grid(path)
     for seed in grid.seeds:
         cfgs = [ablate.run_config(grid, v, seed) for v in grid.variants]
@@ -310,7 +343,7 @@ def test_a_layout_no_run_can_take_is_refused_before_anything_runs(tmp_path, caps
 def test_a_failed_run_starts_no_queued_run(tmp_path, monkeypatch):
     from ascender_dist.research.ablate import launch
 
-    grid = load_grid(_write_grid(tmp_path, seeds=[1, 2], variants={"gpt": {}, "asc": {}}))
+    grid = load_grid(_write_grid(tmp_path, seeds=[1, 2], variants={"gpt": {}, "asc": {"model.architecture": "ascender"}}))
     grid.runs_dir = tmp_path / "runs"
     started = []
 

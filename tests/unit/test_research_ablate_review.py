@@ -283,7 +283,7 @@ def test_a_set_of_a_list_item_a_variant_replaces_is_noted(tmp_path, capsys):
     sources = [{"manifest": str(tmp_path / name / "manifest.json")} for name in ("a", "b")]
     base = {**BASE, "data": {"mixture": sources, "tokenizer": "tok.model"}}
     variants = {"both": {}, "only_a": {"data.mixture": sources[:1] + [{**sources[1], "weight": 0.5}]},
-                "merged": {"data": {"num_workers": 0}}}
+                "merged": {"data": {"num_workers": 1}}}
     path.write_text(yaml.safe_dump({"name": "g", "base": base, "seeds": [1], "variants": variants}, sort_keys=False))
     assert ablate.ablate_main([str(path), "--dry-run", "--set", "data.mixture[1].weight=0.25", "--runs-dir",
                                str(tmp_path / "r")]) == 0

@@ -19,6 +19,9 @@ from ascender_dist.config.errors import ConfigError, UserError
 log = logging.getLogger("ascender_dist")
 
 
+# the per-run numbers of result.json (launch.run_one) a grid may compare its variants on
+METRICS = ("val_loss", "final_train_loss", "median_step_time_s", "tokens_per_s", "peak_rss_mib", "params",
+           "training_flops")
 GRID_KEYS = ("name", "description", "base", "set", "dataset", "seeds", "baseline", "compare_to", "metric",
              "variants", "axes", "standalone", "eval_iters", "runs_dir", "report_dir", "keep_checkpoints", "jobs", "threads",
              "ranks", "equal_flops_of")
@@ -399,12 +402,15 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
     for ref in compare_to:
         if str(ref) not in names:
             raise ConfigError(f"{src}: compare_to", f"{ref!r} is not a variant; variants: {', '.join(names)}")
+    metric = str(raw.get("metric", "val_loss"))
+    if metric not in METRICS:
+        raise ConfigError(f"{src}: metric", f"{metric!r} is not a number each run records; one of {', '.join(METRICS)}")
     eval_iters = raw.get("eval_iters")
     if eval_iters is not None and eval_iters != "all" and not (isinstance(eval_iters, int) and eval_iters > 0):
         raise ConfigError(f"{src}: eval_iters", f"expected a positive integer or 'all', got {eval_iters!r}")
     grid = Grid(
         name=name, path=src, base=base, seeds=seed_list, baseline=str(baseline), variants=variants,
-        compare_to=[str(c) for c in compare_to if str(c) != str(baseline)], metric=str(raw.get("metric", "val_loss")),
+        compare_to=[str(c) for c in compare_to if str(c) != str(baseline)], metric=metric,
         dataset=dataset, eval_iters=eval_iters,
         runs_dir=_grid_dir(raw, "runs_dir", f"runs/ablations/{name}", src),
         report_dir=_grid_dir(raw, "report_dir", f"runs/ablations/{name}/report", src),
@@ -414,11 +420,43 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
     )
     grid.data_order_axes = sorted({p for v in variants for p in v.overrides
                                    if any(p == d or p.startswith(d) for d in DATA_ORDER_PATHS)})
-    for v in variants:  # every variant must be a valid run config (types, ranges, architecture checks)
-        _check_reads_dataset(grid, v, run_config(grid, v, seed_list[0]))
+    configs = {v.name: run_config(grid, v, seed_list[0]) for v in variants}  # each valid (types, ranges, checks)
+    for v in variants:
+        _check_reads_dataset(grid, v, configs[v.name])
+    _refuse_identical_variants(grid, configs)
     if raw.get("equal_flops_of") is not None:
         equalise_flops(grid, str(raw["equal_flops_of"]), f"{src}: equal_flops_of")
     return grid
+
+
+def _refuse_identical_variants(grid: Grid, configs: dict) -> None:
+    """Two variants whose varied settings differ only where their models never read them (an
+    ASCender setting of a pattern without 'S', Connection's rank under the linear connection) train
+    the same runs: the report would compare one model with itself and show seed noise as an effect.
+    Refused in one line naming both variants and the settings."""
+    from ascender_dist.config.architectures import is_unread
+
+    paths = sorted({p for v in grid.variants for p in v.overrides})
+    seen: dict = {}
+    for v in grid.variants:
+        cfg = configs[v.name]
+        key = tuple((p, repr(_value_at(cfg, p))) for p in paths if not is_unread(cfg.model, p))
+        if key in seen:
+            other = seen[key]
+            differ = [p for p in paths if _value_at(cfg, p) != _value_at(configs[other], p)]
+            why = (f"they differ only in {', '.join(differ)}, which these models never read (a layer kind the "
+                   "pattern lacks, or rank under the linear connection; a variant the axes do not apply to "
+                   "belongs in standalone)" if differ else "they have the same settings")
+            raise ConfigError(f"{grid.path}: variant {v.name}", f"trains the same runs as variant {other}: {why}")
+        seen[key] = v.name
+
+
+def _value_at(cfg, dotted: str):
+    """The run config's value at ``dotted`` (``model.ascender.k``); None where the path is not one."""
+    value = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part, None)
+    return value
 
 
 def _check_reads_dataset(grid: Grid, variant: Variant, cfg) -> None:
