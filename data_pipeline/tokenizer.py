@@ -139,11 +139,26 @@ def check_output_prefix(out_prefix: Path) -> None:
     files = tokenizer_files(out_prefix)
     for path in files.values():
         check_writable(path)
-    # the .model is written last (_write_model_files): it exists only once the sidecars do, and a run
-    # cut short before it leaves nothing this refuses
+    # the .model is written last (_write_model_files): it exists only once the sidecars do
     refuse_existing(files["model"],
                     "shards and checkpoints made with a tokenizer there would no longer load: choose another "
                     "--out-prefix or remove its .model, .vocab and .json")
+    # a .json or .vocab there without the .model is a run cut short (its sidecar names the .model,
+    # and the .vocab is written just before it), or a user's own file, such as a corpus.json next to
+    # --out-prefix corpus: that is never written over
+    if not _own_leftover_sidecar(files["json"], files["model"]):
+        for kind in ("json", "vocab"):
+            refuse_existing(files[kind], "not a sidecar of a tokenizer trained there: choose another --out-prefix")
+
+
+def _own_leftover_sidecar(json_path: Path, model_path: Path) -> bool:
+    """Whether ``json_path`` is the sidecar a cut-short training wrote for ``model_path`` (a JSON
+    object naming it as its model_file, with the model's sha256)."""
+    try:
+        data = json.loads(json_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("model_file") == model_path.name and "sha256" in data
 
 
 def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model_type: str = "bpe",

@@ -173,10 +173,23 @@ def test_a_tokenizer_or_corpus_that_exists_is_refused_not_replaced(tmp_path, tex
     assert err.startswith(f"error: {model}: exists; not replaced (shards and checkpoints made with a tokenizer") \
         and "\n" not in err
     assert {p.name: p.read_bytes() for p in tmp_path.glob("tok.*")} == before
-    (tmp_path / "half.json").write_text("{}")  # a run cut short before its .model (written last): made again
+    # a run cut short before its .model (written last) left its sidecars: made again
+    (tmp_path / "half.json").write_text(json.dumps({"model_file": "half.model", "sha256": "0" * 64}))
+    (tmp_path / "half.vocab").write_text("<unk>\t0\n")
     assert main(["--quiet", "train-tokenizer", "--input", str(text_file), "--out-prefix", str(tmp_path / "half"),
                  "--vocab-size", "400"]) == 0
     assert json.loads((tmp_path / "half.json").read_text())["vocab_size"] == 400
+    # a user's own file there, such as the corpus itself named corpus.json, was written over (exit 0)
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(text_file.read_text())
+    for taken in (corpus, tmp_path / "notes.vocab"):
+        taken.write_text(taken.read_text() if taken.exists() else "mine")
+        kept = taken.read_text()
+        assert main(["--quiet", "train-tokenizer", "--input", str(text_file), "--out-prefix",
+                     str(taken.with_suffix("")), "--vocab-size", "300"]) == 2
+        assert capsys.readouterr().err.strip() == (f"error: {taken}: exists; not replaced (not a sidecar of a "
+                                                   "tokenizer trained there: choose another --out-prefix)")
+        assert taken.read_text() == kept and not taken.with_suffix(".model").exists()
     mine = tmp_path / "mine.jsonl"
     mine.write_text('{"text": "my precious data"}\n')
     assert main(["--quiet", "build-corpus", "--out", str(mine), "--max-bytes", "2000"]) == 2
