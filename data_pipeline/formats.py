@@ -261,6 +261,8 @@ def _parse_json_line(raw: bytes, field: str) -> str | None:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise _BadRecord(f"invalid JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:  # an integer past Python's digit limit; nesting past the stack
+        raise _BadRecord(f"JSON this reader cannot hold ({_too_big(e)})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
         raise _BadRecord(f'expected an object with a string field "{field}"')
     if "\\u" in line:  # only a \uXXXX escape can put a surrogate into a str decoded from UTF-8
@@ -529,6 +531,13 @@ def _tar_member_texts(path: Path, tf: tarfile.TarFile, member: tarfile.TarInfo, 
     yield text
 
 
+def _too_big(error: Exception) -> str:
+    """What made a JSON record unreadable though well-formed: a huge integer or deep nesting."""
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return "an integer with too many digits" if "digits" in str(error) else " ".join(str(error).split())[:80]
+
+
 def _json_member_text(where: str, text: str, field: str) -> str:
     """The string ``field`` of a tar ``.json`` member (one object, as webdataset writes)."""
     try:
@@ -537,6 +546,8 @@ def _json_member_text(where: str, text: str, field: str) -> str:
             raise TypeError(value)
     except (json.JSONDecodeError, KeyError, TypeError):
         raise DataError(where, f'invalid JSON or no string "{field}" field') from None
+    except (ValueError, RecursionError) as e:  # as in _parse_json_line
+        raise DataError(where, f"JSON this reader cannot hold ({_too_big(e)})") from None
     try:
         _check_no_surrogate(value, field)
     except _BadRecord as e:

@@ -146,6 +146,27 @@ def test_bad_tar_member_names_archive_and_member(tmp_path, member, payload, need
         one_line(e, f"{tar}:c.jsonl:3")
 
 
+HUGE_INT = b'{"text": "x", "n": ' + b"9" * 5000 + b"}\n"
+DEEP = b'{"text": "x", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+
+
+@pytest.mark.parametrize("record,needle", [(HUGE_INT, "an integer with too many digits"), (DEEP, "nested too deeply")],
+                         ids=["huge-int", "deep"])
+def test_well_formed_json_a_reader_cannot_hold_names_file_and_line(tmp_path, record, needle):
+    """A ValueError (Python's integer digit limit) or RecursionError traceback naming no file, and
+    train-tokenizer blamed it on sentencepiece."""
+    p = tmp_path / "a.jsonl"
+    p.write_bytes(jsonl_bytes(DOCS[:1]) + record)
+    with pytest.raises(DataError) as e:
+        list(iter_documents([p]))
+    one_line(e, "a.jsonl:2", f"JSON this reader cannot hold ({needle})")
+    tar = tmp_path / "docs.tar"
+    tar.write_bytes(tar_of([("a.json", record.strip())]))
+    with pytest.raises(DataError) as e:
+        list(iter_documents([tar]))
+    one_line(e, f"{tar}:a.json", f"JSON this reader cannot hold ({needle})")
+
+
 def test_bad_line_in_compressed_jsonl_names_file_and_line(tmp_path):
     data = jsonl_bytes(DOCS[:5]) + b'{"text": 5}\n' + jsonl_bytes(DOCS[:3])
     with gzip.open(tmp_path / "x.jsonl.gz", "wb") as f:
