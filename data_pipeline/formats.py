@@ -82,7 +82,9 @@ def _known_in_directory(path: Path) -> bool:
 def expand_inputs(inputs: Iterable[Path | str]) -> list[Path]:
     """Files (and ``datasets`` directories) named by ``inputs``, in order: a glob expands to its
     sorted matches, a plain directory to the known-format files below it (sorted by relative path,
-    hidden entries skipped). A missing path or a glob matching nothing is a DataError."""
+    hidden entries skipped). A missing path, a glob matching nothing, or one file reached twice (named
+    twice, a directory and a file in it, a symlink to another input) is a DataError: read twice, its
+    documents would be in the corpus twice."""
     out: list[Path] = []
     for item in inputs:
         text = str(item)
@@ -93,7 +95,23 @@ def expand_inputs(inputs: Iterable[Path | str]) -> list[Path]:
             out.extend(_expand_one(Path(m)) for m in matches)
         else:
             out.append(_expand_one(Path(text)))
-    return [p for group in out for p in group]
+    files = [p for group in out for p in group]
+    _refuse_one_file_twice(files)
+    return files
+
+
+def _refuse_one_file_twice(files: list[Path]) -> None:
+    """A DataError naming both spellings of the first file (same device and inode) listed twice."""
+    seen: dict[tuple[int, int], Path] = {}
+    for path in files:
+        try:
+            st = path.stat()
+        except OSError:  # unreadable: its reader names it
+            continue
+        first = seen.setdefault((st.st_dev, st.st_ino), path)
+        if first is not path:
+            same = "named twice" if first == path else f"the same file as {first}"
+            raise DataError(str(path), f"input {same}: its documents would be read twice")
 
 
 def _expand_one(path: Path) -> list[Path]:

@@ -285,3 +285,26 @@ def test_tokenizer_reads_text_files_line_by_line(tmp_path):
     with pytest.raises(DataError) as e:
         list(iter_training_texts([tmp_path / "bad.txt"]))
     one_line(e, "bad.txt:3", "not valid UTF-8")
+
+
+def test_one_file_reached_twice_is_refused_not_read_twice(tmp_path):
+    """Named twice, by another spelling, or through a symlink in a directory: its documents were in
+    the corpus two or three times (exit 0)."""
+    from data_pipeline.formats import expand_inputs
+
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    a = tmp_path / "d" / "a.jsonl"
+    a.write_bytes(jsonl_bytes(DOCS[:2]))
+    (tmp_path / "d" / "b.txt").write_text("other")
+    for inputs, needle in (([a, a], "input named twice"),
+                           ([a, tmp_path / "d" / "sub" / ".." / "a.jsonl"], f"input the same file as {a}"),
+                           ([tmp_path / "d", a], "input named twice")):  # the directory holds it
+        with pytest.raises(DataError) as e:
+            expand_inputs(inputs)
+        one_line(e, needle, "its documents would be read twice")
+    (tmp_path / "d" / "sub" / "link.jsonl").symlink_to(a)
+    with pytest.raises(DataError) as e:
+        expand_inputs([tmp_path / "d"])
+    one_line(e, str(tmp_path / "d" / "sub" / "link.jsonl"), f"input the same file as {a}")
+    (tmp_path / "d" / "sub" / "link.jsonl").unlink()
+    assert expand_inputs([tmp_path / "d"]) == [a, tmp_path / "d" / "b.txt"]
