@@ -207,7 +207,9 @@ def load_manifest(path) -> Manifest:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise DataError(str(path), "manifest not found") from None
+        from .replace import cut_short_hint
+
+        raise DataError(str(path), "manifest not found" + cut_short_hint(path)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(str(path), f"unreadable manifest ({e})") from None
     if not isinstance(raw, dict):
@@ -511,9 +513,13 @@ def commit(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: flo
     SIGTERM and SIGINT are held back until all three are done (``_io.signals_deferred``): a polite
     stop between the old manifest's removal and the new one's save would leave new shards, old
     shards and no manifest; held back, it stops the process just after, the new dataset complete."""
+    from .replace import drop_previous, restore_cut_short
+
     with signals_deferred():
+        restore_cut_short(out_dir)  # an earlier write killed midway: its old dataset back first
         manifest = Manifest(shards=_finalize(written, tmp_dir, out_dir, prefix, val_fraction), **fields)
         manifest.save(out_dir / MANIFEST_NAME)
+        drop_previous(out_dir)
         remove_stale_shards(out_dir, prefix, manifest)
     return manifest
 
@@ -575,7 +581,7 @@ def _flush(samples, tmp_dir: Path, index: int, dtype, meta):
 
 def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: float) -> list[ShardInfo]:
     """Assign splits, name the shards and move them from the temp dir into ``out_dir`` (the old
-    manifest removed first: see :func:`_remove_old_manifest`), for :func:`commit`, which then saves
+    dataset moved aside first: :func:`.replace.set_aside_old`), for :func:`commit`, which then saves
     the new manifest.
 
     Whatever can fail short of an I/O error fails before the old manifest goes: each shard is first
@@ -584,14 +590,16 @@ def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: 
     a one-line DataError saying the dataset needs the build run again.
 
     Durability (see :mod:`._io`): the writers fsynced every shard's bytes in the temp dir; the old
-    manifest's removal is made durable before the first move, and the moves before the new
+    dataset's move aside is made durable before the first move in, and the moves before the new
     manifest is written, so after a power loss no manifest names shards whose data or names did
-    not reach the disk."""
+    not reach the disk, and the old dataset is whole in its folder aside."""
+    from .replace import set_aside_old
+
     staged = _stage_final_names(written, tmp_dir, prefix, val_shard_indices(len(written), val_fraction))
     for info, _ in staged:
         if (out_dir / info.name).is_dir():
             raise DataError(str(out_dir / info.name), "cannot write shard: a directory has its name")
-    _remove_old_manifest(out_dir)
+    set_aside_old(out_dir)
     try:
         for info, path in staged:
             where = out_dir / info.name
@@ -599,8 +607,8 @@ def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: 
         where = out_dir
         fsync_dir(out_dir)
     except OSError as e:
-        raise DataError(str(where), f"cannot move the new shards into place ({e.strerror or e}); "
-                                    "the old manifest is removed: run the build again") from None
+        raise DataError(str(where), f"cannot move the new shards into place ({e.strerror or e}); the old "
+                                    "dataset is kept aside: run the build again to put it back") from None
     return [info for info, _ in staged]
 
 
@@ -623,18 +631,3 @@ def _stage_final_names(written, tmp_dir: Path, prefix: str, val: set[int]) -> li
     return staged
 
 
-def _remove_old_manifest(out_dir: Path) -> None:
-    """Delete ``out_dir``'s manifest before new shards replace old ones under the same names.
-
-    Kept until the new manifest's save, the old one would, after a crash between the moves and that
-    save, list the new shards under the old checksums; a partial read (dp > 1: no whole-shard
-    sha256) of a shard of unchanged size would then load the new data as the old without a word.
-    Removed, a crash there leaves a dataset the loader refuses in one line ("manifest not found")
-    until the build is run again."""
-    path = Path(out_dir) / MANIFEST_NAME
-    try:
-        path.unlink(missing_ok=True)
-        fsync_dir(path.parent)  # gone on disk before any new shard takes an old one's name
-    except OSError as e:
-        raise DataError(str(path), f"cannot remove the old manifest before replacing its shards "
-                                   f"({e.strerror or e})") from None

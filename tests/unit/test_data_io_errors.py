@@ -204,6 +204,87 @@ def test_a_crash_between_moving_shards_and_saving_the_manifest_leaves_no_manifes
     assert len(run_global(make, 2, 2)[0]) == 16
 
 
+class _Killed(BaseException):
+    """A kill at a rename: no ``except OSError`` (or Exception) handler of the writer runs."""
+
+
+def _dataset_files(out_dir) -> dict:
+    """The manifest and every shard it lists, by name, as bytes (a dataset a loader can take whole)."""
+    manifest = load_manifest(out_dir)
+    return {"manifest.json": (out_dir / "manifest.json").read_bytes(),
+            **{s.name: (out_dir / s.name).read_bytes() for s in manifest.shards}}
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_kill_at_any_rename_of_a_reshard_leaves_one_whole_dataset(tmp_path, tiny_tokenizer, monkeypatch, parallel):
+    """The old manifest was removed, then new shards moved over the old names one by one: a SIGKILL
+    (or OOM) in between left neither dataset (a review killed it there at 2 of 14 delays). Now the
+    old dataset moves aside whole first: after a kill at every rename of the commit in turn, the
+    directory holds the old or the new dataset, or the loader's error says where the old one is
+    and the next write puts it back."""
+    import os
+    import shutil
+
+    from data_pipeline.parallel import write_shards_parallel
+    from data_pipeline.replace import restore_cut_short
+
+    one, two = tmp_path / "one.txt", tmp_path / "two.txt"
+    one.write_text(TEXT * 10, encoding="utf-8")
+    two.write_text("Pack my box with five dozen liquor jugs, 12345.\n" * 40, encoding="utf-8")
+    base = tmp_path / "base"
+
+    def write(out, inputs):
+        if parallel:
+            return write_shards_parallel(inputs, tiny_tokenizer, out, 16, workers=1, samples_per_shard=16)
+        return write_shards(inputs, tiny_tokenizer, out, 16, samples_per_shard=16, progress=False)
+
+    write(base, [one, two])
+    old = _dataset_files(base)
+    write(tmp_path / "fresh", [two, one])
+    new = _dataset_files(tmp_path / "fresh")
+    assert old.keys() == new.keys() and old != new  # the same names, other bytes
+    real_replace, outcomes = os.replace, set()
+    for kill_at in range(1, 100):
+        out = tmp_path / f"k{kill_at}"
+        shutil.copytree(base, out)
+        calls = 0
+
+        def replace(src, dst, *args, **kwargs):
+            nonlocal calls
+            calls += 1
+            if calls == kill_at:
+                raise _Killed()
+            return real_replace(src, dst, *args, **kwargs)
+
+        with monkeypatch.context() as m:
+            m.setattr(os, "replace", replace)
+            try:
+                write(out, [two, one])
+            except _Killed:
+                pass
+            else:  # no rename left to kill at: every point was tried
+                assert _dataset_files(out) == new and not list(out.glob(".previous-dataset*"))
+                break
+        if (out / "manifest.json").exists():
+            state = _dataset_files(out)
+            assert state in (old, new), kill_at
+            outcomes.add("old" if state == old else "new")
+            continue
+        with pytest.raises(DataError) as e:
+            load_manifest(out)
+        one_line(e, "manifest not found (a re-shard into this directory was cut short: the previous dataset is in",
+                 kind=DataError)
+        assert restore_cut_short(out)
+        assert _dataset_files(out) == old, kill_at
+        outcomes.add("restored")
+    else:
+        raise AssertionError("the write never completed")
+    assert outcomes == {"old", "restored"}, outcomes  # kills before the old dataset moves aside, and after
+    out = tmp_path / f"k{kill_at - 1}"  # restored: the next write replaces it as if nothing had happened
+    write(out, [two, one])
+    assert _dataset_files(out) == new and not list(out.glob(".previous-dataset*"))
+
+
 # --------------------------------------------------------------------------- 6: truncated streams
 def test_truncated_zst_names_the_last_whole_line_not_line_1(tmp_path):
     """A .zst cut off after many lines decoded is a stream error: it names the file and the last line
