@@ -181,8 +181,8 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
         raise DataError(str(out_prefix), f"model_type must be bpe, unigram, char or word (got {model_type!r})")
     if vocab_size < 8:
         raise DataError(str(out_prefix), f"vocab_size must be >= 8 (got {vocab_size})")
-    if input_sentence_size < 0:
-        raise DataError(str(out_prefix), f"input_sentence_size must be >= 0, 0 meaning every line "
+    if input_sentence_size < 0 or 0 < input_sentence_size <= 100:  # sentencepiece samples 0 (all) or > 100 lines
+        raise DataError(str(out_prefix), f"input_sentence_size must be 0 (every line) or above 100 "
                                          f"(got {input_sentence_size})")
     check_pad_multiple(str(out_prefix), pad_vocab_to_multiple_of)
     check_special_tokens(user_defined_symbols)
@@ -217,8 +217,18 @@ def train_tokenizer(inputs: list[Path], out_prefix: Path, vocab_size: int, model
         if small:  # its own words name an option of spm_train, not of this command
             raise DataError(f"vocab_size {small[1]}", f"below the {small[2]} pieces this corpus needs (its characters "
                                                       f"and the reserved pieces): use {small[2]} or more") from None
+        if "[(vocab_size) >= (0)]" in str(e):  # word / char: fewer pieces asked than they reserve
+            reserved = 4 + len(symbols) + (256 if byte_fallback else 0)
+            raise DataError(f"vocab_size {vocab_size}", f"below the {reserved} pieces a {model_type} model reserves "
+                                                        f"(4 special ids, {len(symbols)} user-defined symbol(s)"
+                                                        f"{', 256 byte pieces' if byte_fallback else ''}): use more")
         raise DataError(str(out_prefix), f"sentencepiece training failed: {str(e).strip().splitlines()[-1]}") from None
-    return _write_model_files(out_prefix, model_buf.getvalue(), model_type, pad_vocab_to_multiple_of, symbols)
+    model = _write_model_files(out_prefix, model_buf.getvalue(), model_type, pad_vocab_to_multiple_of, symbols)
+    got = spm.SentencePieceProcessor(model_file=str(model)).get_piece_size()
+    if got < vocab_size:  # hard_vocab_limit off: sentencepiece stops where the corpus has no more pieces
+        log.warning("%s: vocab_size %d asked, the corpus gave %d pieces (a larger corpus gives more)", model, vocab_size,
+                    got)
+    return model
 
 
 def _counted(lines: Iterator[str], count: list) -> Iterator[str]:

@@ -301,15 +301,28 @@ def test_malformed_tokenizer_sidecar(tiny_tokenizer, sidecar, needle):
 
 
 @pytest.mark.parametrize("kw,needle", [
-    (dict(input_sentence_size=-1), "input_sentence_size must be >= 0"),
-    (dict(input_sentence_size=1.5), 'sentencepiece training failed: INVALID_ARGUMENT: cannot parse "1.5"'),
+    (dict(input_sentence_size=-1), "input_sentence_size must be 0 (every line) or above 100 (got -1)"),
+    (dict(input_sentence_size=1.5), "input_sentence_size must be 0 (every line) or above 100 (got 1.5)"),
+    (dict(input_sentence_size=100), "input_sentence_size must be 0 (every line) or above 100 (got 100)"),  # was
+    # sentencepiece's "INTERNAL: src/trainer_interface.cc(102) [...input_sentence_size() > 100]"
     (dict(pad_vocab_to_multiple_of=0), "pad_vocab_to_multiple_of: must be an integer >= 1"),
-], ids=["negative-sentences", "fractional-sentences", "zero-pad-multiple"])
+    (dict(vocab_size=100, model_type="word"), "vocab_size 100: below the 261 pieces a word model reserves (4 special "
+                                              "ids, 1 user-defined symbol(s), 256 byte pieces): use more"),  # was
+    # sentencepiece's "INTERNAL: src/word_model_trainer.cc(48) [(vocab_size) >= (0)]"
+], ids=["negative-sentences", "fractional-sentences", "100-sentences", "zero-pad-multiple", "word-below-reserved"])
 def test_bad_tokenizer_training_setting(tmp_path, text_file, kw, needle):
+    kw = {"vocab_size": 300, **kw}
     with pytest.raises(DataError) as e:
-        train_tokenizer([text_file], tmp_path / "tok", 300, progress=False, **kw)
-    one_line_error(e, str(tmp_path / "tok"), needle)
+        train_tokenizer([text_file], tmp_path / "tok", progress=False, **kw)
+    one_line_error(e, needle if needle.startswith("vocab_size") else str(tmp_path / "tok"), needle)
     assert not list(tmp_path.glob("tok.*"))
+
+
+def test_a_vocabulary_smaller_than_asked_is_logged(tmp_path, text_file, caplog):
+    """sentencepiece stops where the corpus has no more pieces: 100000 asked gave a few hundred, silently."""
+    with caplog.at_level("WARNING", logger="data_pipeline.tokenizer"):
+        model = train_tokenizer([text_file], tmp_path / "tok", 100_000, progress=False)
+    assert any(r.getMessage().startswith(f"{model}: vocab_size 100000 asked, the corpus gave ") for r in caplog.records)
 
 
 def test_not_a_tokenizer_model(tmp_path):

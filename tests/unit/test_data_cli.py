@@ -100,7 +100,7 @@ def test_negative_input_sentence_size_is_one_line(tmp_path, text_file, capsys):
     for extra in (["--vocab-size", "300", "--input-sentence-size", "-1"], ["--config", str(cfg)]):
         assert main(common + extra) == 2
         err = capsys.readouterr().err.strip()
-        assert err == f"error: {tmp_path / 't'}: input_sentence_size must be >= 0, 0 meaning every line (got -1)"
+        assert err == f"error: {tmp_path / 't'}: input_sentence_size must be 0 (every line) or above 100 (got -1)"
     assert not list(tmp_path.glob("t.*"))
 
 
