@@ -89,8 +89,12 @@ done
 for n in MASTER_PORT NODE_RANK NUM_NODES GPUS_PER_NODE SSH_PORT STOP_WAIT_S; do
   case "${!n}" in *[!0-9]*) die "$n must be a non-negative integer, got '${!n}'" ;; esac
 done
-HOSTFILE=$(cd "$(dirname "$HOSTFILE")" && pwd)/$(basename "$HOSTFILE")
-CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
+if [ "$((10#$MASTER_PORT))" -lt 1 ] || [ "$((10#$MASTER_PORT))" -gt 65535 ]; then
+  die "MASTER_PORT must be a port number, 1-65535 (got $MASTER_PORT)"
+fi
+# CDPATH='': with CDPATH exported, cd prints the directory it found and the path would hold it twice
+HOSTFILE=$(CDPATH='' cd -- "$(dirname "$HOSTFILE")" && pwd)/$(basename "$HOSTFILE")
+CONFIG=$(CDPATH='' cd -- "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
 
 # The hostfile, parsed as DeepSpeed does: "<host> slots=<n>", '#' comments, blank lines and a
 # trailing carriage return (a file written on Windows) ignored.

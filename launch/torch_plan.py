@@ -20,7 +20,11 @@ venv's own site-packages come before the base Python's, so it would hide the kep
 
 Probes can be replaced for tests and odd sites: ``ASCENDER_CUDA_PROBE`` is a shell command whose
 exit status says whether a CUDA device is present, ``ASCENDER_TORCH_PROBE`` one that prints the
-installed torch version (nothing: none installed) of the interpreter in ``$ASCENDER_PROBED_PYTHON``.
+installed torch version (nothing: none installed) of the interpreter in ``$ASCENDER_PROBED_PYTHON``,
+``ASCENDER_TORCH_CUDA_PROBE`` one that prints its ``torch.version.cuda`` (nothing: a CPU build).
+
+Before any of that, a Python older than ``requires-python``, or a ``.venv`` of another Python
+version, stops the set-up in one line (exit 2).
 
 Prints one line of shell assignments for setup.sh to ``eval``: ACTION (keep|install), SPEC,
 INDEX_URL, SYSTEM_SITE (1: create the venv with --system-site-packages), REMOVE (packages to
@@ -99,6 +103,42 @@ def installed_torch(python: str) -> str | None:
     return out.stdout.strip() or None
 
 
+def is_cuda_build(python: str, version: str) -> bool:
+    """Whether the torch ``version`` installed for ``python`` has CUDA: its ``torch.version.cuda``
+    (what ASCENDER_TORCH_CUDA_PROBE prints, nothing meaning none, when set), not only a ``+cpu``
+    suffix, which CPU builds from conda or a mirror do not carry. Unknown (torch does not import,
+    or only ASCENDER_TORCH_PROBE is set): the suffix decides, and setup.sh checks the result."""
+    if version.endswith("+cpu"):
+        return False
+    probe = os.environ.get("ASCENDER_TORCH_CUDA_PROBE")
+    if probe is not None:
+        env = {**os.environ, "ASCENDER_PROBED_PYTHON": python}
+        return bool(subprocess.run(probe, shell=True, capture_output=True, text=True, env=env).stdout.strip())
+    if os.environ.get("ASCENDER_TORCH_PROBE") is not None:
+        return True
+    out = subprocess.run([python, "-c", "import torch; print(torch.version.cuda or '')"], capture_output=True,
+                         text=True)
+    return out.returncode != 0 or bool(out.stdout.strip())
+
+
+def python_problem(venv_python: str, pyproject: Path = REPO_ROOT / "pyproject.toml") -> str | None:
+    """Why this Python cannot set up the project, or None: older than ``requires-python`` (torch and
+    the pins have no wheels for it, and pip's error never says so), or a ``.venv`` made by another
+    Python version (re-running with the right PYTHON reused it, failing the same way)."""
+    m = re.search(r'^\s*requires-python\s*=\s*">=\s*(\d+)\.(\d+)"', pyproject.read_text(), re.M)
+    if m and sys.version_info[:2] < (int(m[1]), int(m[2])):
+        return (f"Python {sys.version_info[0]}.{sys.version_info[1]} ({sys.executable}) is older than the project's "
+                f"{m[1]}.{m[2]}: set PYTHON to a Python {m[1]}.{m[2]}+ interpreter")
+    if Path(venv_python).exists():
+        out = subprocess.run([venv_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True)
+        ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        if out.returncode == 0 and out.stdout.strip() != ours:
+            return (f"{venv_python} is Python {out.stdout.strip()}, this setup runs Python {ours} ({sys.executable}): "
+                    "delete .venv (rm -rf .venv) and re-run")
+    return None
+
+
 def decide(venv_python: str, base_python: str) -> dict:
     """The plan as a dict of ACTION, SPEC, INDEX_URL, SYSTEM_SITE, REASON (see module docstring)."""
     spec_env = os.environ.get("TORCH_SPEC", "")
@@ -110,7 +150,7 @@ def decide(venv_python: str, base_python: str) -> dict:
     venv_version = installed_torch(venv_python)
     for python, system_site in ((venv_python, "0"), (base_python, "1")):
         version = venv_version if python == venv_python else installed_torch(python)
-        if version and gpu and version.endswith("+cpu"):  # e.g. a .venv made on a login node without GPUs
+        if version and gpu and not is_cuda_build(python, version):  # e.g. a .venv made on a GPU-less login node
             print(f"setup: torch {version} for {python} is a CPU build and this host has a CUDA device: not used",
                   file=sys.stderr)
         elif version and in_range(version, rng):
@@ -131,6 +171,10 @@ def decide(venv_python: str, base_python: str) -> dict:
 def main(argv: list[str]) -> int:
     venv_python = argv[1] if len(argv) > 1 else ".venv/bin/python"
     base_python = argv[2] if len(argv) > 2 else sys.executable
+    problem = python_problem(venv_python)
+    if problem:
+        print(f"setup: error: {problem}; nothing installed", file=sys.stderr)
+        return 2
     plan = decide(venv_python, base_python)
     print(" ".join(f"{k}={shlex.quote(v)}" for k, v in plan.items()))
     return 0

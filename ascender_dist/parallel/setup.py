@@ -124,11 +124,27 @@ def launcher_env() -> tuple[str, int, int, int]:
         raise UserError(f"{', '.join(missing)} not set: start training through a launcher, e.g. "
                         f"`deepspeed --num_accelerators 2 launch/train.py --config run.yaml` (README)")
     try:
-        return (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["RANK"]),
-                int(os.environ["WORLD_SIZE"]))
+        env = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["RANK"]),
+               int(os.environ["WORLD_SIZE"]))
     except ValueError:
         values = ", ".join(f"{name}={os.environ[name]!r}" for name in LAUNCHER_VARIABLES[1:])
         raise UserError(f"launcher environment: MASTER_PORT, RANK and WORLD_SIZE must be integers ({values})") from None
+    if not 1 <= env[1] <= 65535:  # torch's TCPStore refuses it with a pybind11 TypeError on every rank
+        raise UserError(f"launcher environment: MASTER_PORT must be a port number, 1-65535 (got {env[1]})")
+    return env
+
+
+def set_cuda_device() -> None:
+    """This rank's GPU (LOCAL_RANK), refused in one line when the node shows fewer: more ranks per
+    node than GPUs (--num_gpus, GPUS_PER_NODE, a hostfile's slots) was a CUDA "invalid device
+    ordinal" traceback from every rank past the count."""
+    from ascender_dist.config.errors import UserError
+
+    local_rank, count = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+    if local_rank >= count:
+        raise UserError(f"LOCAL_RANK {local_rank}, but this node shows {count} GPU(s): start at most {count} "
+                        "rank(s) per node (the launcher's --num_gpus, GPUS_PER_NODE, the hostfile's slots)")
+    torch.cuda.set_device(local_rank)
 
 
 def job_store(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES):
@@ -195,7 +211,7 @@ def init_process_group(timeout_minutes: float = DEFAULT_TIMEOUT_MINUTES) -> None
         return
     _set_cpu_threads()
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        set_cuda_device()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not faulthandler.is_enabled():
         faulthandler.enable(file=sys.stderr, all_threads=True)

@@ -50,6 +50,35 @@ def test_setup_torch_decision(gpu, installed, expected):
     assert dry_run(gpu, installed).startswith(expected)
 
 
+def test_a_cpu_build_without_the_cpu_suffix_is_not_kept_on_a_gpu_host():
+    """A conda or mirror CPU build (no +cpu) was kept on a GPU host, then setup.sh stopped asking for
+    TORCH_CUDA_INDEX, which the plan ignored: every re-run failed the same way."""
+    assert dry_run(True, "2.13.0", ASCENDER_TORCH_CUDA_PROBE="true").startswith(
+        f"install torch=={TESTED_TORCH} (index {DEFAULT_CUDA_INDEX}): a CUDA device is present")
+    assert dry_run(True, "2.13.0", ASCENDER_TORCH_CUDA_PROBE="echo 12.6").startswith("keep torch==2.13.0:")
+
+
+def test_a_python_too_old_or_a_venv_of_another_python_is_one_line(tmp_path):
+    """A 3.10 python3 built a 3.10 venv and failed in pip's words; PYTHON=python3.11 then reused it."""
+    from torch_plan import python_problem
+
+    old = tmp_path / "pyproject.toml"
+    old.write_text('[project]\nrequires-python = ">=3.99"\n')
+    assert python_problem(str(tmp_path / "none"), old).startswith(
+        f"Python {sys.version_info[0]}.{sys.version_info[1]} ({sys.executable}) is older than the project's 3.99: "
+        "set PYTHON to a Python 3.99+ interpreter")
+    venv_python = tmp_path / "python"
+    venv_python.write_text("#!/bin/sh\necho 3.10\n")
+    venv_python.chmod(0o755)
+    assert python_problem(str(venv_python)).startswith(f"{venv_python} is Python 3.10, this setup runs Python "
+                                                       f"{sys.version_info[0]}.{sys.version_info[1]}")
+    assert python_problem(str(tmp_path / "none")) is None and python_problem(sys.executable) is None
+    proc = subprocess.run([sys.executable, "launch/torch_plan.py", str(venv_python), sys.executable], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().endswith("delete .venv (rm -rf .venv) and re-run; nothing installed")
+
+
 def test_a_venv_torch_that_would_hide_the_kept_base_torch_is_removed_first():
     """A .venv made on a GPU-less login node (CPU torch) re-set-up in an NGC container on a GPU node:
     the container's torch is kept and the venv's own one uninstalled, or it would shadow it."""

@@ -317,6 +317,52 @@ def test_multi_node_ssh_mode_refuses_forwarded_values_the_remote_shell_would_cha
     _assert_one_line_error(proc, "cannot forward MY_NOTES", "newline")
 
 
+@pytest.mark.parametrize("script", ["single_node.sh", "multi_node.sh"])
+def test_a_master_port_past_65535_is_one_line(stubs, tmp_path, script):
+    """Only "an integer" was checked: every rank then died in a TypeError traceback from TCPStore."""
+    env, out, calls = stubs
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    env.update(MASTER_PORT="99999", DS_ACCELERATOR="cpu", NUM_NODES="1", NODE_RANK="0", MASTER_ADDR="localhost")
+    extra = ["--hostfile", str(hostfile)] if script == "multi_node.sh" else []
+    proc = _run(["bash", f"launch/{script}", "--config", "configs/demo.yaml", *extra], env=env)
+    assert proc.returncode == 2 and calls() == [], proc.stderr
+    assert proc.stderr.strip() == f"{script}: error: MASTER_PORT must be a port number, 1-65535 (got 99999)"
+
+
+def test_an_exported_cdpath_does_not_change_the_config_path(stubs, tmp_path):
+    """With CDPATH exported, `cd` printed the directory it found: the launcher got --config
+    "<dir>\n<dir>/demo.yaml" and the run stopped at "config file not found" for a file that exists."""
+    env, out, calls = stubs
+    env.update(CDPATH=f".:{tmp_path}", DS_ACCELERATOR="cpu", MASTER_PORT="29512")
+    proc = _run(["bash", "launch/single_node.sh", "--config", "configs/demo.yaml"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls()
+    assert _after(call["args"], "--config") == str(REPO_ROOT / "configs" / "demo.yaml"), call["args"]
+
+
+@pytest.mark.parametrize("local_rank,gpus,refused", [(0, 1, False), (1, 2, False), (2, 2, True), (0, 0, True)])
+def test_more_ranks_per_node_than_gpus_is_one_line(monkeypatch, local_rank, gpus, refused):
+    """Each rank past the node's GPU count died in CUDA's "invalid device ordinal" traceback."""
+    import torch
+
+    from ascender_dist.config.errors import UserError
+    from ascender_dist.parallel import setup
+
+    chosen = []
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    if refused:
+        with pytest.raises(UserError, match=rf"^LOCAL_RANK {local_rank}, but this node shows {gpus} GPU\(s\): start "
+                                            rf"at most {gpus} rank\(s\) per node"):
+            setup.set_cuda_device()
+        assert chosen == []
+    else:
+        setup.set_cuda_device()
+        assert chosen == [local_rank]
+
+
 def test_single_node_cpu_ranks_on_a_gpu_node_take_no_gpu_ids(stubs):
     """DS_ACCELERATOR=cpu on a GPU node with CUDA_VISIBLE_DEVICES set: the GPU count became the rank
     count and --include localhost:0,1 reached DeepSpeed's CPU accelerator, which has no such slots
@@ -705,6 +751,8 @@ def test_relaunched_conversion_ranks_never_see_gpus():
     ({"MASTER_ADDR": "h", "MASTER_PORT": "29500", "RANK": "0"}, r"^WORLD_SIZE not set"),
     ({"MASTER_ADDR": "h", "MASTER_PORT": "x", "RANK": "0", "WORLD_SIZE": "2"},
      r"MASTER_PORT, RANK and WORLD_SIZE must be integers \(MASTER_PORT='x', RANK='0', WORLD_SIZE='2'\)$"),
+    ({"MASTER_ADDR": "h", "MASTER_PORT": "99999", "RANK": "0", "WORLD_SIZE": "2"},  # was a TypeError from TCPStore
+     r"^launcher environment: MASTER_PORT must be a port number, 1-65535 \(got 99999\)$"),
 ])
 def test_training_started_without_a_launcher_is_one_line(monkeypatch, env, message):
     from ascender_dist.config.errors import UserError
