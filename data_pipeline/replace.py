@@ -22,9 +22,10 @@ from pathlib import Path
 
 from ._io import fsync_dir
 from .errors import DataError
-from .shards import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "manifest.json"  # a directory holding it is a dataset (data_pipeline.shards re-exports it)
 
 PREVIOUS = ".previous-dataset"  # the old dataset while the new one moves in
 _BUILDING = PREVIOUS + ".tmp"  # the old dataset while it moves aside

@@ -47,9 +47,9 @@ from ._io import (atomic_write_json, fsync_dir, run_temp_dir, sha256_bytes, sign
                   writing_into)
 from .errors import DataError
 from .formats import DEFAULT_TEXT_FIELD, iter_documents
+from .replace import MANIFEST_NAME, cut_short_hint, drop_previous, restore_cut_short, set_aside_old
 from .tokenizer import Tokenizer
 
-MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 DEFAULT_SHARD_MAX_BYTES = 64 * 1024 * 1024
 _ENCODE_BATCH = 256
@@ -207,8 +207,6 @@ def load_manifest(path) -> Manifest:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        from .replace import cut_short_hint
-
         raise DataError(str(path), "manifest not found" + cut_short_hint(path)) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DataError(str(path), f"unreadable manifest ({e})") from None
@@ -513,8 +511,6 @@ def commit(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: flo
     SIGTERM and SIGINT are held back until all three are done (``_io.signals_deferred``): a polite
     stop between the old manifest's removal and the new one's save would leave new shards, old
     shards and no manifest; held back, it stops the process just after, the new dataset complete."""
-    from .replace import drop_previous, restore_cut_short
-
     with signals_deferred():
         restore_cut_short(out_dir)  # an earlier write killed midway: its old dataset back first
         manifest = Manifest(shards=_finalize(written, tmp_dir, out_dir, prefix, val_fraction), **fields)
@@ -593,7 +589,6 @@ def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: 
     dataset's move aside is made durable before the first move in, and the moves before the new
     manifest is written, so after a power loss no manifest names shards whose data or names did
     not reach the disk, and the old dataset is whole in its folder aside."""
-    from .replace import set_aside_old
 
     staged = _stage_final_names(written, tmp_dir, prefix, val_shard_indices(len(written), val_fraction))
     for info, _ in staged:

@@ -29,7 +29,7 @@ def fresh_launch_env(monkeypatch):
 def test_distributed_timeout_reaches_the_process_group_init(fresh_launch_env, cuda, backend):
     with mock.patch("torch.distributed.is_initialized", return_value=False), \
             mock.patch("torch.cuda.is_available", return_value=cuda), \
-            mock.patch("torch.cuda.set_device"), \
+            mock.patch("torch.cuda.set_device"), mock.patch("torch.cuda.device_count", return_value=1), \
             mock.patch("torch.distributed.init_process_group") as init_pg, \
             mock.patch("deepspeed.init_distributed") as init_ds:
         setup.init_process_group(timeout_minutes=7)
