@@ -112,6 +112,31 @@ def test_runs_of_mixed_library_versions_are_named_refused_and_reported_as_theirs
     assert err.count("\n") == 1 and "Mixed versions" in err and "--allow-mixed-commits" in err
 
 
+def test_runs_on_other_data_or_configs_are_named_refused_and_reported(tmp_path, monkeypatch, capsys):
+    """Seeds trained on two corpora (or one variant's seeds on two configs) were paired in the tables
+    without a word: the report printed the manifest file's hash, not the runs'."""
+    records = _records()
+    for i, r in enumerate(records):
+        r["provenance"].update(data_manifest_sha256=("d" if i < 4 else "e") * 64, config_sha256=f"{r['config']}" * 16)
+    line = provenance.mixed_inputs_line(records)
+    assert line.startswith("**Mixed inputs: this table combines runs trained on data manifests dddddddddddd "
+                           "(4 runs), eeeeeeeeeeee (2 runs)")
+    records[0]["provenance"]["config_sha256"] = "f" * 64
+    assert f"variant {records[0]['config']} with 2 configs" in provenance.mixed_inputs_line(records)
+    same = _records()
+    for r in same:
+        r["provenance"].update(data_manifest_sha256="d" * 64)
+    assert provenance.mixed_inputs_line(same) is None
+    report.write_report(_grid(tmp_path), records, n_resamples=200, n_permutations=200)
+    assert "**Mixed inputs" in (tmp_path / "report" / "results.md").read_text().split("\n\n")[0]
+    grid = _grid(tmp_path)
+    monkeypatch.setattr(ablate.main, "load_grid", lambda *a, **k: grid)
+    monkeypatch.setattr(ablate.main, "collect_records", lambda g: records)
+    assert ablate.ablate_main(["x.yaml", "--report-only", "--n-resamples", "200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Mixed inputs" in err and "--allow-mixed-commits" in err
+
+
 def test_a_written_report_records_the_machine_it_was_written_on(tmp_path):
     full = report.write_report(_grid(tmp_path), _records(), n_resamples=200, n_permutations=200)
     assert full["report_provenance"]["machine"]["logical_cpus"] >= 1

@@ -16,7 +16,7 @@ from ascender_dist.logs import setup_cli_logging
 from .collect import collect_records
 from .grid import RESULT, AblationError, ensure_dataset, load_grid, run_config, run_dir
 from .launch import Launcher, check_layouts, child_args, launch_command, run_grid, run_one, slurm_prelude
-from .provenance import commits_of, mixed_version_line
+from .provenance import commits_of, mixed_inputs_line, mixed_version_line
 from .report import rebuild, write_report
 
 
@@ -190,9 +190,9 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: {grid.runs_dir}: records of more than one commit, or without one ({commits}); "
                   "re-run them on one commit, or pass --allow-mixed-commits", file=sys.stderr)
             return 2
-        mixed_versions = mixed_version_line(records)
-        if mixed_versions and not args.allow_mixed_commits:
-            print(f"error: {grid.runs_dir}: {mixed_versions.strip('*')} (or pass --allow-mixed-commits)", file=sys.stderr)
+        mixed = mixed_version_line(records) or mixed_inputs_line(records)
+        if mixed and not args.allow_mixed_commits:
+            print(f"error: {grid.runs_dir}: {mixed.strip('*')} (or pass --allow-mixed-commits)", file=sys.stderr)
             return 2
         write_report(grid, records, n_resamples=args.n_resamples, n_permutations=args.n_resamples)
     except UserError as exc:

@@ -103,6 +103,29 @@ def mixed_version_line(records: Sequence[dict]) -> Optional[str]:
     return "**Mixed versions: this table combines runs made with " + parts[0] + "; re-run the grid with one set.**"
 
 
+def mixed_inputs_line(records: Sequence[dict]) -> Optional[str]:
+    """A line naming what the records' runs were trained on that differs where a table pairs them:
+    more than one recorded data manifest (two corpora, e.g. built by two Python versions), or more
+    than one config within a variant (its seeds are not replicates); None when neither. Records
+    without a recorded hash do not count."""
+    data: dict = {}
+    configs: dict = {}
+    for r in records:
+        prov = r.get("provenance") or {}
+        if prov.get("data_manifest_sha256"):
+            data.setdefault(prov["data_manifest_sha256"], []).append(r)
+        if prov.get("config_sha256"):
+            configs.setdefault(r.get("config"), set()).add(prov["config_sha256"])
+    parts = []
+    if len(data) > 1:
+        parts.append("data manifests " + ", ".join(f"{h[:12]} ({len(rs)} runs)" for h, rs in data.items()))
+    parts += [f"variant {name} with {len(hashes)} configs ({', '.join(sorted(h[:12] for h in hashes))})"
+              for name, hashes in configs.items() if len(hashes) > 1]
+    if not parts:
+        return None
+    return "**Mixed inputs: this table combines runs trained on " + "; ".join(parts) + "; re-run them on one.**"
+
+
 def mixed_commit_line(records: Sequence[dict]) -> Optional[str]:
     """The first line of a table built from records of more than one commit (or of records that
     predate provenance recording, "unrecorded"), or of one commit with uncommitted changes; None when

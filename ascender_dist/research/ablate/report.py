@@ -19,7 +19,8 @@ from ascender_dist.machine import machine_line
 
 from .collect import aggregate
 from .grid import AblationError, Grid
-from .provenance import config_hash, file_sha256, mixed_commit_line, mixed_version_line, report_provenance, versions_of
+from .provenance import (config_hash, file_sha256, mixed_commit_line, mixed_inputs_line, mixed_version_line,
+                         report_provenance, versions_of)
 
 PER_SEQUENCE = "per_sequence.npz"
 PER_SEQUENCE_KEYS = ("val_example_losses", "val_example_index", "val_example_documents")
@@ -341,7 +342,8 @@ def render(out: Path, full: dict, records: Sequence[dict], *, n_resamples: int =
     full["tables"] = obj
     full["records"] = [{k: v for k, v in r.items() if k not in PER_SEQUENCE_KEYS and k != "step_time_s"}
                        for r in ordered]
-    full["mixed_commits"] = " ".join(x for x in (mixed_commit_line(records), mixed_version_line(records)) if x) or None
+    full["mixed_commits"] = " ".join(x for x in (mixed_commit_line(records), mixed_version_line(records),
+                                                 mixed_inputs_line(records)) if x) or None
     (out / "results.md").write_text(markdown(full, md))
     (out / "results.json").write_text(json.dumps(_json_safe(full), indent=1))
     return full
