@@ -95,10 +95,12 @@ def _local_layer_stats(model: nn.Module, tp_group=None) -> dict[str, float]:
         layer = f"layer{int(getattr(module, 'layer_number', 0)):02d}"
         prefix = getattr(module, "stats_prefix", type(module).__name__)
         for key in sorted(module.last_stats):
-            value = module.last_stats[key].detach().float().reshape(-1)
+            stat = module.last_stats[key].detach().float()
+            value = stat.reshape(-1)
             if getattr(module, "stats_per_head", False):
                 value = _gather_heads(value, tp_group)
-                for head, v in enumerate(value.tolist()):
-                    scalars[f"{prefix}/{key}/{layer}/head{head:02d}"] = v
+                if stat.dim():  # 0-d: a value over this rank's heads (an aux loss): the layer's is their mean
+                    for head, v in enumerate(value.tolist()):
+                        scalars[f"{prefix}/{key}/{layer}/head{head:02d}"] = v
             scalars[f"{prefix}/{key}/{layer}"] = value.mean().item()
     return scalars

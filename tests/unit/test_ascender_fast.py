@@ -358,6 +358,8 @@ def test_entry_point_attaches_aux_gradient_and_reports_stats():
         assert stats[key].shape == (2,) and not stats[key].requires_grad, key
     assert torch.all(stats["mass_moved_all"] > 0) and torch.all(stats["mass_moved_all"] <= 1)
     assert set(info["aux"]) == {"compactness", "crowding", "alignment", "total"}
+    for name, value in info["aux"].items():  # logged per layer: train/loss is the task loss alone
+        assert stats[f"aux_{name}"].shape == () and torch.equal(stats[f"aux_{name}"], value), name
 
 
 def test_entry_point_reference_returns_maps_and_rejects_unknown_impl():

@@ -102,7 +102,7 @@ def _touch_unused(out: torch.Tensor, params: AscenderHeadParams, hp, use_sep: bo
 
 
 def _summary(result, params: AscenderHeadParams, hp: AscenderHParams) -> dict:
-    """Per-head scalars for logging (all detached)."""
+    """Per-head scalars for logging (all detached), and 0-d per-layer ones (the auxiliary losses)."""
     stats = {k: v.detach() for k, v in result.stats.items()}
     omega = params.omega.detach()
     for name, col in (("align", ALIGN), ("sep", SEP), ("coh", COH)):
@@ -114,6 +114,11 @@ def _summary(result, params: AscenderHeadParams, hp: AscenderHParams) -> dict:
     for key in ("gate_align", "gate_coh", "eta"):
         if key in result.rows:
             stats[f"{key}_mean"] = result.rows[key].detach().mean((0, 2))
+    # the auxiliary losses (while active): one 0-d value over this call's heads each, logged per layer
+    # (train/loss is the task loss alone; these enter the gradient through AttachAuxLoss)
+    for name, value in result.aux.items():
+        if isinstance(value, torch.Tensor):
+            stats[f"aux_{name}"] = value.detach().reshape(())
     return stats
 
 
