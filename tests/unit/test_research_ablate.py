@@ -742,3 +742,20 @@ def test_only_keeps_the_baseline_and_the_variants_compared_to_as_its_help_says(t
     assert [v.name for v in load_grid(path, only=["gpt"]).variants] == ["gpt", "asc"]
     with pytest.raises(ConfigError, match=r"--only nope: no such variant"):
         load_grid(path, only=["nope"])
+
+
+def test_the_omega_table_takes_a_sample_std_and_a_shared_omega_once_per_layer():
+    """ddof 0 here against ddof 1 everywhere else, and a shared ω (recorded once per head) counted as
+    many values as heads: 40 for 10 distinct values in the omega-sharing grid."""
+    import numpy as np
+
+    from ascender_dist.research.ablate.collect import omega_table
+
+    per_head = {"config": "heads", "omega": {"1": [[0.0, 1.0, 2.0], [2.0, 1.0, 0.0]], "2": [[1.0, 1.0, 1.0], [3.0, 1.0, 1.0]]}}
+    shared = {"config": "shared", "omega": {"1": [[0.0, 1.0, 2.0]] * 4, "2": [[2.0, 3.0, 4.0]] * 4}}
+    _, obj = omega_table([per_head, shared], ["heads", "shared"])
+    heads, one = obj["configs"]
+    assert heads["n_heads"] == 4 and one["n_heads"] == 2
+    values = np.array([[0, 1, 2], [2, 1, 0], [1, 1, 1], [3, 1, 1]], dtype=float)
+    assert np.allclose(heads["std_over_heads"], values.std(0, ddof=1))
+    assert np.allclose(one["mean"], [1.0, 2.0, 3.0]) and np.allclose(one["std_over_heads"], [2 ** 0.5] * 3)

@@ -329,17 +329,25 @@ def cost_table(records: Sequence[dict], order: Sequence[str]) -> tuple[str, dict
     return "\n".join(lines) + "\n", {"configs": entries}
 
 
+def _distinct_omegas(layer: list) -> list:
+    """A layer's recorded ω rows, one per head; a shared ω (every head's row the same) counts once."""
+    return layer[:1] if all(row == layer[0] for row in layer) else layer
+
+
 def omega_table(records: Sequence[dict], order: Sequence[str]) -> tuple[str, dict]:
-    """Mean learned omega per bias (over layers, heads and seeds) for the ASCender configs."""
+    """Mean learned omega per bias (over layers, heads and seeds) for the ASCender configs, with the
+    sample std (ddof 1, as every other std here) over the distinct values: each head's, or each
+    layer's once where ω is shared by the heads (it is recorded once per head)."""
     lines = ["| config | ω_align | ω_sep | ω_coh |", "|---|---:|---:|---:|"]
     entries = []
     by_cfg: dict[str, list] = {}
     for r in records:
         if r.get("omega"):
-            by_cfg.setdefault(r["config"], []).append(np.array([h for layer in r["omega"].values() for h in layer]))
+            rows = [h for layer in r["omega"].values() for h in _distinct_omegas(layer)]
+            by_cfg.setdefault(r["config"], []).append(np.array(rows))
     for cfg in [c for c in order if c in by_cfg]:
-        arr = np.concatenate(by_cfg[cfg])  # [runs*layers*heads, 3]
-        mean, std = arr.mean(0), arr.std(0)
+        arr = np.concatenate(by_cfg[cfg])  # [values, 3]: runs x layers x (heads, or 1 when shared)
+        mean, std = arr.mean(0), arr.std(0, ddof=1) if len(arr) > 1 else np.full(3, np.nan)
         entries.append({"config": cfg, "mean": mean.tolist(), "std_over_heads": std.tolist(), "n_heads": len(arr)})
         lines.append(f"| {cfg} | " + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in zip(mean, std)) + " |")
     return "\n".join(lines) + "\n", {"configs": entries}
@@ -387,6 +395,6 @@ def aggregate(records: Sequence[dict], baseline: str, compare_to: Sequence[str] 
         md += ["### cost", "", c_md]
     if any(r.get("omega") for r in records):
         o_md, obj["omega"] = omega_table(records, order)
-        md += ["### learned ω (mean ± std over layers × heads × seeds)", "", o_md]
+        md += ["### learned ω (mean ± std over layers × heads × seeds; a shared ω once per layer)", "", o_md]
     obj["data_pairing"] = data_pairing(records)
     return "\n".join(md), obj
