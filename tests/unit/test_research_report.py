@@ -88,6 +88,17 @@ def test_ablate_refuses_mixed_commits_unless_allowed(tmp_path, monkeypatch, caps
     assert ablate.ablate_main(["x.yaml", "--report-only", "--n-resamples", "200", "--allow-mixed-commits"]) == 0
 
 
+def _refused_by_ablate(tmp_path, monkeypatch, capsys, records) -> str:
+    """``ablate --report-only`` over ``records``: exit 2 with one stderr line naming the way out; returns it."""
+    grid = _grid(tmp_path)
+    monkeypatch.setattr(ablate.main, "load_grid", lambda *a, **k: grid)
+    monkeypatch.setattr(ablate.main, "collect_records", lambda g: records)
+    assert ablate.ablate_main(["x.yaml", "--report-only", "--n-resamples", "200"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-mixed-commits" in err, err
+    return err
+
+
 def _with_versions(records, torch_of=lambda i: "2.13.0+cpu"):
     for i, r in enumerate(records):
         r["provenance"]["versions"] = {"torch": torch_of(i), "deepspeed": "0.19.8"}
@@ -104,12 +115,7 @@ def test_runs_of_mixed_library_versions_are_named_refused_and_reported_as_theirs
     report.write_report(_grid(tmp_path), mixed, n_resamples=200, n_permutations=200)
     text = (tmp_path / "report" / "results.md").read_text()
     assert text.startswith("**Mixed versions") and "versions torch 2.4.0+cpu / 2.13.0+cpu" in text
-    grid = _grid(tmp_path)
-    monkeypatch.setattr(ablate.main, "load_grid", lambda *a, **k: grid)
-    monkeypatch.setattr(ablate.main, "collect_records", lambda g: mixed)
-    assert ablate.ablate_main(["x.yaml", "--report-only", "--n-resamples", "200"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Mixed versions" in err and "--allow-mixed-commits" in err
+    assert "Mixed versions" in _refused_by_ablate(tmp_path, monkeypatch, capsys, mixed)
 
 
 def test_runs_on_other_data_or_configs_are_named_refused_and_reported(tmp_path, monkeypatch, capsys):
@@ -129,12 +135,7 @@ def test_runs_on_other_data_or_configs_are_named_refused_and_reported(tmp_path, 
     assert provenance.mixed_inputs_line(same) is None
     report.write_report(_grid(tmp_path), records, n_resamples=200, n_permutations=200)
     assert "**Mixed inputs" in (tmp_path / "report" / "results.md").read_text().split("\n\n")[0]
-    grid = _grid(tmp_path)
-    monkeypatch.setattr(ablate.main, "load_grid", lambda *a, **k: grid)
-    monkeypatch.setattr(ablate.main, "collect_records", lambda g: records)
-    assert ablate.ablate_main(["x.yaml", "--report-only", "--n-resamples", "200"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Mixed inputs" in err and "--allow-mixed-commits" in err
+    assert "Mixed inputs" in _refused_by_ablate(tmp_path, monkeypatch, capsys, records)
 
 
 def test_a_written_report_records_the_machine_it_was_written_on(tmp_path):
