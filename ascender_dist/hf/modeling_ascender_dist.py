@@ -323,9 +323,10 @@ class AscenderDistPreTrainedModel(PreTrainedModel):
             if missing(module.slots):
                 module.slots.copy_(make_fixed_slots(n, d, hp.slot_seed, trained).to(module.slots.device,
                                                                                      module.slots.dtype))
+            stds = module.init_stds()  # the training layer's: the connection is scaled, not init_std
             for name, param in module.named_parameters(recurse=False):
                 if missing(param):
-                    param.normal_(0.0, hp.init_std)
+                    param.normal_(0.0, stds.get(name, hp.init_std))
         elif isinstance(module, (nn.Linear, nn.Embedding)):
             if missing(module.weight):
                 module.weight.normal_(0.0, std)

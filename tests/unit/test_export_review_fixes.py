@@ -225,3 +225,21 @@ def test_evaluate_no_val_reports_an_exports_parameter_count(two_tokenizers, tmp_
     row = json.loads((tmp_path / "ev" / "results.json").read_text())["runs"][0]
     assert row["parameters"] == stored > 0
     assert ev._params(stored) in (tmp_path / "ev" / "results.md").read_text()
+
+
+@pytest.mark.parametrize("connection", ["linear", "bilinear"])
+def test_the_hf_model_draws_a_connection_it_lacks_as_the_training_layer_does(connection):
+    """Every missing Connection parameter was drawn with init_std, ignoring connection_init_scale:
+    src 6x smaller than the layer's at hidden 64, a model fine-tuned from scratch reasoned less."""
+    from ascender_dist.hf.configuration_ascender_dist import AscenderDistConfig
+    from ascender_dist.hf.modeling_ascender_dist import AscenderDistForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AscenderDistConfig(hidden_size=64, num_hidden_layers=1, layer_pattern="C",
+                             connection=dict(num_slots=8, connection=connection, rank=4, causal_chunk_size=16))
+    layer = AscenderDistForCausalLM(cfg).model.decoder.layers[0].self_attention.layer
+    stds = layer.init_stds()
+    for name in ("c",) if connection == "linear" else ("src", "tgt"):
+        drawn = float(getattr(layer, name).std())
+        assert abs(drawn / stds[name] - 1) < 0.2, (name, drawn, stds[name])
+    assert abs(float(layer.w_v_out.std()) / stds["w_v_out"] - 1) < 0.2

@@ -190,17 +190,23 @@ class ConnectionLayer(nn.Module):
         self.last_stats: Optional[ReasoningStats] = None
         self.reset_parameters()
 
-    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
-        """Normal init; connection scaled so one step's influence is ~connection_init_scale x state."""
+    def init_stds(self) -> dict[str, float]:
+        """The std of each parameter's normal init, in the order reset_parameters draws them: the
+        projections init_std, the connection scaled so one step's influence is ~connection_init_scale
+        x state (the HF model draws a parameter a checkpoint lacks with the same std)."""
         hp, d, n = self.hp, self.hidden_size, self.hp.num_slots
-        for w in (self.w_q_in, self.w_k_slots, self.w_v_in, self.w_q_out, self.w_k_out, self.w_v_out):
-            nn.init.normal_(w, std=hp.init_std, generator=generator)
+        stds = {name: hp.init_std for name in ("w_q_in", "w_k_slots", "w_v_in", "w_q_out", "w_k_out", "w_v_out")}
         if hp.connection == "linear":
-            nn.init.normal_(self.c, std=hp.connection_init_scale / math.sqrt(n), generator=generator)
+            stds["c"] = hp.connection_init_scale / math.sqrt(n)
         else:
-            nn.init.normal_(self.src, std=1.0 / math.sqrt(d), generator=generator)
-            fan = hp.rank * max(n - 1, 1)
-            nn.init.normal_(self.tgt, std=hp.connection_init_scale / math.sqrt(fan), generator=generator)
+            stds["src"] = 1.0 / math.sqrt(d)
+            stds["tgt"] = hp.connection_init_scale / math.sqrt(hp.rank * max(n - 1, 1))
+        return stds
+
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        """Normal init with :meth:`init_stds`."""
+        for name, std in self.init_stds().items():
+            nn.init.normal_(getattr(self, name), std=std, generator=generator)
 
     # ------------------------------------------------------------------ pieces
 
