@@ -493,7 +493,7 @@ class _Dataset:
         self._blocks: "OrderedDict[tuple, tuple]" = OrderedDict()
         self._pending: "OrderedDict[tuple, list]" = OrderedDict()
         self._orders: "OrderedDict[int, tuple]" = OrderedDict()
-        self.specs = self._usable_specs(specs, progress, all_gather)
+        self.specs, self.bad = self._usable_specs(specs, progress, all_gather)
         self.counts = np.array([s.num_samples for s in self.specs], dtype=np.int64)
         self.num_samples = int(self.counts.sum())
         self.set_shuffle_buffer(shuffle_buffer)
@@ -511,9 +511,17 @@ class _Dataset:
         self._pending.clear()
 
     # ---------------------------------------------------------------- setup checks
-    def _usable_specs(self, specs: list[ShardSpec], progress: bool, all_gather=None) -> list[ShardSpec]:
-        """Drop (skip mode) or reject (error mode) shards that are visibly unusable before any read:
+    def _usable_specs(self, specs: list[ShardSpec], progress: bool, all_gather=None) -> tuple[list[ShardSpec], set]:
+        """Skip (skip mode) or reject (error mode) shards that are visibly unusable before any read:
         missing or wrong-size local files, empty shards; count plain-URL shards by a first scan.
+        Returns (the shards of the order, the indices among them to skip).
+
+        A skipped shard whose sample count the manifest gives keeps its place in the order, marked
+        bad: its slots are filled from the next healthy shard, exactly as when a read finds it bad
+        mid-run, so the order does not depend on when a fault was found (a job that restarts after a
+        shard went bad resumes the order it saved, not a permutation over fewer shards that re-read
+        consumed samples and missed others). An empty shard, or one whose count is not known (a
+        plain URL the first scan could not read), has no slots: it is left out.
 
         With ``all_gather`` (see StreamingLoader) the verdict is taken on every rank's findings: a
         shard any rank could not use is dropped on all, and in error mode every rank raises the same
@@ -521,16 +529,17 @@ class _Dataset:
         have other shards, counts and orders than its peers for the whole run: other tokens on its
         tensor/pipeline peers, samples missed or repeated across data-parallel ranks, a validation
         length of its own, or in error mode a raise while its peers wait in a collective."""
-        dropped = set()
+        skipped = set()
         for idx, where, problem, corrupt, ranks in _agreed_faults(self._scan(specs, progress), all_gather):
             if not corrupt:  # a config mistake (wrong tokenizer, id out of range): never skipped
                 raise DataError(where, problem + _found_by(ranks))
             self._skip_or_raise(_CorruptShard(where, problem + _found_by(ranks)))
-            dropped.add(idx)
-        usable = [spec for i, spec in enumerate(specs) if i not in dropped]
-        if not usable:
+            skipped.add(idx)
+        kept = [i for i, spec in enumerate(specs) if i not in skipped or spec.num_samples > 0]
+        bad = {new for new, old in enumerate(kept) if old in skipped}
+        if len(bad) == len(kept):
             raise DataError(self.name, "no readable shards left (all missing, empty or corrupt)")
-        return usable
+        return [specs[i] for i in kept], bad
 
     def _scan(self, specs: list[ShardSpec], progress: bool) -> list[tuple[int, str, str, bool]]:
         """This rank's set-up faults, ``(shard index, where, problem, corrupt)`` in shard order; the

@@ -27,10 +27,10 @@ def setup(tmp_path_factory):
     return args, run_ranks("tests.distributed.workers.data_skips:main", world_size=2, timeout=300, args=args)
 
 
-def test_skip_mode_drops_a_shard_one_rank_could_not_use_on_every_rank(setup):
+def test_skip_mode_skips_a_shard_one_rank_could_not_use_on_every_rank(setup):
     args, results = setup
     rank0, rank1 = assert_check(results, "skip_train")
-    assert args["hide_train"][0] not in rank0["shards"]
+    assert rank0["skipped"] == rank1["skipped"] == args["hide_train"]  # kept in the order, skipped on both
     assert rank0["shards"] == rank1["shards"] and rank0["skipped_shards"] == rank1["skipped_shards"] == 1
     assert rank0["samples_per_epoch"] == rank1["samples_per_epoch"]
     assert rank0["batches"] == rank1["batches"]  # tensor-parallel peers: identical tokens
@@ -39,7 +39,7 @@ def test_skip_mode_drops_a_shard_one_rank_could_not_use_on_every_rank(setup):
 def test_skip_mode_keeps_the_validation_length_the_same_on_every_rank(setup):
     args, results = setup
     rank0, rank1 = assert_check(results, "skip_val")
-    assert args["hide_val"][0] not in rank0["shards"] and rank0["shards"] == rank1["shards"]
+    assert rank0["skipped"] == rank1["skipped"] == args["hide_val"] and rank0["shards"] == rank1["shards"]
     assert rank0["samples_per_epoch"] == rank1["samples_per_epoch"] and rank0["len"] == rank1["len"]
     assert rank0["batches"] == rank1["batches"]
 

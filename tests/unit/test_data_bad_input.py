@@ -111,7 +111,8 @@ def test_missing_shard_error_and_skip(ds):
         loader(ds)
     one_line_error(e, "syn-train-000003.tar", "missing shard")
     ld = loader(ds, on_corrupt="skip")
-    assert ld.skipped_shards == 1 and ld.samples_per_epoch == 24
+    # kept in the order (its slots filled from the next healthy shard), so its place does not move
+    assert ld.skipped_shards == 1 and ld.samples_per_epoch == 32
     drain(ld, 20)
 
 
@@ -174,7 +175,7 @@ def test_unreadable_shard_path_is_one_line_or_skipped(ds):
         loader(ds)
     one_line_error(e, "afile/syn-train-000001.tar", "cannot read shard (NotADirectoryError")
     ld = loader(ds, on_corrupt="skip")
-    assert ld.skipped_shards == 1 and ld.samples_per_epoch == 24
+    assert ld.skipped_shards == 1 and ld.samples_per_epoch == 32  # its slots are filled from the next shard
 
 
 def test_tokenizer_hash_mismatch_manifest(ds):

@@ -46,6 +46,7 @@ def _view(ld) -> dict:
     """What must be the same on both ranks: the shards, the counts, the first batches."""
     it = iter(ld)
     return {"shards": [s.url.rsplit("/", 1)[-1] for d in ld.datasets for s in d.specs],
+            "skipped": sorted(d.specs[i].url.rsplit("/", 1)[-1] for d in ld.datasets for i in d.bad),
             "samples_per_epoch": ld.samples_per_epoch, "skipped_shards": ld.skipped_shards,
             "batches": [next(it)["tokens"].tolist() for _ in range(MICRO_BATCHES)]}
 
