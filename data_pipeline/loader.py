@@ -529,13 +529,15 @@ class _Dataset:
         have other shards, counts and orders than its peers for the whole run: other tokens on its
         tensor/pipeline peers, samples missed or repeated across data-parallel ranks, a validation
         length of its own, or in error mode a raise while its peers wait in a collective."""
+        known = [spec.num_samples for spec in specs]  # before the scan counts plain URLs, each rank its own
         skipped = set()
         for idx, where, problem, corrupt, ranks in _agreed_faults(self._scan(specs, progress), all_gather):
             if not corrupt:  # a config mistake (wrong tokenizer, id out of range): never skipped
                 raise DataError(where, problem + _found_by(ranks))
             self._skip_or_raise(_CorruptShard(where, problem + _found_by(ranks)))
             skipped.add(idx)
-        kept = [i for i, spec in enumerate(specs) if i not in skipped or spec.num_samples > 0]
+        # a skipped shard keeps its place only with a count every rank knew before reading anything
+        kept = [i for i in range(len(specs)) if i not in skipped or known[i] > 0]
         bad = {new for new, old in enumerate(kept) if old in skipped}
         if len(bad) == len(kept):
             raise DataError(self.name, "no readable shards left (all missing, empty or corrupt)")

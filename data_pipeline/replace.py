@@ -44,8 +44,13 @@ def _listed(manifest: Path) -> list[str] | None:
 
 def _move_back(aside: Path, out_dir: Path) -> None:
     """Every entry of ``aside`` (a folder in ``out_dir``) renamed into ``out_dir``, replacing what has
-    its name there, then ``aside`` removed; synced."""
-    for entry in sorted(aside.iterdir()):
+    its name there, the manifest last (after the shards' renames are synced: a restore cut short
+    must not leave the old manifest over the cut-short build's shards of the same names), then
+    ``aside`` removed; synced."""
+    entries = sorted(aside.iterdir(), key=lambda entry: entry.name == MANIFEST_NAME)
+    for entry in entries:
+        if entry.name == MANIFEST_NAME:
+            fsync_dir(out_dir)
         os.replace(entry, out_dir / entry.name)
     aside.rmdir()
     fsync_dir(out_dir)

@@ -89,7 +89,8 @@ done
 for n in MASTER_PORT NODE_RANK NUM_NODES GPUS_PER_NODE SSH_PORT STOP_WAIT_S; do
   case "${!n}" in *[!0-9]*) die "$n must be a non-negative integer, got '${!n}'" ;; esac
 done
-if [ "$((10#$MASTER_PORT))" -lt 1 ] || [ "$((10#$MASTER_PORT))" -gt 65535 ]; then
+if [ -z "$MASTER_PORT" ] || [ ${#MASTER_PORT} -gt 5 ] || [ "$((10#$MASTER_PORT))" -lt 1 ] \
+    || [ "$((10#$MASTER_PORT))" -gt 65535 ]; then  # length first: bash arithmetic wraps at 2^64
   die "MASTER_PORT must be a port number, 1-65535 (got $MASTER_PORT)"
 fi
 # CDPATH='': with CDPATH exported, cd prints the directory it found and the path would hold it twice

@@ -33,7 +33,8 @@ done
 [ -n "$CONFIG" ] || die "no config: pass --config FILE (a YAML run config, e.g. configs/demo.yaml)"
 [ -f "$CONFIG" ] || die "config $CONFIG does not exist"
 case "${NUM_RANKS:-}${MASTER_PORT:-}${STOP_WAIT_S:-}" in *[!0-9]*) die "NUM_RANKS, MASTER_PORT and STOP_WAIT_S must be integers" ;; esac
-if [ -n "${MASTER_PORT:-}" ] && { [ "$((10#$MASTER_PORT))" -lt 1 ] || [ "$((10#$MASTER_PORT))" -gt 65535 ]; }; then
+if [ -n "${MASTER_PORT:-}" ] && { [ ${#MASTER_PORT} -gt 5 ] || [ "$((10#$MASTER_PORT))" -lt 1 ] \
+    || [ "$((10#$MASTER_PORT))" -gt 65535 ]; }; then  # length first: bash arithmetic wraps at 2^64
   die "MASTER_PORT must be a port number, 1-65535 (got $MASTER_PORT)"
 fi
 CONFIG=$(CDPATH='' cd -- "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")  # CDPATH: cd would print the dir

@@ -285,6 +285,26 @@ def test_a_kill_at_any_rename_of_a_reshard_leaves_one_whole_dataset(tmp_path, ti
     assert _dataset_files(out) == new and not list(out.glob(".previous-dataset*"))
 
 
+def test_a_restore_moves_the_old_manifest_back_after_its_shards(tmp_path, monkeypatch):
+    """Sorted, manifest.json came back before the shard-*.tar files: a restore cut short there left
+    the old manifest over the cut-short build's shards of the same names (read as the old data by a
+    partial read), and the next build deleted the old shards still aside."""
+    import os
+
+    from data_pipeline.replace import PREVIOUS, restore_cut_short
+
+    aside = tmp_path / PREVIOUS
+    aside.mkdir()
+    for name in ("manifest.json", "a-train-000000.tar", "shard-train-000000.tar", "z-val-000000.tar"):
+        (aside / name).write_text(name)
+    (tmp_path / "shard-train-000000.tar").write_text("new, cut short")
+    moved, real = [], os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: moved.append(os.path.basename(src)) or real(src, dst))
+    assert restore_cut_short(tmp_path)
+    assert moved[-1] == "manifest.json" and len(moved) == 4
+    assert (tmp_path / "shard-train-000000.tar").read_text() == "shard-train-000000.tar" and not aside.exists()
+
+
 # --------------------------------------------------------------------------- 6: truncated streams
 def test_truncated_zst_names_the_last_whole_line_not_line_1(tmp_path):
     """A .zst cut off after many lines decoded is a stream error: it names the file and the last line

@@ -123,6 +123,28 @@ def test_a_shard_found_bad_when_a_job_restarts_keeps_the_order_it_saved(tmp_path
     assert first_ids(resumed, 60) == reference
 
 
+def test_a_plain_url_shard_one_rank_cannot_read_is_left_out_on_every_rank(ds, monkeypatch):
+    """Plain URLs are counted by each rank's own first scan: the rank that cannot read the shard has
+    no count for it, its peers do. Keeping a skipped shard by its scanned count kept it on those
+    peers and dropped it on that rank: other orders per rank for the whole run, silently."""
+    ranks = ThreadRanks(2)
+    real = loader_mod.read_shard_and_meta
+
+    def read(spec, *args, **kwargs):
+        if getattr(ranks.local, "rank", None) == 1 and spec.url.endswith("syn-train-000002.tar"):  # set-up
+            raise loader_mod._unreadable(spec.url, OSError(errno.EIO, "Input/output error"))
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(loader_mod, "read_shard_and_meta", read)
+    urls = [str(ds / f"syn-train-{i:06d}.tar") for i in range(6)]
+    loaders = ranks.run(lambda r: loader(urls, on_corrupt="skip", all_gather=ranks.all_gather))
+    assert not any(isinstance(ld, Exception) for ld in loaders), loaders
+    a, b = (ld.datasets[0] for ld in loaders)
+    assert [s.url for s in a.specs] == [s.url for s in b.specs] == urls[:2] + urls[3:]
+    assert a.bad == b.bad == set() and loaders[0].samples_per_epoch == loaders[1].samples_per_epoch == 40
+    assert first_ids(loaders[0]) == first_ids(loaders[1])
+
+
 def test_ranks_built_together_raise_the_same_line_naming_shard_and_rank(ds, monkeypatch):
     ranks = ThreadRanks(2)
     fail_precheck_on(monkeypatch, ranks, {1: "syn-train-000002.tar"})

@@ -317,17 +317,21 @@ def test_multi_node_ssh_mode_refuses_forwarded_values_the_remote_shell_would_cha
     _assert_one_line_error(proc, "cannot forward MY_NOTES", "newline")
 
 
+@pytest.mark.parametrize("port", ["99999", "0", "18446744073709551617"])  # the last wraps to 1 in bash arithmetic
 @pytest.mark.parametrize("script", ["single_node.sh", "multi_node.sh"])
-def test_a_master_port_past_65535_is_one_line(stubs, tmp_path, script):
+def test_a_master_port_outside_1_to_65535_is_one_line(stubs, tmp_path, script, port):
     """Only "an integer" was checked: every rank then died in a TypeError traceback from TCPStore."""
     env, out, calls = stubs
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=2\n")
-    env.update(MASTER_PORT="99999", DS_ACCELERATOR="cpu", NUM_NODES="1", NODE_RANK="0", MASTER_ADDR="localhost")
+    env.update(MASTER_PORT=port, DS_ACCELERATOR="cpu", NUM_NODES="1", NODE_RANK="0", MASTER_ADDR="localhost")
     extra = ["--hostfile", str(hostfile)] if script == "multi_node.sh" else []
     proc = _run(["bash", f"launch/{script}", "--config", "configs/demo.yaml", *extra], env=env)
     assert proc.returncode == 2 and calls() == [], proc.stderr
-    assert proc.stderr.strip() == f"{script}: error: MASTER_PORT must be a port number, 1-65535 (got 99999)"
+    assert proc.stderr.strip() == f"{script}: error: MASTER_PORT must be a port number, 1-65535 (got {port})"
+    if script == "multi_node.sh":  # an empty --master_port= : was bash's "invalid integer constant", exit 1
+        proc = _run(["bash", f"launch/{script}", "--config", "configs/demo.yaml", *extra, "--master_port="], env=env)
+        assert proc.returncode == 2 and proc.stderr.strip().endswith("MASTER_PORT must be a port number, 1-65535 (got )")
 
 
 def test_an_exported_cdpath_does_not_change_the_config_path(stubs, tmp_path):
