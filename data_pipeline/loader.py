@@ -520,8 +520,8 @@ class _Dataset:
         bad: its slots are filled from the next healthy shard, exactly as when a read finds it bad
         mid-run, so the order does not depend on when a fault was found (a job that restarts after a
         shard went bad resumes the order it saved, not a permutation over fewer shards that re-read
-        consumed samples and missed others). An empty shard, or one whose count is not known (a
-        plain URL the first scan could not read), has no slots: it is left out.
+        consumed samples and missed others). An empty shard, or one whose count no rank knew before
+        reading (a plain URL: each rank counts it in its own scan), has no slots: it is left out.
 
         With ``all_gather`` (see StreamingLoader) the verdict is taken on every rank's findings: a
         shard any rank could not use is dropped on all, and in error mode every rank raises the same
