@@ -84,7 +84,7 @@ def print_config(args: argparse.Namespace) -> None:
     from ascender_dist.tools.run_vocab import run_vocab
 
     cfg = load_config(args.config, args.overrides)
-    run = run_vocab(cfg, args.vocab_size, default=32000)
+    run = run_vocab(cfg, args.vocab_size)  # the default plan assumes too: one model for both commands
     vocab = run.size
     counts = count_model(cfg.model, vocab, cfg.parallel.tensor_model_parallel_size)
     print(dump_yaml(to_dict(cfg)).rstrip())
@@ -326,7 +326,8 @@ def _parser() -> argparse.ArgumentParser:
     p_print = sub.add_parser("print-config", help="print the resolved config, parameter count and FLOPs/token")
     _config_args(p_print)
     p_print.add_argument("--vocab-size", type=int, default=None,
-                         help="vocab size when the config has no model.vocab_size and its tokenizer file is not there")
+                         help="vocab size when the config has no model.vocab_size and its tokenizer file is not there "
+                              "(default 50304, as plan)")
     p_print.set_defaults(fn=print_config)
     p_cons = sub.add_parser("consolidate", help="training checkpoint (any layout) -> consolidated safetensors")
     p_cons.add_argument("--checkpoint", required=True, help="checkpoint directory (holds 'latest')")

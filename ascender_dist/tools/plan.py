@@ -35,9 +35,9 @@ from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.config.resolve import pad_vocab_size, validate
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.counting import count_model, layer_params as layer_params_of
+from ascender_dist.tools.run_vocab import DEFAULT_VOCAB_SIZE  # the shared assumption (research reads it here)
 
 GIB = 2**30
-DEFAULT_VOCAB_SIZE = 50304  # GPT-2's 50257 padded to a multiple of 128 (used when nothing else says)
 DEFAULT_HEADROOM = 0.9
 ACTIVATION_BYTES = {"bf16": 2, "fp32": 4}  # bytes per stored activation value
 MASK_BYTES = 1  # a dropout mask on a GPU (torch's fused dropout keeps bool; its CPU path keeps the dtype)

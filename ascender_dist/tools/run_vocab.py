@@ -37,9 +37,14 @@ def _tokenizer_size(tokenizer: str) -> int:
     return Tokenizer.load(Path(tokenizer)).vocab_size
 
 
-def run_vocab(cfg, explicit: Optional[int], default: int) -> RunVocab:
+# assumed when neither the config, its tokenizer nor --vocab-size says: GPT-2's 50257 padded to a
+# multiple of 128; one value for every command, so print-config and plan count one model
+DEFAULT_VOCAB_SIZE = 50304
+
+
+def run_vocab(cfg, explicit: Optional[int], default: int = DEFAULT_VOCAB_SIZE) -> RunVocab:
     """The vocab size of the run ``cfg`` describes; ``explicit`` is ``--vocab-size``, ``default`` the
-    command's assumption when nothing else says."""
+    assumption when nothing else says."""
     if explicit is not None and explicit < 1:
         raise ConfigError("--vocab-size", f"must be >= 1 (got {explicit})")
     tokenizer = cfg.data.tokenizer or None

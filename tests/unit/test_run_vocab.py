@@ -103,3 +103,18 @@ def test_training_refuses_a_tokenizer_larger_than_the_stated_vocab():
     assert derive(cfg, 1, 4000).padded_vocab_size == 4096  # fewer pieces: some rows unused, allowed
     with pytest.raises(ConfigError, match=r"^model.vocab_size: 4096 is smaller than the tokenizer's 5000 pieces"):
         derive(cfg, 1, 5000)
+
+
+def test_print_config_and_plan_assume_one_vocab_size(tmp_path, capsys):
+    """print-config assumed 32000 and plan 50304 for one config without a vocab: two parameter counts."""
+    import re
+
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  preset: small\ntrain:\n  micro_batch_size: 4\n  global_batch_size: 32\n")
+    assert cli_main(["print-config", "--config", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert cli_main(["plan", "--config", str(path)]) == 0
+    planned = capsys.readouterr().out
+    assert "# vocab size (before padding): 50304 (ASSUMED" in printed
+    params = re.search(r"# parameters: ([\d,]+) total", printed).group(1)
+    assert params in planned, (params, planned[:400])
