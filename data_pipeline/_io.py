@@ -34,6 +34,12 @@ from .errors import DataError
 log = logging.getLogger(__name__)
 
 
+def file_identity(path) -> str:
+    """What makes two spellings of a local path one file, for the checks that refuse reading one
+    twice (shards, corpus inputs): the resolved path (``x``, ``./x``, ``dir/../x``, a symlink to it)."""
+    return os.path.realpath(path)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary sibling and a rename, so readers never see half a file.
 

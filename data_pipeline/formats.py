@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from ._io import file_identity
 from .errors import DataError
 from .fast_shard import open_tar, tar_has_end_marker
 
@@ -101,14 +102,10 @@ def expand_inputs(inputs: Iterable[Path | str]) -> list[Path]:
 
 
 def _refuse_one_file_twice(files: list[Path]) -> None:
-    """A DataError naming both spellings of the first file (same device and inode) listed twice."""
-    seen: dict[tuple[int, int], Path] = {}
+    """A DataError naming both spellings of the first file (:func:`._io.file_identity`) listed twice."""
+    seen: dict[str, Path] = {}
     for path in files:
-        try:
-            st = path.stat()
-        except OSError:  # unreadable: its reader names it
-            continue
-        first = seen.setdefault((st.st_dev, st.st_ino), path)
+        first = seen.setdefault(file_identity(path), path)
         if first is not path:
             same = "named twice" if first == path else f"the same file as {first}"
             raise DataError(str(path), f"input {same}: its documents would be read twice")

@@ -54,7 +54,7 @@ from webdataset.gopen import gopen as wds_gopen
 import webdataset.tariterators as wds_tar
 from webdataset.shardlists import expand_urls
 
-from ._io import sha256_bytes
+from ._io import file_identity, sha256_bytes
 from .errors import DataError
 from .fast_shard import decode_regular_shard, open_tar, probe_layout, tar_has_end_marker
 from .shards import Manifest, check_field_types, load_manifest, reads_as_url
@@ -1066,7 +1066,7 @@ def _shard_identity(spec: ShardSpec) -> str:
     """What makes two shard URLs one shard: the resolved file of a local path (``x.tar``,
     ``./x.tar``, ``file:x.tar`` and a symlink to it are one), else the URL as written."""
     path = spec.local_path
-    return spec.url if path is None else os.path.realpath(path)
+    return spec.url if path is None else file_identity(path)
 
 
 def _check_one_tokenizer(datasets) -> None:
