@@ -87,20 +87,24 @@ def has_cuda_device() -> bool:
     return gpus.is_dir() and any(gpus.iterdir())
 
 
-def installed_torch(python: str) -> str | None:
-    """Version of torch installed for ``python`` (or what ASCENDER_TORCH_PROBE prints), else None."""
-    probe = os.environ.get("ASCENDER_TORCH_PROBE")
+def _probe(python: str, code: str, probe_var: str | None = None) -> str | None:
+    """What ``python -c code`` prints (stripped; None when it fails), or, when the environment sets
+    ``probe_var``, what that shell command prints with ``$ASCENDER_PROBED_PYTHON`` = ``python``."""
+    probe = os.environ.get(probe_var) if probe_var else None
     if probe is not None:
         env = {**os.environ, "ASCENDER_PROBED_PYTHON": python}
-        out = subprocess.run(probe, shell=True, capture_output=True, text=True, env=env).stdout.strip()
-        return out or None
-    if not python or not Path(python).exists() and not shutil.which(python):
+        return subprocess.run(probe, shell=True, capture_output=True, text=True, env=env).stdout.strip()
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def installed_torch(python: str) -> str | None:
+    """Version of torch installed for ``python`` (or what ASCENDER_TORCH_PROBE prints), else None."""
+    if "ASCENDER_TORCH_PROBE" not in os.environ and (not python or not Path(python).exists()
+                                                     and not shutil.which(python)):
         return None
     code = "from importlib.metadata import version; print(version('torch'))"
-    out = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
+    return _probe(python, code, "ASCENDER_TORCH_PROBE") or None
 
 
 def is_cuda_build(python: str, version: str) -> bool:
@@ -110,15 +114,10 @@ def is_cuda_build(python: str, version: str) -> bool:
     or only ASCENDER_TORCH_PROBE is set): the suffix decides, and setup.sh checks the result."""
     if version.endswith("+cpu"):
         return False
-    probe = os.environ.get("ASCENDER_TORCH_CUDA_PROBE")
-    if probe is not None:
-        env = {**os.environ, "ASCENDER_PROBED_PYTHON": python}
-        return bool(subprocess.run(probe, shell=True, capture_output=True, text=True, env=env).stdout.strip())
-    if os.environ.get("ASCENDER_TORCH_PROBE") is not None:
+    if "ASCENDER_TORCH_CUDA_PROBE" not in os.environ and "ASCENDER_TORCH_PROBE" in os.environ:
         return True
-    out = subprocess.run([python, "-c", "import torch; print(torch.version.cuda or '')"], capture_output=True,
-                         text=True)
-    return out.returncode != 0 or bool(out.stdout.strip())
+    cuda = _probe(python, "import torch; print(torch.version.cuda or '')", "ASCENDER_TORCH_CUDA_PROBE")
+    return cuda is None or bool(cuda)
 
 
 def python_problem(venv_python: str, pyproject: Path = REPO_ROOT / "pyproject.toml") -> str | None:
@@ -130,11 +129,10 @@ def python_problem(venv_python: str, pyproject: Path = REPO_ROOT / "pyproject.to
         return (f"Python {sys.version_info[0]}.{sys.version_info[1]} ({sys.executable}) is older than the project's "
                 f"{m[1]}.{m[2]}: set PYTHON to a Python {m[1]}.{m[2]}+ interpreter")
     if Path(venv_python).exists():
-        out = subprocess.run([venv_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                             capture_output=True, text=True)
+        theirs = _probe(venv_python, "import sys; print('%d.%d' % sys.version_info[:2])")
         ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
-        if out.returncode == 0 and out.stdout.strip() != ours:
-            return (f"{venv_python} is Python {out.stdout.strip()}, this setup runs Python {ours} ({sys.executable}): "
+        if theirs and theirs != ours:
+            return (f"{venv_python} is Python {theirs}, this setup runs Python {ours} ({sys.executable}): "
                     "delete .venv (rm -rf .venv) and re-run")
     return None
 
