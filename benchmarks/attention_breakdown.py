@@ -72,7 +72,7 @@ TILE_OP_US = 50.0  # average self time per call above which a non-GEMM op counts
 # step of the algorithm -> the fast path's functions (module, name[, the caller it is counted under]) whose
 # cumulative time it is; no function is nested in another of the list under the callers given
 STEPS = {
-    "neighbour search": [("fast_neighbours", "search_vectors"), ("fast_neighbours", "neighbours")],
+    "neighbour search": [("neighbour_rule", "search_vectors"), ("fast_neighbours", "neighbours")],
     "whole-sequence operands and gradients": [("fast_function", "_all_operands"), ("fast_function", "_grad_buffers"),
                                               ("fast_grads", "input_grads")],
     "kernel + Separation tiles (fwd, bwd recompute)": [("fast_tiles", "kernel_tiles")],

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ascender_dist.models.ascender import fast_moments
-from ascender_dist.models.ascender.fast_neighbours import chunk_bounds, neighbours, search_vectors
+from ascender_dist.models.ascender.fast_neighbours import chunk_bounds, neighbours
+from ascender_dist.models.ascender.neighbour_rule import search_vectors
 from ascender_dist.models.ascender.fast_row_grads import row_algebra_backward
 from ascender_dist.models.ascender.fast_rows import row_algebra, row_inputs
 from ascender_dist.models.ascender.fast_tiles import Call, kernel_tiles, operands

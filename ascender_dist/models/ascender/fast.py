@@ -35,7 +35,8 @@ import torch
 
 from ascender_dist.config.ascender_hparams import AscenderHParams
 from .fast_function import FusedChunks
-from .fast_neighbours import chunk_bounds, neighbours, search_vectors
+from .fast_neighbours import chunk_bounds, neighbours
+from .neighbour_rule import search_vectors
 from .fast_rows import aux_losses
 from .fast_tiles import Call, Spec, with_z_origin
 from .params import AscenderHeadParams

@@ -1,14 +1,14 @@
-"""Neighbourhoods of the fast path: query chunks, the search vectors, top-k neighbours N_k(i)
-chunk by chunk (no gradient flows through the choice), and the headings u_i from the neighbours' keys."""
+"""Neighbourhoods of the fast path: query chunks, top-k neighbours N_k(i) chunk by chunk (the
+shared rule of neighbour_rule; no gradient flows through the choice), and the headings u_i from
+the neighbours' keys."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
 
 from ascender_dist.config.ascender_hparams import AscenderHParams
+from .neighbour_rule import search_scores, top_k
 
 NEG_INF = float("-inf")
 
@@ -29,28 +29,6 @@ def tile_visibility(c0: int, c1: int, n_keys: int, causal: bool, device) -> torc
 
 
 # ----------------------------------------------------------------------------- neighbours
-def topk_masked(scores, cand, cols, k: int):
-    """Top-k of scores over cand; returns absolute column idx and a valid mask, both [.., k]."""
-    scores = scores.masked_fill(~cand, NEG_INF)
-    kk = min(k, scores.shape[-1])
-    val, pos = torch.topk(scores, kk, dim=-1)
-    valid = torch.isfinite(val)
-    idx = cols[pos]
-    if kk < k:
-        idx, valid = F.pad(idx, (0, k - kk)), F.pad(valid, (0, k - kk))
-    return idx.masked_fill(~valid, 0), valid
-
-
-@torch.no_grad()
-def search_vectors(q, k, h, hp: AscenderHParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """(query-side, key-side) vectors whose dot products N_k(i) ranks, detached: unit h for
-    the affinity, (q / sqrt(d), k) for the base scores (hp.neighbour_source)."""
-    if hp.neighbour_source == "affinity":
-        hhat = F.normalize(h.detach(), dim=-1, eps=hp.eps)
-        return hhat, hhat
-    return q.detach() / math.sqrt(q.shape[-1]), k.detach()
-
-
 @torch.no_grad()
 def neighbours(xq: torch.Tensor, xk: torch.Tensor, hp: AscenderHParams, chunks) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k N_k(i) of xq_i . xk_j over j != i, j visible (and in window or global), chunk by
@@ -68,7 +46,7 @@ def neighbours(xq: torch.Tensor, xk: torch.Tensor, hp: AscenderHParams, chunks) 
             hi = c1 if hp.causal else n
             cols = torch.arange(hi, device=dev)
             cand = (cols[None, :] != i) & ((cols[None, :] < i) if hp.causal else True)
-            scores = hq @ xk[..., :hi, :].transpose(-1, -2)
+            scores = search_scores(hq, xk[..., :hi, :])
         else:
             lo, hi = max(0, c0 - hp.window), (c1 if hp.causal else min(n, c1 + hp.window))
             band = torch.arange(lo, hi, device=dev)
@@ -79,11 +57,9 @@ def neighbours(xq: torch.Tensor, xk: torch.Tensor, hp: AscenderHParams, chunks) 
                 [((band[None, :] - i).abs() <= hp.window) & (band[None, :] >= hp.num_global),
                  torch.ones(len(i), len(glob), dtype=torch.bool, device=dev)], dim=1)  # fmt: skip
             cand = in_band & (j != i) & ((j < i) if hp.causal else True)
-            scores = torch.cat(
-                [hq @ xk[..., lo:hi, :].transpose(-1, -2), hq @ xk[..., glob, :].transpose(-1, -2)],
-                dim=-1,
-            )  # [b, np, C, band + g]
-        idx, valid = topk_masked(scores, cand, cols, hp.k)
+            scores = torch.cat([search_scores(hq, xk[..., lo:hi, :]), search_scores(hq, xk[..., glob, :])],
+                               dim=-1)  # [b, np, C, band + g]
+        idx, valid = top_k(scores, cand, cols, hp.k)
         out_idx.append(idx)
         out_valid.append(valid)
     return torch.cat(out_idx, dim=-2), torch.cat(out_valid, dim=-2)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from .common import safe_sqrt, total_variation, variance_denominator, weighted_aux_total
 from ascender_dist.config.ascender_hparams import AscenderHParams
+from .neighbour_rule import search_scores, search_vectors, top_k
 from .params import ALIGN, COH, SEP, AscenderHeadParams
 
 NAMES = ("align", "sep", "coh")
@@ -59,21 +60,15 @@ def candidate_mask(n: int, hp: AscenderHParams, device) -> torch.Tensor:
     return cand
 
 
-def dense_neighbours(a: torch.Tensor, cand: torch.Tensor, k: int):
-    """Top-k of a_ij over candidates. Returns idx [b, np, s, k] (long) and valid [b, np, s, k].
+def dense_neighbours(xq: torch.Tensor, xk: torch.Tensor, cand: torch.Tensor, k: int):
+    """Top-k of the search scores xq_i . xk_j over the candidates, by the shared rule
+    (neighbour_rule: float64 scores rounded to float32, ties to the lowest key index).
+    Returns idx [b, np, s, k] (long) and valid [b, np, s, k].
 
     Rows with fewer than k candidates (sequence start, causal) get the ones they have;
     the other slots are marked invalid (idx 0).
     """
-    scores = a.detach().masked_fill(~cand, float("-inf"))
-    kk = min(k, a.shape[-1])
-    val, idx = torch.topk(scores, kk, dim=-1)  # [b, np, s, kk]
-    valid = torch.isfinite(val)
-    if kk < k:
-        pad = k - kk
-        idx = F.pad(idx, (0, pad))
-        valid = F.pad(valid, (0, pad))
-    return idx.masked_fill(~valid, 0), valid
+    return top_k(search_scores(xq, xk), cand, torch.arange(xk.shape[-2], device=xk.device), k)
 
 
 def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -216,8 +211,8 @@ def reference_attention(
     terms, rows, maps = {}, {}, {"S_base": S_base}
     hhat = F.normalize(h, dim=-1, eps=hp.eps)
     a = hhat @ hhat.transpose(-1, -2)  # cosine affinity, [b, np, s, s]
-    ranked = a if hp.neighbour_source == "affinity" else S_base  # what N_k(i) is the top-k of
-    idx, valid = dense_neighbours(ranked, candidate_mask(n, hp, q.device), hp.k)
+    # N_k(i) ranks the affinity or the base scores (hp.neighbour_source), by the shared rule
+    idx, valid = dense_neighbours(*search_vectors(q, k, h, hp), candidate_mask(n, hp, q.device), hp.k)
     rows["neighbour_idx"], rows["neighbour_valid"] = idx, valid
     u = phi = c = None
     if hp.use_align:

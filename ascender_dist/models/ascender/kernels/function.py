@@ -25,7 +25,8 @@ import torch
 from ..common import count_denom, swap_last_two
 from ..fast_grads import input_grads
 from ..fast_moments import MOMENT_STRIDE
-from ..fast_neighbours import chunk_bounds, neighbours, search_vectors
+from ..fast_neighbours import chunk_bounds, neighbours
+from ..neighbour_rule import search_vectors
 from ..fast_row_grads import row_algebra_backward
 from ..fast_rows import aux_losses, grad_sinks, row_algebra, row_inputs, scatter_row_grads, store_rows
 from ..fast_tiles import Call, Spec, kernel_tiles, moved_stats, operands, with_z_origin
