@@ -89,8 +89,8 @@ def run_ranks(full: ConnectionLayer, hp, x, g):
             reasoned = []  # the replicated slot states each rank reasons over (its stop reads them)
             reason = layer.reason
 
-            def recorded(state):
-                out = reason(state)
+            def recorded(state, base=None):
+                out = reason(state, base=base)
                 reasoned.append(out[0].detach().clone())
                 return out
 
@@ -119,6 +119,18 @@ def run_ranks(full: ConnectionLayer, hp, x, g):
     list(itertools.product((False, True), ("linear", "bilinear"), ("sample", "slot"), (True, False))),
 )
 def test_tp2_shards_match_unsharded_layer(causal, connection, granularity, normalize):
+    _check_tp2_shards_match_unsharded_layer(causal, connection, granularity, normalize)
+
+
+@pytest.mark.parametrize("causal, connection", list(itertools.product((False, True), ("linear", "bilinear"))))
+def test_tp2_shards_match_unsharded_layer_on_the_split_state_path(monkeypatch, causal, connection):
+    """The bf16 / fp16 path (slots plus an added part: one more influence and split expansion
+    collectives), taken in float64."""
+    monkeypatch.setattr(ConnectionLayer, "_split_state", lambda self, x: True)
+    _check_tp2_shards_match_unsharded_layer(causal, connection, "sample", True)
+
+
+def _check_tp2_shards_match_unsharded_layer(causal, connection, granularity, normalize):
     hp = ConnectionHParams(num_slots=4, connection=connection, rank=4, max_steps=6, threshold=0.2,
                            stop_granularity=granularity, causal=causal, causal_chunk_size=3,
                            init_std=0.4, connection_init_scale=0.05, normalize_compression=normalize)

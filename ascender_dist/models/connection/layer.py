@@ -116,10 +116,14 @@ def _exclusive_cumsum(t: Tensor, dim: int) -> Tensor:
     return torch.cat([head, _cumsum(t, dim).narrow(dim, 0, t.shape[dim] - 1)], dim=dim)
 
 
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """At least fp32."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _softmax(scores: Tensor) -> Tensor:
     """Softmax over the last dim in at least fp32 (bf16 scores lose the small weights)."""
-    compute = torch.promote_types(scores.dtype, torch.float32)
-    return torch.softmax(scores, dim=-1, dtype=compute).to(scores.dtype)
+    return torch.softmax(scores, dim=-1, dtype=_wide(scores.dtype)).to(scores.dtype)
 
 
 @dataclass
@@ -252,7 +256,7 @@ class ConnectionLayer(nn.Module):
         partial = torch.bmm(temp, self.tgt.view(n, n * rl, d)).transpose(0, 1)  # [m, j, D], partial over r
         return self.reduce_fn(partial)
 
-    def reason(self, state: Tensor) -> tuple[Tensor, Tensor, int]:
+    def reason(self, state: Tensor, base: Optional[Tensor] = None) -> tuple[Tensor, Tensor, int]:
         """Adaptive reasoning on state [m, N, D]; returns (state, steps, loop iterations).
 
         Each iteration applies ``relu(influence)`` to the still-active samples (or slots) and
@@ -260,16 +264,24 @@ class ConnectionLayer(nn.Module):
         Frozen entries are carried bit-for-bit (``torch.where``), so checking for 'all converged'
         only every ``stop_check_every`` steps changes cost, never results. The check is the only
         host sync (one per checked step); everything else stays on the device.
+
+        ``base``: the fixed slots [N, D] when ``state`` holds only what is added to them, in a wider
+        dtype (``_split_state``): the influence is linear, so base's is computed once and each step
+        adds the influence of the state rounded on its own scale; returns the part added to base.
         """
         hp = self.hp
         per_slot = hp.stop_granularity == "slot"
         active = torch.ones(state.shape[:2] if per_slot else state.shape[:1], dtype=torch.bool, device=state.device)
         steps = torch.zeros(active.shape, dtype=torch.int32, device=state.device)
+        base_influence = None if base is None else self._influence(base[None]).to(state.dtype)  # [1, N, D]
         every, iterations = hp.stop_check_every, 0
         for step in range(hp.max_steps):
             if step > 0 and every > 0 and step % every == 0 and not bool(active.any()):
                 break  # host sync: identical on all TP ranks, since `active` is post-reduce
-            update = torch.relu(self._influence(state))  # [m, N, D]
+            if base is None:
+                update = torch.relu(self._influence(state))  # [m, N, D]
+            else:
+                update = torch.relu(base_influence + self._influence(state.to(base.dtype)).to(state.dtype))
             keep = active[:, :, None] if per_slot else active[:, None, None]
             state = torch.where(keep, state + update, state)
             steps = steps + active.to(steps.dtype)
@@ -284,6 +296,36 @@ class ConnectionLayer(nn.Module):
         k = keys_state @ self.w_k_out  # [..., N, D_l]
         scores = self.reduce_fn(torch.einsum(eq, q, k))  # [..., tokens, N]
         return _softmax(scores / math.sqrt(self.hidden_size))
+
+    def _expand(self, xc: Tensor, reasoned: Tensor, eq_scores: str, eq_out: str) -> tuple[Tensor, Tensor]:
+        """(p, y): token -> reasoned-slot attention [..., tokens, N] and the partial output
+        [..., tokens, D] read from the reasoned slots [..., N, D] (xc through copy_fn)."""
+        rc = self.copy_fn(reasoned)
+        p = self._expansion_probs(xc, rc, eq_scores)
+        values = self._local_cols(rc) @ self.w_v_out  # [..., N, D], partial over hidden shards
+        return p, torch.einsum(eq_out, self.copy_fn(p), values)
+
+    def _expand_split(self, xc: Tensor, added: Tensor, eq_scores: str, eq_out: str) -> tuple[Tensor, Tensor]:
+        """_expand of the reasoned slots ``slots + added`` (``_split_state``; added in the wider dtype)
+        without ever rounding their sum: keys, values, scores and output are linear in the slots, so
+        the slots' and the added part's terms are computed each in the layer's dtype and summed in the
+        wider one. Returns p in the layer's dtype and the partial output in the wider one."""
+        low, wide, d = self.slots.dtype, added.dtype, self.hidden_size
+        ac = self.copy_fn(added.to(low))  # [..., N, D]
+        hc = self.copy_fn(self.slots)  # [N, D]
+        q = xc @ self.w_q_out  # [..., tokens, D_l]
+        scores = torch.einsum(eq_scores, q, ac @ self.w_k_out).to(wide) + (q @ (hc @ self.w_k_out).T).to(wide)
+        p = _softmax(self.reduce_fn(scores) / math.sqrt(d)).to(low)  # [..., tokens, N]
+        pc = self.copy_fn(p)
+        y = torch.einsum(eq_out, pc, self._local_cols(ac) @ self.w_v_out).to(wide)
+        return p, y + (pc @ (self._local_cols(hc) @ self.w_v_out)).to(wide)  # [..., tokens, D], partial
+
+    def _split_state(self, x: Tensor) -> bool:
+        """Carry the slot state as the slots plus a part added to them in fp32 (``reason``'s base)?
+        In bf16 / fp16: the state adds the token activation (RMS ~0.02 at init) to slots of
+        elements ~1, whose rounding (spacing ~0.004-0.008 in bf16) kept ~10% of the activation's
+        precision. fp32 keeps the plain sum (the same function: tests/unit/test_connection_layer.py)."""
+        return x.dtype in (torch.bfloat16, torch.float16)
 
     # ------------------------------------------------------------------ forward
 
@@ -301,13 +343,14 @@ class ConnectionLayer(nn.Module):
         act = self.gather_fn(torch.einsum("bsn,bsd->bnd", self.copy_fn(a), v))  # [b, N, D]
         if self.hp.normalize_compression:  # after the gather: the division must see replicated values
             act = act / a.sum(1).clamp_min(self.hp.compression_eps)[..., None]  # / slot load [b, N, 1]
-        state = self.slots + act  # [b, N, D]
-        reasoned, steps, iters = self.reason(state)
+        if self._split_state(x):
+            added, steps, iters = self.reason(act.to(_wide(x.dtype)), base=self.slots)  # [b, N, D]
+            _, y = self._expand_split(xc, added, "bsd,bnd->bsn", "bsn,bne->bse")  # [b, s, D], partial
+            y = y.to(x.dtype)
+        else:
+            reasoned, steps, iters = self.reason(self.slots + act)  # [b, N, D]
+            _, y = self._expand(xc, reasoned, "bsd,bnd->bsn", "bsn,bne->bse")  # [b, s, D], partial
         self.last_stats = ReasoningStats(steps=steps.detach(), iterations=iters)
-        rc = self.copy_fn(reasoned)  # [b, N, D]
-        p = self._expansion_probs(xc, rc, "bsd,bnd->bsn")  # [b, s, N]
-        values = self._local_cols(rc) @ self.w_v_out  # [b, N, D], partial over hidden shards
-        y = torch.einsum("bsn,bne->bse", self.copy_fn(p), values)  # [b, s, D], partial
         return self.reduce_fn(y)
 
     def _forward_causal(self, x: Tensor) -> Tensor:
@@ -325,14 +368,18 @@ class ConnectionLayer(nn.Module):
         prev_load = _exclusive_cumsum(a.sum(2), dim=1)  # [b, nch, N]
         if hp.normalize_compression:  # after the gather: the division must see replicated values
             prev_act = prev_act / prev_load.clamp_min(hp.compression_eps)[..., None]
-        state = self.slots + prev_act  # [b, nch, N, D]
-        reasoned, steps, iters = self.reason(state.reshape(b * nch, hp.num_slots, d))  # [b*nch, N, D]
+        eqs = ("bkcd,bknd->bkcn", "bkcn,bkne->bkce")
+        if self._split_state(x):
+            added, steps, iters = self.reason(prev_act.to(_wide(x.dtype)).reshape(b * nch, hp.num_slots, d),
+                                              base=self.slots)
+            p, y = self._expand_split(xc.view(b, nch, c, d), added.view(b, nch, hp.num_slots, d), *eqs)
+            y = (y + self._own_chunk(p, a, prev_load, v).to(y.dtype)).to(x.dtype)  # [b, nch, c, D], partial
+        else:
+            state = self.slots + prev_act  # [b, nch, N, D]
+            reasoned, steps, iters = self.reason(state.reshape(b * nch, hp.num_slots, d))  # [b*nch, N, D]
+            p, y = self._expand(xc.view(b, nch, c, d), reasoned.view(b, nch, hp.num_slots, d), *eqs)
+            y = y + self._own_chunk(p, a, prev_load, v)  # [b, nch, c, D], partial
         self.last_stats = ReasoningStats(steps=steps.detach().view(b, nch, *steps.shape[1:]), iterations=iters)
-        rc = self.copy_fn(reasoned.view(b, nch, hp.num_slots, d))  # [b, nch, N, D]
-        p = self._expansion_probs(xc.view(b, nch, c, d), rc, "bkcd,bknd->bkcn")  # [b, nch, c, N]
-        values = self._local_cols(rc) @ self.w_v_out  # [b, nch, N, D], partial
-        y = torch.einsum("bkcn,bkne->bkce", self.copy_fn(p), values)  # [b, nch, c, D], partial
-        y = y + self._own_chunk(p, a, prev_load, v)  # [b, nch, c, D], partial
         return self.reduce_fn(y).reshape(b, nch * c, d)[:, :s]  # [b, s, D]
 
     def _own_chunk(self, p: Tensor, a: Tensor, prev_load: Tensor, v: Tensor) -> Tensor:
