@@ -164,6 +164,28 @@ def _softmax_bytes(m, act_bytes: int) -> int:
     return SOFTMAX_BYTES + (act_bytes if act_bytes != SOFTMAX_BYTES else 0)
 
 
+def ascender_core_bytes(hp, head_dim: int, act_bytes: int) -> int:
+    """Bytes ASCender's core attention keeps for backward per token and head (AscenderHParams hp),
+    on the path training takes on a GPU (impl auto): the Triton kernels for their head dims, else
+    the fused torch path. Both compute in fp32 (bf16 / fp16 inputs upcast) and keep: the inputs
+    q, k, v, z, h (k, v per query head: grouped-query attention expands them before the core; the
+    Triton path keeps them as given, the torch path its fp32 copies), the output (with the L_coh
+    value columns when that loss is on), Separation's row statistics (rho, mu, var) and the top-k
+    indices (int32) and valid flags; the Triton path also the softmax's log-sum-exp, the Cohesion
+    moments (d_z + 2) and the L_sep row. Checked against autograd's saved tensors per path
+    (tests/unit/test_plan_activations.py)."""
+    from ascender_dist.models.ascender.kernels.support import SUPPORTED_HEAD_DIMS
+
+    fp32 = max(act_bytes, 4)
+    triton = head_dim in SUPPORTED_HEAD_DIMS
+    inputs = (3 * head_dim + hp.d_z + hp.d_a) * (act_bytes if triton else fp32)
+    out = head_dim + (hp.d_z + 1 if hp.use_coh and hp.aux_compactness_weight > 0 else 0)
+    rows = out + (3 if hp.use_sep else 0)
+    if triton:
+        rows += 1 + (hp.d_z + 2 if hp.use_coh else 0) + (1 if hp.use_sep and hp.aux_crowding_weight > 0 else 0)
+    return inputs + fp32 * rows + hp.k * (4 + 1)
+
+
 def _layer_activation_bytes(cfg: RunConfig, letter: str, micro_batch: int, act_bytes: int) -> float:
     """Stored activations of one layer for one micro-batch on one GPU.
 
@@ -192,17 +214,13 @@ def _layer_activation_bytes(cfg: RunConfig, letter: str, micro_batch: int, act_b
     else:
         rep += act_bytes * h  # the QKV projection's input
         par += act_bytes * h  # the output projection's input
-        if letter == "S":
-            # ASCender: no path keeps an s x s tensor; q, k, v as the QKV output, the z and h channels
-            # (d_z + d_a per head) and (conservatively) folded q_aug, k_aug, hd + d_z + 1 wider per
-            # head than q, k (the CPU fast path keeps less: no folded tensors, docs/ascender.md)
-            hp = m.ascender
-            kv = (m.num_query_groups or a) * head_dim
-            par += act_bytes * (h + 2 * kv + a * (hp.d_z + hp.d_a) + 2 * a * (head_dim + hp.d_z + 1))
+        rope = 4 * s * head_dim * act_bytes if m.position_embedding_type == "rope" else 0  # cos / sin
+        if letter == "S":  # no s x s tensor, no mask: what the core keeps per token and head
+            par += a * ascender_core_bytes(m.ascender, head_dim, act_bytes)
+            per_layer = rope  # (and per-head parameter copies: tens of bytes per head, not counted)
         else:
             par += act_bytes * _qkv_values(m, head_dim) + _softmax_bytes(m, act_bytes) * a * s
-            rope = 4 * s * head_dim * act_bytes if m.position_embedding_type == "rope" else 0
-            per_layer = s * s + rope  # the causal mask (bool) and cos / sin, whatever the batch
+            per_layer = s * s + rope  # the causal mask (bool), whatever the batch
     return s * micro_batch * (rep / tau + par / t) + per_layer
 
 

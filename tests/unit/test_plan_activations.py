@@ -25,12 +25,12 @@ CASES = {
 }
 
 
-def _config(precision: str, model: dict, layers: int):
+def _config(precision: str, model: dict, layers: int, batch: int = BATCH):
     return config_from_dict({"model": {**MODEL, **model, "num_layers": layers},
-                             "train": {"precision": precision, "micro_batch_size": BATCH, "global_batch_size": BATCH}})
+                             "train": {"precision": precision, "micro_batch_size": batch, "global_batch_size": batch}})
 
 
-def _saved_bytes(cfg) -> int:
+def _saved_bytes(cfg, impl: str | None = None) -> int:
     """Bytes of every storage autograd keeps during one forward of the training loss (not parameters)."""
     from ascender_dist.models.build import lm_loss
     from ascender_dist.parallel.setup import destroy_model_parallel, init_model_parallel
@@ -39,6 +39,9 @@ def _saved_bytes(cfg) -> int:
     destroy_model_parallel()
     init_model_parallel(1, 1, seed=1)
     model = build_run_model(cfg, derive(cfg, 1, VOCAB)).train()
+    for module in model.modules():  # ASCender's core attention: force a path (impl is its knob)
+        if impl is not None and hasattr(module, "impl"):
+            module.impl = impl
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen = {}
 
@@ -47,7 +50,8 @@ def _saved_bytes(cfg) -> int:
         seen[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    tokens = torch.randint(0, VOCAB, (BATCH, cfg.model.seq_length + 1), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, VOCAB, (cfg.train.micro_batch_size, cfg.model.seq_length + 1),
+                           generator=torch.Generator().manual_seed(0))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         lm_loss(model, tokens, VOCAB)
     return sum(n for ptr, n in seen.items() if ptr not in weights)
@@ -64,3 +68,40 @@ def test_the_plan_counts_what_autograd_keeps(single_rank_group, monkeypatch, nam
     assert plan_module._layer_activation_bytes(one, "A", BATCH, act_bytes) == layer
     planned = plan(one, ClusterShape(nodes=1, gpus_per_node=1), vocab_size=VOCAB).memory.activations
     assert planned == pytest.approx(_saved_bytes(one), rel=0.01)
+
+
+# ASCender layers, per path: head dim 24 is not a Triton kernel's, so the plan counts the fused torch
+# path, which is what CPU training runs; head dim 16 is, so the plan counts the Triton path, forced
+# here (the interpreter runs it on CPU tensors: tests/conftest.py)
+ASCENDER = dict(architecture="ascender", seq_length=64,
+                ascender={"d_z": 8, "d_a": 4, "k": 4, "window": 16, "num_global": 2})
+S_CASES = {
+    "bf16 torch path": ("bf16", {"hidden_size": 96}, None),
+    "bf16 torch path GQA, no ALiBi, aux losses on": ("bf16", {"hidden_size": 96, "num_query_groups": 2, "ascender": {
+        **ASCENDER["ascender"], "aux_compactness_weight": 0.1, "aux_crowding_weight": 0.1}}, None),
+    "fp32 torch path, Cohesion off": ("fp32", {"hidden_size": 96, "ascender": {**ASCENDER["ascender"],
+                                                                                "use_coh": False}}, None),
+    "bf16 Triton path GQA, aux losses on": ("bf16", {"num_query_groups": 2, "ascender": {
+        **ASCENDER["ascender"], "aux_compactness_weight": 0.1, "aux_crowding_weight": 0.1}}, "triton"),
+    "fp32 Triton path, Separation off": ("fp32", {"ascender": {**ASCENDER["ascender"], "use_sep": False}},
+                                         "triton"),
+}
+
+
+@pytest.mark.parametrize("name", list(S_CASES))
+def test_the_plan_counts_what_an_ascender_layer_keeps(single_rank_group, monkeypatch, name):
+    from ascender_dist.models.ascender.kernels.support import SUPPORTED_HEAD_DIMS
+
+    precision, model, impl = S_CASES[name]
+    model = {**ASCENDER, **model}
+    one = _config(precision, model, 1)
+    head_dim = one.model.hidden_size // one.model.num_attention_heads
+    assert (head_dim in SUPPORTED_HEAD_DIMS) == (impl == "triton")  # the path the plan assumes is measured
+    act_bytes = ACTIVATION_BYTES[precision]
+    planned = {b: plan_module._layer_activation_bytes(one, "S", b, act_bytes) for b in (BATCH, 2 * BATCH)}
+    layer = {b: _saved_bytes(_config(precision, model, 2, b), impl) - _saved_bytes(_config(precision, model, 1, b), impl)
+             for b in (BATCH, 2 * BATCH)}  # fmt: skip
+    # every per-token byte exactly (the batch-independent part cancels), and the whole layer but the
+    # per-head parameter copies (tens of bytes per head, O(1) in s and b; not counted)
+    assert planned[2 * BATCH] - planned[BATCH] == layer[2 * BATCH] - layer[BATCH]
+    assert abs(planned[BATCH] - layer[BATCH]) <= 64 * one.model.num_attention_heads
