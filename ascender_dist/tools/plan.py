@@ -172,18 +172,23 @@ def ascender_core_bytes(hp, head_dim: int, act_bytes: int) -> int:
     Triton path keeps them as given, the torch path its fp32 copies), the output (with the L_coh
     value columns when that loss is on), Separation's row statistics (rho, mu, var) and the top-k
     indices (int32) and valid flags; the Triton path also the softmax's log-sum-exp, the Cohesion
-    moments (d_z + 2) and the L_sep row. Checked against autograd's saved tensors per path
-    (tests/unit/test_plan_activations.py)."""
-    from ascender_dist.models.ascender.kernels.support import SUPPORTED_HEAD_DIMS
+    moments (d_z + 2) and the L_sep row. With the alignment loss on, both paths also keep the
+    heading u and the neighbours' mean heading (fp32), one int64 index vector per neighbour slot,
+    the neighbour count (fp32) and a bool mask. The Triton path is assumed where the kernels cover
+    the head dim and the operand widths (d_z, d_a <= 62); on GPUs with ~99 KiB of shared memory per
+    block (A10, L4, L40S) they do not, and the torch path keeps more. Checked against autograd's
+    saved tensors per path (tests/unit/test_plan_activations.py)."""
+    from ascender_dist.models.ascender.kernels.support import SUPPORTED_HEAD_DIMS, shared_memory_shortfall
 
     fp32 = max(act_bytes, 4)
-    triton = head_dim in SUPPORTED_HEAD_DIMS
+    triton = head_dim in SUPPORTED_HEAD_DIMS and not shared_memory_shortfall("", None, head_dim, hp)
     inputs = (3 * head_dim + hp.d_z + hp.d_a) * (act_bytes if triton else fp32)
     out = head_dim + (hp.d_z + 1 if hp.use_coh and hp.aux_compactness_weight > 0 else 0)
     rows = out + (3 if hp.use_sep else 0)
     if triton:
         rows += 1 + (hp.d_z + 2 if hp.use_coh else 0) + (1 if hp.use_sep and hp.aux_crowding_weight > 0 else 0)
-    return inputs + fp32 * rows + hp.k * (4 + 1)
+    alignment_loss = (2 * head_dim + 1) * fp32 + 8 * hp.k + 1 if hp.use_align and hp.aux_alignment_weight > 0 else 0
+    return inputs + fp32 * rows + hp.k * (4 + 1) + alignment_loss
 
 
 def _layer_activation_bytes(cfg: RunConfig, letter: str, micro_batch: int, act_bytes: int) -> float:
@@ -206,11 +211,12 @@ def _layer_activation_bytes(cfg: RunConfig, letter: str, micro_batch: int, act_b
         # The Connection layer replaces the attention block (its input, Q, K, V, the scores, the
         # output projection's input). Its own stored values were measured at ~10.6 h per token
         # (benchmarks/results/connection.md, "saved" column, N=32, c=128, 4 steps: linear in s, no
-        # s x s term); the reasoning states add max_steps * N / c of those h (1 at that shape):
-        # (10 + max_steps * N / c) h. Counted unsharded (conservative).
+        # s x s term); the reasoning states add max_steps * N / c of those h (1 at that shape), kept
+        # in fp32 also in bf16 / fp16 (the added part of the split state, docs/connection.md):
+        # 10 h values plus max_steps * N / c h fp32 ones. Counted unsharded (conservative).
         hp = m.connection
         chunk = min(hp.causal_chunk_size, s)
-        rep += act_bytes * (10 + hp.max_steps * hp.num_slots / chunk) * h
+        rep += (act_bytes * 10 + max(act_bytes, 4) * hp.max_steps * hp.num_slots / chunk) * h
     else:
         rep += act_bytes * h  # the QKV projection's input
         par += act_bytes * h  # the output projection's input

@@ -29,8 +29,9 @@ def brute_top_k(scores, cand, cols, k):
     return out_idx, out_valid
 
 
+@pytest.mark.parametrize("every_row", [False, True], ids=["cpu_way", "cuda_way"])
 @pytest.mark.parametrize("seed", range(4))
-def test_top_k_is_score_then_lowest_key_index(seed):
+def test_top_k_is_score_then_lowest_key_index(seed, every_row):
     g = torch.Generator().manual_seed(seed)
     m = 23
     # few distinct values (many exact ties), both signs, -0.0 beside +0.0, columns in any order
@@ -38,19 +39,26 @@ def test_top_k_is_score_then_lowest_key_index(seed):
     scores = values[torch.randint(0, len(values), (2, 3, 5, m), generator=g)]
     cand = torch.rand(2, 3, 5, m, generator=g) < 0.8
     cols = torch.randperm(m, generator=g) + 7
-    for k in (1, 4, 30):
-        idx, valid = top_k(scores, cand, cols, k)
+    for k in (1, 4, 22, 23, 30):
+        idx, valid = top_k(scores, cand, cols, k, every_row=every_row)
         want_idx, want_valid = brute_top_k(scores, cand, cols, k)
         assert torch.equal(valid, want_valid)
         assert torch.equal(idx, want_idx)
 
 
-def test_top_k_ranks_negative_scores_and_infinities_correctly():
+@pytest.mark.parametrize("every_row", [False, True], ids=["cpu_way", "cuda_way"])
+def test_top_k_ranks_negative_scores_and_infinities_correctly(every_row):
     scores = torch.tensor([[-1e-30, -3.0, float("-inf"), 2.0, -0.0, 1e30, 0.0]])
     cols = torch.arange(7)
-    idx, valid = top_k(scores, torch.ones_like(scores, dtype=torch.bool), cols, 7)
+    idx, valid = top_k(scores, torch.ones_like(scores, dtype=torch.bool), cols, 7, every_row=every_row)
     assert idx.tolist() == [[5, 3, 4, 6, 0, 1, 0]]  # -0.0 and +0.0 tie: lower index first
     assert valid.tolist() == [[True] * 6 + [False]]
+
+
+def test_top_k_refuses_scores_wider_than_float32():
+    """Its keys hold float32 bits: float64 scores 1e-12 apart would tie there and pick by index."""
+    with pytest.raises(TypeError, match="float32"):
+        top_k(torch.tensor([[1.0, 1.0, 1.0 + 1e-12]], dtype=torch.float64), torch.tensor(True), torch.arange(3), 2)
 
 
 def test_search_scores_do_not_depend_on_the_tile_shape():

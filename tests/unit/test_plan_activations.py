@@ -77,12 +77,17 @@ ASCENDER = dict(architecture="ascender", seq_length=64,
                 ascender={"d_z": 8, "d_a": 4, "k": 4, "window": 16, "num_global": 2})
 S_CASES = {
     "bf16 torch path": ("bf16", {"hidden_size": 96}, None),
-    "bf16 torch path GQA, no ALiBi, aux losses on": ("bf16", {"hidden_size": 96, "num_query_groups": 2, "ascender": {
-        **ASCENDER["ascender"], "aux_compactness_weight": 0.1, "aux_crowding_weight": 0.1}}, None),
+    "bf16 torch path GQA, aux losses on": ("bf16", {"hidden_size": 96, "num_query_groups": 2, "ascender": {
+        **ASCENDER["ascender"], "aux_compactness_weight": 0.1, "aux_crowding_weight": 0.1,
+        "aux_alignment_weight": 0.1}}, None),
+    # d_a 64: head dim 64 is a kernel's, the operand widths are not (a GPU runs the torch path)
+    "bf16 torch path, wide geometry": ("bf16", {"hidden_size": 256, "ascender": {**ASCENDER["ascender"], "d_z": 8,
+                                                                                    "d_a": 64}}, None),
     "fp32 torch path, Cohesion off": ("fp32", {"hidden_size": 96, "ascender": {**ASCENDER["ascender"],
                                                                                 "use_coh": False}}, None),
     "bf16 Triton path GQA, aux losses on": ("bf16", {"num_query_groups": 2, "ascender": {
-        **ASCENDER["ascender"], "aux_compactness_weight": 0.1, "aux_crowding_weight": 0.1}}, "triton"),
+        **ASCENDER["ascender"], "aux_compactness_weight": 0.1, "aux_crowding_weight": 0.1,
+        "aux_alignment_weight": 0.1}}, "triton"),
     "fp32 Triton path, Separation off": ("fp32", {"ascender": {**ASCENDER["ascender"], "use_sep": False}},
                                          "triton"),
 }
@@ -90,13 +95,14 @@ S_CASES = {
 
 @pytest.mark.parametrize("name", list(S_CASES))
 def test_the_plan_counts_what_an_ascender_layer_keeps(single_rank_group, monkeypatch, name):
-    from ascender_dist.models.ascender.kernels.support import SUPPORTED_HEAD_DIMS
+    from ascender_dist.models.ascender.kernels.support import SUPPORTED_HEAD_DIMS, shared_memory_shortfall
 
     precision, model, impl = S_CASES[name]
     model = {**ASCENDER, **model}
     one = _config(precision, model, 1)
     head_dim = one.model.hidden_size // one.model.num_attention_heads
-    assert (head_dim in SUPPORTED_HEAD_DIMS) == (impl == "triton")  # the path the plan assumes is measured
+    covered = head_dim in SUPPORTED_HEAD_DIMS and not shared_memory_shortfall("", None, head_dim, one.model.ascender)
+    assert covered == (impl == "triton")  # the path the plan assumes is the one measured
     act_bytes = ACTIVATION_BYTES[precision]
     planned = {b: plan_module._layer_activation_bytes(one, "S", b, act_bytes) for b in (BATCH, 2 * BATCH)}
     layer = {b: _saved_bytes(_config(precision, model, 2, b), impl) - _saved_bytes(_config(precision, model, 1, b), impl)

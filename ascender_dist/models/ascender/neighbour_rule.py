@@ -52,18 +52,39 @@ def _rank_keys(scores: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     return (ordered.to(torch.int64) << 32) - cols.to(torch.int64)
 
 
-def top_k(scores: torch.Tensor, cand: torch.Tensor, cols: torch.Tensor, k: int):
+def top_k(scores: torch.Tensor, cand: torch.Tensor, cols: torch.Tensor, k: int, *, every_row: bool | None = None):
     """N_k: the k best candidates of each row, ties to the lowest key index, in rank order.
 
     scores [.., m] float32 (search_scores), cand [.., m] bool (broadcastable), cols [m] the key
     index of each column (distinct among candidates). Returns idx [.., k] (long, absolute key
     indices) and valid [.., k]; rows with fewer than k candidates get the ones they have and
-    invalid slots (idx 0). One float top-k of k + 1 places finds the set; only rows whose k-th
-    and (k+1)-th scores tie rank all their candidates by the int64 keys (rare: a full int64 pass
-    costs more than the top-k itself)."""
+    invalid slots (idx 0).
+
+    Two ways to the same result. every_row (the default on CUDA): one top-k over int64 keys of
+    every candidate, no host sync. Otherwise (the default on CPU, where a full int64 pass costs
+    more than the top-k itself): one float top-k of k + 1 places finds the set; only rows whose
+    k-th and (k+1)-th scores tie, or with equal scores inside the set, rank by the int64 keys
+    (two host syncs per call)."""
+    if scores.dtype != torch.float32:  # the keys hold float32 bits: a wider score would be rounded
+        raise TypeError(f"top_k ranks float32 scores (search_scores), got {scores.dtype}")
     scores = scores.masked_fill(~cand, float("-inf"))
     m = scores.shape[-1]
     kk = min(k, m)
+    if scores.is_cuda if every_row is None else every_row:
+        pos = torch.topk(_rank_keys(scores, cols), kk, dim=-1).indices  # [.., kk], in rank order
+        val = scores.gather(-1, pos)
+    else:
+        val, pos = _top_k_where_tied(scores, cols, kk)
+    valid = torch.isfinite(val)
+    idx = cols[pos]
+    if kk < k:
+        idx, valid = F.pad(idx, (0, k - kk)), F.pad(valid, (0, k - kk))
+    return idx.masked_fill(~valid, 0), valid
+
+
+def _top_k_where_tied(scores: torch.Tensor, cols: torch.Tensor, kk: int):
+    """(val, pos) [.., kk] of top_k's CPU way: int64 keys only on the rows that need them."""
+    m = scores.shape[-1]
     if kk < m:
         val, pos = torch.topk(scores, kk + 1, dim=-1)  # [.., kk + 1]
         tied = (val[..., kk - 1] == val[..., kk]) & torch.isfinite(val[..., kk])
@@ -78,8 +99,4 @@ def top_k(scores: torch.Tensor, cand: torch.Tensor, cols: torch.Tensor, k: int):
     if bool(inner.any()):
         order = torch.sort(_rank_keys(val[inner], cols[pos[inner]]), dim=-1, descending=True).indices
         pos[inner], val[inner] = pos[inner].gather(-1, order), val[inner].gather(-1, order)
-    valid = torch.isfinite(val)
-    idx = cols[pos]
-    if kk < k:
-        idx, valid = F.pad(idx, (0, k - kk)), F.pad(valid, (0, k - kk))
-    return idx.masked_fill(~valid, 0), valid
+    return val, pos

@@ -322,10 +322,13 @@ class ConnectionLayer(nn.Module):
 
     def _split_state(self, x: Tensor) -> bool:
         """Carry the slot state as the slots plus a part added to them in fp32 (``reason``'s base)?
-        In bf16 / fp16: the state adds the token activation (RMS ~0.02 at init) to slots of
-        elements ~1, whose rounding (spacing ~0.004-0.008 in bf16) kept ~10% of the activation's
-        precision. fp32 keeps the plain sum (the same function: tests/unit/test_connection_layer.py)."""
-        return x.dtype in (torch.bfloat16, torch.float16)
+        In bf16 / fp16, or under an autocast to them (the HF model's inference): the state adds the
+        token activation (RMS ~0.02 at init) to slots of elements ~1, whose rounding (spacing
+        ~0.004-0.008 in bf16) kept ~10% of the activation's precision. fp32 keeps the plain sum (the
+        same function: tests/unit/test_connection_layer.py)."""
+        low = (torch.bfloat16, torch.float16)
+        device = x.device.type
+        return x.dtype in low or (torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) in low)
 
     # ------------------------------------------------------------------ forward
 
