@@ -418,7 +418,7 @@ def hf_dir_for(run: Run, out: Path) -> Path:
 
 
 def lm_eval_tasks(run: Run, hf_dir: Path, tasks: list[str], manager, *, batch_size, device: str,
-                  limit: Optional[float], num_fewshot: Optional[int]) -> dict:
+                  limit: Optional[float], num_fewshot: Optional[int], trust_export_code: bool = False) -> dict:
     """{task: {metric: value}} (stderr as ``<metric>_stderr``) from lm_eval.simple_evaluate."""
     import lm_eval
 
@@ -426,7 +426,8 @@ def lm_eval_tasks(run: Run, hf_dir: Path, tasks: list[str], manager, *, batch_si
 
     register()
     result = lm_eval.simple_evaluate(
-        model="ascender-dist", model_args={"pretrained": str(hf_dir), "dtype": "float32"}, tasks=tasks,
+        model="ascender-dist", model_args={"pretrained": str(hf_dir), "dtype": "float32",
+                                           "trust_export_code": trust_export_code}, tasks=tasks,
         task_manager=manager, batch_size=batch_size, device=device, limit=limit, num_fewshot=num_fewshot,
         log_samples=False, bootstrap_iters=1000)
     out: dict = {}
@@ -527,6 +528,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-fewshot", type=int, default=None)
     p.add_argument("--eval-batch-size", default="1", help="lm-eval batch size (an int or 'auto')")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--trust-export-code", action="store_true",
+                   help="load Hugging Face exports whose Python code is not this installation's own (it runs)")
     return p
 
 
@@ -572,7 +575,14 @@ def evaluate(args: argparse.Namespace) -> dict:
         raise EvaluationError(f"{out}: --out is an existing file, not a directory")
     # everything the files tell, before any model runs: a failure after the first run's numbers
     # would otherwise cost their compute (and, before the report below, lost them)
+    from ascender_dist.tools.lm_eval_adapter import AdapterError, require_own_code
+
     for run in runs:
+        if run.kind == "hf":  # before trust_remote_code runs its Python files
+            try:
+                require_own_code(run.path, args.trust_export_code)
+            except AdapterError as exc:
+                raise EvaluationError(str(exc)) from None
         if not args.no_val:
             check_validation_input(run)
         if tasks:
@@ -607,7 +617,8 @@ def evaluate(args: argparse.Namespace) -> dict:
             for run, row in zip(runs, rows):
                 current = run
                 row["tasks"] = lm_eval_tasks(run, hf_dir_for(run, out), tasks, manager, batch_size=batch,
-                                             device=device, limit=args.limit, num_fewshot=args.num_fewshot)
+                                             device=device, limit=args.limit, num_fewshot=args.num_fewshot,
+                                             trust_export_code=args.trust_export_code)
     except BaseException as exc:
         if not rows:  # nothing finished: nothing to keep
             raise

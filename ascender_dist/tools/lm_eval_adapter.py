@@ -23,7 +23,9 @@ now ships a fast ``tokenizer.json`` with sentencepiece's ids), else our sentence
 ``tokenizer.model`` (exports written before that). An empty context is scored after EOS
 (``prefix_token_id``), as our documents are separated by EOS and never start with BOS.
 Every other model argument is HFLM's (``batch_size``, ``dtype``, ``max_length``, ...);
-``trust_remote_code`` is always on and ``device`` defaults to cuda when available, else cpu.
+``trust_remote_code`` is always on, for exports whose Python files are byte for byte the ones this
+installation writes (``require_own_code``; ``trust_export_code=True`` runs another export's code),
+and ``device`` defaults to cuda when available, else cpu.
 Exports load through :func:`remote_code_path`, so each one runs its own code even when another
 export of the same directory name (``runs/small/hf``, ``runs/medium/hf``) was loaded before.
 """
@@ -136,6 +138,26 @@ def _export(consolidated: Path, out: Path, tokenizer: Path) -> None:
     export_hf(consolidated, out, tokenizer=str(tokenizer))
 
 
+def require_own_code(export: Path, trusted: bool = False) -> None:
+    """Refuse an export whose Python files (or an ``auto_map``) are not what this installation
+    writes (hf_export.code_is_installed_code), unless ``trusted``: loading it with trust_remote_code
+    would run that code (an export of another ascender-dist version, edited files, or a directory
+    from elsewhere). A GPT-NeoX / Llama export has no code and passes."""
+    from ascender_dist.tools.hf_export import code_is_installed_code
+
+    if trusted or code_is_installed_code(export):
+        return
+    raise AdapterError(f"{export}: its Python code is not what this ascender-dist installation writes (an export "
+                       "of another version, or edited files), and loading it would run that code: export it again "
+                       "with this installation, or trust it explicitly (evaluate --trust-export-code; lm-eval "
+                       "model_args trust_export_code=True)")
+
+
+def _flag(value) -> bool:
+    """A model argument's truth (lm-eval passes model_args from the command line as strings)."""
+    return value is True or str(value).strip().lower() in ("1", "true", "yes")
+
+
 def hf_directory(path: str | Path) -> Path:
     """The Hugging Face directory for ``path`` (a consolidated one is exported next to itself, with the
     run's ``data.tokenizer``: :func:`run_tokenizer`)."""
@@ -230,9 +252,11 @@ def _model_class():
     class AscenderDistLM(HFLM):
         """HFLM with trust_remote_code, our tokenizer and consolidated-directory support."""
 
-        def __init__(self, pretrained, tokenizer=None, device: Optional[str] = None, **kwargs):
+        def __init__(self, pretrained, tokenizer=None, device: Optional[str] = None, trust_export_code=False,
+                     **kwargs):  # fmt: skip
             if isinstance(pretrained, (str, Path)):
                 pretrained = hf_directory(pretrained)
+                require_own_code(pretrained, _flag(trust_export_code))
                 if tokenizer is None:
                     tokenizer = load_tokenizer(pretrained)
                 pretrained = str(remote_code_path(pretrained))  # its own code, whatever its directory's name

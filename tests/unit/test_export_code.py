@@ -123,3 +123,27 @@ def test_a_remote_code_export_is_recognised_as_this_installations_code(remote_co
     vendored = remote_code_export / "asd_connection_layer.py"
     vendored.write_text(vendored.read_text() + "\n# edited\n")
     assert not code_is_installed_code(remote_code_export)
+
+
+def test_evaluate_and_the_lm_eval_model_run_only_this_installations_export_code(remote_code_export, tmp_path, capsys):
+    """An export whose Python files are not the ones this installation writes (another version's,
+    edited, from elsewhere) would run them under trust_remote_code: refused in one line before any
+    model loads, unless trusted explicitly."""
+    from ascender_dist.tools.evaluate import evaluate_main
+    from ascender_dist.tools.lm_eval_adapter import AdapterError, require_own_code
+
+    def run(*flags):
+        code = evaluate_main([f"tiny={remote_code_export}", "--no-val", "--out", str(tmp_path / "o"), *flags])
+        return code, capsys.readouterr().err.strip().splitlines()
+
+    assert run()[0] == 0
+    require_own_code(remote_code_export)
+    modeling = remote_code_export / "modeling_ascender_dist.py"
+    modeling.write_text(modeling.read_text() + "\nimport os  # anything at all\n")
+    code, err = run()
+    assert code == 2 and len(err) == 1 and "its Python code is not what this ascender-dist installation writes" in err[0]
+    assert str(remote_code_export) in err[0]
+    with pytest.raises(AdapterError, match="trust_export_code=True"):
+        require_own_code(remote_code_export)
+    require_own_code(remote_code_export, trusted=True)
+    assert run("--trust-export-code")[0] == 0
