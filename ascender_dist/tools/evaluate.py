@@ -618,7 +618,7 @@ def evaluate(args: argparse.Namespace) -> dict:
                 current = run
                 row["tasks"] = lm_eval_tasks(run, hf_dir_for(run, out), tasks, manager, batch_size=batch,
                                              device=device, limit=args.limit, num_fewshot=args.num_fewshot,
-                                             trust_export_code=args.trust_export_code)
+                                             trust_export_code=True)  # checked above, or exported here
     except BaseException as exc:
         if not rows:  # nothing finished: nothing to keep
             raise

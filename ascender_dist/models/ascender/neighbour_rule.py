@@ -11,7 +11,8 @@ it depend on that, and each has its rule here:
   exact there) and rounds the sum to float32: two layouts then differ only when the float64 sums
   straddle a float32 rounding boundary (odds ~1e-9 per pair).
 * ``torch.topk`` returns any of several equal scores. ``top_k`` breaks ties by the lowest key
-  index, with one top-k over an int64 key (the score's order-preserving bits, then the index).
+  index, ranking by an int64 key (the score's order-preserving bits, then the index) where ties
+  can matter.
 """
 
 from __future__ import annotations
@@ -22,9 +23,6 @@ import torch
 import torch.nn.functional as F
 
 from ascender_dist.config.ascender_hparams import AscenderHParams
-
-_INDEX_SPAN = 1 << 32  # key indices live in the low 32 bits of the rank key
-
 
 @torch.no_grad()
 def search_vectors(q, k, h, hp: AscenderHParams) -> tuple[torch.Tensor, torch.Tensor]:
