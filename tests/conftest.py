@@ -17,6 +17,23 @@ if not torch.cuda.is_available():
 
 
 @pytest.fixture(autouse=True)
+def _triton_interpreter_setting_kept():
+    """A test must leave TRITON_INTERPRET as it found it: the Triton path reads the variable at every
+    call (kernels.support.interpreter_requested), so a test that removed it would send every later
+    test of its worker that asks for impl "triton" down the torch path, passing without running a
+    kernel. The setting is restored and the test that changed it fails."""
+    before = os.environ.get("TRITON_INTERPRET")
+    yield
+    after = os.environ.get("TRITON_INTERPRET")
+    if after != before:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+        pytest.fail(f"the test changed TRITON_INTERPRET ({before!r} -> {after!r}); restored", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
 def _transformers_handler_not_left_on_a_closed_stream():
     """transformers binds its default log handler to sys.stderr when it first logs: inside a
     test with capsys that is the test's capture buffer, closed afterwards, and every later

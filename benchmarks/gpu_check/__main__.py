@@ -78,9 +78,7 @@ def _checkpoint(out: Path, archive: Path | None, results: dict, machine: dict, m
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gpu_check %(message)s", datefmt="%H:%M:%S")
-    if not args.cpu_dry_run and os.environ.pop("TRITON_INTERPRET", None) is not None:
-        log.warning("TRITON_INTERPRET was set: removed, the GPU check runs compiled kernels")
-    import torch
+    import torch  # does not import triton: the interpreter setting below still takes effect
 
     if args.cpu_dry_run and args.out is None:
         log.error("--cpu-dry-run needs --out DIR (%s is for GPU results)", GPU_RESULTS.relative_to(ROOT))
@@ -88,6 +86,9 @@ def main(argv=None) -> int:
     if not args.cpu_dry_run and not torch.cuda.is_available():
         log.error("no CUDA device visible: run this on a GPU machine, or use --cpu-dry-run --out DIR")
         return 2
+    # only a run that goes ahead changes the environment (a refusal leaves its caller's as it was)
+    if not args.cpu_dry_run and os.environ.pop("TRITON_INTERPRET", None) is not None:
+        log.warning("TRITON_INTERPRET was set: removed, the GPU check runs compiled kernels")
     plan = DRY_RUN if args.cpu_dry_run else GPU
     if args.kernel_tests_k is not None:
         plan = Plan(**{**plan.__dict__, "kernel_tests_k": args.kernel_tests_k or None})
