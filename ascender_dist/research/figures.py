@@ -156,7 +156,7 @@ def ascender_maps(core, slot: dict, step: int) -> dict:
                            f"{int(differing.sum())} rows (max |diff| {row_err.max().item():.3g}); refusing to draw them")
     maps = {k: v[0].detach() for k, v in result.maps.items()}
     maps["omega"] = params.omega.detach().float()  # [np, 3]
-    maps["tau"] = params.tau_score.detach().float()
+    maps["tau"] = params.score_temperature().detach().float()  # as the layer used it
     maps["mass_moved"] = {k: v.detach().float() for k, v in result.stats.items()}
     maps["check"] = {"rows": int(row_err.numel()), "max_abs_diff": float(row_err.max())}
     return maps

@@ -107,8 +107,8 @@ def _summary(result, params: AscenderHeadParams, hp: AscenderHParams) -> dict:
     omega = params.omega.detach()
     for name, col in (("align", ALIGN), ("sep", SEP), ("coh", COH)):
         stats[f"omega_{name}"] = omega[:, col]
-    # the learned thresholds and score temperature (trainable_delta_kappa_temp): nothing bounds them
-    # while they train, and kappa or tau_score crossing 0 would invert Separation's density or the softmax
+    # the learned thresholds and score temperature (trainable_delta_kappa_temp) as trained: kappa and
+    # tau_score are used at their floors (TAU_SCORE_MIN, KAPPA_MIN) when they train below them
     for name in ("delta", "kappa", "tau_score"):
         stats[name] = getattr(params, name).detach()
     for key in ("gate_align", "gate_coh", "eta"):

@@ -63,7 +63,7 @@ def fast_attention(
     spec = Spec(call, chunks)
     outs = FusedChunks.apply(
         spec, q.contiguous(), k.contiguous(), v.contiguous(), z.contiguous(), h.contiguous(), params.omega.to(dt),
-        params.lambdas.to(dt), params.delta.to(dt), params.kappa.to(dt), params.tau_score.to(dt),
+        params.lambdas.to(dt), params.delta.to(dt), params.density_scale().to(dt), params.score_temperature().to(dt),
         params.alibi_slope.to(dt), idx.to(torch.int32), valid,  # int32: half the bytes kept for backward
     )  # fmt: skip
     rows = {"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from ascender_dist.config.ascender_hparams import AscenderHParams
+from ascender_dist.config.ascender_hparams import KAPPA_MIN, TAU_SCORE_MIN, AscenderHParams
 
 ALIGN, SEP, COH = 0, 1, 2
 
@@ -97,6 +97,15 @@ class AscenderHeadParams(nn.Module):
         if name == "omega" and "omega_shared" in self._parameters:
             return self._parameters["omega_shared"].expand(self.num_heads, 3)
         return super().__getattr__(name)
+
+    def score_temperature(self) -> torch.Tensor:
+        """tau_score [np] as the attention uses it: at least TAU_SCORE_MIN (the learned value can
+        train below it; the floor has zero gradient, as a clamped value does)."""
+        return self.tau_score.clamp(min=TAU_SCORE_MIN)
+
+    def density_scale(self) -> torch.Tensor:
+        """kappa [np] as Separation uses it: at least KAPPA_MIN (see score_temperature)."""
+        return self.kappa.clamp(min=KAPPA_MIN)
 
     @property
     def shares_omega(self) -> bool:

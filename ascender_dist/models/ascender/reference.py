@@ -135,7 +135,7 @@ def separation(w_sep, a, vis, params: AscenderHeadParams, hp: AscenderHParams):
     n = a.shape[-1]
     off_diag = vis & ~torch.eye(n, dtype=torch.bool, device=a.device)
     rho = (w_sep * off_diag).sum(-1)  # [b, np, s]
-    eta = torch.clamp(rho / params.kappa.view(1, -1, 1), max=1.0)
+    eta = torch.clamp(rho / params.density_scale().view(1, -1, 1), max=1.0)
     phi = w_sep * F.relu(a - params.delta.view(1, -1, 1, 1))
     g = -params.lambdas[:, SEP].view(1, -1, 1) * eta
     return g, phi, rho, eta
@@ -205,7 +205,7 @@ def reference_attention(
     """
     n, hd = q.shape[-2], q.shape[-1]
     vis = visible_mask(n, hp.causal, q.device)
-    tau = params.tau_score.view(1, -1, 1, 1)
+    tau = params.score_temperature().view(1, -1, 1, 1)
     omega = params.omega
     S_base = q @ k.transpose(-1, -2) / math.sqrt(hd)  # [b, np, s, s]
     terms, rows, maps = {}, {}, {"S_base": S_base}

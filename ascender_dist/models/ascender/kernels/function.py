@@ -338,7 +338,7 @@ def _triton_attention(q, k, v, z, h, params: AscenderHeadParams, hp: AscenderHPa
     with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
         outs = _TritonAttention.apply(
             spec, not low, *given, params.omega.to(dt), params.lambdas.to(dt), params.delta.to(dt),
-            params.kappa.to(dt), params.tau_score.to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
+            params.density_scale().to(dt), params.score_temperature().to(dt), params.alibi_slope.to(dt), idx.to(torch.int32), valid,
         )  # fmt: skip
     rows = with_z_origin({"neighbour_idx": idx, "neighbour_valid": valid, **dict(zip(spec.row_keys, outs[1:]))}, z)
     aux = aux_losses(rows, rows.get("u"), idx, valid, hp, call) if with_aux else {}
