@@ -19,8 +19,10 @@ GATE_PLACEMENTS = ("pre_norm", "post_norm")
 NEIGHBOUR_SOURCES = ("affinity", "base_scores")
 # floors at which the learned score temperature and density scale are used (AscenderHeadParams):
 # nothing else bounds them while they train, and either crossing 0 would invert the softmax or
-# Separation's density. 0.01 scales the scores by at most 100x (CLIP bounds its learned logit scale
-# the same way); kappa's floor only keeps eta_i = min(1, rho_i / kappa) defined and non-negative.
+# Separation's density. 0.01 scales the scores by at most 100x (CLIP also bounds its learned logit
+# scale at 100, clamping the stored value after each step; here the forward uses the floor and only
+# gradients that would raise a value below it reach it); kappa's floor only keeps
+# eta_i = min(1, rho_i / kappa) defined and non-negative.
 TAU_SCORE_MIN = 0.01
 KAPPA_MIN = 1e-3
 
@@ -125,12 +127,12 @@ class AscenderHParams:
             fail("k", f"must be <= window (got {self.k} > {self.window})")
         if self.window == 0 and self.num_global > 0:
             fail("num_global", "global tokens only apply to windowed neighbourhoods (window > 0)")
-        for name in ("tau_sep", "tau_coh", "tau_score_init", "kappa_init", "eps"):
+        for name in ("tau_sep", "tau_coh", "eps"):
             if not getattr(self, name) > 0:
                 fail(name, f"must be > 0 (got {getattr(self, name)})")
         for name, floor in (("tau_score_init", TAU_SCORE_MIN), ("kappa_init", KAPPA_MIN)):
-            if getattr(self, name) < floor:  # it would be used at the floor from the first step
-                fail(name, f"must be >= {floor:g}, the floor the learned value is used at (got {getattr(self, name)})")
+            if not getattr(self, name) >= floor:  # it would be used at the floor from the first step
+                fail(name, f"must be >= {floor:g}, the floor the value is used at (got {getattr(self, name)})")
         for name in (
             "lambda_align", "lambda_sep", "lambda_coh", "alpha_align", "alpha_coh",
             "aux_compactness_weight", "aux_crowding_weight", "aux_alignment_weight",

@@ -25,6 +25,24 @@ from ascender_dist.config.ascender_hparams import KAPPA_MIN, TAU_SCORE_MIN, Asce
 ALIGN, SEP, COH = 0, 1, 2
 
 
+class _Floor(torch.autograd.Function):
+    """max(x, floor), whose gradient reaches an entry below the floor only when it would raise it
+    (a descent step on a negative gradient): a clamp's zero gradient there would hold a parameter
+    that trained below its floor at the floor for good. At or above the floor: the clamp's value and
+    gradient exactly."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, floor: float) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.floor = floor
+        return x.clamp(min=floor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        return torch.where((x >= ctx.floor) | (grad < 0), grad, torch.zeros_like(grad)), None
+
+
 def alibi_slopes(global_num_heads: int) -> torch.Tensor:
     """ALiBi slopes m_h = 2^(-8 (h+1) / H) for all heads of the model (press et al.).
 
@@ -99,13 +117,13 @@ class AscenderHeadParams(nn.Module):
         return super().__getattr__(name)
 
     def score_temperature(self) -> torch.Tensor:
-        """tau_score [np] as the attention uses it: at least TAU_SCORE_MIN (the learned value can
-        train below it; the floor has zero gradient, as a clamped value does)."""
-        return self.tau_score.clamp(min=TAU_SCORE_MIN)
+        """tau_score [np] as the attention uses it: at least TAU_SCORE_MIN. A learned value that
+        trained below it is used at the floor and gets only the gradients that would raise it (_Floor)."""
+        return _Floor.apply(self.tau_score, TAU_SCORE_MIN)
 
     def density_scale(self) -> torch.Tensor:
         """kappa [np] as Separation uses it: at least KAPPA_MIN (see score_temperature)."""
-        return self.kappa.clamp(min=KAPPA_MIN)
+        return _Floor.apply(self.kappa, KAPPA_MIN)
 
     @property
     def shares_omega(self) -> bool:
