@@ -52,6 +52,16 @@ def test_a_later_trainer_commit_makes_it_stale_and_is_named(repo):
     assert state == "stale" and later[:7] in why
 
 
+def test_commits_are_named_at_a_fixed_length_whatever_git_abbreviates_to(repo, monkeypatch):
+    """git's %h grows with the object count, so a clone with more objects wrote another index."""
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "core.abbrev")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "12")
+    run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
+    later = _commit(repo, "ascender_dist/training/trainer.py", "b = 2\n")
+    assert index.later_model_commits(run, repo) == [(later[:index.SHORT_SHA], "change ascender_dist/training/trainer.py")]
+
+
 def test_a_reviewed_commit_is_named_not_counted(repo):
     run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
     later = _commit(repo, "data_pipeline/shard.py", "c = 3\n")

@@ -38,6 +38,7 @@ MODEL_CODE = ("ascender_dist/models", "ascender_dist/training", "ascender_dist/p
 GRID_CONFIGS = "configs/ablations"
 NEUTRAL_FILE = "neutral-commits.yaml"
 INDEX_FILE = "results.md"
+SHORT_SHA = 7  # commits are shown this long, not as git's %h, whose length grows with the object count
 
 
 def read_reports(folder: Path) -> list[tuple[str, dict]]:
@@ -114,11 +115,11 @@ def _changes_a_run(status_lines: list[str]) -> bool:
 
 
 def later_model_commits(commit: str, root: Path = REPO) -> Optional[list[tuple[str, str]]]:
-    """(short sha, subject) of the commits after ``commit`` up to HEAD that touch MODEL_CODE or edit a
+    """(sha shortened to SHORT_SHA, subject) of the commits after ``commit`` up to HEAD that touch MODEL_CODE or edit a
     grid file of GRID_CONFIGS (:func:`_changes_a_run`), oldest first; None when git cannot answer (not a
     checkout, unknown commit)."""
     try:
-        proc = subprocess.run(["git", "-C", str(root), "log", "--reverse", "--name-status", "--format=%x1e%h%x09%s",
+        proc = subprocess.run(["git", "-C", str(root), "log", "--reverse", "--name-status", "--format=%x1e%H%x09%s",
                                f"{commit}..HEAD", "--", *MODEL_CODE, GRID_CONFIGS],
                               capture_output=True, text=True, timeout=60)  # fmt: skip
     except (OSError, subprocess.SubprocessError):
@@ -129,7 +130,8 @@ def later_model_commits(commit: str, root: Path = REPO) -> Optional[list[tuple[s
     for block in proc.stdout.split("\x1e")[1:]:
         head, *status = [line for line in block.splitlines() if line.strip()]
         if _changes_a_run(status):
-            out.append(tuple(head.split("\t", 1)))
+            sha, subject = head.split("\t", 1)
+            out.append((sha[:SHORT_SHA], subject))
     return out
 
 
@@ -142,9 +144,9 @@ def code_state(commits: list, neutral: dict, root: Path = REPO, layers_run: Opti
     for commit in commits:
         later = later_model_commits(commit, root)
         if later is None:
-            return "unknown", f"git cannot compare {commit[:7]} with HEAD here"
+            return "unknown", f"git cannot compare {commit[:SHORT_SHA]} with HEAD here"
         if is_ancestor(commit, root) is False:
-            return "stale", f"its runs' commit {commit[:7]} is not in HEAD's history (another branch, or before a " \
+            return "stale", f"its runs' commit {commit[:SHORT_SHA]} is not in HEAD's history (another branch, or before a " \
                             "rebase): re-run"
         for sha, subject in later:
             entry = next((r for prefix, r in neutral.items() if sha.startswith(prefix) or prefix.startswith(sha)),
@@ -168,7 +170,7 @@ def run_commits(full: dict) -> list:
 
 
 def _short(commits: list) -> str:
-    return ", ".join(c[:7] if c else "none recorded" for c in commits)
+    return ", ".join(c[:SHORT_SHA] if c else "none recorded" for c in commits)
 
 
 def holm_families(full: dict) -> tuple[dict, dict]:
@@ -376,7 +378,7 @@ def other_outputs_table(folder: Path, neutral: dict, root: Path = REPO) -> list[
         commit = (json.loads(path.read_text()).get("provenance") or {}).get("git_commit")
         state, why = code_state([commit], {} if timed else neutral, root)
         shown = f"**{state}**" if state != "current" else state
-        rows.append(f"| [`{rel}`]({rel}) | {what} | {commit[:7] if commit else 'none recorded'} | {shown}: {why} |")
+        rows.append(f"| [`{rel}`]({rel}) | {what} | {commit[:SHORT_SHA] if commit else 'none recorded'} | {shown}: {why} |")
     if not rows:
         return []
     return ["## Other generated outputs", "", "| file | what | made at | state |", "|---|---|---|---|", *rows, "",
