@@ -103,12 +103,30 @@ def require_validation_batches(cfg: RunConfig, val_loader) -> None:
                         "the validation split has fewer samples than one micro-batch per data-parallel rank")
 
 
-def log_short_validation_split(cfg: RunConfig, batches: int, logging_rank: bool) -> None:
-    """Say once, at build, when ``train.eval_iters`` asks for more validation batches than the split
-    gives each data-parallel rank: every validation then averages all ``batches`` of them."""
-    if logging_rank and cfg.train.eval_iters > batches:
-        log.warning("train.eval_iters: %d validation batches asked, the validation split gives %d per "
-                    "data-parallel rank; each validation uses those %d", cfg.train.eval_iters, batches, batches)
+def validation_batches_per_rank(asked: int, dp_size: int, available: int) -> int:
+    """Micro-batches each data-parallel rank validates for ``asked`` (``train.eval_iters``) in all.
+
+    The validation loader deals the split's micro-batches to the ranks in turn, so the first
+    ``ceil(asked / dp_size)`` of every rank are the split's first ``asked`` (rounded up to a multiple
+    of ``dp_size``): one validation set for any DP size, as the parity of layouts needs. Clipped to
+    the ``available`` batches per rank (a short split is used whole)."""
+    return min(-(-asked // dp_size), available)
+
+
+def log_validation_size(cfg: RunConfig, batches: int, dp_size: int, logging_rank: bool) -> None:
+    """Say once, at build, when ``train.eval_iters`` does not divide over the data-parallel ranks
+    (rounded up) or asks for more micro-batches than the validation split gives (``batches`` per
+    rank): every validation then uses the micro-batches validation_batches_per_rank gives."""
+    asked = cfg.train.eval_iters
+    used = validation_batches_per_rank(asked, dp_size, batches) * dp_size
+    if not logging_rank or used == asked:
+        return
+    if asked > batches * dp_size:
+        log.warning("train.eval_iters: %d validation micro-batches asked, the validation split gives %d (%d per "
+                    "data-parallel rank); each validation uses those %d", asked, batches * dp_size, batches, used)
+    else:
+        log.warning("train.eval_iters: %d validation micro-batches do not divide over %d data-parallel ranks; "
+                    "each validation uses %d (%d per rank)", asked, dp_size, used, used // dp_size)
 
 
 def log_loader_workers_above_cpus(cfg: RunConfig, cpus: int, local_ranks: int, logging_rank: bool) -> None:
@@ -255,7 +273,7 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     val_loader = build_loader(cfg, tokenizer, pstate, split="val") if cfg.train.eval_interval else None
     if val_loader is not None:  # now, not at the first validation, eval_interval steps of training later
         require_validation_batches(cfg, val_loader)
-        log_short_validation_split(cfg, len(val_loader), pstate.is_logging_rank)
+        log_validation_size(cfg, len(val_loader), pstate.dp_size, pstate.is_logging_rank)
     log_loader_workers_above_cpus(cfg, usable_cpus(), local_world_size(), pstate.is_logging_rank)
     # every rank creates the directories; one node's failure (a read-only mount) stops all of them
     on_every_rank(lambda: ckpt.prepare_checkpoint_dir(derived.checkpoint_dir))

@@ -28,7 +28,7 @@ from ascender_dist.training.resume_check import check_resume, data_fingerprint, 
 from ascender_dist.training.rollback import DivergenceError, RollbackPolicy
 from ascender_dist.versions import package_versions
 from ascender_dist.training.run import aux_loss_gradient_scale, build_loader, build_run  # noqa: F401 (re-exported)
-from ascender_dist.training.run import require_validation_batches, resume_tag_for_layout
+from ascender_dist.training.run import require_validation_batches, resume_tag_for_layout, validation_batches_per_rank
 
 log = logging.getLogger("ascender_dist")
 
@@ -214,8 +214,9 @@ class Trainer:
         return values
 
     def validate(self, iters: Optional[int] = None) -> float:
-        """Mean loss over the first ``iters`` (default ``train.eval_iters``) validation batches, the
-        same ones every time; the validation callbacks run around it."""
+        """Mean loss over the validation split's first ``iters`` (default ``train.eval_iters``)
+        micro-batches in all, dealt to the data-parallel ranks (validation_batches_per_rank): the
+        same ones every time and for every layout; the validation callbacks run around it."""
         if self.val_loader is None:  # a run without train.eval_interval validates only when asked
             self.val_loader = build_loader(self.cfg, self.tokenizer, self.pstate, split="val")
         # the step the weights last trained at, as in a straight run (a due validation that a resumed
@@ -226,12 +227,16 @@ class Trainer:
         self._call("on_validation_end", loss)
         return loss
 
+    def validation_batches(self, iters: int) -> int:
+        """The micro-batches this rank validates for ``iters`` in all (validation_batches_per_rank)."""
+        return validation_batches_per_rank(iters, self.pstate.dp_size, len(self.val_loader))
+
     @torch.no_grad()
     def _validation_loss(self, iters: int) -> float:
         from megatron.core import parallel_state as mps
 
         require_validation_batches(self.cfg, self.val_loader)
-        iters = min(iters, len(self.val_loader))
+        iters = self.validation_batches(iters)
         batches = iter(self.val_loader)
         if self.pipelined:
             return float(self.engine.eval_batch(pipeline_batches(batches), num_micro_batches=iters))

@@ -7,7 +7,8 @@ heads under the TP2 layouts, ASCender with its auxiliary losses on, GPT with unt
 GPT and ASCender with grouped-query attention, 2 query groups of 2 heads per rank, under TP2, GPT's
 TP2xPP2 and ASCender's TP2xDP2 x ZeRO-3, the Llama block (SwiGLU, RMSNorm, no biases) and the linear
 Connection under TP2 layouts, the auxiliary losses also under PP2xDP2, TP2xDP2 x ZeRO-3 and sequence
-parallel); TP-replicated parameters stay identical on every TP rank, and
+parallel), and the validation loss after them (the same micro-batches for every DP size); TP-replicated
+parameters stay identical on every TP rank, and
 every cell checks the layout it really ran (process groups, ZeRO stage, sequence parallel, recompute,
 heads and query groups per rank) against the one it asked for."""
 
@@ -67,6 +68,8 @@ def _check(results, name):
     assert value["layout_used"] == value["layout_expected"], value  # the layout really ran, not a fallback
     assert len(value["losses"]) == len(value["reference_losses"]) > 0
     assert value["loss_diff"] < LOSS_TOL, value
+    # validation after training: the same micro-batches as one process's, whatever the DP size
+    assert abs(value["val_loss"] - value["reference_val_loss"]) < LOSS_TOL, value
     # every layout reports the global gradient norm of the whole model (all TP and PP ranks, each
     # gradient counted once), the norm that clipping used; the reference's norms exceed grad_clip (0.25)
     # at some step, so a layout that clipped by another norm would also move the weights

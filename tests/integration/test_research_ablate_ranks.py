@@ -32,7 +32,7 @@ def test_two_rank_grid_records_provenance_documents_curves_and_rebuilds(tmp_path
     base = tiny_run_config(data, tmp_path / "unused", train={"train_steps": 4, "eval_interval": 2, "eval_iters": 2},
                            optimizer={"warmup_steps": 1}, model={"ascender": TINY_ASCENDER})
     base.pop("output_dir"), base.pop("name")
-    grid = {"name": "tiny2", "base": base, "seeds": [1], "baseline": "gpt", "eval_iters": 2, "ranks": 2,
+    grid = {"name": "tiny2", "base": base, "seeds": [1], "baseline": "gpt", "eval_iters": 4, "ranks": 2,
             "variants": {"gpt": {"model.architecture": "gpt"}, "asc": {"model.architecture": "ascender"}},
             "runs_dir": str(tmp_path / "runs"), "report_dir": str(tmp_path / "report"), "jobs": 1,
             "keep_checkpoints": False}
@@ -46,8 +46,10 @@ def test_two_rank_grid_records_provenance_documents_curves_and_rebuilds(tmp_path
         assert "deepspeed" in launch.split()[0] and "--num_accelerators 2" in launch and "run_entry.py" in launch
         r = json.loads((run / "result.json").read_text())
         assert r["world_size"] == 2 and r["steps"] == 4
-        # 2 validation micro-batches of 4 sequences on each of 2 ranks, restored to the loader's order
-        assert r["val_example_index"] == list(range(16)) and r["val_sequences"] == 16
+        # 4 validation micro-batches of 4 sequences in all, two on each of the 2 ranks, restored to the
+        # loader's order: the split's first 16, as at one rank
+        assert r["val_example_index"] == list(range(16)) and r["val_sequences"] == 16 and r["val_batches"] == 2
+        assert r["val_curve_sequences"] == 8  # train.eval_iters: 2 in all, one micro-batch per rank
         assert r["val_loss"] == pytest.approx(np.mean(r["val_example_losses"]), rel=1e-5)
         docs = r["val_example_documents"]
         # ids count documents along the stream: non-decreasing, and the tiny corpus's short documents
@@ -58,7 +60,7 @@ def test_two_rank_grid_records_provenance_documents_curves_and_rebuilds(tmp_path
         assert len(prov["git_commit"]) == 40 and isinstance(prov["git_dirty"], bool)
         assert set(prov["versions"]) == {"torch", "megatron-core", "deepspeed", "ascender-dist", "sentencepiece",
                                          "numpy", "scipy", "scikit-learn"}
-        assert r["eval_iters"] == 2  # what collect checks against the grid's eval_iters
+        assert r["eval_iters"] == 4  # what collect checks against the grid's eval_iters
         assert len(prov["config_sha256"]) == 64 and len(prov["data_manifest_sha256"]) == 64
     report = tmp_path / "report"
     full = json.loads((report / "results.json").read_text())

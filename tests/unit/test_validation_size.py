@@ -3,7 +3,8 @@
 A validation split too small for the data-parallel size stops the run when it is built, not at the
 first validation: eval_interval steps of training later, and (when save_interval is a multiple of
 eval_interval) before any checkpoint was written, so a restarted job would fail at the same step
-every time. A split smaller than train.eval_iters, and more loader processes than CPUs, are said."""
+every time. A split smaller than train.eval_iters, an eval_iters that the data-parallel size does not
+divide, and more loader processes than CPUs, are said."""
 
 from __future__ import annotations
 
@@ -48,12 +49,41 @@ def test_eval_iters_above_the_split_is_logged_once_at_build(single_rank_group, t
     with caplog.at_level(logging.WARNING, logger="ascender_dist"):
         build_run(config_from_dict(raw))
     said = [r.getMessage() for r in caplog.records if "train.eval_iters" in r.getMessage()]
-    assert said == [f"train.eval_iters: {batches + 5} validation batches asked, the validation split gives {batches} "
-                    f"per data-parallel rank; each validation uses those {batches}"]
+    assert said == [f"train.eval_iters: {batches + 5} validation micro-batches asked, the validation split gives "
+                    f"{batches} ({batches} per data-parallel rank); each validation uses those {batches}"]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ascender_dist"):
         build_run(config_from_dict({**raw, "train": {**raw["train"], "eval_iters": batches}}))
     assert not [r for r in caplog.records if "train.eval_iters" in r.getMessage()]
+
+
+def test_validation_batches_are_the_splits_first_eval_iters_for_any_dp_size():
+    """The loader deals validation micro-batches to the ranks in turn: ceil(eval_iters / dp) each
+    is the split's first eval_iters (rounded up to a multiple of dp), clipped to what a rank has."""
+    from ascender_dist.training.run import validation_batches_per_rank
+
+    assert [validation_batches_per_rank(8, dp, 100) for dp in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert validation_batches_per_rank(5, 2, 100) == 3 and validation_batches_per_rank(4, 8, 100) == 1
+    assert validation_batches_per_rank(8, 2, 3) == 3 and validation_batches_per_rank(1 << 62, 4, 7) == 7
+
+
+@pytest.mark.parametrize("asked,dp,batches,said", [
+    (8, 2, 10, None), (8, 1, 10, None),
+    (5, 2, 10, "train.eval_iters: 5 validation micro-batches do not divide over 2 data-parallel ranks; each "
+               "validation uses 6 (3 per rank)"),
+    (30, 2, 10, "train.eval_iters: 30 validation micro-batches asked, the validation split gives 20 (10 per "
+                "data-parallel rank); each validation uses those 20")])
+def test_a_rounded_or_clipped_validation_size_is_said(caplog, asked, dp, batches, said):
+    import logging
+
+    from ascender_dist.config.resolve import config_from_dict
+    from ascender_dist.training.run import log_validation_size
+
+    cfg = config_from_dict({"train": {"eval_iters": asked}})
+    with caplog.at_level(logging.WARNING, logger="ascender_dist"):
+        log_validation_size(cfg, batches, dp, logging_rank=True)
+        log_validation_size(cfg, batches, dp, logging_rank=False)
+    assert [r.getMessage() for r in caplog.records] == ([said] if said else [])
 
 
 def test_loader_workers_above_the_nodes_usable_cpus_are_logged(caplog):

@@ -26,7 +26,7 @@ A grid file (``configs/ablations/*.yaml``)::
         tau0.5: {model.ascender.tau_sep: 0.5, model.ascender.tau_coh: 0.5}
     standalone:                       # extra variants NOT crossed with the axes (e.g. a GPT baseline
       gpt: {model.architecture: gpt}  #   next to a grid over ASCender options)
-    eval_iters: 32                    # validation micro-batches of the final val loss ("all": whole split)
+    eval_iters: 32                    # validation micro-batches (in all) of the final val loss ("all": whole split)
     ranks: 1                          # ranks per run (per node with --hostfile / --slurm)
     equal_flops_of: gpt               # optional: steps per variant for equal training FLOPs
     runs_dir: runs/ablations/bias     # run directories (checkpoints, logs): large, not committed

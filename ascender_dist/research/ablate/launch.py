@@ -213,7 +213,8 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     train_peak = _status_kib("VmHWM")
     val_curve = list(curve.curve)  # the train.eval_interval validations, before the final one
 
-    # final validation over eval_iters batches per rank; per-sequence losses from the callback
+    # final validation over eval_iters micro-batches in all (dealt to the data-parallel ranks);
+    # per-sequence losses from the callback
     eval_requested = eval_iters if eval_iters is not None else cfg.train.eval_iters  # recorded: collect checks it
     if eval_iters == "all":
         eval_iters = 1 << 62  # validate clips it to the batches there are
@@ -224,7 +225,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
     val_s = time.perf_counter() - t_val
     for hook in hooks:
         hook.remove()
-    iters = min(int(eval_iters or cfg.train.eval_iters), len(trainer.val_loader))
+    iters = trainer.validation_batches(int(eval_iters or cfg.train.eval_iters))  # per rank
     per_example = per_sequence.losses
     dp_group = mps.get_data_parallel_group()
     example_losses, example_index = order_validation(_gather(per_example, dp_group), cfg.train.micro_batch_size)
@@ -252,7 +253,7 @@ def run_one(config_path: Path, result_path: Path, eval_iters: Union[int, str, No
         "val_example_losses": example_losses, "val_example_index": example_index,
         "val_example_documents": validation_documents(cfg, trainer.tokenizer, example_index),
         "val_curve": [[step, loss] for step, loss in val_curve],
-        "val_curve_sequences": (min(cfg.train.eval_iters, len(trainer.val_loader)) * (len(example_losses) // iters)
+        "val_curve_sequences": (trainer.validation_batches(cfg.train.eval_iters) * (len(example_losses) // iters)
                                 if val_curve and iters else None),  # the first batches of the validation split
         "final_train_loss": float(np.mean(losses[-tail:])) if losses else None,
         "train_losses": [float(x) for x in losses],

@@ -160,10 +160,16 @@ def _config(args, arch: str, name: str, parallel: dict, init_from=None):
         checkpoint={"init_from": init_from, "auto_resume": False}))
 
 
+# validation micro-batches in all after training: 4 per rank at DP1, 2 at DP2, 1 at DP4; the same
+# sequences for every layout (a per-rank count made DP2's validation set twice the reference's)
+VAL_MICRO_BATCHES = 4
+
+
 def _files(args, arch: str) -> dict:
     root = Path(args["root"])
     return {"init": root / f"init_{arch}.safetensors", "final": root / f"final_{arch}.safetensors",
-            "losses": root / f"losses_{arch}.json", "grad_norms": root / f"grad_norms_{arch}.json"}
+            "losses": root / f"losses_{arch}.json", "grad_norms": root / f"grad_norms_{arch}.json",
+            "val": root / f"val_{arch}.json"}
 
 
 class GradNorms(Callback):
@@ -188,6 +194,7 @@ def reference(args):
         write_weights_file(gather_canonical_state(trainer.engine.module, trainer.cfg), files["init"])
         losses = trainer.fit()
         write_weights_file(gather_canonical_state(trainer.engine.module, trainer.cfg), files["final"])
+        files["val"].write_text(json.dumps(trainer.validate(VAL_MICRO_BATCHES)))
         files["losses"].write_text(json.dumps(losses))
         files["grad_norms"].write_text(json.dumps(norms.values))
         out[arch] = losses
@@ -306,6 +313,7 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     written = tiny_run_config(args["data"], Path(args["root"]), model=ARCHS[arch])["model"]
     expected = layout_expected(parallel, dist.get_world_size(), _config(args, arch, "reference", {}), written)
     losses = trainer.fit()
+    val_loss = trainer.validate(VAL_MICRO_BATCHES)
     with objects_received() as received:
         final = gather_canonical_state(trainer.engine.module, trainer.cfg)
     received_by_rank: list = [None] * dist.get_world_size()
@@ -324,6 +332,7 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     init = read_weights_file(files["init"]) if shared else {}
     return {"layout_used": used, "layout_expected": expected, "losses": losses, "reference_losses": ref_losses,
             "loss_diff": nan_max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            "val_loss": val_loss, "reference_val_loss": json.loads(files["val"].read_text()),
             "grad_norms": norms.values, "reference_grad_norms": json.loads(files["grad_norms"].read_text()),
             "param_diff": param_diff[worst], "worst_param": worst, "replica_diff": replica_diff,
             "weights_received": received_by_rank, "model_bytes": sum(len(pickle.dumps(v)) for v in final.values()),
