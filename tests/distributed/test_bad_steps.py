@@ -1,4 +1,5 @@
-"""NaN / spike skip decisions are identical on all ranks; repeated bad steps roll back."""
+"""NaN / spike skip decisions are identical on all ranks (ZeRO-0 to 3, PP2); repeated bad steps roll
+back (ZeRO-1 and ZeRO-3)."""
 
 import math
 
@@ -16,10 +17,14 @@ def results(tmp_path_factory):
     return run_ranks("tests.distributed.workers.bad_steps:main", world_size=2, timeout=400, args=args)
 
 
-@pytest.mark.parametrize("check", ["nan_zero0", "nan_zero1", "spike_zero2", "nan_pp2", "spike_pp2"])
+@pytest.mark.parametrize("check", ["nan_zero0", "nan_zero1", "spike_zero2", "nan_zero3", "nan_pp2", "spike_pp2"])
 def test_one_bad_rank_skips_the_step_everywhere(results, check):
     values = assert_check(results, check)
     for value in values:  # both ranks: the rank that saw the bad loss and the one that did not
+        # the stage asked for, every parameter compared in full (ZeRO-3 gathers its shards; under PP2
+        # each rank holds its stage's)
+        assert "zero" not in check or value["zero_stage"] == int(check[-1]), value
+        assert value["params"] > 10_000, value["params"]
         assert value["unchanged"], "the bad step must not change any weight"
         assert value["skipped"] == 1
         assert value["moved_later"], "training goes on after the skipped step"
@@ -33,9 +38,13 @@ def test_one_bad_rank_skips_the_step_everywhere(results, check):
         assert worst[3] > value["losses"][3] if check.startswith("spike") else worst[3] == math.inf, worst
 
 
-def test_consecutive_bad_steps_roll_back_without_replaying_data(results):
-    for value in assert_check(results, "rollback"):
+@pytest.mark.parametrize("check", ["rollback", "rollback_zero3"])
+def test_consecutive_bad_steps_roll_back_without_replaying_data(results, check):
+    for value in assert_check(results, check):
         assert value["rollbacks"] == 1
+        # the weights after the rollback are step 4's checkpoint (not step 2's, not the bad steps')
+        assert value["restored_equal"] and value["restored_differs_from_step_2"], value
+        assert (value["zero_stage"] == 3) == check.endswith("zero3") and value["params"] > 10_000, value
         assert value["step"] == 8
         # steps 1-4, two bad ones (5, 6), then rollback to step 4 and steps 5-8 again: 10 batches read
         assert value["consumed"] == 10 * value["global_batch"]

@@ -35,7 +35,14 @@ def _inject(trainer, steps, ranks: set, how: str, after_rollbacks: bool = False)
 
 
 def _params(trainer) -> list:
-    return [p.detach().clone() for p in trainer.engine.module.parameters()]
+    """Every parameter in full, on every rank (ZeRO-3 holds only a shard of each: gathered)."""
+    params = list(trainer.engine.module.parameters())
+    if trainer.cfg.parallel.zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            return [p.detach().clone() for p in params]
+    return [p.detach().clone() for p in params]
 
 
 def _skip_check(args, name: str, how: str, **sections) -> dict:
@@ -57,24 +64,39 @@ def _skip_check(args, name: str, how: str, **sections) -> dict:
     after_bad = _params(trainer)
     trainer.fit()
     return {"unchanged": all(torch.equal(a, b) for a, b in zip(before, after_bad)),
+            "zero_stage": trainer.engine.zero_optimization_stage(), "params": sum(p.numel() for p in before),
             "skipped": trainer.engine.skipped_steps, "losses": trainer.losses, "worst": worst.seen,
             "moved_later": not all(torch.equal(a, b) for a, b in zip(after_bad, _params(trainer)))}
 
 
-def _rollback_check(args) -> dict:
-    trainer = _trainer(args, "rollback", train={"train_steps": 8, "max_consecutive_bad_steps": 2},
-                       checkpoint={"save_interval": 2})
+def _rollback_check(args, name: str = "rollback", **sections) -> dict:
+    """Steps 5 and 6 bad: the run rolls back to step 4's checkpoint. The skipped steps changed no
+    weight, so the weights right after the rollback must be exactly the ones step 4 saved: the load
+    restores them (under ZeRO-3 each rank its own shard of the parameters and optimizer state)."""
+    trainer = _trainer(args, name, train={"train_steps": 8, "max_consecutive_bad_steps": 2},
+                       checkpoint={"save_interval": 2}, **sections)
     _inject(trainer, steps={4, 5}, ranks={0}, how="nan")
-    saves, save = [], trainer.save
+    saves, save, rollback = [], trainer.save, trainer.rollback
+    weights = {}
 
     def recording(step=None):
         tag = save(step)
         saves.append((tag, trainer.loader.state_dict()["consumed_samples"]))
+        weights.setdefault(tag, _params(trainer))  # step 4's first save, not the rollback's re-save
         return tag
 
-    trainer.save = recording
+    def restoring(loss):
+        batches = rollback(loss)
+        weights["after_rollback"] = _params(trainer)
+        return batches
+
+    trainer.save, trainer.rollback = recording, restoring
     trainer.fit()
-    return {"rollbacks": trainer.rollbacks, "step": trainer.step, "losses": trainer.losses,
+    restored, saved = weights["after_rollback"], weights["step_00000004"]
+    return {"restored_equal": len(restored) == len(saved) and all(torch.equal(a, b) for a, b in zip(restored, saved)),
+            "restored_differs_from_step_2": not all(torch.equal(a, b) for a, b in zip(restored, weights["step_00000002"])),
+            "zero_stage": trainer.engine.zero_optimization_stage(), "params": sum(p.numel() for p in saved),
+            "rollbacks": trainer.rollbacks, "step": trainer.step, "losses": trainer.losses,
             "skipped_steps": trainer.skipped_steps, "engine_skipped_steps": trainer.engine.skipped_steps,
             "consumed": trainer.loader.state_dict()["consumed_samples"], "saves": saves,
             "global_batch": trainer.cfg.train.global_batch_size}
@@ -160,10 +182,12 @@ def main(args):
         "nan_zero0": lambda: _skip_check(args, "nan0", "nan", parallel={"zero_stage": 0}),
         "nan_zero1": lambda: _skip_check(args, "nan1", "nan", parallel={"zero_stage": 1}),
         "spike_zero2": lambda: _skip_check(args, "spike2", "spike", parallel={"zero_stage": 2}),
+        "nan_zero3": lambda: _skip_check(args, "nan3", "nan", parallel={"zero_stage": 3}),
         "nan_pp2": lambda: _skip_check(args, "nanpp", "nan", parallel={"pipeline_model_parallel_size": 2}),
         # rank 1 is the last stage, where the pipeline computes (and the guard judges) the loss
         "spike_pp2": lambda: _skip_check(args, "spikepp", "spike", parallel={"pipeline_model_parallel_size": 2}),
         "rollback": lambda: _rollback_check(args),
+        "rollback_zero3": lambda: _rollback_check(args, "rollback3", parallel={"zero_stage": 3}),
         "bad_row_at_end": lambda: _bad_row_at_the_end_check(args),
         "diverging": lambda: _diverging_check(args),
         "diverging_restart": lambda: _diverging_restart_check(args),
