@@ -38,6 +38,7 @@ SIZES = {
               "parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "zero_stage": 1}},
 }
 ARCHITECTURES = ("gpt", "ascender", "connection")
+EVAL_GLOBAL_BATCHES = 10  # each validation reads this many global batches' sequences (2,560 here)
 
 
 def run_config(architecture: str, size: str) -> dict:
@@ -59,7 +60,9 @@ def run_config(architecture: str, size: str) -> dict:
         "optimizer": {"lr": s["lr"], "min_lr": round(s["lr"] / 10, 12), "warmup_steps": max(1, steps // 100),
                       "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "lr_schedule": "cosine"},
         "train": {"micro_batch_size": s["micro_batch_size"], "global_batch_size": s["global_batch_size"],
-                  "train_steps": steps, "precision": "bf16", "eval_interval": 1000, "eval_iters": 50},
+                  "train_steps": steps, "precision": "bf16", "eval_interval": 1000,
+                  # micro-batches in all (over the DP ranks): 10 global batches' worth of sequences
+                  "eval_iters": EVAL_GLOBAL_BATCHES * s["global_batch_size"] // s["micro_batch_size"]},
         "data": {"manifest": "data/shards/manifest.json", "tokenizer": "data/tokenizer.model"},
         "checkpoint": {"save_interval": 1000, "keep_last": 3},
         "logging": {"log_interval": 10},
