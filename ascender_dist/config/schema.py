@@ -90,7 +90,7 @@ class TrainConfig:
     # the traffic but rounds each micro-batch's reduced gradient to 8 significant bits
     grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     eval_interval: int = 0  # 0: no periodic validation
-    eval_iters: int = 4  # validation micro-batches in all, over the DP ranks (>= 1); eval_interval: 0 turns it off
+    eval_iters: int = 4  # validation micro-batches in all, rounded up to a multiple of DP (>= 1)
     # skip a step whose loss exceeds this factor x the running mean (0: only non-finite losses skip)
     loss_spike_factor: float = 0.0
     # after this many consecutive skipped steps, roll back to the last checkpoint (0: never)

@@ -142,8 +142,9 @@ def test_tables_refuse_runs_scored_on_different_validation_sets():
 
     same = [{"config": c, "seed": 1, "val_batches": 32, "val_sequences": 256} for c in ("gpt", "asc")]
     check_same_validation(same)
-    with pytest.raises(AblationError, match="different sets: gpt seed 1 on 32 batches / 256 sequences, asc seed 1 "
-                                            "on 16 / 128"):
+    # the same 256 sequences read at 2 ranks (16 micro-batches each): the same set
+    check_same_validation([same[0], {**same[1], "val_batches": 16}])
+    with pytest.raises(AblationError, match="different sets: gpt seed 1 on 256 sequences, asc seed 1 on 128"):
         check_same_validation([same[0], {**same[1], "val_batches": 16, "val_sequences": 128}])
 
 

@@ -57,9 +57,10 @@ def test_eval_iters_above_the_split_is_logged_once_at_build(single_rank_group, t
     assert not [r for r in caplog.records if "train.eval_iters" in r.getMessage()]
 
 
-def test_validation_batches_are_the_splits_first_eval_iters_for_any_dp_size():
-    """The loader deals validation micro-batches to the ranks in turn: ceil(eval_iters / dp) each
-    is the split's first eval_iters (rounded up to a multiple of dp), clipped to what a rank has."""
+def test_validation_batches_per_rank_are_eval_iters_over_dp_rounded_up_and_clipped():
+    """The count per rank: ceil(eval_iters / dp), clipped to what a rank has. (That the loader's
+    dealing makes these the split's first micro-batches: test_data_loader_own_rows; the loss against
+    one process's: tests/distributed/test_layouts.)"""
     from ascender_dist.training.run import validation_batches_per_rank
 
     assert [validation_batches_per_rank(8, dp, 100) for dp in (1, 2, 4, 8)] == [8, 4, 2, 1]

@@ -49,7 +49,7 @@ same validation sequences in the same order (the per-example comparison relies o
 (``launch.py``: ``--ranks`` per node, GPUs when CUDA is present, ``--hostfile``, ``--slurm``), running
 ``run_entry.py --run-one`` on every rank: ``Trainer(cfg).fit()`` with callbacks that time the steps,
 hash the training tokens and keep the validation curve, then ``Trainer.validate()`` over ``eval_iters``
-batches while a callback keeps each sequence's loss; rank 0 gathers them in validation order with a
+micro-batches in all while a callback keeps each sequence's loss; rank 0 gathers them in validation order with a
 document id per window and writes ``result.json`` (with its provenance: git commit, dirty flag,
 command, versions, config and data hashes). A run whose ``result.json`` exists is skipped (resumable);
 a run directory without one is wiped and run again. ``--dry-run`` lists every run with its cost from

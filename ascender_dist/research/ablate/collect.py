@@ -96,15 +96,17 @@ def collect_records(grid: Grid) -> list[dict]:
 
 
 def check_same_validation(records: Sequence[dict]) -> None:
-    """Every record was scored on the same validation set (batches and sequences): a table compares
-    their losses, which over different sets compares the sets too."""
+    """Every record was scored on the same validation set: a table compares their losses, which over
+    different sets compares the sets too. The set is the split's first ``val_sequences`` sequences
+    (eval_iters micro-batches in all, whatever the ranks; ``val_batches`` is per rank and differs
+    between runs at other rank counts that read the same set)."""
     sets = {}
     for r in records:
-        sets.setdefault((r.get("val_batches"), r.get("val_sequences")), f"{r['config']} seed {r.get('seed')}")
+        sets.setdefault(r.get("val_sequences"), f"{r['config']} seed {r.get('seed')}")
     if len(sets) > 1:
         (a, first), (b, second) = list(sets.items())[:2]
-        raise AblationError(f"runs validated on different sets: {first} on {a[0]} batches / {a[1]} sequences, "
-                            f"{second} on {b[0]} / {b[1]}; re-run them with one eval_iters")
+        raise AblationError(f"runs validated on different sets: {first} on {a} sequences, {second} on {b}; "
+                            "re-run them with one eval_iters")
 
 
 # ============================================================================ aggregation

@@ -160,8 +160,9 @@ def _config(args, arch: str, name: str, parallel: dict, init_from=None):
         checkpoint={"init_from": init_from, "auto_resume": False}))
 
 
-# validation micro-batches in all after training: 4 per rank at DP1, 2 at DP2, 1 at DP4; the same
-# sequences for every layout (a per-rank count made DP2's validation set twice the reference's)
+# validation micro-batches in all after training: 4 at DP1, 2 per rank at DP2 (the largest DP here);
+# the same sequences for every layout (a per-rank count made DP2's validation set twice the
+# reference's). VAL_MICRO_BATCHES - 1 at DP2 is rounded up to the same 4.
 VAL_MICRO_BATCHES = 4
 
 
@@ -314,6 +315,7 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     expected = layout_expected(parallel, dist.get_world_size(), _config(args, arch, "reference", {}), written)
     losses = trainer.fit()
     val_loss = trainer.validate(VAL_MICRO_BATCHES)
+    val_rounded_up = trainer.validate(VAL_MICRO_BATCHES - 1)
     with objects_received() as received:
         final = gather_canonical_state(trainer.engine.module, trainer.cfg)
     received_by_rank: list = [None] * dist.get_world_size()
@@ -333,6 +335,7 @@ def _compare(args, arch: str, name: str, parallel: dict) -> dict:
     return {"layout_used": used, "layout_expected": expected, "losses": losses, "reference_losses": ref_losses,
             "loss_diff": nan_max(abs(a - b) for a, b in zip(losses, ref_losses)),
             "val_loss": val_loss, "reference_val_loss": json.loads(files["val"].read_text()),
+            "val_rounded_up": val_rounded_up, "dp": trainer.pstate.dp_size,
             "grad_norms": norms.values, "reference_grad_norms": json.loads(files["grad_norms"].read_text()),
             "param_diff": param_diff[worst], "worst_param": worst, "replica_diff": replica_diff,
             "weights_received": received_by_rank, "model_bytes": sum(len(pickle.dumps(v)) for v in final.values()),
