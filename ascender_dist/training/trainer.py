@@ -195,12 +195,14 @@ class Trainer:
             for micro in range(accumulation):
                 tokens = next(batches)["tokens"].to(self.pstate.device)
                 loss = self.engine(tokens)
-                bad = self.guard.is_bad(loss.item()) or bad
-                # the step's fate is decided once, before its last backward, identically on all ranks
+                losses.append(loss.detach())
+                # the step's fate is decided once, before its last backward, identically on all ranks,
+                # from one host read of its micro-batch losses (not a device sync per micro-batch)
                 last = micro == accumulation - 1
+                if last:
+                    bad = any([self.guard.is_bad(x) for x in torch.stack(losses).tolist()])
                 self.engine.backward(poison(loss) if last and any_rank(bad) else loss)
                 self.engine.step()
-                losses.append(loss.detach())
             step_loss = _mean_over(mps.get_data_parallel_group(), torch.stack(losses).mean())
         skipped = self.engine.skipped_steps > skipped_before
         self.skipped_steps += int(skipped)
