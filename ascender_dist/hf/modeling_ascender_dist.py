@@ -421,7 +421,7 @@ class AscenderDistForCausalLM(AscenderDistPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
         if return_dict is False:
             return (loss, logits) if loss is not None else (logits,)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits)  # no cache (prepare_inputs_for_generation)
 
     def _unpadded_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Left-padded rows (batched generation): each row's real tokens on their own, positions from
@@ -434,7 +434,8 @@ class AscenderDistForCausalLM(AscenderDistPreTrainedModel, GenerationMixin):
             if real.numel() == 0:
                 continue
             if int(real[-1] - real[0]) + 1 != real.numel():
-                raise ValueError("attention_mask must be one contiguous run of ones per row (left or right padding)")
+                raise ValueError("attention_mask must be one contiguous run of ones per row: left padding, or "
+                                 "right padding for scoring only (generate() needs padding_side='left')")
             row_logits = _linear(self.model(input_ids[row:row + 1, real]), self.lm_head)[0]
             if logits is None:
                 logits = row_logits.new_zeros(*input_ids.shape, row_logits.shape[-1])

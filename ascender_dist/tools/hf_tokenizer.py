@@ -203,14 +203,15 @@ def write_hf_tokenizer(model_file: Path, out: Path, model_max_length: int, fast=
 
     model_file, out = Path(model_file), Path(out)
     special = special_tokens(load_proto(model_file))
+    # left padding: a batch then generates (new tokens follow every row's last real token)
     hf = PreTrainedTokenizerFast(tokenizer_object=fast or fast_tokenizer(model_file), model_max_length=model_max_length,
-                                 clean_up_tokenization_spaces=False, split_special_tokens=True,
+                                 clean_up_tokenization_spaces=False, split_special_tokens=True, padding_side="left",
                                  **special.token_map())
     _save_pretrained(hf, out)
     config_file = out / "tokenizer_config.json"
     data = json.loads(config_file.read_text()) if config_file.is_file() else {}
     data.update(tokenizer_class="PreTrainedTokenizerFast", split_special_tokens=True,
-                clean_up_tokenization_spaces=False, add_bos_token=False, add_eos_token=False,
+                clean_up_tokenization_spaces=False, add_bos_token=False, add_eos_token=False, padding_side="left",
                 model_max_length=model_max_length, **special.token_map())
     data.pop("auto_map", None)
     config_file.write_text(json.dumps(data, indent=2))

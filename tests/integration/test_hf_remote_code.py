@@ -196,11 +196,13 @@ def test_bad_inputs_fail_in_one_line(sources, tmp_path):
 
 
 def test_left_padded_batch_equals_each_row_alone(exports):
-    """Batched generation pads on the left: rows then run on their own tokens (no padding mask in S/C)."""
+    """Batched generation pads on the left (the export's tokenizer does by default): rows then run on
+    their own tokens (no padding mask in S/C). Right-padded rows score, and generating from them is
+    refused in one line that says how to pad."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = exports["connection-tiny"]
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True, padding_side="left")
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)
     model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True, dtype=torch.float32).eval()
     texts = ["def main(argv):\n    return 0\n", "import os"]
     batch = tok(texts, return_tensors="pt", padding=True)
@@ -214,3 +216,7 @@ def test_left_padded_batch_equals_each_row_alone(exports):
             assert (batched[row, -ids.shape[1]:] - alone).abs().max().item() < 1e-5
             single = model.generate(ids, max_new_tokens=3, do_sample=False)
             assert generated[row, -3:].tolist() == single[0, -3:].tolist()
+        right = tok(texts, return_tensors="pt", padding=True, padding_side="right")
+        assert right["attention_mask"][1, -1] == 0
+        with pytest.raises(ValueError, match=r"generate\(\) needs padding_side='left'"):
+            model.generate(**right, max_new_tokens=2, do_sample=False)
