@@ -95,7 +95,10 @@ class MetricLogger:
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         if self.wandb is not None:
-            self.wandb.log(step, values)
+            try:
+                self.wandb.log(step, values)
+            except Exception as exc:  # W&B's own types (a finished run, a dead service): logging rank only
+                self._stop_wandb(exc)
         if self.writer is None:
             return
         try:
@@ -137,6 +140,12 @@ class MetricLogger:
                   self.tensorboard_dir, type(exc).__name__, exc)
         self.writer = None
 
+    def _stop_wandb(self, exc: Exception) -> None:
+        """As _stop_tensorboard, for Weights & Biases."""
+        log.error("Weights & Biases logging stopped at a failure (%s: %s); training goes on", type(exc).__name__,
+                  str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "")
+        self.wandb = None
+
     def flush(self) -> None:
         if self.writer is not None:
             try:
@@ -145,7 +154,15 @@ class MetricLogger:
                 self._stop_tensorboard(exc)
 
     def close(self) -> None:
+        """Close both sinks; a failure is logged, not raised (the other ranks wait at the shutdown
+        barrier, and the run itself is complete)."""
         if self.writer is not None:
-            self.writer.close()
+            try:
+                self.writer.close()
+            except OSError as exc:
+                self._stop_tensorboard(exc)
         if self.wandb is not None:
-            self.wandb.close()
+            try:
+                self.wandb.close()
+            except Exception as exc:
+                self._stop_wandb(exc)
