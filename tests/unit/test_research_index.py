@@ -59,7 +59,8 @@ def test_commits_are_named_at_a_fixed_length_whatever_git_abbreviates_to(repo, m
     monkeypatch.setenv("GIT_CONFIG_VALUE_0", "12")
     run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
     later = _commit(repo, "ascender_dist/training/trainer.py", "b = 2\n")
-    assert index.later_model_commits(run, repo) == [(later[:index.SHORT_SHA], "change ascender_dist/training/trainer.py")]
+    named = (later[:index.SHORT_SHA], "change ascender_dist/training/trainer.py")
+    assert index.later_model_commits(run, repo) == [named]
 
 
 def test_a_reviewed_commit_is_named_not_counted(repo):

@@ -115,9 +115,9 @@ def _changes_a_run(status_lines: list[str]) -> bool:
 
 
 def later_model_commits(commit: str, root: Path = REPO) -> Optional[list[tuple[str, str]]]:
-    """(sha shortened to SHORT_SHA, subject) of the commits after ``commit`` up to HEAD that touch MODEL_CODE or edit a
-    grid file of GRID_CONFIGS (:func:`_changes_a_run`), oldest first; None when git cannot answer (not a
-    checkout, unknown commit)."""
+    """(sha shortened to SHORT_SHA, subject) of the commits after ``commit`` up to HEAD that touch
+    MODEL_CODE or edit a grid file of GRID_CONFIGS (:func:`_changes_a_run`), oldest first; None when git
+    cannot answer (not a checkout, unknown commit)."""
     try:
         proc = subprocess.run(["git", "-C", str(root), "log", "--reverse", "--name-status", "--format=%x1e%H%x09%s",
                                f"{commit}..HEAD", "--", *MODEL_CODE, GRID_CONFIGS],
@@ -146,8 +146,8 @@ def code_state(commits: list, neutral: dict, root: Path = REPO, layers_run: Opti
         if later is None:
             return "unknown", f"git cannot compare {commit[:SHORT_SHA]} with HEAD here"
         if is_ancestor(commit, root) is False:
-            return "stale", f"its runs' commit {commit[:SHORT_SHA]} is not in HEAD's history (another branch, or before a " \
-                            "rebase): re-run"
+            return "stale", f"its runs' commit {commit[:SHORT_SHA]} is not in HEAD's history (another branch, or " \
+                            "before a rebase): re-run"
         for sha, subject in later:
             entry = next((r for prefix, r in neutral.items() if sha.startswith(prefix) or prefix.startswith(sha)),
                          None)  # fmt: skip
@@ -378,7 +378,8 @@ def other_outputs_table(folder: Path, neutral: dict, root: Path = REPO) -> list[
         commit = (json.loads(path.read_text()).get("provenance") or {}).get("git_commit")
         state, why = code_state([commit], {} if timed else neutral, root)
         shown = f"**{state}**" if state != "current" else state
-        rows.append(f"| [`{rel}`]({rel}) | {what} | {commit[:SHORT_SHA] if commit else 'none recorded'} | {shown}: {why} |")
+        made = commit[:SHORT_SHA] if commit else "none recorded"
+        rows.append(f"| [`{rel}`]({rel}) | {what} | {made} | {shown}: {why} |")
     if not rows:
         return []
     return ["## Other generated outputs", "", "| file | what | made at | state |", "|---|---|---|---|", *rows, "",
