@@ -483,6 +483,7 @@ class _Dataset:
         self.shuffle, self.on_corrupt, self.pool, self.prefetch = shuffle, on_corrupt, pool, prefetch
         self.workers = max(1, workers)
         self.skipped_shards = 0
+        self.skipped_names: set[str] = set()  # where each skipped shard is (its URL)
         self.shards_read = 0
         self.rows_read = 0  # samples read and decoded (all of a shard's when it is read whole)
         self.bad: set[int] = set()
@@ -597,6 +598,7 @@ class _Dataset:
         if self.on_corrupt != "skip":
             raise DataError(err.where, err.problem) from None
         self.skipped_shards += 1
+        self.skipped_names.add(err.where)
         log.warning("skipping corrupt shard %s: %s", err.where, err.problem)
 
     # ---------------------------------------------------------------- order
@@ -1226,6 +1228,12 @@ class StreamingLoader:
     def skipped_shards(self) -> int:
         """Corrupt shards skipped so far (``on_corrupt="skip"``), for TensorBoard."""
         return sum(d.skipped_shards for d in self.datasets)
+
+    @property
+    def skipped_shard_names(self) -> frozenset[str]:
+        """Where the shards counted by ``skipped_shards`` are (URLs): a run pools them over its
+        data-parallel ranks, which meet different shards (training.callbacks.SkippedShards)."""
+        return frozenset().union(*(d.skipped_names for d in self.datasets))
 
     @property
     def shards_read(self) -> int:

@@ -18,6 +18,11 @@ OLMo-core), so a new measurement is a new callback instead of a patch of the Tra
 
 Every rank runs every callback: a callback that gathers over ranks may; one that writes files
 checks ``trainer.pstate.is_logging_rank``. The default list of a run is :func:`default_callbacks`.
+
+A callback with a ``state_key`` keeps state in the checkpoint (as Lightning's callback state): the
+Trainer saves ``state_dict(trainer)`` under that key before each save (every rank calls it: it may
+gather) and hands it to ``load_state_dict(trainer, state)`` when it loads the checkpoint (a resume,
+a rollback).
 """
 
 from __future__ import annotations
@@ -29,6 +34,15 @@ from typing import Optional
 
 class Callback:
     """Base class: every hook does nothing; override the ones you need."""
+
+    state_key: Optional[str] = None  # set (unique per run) to keep state_dict() in the checkpoint
+
+    def state_dict(self, trainer) -> dict:
+        """What the checkpoint keeps of this callback (with a ``state_key``); collective allowed."""
+        return {}
+
+    def load_state_dict(self, trainer, state: dict) -> None:
+        """Take back what ``state_dict`` returned, from the checkpoint just loaded."""
 
     def on_train_start(self, trainer) -> None:
         pass
@@ -96,6 +110,52 @@ class LayerStats(Callback):
         if self.collecting:
             values.update(gather_layer_stats(trainer.engine.module, mps.get_tensor_model_parallel_group(),
                                              mps.get_pipeline_model_parallel_group(), mps.get_data_parallel_group()))
+
+
+class SkippedShards(Callback):
+    """``data/skipped_shards``: the corrupt shards the run has skipped (``data.on_corrupt: skip``),
+    each counted once however many ranks met it and kept in the checkpoint, so the count goes on
+    across restarts and rollbacks (a shard found bad mid-run is found again only if read again).
+
+    Data-parallel ranks read different shards, so each rank's own finds are pooled over every
+    rank: on the steps that print a console line and before each save, one all-reduce asks whether
+    any rank has met a shard the pool lacks, and only then are the names gathered. Between those
+    steps the value is this rank's view (the pool plus its own finds since)."""
+
+    state_key = "skipped_shards"
+
+    def __init__(self, log_interval: int, train_steps: int):
+        self.log_interval = log_interval
+        self.train_steps = train_steps
+        self.names: set[str] = set()  # the pool: every rank's skipped shards, as of the last pooling
+
+    def _pool(self, trainer) -> None:
+        """Collective when distributed: add every rank's new finds to the pool."""
+        import torch.distributed as dist
+
+        from ascender_dist.training.guard import any_rank
+
+        new = sorted(trainer.loader.skipped_shard_names - self.names)
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            self.names.update(new)
+            return
+        if any_rank(bool(new)):
+            gathered: list = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, new)
+            for names in gathered:
+                self.names.update(names)
+
+    def on_step_end(self, trainer, values: dict) -> None:
+        if trainer.step % self.log_interval == 0 or trainer.step == self.train_steps:
+            self._pool(trainer)
+        values["data/skipped_shards"] = float(len(self.names | trainer.loader.skipped_shard_names))
+
+    def state_dict(self, trainer) -> dict:
+        self._pool(trainer)
+        return {"names": sorted(self.names)}
+
+    def load_state_dict(self, trainer, state: dict) -> None:
+        self.names.update(state.get("names", ()))  # a rollback keeps what the abandoned steps met
 
 
 class Throughput(Callback):
@@ -280,5 +340,6 @@ def default_callbacks(cfg, world_size: int, metrics, flops_per_token: float,
     return [
         Throughput(cfg.train.global_batch_size * cfg.model.seq_length, flops_per_token, world_size, peak_tflops),
         LayerStats(cfg.logging.log_interval),
+        SkippedShards(cfg.logging.log_interval, cfg.train.train_steps),
         MetricLogging(metrics, cfg.logging.log_interval, cfg.train.train_steps),
     ]

@@ -129,6 +129,10 @@ class Trainer:
         self.skipped_steps = int(client_state.get("skipped_steps", self.engine.skipped_steps))
         self.rollbacks = int(client_state.get("rollbacks", 0))  # train/rollbacks goes on across restarts
         self.validation_due = self.step if client_state.get("validation_due") else None
+        states = client_state.get("callbacks", {})
+        for callback in self.callbacks:
+            if getattr(callback, "state_key", None) in states:
+                callback.load_state_dict(self, states[callback.state_key])
         self.metrics.continue_at(self.step)  # TensorBoard hides the steps after it logged before
         if self.pstate.is_logging_rank:
             log.info("resumed from %s at step %d", self.derived.checkpoint_dir / tag if tag else
@@ -154,6 +158,10 @@ class Trainer:
             "versions": package_versions(("ascender-dist", "megatron-core", "deepspeed", "torch")),
         }
 
+    def _callback_states(self) -> dict:
+        """Collective: the checkpoint's state of each callback with a ``state_key`` (callbacks module)."""
+        return {cb.state_key: cb.state_dict(self) for cb in self.callbacks if getattr(cb, "state_key", None)}
+
     def save(self, step: Optional[int] = None) -> str:
         """Checkpoint the run as of ``step`` (default: the current step; a benchmark saves the same
         weights under several steps' tags)."""
@@ -167,6 +175,7 @@ class Trainer:
                           "guard": self.guard.state_dict(), "rollback": self.rollback_policy.state_dict(),
                           "skipped_steps": self.skipped_steps, "rollbacks": self.rollbacks,
                           "validation_due": self.validation_due == step,
+                          "callbacks": self._callback_states(),
                           "padded_vocab_size": self.derived.padded_vocab_size},
             keep_last=self.cfg.checkpoint.keep_last,
             extra_files={"config.yaml": dump_yaml(to_dict(self.cfg)),
@@ -367,7 +376,6 @@ class Trainer:
             values = self.train_step(batches)
             self.step += 1
             self._call("on_step_end", values)
-            values["data/skipped_shards"] = float(self.loader.skipped_shards)
             self.losses.append(values["train/loss"])
             rollbacks = self.rollbacks
             batches = self._after_step(values, batches)

@@ -61,6 +61,16 @@ def test_a_stop_on_a_validation_step_validates_when_the_run_goes_on(results):
     assert first_rank["board_val_steps"] == [2, 4] and first_rank["board_last_val_steps"] == [2, 4], first_rank
 
 
+def test_skipped_shards_are_counted_over_the_data_parallel_ranks_and_kept_on_resume(results):
+    rank0, rank1 = assert_check(results, "skipped_shards")
+    assert rank0["met"] == [] and len(rank1["met"]) == 1  # rank 1 alone met the corrupt shard ...
+    assert rank0["own"] == 0 and rank1["own"] == 1
+    for rank in (rank0, rank1):  # ... and both count it from the console step on (rank 0 logs it)
+        assert rank["first"] == {"1": rank["own"], "2": 1.0}, rank  # logged value per step (JSON: str keys)
+        assert rank["second"] == {"3": 1.0, "4": 1.0}, rank  # kept in the checkpoint: the resumed job never met it
+        assert rank["resumed_own"] == 0
+
+
 def test_layer_statistics_are_reduced_over_the_data_parallel_replicas(results):
     for value in assert_check(results, "layer_stats_over_replicas"):  # ranks: (1, 2) and (2, 5)
         assert value == {"connection/steps_mean/layer02": 1.5, "connection/steps_max/layer02": 5.0}

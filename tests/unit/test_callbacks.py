@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ascender_dist.training.callbacks import (Callback, DataDigest, MetricLogging, PerSequenceValidationLosses,
-                                              Throughput, ValidationCurve, overrides)
+                                              SkippedShards, Throughput, ValidationCurve, overrides)
 from ascender_dist.training.rollback import DivergenceError
 
 
@@ -186,6 +186,31 @@ def test_throughput_reads_its_clock_before_the_layer_statistics_gather():
                           train=SimpleNamespace(global_batch_size=2, train_steps=3), model=SimpleNamespace(seq_length=8))
     kinds = [type(c) for c in default_callbacks(cfg, 1, FakeMetrics(), 1.0, None)]
     assert kinds.index(Throughput) < kinds.index(LayerStats) < kinds.index(MetricLogging)
+    assert SkippedShards in kinds
+
+
+def test_skipped_shards_counts_each_shard_once_and_keeps_them_through_a_checkpoint():
+    """One process (no pooling collective): the count is the shards' names, not skip events, and
+    the checkpoint's names are added to, not replaced (a rollback keeps what the abandoned steps met)."""
+    loader = SimpleNamespace(skipped_shard_names=frozenset({"a.tar"}))
+    trainer = SimpleNamespace(step=1, loader=loader)
+    cb = SkippedShards(log_interval=2, train_steps=4)
+    values = {}
+    cb.on_step_end(trainer, values)
+    assert values["data/skipped_shards"] == 1.0 and cb.names == set()  # step 1: no console line, not pooled
+    trainer.step = 2
+    cb.on_step_end(trainer, values)
+    assert values["data/skipped_shards"] == 1.0 and cb.names == {"a.tar"}
+    assert cb.state_dict(trainer) == {"names": ["a.tar"]}
+
+    fresh = SkippedShards(log_interval=2, train_steps=4)
+    trainer = SimpleNamespace(step=3, loader=SimpleNamespace(skipped_shard_names=frozenset({"b.tar"})))
+    fresh.load_state_dict(trainer, {"names": ["a.tar"]})
+    fresh.on_step_end(trainer, values)
+    assert values["data/skipped_shards"] == 2.0
+    trainer.step = 4
+    fresh.on_step_end(trainer, values)
+    assert fresh.names == {"a.tar", "b.tar"} and fresh.state_dict(trainer) == {"names": ["a.tar", "b.tar"]}
 
 
 def test_the_console_average_leaves_out_skipped_and_rolled_back_steps():

@@ -181,6 +181,48 @@ def stop_on_a_validation_step(data, root: Path) -> dict:
             "board_last_val_steps": val_steps("val_last")}
 
 
+def skipped_shards_pooled_and_kept(data, root: Path) -> dict:
+    """DP=2, ``on_corrupt: skip``: rank 1 alone meets a corrupt training shard in its first step. The
+    logged ``data/skipped_shards`` (console lines every 2 steps) counts it on rank 0 too, which never
+    read it, and a resumed job that never meets it again still counts it."""
+    import torch.distributed as dist
+    from unittest import mock
+
+    from ascender_dist.training.callbacks import Callback
+    from data_pipeline import loader as loader_mod
+
+    class Logged(Callback):
+        def __init__(self):
+            self.values = {}
+
+        def on_log(self, trainer, values):
+            self.values[trainer.step] = values.get("data/skipped_shards")
+
+    real, met = loader_mod._Dataset._read, []
+
+    def read(dataset, idx, rows, got=None):
+        url = dataset.specs[idx].url
+        if dist.get_rank() == 1 and not met and "train" in url.rsplit("/", 1)[-1]:
+            met.append(url)
+            raise loader_mod._CorruptShard(url, "bad bytes (test)")
+        return real(dataset, idx, rows, got)
+
+    from ascender_dist.training.trainer import Trainer
+
+    raw = tiny_run_config(data, root / "skipped_shards", train={"train_steps": 4}, logging={"log_interval": 2},
+                          checkpoint={"save_interval": 2})
+    raw["data"]["on_corrupt"] = "skip"
+    first, second = Logged(), Logged()
+    with mock.patch.object(loader_mod._Dataset, "_read", read):
+        trainer = Trainer(config_from_dict(raw), callbacks=[first])
+        trainer.fit(stop_at=2)
+    own = trainer.loader.skipped_shards
+    resumed = Trainer(config_from_dict(raw), callbacks=[second])
+    resumed.fit()
+    return {"met": met, "own": own, "first": first.values, "second": second.values,
+            "resumed_own": resumed.loader.skipped_shards}
+
+
 DP_CHANGE_STAGES = (0, 1, 2, 3)
 
 
@@ -196,6 +238,7 @@ def main(args):
                    for stage in (0, 1)})
     checks["separation_schedule"] = lambda: separation_schedule(data, root)
     checks["stop_on_a_validation_step"] = lambda: stop_on_a_validation_step(data, root)
+    checks["skipped_shards"] = lambda: skipped_shards_pooled_and_kept(data, root)
     return run_checks(checks)
 
 
