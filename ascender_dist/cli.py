@@ -54,7 +54,8 @@ def _run(fn, *args) -> int:
 
 
 def train(args: argparse.Namespace) -> None:
-    from ascender_dist.config import load_config
+    from ascender_dist.config import ConfigError, load_config
+    from ascender_dist.config.resolve import named_source
     from ascender_dist.parallel.setup import shutdown_process_group
     from ascender_dist.training.trainer import Trainer
 
@@ -62,7 +63,12 @@ def train(args: argparse.Namespace) -> None:
     from ascender_dist.training.preemption import watch_signals
 
     watch_signals(cfg.train.exit_signals)  # a scheduler's warning during set-up or resume is kept
-    trainer = Trainer(cfg)
+    try:
+        trainer = Trainer(cfg)
+    except ConfigError as exc:  # a check that needs the launch (world size, tokenizer): name the file or --set
+        named = named_source(exc, args.config, args.overrides)
+        named.rank = getattr(exc, "rank", None)
+        raise named from None
     trainer.fit()
     if trainer.pstate.is_logging_rank and trainer.stop_reason is None:
         logging.getLogger("ascender_dist").info(

@@ -269,6 +269,36 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise ConfigError(path, f"unsupported field type {tp!r}")
 
 
+def leaf_paths(tree: dict, prefix: str = "") -> set[str]:
+    """Dotted names of the non-mapping values of a nested mapping (``{"a": {"b": 1}}`` -> ``{"a.b"}``)."""
+    out = set()
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        out |= leaf_paths(value, f"{name}.") if isinstance(value, dict) else {name}
+    return out
+
+
+def closest_name(key: str, names) -> str | None:
+    """The name ``key`` most likely misspells: the same up to case and underscores, else difflib's
+    closest (``hiden_size`` -> ``hidden_size``); None when nothing is close."""
+    import difflib
+
+    names = list(names)
+    squashed = str(key).lower().replace("_", "")
+    same = [name for name in names if name.lower().replace("_", "") == squashed]
+    close = same or difflib.get_close_matches(str(key), names, n=1)
+    return close[0] if close else None
+
+
+def _unknown_key_hint(key, fields) -> str:
+    """What to say after "unknown key": a dotted key in a file is --set syntax (``model.hidden_size:
+    64`` at the top level), else the field it most likely misspells."""
+    if isinstance(key, str) and "." in key:
+        return " (a dotted key is --set syntax: in a file, nest it under its section)"
+    close = closest_name(key, fields)
+    return f" (did you mean {close!r}?)" if close else ""
+
+
 def from_dict(cls, data: Any, path: str = ""):
     """Build dataclass ``cls`` from a mapping, rejecting unknown keys with their dotted path.
 
@@ -284,9 +314,8 @@ def from_dict(cls, data: Any, path: str = ""):
     for key in data:
         if key not in fields:
             dotted = f"{path}.{key}" if path else str(key)
-            close = [k for k in fields if k.lower().replace("_", "") == str(key).lower().replace("_", "")]
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(dotted, f"unknown key{hint}; allowed: {', '.join(sorted(fields))}")
+            allowed = ", ".join(sorted(fields))
+            raise ConfigError(dotted, f"unknown key{_unknown_key_hint(key, fields)}; allowed: {allowed}")
     kwargs = {}
     for name, value in data.items():
         dotted = f"{path}.{name}" if path else name

@@ -11,7 +11,8 @@ from typing import Iterable, Optional
 from ascender_dist.config.architectures import ARCHITECTURE_CHECKS
 from ascender_dist.config.checks import STATIC_CHECKS, check_no_home_shorthand, check_world_size_layout
 from ascender_dist.config.errors import ConfigError
-from ascender_dist.config.loader import apply_override, deep_merge, from_dict, override_key, read_yaml_file
+from ascender_dist.config.loader import (apply_override, deep_merge, from_dict, leaf_paths, override_key,
+                                         read_yaml_file)
 from ascender_dist.config.presets import preset_model_fields
 from ascender_dist.config.schema import RunConfig
 
@@ -26,6 +27,22 @@ def _apply_preset(raw: dict) -> dict:
             raise ConfigError(f"model.{name}", f"expected str, got {type(value).__name__} {value!r}")
     base = preset_model_fields(model["preset"], architecture, layer_pattern=model.get("layer_pattern"))
     return {**raw, "model": deep_merge(base, model)}
+
+
+def check_preset_takes_effect(raw: dict) -> None:
+    """A preset chosen on top of a config (a ``--set model.preset=...``, a grid variant's) that sets no
+    field the config does not give already would build the config's model under the preset's name:
+    refused. A file may name a preset that its own fields cover for one architecture (configs/demo.yaml
+    gets the other architectures' layer sizes from it)."""
+    model = raw.get("model")
+    if not isinstance(model, dict) or model.get("preset") is None:
+        return
+    fields = leaf_paths(_apply_preset(raw)["model"]) - leaf_paths(model)
+    if not fields:
+        preset = preset_model_fields(model["preset"], model.get("architecture", "gpt"),
+                                     layer_pattern=model.get("layer_pattern"))
+        raise ConfigError("model.preset", f"{model['preset']!r} sets nothing here: the config gives every field it "
+                                          f"sets ({', '.join(sorted(leaf_paths(preset)))})")
 
 
 def config_from_dict(raw: dict) -> RunConfig:
@@ -47,8 +64,9 @@ def config_with_overrides(raw: dict, overrides: Iterable[str], source: str, fixe
     """``raw`` (read from ``source``) + ``dotted.key=value`` overrides (+ ``fixed`` values a command
     imposes, merged last) -> validated RunConfig.
 
-    An error about a field an override set names the override (``--set optimizer.lr=0: optimizer.lr: ...``);
-    one that only the overrides bring about names ``source`` with them all; any other error names ``source``.
+    An error the file has without the overrides names ``source``; else one about a field an override set
+    names the override (``--set optimizer.lr=0: optimizer.lr: ...``), and one that only the overrides
+    together bring about names ``source`` with them all.
     """
     overrides = list(overrides)
     merged = raw
@@ -57,15 +75,17 @@ def config_with_overrides(raw: dict, overrides: Iterable[str], source: str, fixe
     if fixed:
         merged, raw = deep_merge(merged, fixed), deep_merge(raw, fixed)
     try:
+        if any(override_key(text) == "model.preset" for text in overrides):
+            check_preset_takes_effect(merged)
         return config_from_dict(merged)
     except ConfigError as exc:
         culprit = _blame(exc.path, overrides)
-        if culprit is not None:
-            where = f"--set {culprit}"
-        elif overrides and not _fails_alike(raw, exc):  # another field's override (a batch size, the architecture)
-            where = f"{source} with " + " ".join(f"--set {text}" for text in overrides)
-        else:
+        if not overrides or _fails_alike(raw, exc):  # the file's own error, whatever the overrides set
             where = source
+        elif culprit is not None:
+            where = f"--set {culprit}"
+        else:  # another field's override (a batch size, the architecture)
+            where = f"{source} with " + " ".join(f"--set {text}" for text in overrides)
         raise ConfigError(f"{where}: {exc.path}" if exc.path else where, exc.message) from None
 
 

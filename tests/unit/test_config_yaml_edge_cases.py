@@ -305,3 +305,52 @@ def test_a_config_path_that_cannot_be_checked_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert str(info.value) == f"{path}: cannot read (File name too long)"
+
+
+# ------------------------------------------------------------------------ who is named for an error
+
+def test_the_files_own_error_names_the_file_even_where_a_set_touches_that_field(tmp_path):
+    """The --set was named for an error the file has without it."""
+    text = "model:\n  preset: debug\n  hidden_size: 100\n"
+    message = _error(tmp_path, text, ["model.num_attention_heads=4"])
+    assert message.startswith(str(tmp_path / "run.yaml") + ": "), message
+    assert "--set" not in message
+
+
+def test_a_dotted_key_in_a_file_says_it_is_set_syntax_and_a_typo_gets_the_closest_field(tmp_path):
+    assert "a dotted key is --set syntax: in a file, nest it under its section" in _error(
+        tmp_path, "model.hidden_size: 64\n")
+    assert "model.hiden_size: unknown key (did you mean 'hidden_size'?)" in _error(
+        tmp_path, "model:\n  hiden_size: 64\n")
+
+
+def test_a_preset_chosen_on_the_command_line_that_sets_nothing_is_refused(tmp_path):
+    """``--set model.preset=large`` on a config giving every size it sets built the config's
+    model under the preset's name, silently; a file naming such a preset stays allowed (the demo's
+    preset gives the other architectures' layer sizes)."""
+    text = ("model:\n  preset: debug\n  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 4\n"
+            "  ffn_hidden_size: 256\n  seq_length: 128\n")
+    assert load_config(_write(tmp_path, text)).model.hidden_size == 64
+    message = _error(tmp_path, text, ["model.preset=large"])
+    assert message.startswith("--set model.preset=large: model.preset: 'large' sets nothing here"), message
+    partial = text.replace("  seq_length: 128\n", "")
+    assert load_config(_write(tmp_path, partial), ["model.preset=small"]).model.seq_length == 2048  # small's
+
+
+def test_a_config_error_the_trainer_finds_names_the_config_file(tmp_path, monkeypatch, capsys):
+    """Checks made once the launch is known (the data-parallel size) raised without the file."""
+    from ascender_dist.cli import main
+    from ascender_dist.training import preemption, trainer
+
+    def refuse(cfg):
+        err = ConfigError("train.global_batch_size", "8 is not a multiple of micro_batch_size x data-parallel "
+                                                     "size = 2 x 3")
+        err.rank = 0
+        raise err
+
+    monkeypatch.setattr(trainer, "Trainer", refuse)
+    monkeypatch.setattr(preemption, "watch_signals", lambda signals: None)
+    path = _write(tmp_path, "name: x\n")
+    assert main(["train", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: train.global_batch_size: 8 is not a multiple" in err, err

@@ -290,3 +290,37 @@ def test_a_set_of_a_list_item_a_variant_replaces_is_noted(tmp_path, capsys):
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: --set")]
     assert notes == ["note: --set data.mixture[1].weight=0.25 does not apply to only_a, which set "
                      "data.mixture[1].weight themselves"]
+
+
+def test_what_every_run_would_refuse_is_refused_when_the_grid_loads(tmp_path):
+    """--dry-run passed these, and then each run failed: eval_iters true (a bool is an int to
+    isinstance), a pipeline-parallel base, a '~' path only a run's own load_config refused."""
+    with pytest.raises(ConfigError, match="eval_iters: expected a positive integer or 'all', got True"):
+        load_grid(_grid(tmp_path, variants={"gpt": {}}, eval_iters=True))
+    pipeline = {"gpt": {"parallel.pipeline_model_parallel_size": 2, "model.num_layers": 2}}
+    with pytest.raises(ConfigError, match="variant gpt: parallel.pipeline_model_parallel_size: must be 1"):
+        load_grid(_grid(tmp_path, variants=pipeline))
+    with pytest.raises(ConfigError, match=r"variant gpt: checkpoint.init_from: '~/w.safetensors' starts with '~'"):
+        load_grid(_grid(tmp_path, variants={"gpt": {"checkpoint.init_from": "~/w.safetensors"}}))
+
+
+def test_a_variant_preset_that_sets_nothing_is_refused(tmp_path):
+    """Variants {preset: debug} and {preset: small} over a base giving every size trained one model."""
+    sizes = {"model.num_layers": 2, "model.hidden_size": 64, "model.num_attention_heads": 4,
+             "model.ffn_hidden_size": 256, "model.seq_length": 128}
+    with pytest.raises(ConfigError, match="variant small: model.preset: 'small' sets nothing here"):
+        load_grid(_grid(tmp_path, set=sizes, variants={"debug": {}, "small": {"model.preset": "small"}}))
+
+
+def test_a_base_files_errors_name_that_file(tmp_path):
+    """A typo in a base file was reported against the grid's first variant; a missing base file named
+    neither the grid nor its base field."""
+    (tmp_path / "base.yaml").write_text("model:\n  hiden_size: 64\n")
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("name: g\nbase: base.yaml\nseeds: [1]\nvariants:\n  a: {}\n")
+    with pytest.raises(ConfigError, match=rf"{grid}: base {tmp_path / 'base.yaml'}: model.hiden_size: .*"
+                                          r"did you mean 'hidden_size'"):
+        load_grid(grid)
+    grid.write_text("name: g\nbase: missing.yaml\nseeds: [1]\nvariants:\n  a: {}\n")
+    with pytest.raises(ConfigError, match=rf"^{grid}: base: missing.yaml: config file not found"):
+        load_grid(grid)

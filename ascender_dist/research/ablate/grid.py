@@ -87,9 +87,7 @@ def _unwrap_optional(tp):
 def check_config_path(dotted: str, where: str, allow_index: bool = False) -> None:
     """Raise ConfigError(``where``) unless ``dotted`` names a field of the run-config schema: ``a.b``,
     and with ``allow_index`` (a command-line --set) a list item ``a.b[1].c``."""
-    import difflib
-
-    from ascender_dist.config.loader import dotted_path, override_path
+    from ascender_dist.config.loader import closest_name, dotted_path, override_path
     from ascender_dist.config.schema import RunConfig
 
     try:
@@ -113,9 +111,8 @@ def check_config_path(dotted: str, where: str, allow_index: bool = False) -> Non
             raise ConfigError(where, f"{here} is a value, not a section: cannot set {dotted!r}")
         names = [f.name for f in dataclasses.fields(cls)]
         if part not in names:
-            close = [n for n in names if n.lower().replace("_", "") == part.lower().replace("_", "")]
-            close = close or difflib.get_close_matches(part, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = closest_name(part, names)
+            hint = f" (did you mean {close!r}?)" if close else ""
             raise ConfigError(where, f"unknown config field {part!r} in {here}{hint}")
         cls = _unwrap_optional(get_type_hints(cls)[part])
 
@@ -303,7 +300,7 @@ _GRID_ONLY = ("base", "set", "seeds", "variants", "axes", "standalone", "baselin
 
 def _read_base(base, grid_path: Path, depth: int = 0) -> dict:
     """``base``: inline run config, a run-config YAML, or another grid file (its base + set + dataset)."""
-    from ascender_dist.config.loader import deep_merge, read_yaml_file
+    from ascender_dist.config.loader import deep_merge, leaf_paths, read_yaml_file
 
     if base is None:
         return {}
@@ -313,8 +310,13 @@ def _read_base(base, grid_path: Path, depth: int = 0) -> dict:
     if not path.is_absolute():
         candidate = grid_path.parent / path
         path = candidate if os.path.exists(candidate) else path  # False on any OSError: read_yaml_file names it
-    data = read_yaml_file(path)
+    try:
+        data = read_yaml_file(path)
+    except ConfigError as exc:  # the file named, and where the grid names it
+        raise ConfigError(f"{grid_path}: base: {exc.path}", exc.message) from None
     if not any(key in data for key in _GRID_ONLY):
+        for dotted in sorted(leaf_paths(data)):  # a typo in the base file is named there, not in every variant
+            check_config_path(dotted, f"{grid_path}: base {path}: {dotted}")
         return data
     if depth > 4:
         raise ConfigError(f"{grid_path}: base", "grid files refer to each other in a loop")
@@ -406,7 +408,8 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
     if metric not in METRICS:
         raise ConfigError(f"{src}: metric", f"{metric!r} is not a number each run records; one of {', '.join(METRICS)}")
     eval_iters = raw.get("eval_iters")
-    if eval_iters is not None and eval_iters != "all" and not (isinstance(eval_iters, int) and eval_iters > 0):
+    if eval_iters is not None and eval_iters != "all" and not (isinstance(eval_iters, int)
+                                                               and not isinstance(eval_iters, bool) and eval_iters > 0):
         raise ConfigError(f"{src}: eval_iters", f"expected a positive integer or 'all', got {eval_iters!r}")
     grid = Grid(
         name=name, path=src, base=base, seeds=seed_list, baseline=str(baseline), variants=variants,
@@ -524,10 +527,21 @@ def run_config_raw(grid: Grid, variant: Variant, seed: int) -> dict:
 
 
 def run_config(grid: Grid, variant: Variant, seed: int):
-    from ascender_dist.config.resolve import config_from_dict
+    """The validated run config of one run, with the checks its launch would make (``load_config``'s
+    home shorthand, ablate's single pipeline stage), so that ``--dry-run`` finds what every run would."""
+    from ascender_dist.config.checks import check_no_home_shorthand
+    from ascender_dist.config.resolve import check_preset_takes_effect, config_from_dict
 
     try:
-        return config_from_dict(run_config_raw(grid, variant, seed))
+        raw = run_config_raw(grid, variant, seed)
+        if "model.preset" in variant.overrides:
+            check_preset_takes_effect(raw)
+        cfg = config_from_dict(raw)
+        check_no_home_shorthand(cfg)
+        if cfg.parallel.pipeline_model_parallel_size > 1:
+            raise ConfigError("parallel.pipeline_model_parallel_size", "must be 1: ablate collects per-sequence "
+                                                                       "losses from the model's output")
+        return cfg
     except ConfigError as exc:
         raise ConfigError(f"{grid.path}: variant {variant.name}: {exc.path}", exc.message) from None
 
