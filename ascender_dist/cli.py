@@ -178,20 +178,6 @@ sys.exit(128 - code if code < 0 else code)
 """
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the launcher's group leader, between fork and exec: SIGTERM when ``parent`` (this command)
-    dies (Linux prctl; elsewhere nothing), and at once if it already has."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _run_launcher(cmd: list[str], env: dict) -> int:
     """Run the launcher in its own process group and wait for it; SIGTERM / SIGINT / SIGHUP to this
     command are passed on to that whole group (the ranks included), and the command then exits
@@ -202,6 +188,8 @@ def _run_launcher(cmd: list[str], env: dict) -> int:
     import signal
     import subprocess
     import threading
+
+    from ascender_dist.training.preemption import die_with_parent
 
     received: list[int] = []
     launched: list = []
@@ -221,7 +209,7 @@ def _run_launcher(cmd: list[str], env: dict) -> int:
     try:
         # the handlers first: a signal arriving while the launcher starts is passed on once it exists
         proc = subprocess.Popen([sys.executable, "-c", GROUP_LEADER, *cmd], env=env, start_new_session=True,
-                                preexec_fn=lambda: _die_with_parent(parent))
+                                preexec_fn=lambda: die_with_parent(parent, signal.SIGTERM))
         launched.append(proc)
         if received:
             forward(received[0], None)

@@ -239,7 +239,7 @@ def check_reshard_out(out_dir: Path, consolidated_dir: Path) -> None:
     if _within(out_dir.resolve(), Path(consolidated_dir).resolve()):
         raise ConversionError(out_dir, f"output is or is inside the input directory {consolidated_dir}; "
                                        "choose a directory outside it")
-    held = ckpt.complete_tags(out_dir)
+    held = ckpt.held_tags(out_dir)
     if held:
         raise ConversionError(out_dir, f"already holds training checkpoints (newest {held[-1]}): reshard into "
                                        "a new directory")

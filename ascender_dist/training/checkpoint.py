@@ -210,15 +210,11 @@ def _first_save_tag(checkpoint_dir: Path) -> Optional[str]:
     """With the placeholder ``latest``: the newest complete tag, or when a save of that step crashed
     between its two renames (the run re-saved the step it resumed at), the complete copy moved
     aside (``<tag>.replaced``); None when no save published a tag (a fresh start)."""
-    checkpoint_dir = Path(checkpoint_dir)
-    aside = [p.name.removesuffix(REPLACED) for p in checkpoint_dir.iterdir()
-             if p.is_dir() and p.name.endswith(REPLACED) and _TAG_RE.match(p.name.removesuffix(REPLACED))
-             and (p / COMPLETE).is_file()] if checkpoint_dir.is_dir() else []
-    found = sorted(set(complete_tags(checkpoint_dir)) | set(aside), key=step_of_tag)
+    found = held_tags(checkpoint_dir)
     if not found:
         return None
-    newest = found[-1]
-    return newest if (checkpoint_dir / newest / COMPLETE).is_file() else newest + REPLACED
+    newest = found[-1].removesuffix(REPLACED)  # the step's own tag when both are there
+    return newest if (Path(checkpoint_dir) / newest / COMPLETE).is_file() else newest + REPLACED
 
 
 def _write_placeholder_latest(checkpoint_dir: Path) -> None:
@@ -286,6 +282,21 @@ def complete_tags(checkpoint_dir: Path) -> list[str]:
     tags = [p.name for p in checkpoint_dir.iterdir()
             if p.is_dir() and _TAG_RE.match(p.name) and (p / COMPLETE).is_file()]
     return sorted(tags, key=step_of_tag)
+
+
+def held_tags(checkpoint_dir: Path) -> list[str]:
+    """Every complete checkpoint the directory holds, by step (a moved-aside copy after the step's own
+    tag): the complete tags, and a complete ``<tag>.replaced`` that a same-step save killed between
+    its two renames left, which may be the run's only good checkpoint (:func:`latest_tag` resumes
+    from it). Named as on disk. What a new run or a reshard must not write over."""
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        return []
+    aside = [p.name for p in checkpoint_dir.iterdir()
+             if p.is_dir() and p.name.endswith(REPLACED) and _TAG_RE.match(p.name.removesuffix(REPLACED))
+             and (p / COMPLETE).is_file()]
+    return sorted(complete_tags(checkpoint_dir) + aside,
+                  key=lambda tag: (step_of_tag(tag.removesuffix(REPLACED)), tag.endswith(REPLACED)))
 
 
 def _rng_state() -> dict:
@@ -432,8 +443,11 @@ def _save_failed(checkpoint_dir: Path, tag: str, failure: tuple[int, str]) -> Ch
     else:
         where = f"latest still names {latest}" if latest else "no checkpoint was written yet"
     rank, message = failure
-    return CheckpointError(f"{checkpoint_dir}: saving {tag} failed on rank {rank}: {message}; "
-                           f"removed {staged.name}, {where}", rank=rank)
+    # a failure after the tag was published (writing latest): it is complete, only latest did not move
+    done = f"{tag} is complete but latest was not moved to it" if (checkpoint_dir / tag / COMPLETE).is_file() \
+        else f"removed {staged.name}"
+    return CheckpointError(f"{checkpoint_dir}: saving {tag} failed on rank {rank}: {message}; {done}, {where}",
+                           rank=rank)
 
 
 def _writing(fn, checkpoint_dir: Path) -> Optional[str]:
@@ -877,10 +891,12 @@ UNIVERSAL_CONVERTER = "deepspeed.checkpoint.ds_to_universal"
 # python -c: ignore the signals named in argv[1] (an ignored signal stays ignored in the module's own
 # worker processes), then run module argv[2] as __main__ with the remaining arguments
 _SHIELDED_MAIN = """import runpy, signal, sys
-for name in filter(None, sys.argv[1].split(",")):
+from ascender_dist.training.preemption import die_with_parent
+die_with_parent(int(sys.argv[1]), signal.SIGKILL)
+for name in filter(None, sys.argv[2].split(",")):
     signal.signal(getattr(signal, name), signal.SIG_IGN)
-module = sys.argv[2]
-sys.argv = [module] + sys.argv[3:]
+module = sys.argv[3]
+sys.argv = [module] + sys.argv[4:]
 runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 
@@ -890,14 +906,15 @@ def run_shielded(module: str, args: list[str]):
     stop (preemption.watch_signals) ignored: a scheduler's warning or the launcher's SIGTERM goes to
     every process of the job, and must reach the rank, which stops after its next step, not kill a
     conversion the resume is waiting for. A signal in the child's first milliseconds, before it
-    ignores them, can still end it."""
+    ignores them, can still end it. The child dies with this process (SIGKILL on its death)."""
     import subprocess
     import sys
 
     from ascender_dist.training.preemption import watched_signal_names
 
-    return subprocess.run([sys.executable, "-c", _SHIELDED_MAIN, ",".join(watched_signal_names()), module, *args],
-                          capture_output=True, text=True)
+    # the child dies with this rank: an orphan would write on into the next job's work directory
+    return subprocess.run([sys.executable, "-c", _SHIELDED_MAIN, str(os.getpid()), ",".join(watched_signal_names()),
+                           module, *args], capture_output=True, text=True)
 
 
 def _failure_line(result) -> str:

@@ -25,6 +25,21 @@ log = logging.getLogger(__name__)
 EXIT_STATUS = 75  # EX_TEMPFAIL: stopped early with a checkpoint; the same command continues the run
 
 
+def die_with_parent(parent: int, sig: int) -> None:
+    """In a child between fork and exec (``preexec_fn``): the kernel sends it ``sig`` when ``parent``
+    dies (Linux prctl PR_SET_PDEATHSIG; elsewhere nothing), and it gets ``sig`` at once if the parent
+    already has. A child that ignores the watched signals needs SIGKILL here."""
+    import ctypes
+    import os
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+
+
 class _Signals:
     """The first watched signal this process received (a name), and the handlers it replaced."""
 

@@ -226,7 +226,7 @@ def _refuse_fresh_start_over_checkpoints(cfg: RunConfig, directory: Path) -> Non
     """A run that does not resume must not write into a folder holding another run's checkpoints:
     `latest` would move back to the new run's steps, pruning would keep the old run's newer tags
     and delete the new run's own, and later saves would overwrite the old run's."""
-    tags = [] if cfg.checkpoint.auto_resume else ckpt.from_rank0(lambda: ckpt.complete_tags(directory))
+    tags = [] if cfg.checkpoint.auto_resume else ckpt.from_rank0(lambda: ckpt.held_tags(directory))
     if tags:
         from ascender_dist.config.errors import ConfigError
 

@@ -606,3 +606,40 @@ def test_latest_naming_a_missing_or_empty_tag_says_so_and_names_the_newest_compl
         latest_tag(tmp_path)
     assert str(info.value) == (f"{tmp_path / LATEST}: names 'step_00000006', which has no {COMPLETE} marker (corrupt "
                                "checkpoint dir); newest complete checkpoint: step_00000004")
+
+
+def test_a_conversion_child_dies_with_its_rank(tmp_path):
+    """The child ignores the launcher's SIGTERM by design; when the rank was SIGKILLed (out of
+    memory) it ran on orphaned and wrote into the work directory the next job's conversion reuses
+    (found by a review)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    code = ("import sys; from ascender_dist.training import checkpoint as c; "
+            "c.run_shielded('tests.helpers.sleep_and_report', [sys.argv[1]])")
+    rank = subprocess.Popen([sys.executable, "-c", code, str(pid_file)], cwd=Path(__file__).resolve().parents[2])
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+    finally:
+        rank.kill()
+        rank.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        return state not in ("Z", "X")  # a zombie left for an init that does not reap is dead
+
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if alive(child):
+        os.kill(child, 9)
+    assert not alive(child), "the conversion child outlived its rank"

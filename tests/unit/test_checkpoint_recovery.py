@@ -350,3 +350,46 @@ def test_a_universal_copy_of_a_moved_aside_tag_is_pruned(single_rank_group, tmp_
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step_00000003", "step_00000004",
                                                                         "step_00000005"]
     assert ckpt.latest_tag(tmp_path) == "step_00000005" and _load(tmp_path) == "v5"
+
+
+def test_a_folder_whose_only_checkpoint_is_a_moved_aside_copy_is_not_taken_for_empty(single_rank_group, tmp_path,
+                                                                                     monkeypatch):
+    """A same-step re-save killed between its renames leaves step_N.replaced as the only good copy
+    (latest_tag resumes from it). A fresh run (auto_resume: false) and a reshard looked only at
+    complete step_N tags, let themselves in, and the new run's saves then moved latest away from it
+    and deleted it (found by a review)."""
+    from ascender_dist.tools.convert import ConversionError, check_reshard_out
+    from ascender_dist.training.run import _refuse_fresh_start_over_checkpoints
+
+    _save(tmp_path, 50, "old run")
+    save_killed_between_the_renames(monkeypatch, tmp_path, 50, "old run again")
+    assert ckpt.complete_tags(tmp_path) == [] and ckpt.latest_tag(tmp_path) == "step_00000050.replaced"
+    assert ckpt.held_tags(tmp_path) == ["step_00000050.replaced"]
+    with pytest.raises(ConfigError, match=r"holds checkpoints \(newest step_00000050.replaced\)"):
+        _refuse_fresh_start_over_checkpoints(config_from_dict({"checkpoint": {"auto_resume": False}}), tmp_path)
+    with pytest.raises(ConversionError, match=r"already holds training checkpoints \(newest step_00000050.replaced"):
+        check_reshard_out(tmp_path, tmp_path.parent / "consolidated")
+    assert _load(tmp_path) == "old run"  # still the run's checkpoint
+
+
+def test_a_save_that_fails_writing_latest_does_not_claim_it_removed_the_published_tag(single_rank_group, tmp_path,
+                                                                                      monkeypatch):
+    """The error said "removed step_2.partial" while a complete step_2 stayed (found by a review)."""
+    import errno
+
+    _save(tmp_path, 1, "one")
+    real = ckpt.atomic_write_text
+
+    def disk_full_at_latest(path, text):
+        if Path(path).name == ckpt.LATEST:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(ckpt, "atomic_write_text", disk_full_at_latest)
+    with pytest.raises(ckpt.CheckpointError) as info:
+        _save(tmp_path, 2, "two")
+    assert (tmp_path / "step_00000002" / ckpt.COMPLETE).is_file()
+    assert "step_00000002 is complete but latest was not moved to it, latest still names step_00000001" in str(
+        info.value), info.value
+    monkeypatch.undo()
+    assert _load(tmp_path) == "one"
