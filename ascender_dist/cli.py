@@ -18,6 +18,18 @@ from ascender_dist.extras import missing_extra, require_extra
 from ascender_dist.logs import quiet_library_warnings, setup_cli_logging
 
 
+class _ArgumentParser(argparse.ArgumentParser):
+    """Under a multi-rank launch a command-line mistake is the job's one ``error:`` line (reported
+    once, as any user error), not a usage block from every rank; alone, argparse's usual usage."""
+
+    def error(self, message: str):
+        from ascender_dist.parallel import job_errors
+
+        if job_errors.multi_rank_launch():
+            raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
+        super().error(message)
+
+
 def _config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="YAML run config (see configs/)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -121,7 +133,7 @@ def _relaunch(world_size: int, argv: list[str]) -> None:
     """Run this command again on ``world_size`` local ranks through the deepspeed launcher."""
     import os
 
-    from ascender_dist.launcher import deepspeed_launcher
+    from ascender_dist.launcher import NO_HOSTFILE, deepspeed_launcher
     from ascender_dist.ports import free_port
 
     launcher = deepspeed_launcher()
@@ -129,7 +141,8 @@ def _relaunch(world_size: int, argv: list[str]) -> None:
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"), RELAUNCHED: "1"}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
     script = Path(__file__).resolve().parent / "launch_entry.py"
-    cmd = [str(launcher), "--num_accelerators", str(world_size), "--master_port", str(port), str(script), *argv]
+    cmd = [str(launcher), "--hostfile", NO_HOSTFILE, "--num_accelerators", str(world_size), "--master_port", str(port),
+           str(script), *argv]
     logging.getLogger("ascender_dist").info("launching %d ranks: %s", world_size, " ".join(cmd))
     try:
         returncode = _run_launcher(cmd, env)
@@ -312,7 +325,7 @@ def inspect_connection_cmd(args: argparse.Namespace) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ascender-dist")
+    parser = _ArgumentParser(prog="ascender-dist")
     sub = parser.add_subparsers(dest="command", required=True)
     p_train = sub.add_parser("train", help="train a model (run under the deepspeed launcher)")
     _config_args(p_train)
@@ -369,7 +382,8 @@ _DELEGATED = {
 def main(argv: Optional[Sequence[str]] = None) -> int:
     quiet_library_warnings()
     setup_cli_logging()
-    argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("--local_rank")]
+    # the launchers' own argument: DeepSpeed's --local_rank=N, torch.distributed.launch's --local-rank=N
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith(("--local_rank", "--local-rank"))]
     if argv and argv[0] in _DELEGATED:
         import importlib
 
@@ -382,9 +396,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise
             print(f"error: ascender-dist {argv[0]}: {missing}", file=sys.stderr)
             return 2
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except UserError as exc:  # a usage mistake under a multi-rank launch (_ArgumentParser)
+        return _run(_raise, exc)
     args.argv = argv[1:]  # for commands that re-launch themselves under the deepspeed launcher
     return _run(args.fn, args)
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
 
 
 def train_main(argv: Optional[Sequence[str]] = None) -> int:

@@ -8,6 +8,11 @@ from pathlib import Path
 
 from ascender_dist.config.errors import UserError
 
+# --hostfile of a launch on this machine alone: DeepSpeed's default, /job/hostfile, would make it a
+# multi-node launch over pdsh wherever that file exists (a file that is not a regular one reads as
+# "no hostfile": local resources only)
+NO_HOSTFILE = "/dev/null"
+
 
 def deepspeed_launcher() -> Path:
     """The ``deepspeed`` launcher next to the interpreter (a virtualenv), else on PATH (a system

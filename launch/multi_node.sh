@@ -118,6 +118,16 @@ if [ -n "$NUM_NODES" ] && [ "$NUM_NODES" -lt ${#HOSTS[@]} ]; then HOSTS=("${HOST
 # A loopback rendezvous (a MASTER_ADDR left from local runs, a hostfile starting with localhost) is
 # each node's own: the other nodes would wait out the distributed timeout (slurm.sbatch refuses it too)
 is_loopback() { case "$1" in localhost|127.*|::1) return 0 ;; esac; return 1; }
+# Whether a hostfile's host is the machine this script runs on (loopback, its hostname, or a name
+# that resolves to one of its addresses)
+is_this_machine() {
+  is_loopback "$1" && return 0
+  case "$1" in "$(hostname)"|"$(hostname -s 2>/dev/null)"|"$(hostname -f 2>/dev/null)") return 0 ;; esac
+  local addr
+  addr=$(getent hosts "$1" 2>/dev/null | awk '{print $1; exit}') || true
+  [ -n "$addr" ] || return 1
+  is_loopback "$addr" || hostname -I 2>/dev/null | tr ' ' '\n' | grep -qxF -- "$addr"
+}
 if is_loopback "$MASTER_ADDR" && [ ${#HOSTS[@]} -gt 1 ]; then
   for entry in "${HOSTS[@]}"; do  # hosts that all name this machine are fine (tests/integration/test_multinode.py)
     is_loopback "${entry%% *}" ||
@@ -139,18 +149,28 @@ cmd=("$DEEPSPEED" --hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_p
 if [ -n "$NODE_RANK" ]; then
   [ "$NODE_RANK" -lt ${#HOSTS[@]} ] || die "--node_rank $NODE_RANK but the hostfile lists ${#HOSTS[@]} hosts"
   local_host=${HOSTS[$NODE_RANK]}
+  # node rank 0 hosts the rendezvous at MASTER_ADDR: elsewhere every rank waits out the timeout and then
+  # blames the network (a warning: a service name or NAT may reach this node under another address)
+  if [ "$NODE_RANK" -eq 0 ] && ! is_this_machine "$MASTER_ADDR"; then
+    echo "multi_node.sh: warning: --node_rank 0 hosts the rendezvous, but MASTER_ADDR=$MASTER_ADDR does not name this machine ($(hostname)); if the ranks then wait for the rendezvous, set MASTER_ADDR to this node's address or run --node_rank 0 on $MASTER_ADDR" >&2
+  fi
 else
-  if [ ${#HOSTS[@]} -gt 1 ]; then  # one host: DeepSpeed starts it locally, without pdsh
+  # DeepSpeed starts a one-host hostfile locally, without pdsh: right when the host is this machine;
+  # another one (a compute node named from a login node) is reached over pdsh only with --force_multi
+  over_pdsh=0
+  if [ ${#HOSTS[@]} -gt 1 ] || ! is_this_machine "${HOSTS[0]%% *}"; then over_pdsh=1; fi
+  [ ${#HOSTS[@]} -gt 1 ] || [ "$over_pdsh" -eq 0 ] || cmd+=(--force_multi)
+  if [ "$over_pdsh" -eq 1 ]; then
     command -v pdsh >/dev/null || die "pdsh not found: install it (ssh mode), or start every node yourself with --node_rank"
     case "$PWD" in  # DeepSpeed's pdsh runner sends every host an unquoted 'cd <repo>; <python> ...'
       *[[:space:]]*) die "ssh mode cannot start ranks in a path with spaces ($PWD): DeepSpeed's remote command does not quote it; move the repository, or start every node yourself with --node_rank" ;;
     esac
     # ...and the arguments of train.py, through the remote shell: DeepSpeed only wraps one holding a
     # space in "...", so quotes, $, `, globs and the like would be changed or run there (on every
-    # host alike, so no config-hash check could notice)
+    # host alike, so no config-hash check could notice); pdsh replaces %h, %n, %u and %% first
     for arg in "$PWD" "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"}; do
       case "$arg" in
-        *[!A-Za-z0-9\ _./:=,+@%-]*) die "ssh mode passes '$arg' through each host's shell unquoted, which would change it: put the value in the config file (only letters, digits, spaces and _./:=,+@%- pass), or start every node yourself with --node_rank" ;;
+        *[!A-Za-z0-9\ _./:=,+@-]*) die "ssh mode passes '$arg' through each host's shell unquoted, which would change it: put the value in the config file (only letters, digits, spaces and _./:=,+@- pass), or start every node yourself with --node_rank" ;;
       esac
     done
   fi
@@ -174,17 +194,24 @@ fi
 cores=$(nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / local_ranks > 0 ? cores / local_ranks : 1 ))}
 
+# The DeepSpeed env files (the name in DS_ENV_FILE, default .deepspeed_env, under ~ and .; an absolute
+# path as it is): DeepSpeed reads them on its pdsh path only
+user_env=${DS_ENV_FILE:-.deepspeed_env}
+case "$user_env" in /*) env_files=("$user_env") ;; *) env_files=("${HOME:-/nonexistent}/$user_env" "$user_env") ;; esac
 if [ -n "$NODE_RANK" ]; then
-  # This node only: no ssh; the ranks inherit this environment (NCCL_*, OMP_NUM_THREADS, ...).
+  # This node only: no ssh; the ranks inherit this environment (NCCL_*, OMP_NUM_THREADS, ...), with
+  # the env files' KEY=VALUE lines exported as the pdsh path exports them (NCCL_IB_HCA kept there
+  # would be lost under slurm.sbatch or a container otherwise)
+  for f in "${env_files[@]}"; do
+    [ -f "$f" ] || continue
+    while IFS= read -r line; do export "${line%$'\r'}"; done < <(grep -E '^[A-Za-z_][A-Za-z0-9_]*=' "$f" || true)
+  done
   cmd+=(--no_ssh --node_rank "$NODE_RANK")
 else
   # pdsh forwards only NCCL_*, PYTHON*, UCX_*, MV2_*, MLFLOW_* and what a DeepSpeed env file lists.
   env_file=$(mktemp "${TMPDIR:-/tmp}/ascender-ds-env.XXXXXX")
   trap 'rm -f "$env_file"' EXIT
-  # Setting DS_ENV_FILE hides the env files DeepSpeed would read (the name in the user's DS_ENV_FILE,
-  # default .deepspeed_env, under ~ and .; an absolute path as it is): carry them over.
-  user_env=${DS_ENV_FILE:-.deepspeed_env}
-  case "$user_env" in /*) env_files=("$user_env") ;; *) env_files=("${HOME:-/nonexistent}/$user_env" "$user_env") ;; esac
+  # Setting DS_ENV_FILE hides the env files DeepSpeed would read: carry them over.
   for f in "${env_files[@]}"; do [ ! -f "$f" ] || grep -E '^[A-Za-z_][A-Za-z0-9_]*=' "$f" >> "$env_file" || true; done
   read -ra extra_env <<< "${FORWARD_ENV:-}"
   # NCCL_* too: DeepSpeed forwards them only when it finds a GPU on this node (its CUDA accelerator's
@@ -196,10 +223,11 @@ else
     [ -z "${!n:-}" ] || printf '%s=%s\n' "$n" "${!n}" >> "$env_file"
   done
   # DeepSpeed writes each as export NAME="value" into the remote command: inside "..." the remote
-  # shell still reads $, `, " and \ (a value would change or run there, on every host alike)
+  # shell still reads $, `, " and \ (a value would change or run there, on every host alike), and
+  # pdsh first replaces %h, %u, %n and %% in the whole command (its own per-host placeholders)
   while IFS= read -r line; do
     case "${line#*=}" in
-      *[\$\`\"\\]*) die "ssh mode forwards ${line%%=*} to every host inside \"...\", where its value '${line#*=}' would change (\$, \`, \" and \\ are read by the remote shell): set it in each host's environment, or start every node yourself with --node_rank" ;;
+      *[\$\`\"\\%]*) die "ssh mode forwards ${line%%=*} to every host inside \"...\", where its value '${line#*=}' would change (\$, \`, \" and \\ are read by the remote shell, % by pdsh): set it in each host's environment, or start every node yourself with --node_rank" ;;
     esac
   done < "$env_file"
   export DS_ENV_FILE="$env_file"
@@ -210,7 +238,7 @@ echo "multi_node.sh: ${#HOSTS[@]} nodes, $local_ranks ranks per node, master $MA
 # (exit 75); over pdsh the runner ends the remote launchers. SIGUSR1 (a scheduler's warning, e.g.
 # slurm.sbatch's --signal) is for the ranks, not the launcher (launch/run_launcher.sh)
 mode=ssh
-if [ -n "$NODE_RANK" ] || [ ${#HOSTS[@]} -eq 1 ]; then mode=local; fi  # one host: DeepSpeed runs no pdsh
+if [ -n "$NODE_RANK" ] || [ "${over_pdsh:-0}" -eq 0 ]; then mode=local; fi  # this machine alone: no pdsh
 rc=0
 run_launcher "$mode" "${cmd[@]}" || rc=$?
 if [ "$rc" -eq 75 ] && [ -n "${STOPPED_MARK:-}" ]; then

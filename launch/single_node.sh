@@ -86,6 +86,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / NUM_RANKS > 0 ? cores / NU
 echo "single_node.sh: $NUM_RANKS ranks, $OMP_NUM_THREADS threads each, port $MASTER_PORT" >&2
 # SIGTERM to this script: the ranks save and stop (exit 75); SIGUSR1 is for the ranks (launch/run_launcher.sh)
 rc=0
-run_launcher local "$DEEPSPEED" ${ranks_arg[@]+"${ranks_arg[@]}"} --master_port "$MASTER_PORT" \
+# --hostfile /dev/null: this machine alone, even where DeepSpeed's default /job/hostfile exists
+run_launcher local "$DEEPSPEED" --hostfile /dev/null ${ranks_arg[@]+"${ranks_arg[@]}"} --master_port "$MASTER_PORT" \
   launch/train.py --config "$CONFIG" ${TRAIN_ARGS[@]+"${TRAIN_ARGS[@]}"} || rc=$?
 exit "$rc"

@@ -96,3 +96,25 @@ def test_distributed_timeout_reaches_megatrons_model_parallel_groups():
             setup.init_model_parallel(2, 1, seed=0, timeout_minutes=7)
     assert init_mp.call_args.kwargs == {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 1,
                                         "distributed_timeout_minutes": 7}
+
+
+def test_a_command_line_mistake_under_a_multi_rank_launch_is_the_jobs_one_error_line(monkeypatch, capsys):
+    """Every rank printed argparse's usage block (the top-level one, which never mentions --set):
+    one line for the job instead, through the user-error report; the launchers' --local-rank=N
+    (torch.distributed.launch's spelling) is dropped like DeepSpeed's --local_rank=N (found by a review)."""
+    from ascender_dist import cli
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    reported = []
+    monkeypatch.setattr(job_errors, "connect", lambda: None)
+    monkeypatch.setattr(job_errors, "report", lambda message, about_rank=None: reported.append(message))
+    assert cli.main(["train", "--config", "x.yaml", "--set-x=1", "--local-rank=1"]) == 2
+    assert reported == ["ascender-dist: unrecognized arguments: --set-x=1 (see ascender-dist --help)"]
+    assert capsys.readouterr().err == ""  # no usage block
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one process: argparse's usage, as at a terminal
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--config", "x.yaml", "--set-x=1"])
+    assert "usage: ascender-dist" in capsys.readouterr().err

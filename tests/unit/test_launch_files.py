@@ -186,7 +186,7 @@ def test_slurm_outside_a_job_and_without_config():
 STUB_DEEPSPEED = """#!/usr/bin/env bash
 out="$STUB_OUT/deepspeed.$$"
 printf '%s\\n' "$@" > "$out.args"
-echo "OMP_NUM_THREADS=$OMP_NUM_THREADS" > "$out.env"
+{ echo "OMP_NUM_THREADS=$OMP_NUM_THREADS"; echo "NCCL_IB_HCA=${NCCL_IB_HCA:-}"; } > "$out.env"
 [ -z "${DS_ENV_FILE:-}" ] || cat "$DS_ENV_FILE" > "$out.dsenv"
 """
 STUB_SRUN = """#!/usr/bin/env bash
@@ -258,7 +258,7 @@ def test_multi_node_no_ssh_mode_command(stubs, tmp_path):
         "launch/train.py", "--config", str(REPO_ROOT / "configs" / "demo.yaml"),
         "--set", "train.train_steps=3", "--set", "name=x y"]
     assert "--num_accelerators" not in args and "--ssh_port" not in args  # the hostfile's slots decide
-    threads = int(call["env"].strip().split("=")[1])
+    threads = int(call["env"].splitlines()[0].split("=")[1])
     assert threads == max(1, len(os.sched_getaffinity(0)) // 4)
     assert call["dsenv"] is None
 
@@ -284,7 +284,7 @@ def test_multi_node_ssh_mode_forwards_environment(stubs):
 
 
 @pytest.mark.parametrize("value", ["name=bob's", 'name="0012"', "notes=lr $LR", "notes=`id -un`", "x=a;b",
-                                   "data.sources=[a,b]", "name=a*"])
+                                   "data.sources=[a,b]", "name=a*", "name=a%%b", "name=run-%n"])  # pdsh: %n, %%
 def test_multi_node_ssh_mode_refuses_values_the_remote_shell_would_change(stubs, value):
     """DeepSpeed's pdsh runner quotes only an argument holding a space, and each host's shell parses the
     line: quotes vanish (a string "0012" would arrive as the number 12), $ and ` run, globs expand."""
@@ -295,7 +295,7 @@ def test_multi_node_ssh_mode_refuses_values_the_remote_shell_would_change(stubs,
     assert calls() == []
 
 
-@pytest.mark.parametrize("value", ["cost $5 run", 'say "hi"', "`id -un`", "a\\b"])
+@pytest.mark.parametrize("value", ["cost $5 run", 'say "hi"', "`id -un`", "a\\b", "host %h"])
 def test_multi_node_ssh_mode_refuses_forwarded_values_the_remote_shell_would_change(stubs, tmp_path, value):
     """DeepSpeed writes each forwarded variable as export NAME="value" into the remote command: the
     remote shell expands $ and ` and strips quotes there (WANDB_NOTES="cost $5 run" arrived as
@@ -380,6 +380,8 @@ def test_single_node_cpu_ranks_on_a_gpu_node_take_no_gpu_ids(stubs):
     assert proc.returncode == 0, proc.stderr
     (call,) = calls()
     assert _after(call["args"], "--num_accelerators") == "2" and "--include" not in call["args"], call["args"]
+    # this machine alone, even where DeepSpeed's default hostfile (/job/hostfile) exists
+    assert _after(call["args"], "--hostfile") == "/dev/null"
 
 
 def test_multi_node_ssh_mode_passes_plain_values_and_spaces(stubs):
@@ -456,6 +458,38 @@ def test_multi_node_ssh_mode_refuses_a_path_with_spaces(stubs, tmp_path):
     assert calls() == []
 
 
+def test_multi_node_warns_when_node_rank_0_is_not_the_master_address(stubs, tmp_path):
+    """A stale MASTER_ADDR (exported in the shell that submitted) or --node_rank 0 started on the wrong
+    node: rank 0 hosted the rendezvous here while every rank looked for it there, and after the
+    10-minute timeout the error named the network (found by a review)."""
+    env, _, calls = stubs
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a slots=2\nnode-b slots=2\n")
+    args = ["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--config", "configs/demo.yaml"]
+    proc = _run([*args, "--node_rank", "0"], env=env)  # MASTER_ADDR: node-a, which this machine is not
+    assert proc.returncode == 0 and "warning: --node_rank 0 hosts the rendezvous, but MASTER_ADDR=node-a" in proc.stderr
+    import socket
+
+    for rank, addr in (("0", socket.gethostname()), ("1", "node-a")):
+        proc = _run([*args, "--node_rank", rank, "--master_addr", addr], env=env)
+        assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+
+
+def test_multi_node_no_ssh_mode_exports_the_deepspeed_env_files(stubs, tmp_path):
+    """DeepSpeed reads ~/.deepspeed_env and ./.deepspeed_env on its pdsh path only: under --node_rank
+    (slurm.sbatch, containers) a NCCL_IB_HCA kept there was silently lost (found by a review)."""
+    env, _, calls = stubs
+    site = tmp_path / "site.env"
+    site.write_text("# cluster settings\nNCCL_IB_HCA=mlx5_0\r\n")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("node-a slots=2\nnode-b slots=2\n")
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "1",
+                 "--config", "configs/demo.yaml"], env={**env, "DS_ENV_FILE": str(site)})
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls()
+    assert "NCCL_IB_HCA=mlx5_0" in call["env"].splitlines(), call["env"]
+
+
 def test_multi_node_ssh_mode_keeps_the_users_deepspeed_env_file(stubs, tmp_path):
     env, _, calls = stubs
     site = tmp_path / "site.env"
@@ -492,20 +526,32 @@ def test_multi_node_refuses_a_loopback_master_address_with_other_hosts(stubs, tm
     assert len(calls()) == 2
 
 
-def test_multi_node_needs_pdsh_only_for_several_hosts(stubs, tmp_path):
-    """DeepSpeed starts a one-host hostfile locally, without pdsh: the script asked for pdsh anyway."""
+def test_multi_node_needs_pdsh_only_for_this_machine_alone(stubs, tmp_path):
+    """DeepSpeed starts a one-host hostfile locally, without pdsh: right for this machine (the script
+    asked for pdsh anyway), wrong for another one, where every rank ran on the machine the script was
+    started from (a login node) with MASTER_ADDR naming the other: that one goes over pdsh
+    (--force_multi; found by a review)."""
     env, _, calls = stubs
-    (Path(env["DEEPSPEED"]).parent / "pdsh").unlink()
+    bin_dir = Path(env["DEEPSPEED"]).parent
+    (bin_dir / "pdsh").rename(bin_dir / "pdsh.off")
     env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if not (Path(d) / "pdsh").exists())
     hosts = tmp_path / "hosts"
-    hosts.write_text("node-a slots=2\n")
+    hosts.write_text("localhost slots=2\n")
     proc = _run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--config", "configs/demo.yaml"], env=env)
     assert proc.returncode == 0, proc.stderr
     (call,) = calls()
-    assert "--no_ssh" not in call["args"] and _after(call["args"], "--master_addr") == "node-a"
-    hosts.write_text("node-a slots=2\nnode-b slots=2\n")
-    _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--config",
-                                 "configs/demo.yaml"], env=env), "pdsh not found")
+    assert "--no_ssh" not in call["args"] and "--force_multi" not in call["args"]
+    for text in ("node-a slots=2\n", "node-a slots=2\nnode-b slots=2\n"):
+        hosts.write_text(text)
+        _assert_one_line_error(_run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--config",
+                                     "configs/demo.yaml"], env=env), "pdsh not found")
+    (bin_dir / "pdsh.off").rename(bin_dir / "pdsh")
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    hosts.write_text("node-a slots=2\n")
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--config", "configs/demo.yaml"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    remote = [c for c in calls() if "--force_multi" in c["args"]]
+    assert len(remote) == 1 and _after(remote[0]["args"], "--master_addr") == "node-a"
 
 
 def test_slurm_runs_one_no_ssh_launcher_per_node(stubs, tmp_path):

@@ -288,7 +288,7 @@ def test_cli_dry_run_lists_every_run(tmp_path, capsys):
                                                                ("gpt", "seed 2"), ("asc", "seed 2")]
     assert all("pending" in line and "training FLOPs" in line and "on 2 H100" in line for line in lines)
     first = shlex.split(commands[0])
-    assert Path(first[0]).name == "deepspeed" and first[1:3] == ["--num_accelerators", "2"]
+    assert Path(first[0]).name == "deepspeed" and first[1:5] == ["--hostfile", "/dev/null", "--num_accelerators", "2"]
     assert first[first.index("--run-one") + 1] == str(tmp_path / "runs" / "gpt" / "seed1" / "config.yaml")
 
 
@@ -386,7 +386,8 @@ def test_concurrent_gpu_runs_get_disjoint_devices(monkeypatch, caplog):
         Launcher(ranks=2, hostfile="hosts", cuda=True, gpu_ids=list(range(8))).check_jobs(2)
     cpu = Launcher(ranks=2, cuda=False)
     cpu.check_jobs(4)  # CPU processes share the cores, no device to split
-    assert launch_command(cpu, [], 29500, 1)[1:3] == ["--num_accelerators", "2"]
+    # this machine alone even where DeepSpeed's default hostfile (/job/hostfile) exists
+    assert launch_command(cpu, [], 29500, 1)[1:5] == ["--hostfile", "/dev/null", "--num_accelerators", "2"]
     # an allocation that shows some GPUs: slots take the visible ones in groups (--include is physical)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     assert [Launcher(ranks=2, cuda=True).device_ids(k) for k in (0, 1)] == [[4, 5], [6, 7]]

@@ -20,7 +20,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 import torch
 
-from ascender_dist.launcher import deepspeed_launcher
+from ascender_dist.launcher import NO_HOSTFILE, deepspeed_launcher
 from ascender_dist.ports import free_port
 from ascender_dist.training.callbacks import Callback
 from data_pipeline._io import exclusive_temporary
@@ -419,11 +419,9 @@ def launch_command(launcher: Launcher, child_args: Sequence[str], port: int, slo
                  "--master_port", str(port), "--num_accelerators", str(launcher.ranks), str(ENTRY), *child_args]
         return ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c",
                 " ".join(x if x.startswith("$") else shlex.quote(x) for x in inner)]
-    cmd = [deepspeed]
-    if launcher.hostfile:
-        cmd += ["--hostfile", launcher.hostfile]
-        if launcher.master_addr:
-            cmd += ["--master_addr", launcher.master_addr]
+    cmd = [deepspeed, "--hostfile", launcher.hostfile or NO_HOSTFILE]
+    if launcher.hostfile and launcher.master_addr:
+        cmd += ["--master_addr", launcher.master_addr]
     devices = launcher.device_ids(slot)
     if devices is None:
         cmd += ["--num_accelerators", str(launcher.ranks)]
