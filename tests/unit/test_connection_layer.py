@@ -434,3 +434,26 @@ def test_bf16_layer_carries_what_other_tokens_wrote_near_the_bf16_floor(causal, 
     floor = (y.bfloat16().double() - y2.bfloat16().double())[128:]
     err = lambda d: float((d - want).norm() / want.norm())  # noqa: E731
     assert err(got) <= 1.55 * err(floor), (err(got), err(floor))
+
+
+def test_fp16_causal_layer_stays_finite_where_a_slot_has_almost_no_load_yet():
+    """p / Z of the own-chunk mixing exceeded fp16's range when a slot had almost no load up to a
+    token that still read it (sharp compression): inf, then nan where the causal mask multiplied it
+    by 0, in an fp16 layer and in an fp32 layer under fp16 autocast (found by a review). The mixing
+    weights are formed in fp32; the fp16 outputs now follow the fp32 layer's."""
+    hp = ConnectionHParams(num_slots=8, connection="bilinear", rank=4, max_steps=2, causal=True, causal_chunk_size=8)
+    torch.manual_seed(0)
+    layer = ConnectionLayer(hp, 32)
+    with torch.no_grad():
+        layer.w_q_in.normal_(std=1.0)  # sharp compression and expansion
+        layer.w_k_slots.normal_(std=1.0)
+    x = torch.randn(40, 2, 32)
+    with torch.no_grad():
+        want = layer(x)
+        half = layer.to(torch.float16)(x.half()).float()
+        layer.float()
+        with torch.autocast("cpu", dtype=torch.float16):
+            autocast = layer(x).float()
+    assert torch.isfinite(half).all() and torch.isfinite(autocast).all()
+    scale = want.abs().max()
+    assert (half - want).abs().max() < 2e-2 * scale and (autocast - want).abs().max() < 2e-2 * scale

@@ -395,16 +395,22 @@ class ConnectionLayer(nn.Module):
         p, a: [b, nch, c, N]; prev_load: [b, nch, N]; v: [b, nch, c, D_l]. Returns partial [b, nch, c, D].
         """
         c = p.shape[2]
-        w = p
-        if self.hp.normalize_compression:
-            z = prev_load[:, :, None, :] + _cumsum(a, dim=2)  # [b, nch, c, N]: load up to t
-            w = p / z.clamp_min(self.hp.compression_eps)
-        mix = torch.einsum("bkcn,bkun->bkcu", w, a)  # [b, nch, c, c]
-        causal = torch.ones(c, c, dtype=torch.bool, device=p.device).tril()
-        # exact zeros: a finite future token adds exactly nothing (an inf in a future v still makes
-        # 0 * inf = nan in mix @ v, as in any masked attention's eager path)
-        mix = mix.masked_fill(~causal, 0.0)
-        return (self.copy_fn(mix) @ v) @ self.w_v_out  # [b, nch, c, D_l] @ [D_l, D]
+        wide = _wide(p.dtype)
+        # in at least fp32 with autocast off: p / Z exceeds fp16's range where a slot has almost no
+        # load yet (inf, then nan where the mask multiplies it by 0); the causal entries of mix are
+        # at most 1, so it is cast back for the product with v
+        with torch.autocast(device_type=p.device.type, enabled=False):
+            p, a = p.to(wide), a.to(wide)
+            w = p
+            if self.hp.normalize_compression:
+                z = prev_load.to(wide)[:, :, None, :] + _cumsum(a, dim=2)  # [b, nch, c, N]: load up to t
+                w = p / z.clamp_min(self.hp.compression_eps)
+            mix = torch.einsum("bkcn,bkun->bkcu", w, a)  # [b, nch, c, c]
+            causal = torch.ones(c, c, dtype=torch.bool, device=p.device).tril()
+            # exact zeros: a finite future token adds exactly nothing (an inf in a future v still makes
+            # 0 * inf = nan in mix @ v, as in any masked attention's eager path)
+            mix = mix.masked_fill(~causal, 0.0)
+        return (self.copy_fn(mix.to(v.dtype)) @ v) @ self.w_v_out  # [b, nch, c, D_l] @ [D_l, D]
 
     # ------------------------------------------------------------------ interpretability
 
