@@ -88,17 +88,20 @@ def overrides(callback: Callback, hook: str) -> bool:
 
 class LayerStats(Callback):
     """Per-layer statistics (ASCender omegas, Connection steps; see :mod:`.layer_stats`) on the steps
-    that print a console line: switched on before the step (every micro-batch contributes), gathered
-    over TP / PP and reduced over the data-parallel replicas after it."""
+    that print a console line (every ``log_interval``-th and the last): switched on before the step
+    (every micro-batch contributes), gathered over TP / PP and reduced over the data-parallel
+    replicas after it."""
 
-    def __init__(self, log_interval: int):
+    def __init__(self, log_interval: int, train_steps: int = 0):
         self.log_interval = log_interval
+        self.train_steps = train_steps
         self.collecting = False
 
     def on_step_start(self, trainer) -> None:
         from ascender_dist.training.layer_stats import set_collect_stats
 
-        self.collecting = (trainer.step + 1) % self.log_interval == 0
+        step = trainer.step + 1
+        self.collecting = step % self.log_interval == 0 or step == self.train_steps
         set_collect_stats(trainer.engine.module, self.collecting)
 
     def on_step_end(self, trainer, values: dict) -> None:
@@ -339,7 +342,7 @@ def default_callbacks(cfg, world_size: int, metrics, flops_per_token: float,
     the layer statistics' collectives), layer statistics, logging."""
     return [
         Throughput(cfg.train.global_batch_size * cfg.model.seq_length, flops_per_token, world_size, peak_tflops),
-        LayerStats(cfg.logging.log_interval),
+        LayerStats(cfg.logging.log_interval, cfg.train.train_steps),
         SkippedShards(cfg.logging.log_interval, cfg.train.train_steps),
         MetricLogging(metrics, cfg.logging.log_interval, cfg.train.train_steps),
     ]

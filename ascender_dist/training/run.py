@@ -114,12 +114,18 @@ def validation_batches_per_rank(asked: int, dp_size: int, available: int) -> int
 
 
 def log_validation_size(cfg: RunConfig, batches: int, dp_size: int, logging_rank: bool) -> None:
-    """Say once, at build, when ``train.eval_iters`` does not divide over the data-parallel ranks
-    (rounded up) or asks for more micro-batches than the validation split gives (``batches`` per
-    rank): every validation then uses the micro-batches validation_batches_per_rank gives."""
+    """Say once, at build, how many sequences every validation scores (eval_iters micro-batches of
+    micro_batch_size: a smaller micro-batch for memory is a smaller validation set, and another
+    curve), and when ``train.eval_iters`` does not divide over the data-parallel ranks (rounded up)
+    or asks for more micro-batches than the validation split gives (``batches`` per rank): every
+    validation then uses the micro-batches validation_batches_per_rank gives."""
     asked = cfg.train.eval_iters
     used = validation_batches_per_rank(asked, dp_size, batches) * dp_size
-    if not logging_rank or used == asked:
+    if not logging_rank:
+        return
+    log.info("validation: %d sequences per evaluation (%d micro-batches x train.micro_batch_size %d)",
+             used * cfg.train.micro_batch_size, used, cfg.train.micro_batch_size)
+    if used == asked:
         return
     if asked > batches * dp_size:
         log.warning("train.eval_iters: %d validation micro-batches asked, the validation split gives %d (%d per "

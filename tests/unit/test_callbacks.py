@@ -245,3 +245,20 @@ def test_a_skipped_line_step_shows_its_own_values_and_the_interval_counts_its_ti
     assert line["train/loss"] == pytest.approx(3.0)  # the NaN of the skipped step stays out
     assert line["train/lr"] == 2e-3 and line["train/skipped_steps"] == 1.0 and line["val/loss"] == 3.5
     assert line["train/tokens_per_s"] == pytest.approx(50.0)  # 200 tokens in 4 s
+
+
+def test_layer_statistics_are_collected_for_the_last_steps_console_line_too():
+    """The last step prints a console line whatever log_interval is; its statistics were missing
+    when train_steps was not a multiple of it (found by a review)."""
+    from ascender_dist.training.callbacks import LayerStats
+
+    layer = nn.Linear(1, 1)
+    layer.collect_stats, layer.last_stats = False, {}
+    trainer = SimpleNamespace(step=0, engine=SimpleNamespace(module=nn.Sequential(layer)))
+    cb = LayerStats(log_interval=4, train_steps=6)
+    collected = []
+    for step in range(6):
+        trainer.step = step  # the steps done so far: on_step_start prepares step + 1
+        cb.on_step_start(trainer)
+        collected.append(layer.collect_stats)
+    assert [s + 1 for s, on in enumerate(collected) if on] == [4, 6]
