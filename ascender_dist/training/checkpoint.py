@@ -334,9 +334,13 @@ def _step_tag_of(name: str) -> str:
 def _crash_leftover(path: Path) -> bool:
     """Whether ``path`` is what a crashed save, prune or universal conversion left behind and nothing
     reads: a staging (``.partial``) or half-deleted (``.deleting``) tag directory, or a universal
-    conversion's work file (ensure_universal). Optimizer-sized, so removed before a save writes too."""
+    conversion's work file (ensure_universal). Optimizer-sized, so removed before a save writes too;
+    so are the small files a crash leaves: an atomic write's temporary (``.<name>.tmp.<pid>``, of
+    ``latest`` or the conversion's heartbeat) and a shared-storage probe (``.shared-check-*``)."""
     name = path.name
     if name.startswith(".") and UNIVERSAL in name and name.endswith((".tmp", ".old", ".failed", ".alive")):
+        return True
+    if name.startswith(".shared-check-") or (name.startswith(".") and re.search(r"\.tmp\.\d+$", name)):
         return True
     return name.endswith((PARTIAL, DELETING)) and bool(_TAG_RE.match(_step_tag_of(name.rsplit(".", 1)[0])))
 

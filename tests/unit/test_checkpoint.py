@@ -276,6 +276,10 @@ def test_what_crashed_saves_left_is_removed_before_the_next_save_writes(single_r
         (tmp_path / name).mkdir()
         (tmp_path / name / "optimizer.pt").write_text("x" * 100)
     (tmp_path / ".step_00000001-universal.tmp").mkdir()
+    # the small files a crash leaves: atomic writes' temporaries, a shared-storage probe (a review found
+    # them never removed)
+    for name in (".latest.tmp.4242", "..step_00000001-universal.alive.tmp.4243", ".shared-check-00ff"):
+        (tmp_path / name).write_text("x")
     seen_at_write = []
 
     class Watching(FakeEngine):
