@@ -81,6 +81,11 @@ class Callback:
         pass
 
 
+def console_line_due(step: int, log_interval: int, train_steps: int) -> bool:
+    """Whether step ``step`` prints a console line: every ``log_interval``-th and the run's last."""
+    return step % log_interval == 0 or step == train_steps
+
+
 def overrides(callback: Callback, hook: str) -> bool:
     """Whether ``callback`` defines ``hook`` itself (so the Trainer skips per-item hooks nobody uses)."""
     return getattr(type(callback), hook) is not getattr(Callback, hook)
@@ -101,7 +106,7 @@ class LayerStats(Callback):
         from ascender_dist.training.layer_stats import set_collect_stats
 
         step = trainer.step + 1
-        self.collecting = step % self.log_interval == 0 or step == self.train_steps
+        self.collecting = console_line_due(step, self.log_interval, self.train_steps)
         set_collect_stats(trainer.engine.module, self.collecting)
 
     def on_step_end(self, trainer, values: dict) -> None:
@@ -149,7 +154,7 @@ class SkippedShards(Callback):
                 self.names.update(names)
 
     def on_step_end(self, trainer, values: dict) -> None:
-        if trainer.step % self.log_interval == 0 or trainer.step == self.train_steps:
+        if console_line_due(trainer.step, self.log_interval, self.train_steps):
             self._pool(trainer)
         values["data/skipped_shards"] = float(len(self.names | trainer.loader.skipped_shard_names))
 
@@ -199,11 +204,18 @@ class MetricLogging(Callback):
         self.metrics = metrics
         self.log_interval = log_interval
         self.train_steps = train_steps
-        self._pending: Optional[dict] = None  # the step's scalars until they are logged
+        self._pending: Optional[tuple[int, dict]] = None  # (step, its scalars) until they are logged
         self._interval: list[dict] = []  # the steps' scalars since the last console line
 
     def on_step_end(self, trainer, values: dict) -> None:
-        self._pending = values
+        self._pending = (trainer.step, values)
+
+    def _write_pending(self) -> None:
+        """The scalars of a step that ``on_log`` will not see (the step that set off a rollback, or
+        the one that ended a diverged run), at that step: the losses that explain the event."""
+        if self._pending is not None:
+            self.metrics.scalars(*self._pending)
+            self._pending = None
 
     def on_log(self, trainer, values: dict) -> None:
         self._pending = None
@@ -212,7 +224,7 @@ class MetricLogging(Callback):
             self.metrics.line(trainer.step, self.train_steps, values)
             return
         self._interval.append(values)
-        if trainer.step % self.log_interval == 0 or trainer.step == self.train_steps:
+        if console_line_due(trainer.step, self.log_interval, self.train_steps):
             line = interval_averages(self._interval)
             self._interval = []
             self.metrics.line(trainer.step, self.train_steps, {k: v for k, v in line.items() if "/layer" not in k})
@@ -226,15 +238,15 @@ class MetricLogging(Callback):
         self.metrics.flush()
 
     def on_rollback(self, trainer) -> None:
+        self._write_pending()
         self._interval = []  # the steps rolled back are not the run's any more
         self.metrics.scalars(trainer.step, {"train/rollbacks": float(trainer.rollbacks)})
 
     def on_exception(self, trainer, error: BaseException) -> None:
         from ascender_dist.training.rollback import DivergenceError
 
-        if isinstance(error, DivergenceError) and self._pending is not None:  # the losses that ended the run
-            self.metrics.scalars(trainer.step, self._pending)
-            self._pending = None
+        if isinstance(error, DivergenceError):
+            self._write_pending()
         self.metrics.flush()
 
     def on_train_end(self, trainer) -> None:

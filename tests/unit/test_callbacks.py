@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from ascender_dist.training.callbacks import (Callback, DataDigest, MetricLogging, PerSequenceValidationLosses,
-                                              SkippedShards, Throughput, ValidationCurve, overrides)
+                                              SkippedShards, Throughput, ValidationCurve, console_line_due,
+                                              overrides)
 from ascender_dist.training.rollback import DivergenceError
 
 
@@ -88,6 +89,25 @@ def test_metric_logging_writes_the_losses_that_ended_a_diverged_run():
     cb.on_step_end(trainer, {"train/loss": 1.0})
     cb.on_exception(trainer, KeyboardInterrupt())
     assert other.scalars_calls == [] and other.flushed == 1
+
+
+def test_metric_logging_writes_the_step_that_set_off_a_rollback_at_its_own_step():
+    """The Trainer logs nothing of the step after which it rolls back (on_log is not called): its
+    losses, which explain the rollback, go to TensorBoard at that step, then the rollback count at
+    the step the run went back to."""
+    metrics = FakeMetrics()
+    cb = MetricLogging(metrics, log_interval=1, train_steps=9)
+    bad = {"train/loss": float("inf"), "train/step_skipped": 1.0}
+    cb.on_step_end(SimpleNamespace(step=6), bad)
+    cb.on_rollback(SimpleNamespace(step=4, rollbacks=1))
+    assert metrics.scalars_calls == [(6, bad), (4, {"train/rollbacks": 1.0})]
+    cb.on_exception(SimpleNamespace(step=4), DivergenceError("later"))  # written once, not again
+    assert len(metrics.scalars_calls) == 2
+
+
+@pytest.mark.parametrize("step, due", [(1, False), (5, True), (6, False), (7, True), (10, True)])
+def test_console_lines_fall_on_the_interval_and_the_last_step(step, due):
+    assert console_line_due(step, log_interval=5, train_steps=7) is due
 
 
 class Logits(nn.Module):
