@@ -20,7 +20,22 @@ from ascender_dist.logs import quiet_library_warnings, setup_cli_logging
 
 class _ArgumentParser(argparse.ArgumentParser):
     """Under a multi-rank launch a command-line mistake is the job's one ``error:`` line (reported
-    once, as any user error), not a usage block from every rank; alone, argparse's usual usage."""
+    once, as any user error), not a usage block from every rank; alone, argparse's usual usage. An
+    unrecognized argument is reported by the subcommand's parser (its usage, its --help), not the
+    top-level one's."""
+
+    commands = None  # the subcommands' action, once add_subparsers made it
+
+    def add_subparsers(self, **kwargs):
+        self.commands = super().add_subparsers(**kwargs)
+        return self.commands
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            owner = self.commands.choices.get(getattr(parsed, "command", None), self) if self.commands else self
+            owner.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
 
     def error(self, message: str):
         from ascender_dist.parallel import job_errors

@@ -112,9 +112,10 @@ def test_a_command_line_mistake_under_a_multi_rank_launch_is_the_jobs_one_error_
     monkeypatch.setattr(job_errors, "connect", lambda: None)
     monkeypatch.setattr(job_errors, "report", lambda message, about_rank=None: reported.append(message))
     assert cli.main(["train", "--config", "x.yaml", "--set-x=1", "--local-rank=1"]) == 2
-    assert reported == ["ascender-dist: unrecognized arguments: --set-x=1 (see ascender-dist --help)"]
+    # the subcommand's parser names it (its --help lists --set; the top-level one's does not)
+    assert reported == ["ascender-dist train: unrecognized arguments: --set-x=1 (see ascender-dist train --help)"]
     assert capsys.readouterr().err == ""  # no usage block
     monkeypatch.setenv("WORLD_SIZE", "1")  # one process: argparse's usage, as at a terminal
     with pytest.raises(SystemExit):
         cli.main(["train", "--config", "x.yaml", "--set-x=1"])
-    assert "usage: ascender-dist" in capsys.readouterr().err
+    assert "usage: ascender-dist train [-h] --config CONFIG [--set KEY=VALUE]" in capsys.readouterr().err
