@@ -15,6 +15,44 @@ def params_dtype(precision: str) -> torch.dtype:
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
+class WordTableInit:
+    """Initialises the word-embedding table [padded vocab, h] with the random numbers the TP=1 model
+    draws for it, whatever the tensor-parallel size.
+
+    The padded vocabulary grows with TP (a multiple of ``make_vocab_size_divisible_by`` x TP), and CPU
+    initialisation draws the whole table from the global stream before the transformer layers: a
+    larger table left every layer after it with other weights than the same seed gives at TP=1. Here
+    only the TP=1 table's rows are drawn (row-major, so the same numbers) and the extra padding rows,
+    ids the tokenizer never emits, are zero. Any other table (a learned position table) is drawn as
+    ``init`` draws it."""
+
+    def __init__(self, init, drawn_rows: int, table_rows: int):
+        self.init, self.drawn_rows, self.table_rows = init, drawn_rows, table_rows
+
+    def __call__(self, weight: torch.Tensor):
+        if weight.shape[0] != self.table_rows or self.drawn_rows == self.table_rows:
+            return self.init(weight)
+        with torch.no_grad():
+            self.init(weight[: self.drawn_rows])
+            weight[self.drawn_rows:].zero_()
+        return weight
+
+
+def embedding_init(m: ModelConfig, layout: ModelLayout):
+    """megatron's embedding initialisation (N(0, init_method_std)), TP-invariant for the word table
+    (:class:`WordTableInit`), or megatron's own when a learned position table has the word table's
+    row count (the two could not be told apart by shape)."""
+    from megatron.core.utils import init_method_normal
+
+    from ascender_dist.config.resolve import pad_vocab_size
+
+    init = init_method_normal(m.init_method_std)
+    if m.position_embedding_type == "learned_absolute" and m.seq_length == layout.padded_vocab_size:
+        return init
+    return WordTableInit(init, pad_vocab_size(layout.vocab_size, m.make_vocab_size_divisible_by, 1),
+                         layout.padded_vocab_size)
+
+
 def to_transformer_config(m: ModelConfig, layout: ModelLayout, precision: str):
     """``precision`` is ``train.precision`` ("bf16" or "fp32")."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -43,6 +81,7 @@ def to_transformer_config(m: ModelConfig, layout: ModelLayout, precision: str):
         activation_func=F.silu if swiglu else F.gelu,
         add_bias_linear=m.add_bias_linear,
         init_method_std=m.init_method_std,
+        embedding_init_method=embedding_init(m, layout),
         bf16=bf16,
         params_dtype=params_dtype(precision),
         pipeline_dtype=params_dtype(precision),

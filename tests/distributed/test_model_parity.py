@@ -110,6 +110,15 @@ def test_the_same_seed_gives_the_same_initial_weights_at_any_tp_size(results):
         assert value["num_params"] > 10 and value["differing"] == [], value
 
 
+def test_the_same_seed_gives_the_same_initial_weights_when_the_vocab_padding_grows_with_tp(results):
+    """The padded vocabulary is a multiple of 128 x TP: a larger word table drawn from the global
+    stream before the layers gave every layer other initial weights at TP=2 than at TP=1 (found by a
+    review). The real ids' rows and every other weight are equal now."""
+    for value in assert_check(results, "init_tp_invariant_padded_vocab"):
+        assert value["padded"] == [512, 384], value  # TP=2, TP=1: the case is really exercised
+        assert value["num_params"] > 10 and value["differing"] == [], value
+
+
 def test_pipeline_layers_draw_dropout_like_the_transformer_block(results):
     """Sequence parallel + dropout: the pipeline path forks megatron's TP RNG stream around each layer."""
     for value in assert_check(results, "pipeline_dropout_rng_sp"):

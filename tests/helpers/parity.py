@@ -95,8 +95,9 @@ def tp_causality(raw_cfg: dict, positions: tuple[int, ...], tp: int = 2, vocab: 
     return out
 
 
-def _initial_state(cfg, tp: int) -> dict:
-    """The full (gathered) initial weights of a model built at TP=tp from cfg's seed."""
+def _initial_state(cfg, tp: int, vocab: int = VOCAB) -> dict:
+    """The full (gathered) initial weights of a model built at TP=tp from cfg's seed, the word
+    embedding and output layer cut to the ``vocab`` real ids (their padding grows with TP)."""
     from megatron.core import parallel_state as mps
 
     from ascender_dist.training.engine import build_run_model
@@ -104,20 +105,30 @@ def _initial_state(cfg, tp: int) -> dict:
     destroy_model_parallel()
     cfg.parallel.tensor_model_parallel_size = tp
     init_model_parallel(tp, 1, cfg.train.seed)
-    model = build_run_model(cfg, derive(cfg, dist.get_world_size(), VOCAB))
-    return gather_full_state(model, mps.get_tensor_model_parallel_group())
+    derived = derive(cfg, dist.get_world_size(), vocab)
+    model = build_run_model(cfg, derived)
+    state = gather_full_state(model, mps.get_tensor_model_parallel_group())
+    for name, value in state.items():
+        if value.dim() == 2 and value.shape[0] == derived.padded_vocab_size:  # [padded vocab, h]
+            state[name] = value[:vocab]
+    return state
 
 
-def tp_init_parity(raw_cfg: dict, tp: int = 2) -> dict:
+def tp_init_parity(raw_cfg: dict, tp: int = 2, vocab: int = VOCAB) -> dict:
     """Largest difference of each initial weight between a model built at TP=tp and at TP=1 from
-    the same seed (CPU initialisation draws every weight whole, then keeps the rank's shard)."""
+    the same seed (CPU initialisation draws every weight whole, then keeps the rank's shard), and
+    the padded vocabulary sizes of the two."""
     init_process_group()
     cfg = config_from_dict(raw_cfg)
-    sharded, single = _initial_state(cfg, tp), _initial_state(cfg, 1)
+    sharded, single = _initial_state(cfg, tp, vocab), _initial_state(cfg, 1, vocab)
     if set(sharded) != set(single):
         raise AssertionError(f"parameters differ by name: {sorted(set(sharded) ^ set(single))}")
     diffs = {name: (sharded[name] - single[name]).abs().max().item() for name in single}
-    return {"num_params": len(diffs), "differing": sorted(name for name, d in diffs.items() if not d == 0)}  # NaN too
+    padded = [derive(cfg, dist.get_world_size(), vocab).padded_vocab_size]  # cfg is at TP=1 now
+    cfg.parallel.tensor_model_parallel_size = tp
+    padded.insert(0, derive(cfg, dist.get_world_size(), vocab).padded_vocab_size)
+    return {"num_params": len(diffs), "padded": padded,
+            "differing": sorted(name for name, d in diffs.items() if not d == 0)}  # NaN too
 
 
 def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = (), vocab: int = VOCAB) -> dict:

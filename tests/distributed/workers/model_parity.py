@@ -70,6 +70,10 @@ def main(args):
         "init_tp_invariant_connection_first": lambda: tp_init_parity({"model": {
             **DEBUG, "num_layers": 3, "architecture": "connection", "layer_pattern": "CSA", "ascender": ASC,
             "connection": CONN, "untie_embeddings_and_output_weights": True}}),
+        # ... also when the padded vocabulary grows with TP (300 ids: 384 rows at TP=1, 512 at TP=2)
+        "init_tp_invariant_padded_vocab": lambda: tp_init_parity({"model": {
+            **DEBUG, "architecture": "ascender", "ascender": ASC, "untie_embeddings_and_output_weights": True}},
+            vocab=300),
         # megatron's attention dropout (drawn from its TP tracker) under the pipeline's recompute
         "pipeline_recompute_dropout": lambda: pipeline_recompute_matches_plain(
             {"model": {**DEBUG, "attention_dropout": 0.3, "hidden_dropout": 0.2},
