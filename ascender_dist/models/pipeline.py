@@ -147,6 +147,10 @@ class GuardedPipelineLoss:
         self.guard = guard
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            # eval_batch(return_logits=True) hands these logits back to its caller, and megatron's
+            # loss works in place on fp32 logits (leaving probabilities): the loss gets a copy
+            logits = logits.clone()
         loss = pipeline_loss(logits, labels, self.vocab_size)
         if self.guard is not None and torch.is_grad_enabled() and self.guard.is_bad(loss.item()):
             return poison(loss)

@@ -50,3 +50,23 @@ def test_bf16_logits_are_masked_in_their_fp32_copy_not_in_place(single_rank_grou
     loss.sum().backward()
     expected.sum().backward()
     assert torch.equal(logits.grad, as_fp32.grad.to(torch.bfloat16)) and torch.all(logits.grad[..., vocab:] == 0)
+
+
+def test_the_pipeline_loss_leaves_the_logits_eval_batch_returns(single_rank_group):
+    """megatron's cross entropy turns fp32 logits into probabilities in place (when no padding mask
+    made a copy): DeepSpeed's eval_batch(return_logits=True) returned those (found by a review). Under
+    no_grad (eval_batch) the pipeline's loss works on a copy; the value is the same."""
+    from ascender_dist.models.pipeline import GuardedPipelineLoss
+    from ascender_dist.parallel.setup import init_model_parallel
+
+    init_model_parallel(1, 1, seed=0)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 3, 256, generator=g)  # [s, b, v]: 256 ids, no padding
+    labels = torch.randint(0, 256, (3, 5), generator=g)  # [b, s]
+    kept = logits.clone()
+    loss_fn = GuardedPipelineLoss(vocab_size=256)
+    with torch.no_grad():
+        loss = loss_fn(logits, labels)
+    assert torch.equal(logits, kept)
+    in_place = loss_fn(logits.clone().requires_grad_(), labels)  # training: megatron's own, in place
+    assert torch.equal(loss, in_place.detach())
