@@ -33,7 +33,7 @@ import tarfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 
 from ._io import file_identity
 from .errors import DataError
@@ -80,12 +80,13 @@ def _known_in_directory(path: Path) -> bool:
     return kind_of(path) != "text" or path.name.lower().endswith(_TEXT)
 
 
-def expand_inputs(inputs: Iterable[Path | str]) -> list[Path]:
+def expand_inputs(inputs: Iterable[Path | str], seen: Optional[dict[str, Path]] = None) -> list[Path]:
     """Files (and ``datasets`` directories) named by ``inputs``, in order: a glob expands to its
     sorted matches, a plain directory to the known-format files below it (sorted by relative path,
     hidden entries skipped). A missing path, a glob matching nothing, or one file reached twice (named
     twice, a directory and a file in it, a symlink to another input) is a DataError: read twice, its
-    documents would be in the corpus twice."""
+    documents would be in the corpus twice. ``seen`` (file identity -> path) carries the files of
+    earlier calls, for inputs given one at a time."""
     out: list[Path] = []
     for item in inputs:
         text = str(item)
@@ -97,13 +98,13 @@ def expand_inputs(inputs: Iterable[Path | str]) -> list[Path]:
         else:
             out.append(_expand_one(Path(text)))
     files = [p for group in out for p in group]
-    _refuse_one_file_twice(files)
+    _refuse_one_file_twice(files, {} if seen is None else seen)
     return files
 
 
-def _refuse_one_file_twice(files: list[Path]) -> None:
-    """A DataError naming both spellings of the first file (:func:`._io.file_identity`) listed twice."""
-    seen: dict[str, Path] = {}
+def _refuse_one_file_twice(files: list[Path], seen: dict[str, Path]) -> None:
+    """A DataError naming both spellings of the first file (:func:`._io.file_identity`) listed twice
+    (in ``files``, or once there and once in ``seen``, which is extended)."""
     for path in files:
         first = seen.setdefault(file_identity(path), path)
         if first is not path:
@@ -170,9 +171,11 @@ def iter_piece(piece: Piece, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[s
     return iter([text_document(path)])
 
 
-def iter_documents(inputs: Iterable[Path | str], text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str | "TextParts"]:
-    """Every document of ``inputs`` (files, directories, globs), in order (see iter_piece)."""
-    for path in expand_inputs(inputs):
+def iter_documents(inputs: Iterable[Path | str], text_field: str = DEFAULT_TEXT_FIELD,
+                   seen: Optional[dict[str, Path]] = None) -> Iterator[str | "TextParts"]:
+    """Every document of ``inputs`` (files, directories, globs), in order (see iter_piece); ``seen``
+    as in :func:`expand_inputs`."""
+    for path in expand_inputs(inputs, seen):
         yield from iter_piece(Piece(str(path)), text_field)
 
 

@@ -79,10 +79,12 @@ def restore_cut_short(out_dir: Path) -> bool:
     return restored
 
 
-def set_aside_old(out_dir: Path) -> None:
-    """Move ``out_dir``'s manifest, then the shards it lists, into ``.previous-dataset/`` (complete
-    before it has that name). A manifest that cannot be read names no dataset: it is removed. After
-    this ``out_dir`` holds no manifest, so no crash can leave the old manifest naming new shards."""
+def set_aside_old(out_dir: Path, own=lambda name: True) -> None:
+    """Move ``out_dir``'s manifest, then the shards it lists whose name ``own`` claims (the new
+    build's naming: those are replaced; shards of another ``--prefix`` stay where they are), into
+    ``.previous-dataset/`` (complete before it has that name). A manifest that cannot be read names
+    no dataset: it is removed. After this ``out_dir`` holds no manifest, so no crash can leave the old
+    manifest naming new shards."""
     out_dir = Path(out_dir)
     manifest = out_dir / MANIFEST_NAME
     try:
@@ -96,8 +98,12 @@ def set_aside_old(out_dir: Path) -> None:
         building = out_dir / _BUILDING
         building.mkdir()
         os.replace(manifest, building / MANIFEST_NAME)  # first: out_dir never lists missing shards
+        kept = [name for name in names if not own(name) and (out_dir / name).is_file()]
+        if kept:
+            log.warning("%s: left %d shard(s) of the old manifest written under another prefix (%s ...): the new "
+                        "manifest does not list them", out_dir, len(kept), kept[0])
         for name in names:
-            if (out_dir / name).is_file():
+            if own(name) and (out_dir / name).is_file():
                 os.replace(out_dir / name, building / name)
         fsync_dir(building)
         fsync_dir(out_dir)

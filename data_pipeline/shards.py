@@ -356,16 +356,34 @@ def encode_shard(samples: list[np.ndarray], dtype: np.dtype, meta: dict) -> byte
 # --------------------------------------------------------------------------- writing
 def _documents(documents, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]:
     """Accept texts or file paths (any format of :mod:`data_pipeline.formats`), in the given order.
-    A lone str or Path is one item (iterating a str would yield its characters)."""
+    A lone str or Path is one item (iterating a str would yield its characters). One file reached
+    by two of the paths is a DataError, as in one ``iter_documents`` call (read twice, its
+    documents would be in the corpus twice); a str naming an existing file too (it would be
+    tokenized as text: pass a Path)."""
     if isinstance(documents, (str, Path)):
         documents = [documents]
+    seen: dict = {}  # file identity -> path, over every Path item
     for item in documents:
         if isinstance(item, Path):
-            yield from iter_documents([item], text_field)
+            yield from iter_documents([item], text_field, seen)
         elif isinstance(item, str):
+            _refuse_a_path_as_text(item)
             yield item
         else:
             raise DataError(repr(item)[:60], "documents must be str texts or pathlib.Path files")
+
+
+def _refuse_a_path_as_text(text: str) -> None:
+    """A one-line str that names an existing file was meant as its path."""
+    if "\n" in text or len(text) > 4096:
+        return
+    try:
+        is_file = Path(text).is_file()
+    except (OSError, ValueError):  # a name too long, a NUL byte: text
+        return
+    if is_file:
+        raise DataError(text, "a str document that names a file is taken as text: pass pathlib.Path(...) to read "
+                              "the file, or give the text itself")
 
 
 def encoded_documents(documents: Iterable, tokenizer: Tokenizer,
@@ -520,15 +538,21 @@ def commit(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: flo
     return manifest
 
 
+def own_shard_names(prefix: str):
+    """Whether a file name is one of this tool's shard names under ``prefix``."""
+    pattern = re.compile(rf"{re.escape(prefix)}-(train|val)-\d{{6,}}\.tar")
+    return lambda name: pattern.fullmatch(name) is not None
+
+
 def remove_stale_shards(out_dir: Path, prefix: str, manifest: Manifest) -> int:
     """Delete the ``{prefix}-{train,val}-NNNNNN.tar`` files in ``out_dir`` that ``manifest`` (just
     written there) does not list, and return how many. A re-shard into an old directory would
     otherwise leave the old run's extra shards behind for a glob or brace pattern to read as data.
     Only this tool's own shard names are touched; any other file is left alone."""
-    own = re.compile(rf"{re.escape(prefix)}-(train|val)-\d{{6,}}\.tar")
+    own = own_shard_names(prefix)
     listed = {s.name for s in manifest.shards}
     stale = sorted(p for p in Path(out_dir).iterdir()
-                   if own.fullmatch(p.name) and p.name not in listed and not p.is_dir())
+                   if own(p.name) and p.name not in listed and not p.is_dir())
     for path in stale:
         try:
             path.unlink()
@@ -594,7 +618,7 @@ def _finalize(written, tmp_dir: Path, out_dir: Path, prefix: str, val_fraction: 
     for info, _ in staged:
         if (out_dir / info.name).is_dir():
             raise DataError(str(out_dir / info.name), "cannot write shard: a directory has its name")
-    set_aside_old(out_dir)
+    set_aside_old(out_dir, own_shard_names(prefix))
     try:
         for info, path in staged:
             where = out_dir / info.name

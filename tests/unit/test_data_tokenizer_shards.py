@@ -114,7 +114,10 @@ def test_write_shards_is_byte_deterministic(tmp_path, tiny_tokenizer, text_file)
 
 
 def test_shard_max_bytes_bounds_shards(tmp_path, tiny_tokenizer, text_file):
-    m = write_shards([text_file] * 3, tiny_tokenizer, tmp_path / "o", 16, shard_max_bytes=20_000, progress=False)
+    copies = [tmp_path / f"copy{i}.txt" for i in range(3)]  # one file three times is refused (read twice)
+    for copy in copies:
+        copy.write_bytes(text_file.read_bytes())
+    m = write_shards(copies, tiny_tokenizer, tmp_path / "o", 16, shard_max_bytes=20_000, progress=False)
     assert len(m.shards) > 1 and max(s.bytes for s in m.shards) <= 20_000
 
 
