@@ -445,7 +445,12 @@ class AscenderDistForCausalLM(AscenderDistPreTrainedModel, GenerationMixin):
         return logits
 
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
-        """No cache: the whole prefix every step."""
+        """No cache: the whole prefix every step. A row ending in padding is refused from the first
+        step: its next token would be predicted at a pad (forward alone cannot tell right padding
+        from none until a generated token follows the pads)."""
+        if attention_mask is not None and bool((attention_mask[:, -1] == 0).any()):
+            raise ValueError("attention_mask must be one contiguous run of ones per row: left padding, or "
+                             "right padding for scoring only (generate() needs padding_side='left')")
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
 

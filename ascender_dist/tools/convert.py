@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -259,10 +260,14 @@ def _write_problem(exc: BaseException) -> str:
 LM_EVAL_EXPORT_SUBDIR = ".hf-export"  # the lm-eval adapter's export cache inside a consolidated run (and its lock)
 
 
+_LM_EVAL_CACHE_NAMES = re.compile(rf"\.?{re.escape(LM_EVAL_EXPORT_SUBDIR)}(\.lock|\.(tmp|old)\.\d+)?")
+
+
 def _lm_eval_cache(name: str) -> bool:
     """The lm-eval export cache (derived from the weights being replaced), its lock, and the staging and
-    moved-aside siblings a crashed export of it leaves (``..hf-export.tmp.<pid>``, ``.old.<pid>``)."""
-    return name.lstrip(".").startswith(LM_EVAL_EXPORT_SUBDIR.lstrip("."))
+    moved-aside siblings a crashed export of it leaves (``..hf-export.tmp.<pid>``, ``..hf-export.old.<pid>``);
+    exactly those names (a user's ``hf-export-results/`` is the user's)."""
+    return _LM_EVAL_CACHE_NAMES.fullmatch(name) is not None
 
 
 def _entries_not_in(out_dir: Path, names) -> list[str]:

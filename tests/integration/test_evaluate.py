@@ -112,7 +112,7 @@ def test_val_loss_equals_megatron_loss_on_the_val_split(sources, evaluated, sing
     from ascender_dist.training.engine import build_run_model
     from ascender_dist.parallel.setup import init_model_parallel
     from ascender_dist.tools.convert import read_consolidated
-    from ascender_dist.training.layer_stats import set_training_step
+    from ascender_dist.training.layer_stats import last_training_step, set_training_step
     from ascender_dist.training.weights import load_canonical_state, pad_vocab
     from data_pipeline.loader import StreamingLoader
 
@@ -121,7 +121,7 @@ def test_val_loss_equals_megatron_loss_on_the_val_split(sources, evaluated, sing
     derived = derive(cfg, 1, meta["vocab_size"])
     model = build_run_model(cfg, derived).eval()
     load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size))
-    set_training_step(model, meta["step"])
+    set_training_step(model, last_training_step(meta["step"]))  # the step the saved weights last ran
     loader = StreamingLoader(cfg.data.manifest, seq_length=cfg.model.seq_length, micro_batch_size=16,
                              global_batch_size=16, dp_rank=0, dp_size=1, seed=0, split="val")
     losses = []

@@ -5,6 +5,7 @@ an ``--out`` that is the input, inside it, holding it, a file or someone else's 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -160,7 +161,18 @@ def test_a_users_file_in_a_previous_output_is_refused_before_any_work(consolidat
         check_consolidate_out(consolidated, tmp_path / "ck")
     _one_line(info.value, str(consolidated), "holds eval_results.json, which the new output does not")
     (consolidated / "eval_results.json").unlink()
+    for name in (LM_EVAL_EXPORT_SUBDIR, f"{LM_EVAL_EXPORT_SUBDIR}.lock", f".{LM_EVAL_EXPORT_SUBDIR}.old.17"):
+        (consolidated / name).mkdir()
     check_consolidate_out(consolidated, tmp_path / "ck")  # its own files and the lm-eval cache's only
+    # a user's entries that only start like the cache's names are the user's (they were deleted unasked:
+    # found by a review)
+    for name in ("hf-export-results/", "hf-export.md", f"{LM_EVAL_EXPORT_SUBDIR}-scores/"):
+        path = consolidated / name.rstrip("/")
+        path.mkdir() if name.endswith("/") else path.write_text("kept")
+        with pytest.raises(ConversionError) as info:
+            check_consolidate_out(consolidated, tmp_path / "ck")
+        _one_line(info.value, str(consolidated), f"holds {name}, which the new output does not")
+        shutil.rmtree(path) if name.endswith("/") else path.unlink()
 
 
 def test_an_export_replaces_a_previous_one_that_wrote_other_files(consolidated, tmp_path):
