@@ -19,7 +19,7 @@ def _tokens(cfg, vocab: int = VOCAB, batch: int = 2) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, cfg.model.seq_length + 1), generator=gen)
 
 
-def _forward_backward(cfg, tp: int, full_state=None, vocab: int = VOCAB):
+def forward_backward(cfg, tp: int, full_state=None, vocab: int = VOCAB):
     """Build the model at TP=tp (DP fills the rest), run the training loss (models.build.lm_loss: the
     padding ids of the vocabulary masked on each rank's slice) + logits + backward; return full tensors."""
     from megatron.core import parallel_state as mps
@@ -140,8 +140,8 @@ def tp_parity(raw_cfg: dict, tp: int = 2, report: tuple[str, ...] = (), vocab: i
     last TP rank's slice, which the loss must mask there (and at TP=1 at the end)."""
     init_process_group()
     cfg = config_from_dict(raw_cfg)
-    sharded = _forward_backward(cfg, tp, vocab=vocab)
-    reference = _forward_backward(cfg, 1, full_state=sharded["params"], vocab=vocab)
+    sharded = forward_backward(cfg, tp, vocab=vocab)
+    reference = forward_backward(cfg, 1, full_state=sharded["params"], vocab=vocab)
     grad_diffs = {name: (sharded["grads"][name] - g).abs().max().item() for name, g in reference["grads"].items()}
     if tp > 1 and sharded["num_sharded"] == 0:
         raise AssertionError(f"TP={tp} run holds no sharded parameter: the layout silently ran unsharded")
