@@ -335,6 +335,12 @@ def _notes(cfg: RunConfig, pattern: str, pp: int, worst: StageMemory) -> list[st
     elif cfg.train.precision == "fp32" and cfg.parallel.zero_stage >= 1:
         notes.append("fp32 under ZeRO >= 1: DeepSpeed's optimizer keeps an fp32 master copy too "
                      "(12 bytes/param of optimizer states, sharded; counted)")
+    if cfg.parallel.zero_stage >= 2 or (cfg.train.precision == "fp32" and cfg.parallel.zero_stage == 1):
+        # measured on 2 CPU ranks: ~2.0e9 bytes beyond the model states after a ZeRO-3 backward, and on the
+        # accumulation micro-steps of fp32 ZeRO-1 (docs/plan.md, "Not counted")
+        notes.append("not counted: DeepSpeed's gradient reduction bucket of reduce_bucket_size elements "
+                     "(default 5e8: ~2 GB in fp32, twice with overlap_comm) whatever the model's size; "
+                     "the headroom must hold it (on a small GPU, lower --headroom, the fraction the plan may use)")
     notes.append("not counted: communication buckets, CUDA context, allocator fragmentation "
                  "(the headroom is for these)")
     return notes
