@@ -594,8 +594,10 @@ def test_efficiency_table_renders_rows_and_ablation_throughput():
     ablation = {"source": "x.json", "configs": [{"config": "gpt", "n": 3, "tokens_per_s_mean": 900.0,
                                                  "tokens_per_s_std": 10.0, "median_step_time_s": 0.2,
                                                  "peak_rss_mib_mean": 600.0}]}
-    md = efficiency.render([row], ablation, {"preset": "debug", "batch": 8, "vocab": 512, "threads": 1})
-    assert "| gpt | 1,000 | 1e+05 | 9e+04 | 1e+06 | 12.5 | 1000 | 4.0 |" in md
+    md = efficiency.render([row], ablation, {"preset": "debug", "batch": 8, "vocab": 512, "threads": 1},
+                           {"git_commit": "b" * 40, "git_dirty": False})
+    assert "| gpt | 1,000 | 1e+05 | 9e+04 | 1e+06 | 12.5 | 1000 [1000-1000] | n/a | 4.0 |" in md
+    assert f"Measured at commit {'b' * 12}." in md
     assert "| gpt | 3 | 900 ± 10 | 0.200 | 600 |" in md
     assert "training runs of `x.json` (commit not recorded)" in md
     md = efficiency.render([row], {**ablation, "commits": ["a" * 40]}, {"preset": "debug", "batch": 8, "vocab": 512,
@@ -626,8 +628,37 @@ def test_efficiency_command_writes_both_tables_with_provenance(tmp_path, monkeyp
     assert "| connection |" in (tmp_path / "table2.md").read_text()
 
 
+def test_efficiency_rounds_rotate_the_rows_and_take_ratios_within_a_round(tmp_path, monkeypatch):
+    """Every row once per round in fresh processes, the order rotated from round to round; the table
+    gives the median over the rounds and each row's throughput over gpt's in the same round (a drift
+    of the shared machine during one round moves both)."""
+    from ascender_dist.research import efficiency
+
+    calls = []
+    speeds = {"gpt": 1000.0, "ascender": 500.0, "connection": 1100.0}
+
+    def child(spec, threads, timeout):
+        calls.append(spec["row"])
+        slow = 2.0 if len(calls) > 6 else 1.0  # the machine slows down from round 3 on: ratios unmoved
+        return {"params": 1, "attention_flops_per_token": 1.0, "attention_flops_per_token_counted": 1.0,
+                "training_flops_per_token": 1.0, "train_step_peak_mib": 1.0, "tokens_per_s": speeds[spec["row"]] / slow,
+                "train_step_s": 1.0, "latency_ms": 1.0, "seq_length": 8, "device": "cpu", "load_average": [1.0] * 3}
+
+    monkeypatch.setattr(efficiency, "_run_child", child)
+    assert efficiency.efficiency_main(["--out", str(tmp_path), "--rows", "gpt,ascender,connection"]) == 0
+    assert calls[:9] == ["gpt", "ascender", "connection", "ascender", "connection", "gpt", "connection", "gpt",
+                         "ascender"]
+    assert len(calls) == 15  # 5 rounds x 3 rows
+    rows = {r["row"]: r for r in json.loads((tmp_path / "table2.json").read_text())["rows"]}
+    assert rows["ascender"]["vs_gpt"] == {"median": 0.5, "min": 0.5, "max": 0.5}
+    assert rows["gpt"]["tokens_per_s"] == 500.0 and rows["gpt"]["tokens_per_s_max"] == 1000.0
+    assert len(rows["connection"]["rounds"]) == 5
+    assert "| ascender |" in (tmp_path / "table2.md").read_text()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--repeats", "0"], "error: --repeats must be >= 1 (got 0)"),
+    (["--rounds", "3"], "error: --rounds must be >= 5 (got 3)"),
     (["--vocab", "0"], "error: --vocab must be >= 1 (got 0)"),
     (["--batch", "-1"], "error: --batch must be >= 1 (got -1)"),
     (["--timeout", "0"], "error: --timeout must be > 0 seconds (got 0.0)"),
