@@ -98,7 +98,7 @@ def test_half_finished_grid_resumes_only_the_unfinished_run(grid_run):
     interrupted.unlink()  # as a run killed before it wrote its result
     (runs / "seed2" / "partial.txt").write_text("left by the killed run")
     _run("-m", "ascender_dist.research.ablate", str(grid_run["grid"]), "--n-resamples", "200", "--no-progress",
-         "--only", "gpt", timeout=300)
+         "--only", "gpt", "--report-dir", str(grid_run["root"] / "report-gpt"), timeout=300)
     assert finished.stat().st_mtime_ns == before
     record = json.loads(interrupted.read_text())
     assert not (runs / "seed2" / "partial.txt").exists()  # started again in a fresh directory

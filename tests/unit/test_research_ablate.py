@@ -492,6 +492,17 @@ def test_aggregate_flags_differing_data_and_missing_seeds():
     assert noisy["n"] == 2 and noisy["comparison"]["paired_seeds"] == [1, 2]
 
 
+def test_a_seed_whose_runs_recorded_no_data_hash_is_not_called_paired():
+    """Records without data_sha256 (older runs) made a set {None}, read as identical data (found by a
+    review): the pairing is unknown there."""
+    recs = _records()
+    for r in recs:
+        if r["seed"] == 1:
+            r.pop("data_sha256", None)
+    _, obj = aggregate(recs, "gpt", n_resamples=200, n_permutations=200)
+    assert obj["data_pairing"]["1"]["identical"] is None and obj["data_pairing"]["2"]["identical"] is True
+
+
 def test_write_report_from_synthetic_records(tmp_path):
     grid = ablate.Grid(name="syn", path="syn.yaml", base={}, seeds=[1, 2, 3], baseline="gpt",
                        variants=[ablate.Variant(n, {}) for n in ("gpt", "asc", "noisy")], compare_to=["asc"],

@@ -59,8 +59,9 @@ def test_commits_are_named_at_a_fixed_length_whatever_git_abbreviates_to(repo, m
     monkeypatch.setenv("GIT_CONFIG_VALUE_0", "12")
     run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
     later = _commit(repo, "ascender_dist/training/trainer.py", "b = 2\n")
-    named = (later[:index.SHORT_SHA], "change ascender_dist/training/trainer.py")
-    assert index.later_model_commits(run, repo) == [named]
+    assert index.later_model_commits(run, repo) == [(later, "change ascender_dist/training/trainer.py")]
+    state, why = index.code_state([run], {}, repo)
+    assert state == "stale" and f"in {later[:index.SHORT_SHA]}:" in why
 
 
 def test_a_reviewed_commit_is_named_not_counted(repo):
@@ -245,6 +246,23 @@ def test_a_neutral_file_without_reasons_is_rejected(tmp_path):
     (tmp_path / index.NEUTRAL_FILE).write_text('"abc1234":\n')
     with pytest.raises(AblationError, match="non-empty reason"):
         index.read_neutral(tmp_path)
+
+
+@pytest.mark.parametrize("key", ["c", "abc12", "ABC1234", "xyz1234", "a" * 41])
+def test_a_neutral_key_names_one_commit_by_7_to_40_hex_digits(tmp_path, key):
+    """A one-character key marked every later commit starting with it as reviewed (found by a review)."""
+    (tmp_path / index.NEUTRAL_FILE).write_text(f'"{key}": metadata only\n')
+    with pytest.raises(AblationError, match="7 to 40 lowercase hex digits"):
+        index.read_neutral(tmp_path)
+
+
+def test_a_full_sha_key_of_another_commit_sharing_7_digits_does_not_match(repo):
+    run = _commit(repo, "ascender_dist/models/layer.py", "a = 1\n")
+    later = _commit(repo, "ascender_dist/training/trainer.py", "b = 2\n")
+    other = later[:7] + ("0" if later[7] != "0" else "1") + later[8:]  # same 7 digits, another commit
+    state, _ = index.code_state([run], {other: "reviewed"}, repo)
+    assert state == "stale"
+    assert index.code_state([run], {later: "reviewed"}, repo)[0] == "current"
 
 
 def test_a_commit_yaml_reads_as_a_number_must_be_quoted(tmp_path):

@@ -58,6 +58,42 @@ def test_runs_from_a_dirty_checkout_are_named_in_the_first_line():
     assert provenance.mixed_commit_line(records).startswith("**Mixed commits")
 
 
+def test_two_sets_of_uncommitted_changes_on_one_commit_are_two_states(tmp_path, monkeypatch, capsys):
+    """Runs of one commit, each from a checkout with other uncommitted changes, were grouped as one
+    "commit+dirty" and tabled together (a review changed init_method_std for seed 1 only): the
+    changes' hash now tells them apart, and ablate refuses the mix like two commits."""
+    records = _records()
+    for r in records:
+        r["provenance"].update(git_dirty=True, git_changes_sha256="c" * 64 if r["seed"] == 1 else "d" * 64)
+    assert len(provenance.commits_of(records)) == 2
+    line = provenance.mixed_commit_line(records)
+    assert line.startswith("**Mixed commits") and "uncommitted changes cccccccccccc" in line, line
+    err = _refused_by_ablate(tmp_path, monkeypatch, capsys, records)
+    assert "aaaaaaaaaaaa + uncommitted changes dddddddddddd" in err, err
+    for r in records:  # one set of changes: one state, named in the first line as before
+        r["provenance"]["git_changes_sha256"] = "c" * 64
+    assert provenance.mixed_commit_line(records).startswith("**Uncommitted changes")
+
+
+def test_the_changes_hash_follows_the_uncommitted_content(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "model.py").write_text("std = 0.02\n")
+    git("add", "model.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    assert provenance.git_state(tmp_path)["git_changes_sha256"] is None  # clean
+    (tmp_path / "model.py").write_text("std = 0.06\n")
+    edited = provenance.git_state(tmp_path)["git_changes_sha256"]
+    (tmp_path / "model.py").write_text("std = 0.02\n")
+    (tmp_path / "note.txt").write_text("untracked\n")
+    untracked = provenance.git_state(tmp_path)["git_changes_sha256"]
+    assert edited and untracked and edited != untracked
+    (tmp_path / "note.txt").write_text("untracked, edited\n")
+    assert provenance.git_state(tmp_path)["git_changes_sha256"] not in (None, untracked)
+
+
 def test_untracked_files_make_a_checkout_dirty(tmp_path):
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)

@@ -356,11 +356,12 @@ def omega_table(records: Sequence[dict], order: Sequence[str]) -> tuple[str, dic
 
 
 def data_pairing(records: Sequence[dict]) -> dict:
-    """Per seed: do all configs share the training-data hash?"""
+    """Per seed: do all configs share the training-data hash? (None: unknown, a record without one.)"""
     by_seed: dict = {}
     for r in records:
         by_seed.setdefault(r["seed"], {})[r["config"]] = r.get("data_sha256")
-    return {str(s): {"identical": len(set(h.values())) == 1, "configs": sorted(h)} for s, h in by_seed.items()}
+    return {str(s): {"identical": None if None in h.values() else len(set(h.values())) == 1, "configs": sorted(h)}
+            for s, h in by_seed.items()}
 
 
 def aggregate(records: Sequence[dict], baseline: str, compare_to: Sequence[str] = (), metric: str = "val_loss",

@@ -15,6 +15,7 @@ it summarises."""
 from __future__ import annotations
 
 import json
+import re
 import math
 import subprocess
 from pathlib import Path
@@ -28,8 +29,9 @@ from .provenance import REPO
 
 # code whose change can change what a run computes: the model, trainer and data code, and what runs
 # one grid run and measures it (the run driver, its config and dataset builder, the launch entries, and
-# main.py, whose _child_main is the run's entry point: run_entry.py only calls it)
-MODEL_CODE = ("ascender_dist/models", "ascender_dist/training", "ascender_dist/parallel", "ascender_dist/config",
+# main.py, whose _child_main is the run's entry point: run_entry.py only calls it), and pyproject.toml,
+# whose pins choose the torch, megatron-core and deepspeed a run trains with
+MODEL_CODE = ("pyproject.toml", "ascender_dist/models", "ascender_dist/training", "ascender_dist/parallel", "ascender_dist/config",
               "ascender_dist/compat", "data_pipeline", "ascender_dist/research/ablate/launch.py",
               "ascender_dist/research/ablate/grid.py", "ascender_dist/research/ablate/run_entry.py",
               "ascender_dist/research/ablate/main.py", "ascender_dist/launcher.py", "ascender_dist/launch_entry.py")
@@ -77,6 +79,9 @@ def read_neutral(folder: Path) -> dict:
     if unquoted:  # YAML reads 7979459 as a number (and 0123456 as octal): the commit would be garbled
         raise AblationError(f"{path}: commit {unquoted[0]!r} must be quoted (\"abc1234\": ...), "
                             "YAML read it as a number")
+    short = [k for k in data if not re.fullmatch(rf"[0-9a-f]{{{SHORT_SHA},40}}", k)]
+    if short:  # "c" named every commit starting with c as reviewed
+        raise AblationError(f"{path}: commit {short[0]!r} must be {SHORT_SHA} to 40 lowercase hex digits of one commit")
     return {k: ({"reason": v["reason"].strip(), "layers": v["layers"].strip()} if isinstance(v, dict) else v.strip())
             for k, v in data.items()}
 
@@ -115,7 +120,7 @@ def _changes_a_run(status_lines: list[str]) -> bool:
 
 
 def later_model_commits(commit: str, root: Path = REPO) -> Optional[list[tuple[str, str]]]:
-    """(sha shortened to SHORT_SHA, subject) of the commits after ``commit`` up to HEAD that touch
+    """(full sha, subject) of the commits after ``commit`` up to HEAD that touch
     MODEL_CODE or edit a grid file of GRID_CONFIGS (:func:`_changes_a_run`), oldest first; None when git
     cannot answer (not a checkout, unknown commit)."""
     try:
@@ -131,7 +136,7 @@ def later_model_commits(commit: str, root: Path = REPO) -> Optional[list[tuple[s
         head, *status = [line for line in block.splitlines() if line.strip()]
         if _changes_a_run(status):
             sha, subject = head.split("\t", 1)
-            out.append((sha[:SHORT_SHA], subject))
+            out.append((sha, subject))
     return out
 
 
@@ -149,10 +154,9 @@ def code_state(commits: list, neutral: dict, root: Path = REPO, layers_run: Opti
             return "stale", f"its runs' commit {commit[:SHORT_SHA]} is not in HEAD's history (another branch, or " \
                             "before a rebase): re-run"
         for sha, subject in later:
-            entry = next((r for prefix, r in neutral.items() if sha.startswith(prefix) or prefix.startswith(sha)),
-                         None)  # fmt: skip
+            entry = next((r for prefix, r in neutral.items() if sha.startswith(prefix)), None)  # the full sha
             reason = None if entry is None else _neutral_reason(entry, layers_run)
-            (judged if reason else changed).append((sha, reason or subject))
+            (judged if reason else changed).append((sha[:SHORT_SHA], reason or subject))
     if changed:
         shas = sorted({sha for sha, _ in changed})
         return "stale", f"model/trainer/data code changed since, in {', '.join(shas)}: re-run"

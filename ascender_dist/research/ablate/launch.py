@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -11,7 +12,9 @@ import queue
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,7 @@ import numpy as np
 import torch
 
 from ascender_dist.launcher import NO_HOSTFILE, deepspeed_launcher
+from ascender_dist.locks import exclusive_lock
 from ascender_dist.ports import free_port
 from ascender_dist.training.callbacks import Callback
 from data_pipeline._io import exclusive_temporary
@@ -473,14 +477,89 @@ def child_args(grid: Grid, variant: Variant, seed: int) -> list[str]:
     return args
 
 
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s*")  # torch's prefix on a rank's traceback lines
+_ERROR_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception)\b|^error:")
+
+
 def _last_error_line(log_file: Path) -> str:
+    """The run log's last error line (an exception or a one-line ``error:``), without the rank prefix
+    torch puts on a rank's lines; the launcher's own exit report is not the cause and is passed over."""
     if not log_file.exists():
         return "(no log)"
-    lines = [ln.strip() for ln in log_file.read_text(errors="replace").splitlines() if ln.strip()]
+    lines = [_RANK_PREFIX.sub("", ln.strip()) for ln in log_file.read_text(errors="replace").splitlines()]
+    lines = [ln for ln in lines if ln and "sigkill_handler" not in ln]
     for line in reversed(lines):
-        if re.match(r"^(\w+\.)*\w*(Error|Exception)\b|^error:", line):
+        if _ERROR_LINE.match(line):
             return line[:300]
     return lines[-1][:300] if lines else "(empty log)"
+
+
+_LIVE_RUNS: set = set()  # the runs training now (Popen, each its own process group)
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_live_runs(grace_s: float = 30.0) -> None:
+    """SIGTERM every training run's process group (the launcher and its ranks), SIGKILL what is left
+    after ``grace_s``: a stopped ``ablate`` leaves no run training (and writing a result) behind."""
+    with _LIVE_LOCK:
+        procs = list(_LIVE_RUNS)
+    for proc in procs:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+
+
+def _signal_group(proc, sig) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@contextlib.contextmanager
+def runs_stopped_on_signals():
+    """Inside: SIGTERM and SIGINT (in the main thread) stop the training runs, which are started in
+    their own process groups so a terminal's Ctrl-C does not reach them by itself, then end the body
+    as an interrupt. The previous handlers are back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        stop_live_runs()
+        raise KeyboardInterrupt(f"ablate stopped by signal {signum}")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _train(cmd: list[str], env: dict, log_file: Path, timeout: Optional[float]) -> int:
+    """Run one training command in its own process group, output to ``log_file``; its exit status.
+    A timeout or an interrupt of this process stops the whole group."""
+    with open(log_file, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    with _LIVE_LOCK:
+        _LIVE_RUNS.add(proc)
+    try:
+        return proc.wait(timeout)
+    except BaseException:  # a timeout, an interrupt: the run does not go on without us
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+        raise
+    finally:
+        with _LIVE_LOCK:
+            _LIVE_RUNS.discard(proc)
 
 
 def check_recorded_layout(grid: Grid, variant: Variant, seed: int, record: dict, launcher: Launcher) -> None:
@@ -500,7 +579,16 @@ def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: O
                launcher: Optional[Launcher] = None, slot: int = 0) -> dict:
     """Run one (variant, seed) through the launcher unless its result exists; return its record.
     ``slot``: the job slot it holds (which GPUs it may use)."""
-    launcher = launcher or Launcher()
+    directory = run_dir(grid, variant, seed)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # one process trains a run directory: a second ablate over the same runs (another --only sharing the
+    # baseline) waits here, then reuses the result instead of deleting the directory under the first
+    with exclusive_lock(directory.parent / f".{directory.name}.lock", AblationError, "the run's lock file"):
+        return _launch_run_locked(grid, variant, seed, threads, timeout, launcher or Launcher(), slot)
+
+
+def _launch_run_locked(grid: Grid, variant: Variant, seed: int, threads: int, timeout: Optional[float],
+                       launcher: Launcher, slot: int) -> dict:
     directory = run_dir(grid, variant, seed)
     result_file = directory / RESULT
     if result_file.exists():  # refused when it was trained with another config or layout than asked now
@@ -521,10 +609,9 @@ def launch_run(grid: Grid, variant: Variant, seed: int, threads: int, timeout: O
     cmd = launch_command(launcher, child_args(grid, variant, seed), free_port(), slot)
     log_file = directory / "run.log"
     (directory / "launch.txt").write_text(shlex.join(cmd) + "\n")
-    with open(log_file, "w") as out:
-        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
-    if proc.returncode != 0 or not result_file.exists():
-        raise AblationError(f"{log_file}: run {variant.name} seed {seed} failed (exit {proc.returncode}): "
+    returncode = _train(cmd, env, log_file, timeout)
+    if returncode != 0 or not result_file.exists():
+        raise AblationError(f"{log_file}: run {variant.name} seed {seed} failed (exit {returncode}): "
                             f"{_last_error_line(log_file)}")
     record = _load_record(result_file, variant.name)
     if not grid.keep_checkpoints:

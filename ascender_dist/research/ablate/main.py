@@ -15,8 +15,9 @@ from ascender_dist.logs import setup_cli_logging
 
 from .collect import collect_records
 from .grid import RESULT, AblationError, ensure_dataset, load_grid, run_config, run_dir
-from .launch import Launcher, check_layouts, child_args, launch_command, run_grid, run_one, slurm_prelude
-from .provenance import commits_of, mixed_inputs_line, mixed_version_line
+from .launch import (Launcher, check_layouts, child_args, launch_command, run_grid, run_one, runs_stopped_on_signals,
+                     slurm_prelude)
+from .provenance import commit_label, commits_of, mixed_inputs_line, mixed_version_line
 from .report import rebuild, write_report
 
 
@@ -156,6 +157,10 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
     try:
         grid = load_grid(args.grid, args.overrides, seeds, args.only.split(",") if args.only else None)
+        if (args.only or args.seeds) and not (args.runs_dir or args.report_dir) and not args.dry_run:
+            raise ConfigError("--only" if args.only else "--seeds",
+                              f"reports a part of the grid, which would replace its full report in "
+                              f"{grid.report_dir}: give --report-dir (or --runs-dir) for this part")
         if args.runs_dir:  # another set of runs: never the grid's own report
             grid.runs_dir = Path(args.runs_dir)
             grid.report_dir = grid.runs_dir / "report"
@@ -175,7 +180,8 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
         if not args.report_only:
             if grid.dataset is not None:
                 ensure_dataset(grid.dataset)
-            run_grid(grid, jobs, args.threads, progress=not args.no_progress, launcher=launcher)
+            with runs_stopped_on_signals():
+                run_grid(grid, jobs, args.threads, progress=not args.no_progress, launcher=launcher)
         records = collect_records(grid)
         if not records:
             print(f"error: {grid.runs_dir}: no finished runs to report", file=sys.stderr)
@@ -186,7 +192,7 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
             return 2
         by_commit = commits_of(records)  # one clean or dirty commit: reported in the first line, not refused
         if (len(by_commit) > 1 or "unrecorded" in by_commit) and not args.allow_mixed_commits:
-            commits = ", ".join(f"{c[:12]}: {len(r)} runs" for c, r in by_commit.items())
+            commits = ", ".join(f"{commit_label(c)}: {len(r)} runs" for c, r in by_commit.items())
             print(f"error: {grid.runs_dir}: records of more than one commit, or without one ({commits}); "
                   "re-run them on one commit, or pass --allow-mixed-commits", file=sys.stderr)
             return 2

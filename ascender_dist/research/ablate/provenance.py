@@ -24,17 +24,37 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def git_state(root: Path = REPO) -> dict:
-    """``{"git_commit": sha or None, "git_dirty": bool or None}`` (None: not a git checkout).
-    Dirty: tracked files differ from the commit, or files that git does not ignore are untracked (a
-    new module that is not committed changes what runs as much as an edit)."""
+    """``{"git_commit": sha or None, "git_dirty": bool or None, "git_changes_sha256": sha or None}``
+    (None: not a git checkout). Dirty: tracked files differ from the commit, or files that git does
+    not ignore are untracked (a new module that is not committed changes what runs as much as an
+    edit); the changes' hash then tells two different sets of uncommitted changes apart (the commit
+    and the flag alone do not)."""
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=30, check=True).stdout.strip()
         status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=normal"],
                                 capture_output=True, text=True, timeout=60, check=True).stdout
+        changes = uncommitted_changes_sha256(root) if status.strip() else None
     except (OSError, subprocess.SubprocessError):
-        return {"git_commit": None, "git_dirty": None}
-    return {"git_commit": commit or None, "git_dirty": bool(status.strip())}
+        return {"git_commit": None, "git_dirty": None, "git_changes_sha256": None}
+    return {"git_commit": commit or None, "git_dirty": bool(status.strip()), "git_changes_sha256": changes}
+
+
+def uncommitted_changes_sha256(root: Path = REPO) -> str:
+    """sha256 over ``git diff HEAD`` (binary) and the name and bytes of every untracked file git does
+    not ignore: what a dirty checkout runs beyond its commit."""
+    digest = hashlib.sha256()
+    digest.update(subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--binary"], capture_output=True,
+                                 timeout=120, check=True).stdout)
+    untracked = subprocess.run(["git", "-C", str(root), "ls-files", "--others", "--exclude-standard", "-z"],
+                               capture_output=True, timeout=60, check=True).stdout.split(b"\0")
+    for name in sorted(n for n in untracked if n):
+        digest.update(b"\0" + name + b"\0")
+        try:
+            digest.update((root / name.decode("utf-8", "surrogateescape")).read_bytes())
+        except OSError:  # gone meanwhile, or a directory entry git lists: its name counts
+            pass
+    return digest.hexdigest()
 
 
 def report_provenance() -> dict:
@@ -78,10 +98,19 @@ def commits_of(records: Sequence[dict]) -> dict:
     for r in records:
         prov = r.get("provenance") or {}
         commit = prov.get("git_commit") or "unrecorded"
-        if prov.get("git_dirty"):
-            commit += "+dirty"
+        if prov.get("git_dirty"):  # one group per set of uncommitted changes (when recorded)
+            changes = prov.get("git_changes_sha256")
+            commit += f"+dirty:{changes[:12]}" if changes else "+dirty"
         out.setdefault(commit, []).append(f"{r['config']} seed {r['seed']}")
     return out
+
+
+def commit_label(key: str) -> str:
+    """A key of :func:`commits_of` for people: the commit's first 12 characters, and the uncommitted
+    changes' hash (first 12) when there were some."""
+    commit, _, dirty = key.partition("+dirty")
+    return commit[:12] + (f" + uncommitted changes {dirty.lstrip(':')}" if dirty.lstrip(":") else
+                          " + uncommitted changes" if _ else "")
 
 
 def versions_of(records: Sequence[dict]) -> dict:
@@ -133,11 +162,11 @@ def mixed_commit_line(records: Sequence[dict]) -> Optional[str]:
     commits = commits_of(records)
     if len(commits) == 1 and "unrecorded" not in commits:
         (only,) = commits
-        if only.endswith("+dirty"):
+        if "+dirty" in only:
             return (f"**Uncommitted changes: every run was made from commit {only[:12]} with uncommitted changes "
                     "(git status not clean); the commit alone may not reproduce them.**")
         return None
-    parts = [f"{c[:12] if c != 'unrecorded' else 'no recorded commit'} ({len(runs)} runs)"
+    parts = [f"{commit_label(c) if c != 'unrecorded' else 'no recorded commit'} ({len(runs)} runs)"
              for c, runs in commits.items()]
     if list(commits) == ["unrecorded"]:
         return ("**Provenance: these records name no git commit (made before commits were recorded): "

@@ -381,11 +381,13 @@ def markdown(full: dict, tables_md: str) -> str:
     ]
     if "per_example" not in obj:
         lines += ["No per-sequence validation losses are stored with these records: no per-sequence tables.", ""]
-    unpaired = [s for s, p in obj["data_pairing"].items() if not p["identical"]]
+    unpaired = [s for s, p in obj["data_pairing"].items() if p["identical"] is False]
+    unknown = [s for s, p in obj["data_pairing"].items() if p["identical"] is None]
     lines += ["Training-data pairing: " + (
-        "every variant of a seed read identical training tokens (sha256 of all consumed tokens)." if not unpaired
-        else f"seeds {unpaired} did NOT see identical data across variants (axes {g.get('data_order_axes')}): "
-             "seed-paired tests are not data-paired there."), ""]
+        f"seeds {unpaired} did NOT see identical data across variants (axes {g.get('data_order_axes')}): "
+        "seed-paired tests are not data-paired there." if unpaired else
+        f"not known for seeds {unknown}: some of their runs recorded no hash of the tokens they read." if unknown
+        else "every variant of a seed read identical training tokens (sha256 of all consumed tokens)."), ""]
     if full.get("missing_runs"):
         lines += [f"Missing runs (not in the tables): {', '.join(full['missing_runs'])}", ""]
     if full.get("connection"):
