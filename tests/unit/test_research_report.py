@@ -75,14 +75,19 @@ def test_two_sets_of_uncommitted_changes_on_one_commit_are_two_states(tmp_path, 
     assert provenance.mixed_commit_line(records).startswith("**Uncommitted changes")
 
 
-def test_the_changes_hash_follows_the_uncommitted_content(tmp_path):
+def _repo_with(tmp_path, name: str, text: str) -> None:
+    """A git repository in tmp_path whose one commit holds ``name`` with ``text``."""
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
 
     git("init", "-q")
-    (tmp_path / "model.py").write_text("std = 0.02\n")
-    git("add", "model.py")
+    (tmp_path / name).write_text(text)
+    git("add", name)
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+
+
+def test_the_changes_hash_follows_the_uncommitted_content(tmp_path):
+    _repo_with(tmp_path, "model.py", "std = 0.02\n")
     assert provenance.git_state(tmp_path)["git_changes_sha256"] is None  # clean
     (tmp_path / "model.py").write_text("std = 0.06\n")
     edited = provenance.git_state(tmp_path)["git_changes_sha256"]
@@ -95,13 +100,7 @@ def test_the_changes_hash_follows_the_uncommitted_content(tmp_path):
 
 
 def test_untracked_files_make_a_checkout_dirty(tmp_path):
-    def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
-
-    git("init", "-q")
-    (tmp_path / ".gitignore").write_text("runs/\n")
-    git("add", ".gitignore")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    _repo_with(tmp_path, ".gitignore", "runs/\n")
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "result.json").write_text("{}")  # ignored: still clean
     assert provenance.git_state(tmp_path)["git_dirty"] is False
