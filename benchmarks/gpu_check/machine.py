@@ -44,18 +44,19 @@ def _flag(text):
 
 
 def source_state() -> dict:
-    """``{"commit": text for the header, "git_commit": sha or None, "git_dirty": True, False or None}``:
+    """``{"commit": text for the header, "git_commit": sha or None, "git_dirty": True, False or None,
+    "git_changes_sha256": the uncommitted changes' hash or None}``:
     the copier's word (``ASCENDER_SOURCE_COMMIT`` / ``ASCENDER_SOURCE_DIRTY``) when given, else
     ``provenance.git_state()`` of this checkout (None, None: not a git checkout, or the research extra that
     holds provenance is not installed)."""
     given = os.environ.get(SOURCE_COMMIT_VAR)
     if given:
         return {"commit": f"{given} (per {SOURCE_COMMIT_VAR})", "git_commit": given,
-                "git_dirty": _flag(os.environ.get(SOURCE_DIRTY_VAR))}
+                "git_dirty": _flag(os.environ.get(SOURCE_DIRTY_VAR)), "git_changes_sha256": None}
     try:
         from ascender_dist.research.ablate.provenance import git_state
     except ImportError:  # ascender_dist.research needs the research extra (scipy, scikit-learn, matplotlib)
-        state = {"git_commit": None, "git_dirty": None}
+        state = {"git_commit": None, "git_dirty": None, "git_changes_sha256": None}
     else:
         state = git_state()
     commit = (state["git_commit"] or "")[:12] or f"unknown (not a git checkout; set {SOURCE_COMMIT_VAR} to the commit the copy was made from)"

@@ -332,7 +332,8 @@ def test_a_copied_tree_is_not_recorded_as_clean_unless_its_copier_says_so(monkey
     monkeypatch.setenv(SOURCE_COMMIT_VAR, "093ca37")
     monkeypatch.delenv(SOURCE_DIRTY_VAR, raising=False)
     state = source_state()
-    assert state == {"commit": "093ca37 (per ASCENDER_SOURCE_COMMIT)", "git_commit": "093ca37", "git_dirty": None}
+    assert state == {"commit": "093ca37 (per ASCENDER_SOURCE_COMMIT)", "git_commit": "093ca37", "git_dirty": None,
+                     "git_changes_sha256": None}
     line = header_lines(_info(**state))[2]
     assert line.startswith("Commit 093ca37 (per ASCENDER_SOURCE_COMMIT) (uncommitted changes unknown")
     for value, dirty in (("1", True), ("0", False), ("maybe", None)):
@@ -350,7 +351,8 @@ def test_a_checkout_records_git_state_and_old_records_keep_their_files(monkeypat
 
     monkeypatch.delenv(machine.SOURCE_COMMIT_VAR, raising=False)
     state = machine.source_state()
-    assert set(state) == {"commit", "git_commit", "git_dirty"} and state["git_dirty"] in (True, False, None)
+    assert set(state) == {"commit", "git_commit", "git_dirty", "git_changes_sha256"}
+    assert state["git_dirty"] in (True, False, None)
     old = _info(uncommitted=["a.py", "b.py"])  # recorded before git_state: the tracked files that differed
     assert "Commit abc with uncommitted changes in a.py, b.py;" in header_lines(old)[2]
 
