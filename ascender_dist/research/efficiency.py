@@ -49,6 +49,7 @@ import platform
 import subprocess
 import sys
 import time
+from statistics import median
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -242,12 +243,6 @@ def _cuda() -> bool:
         return False
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
-
-
 def summarize(per_round: dict[str, list[dict]]) -> list[dict]:
     """One row per measured row from its rounds (row -> one result per round, in round order): the
     first round's counts, the medians over the rounds of throughput, latency and peak memory
@@ -257,21 +252,21 @@ def summarize(per_round: dict[str, list[dict]]) -> list[dict]:
     for name, results in per_round.items():
         row = dict(results[0])
         tokens = [r["tokens_per_s"] for r in results]
-        row.update(tokens_per_s=_median(tokens), tokens_per_s_min=min(tokens), tokens_per_s_max=max(tokens),
-                   train_step_s=_median([r["train_step_s"] for r in results]) if "train_step_s" in row else None,
-                   latency_ms=_median([r["latency_ms"] for r in results]),
+        row.update(tokens_per_s=median(tokens), tokens_per_s_min=min(tokens), tokens_per_s_max=max(tokens),
+                   train_step_s=median([r["train_step_s"] for r in results]) if "train_step_s" in row else None,
+                   latency_ms=median([r["latency_ms"] for r in results]),
                    train_step_peak_mib=_median_or_none([r.get("train_step_peak_mib") for r in results]),
                    rounds=results)
         if "gpt" in per_round:
             ratios = [r["tokens_per_s"] / g["tokens_per_s"] for r, g in zip(results, per_round["gpt"])]
-            row["vs_gpt"] = {"median": _median(ratios), "min": min(ratios), "max": max(ratios)}
+            row["vs_gpt"] = {"median": median(ratios), "min": min(ratios), "max": max(ratios)}
         rows.append(row)
     return rows
 
 
 def _median_or_none(values: list) -> Optional[float]:
     known = [v for v in values if v is not None]
-    return _median(known) if known else None
+    return median(known) if known else None
 
 
 def _f(x, fmt: str) -> str:
