@@ -108,9 +108,11 @@ def commits_of(records: Sequence[dict]) -> dict:
 def commit_label(key: str) -> str:
     """A key of :func:`commits_of` for people: the commit's first 12 characters, and the uncommitted
     changes' hash (first 12) when there were some."""
-    commit, _, dirty = key.partition("+dirty")
-    return commit[:12] + (f" + uncommitted changes {dirty.lstrip(':')}" if dirty.lstrip(":") else
-                          " + uncommitted changes" if _ else "")
+    commit, marker, changes = key.partition("+dirty")
+    if not marker:
+        return commit[:12]
+    changes = changes.lstrip(":")
+    return f"{commit[:12]} + uncommitted changes" + (f" {changes}" if changes else "")
 
 
 def versions_of(records: Sequence[dict]) -> dict:
