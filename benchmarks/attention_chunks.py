@@ -15,7 +15,8 @@ fast path's measured ~190 MiB peak with 16-row chunks (188-192 MiB over fresh pr
 
     .venv/bin/python benchmarks/attention_chunks.py          # ~3 min on a 2-core CPU
 
-Writes benchmarks/results/attention_chunks.{json,md}.
+Writes benchmarks/results/attention_chunks.{json,md,png}; ``--rewrite`` draws the md and png again
+from the json, without measuring.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ascender_dist.machine import machine_record  # noqa: E402
+from ascender_dist.plotting import plot_round_ratios  # noqa: E402
 from ascender_dist.research.ablate.provenance import git_state  # noqa: E402
 from benchmarks.attention import HEADS, _layer, cpu_time, machine  # noqa: E402
 from benchmarks.report import cpus_text  # noqa: E402
@@ -94,13 +96,27 @@ def write_results(result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "attention_chunks.md").write_text("\n".join(lines))
     (RESULTS / "attention_chunks.json").write_text(json.dumps(result, indent=1))
+    plot(result)
+
+
+def plot(result: dict) -> None:
+    """attention_chunks.png: each row count's same-round ratios to SDPA."""
+    rows = result["rounds"]
+    ratios = [(f"{r} rows", [x["fast_s"][str(r)] / x["sdpa_s"] for x in rows]) for r in ROW_COUNTS]
+    plot_round_ratios(RESULTS / "attention_chunks.png", f"ASCender fast path, n = {result['n']}: query rows per chunk",
+                      [("fast fwd+bwd / SDPA fwd+bwd (thread CPU time)", ratios, {"target (issue 16)": 4.0})])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rewrite", action="store_true", help="only re-render md/png from attention_chunks.json")
     args = ap.parse_args()
+    if args.rewrite:
+        write_results(json.loads((RESULTS / "attention_chunks.json").read_text()))
+        print((RESULTS / "attention_chunks.md").read_text())
+        return
     if args.rounds < 5:
         ap.error("--rounds must be >= 5 (median and minimum of at least five same-round ratios)")
     write_results(measure(args.n, args.rounds))

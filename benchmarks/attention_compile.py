@@ -24,9 +24,9 @@ benchmarks/attention.py (batch 1, 8 heads x 64, causal, fp32, one torch thread):
   minimum over the rounds).
 
     .venv/bin/python benchmarks/attention_compile.py            # ~4 min on a 2-core CPU
-    .venv/bin/python benchmarks/attention_compile.py --rewrite  # re-render the .md from the .json, no runs
+    .venv/bin/python benchmarks/attention_compile.py --rewrite  # md and png again from the .json, no runs
 
-Writes benchmarks/results/attention_compile.{json,md}.
+Writes benchmarks/results/attention_compile.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ascender_dist.machine import machine_record  # noqa: E402
+from ascender_dist.plotting import plot_round_ratios  # noqa: E402
 from ascender_dist.research.ablate.provenance import git_state  # noqa: E402
 from benchmarks.attention import HEADS, _layer, cpu_time, machine  # noqa: E402
 from benchmarks.report import cpus_text, ratio_summary  # noqa: E402
@@ -215,6 +216,18 @@ def write_results(result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "attention_compile.md").write_text("\n".join(lines))
     (RESULTS / "attention_compile.json").write_text(json.dumps(result, indent=1))
+    plot(result)
+
+
+def plot(result: dict) -> None:
+    """attention_compile.png: the layer's same-round ratios to SDPA, the tile chain's to the in-place passes."""
+    layer_rows, chain = result["layer"]["rounds"], result["chain"]
+    layer = [(name, [x["fast_s"][name] / x["sdpa_s"] for x in layer_rows]) for name in layer_rows[0]["fast_s"]]
+    base = [x[IN_PLACE] for x in chain["rounds"]]
+    tiles = [(name, [x[name] / b for x, b in zip(chain["rounds"], base)]) for name in chain["rounds"][0]]
+    plot_round_ratios(RESULTS / "attention_compile.png", f"ASCender fast path, n = {result['n']}: torch.compile",
+                      [("layer fwd+bwd / SDPA (thread CPU time)", layer, {"target (issue 16)": 4.0}),
+                       ("tile chain / in-place passes", tiles, {"in-place passes": 1.0})])
 
 
 def main(argv=None) -> None:
@@ -222,7 +235,7 @@ def main(argv=None) -> None:
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=10, help="tile-chain calls per variant and round")
-    ap.add_argument("--rewrite", action="store_true", help="only re-render the .md from attention_compile.json")
+    ap.add_argument("--rewrite", action="store_true", help="only re-render md/png from attention_compile.json")
     args = ap.parse_args(argv)
     if args.rewrite:
         write_results(json.loads((RESULTS / "attention_compile.json").read_text()))

@@ -15,7 +15,8 @@ Reading: if the fast path's excess over SDPA were per-op overhead, `fixed` would
 
     .venv/bin/python benchmarks/attention_fixed_cost.py        # ~1 min on a 2-core CPU
 
-Writes benchmarks/results/attention_fixed_cost.{json,md}.
+Writes benchmarks/results/attention_fixed_cost.{json,md,png}; ``--rewrite`` draws the md and png again
+from the json, without measuring.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ascender_dist.machine import machine_record  # noqa: E402
+from ascender_dist.plotting import plot_round_ratios  # noqa: E402
 from ascender_dist.research.ablate.provenance import git_state  # noqa: E402
 from benchmarks.attention import HEADS, _layer, cpu_time, machine  # noqa: E402
 from benchmarks.report import commit_text, cpus_text  # noqa: E402
@@ -120,13 +122,30 @@ def write_results(result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "attention_fixed_cost.md").write_text("\n".join(lines))
     (RESULTS / "attention_fixed_cost.json").write_text(json.dumps(dict(result, summary=s), indent=1))
+    plot(result)
+
+
+def plot(result: dict) -> None:
+    """attention_fixed_cost.png: per round, the 8-head time and its fixed and per-head parts over SDPA."""
+    rows = result["rounds"]
+    parts = [(f"fast path, {HEADS} heads", [r["fast_s"][str(HEADS)] / r["sdpa_s"] for r in rows]),
+             ("fixed cost (0 heads)", [r["fixed_s"] / r["sdpa_s"] for r in rows]),
+             (f"{HEADS} x per-head work", [HEADS * r["per_head_s"] / r["sdpa_s"] for r in rows])]
+    title = f"ASCender fast path, n = {result['n']}: fixed cost vs per-head work"
+    plot_round_ratios(RESULTS / "attention_fixed_cost.png", title,
+                      [("multiple of SDPA fwd+bwd (thread CPU time)", parts, {"target (issue 16)": 4.0})])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rewrite", action="store_true", help="only re-render md/png from attention_fixed_cost.json")
     args = ap.parse_args()
+    if args.rewrite:
+        write_results(json.loads((RESULTS / "attention_fixed_cost.json").read_text()))
+        print((RESULTS / "attention_fixed_cost.md").read_text())
+        return
     if args.rounds < 5:
         raise SystemExit("--rounds must be >= 5 (median and minimum of interleaved rounds)")
     write_results(measure(args.n, args.rounds))

@@ -17,12 +17,15 @@ gradient groups once) as a multiple of the same round's SDPA.
 
     .venv/bin/python benchmarks/attention_fold_concat.py     # ~1 min on a 2-core CPU
 
-Writes benchmarks/results/attention_fold_concat.{json,md}.
+    .venv/bin/python benchmarks/attention_fold_concat.py --rewrite   # md/png again from the json, no runs
+
+Writes benchmarks/results/attention_fold_concat.{json,md,png}.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -33,9 +36,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ascender_dist.machine import machine_record  # noqa: E402
+from ascender_dist.plotting import plot_round_ratios  # noqa: E402
 from ascender_dist.research.ablate.provenance import git_state  # noqa: E402
 from benchmarks.attention import HEAD_DIM, HEADS, _layer, cpu_time, machine  # noqa: E402
-from benchmarks.report import commit_text, cpus_text, publish, ratio_summary  # noqa: E402
+from benchmarks.report import RESULTS, commit_text, cpus_text, publish, ratio_summary  # noqa: E402
 
 CHUNK = 64  # rows per chunk of the fast path at n = 2048 with 8 heads (max_tile_elems // (8 * n))
 D_Z = 32
@@ -157,16 +161,30 @@ def report(result: dict) -> list[str]:
     return lines
 
 
+def plot(result: dict) -> None:
+    """attention_fold_concat.png: each group's same-round ratio concatenated / separate."""
+    rounds = result["rounds"]
+    groups = [(group, [r[f"{group}/concatenated"] / r[f"{group}/separate"] for r in rounds]) for group in GROUPS]
+    title = f"ASCender fold GEMMs, n = {result['n']}: concatenated vs separate"
+    plot_round_ratios(RESULTS / "attention_fold_concat.png", title,
+                      [("concatenated / separate (thread CPU time)", groups, {"no change": 1.0})])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-write", action="store_true", help="print the table only")
+    ap.add_argument("--rewrite", action="store_true", help="only re-render md/png from attention_fold_concat.json")
     args = ap.parse_args()
-    if args.rounds < 5:
-        ap.error("--rounds must be >= 5 (median and minimum of at least five same-round ratios)")
-    result = measure(args.n, args.rounds)
-    publish("attention_fold_concat", report(result), result, write=not args.no_write)
+    if args.rewrite:
+        result = json.loads((RESULTS / "attention_fold_concat.json").read_text())
+    else:
+        if args.rounds < 5:
+            ap.error("--rounds must be >= 5 (median and minimum of at least five same-round ratios)")
+        result = measure(args.n, args.rounds)
+    if publish("attention_fold_concat", report(result), result, write=not args.no_write):
+        plot(result)
 
 
 if __name__ == "__main__":

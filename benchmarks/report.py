@@ -47,3 +47,4 @@ def ratio_stats(num: list[float], den: list[float]) -> dict:
 def ratio_summary(num: list[float], den: list[float]) -> dict:
     """:func:`ratio_stats` without the ratios themselves: the median and minimum a table shows."""
     return {k: v for k, v in ratio_stats(num, den).items() if k != "ratios"}
+

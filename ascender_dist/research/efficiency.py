@@ -264,6 +264,20 @@ def summarize(per_round: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Table 2's throughput as a figure: every round's tokens/s of each row, and (with gpt among the
+    rows) its ratio to gpt's in the same round, the numbers the table gives the median and range of."""
+    from ascender_dist.plotting import plot_round_ratios
+
+    panels = [("tokens/s (train step)", [(r["row"], [x["tokens_per_s"] for x in r["rounds"]]) for r in rows], {})]
+    gpt = next((r for r in rows if r["row"] == "gpt"), None)
+    if gpt is not None:
+        ratios = [(r["row"], [x["tokens_per_s"] / g["tokens_per_s"] for x, g in zip(r["rounds"], gpt["rounds"])])
+                  for r in rows]  # fmt: skip
+        panels.append(("tokens/s / gpt's, same round", ratios, {"gpt": 1.0}))
+    plot_round_ratios(path, "Table 2: training throughput at equal settings", panels)
+
+
 def _median_or_none(values: list) -> Optional[float]:
     known = [v for v in values if v is not None]
     return median(known) if known else None
@@ -331,6 +345,8 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--from-ablation", default=None, help="an ablation report's results.json")
+    p.add_argument("--rewrite", action="store_true",
+                   help="only draw table2.md and table2.png again from --out's table2.json (no measuring)")
     p.add_argument("--measure-one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     from ascender_dist.config.errors import UserError
@@ -343,6 +359,8 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.out:
         print("error: --out is required", file=sys.stderr)
         return 2
+    if args.rewrite:
+        return _rewrite(Path(args.out))
     for flag, value, least in (("--batch", args.batch, 1), ("--vocab", args.vocab, 1), ("--repeats", args.repeats, 1),
                                ("--rounds", args.rounds, 5), ("--threads", args.threads, 1)):
         if value < least:
@@ -406,7 +424,22 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
     (out / "table2.json").write_text(json.dumps({"settings": settings, "rows": rows, "ablation": ablation,
                                                  "python": platform.python_version(),
                                                  "provenance": provenance}, indent=1))
-    print(f"wrote {out / 'table2.md'} and table2.json")
+    plot(rows, out / "table2.png")
+    print(f"wrote {out / 'table2.md'}, table2.json and table2.png")
+    return 0
+
+
+def _rewrite(out: Path) -> int:
+    """table2.md and table2.png from an earlier run's table2.json (the measured numbers unchanged)."""
+    path = out / "table2.json"
+    if not path.is_file():
+        print(f"error: --rewrite: {path} not found (written by an earlier `ascender-dist efficiency --out {out}`)",
+              file=sys.stderr)
+        return 2
+    data = json.loads(path.read_text())
+    (out / "table2.md").write_text(render(data["rows"], data["ablation"], data["settings"], data.get("provenance")))
+    plot(data["rows"], out / "table2.png")
+    print(f"wrote {out / 'table2.md'} and table2.png from {path}")
     return 0
 
 

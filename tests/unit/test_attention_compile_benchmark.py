@@ -35,6 +35,7 @@ def test_the_tile_chain_table_and_rewrite(tmp_path, monkeypatch):
     md = (tmp_path / "attention_compile.md").read_text()
     assert "| variant | ms | x in place median | x in place min |" in md
     assert "| pure, compiled | 3.00 | 1.50 | 1.50 |" in md and "4 logical CPUs, shared" in md
+    assert (tmp_path / "attention_compile.png").stat().st_size > 0  # the figure beside the table
 
 
 def test_compile_takes_git_state_before_measuring(tmp_path, monkeypatch):
@@ -70,3 +71,4 @@ def test_chunks_take_git_state_before_measuring_and_record_the_cpu_count(tmp_pat
     chunks.write_results(result)
     md = (tmp_path / "attention_chunks.md").read_text()
     assert "16 logical CPUs, shared" in md and "2 shared cores" not in md and "(dirty)" in md
+    assert (tmp_path / "attention_chunks.png").stat().st_size > 0

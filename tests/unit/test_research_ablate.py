@@ -665,6 +665,28 @@ def test_efficiency_rounds_rotate_the_rows_and_take_ratios_within_a_round(tmp_pa
     assert rows["gpt"]["tokens_per_s"] == 500.0 and rows["gpt"]["tokens_per_s_max"] == 1000.0
     assert len(rows["connection"]["rounds"]) == 5
     assert "| ascender |" in (tmp_path / "table2.md").read_text()
+    assert (tmp_path / "table2.png").stat().st_size > 0
+
+
+def test_efficiency_rewrite_draws_the_tables_again_from_the_json(tmp_path, capsys, monkeypatch):
+    """--rewrite: table2.md and table2.png from a committed table2.json, no measurement (a refused child)."""
+    from ascender_dist.research import efficiency
+
+    row = {"row": "gpt", "params": 1, "attention_flops_per_token": 1.0, "attention_flops_per_token_counted": 1.0,
+           "training_flops_per_token": 1.0, "train_step_peak_mib": 1.0, "tokens_per_s": 1000.0, "tokens_per_s_min": 900.0,
+           "tokens_per_s_max": 1100.0, "latency_ms": 1.0, "seq_length": 8, "device": "cpu",
+           "vs_gpt": {"median": 1.0, "min": 1.0, "max": 1.0}}
+    row["rounds"] = [dict(row, tokens_per_s=t) for t in (900.0, 1000.0, 1100.0, 1000.0, 1000.0)]
+    settings = {"preset": "debug", "batch": 8, "vocab": 512, "threads": 1, "rounds": 5}
+    (tmp_path / "table2.json").write_text(json.dumps({"settings": settings, "rows": [row], "ablation": None,
+                                                      "provenance": {"git_commit": "c" * 40, "git_dirty": False}}))
+    monkeypatch.setattr(efficiency, "_run_child", lambda *a: pytest.fail("--rewrite measured"))
+    assert efficiency.efficiency_main(["--out", str(tmp_path), "--rewrite"]) == 0
+    md = (tmp_path / "table2.md").read_text()
+    assert "| gpt |" in md and "1000 [900-1100]" in md and "Measured at commit cccccccccccc." in md
+    assert (tmp_path / "table2.png").stat().st_size > 0
+    assert efficiency.efficiency_main(["--out", str(tmp_path / "none"), "--rewrite"]) == 2
+    assert "table2.json not found" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [
