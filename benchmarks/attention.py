@@ -11,7 +11,7 @@ defaults of AscenderHParams). Implementations:
 
 Time: one process per n, with one torch thread, builds every implementation, warms each up
 once, then runs R rounds (R >= 5, --reps); each round times one fwd+bwd of every implementation
-back to back, SDPA first. The ratio of a round is impl time / SDPA time of that same round, so
+back to back, in an order rotated from round to round (no implementation always runs first). The ratio of a round is impl time / SDPA time of that same round, so
 load from other processes that lasts longer than a round cancels; the table gives the median
 and the minimum over the rounds, the median time, the CPU model, the thread count and the
 1-minute load average at the start and end of each n, and the git commit. Memory: a fresh process per (impl, n):
@@ -157,7 +157,7 @@ def memory_worker(impl: str, n: int) -> dict:
 
 
 def time_worker(n: int, impls: list[str], rounds: int) -> dict:
-    """rounds x (one fwd+bwd of each impl, SDPA first), after one warm-up call each: per impl
+    """rounds x (one fwd+bwd of each impl, the order rotated per round), after one warm-up call each: per impl
     the list of times (s), in round order; the first call's time is reported separately."""
     import torch
 
@@ -167,9 +167,9 @@ def time_worker(n: int, impls: list[str], rounds: int) -> dict:
     first = {impl: _timed(run) for impl, run in runs.items()}
     times = {impl: [] for impl in impls}
     cpu = {impl: [] for impl in impls}
-    for _ in range(rounds):
-        for impl, run in runs.items():
-            wall, used = _timed_both(run)
+    for i in range(rounds):
+        for impl in impls[i % len(impls):] + impls[: i % len(impls)]:  # rotated: no impl always runs first
+            wall, used = _timed_both(runs[impl])
             times[impl].append(wall)
             cpu[impl].append(used)
     return dict(times=times, cpu_times=cpu, first_call_s=first, load_start=load_start, load_end=os.getloadavg()[0],
@@ -300,7 +300,8 @@ def write_results(points: list[dict], lengths: list[int], notes: list[str], stat
         "",
         f"One layer, batch 1, {HEADS} heads, head dim {HEAD_DIM}, fp32, causal; d_z = d_a = {D_Z}, k = {K_TOP},",
         f"window {WINDOW} + {GLOBALS} globals. Time: all implementations of one n run in one process, one torch",
-        "thread, interleaved: each round times one fwd+bwd of each, SDPA first; `rounds` rounds after one warm-up",
+        "thread, interleaved: each round times one fwd+bwd of each, in an order rotated from round to round; `rounds`",
+        "rounds after one warm-up",
         "call each. `x SDPA`: the ratio impl / SDPA of the same round, median and minimum over the rounds; `time`:",
         "the median time. `load`: the 1-minute load average of the machine at the start / end of the n's timing",
         f"process (the machine has {cpus} logical CPUs and is shared; above ~1 other work competed for the cores: absolute",

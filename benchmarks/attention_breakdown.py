@@ -5,8 +5,8 @@ For each n and each allocator setting - glibc's defaults, and ``keep_freed_memor
 blocks stay in the heap for reuse: the chunked path allocates and frees some twenty few-MiB
 tiles per chunk, which with the defaults come back as fresh pages that the kernel faults in and
 zeroes) - a fresh process times SDPA and the fast path interleaved (--reps rounds, each one
-fwd+bwd of SDPA then of the fast path; median and minimum of the same-round ratios, the
-per-round times kept in the json), counts the page faults
+fwd+bwd of SDPA and of the fast path, SDPA first in every other round; median and minimum of the
+same-round ratios, the per-round times kept in the json), counts the page faults
 one fast fwd+bwd takes, and profiles one fast fwd+bwd to split its time into three parts, each
 its share of the profiled self time scaled to the unprofiled median wall time:
 
@@ -147,9 +147,12 @@ def worker(n: int, allocator: str, reps: int) -> dict:
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     load_start = os.getloadavg()[0]
     t_sdpa, t_fast = [], []
-    for _ in range(reps):
+    for i in range(reps):  # SDPA first in even rounds, the fast path first in odd ones
+        if i % 2:
+            t_fast.append(_timed(fast))
         t_sdpa.append(_timed(sdpa))
-        t_fast.append(_timed(fast))
+        if not i % 2:
+            t_fast.append(_timed(fast))
     same_round = ratio_stats(t_fast, t_sdpa)
     ratio = same_round["median"]
     rounds = dict(sdpa_s=t_sdpa, fast_s=t_fast)

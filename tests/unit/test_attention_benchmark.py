@@ -79,3 +79,15 @@ def test_quick_writes_nothing(tmp_path, monkeypatch, capsys):
 def test_fewer_than_five_reps_are_refused(monkeypatch):
     with pytest.raises(SystemExit):
         _main(monkeypatch, "--quick", "--reps", "3")
+
+
+def test_time_worker_rotates_the_order_of_the_implementations(monkeypatch):
+    """No implementation always runs first in a round (the first call of a round meets a colder cache)."""
+    calls = []
+    monkeypatch.setattr(bench, "_layer", lambda impl, n: (lambda: calls.append(impl)))
+    monkeypatch.setattr("torch.set_num_threads", lambda n: None)  # the test process keeps its threads
+    res = bench.time_worker(64, ["sdpa", "reference", "fast"], 5)
+    rounds = [calls[3 + 3 * i: 6 + 3 * i] for i in range(5)]  # after one warm-up call each
+    assert [r[0] for r in rounds] == ["sdpa", "reference", "fast", "sdpa", "reference"]
+    assert all(sorted(r) == ["fast", "reference", "sdpa"] for r in rounds)
+    assert all(len(t) == 5 for t in res["times"].values())
