@@ -137,8 +137,9 @@ def loop_reference(q, k, v, z, h, p, hp, use_sep=True):
                     aux_sums["crowding"] += sum(a * x for a, x in zip(A, phi))
             if hp.use_align:
                 for i, nbrs in neighbourhoods.items():
-                    if nbrs:
-                        u_bar = sum(headings[l] for l in nbrs) / len(nbrs)
+                    headed = [l for l in nbrs if neighbourhoods[l]]  # u_l is a heading only where N(l) is not empty
+                    if headed:
+                        u_bar = sum(headings[l] for l in headed) / len(headed)
                         aux_sums["alignment"] += 1.0 - float(headings[i] @ u_bar)
     stats = {name: torch.tensor(sums, dtype=q.dtype) / (b * n) for name, sums in moved.items()}
     aux = {name: total / (b * nh * n) for name, total in aux_sums.items()}
@@ -151,7 +152,8 @@ CASES = {
     "causal_window_globals": dict(causal=True, window=3, num_global=2),
     "bidir_window": dict(causal=False, window=2, num_global=1),
     "sample_std_tau2_postnorm_alibi": dict(
-        causal=True, std_form="sample", kernel_tau_form="tau2", gate_placement="post_norm", other_bias="alibi"
+        causal=True, std_form="sample", kernel_tau_form="tau2", gate_placement="post_norm", other_bias="alibi",
+        alpha_align=3.0, alpha_coh=0.2,  # gates' sharpness away from 1: a dropped alpha factor fails here
     ),
     "no_align": dict(causal=True, use_align=False),
 }
@@ -305,3 +307,22 @@ def test_gates_weaken_with_variance():
     g_coh = reference_attention(q, coherent, v, z, h, p, hp, use_sep=True).rows["gate_align"]
     g_rand = reference_attention(q, k, v, z, h, p, hp, use_sep=True).rows["gate_align"]
     assert torch.all(g_coh > g_rand) and torch.allclose(g_coh, torch.full_like(g_coh, 0.5), atol=1e-4)
+
+
+def test_alignment_loss_leaves_out_neighbours_without_a_heading():
+    """Causal row 0 has no neighbours, so u_0 = 0 is no heading: it is left out of every ū (and of
+    the count), and row 1, whose only neighbour is row 0, adds no term (it gave exactly 1 before,
+    a constant with no gradient, and shrank the ū of every row next to row 0)."""
+    hp = AscenderHParams(d_z=3, d_a=4, k=3, window=0, num_global=0, causal=True, aux_alignment_weight=1.0)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 6, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    z, h = torch.randn(1, 1, 6, 3, generator=g, dtype=torch.float64), torch.randn(1, 1, 6, 4, generator=g, dtype=torch.float64)
+    res = reference_attention(q, k, v, z, h, AscenderHeadParams(hp, 1).double(), hp, use_sep=True, with_aux=True)
+    u, idx, valid = res.rows["u"][0, 0], res.rows["neighbour_idx"][0, 0], res.rows["neighbour_valid"][0, 0]
+    assert float(u[0].norm()) == 0.0 and int(valid[0].sum()) == 0
+    want = 0.0
+    for i in range(2, 6):  # rows 0 and 1 add nothing
+        others = [int(j) for j, ok in zip(idx[i], valid[i]) if ok and int(j) != 0]
+        u_bar = sum(u[j] for j in others) / len(others)
+        want += 1.0 - float(u[i] @ u_bar)
+    assert float(res.aux["alignment"]) == pytest.approx(want / 6, rel=1e-12)

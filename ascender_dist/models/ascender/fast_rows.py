@@ -184,8 +184,12 @@ def aux_losses(rows, u, idx, valid, hp: AscenderHParams, call: Call):
     if call.want_lsep:
         aux["crowding"] = rows.pop("lsep").mean()
     if hp.aux_alignment_weight > 0 and u is not None:
-        count = valid.sum(-1)
-        u_bar = gather_sum(u, idx, valid) / count.clamp(min=1)[..., None].to(u.dtype)
+        # neighbours with a heading only: u_l = 0 where l has no neighbours (row 0, causal) is no heading
+        b, nh, n, k = idx.shape
+        has = valid.any(-1)  # [b, np, s]
+        headed = valid & has.gather(-1, torch.where(valid, idx, 0).reshape(b, nh, n * k)).view(b, nh, n, k)
+        count = headed.sum(-1)
+        u_bar = gather_sum(u, idx, headed) / count.clamp(min=1)[..., None].to(u.dtype)
         aux["alignment"] = ((1 - (u * u_bar).sum(-1)) * (count > 0)).mean()
     aux["total"] = weighted_aux_total(aux, hp)
     return aux

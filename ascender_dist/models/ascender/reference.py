@@ -187,8 +187,10 @@ def aux_losses(A, z, c, phi, u, idx, valid, hp: AscenderHParams, use_sep: bool):
     if hp.aux_crowding_weight > 0 and use_sep:
         aux["crowding"] = (A * phi).sum(-1).mean()
     if hp.aux_alignment_weight > 0 and u is not None:
-        count = valid.sum(-1)
-        u_bar = (gather_rows(u, idx) * valid[..., None]).sum(-2) / count.clamp(min=1)[..., None]
+        # neighbours with a heading only: u_l = 0 where l has no neighbours (row 0, causal) is no heading
+        headed = valid & gather_rows(valid.any(-1, keepdim=True), idx)[..., 0]  # [b, np, s, k]
+        count = headed.sum(-1)
+        u_bar = (gather_rows(u, idx) * headed[..., None]).sum(-2) / count.clamp(min=1)[..., None]
         aux["alignment"] = ((1 - (u * u_bar).sum(-1)) * (count > 0)).mean()
     aux["total"] = weighted_aux_total(aux, hp)
     return aux
