@@ -157,7 +157,19 @@ def test_stats_scalars_for_logging():
     stats = layer.last_stats
     assert stats.steps.shape == (2, 3)  # [b, chunks]
     sc = stats.scalars()
-    assert sc["steps_max"] == float(stats.steps.max()) and 1 <= sc["steps_mean"] <= sc["steps_max"] <= 5
+    assert stats.causal and torch.equal(stats.input_steps(), stats.steps[:, 1:])
+    assert sc["steps_max"] == float(stats.steps[:, 1:].max()) and 1 <= sc["steps_mean"] <= sc["steps_max"] <= 5
+
+
+def test_logged_steps_leave_out_the_bare_slot_state_of_a_causal_layer():
+    """The first chunk reasons from the bare slots, the same for every input: its steps would dilute the
+    logged mean (and could set the max) with a number no input moves."""
+    from ascender_dist.models.connection.layer import ReasoningStats
+
+    steps = torch.tensor([[8, 2, 4], [8, 3, 3]])  # [b, chunks]
+    assert ReasoningStats(steps, 8, causal=True).scalars() == {"steps_mean": 3.0, "steps_max": 4.0, "iterations": 8.0}
+    assert ReasoningStats(steps[:, :1], 8, causal=True).scalars()["steps_mean"] == 8.0  # one chunk: nothing else
+    assert ReasoningStats(torch.tensor([8, 2]), 8).scalars()["steps_mean"] == 5.0  # full layer: every state
 
 
 # ------------------------------------------------------------------ causality

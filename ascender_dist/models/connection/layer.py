@@ -132,14 +132,25 @@ class ReasoningStats:
 
     ``steps``: updates applied per reasoning state, int tensor [b] (full) or [b, chunks] (causal),
     with a trailing [N] for ``stop_granularity='slot'``. ``iterations``: loop iterations run.
+    ``causal``: steps are per chunk, and the first chunk's state is the bare slots.
     """
 
     steps: Tensor
     iterations: int
+    causal: bool = False
+
+    def input_steps(self) -> Tensor:
+        """The steps of the states that depend on the input: a causal layer's first chunk reasons from
+        the bare slots, the same state for every input, so it is left out (when there are later chunks;
+        tools/inspect_connection.py reports it apart)."""
+        if self.causal and self.steps.shape[1] > 1:
+            return self.steps[:, 1:]
+        return self.steps
 
     def scalars(self) -> dict[str, float]:
-        """Mean/max steps as Python floats (one host sync: call only when logging)."""
-        s = self.steps.float()
+        """Mean/max steps of the input-dependent states (input_steps) as Python floats (one host sync:
+        call only when logging)."""
+        s = self.input_steps().float()
         mean, top = torch.stack([s.mean(), s.max()]).tolist()  # one device-to-host copy
         return {"steps_mean": mean, "steps_max": top, "iterations": float(self.iterations)}
 
@@ -382,7 +393,8 @@ class ConnectionLayer(nn.Module):
             reasoned, steps, iters = self.reason(state.reshape(b * nch, hp.num_slots, d))  # [b*nch, N, D]
             p, y = self._expand(xc.view(b, nch, c, d), reasoned.view(b, nch, hp.num_slots, d), *eqs)
             y = y + self._own_chunk(p, a, prev_load, v)  # [b, nch, c, D], partial
-        self.last_stats = ReasoningStats(steps=steps.detach().view(b, nch, *steps.shape[1:]), iterations=iters)
+        self.last_stats = ReasoningStats(steps=steps.detach().view(b, nch, *steps.shape[1:]), iterations=iters,
+                                         causal=True)
         return self.reduce_fn(y).reshape(b, nch * c, d)[:, :s]  # [b, s, D]
 
     def _own_chunk(self, p: Tensor, a: Tensor, prev_load: Tensor, v: Tensor) -> Tensor:

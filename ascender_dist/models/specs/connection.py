@@ -78,7 +78,7 @@ class ConnectionSelfAttention(MegatronModule):
                              f"extra attention bias (got {', '.join(refused)})")
         output = self.layer(hidden_states)  # [s, b, h]
         if self.collect_stats and self.layer.last_stats is not None:
-            steps = self.layer.last_stats.steps.float()
+            steps = self.layer.last_stats.input_steps().float()  # a causal layer's bare-slot state left out
             new = {"steps_mean": steps.mean(), "steps_max": steps.max()}
             self.last_stats = accumulate_stats(self.last_stats, new, self.stats_forwards)
             self.stats_forwards += 1
