@@ -8,6 +8,7 @@ import os
 import torch
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128)
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y; Triton passes the grid to cuLaunchKernel unchecked
 
 
 def triton_importable() -> bool:
@@ -109,8 +110,9 @@ def triton_supported(q: torch.Tensor, hp=None) -> tuple[bool, str]:
     ``hp`` (default AscenderHParams()); else (False, reason).
 
     Covered: head dim in SUPPORTED_HEAD_DIMS, triton importable, q on CUDA or the Triton
-    interpreter requested (TRITON_INTERPRET=1, set before triton is first imported), and on CUDA
-    operand widths whose shared memory is measured and fits the device (shared_memory_shortfall)."""
+    interpreter requested (TRITON_INTERPRET=1, set before triton is first imported), batch x local
+    heads at most MAX_GRID_Y, and on CUDA operand widths whose shared memory is measured and fits the
+    device (shared_memory_shortfall)."""
     hd = q.shape[-1]
     if hd not in SUPPORTED_HEAD_DIMS:
         return False, f"head dim {hd} is not one of the Triton kernels' {SUPPORTED_HEAD_DIMS}"
@@ -120,6 +122,10 @@ def triton_supported(q: torch.Tensor, hp=None) -> tuple[bool, str]:
         return False, f"tensors on {q.device.type} and TRITON_INTERPRET is not set (the kernels need CUDA)"
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         return False, f"dtype {q.dtype} is not supported by the Triton kernels"
+    batch_heads = q.shape[0] * q.shape[1]
+    if batch_heads > MAX_GRID_Y:  # the launch grid's second axis is b * np (kernels/launch.py)
+        return False, (f"batch x local heads = {batch_heads} is above CUDA's {MAX_GRID_Y} blocks on a grid's "
+                       "second axis")
     if q.is_cuda:
         props = torch.cuda.get_device_properties(q.device)
         optin = getattr(props, "shared_memory_per_block_optin", None)
