@@ -77,6 +77,15 @@ def test_per_head_gains_are_not_weight_decayed(single_rank_group):
     assert not any("core_attention.params" in names[id(p)] for p in decay["params"])
     assert any(names[id(p)].endswith("params.omega") for p in no_decay["params"])
     assert any(names[id(p)].endswith("linear_qkv.weight") for p in decay["params"])
+    # the whole partition: matrices decay; norms' weights, biases and other 1-D parameters and the tagged
+    # gains do not (a lost `ndim < 2` rule put every layernorm weight into the decayed group unnoticed)
+    want_no_decay = {n for n, p in model.named_parameters()
+                     if p.ndim < 2 or n.endswith(".bias") or getattr(p, "no_weight_decay", False)}
+    assert {names[id(p)] for p in no_decay["params"]} == want_no_decay
+    assert {names[id(p)] for p in decay["params"]} == {n for n, _ in model.named_parameters()} - want_no_decay
+    assert {n for n in want_no_decay if "layernorm.weight" in n} and all(
+        p.ndim >= 2 and not n.endswith(".bias") and "layernorm" not in n for n, p in
+        ((names[id(p)], p) for p in decay["params"]))
 
 
 def test_shared_omega_in_megatron_counts_no_decay_and_replicated(single_rank_group):

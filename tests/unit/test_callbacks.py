@@ -204,9 +204,14 @@ def test_throughput_reads_its_clock_before_the_layer_statistics_gather():
 
     cfg = SimpleNamespace(logging=SimpleNamespace(log_interval=1),
                           train=SimpleNamespace(global_batch_size=2, train_steps=3), model=SimpleNamespace(seq_length=8))
-    kinds = [type(c) for c in default_callbacks(cfg, 1, FakeMetrics(), 1.0, None)]
+    callbacks = default_callbacks(cfg, 4, FakeMetrics(), 1.0, None)
+    kinds = [type(c) for c in callbacks]
     assert kinds.index(Throughput) < kinds.index(LayerStats) < kinds.index(MetricLogging)
     assert SkippedShards in kinds
+    throughput = callbacks[kinds.index(Throughput)]
+    # the whole job's tokens per optimizer step (global batch x sequence), not a rank's share: tokens/s,
+    # TFLOPs per device and MFU all scale with it
+    assert throughput.tokens_per_step == 2 * 8 and throughput.world_size == 4
 
 
 def test_skipped_shards_counts_each_shard_once_and_keeps_them_through_a_checkpoint():

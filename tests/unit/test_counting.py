@@ -123,3 +123,18 @@ def test_ascender_pair_flops_are_what_the_fast_path_runs(flags):
     search_dim = hp.d_a if hp.neighbour_source == "affinity" else hd
     slope = 2 * heads * (2 * hd + ascender_pair_macs(hp, hd) + search_dim)  # FLOPs per token per key
     assert (per_token(n2) - per_token(n1)) / (n2 - n1) == pytest.approx(slope, rel=1e-9)
+
+
+def test_ascender_extra_flops_of_the_windowed_debug_layer_by_hand():
+    """Every term of ascender_extra_layer_flops written out for the debug preset (h 64, 4 heads of 16,
+    s 128, d_z = d_a = 8, window 16 + 2 globals, affinity search): a doubled projection term or a
+    window counted once would pass the pair-GEMM test above (window 0) but not this."""
+    from ascender_dist.config.resolve import config_from_dict
+    from ascender_dist.models.counting import ascender_extra_layer_flops
+
+    m = config_from_dict({"model": {"preset": "debug", "vocab_size": 512, "architecture": "ascender"}}).model
+    projections = 2 * 64 * 4 * (8 + 8)  # the U (d_z) and P (d_a) rows of the QKV projection: 8192
+    pair_macs = (16 + 10) + 10 + 10 + 10  # folded khat (16) and Zr (8 + 2), distance on Zr, moments w Zr, Hr
+    pairs = 2 * 128 * 4 * pair_macs  # 57344
+    search = 2 * 4 * 8 * (2 * 16 + 2)  # affinities on d_a dims over the band of +-16 keys and 2 globals: 2176
+    assert ascender_extra_layer_flops(m) == projections + pairs + search == 67712
