@@ -77,19 +77,19 @@ def _tokens(cfg, meta: dict, text: Optional[str], max_tokens: int, meta_file: Op
     return torch.tensor([ids]), [repr(t)[1:-1][:12] for t in labels]
 
 
-def _input_steps(steps: torch.Tensor, hp) -> dict:
-    """Reasoning steps of the states that the input reached. Causal layers reason once per chunk of
-    ``causal_chunk_size`` tokens from the chunks before it; the first chunk's state is the bare
-    slots, the same for every input, so it is reported apart (``steps_first_chunk``) and
-    ``steps_mean`` / ``steps_max`` are None when the input fits in one chunk.
-    steps: [b] (full) or [b, chunks], with a trailing [N] for per-slot stops."""
-    steps = steps.float()
-    if not hp.causal:
+def _input_steps(stats, hp) -> dict:
+    """Reasoning steps of the states that the input reached (ReasoningStats.input_steps). Causal
+    layers reason once per chunk of ``causal_chunk_size`` tokens from the chunks before it; the
+    first chunk's state is the bare slots, the same for every input, so it is reported apart
+    (``steps_first_chunk``) and ``steps_mean`` / ``steps_max`` are None when the input fits in one
+    chunk. stats.steps: [b] (full) or [b, chunks], with a trailing [N] for per-slot stops."""
+    steps = stats.steps.float()
+    if not stats.causal:
         return {"steps_mean": steps.mean().item(), "steps_max": steps.max().item()}
     per_chunk = steps.transpose(0, 1).reshape(steps.shape[1], -1)  # [chunks, b (x N)]
-    later = per_chunk[1:]
-    return {"steps_mean": later.mean().item() if later.numel() else None,
-            "steps_max": later.max().item() if later.numel() else None,
+    later = stats.input_steps().float() if steps.shape[1] > 1 else None
+    return {"steps_mean": later.mean().item() if later is not None else None,
+            "steps_max": later.max().item() if later is not None else None,
             "steps_per_chunk": per_chunk.mean(1).tolist(), "steps_first_chunk": per_chunk[0].mean().item(),
             "causal_chunk_size": hp.causal_chunk_size}
 
@@ -141,7 +141,7 @@ def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = 
         with torch.no_grad():
             loads = layer.slot_loads(inputs[i])[0]  # [s, N]
             layer(inputs[i])
-        steps = _input_steps(layer.last_stats.steps, layer.hp)
+        steps = _input_steps(layer.last_stats, layer.hp)
         _heatmap(matrix, out_dir / f"layer{number:02d}_connection.png",
                  f"layer {number}: {layer.hp.connection} connection (slot i -> slot j)", "target slot j", "source slot i")
         _heatmap(loads, out_dir / f"layer{number:02d}_slot_loads.png", f"layer {number}: token -> slot loads",

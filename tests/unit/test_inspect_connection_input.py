@@ -69,16 +69,17 @@ def test_a_text_is_refused_with_another_tokenizer_than_the_weights_were_trained_
 def test_the_first_causal_chunk_is_reported_apart_from_the_input_steps(shape):
     import torch
 
+    from ascender_dist.models.connection.layer import ReasoningStats
     from ascender_dist.tools.inspect_connection import _input_steps
 
     hp = types.SimpleNamespace(causal=True, causal_chunk_size=8)
     steps = torch.ones(shape, dtype=torch.int32)
     steps[:, 0] = 3  # the bare slots' state: input-independent
     steps[1, 2] = 2
-    out = _input_steps(steps, hp)
+    out = _input_steps(ReasoningStats(steps, 1, causal=True), hp)
     assert out["steps_first_chunk"] == 3.0 and out["steps_max"] == 2.0
     assert out["steps_mean"] == pytest.approx(1.25) and out["steps_per_chunk"] == pytest.approx([3.0, 1.0, 1.5])
-    one = _input_steps(steps[:, :1], hp)
+    one = _input_steps(ReasoningStats(steps[:, :1], 1, causal=True), hp)
     assert one["steps_mean"] is None and one["steps_max"] is None and one["steps_first_chunk"] == 3.0
-    full = _input_steps(steps[:, 0], types.SimpleNamespace(causal=False))
+    full = _input_steps(ReasoningStats(steps[:, 0], 1), types.SimpleNamespace(causal=False))
     assert full == {"steps_mean": 3.0, "steps_max": 3.0}
