@@ -387,7 +387,7 @@ def make_figures(models: Sequence[tuple[Optional[str], Path]], out_dir: Path, *,
                   # read_consolidated checked the file against the digest meta.json records (older
                   # directories record none: hashed here)
                   "weights_sha256": lm.meta.get("weights_sha256") or file_sha256(Path(directory) / "model.safetensors"),
-                  "trained_at": {key: lm.meta.get(key) for key in ("source", "versions")}}
+                  "trained_at": {key: lm.meta.get(key) for key in ("source", "versions", "code")}}
         summary["models"].append(record)
         entry = {"record": record, "omega": {}, "mass_moved": {}}
         # ---- Table 4 + mass moved: cluster_examples sequences of cluster_tokens tokens

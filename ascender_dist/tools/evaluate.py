@@ -79,6 +79,7 @@ class Run:
     results: dict = field(default_factory=dict)
     config: object = field(default=None, repr=False)  # a consolidated run's config (config.yaml)
     meta: Optional[dict] = field(default=None, repr=False)  # a consolidated run's meta.json
+    trained_code: Optional[dict] = None  # the git commit that trained the weights (meta.json's code)
 
 
 # ----------------------------------------------------------------------------- runs
@@ -169,7 +170,7 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
                   seq_length=model.seq_length, vocab_size=meta.get("vocab_size"),
                   manifest=manifest or mixture or data.manifest or None,
                   tokenizer=data.tokenizer or None, tokenizer_sha256=recorded_tokenizer_sha256(meta),
-                  config=cfg, meta=meta)
+                  config=cfg, meta=meta, trained_code=meta.get("code"))
         run.parameters = _stored_parameters(path / "model.safetensors")
         return run
     if is_hf_export(path):
@@ -183,7 +184,8 @@ def parse_run(text: str, manifest: Optional[str]) -> Run:
         return Run(name, path, "hf", architecture=info.get("model_architecture") or config.get("model_type", "?"),
                    size=_size_of(info.get("preset"), name, info.get("run_name")), step=info.get("step"),
                    seq_length=seq, vocab_size=config.get("vocab_size"), manifest=manifest,
-                   tokenizer=str(tokenizer) if tokenizer.exists() else None, parameters=parameters)
+                   tokenizer=str(tokenizer) if tokenizer.exists() else None, parameters=parameters,
+                   trained_code=info.get("trained_code"))
     raise EvaluationError(f"{path}: not a consolidated directory (model.safetensors + meta.json + config.yaml) "
                           "nor a Hugging Face export (config.json + *.safetensors)")
 
@@ -604,7 +606,7 @@ def evaluate(args: argparse.Namespace) -> dict:
             current = run
             log.info("evaluating %s (%s, %s)", run.name, run.architecture, run.path)
             row = {"name": run.name, "path": str(run.path), "kind": run.kind, "architecture": run.architecture,
-                   "size": run.size, "step": run.step}
+                   "size": run.size, "step": run.step, "trained_code": run.trained_code}
             if not args.no_val:
                 model = load_model(run, device)
                 row.update(validation_loss(run, model, args.batch_size, args.val_samples, device))
@@ -660,14 +662,14 @@ def write_report(out: Path, rows: list[dict], tasks: list[str], args: argparse.N
     ``details``: more about it, e.g. ``failed_run``). Each file is replaced atomically (a crash
     leaves the previous one whole)."""
     from ascender_dist.training.checkpoint import atomic_write_text
-    from ascender_dist.versions import package_versions
+    from ascender_dist.versions import git_state, package_versions
 
     rows = sorted(rows, key=_order)
     versions = {k: v for k, v in package_versions(("ascender-dist", "torch", "transformers", "lm_eval")).items() if v}
     report = {"runs": rows, "columns": columns(rows), "tasks": tasks,
               "settings": {"manifest": args.manifest, "val_samples": args.val_samples, "limit": args.limit,
                            "num_fewshot": args.num_fewshot, "device": device},
-              "versions": versions}
+              "versions": versions, "code": git_state()}  # code: the evaluator's own commit
     if error:
         report["error"] = error
         report.update(details)

@@ -556,6 +556,7 @@ def export_hf(consolidated_dir: Path, out_dir: Path, tokenizer: str | None = Non
         (tmp / EXPORT_MARKER).write_text(json.dumps({
             "files": written, "source": str(consolidated_dir), "architecture": kind, "model_architecture": meta.get("architecture"),
             "trust_remote_code": kind == REMOTE_CODE_ARCHITECTURE, "step": meta.get("step"),
+            "trained_code": meta.get("code"),  # the commit that trained the weights (meta.json's code)
             "vocab_size": meta.get("vocab_size"), "preset": cfg.model.preset, "run_name": cfg.name,
             **export_provenance(consolidated_dir, Path(tokenizer) if tokenizer else None, source)},
             indent=1))

@@ -26,7 +26,7 @@ from ascender_dist.training.layer_stats import last_training_step, set_training_
 from ascender_dist.training.lr_schedule import lr_at, set_lr
 from ascender_dist.training.resume_check import check_resume, data_fingerprint, data_tokenizer_sha256
 from ascender_dist.training.rollback import DivergenceError, RollbackPolicy
-from ascender_dist.versions import package_versions
+from ascender_dist.versions import git_state, package_versions
 from ascender_dist.training.run import aux_loss_gradient_scale, build_loader, build_run  # noqa: F401 (re-exported)
 from ascender_dist.training.run import require_validation_batches, resume_tag_for_layout, validation_batches_per_rank
 
@@ -70,6 +70,7 @@ class Trainer:
         # the step whose validation a stop skipped (the save came first): run when training goes on from it
         self.validation_due: Optional[int] = None
         self.data_record = {"data_fingerprint": data_fingerprint(cfg), "data_changes": []}  # -> meta.json
+        self.code_record = git_state()  # -> meta.json: the commit (and uncommitted changes) that trains
         if cfg.checkpoint.auto_resume:
             self.resume()
 
@@ -141,9 +142,11 @@ class Trainer:
         return True
 
     def checkpoint_meta(self, step: Optional[int] = None) -> dict:
-        """What a converter needs to read this checkpoint without the run's YAML or launch. The
-        tokenizer's sha256 (None without one) is its identity: exports and evaluations check the
-        tokenizer and data they are given against it (a same-size tokenizer is not the same one)."""
+        """What a converter needs to read this checkpoint without the run's YAML or launch, and the
+        code that trained it (``code``: git commit, dirty flag, hash of the uncommitted changes; None
+        values outside a git checkout). The tokenizer's sha256 (None without one) is its identity:
+        exports and evaluations check the tokenizer and data they are given against it (a same-size
+        tokenizer is not the same one)."""
         p = self.pstate
         return {
             "format": ckpt.FORMAT_VERSION, "step": self.step if step is None else step, "architecture": self.cfg.model.architecture,
@@ -156,6 +159,7 @@ class Trainer:
             "data_tokenizer_sha256": data_tokenizer_sha256(self.loader),  # checked on resume (resume_check)
             "data": self.loader.state_dict(), **self.data_record,
             "versions": package_versions(("ascender-dist", "megatron-core", "deepspeed", "torch")),
+            "code": self.code_record,
         }
 
     def _callback_states(self) -> dict:

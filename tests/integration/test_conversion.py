@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ascender_dist.versions import git_state
 from tests.helpers.data import make_tiny_dataset
 from tests.helpers.multiproc import REPO_ROOT, assert_check, run_ranks
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
@@ -72,6 +73,9 @@ def test_consolidated_has_canonical_names_and_no_vocab_padding(runs):
     # and the tokenizer its data was made with (the manifest's), which a resume compares
     trained = json.loads((runs["root"] / "gpt_tp2" / "checkpoints" / "step_00000003" / "meta.json").read_text())
     assert trained["data_tokenizer_sha256"] == meta["tokenizer_sha256"]
+    # the code that trained it: this checkout's commit, carried into the consolidated directory
+    assert trained["code"] == meta["code"] and trained["code"]["git_commit"] == git_state()["git_commit"]
+    assert len(meta["code"]["git_commit"]) == 40
     assert state["embedding.word_embeddings.weight"].shape[0] == meta["vocab_size"] < meta["padded_vocab_size"]
     assert "decoder.layers.1.self_attention.linear_qkv.weight" in state
     assert cfg.parallel.tensor_model_parallel_size == 1

@@ -86,6 +86,8 @@ def test_json_has_every_run_with_finite_consistent_numbers(evaluated):
             assert (metrics[metric] * len(QUESTIONS)) == pytest.approx(round(metrics[metric] * len(QUESTIONS)))
             assert math.isfinite(metrics[f"{metric}_stderr"])
         assert run["parameters"] > 0
+        # which code trained the weights and which evaluated them: this checkout, both
+        assert run["trained_code"]["git_commit"] == report["code"]["git_commit"] and len(run["trained_code"]["git_commit"]) == 40
     assert len({runs[n]["val_samples"] for n in runs}) == 1  # the same val split for every run
 
 

@@ -137,6 +137,7 @@ def test_figures_from_consolidated_checkpoints(grid_run, tmp_path):
     assert len(prov["git_commit"]) == 40 and prov["versions"]["torch"] and "figures" in " ".join(prov["command"])
     for model in summary["models"]:  # which trained models were scored: their config and weights
         assert len(model["config_sha256"]) == 64, model
+        assert model["trained_at"]["code"]["git_commit"] == prov["git_commit"], model  # trained by this checkout
         assert model["weights_sha256"] == hashlib.sha256((Path(model["dir"]) / "model.safetensors").read_bytes()).hexdigest()
     fig4 = summary["figure4"]["ascender"]
     assert fig4["n_seeds"] == 2 and np.array(fig4["omega_per_run"]).shape == (2, 2, 4, 3)

@@ -20,7 +20,8 @@ from ascender_dist.tools.hf_export import (LM_EVAL_EXPORT_SUBDIR, check_export_o
                                            export_hf, is_export_output)
 
 META = {"format": 1, "step": 3, "architecture": "gpt", "world_size": 1, "vocab_size": 96, "padded_vocab_size": 128,
-        "data": {"consumed_samples": 8, "seed": 1}, "versions": {"megatron-core": "0.16.1", "deepspeed": "0.19.8"}}
+        "data": {"consumed_samples": 8, "seed": 1}, "versions": {"megatron-core": "0.16.1", "deepspeed": "0.19.8"},
+        "code": {"git_commit": "c0de" * 10, "git_dirty": False, "git_changes_sha256": None}}
 
 
 
@@ -150,7 +151,9 @@ def test_a_users_file_in_a_previous_output_is_refused_before_any_work(consolidat
     the staging folder: hours for a large model, thrown away. The checks that run before the launch
     now know what each tool writes; the lm-eval cache's crash leftovers are not a user's files."""
     hf = export_hf(consolidated, tmp_path / "hf")
-    assert {"config.json", "model.safetensors"} <= set(json.loads((hf / "ascender_dist.json").read_text())["files"])
+    marker = json.loads((hf / "ascender_dist.json").read_text())
+    assert {"config.json", "model.safetensors"} <= set(marker["files"])
+    assert marker["trained_code"] == META["code"]  # the training commit survives consolidation and export
     (hf / "README.md").write_text("model card")
     with pytest.raises(ConversionError) as info:
         check_export_out(hf, consolidated)

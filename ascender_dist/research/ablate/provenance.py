@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from ascender_dist.machine import machine_record
-from ascender_dist.versions import package_versions
+from ascender_dist.versions import REPO, git_state, package_versions  # noqa: F401 (REPO, git_state: re-exported)
 
 # what a run's numbers or a table's statistics depend on: training (torch, megatron-core, deepspeed,
 # the tokenizer's sentencepiece), statistics and clustering (numpy, scipy, scikit-learn)
@@ -20,41 +19,6 @@ PACKAGES = ("torch", "megatron-core", "deepspeed", "ascender-dist", "sentencepie
 # per-run fields of a run config: differ between the seeds of one variant, not part of its hash
 PER_RUN_FIELDS = ("name", "output_dir")
 PER_RUN_TRAIN_FIELDS = ("seed",)
-REPO = Path(__file__).resolve().parents[3]
-
-
-def git_state(root: Path = REPO) -> dict:
-    """``{"git_commit": sha or None, "git_dirty": bool or None, "git_changes_sha256": sha or None}``
-    (None: not a git checkout). Dirty: tracked files differ from the commit, or files that git does
-    not ignore are untracked (a new module that is not committed changes what runs as much as an
-    edit); the changes' hash then tells two different sets of uncommitted changes apart (the commit
-    and the flag alone do not)."""
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=30, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=normal"],
-                                capture_output=True, text=True, timeout=60, check=True).stdout
-        changes = uncommitted_changes_sha256(root) if status.strip() else None
-    except (OSError, subprocess.SubprocessError):
-        return {"git_commit": None, "git_dirty": None, "git_changes_sha256": None}
-    return {"git_commit": commit or None, "git_dirty": bool(status.strip()), "git_changes_sha256": changes}
-
-
-def uncommitted_changes_sha256(root: Path = REPO) -> str:
-    """sha256 over ``git diff HEAD`` (binary) and the name and bytes of every untracked file git does
-    not ignore: what a dirty checkout runs beyond its commit."""
-    digest = hashlib.sha256()
-    digest.update(subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--binary"], capture_output=True,
-                                 timeout=120, check=True).stdout)
-    untracked = subprocess.run(["git", "-C", str(root), "ls-files", "--others", "--exclude-standard", "-z"],
-                               capture_output=True, timeout=60, check=True).stdout.split(b"\0")
-    for name in sorted(n for n in untracked if n):
-        digest.update(b"\0" + name + b"\0")
-        try:
-            digest.update((root / name.decode("utf-8", "surrogateescape")).read_bytes())
-        except OSError:  # gone meanwhile, or a directory entry git lists: its name counts
-            pass
-    return digest.hexdigest()
 
 
 def report_provenance() -> dict:
