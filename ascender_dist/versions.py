@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout this package runs from
+UNTRACKED_HASH_BYTES = 1 << 20  # larger untracked files count by name and size (uncommitted_changes_sha256)
 
 
 def package_version(name: str) -> Optional[str]:
@@ -48,7 +49,9 @@ def git_state(root: Path = REPO) -> dict:
 
 def uncommitted_changes_sha256(root: Path = REPO) -> str:
     """sha256 over ``git diff HEAD`` (binary) and the name and bytes of every untracked file git does
-    not ignore: what a dirty checkout runs beyond its commit."""
+    not ignore: what a dirty checkout runs beyond its commit. An untracked file over
+    UNTRACKED_HASH_BYTES counts by name and size only: a run directory or dataset left inside the
+    checkout (not code) would otherwise be read in full by every rank of every run."""
     digest = hashlib.sha256()
     digest.update(subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--binary"], capture_output=True,
                                  timeout=120, check=True).stdout)
@@ -56,8 +59,10 @@ def uncommitted_changes_sha256(root: Path = REPO) -> str:
                                capture_output=True, timeout=60, check=True).stdout.split(b"\0")
     for name in sorted(n for n in untracked if n):
         digest.update(b"\0" + name + b"\0")
+        path = root / name.decode("utf-8", "surrogateescape")
         try:
-            digest.update((root / name.decode("utf-8", "surrogateescape")).read_bytes())
+            size = path.stat().st_size
+            digest.update(path.read_bytes() if size <= UNTRACKED_HASH_BYTES else b"size %d" % size)
         except OSError:  # gone meanwhile, or a directory entry git lists: its name counts
             pass
     return digest.hexdigest()

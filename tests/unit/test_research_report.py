@@ -99,6 +99,25 @@ def test_the_changes_hash_follows_the_uncommitted_content(tmp_path):
     assert provenance.git_state(tmp_path)["git_changes_sha256"] not in (None, untracked)
 
 
+def test_a_large_untracked_file_counts_by_name_and_size_not_read(tmp_path, monkeypatch):
+    """A run directory or dataset left untracked in the checkout is not read by every rank at start:
+    over UNTRACKED_HASH_BYTES a file changes the hash through its size only."""
+    from ascender_dist import versions
+
+    monkeypatch.setattr(versions, "UNTRACKED_HASH_BYTES", 8)
+    _repo_with(tmp_path, "model.py", "std = 0.02\n")
+    (tmp_path / "ckpt.bin").write_bytes(b"a" * 16)
+    first = provenance.git_state(tmp_path)["git_changes_sha256"]
+    (tmp_path / "ckpt.bin").write_bytes(b"b" * 16)  # same size, other bytes: not read
+    assert provenance.git_state(tmp_path)["git_changes_sha256"] == first
+    (tmp_path / "ckpt.bin").write_bytes(b"b" * 17)
+    assert provenance.git_state(tmp_path)["git_changes_sha256"] != first
+    (tmp_path / "small.py").write_bytes(b"x = 1")  # at most the limit: read
+    small = provenance.git_state(tmp_path)["git_changes_sha256"]
+    (tmp_path / "small.py").write_bytes(b"x = 2")
+    assert provenance.git_state(tmp_path)["git_changes_sha256"] != small
+
+
 def test_untracked_files_make_a_checkout_dirty(tmp_path):
     _repo_with(tmp_path, ".gitignore", "runs/\n")
     (tmp_path / "runs").mkdir()
