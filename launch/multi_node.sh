@@ -123,10 +123,14 @@ is_loopback() { case "$1" in localhost|127.*|::1) return 0 ;; esac; return 1; }
 is_this_machine() {
   is_loopback "$1" && return 0
   case "$1" in "$(hostname)"|"$(hostname -s 2>/dev/null)"|"$(hostname -f 2>/dev/null)") return 0 ;; esac
+  # ahosts: forward resolution for names and address literals alike (hosts does a reverse lookup
+  # for an address, which fails without a PTR record); every address it gives is tried
   local addr
-  addr=$(getent hosts "$1" 2>/dev/null | awk '{print $1; exit}') || true
-  [ -n "$addr" ] || return 1
-  is_loopback "$addr" || hostname -I 2>/dev/null | tr ' ' '\n' | grep -qxF -- "$addr"
+  for addr in $(getent ahosts "$1" 2>/dev/null | awk '{print $1}' | sort -u); do
+    is_loopback "$addr" && return 0
+    hostname -I 2>/dev/null | tr ' ' '\n' | grep -qxF -- "$addr" && return 0
+  done
+  return 1
 }
 if is_loopback "$MASTER_ADDR" && [ ${#HOSTS[@]} -gt 1 ]; then
   for entry in "${HOSTS[@]}"; do  # hosts that all name this machine are fine (tests/integration/test_multinode.py)
@@ -181,7 +185,7 @@ else
   local_host=${HOSTS[0]}  # nodes are assumed alike: threads per rank are computed here for all
 fi
 if command -v getent >/dev/null; then  # else every rank would wait out the rendezvous timeout
-  getent hosts "$MASTER_ADDR" >/dev/null || die "master address $MASTER_ADDR does not resolve on this node (set MASTER_ADDR, or fix the hostfile's first host)"
+  getent ahosts "$MASTER_ADDR" >/dev/null || die "master address $MASTER_ADDR does not resolve on this node (set MASTER_ADDR, or fix the hostfile's first host)"
 fi
 local_ranks=${GPUS_PER_NODE:-${local_host##* }}
 [ "$local_ranks" -ge 1 ] || die "no ranks on this node (slots=0)"

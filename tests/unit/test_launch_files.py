@@ -242,6 +242,26 @@ def _after(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
+def test_multi_node_accepts_address_literals_without_reverse_dns(stubs, tmp_path):
+    """A hostfile of IP addresses with no PTR records: ``getent hosts ADDR`` (a reverse lookup) fails
+    there, so the master address was refused as unresolvable and node 0 warned that it does not
+    host the rendezvous; forward resolution (``ahosts``) accepts the literal."""
+    env, _, calls = stubs
+    bin_dir = Path(env["DEEPSPEED"]).parent
+    for name, text in (("getent", '#!/bin/sh\ncase "$1" in ahosts) echo "$2 STREAM $2" ;; *) exit 2 ;; esac\n'),
+                       ("hostname", '#!/bin/sh\n[ "$1" = -I ] && echo "10.9.8.7 fd00::7" || echo vm-test\n')):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("10.9.8.7 slots=1\n10.9.8.8 slots=1\n")
+    proc = _run(["bash", "launch/multi_node.sh", "--hostfile", str(hosts), "--node_rank", "0",
+                 "--config", "configs/demo.yaml"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "does not name this machine" not in proc.stderr and "does not resolve" not in proc.stderr
+    (call,) = calls()
+    assert _after(call["args"], "--master_addr") == "10.9.8.7"
+
+
 def test_multi_node_no_ssh_mode_command(stubs, tmp_path):
     env, _, calls = stubs
     env.update(SSH_PORT="2222")  # ssh mode only: no-ssh mode starts no ssh
