@@ -545,6 +545,16 @@ class IncompleteEvaluation(Exception):
         self.status = status
 
 
+def check_lm_eval_arguments(limit: Optional[float], num_fewshot: Optional[int]) -> None:
+    """Before any model is loaded: lm-eval's ``limit`` is a fraction of each task in (0, 1) or a whole
+    number of examples >= 1 (NaN, inf, 0 or a negative one failed inside lm-eval after every run's
+    validation loss, as a crash), and ``num_fewshot`` >= 0 (a negative one was recorded as is)."""
+    if limit is not None and not (math.isfinite(limit) and limit > 0 and (limit < 1 or limit == int(limit))):
+        raise EvaluationError(f"--limit {limit!r}: expected a fraction in (0, 1) or a whole number of examples >= 1")
+    if num_fewshot is not None and num_fewshot < 0:
+        raise EvaluationError(f"--num-fewshot must be >= 0 (got {num_fewshot})")
+
+
 def evaluate(args: argparse.Namespace) -> dict:
     import torch
 
@@ -556,6 +566,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     for flag, value in (("--batch-size", args.batch_size), ("--val-samples", args.val_samples)):
         if value is not None and value < 1:
             raise EvaluationError(f"{flag} must be >= 1 (got {value})")
+    check_lm_eval_arguments(args.limit, args.num_fewshot)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     runs = [parse_run(text, args.manifest) for text in args.runs]
     names = [r.name for r in runs]

@@ -230,6 +230,13 @@ def test_a_partial_remote_code_export_is_one_line_naming_it(two_tokenizers, tmp_
     (["--device", "gpu"], "--device 'gpu': expected cpu, cuda or cuda:N"),
     (["--batch-size", "0"], "--batch-size must be >= 1 (got 0)"),
     (["--val-samples", "-3"], "--val-samples must be >= 1 (got -3)"),
+    # lm-eval's own errors came after every run's validation loss, as crashes naming no flag
+    (["--limit", "nan"], "--limit nan: expected a fraction in (0, 1) or a whole number of examples >= 1"),
+    (["--limit", "inf"], "--limit inf: expected a fraction in (0, 1) or a whole number of examples >= 1"),
+    (["--limit", "0"], "--limit 0.0: expected a fraction in (0, 1) or a whole number of examples >= 1"),
+    (["--limit", "-3"], "--limit -3.0: expected a fraction in (0, 1) or a whole number of examples >= 1"),
+    (["--limit", "2.5"], "--limit 2.5: expected a fraction in (0, 1) or a whole number of examples >= 1"),
+    (["--num-fewshot", "-2"], "--num-fewshot must be >= 0 (got -2)"),
 ])
 def test_bad_options_are_one_line_before_any_run_is_read(tmp_path, extra, message):
     """--device gpu was a torch traceback; --val-samples -3 --batch-size 0 evaluated every sample in
@@ -238,6 +245,11 @@ def test_bad_options_are_one_line_before_any_run_is_read(tmp_path, extra, messag
     with pytest.raises(ev.EvaluationError) as info:
         ev.evaluate(args)
     assert str(info.value) == message
+
+
+def test_good_lm_eval_limits_pass_the_check():
+    for limit in (None, 0.25, 1.0, 40.0):
+        ev.check_lm_eval_arguments(limit, 0)
 
 
 def test_cuda_without_a_device_is_one_line(tmp_path, monkeypatch):
