@@ -179,7 +179,8 @@ def is_consolidated_output(directory: Path) -> bool:
         return False
 
 
-def _within(path: Path, ancestor: Path) -> bool:
+def within(path: Path, ancestor: Path) -> bool:
+    """``path`` is ``ancestor`` or lies inside it (both resolved by the caller)."""
     return path == ancestor or ancestor in path.parents
 
 
@@ -206,10 +207,10 @@ def check_output_dir(out_dir: Path, source: Path, tool: str, is_previous_output,
     if out == src:
         raise ConversionError(out_dir, f"output is the input directory {source}: writing it would replace the "
                                        "input; choose another --out")
-    if _within(src, out):
+    if within(src, out):
         raise ConversionError(out_dir, f"output directory contains the input {source}: replacing it would delete "
                                        "the input; choose another --out")
-    if _within(out, src) and not inside_source_ok:
+    if within(out, src) and not inside_source_ok:
         raise ConversionError(out_dir, f"output is inside the input directory {source}; choose a directory "
                                        "outside it")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not is_previous_output(out_dir):
@@ -237,7 +238,7 @@ def check_reshard_out(out_dir: Path, consolidated_dir: Path) -> None:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConversionError(out_dir, "output path is an existing file, not a directory")
-    if _within(out_dir.resolve(), Path(consolidated_dir).resolve()):
+    if within(out_dir.resolve(), Path(consolidated_dir).resolve()):
         raise ConversionError(out_dir, f"output is or is inside the input directory {consolidated_dir}; "
                                        "choose a directory outside it")
     held = ckpt.held_tags(out_dir)

@@ -17,7 +17,7 @@ import torch
 
 from ascender_dist.config.architectures import expand_layer_pattern
 from ascender_dist.tools.convert import (ConversionError, read_consolidated, recorded_tokenizer_sha256,
-                                         refuse_other_tokenizer)
+                                         refuse_other_tokenizer, within)
 
 
 def _connection_layers(model) -> list:
@@ -103,6 +103,19 @@ def check_input_arguments(text: Optional[str], max_tokens: int) -> None:
         raise ConversionError("--text", "is empty: no tokens to inspect")
 
 
+def make_out_dir(out_dir: Path, consolidated: Path) -> None:
+    """Create ``--out`` before the model is built: an existing file, or the consolidated directory or
+    a path inside it (its files are what the other tools check and replace), is one line."""
+    out_dir = Path(out_dir)
+    if within(out_dir.resolve(), Path(consolidated).resolve()):
+        raise ConversionError(out_dir, f"is the consolidated directory {consolidated} or inside it: choose an "
+                                       "--out outside it")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConversionError(out_dir, f"cannot create the output directory ({exc.strerror or exc})") from None
+
+
 def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = None, max_tokens: int = 64) -> dict:
     from ascender_dist.config.resolve import derive
     from ascender_dist.training.engine import build_run_model
@@ -113,6 +126,7 @@ def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = 
 
     check_input_arguments(text, max_tokens)
     state, cfg, meta = read_consolidated(consolidated)
+    make_out_dir(out_dir, consolidated)
     if "C" not in expand_layer_pattern(cfg.model):
         raise ConversionError(Path(consolidated) / "meta.json", "model has no Connection layers ('C' in layer_pattern)")
     # a config.yaml edited by hand (fewer layers...) would otherwise be inspected as another model
@@ -133,7 +147,6 @@ def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = 
     for hook in hooks:
         hook.remove()
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     summary = {"source": str(consolidated), "step": meta.get("step"), "tokens": labels, "layers": {}}
     for i, wrapper in enumerate(layers):
         layer, number = wrapper.layer, wrapper.layer_number

@@ -83,3 +83,22 @@ def test_the_first_causal_chunk_is_reported_apart_from_the_input_steps(shape):
     assert one["steps_mean"] is None and one["steps_max"] is None and one["steps_first_chunk"] == 3.0
     full = _input_steps(ReasoningStats(steps[:, 0], 1), types.SimpleNamespace(causal=False))
     assert full == {"steps_mean": 3.0, "steps_max": 3.0}
+
+
+def test_out_is_checked_before_the_model_is_built(tmp_path):
+    """--out naming a file failed with a traceback after the model had run; --out inside the
+    consolidated directory wrote heatmaps among the files the other tools check and replace."""
+    from ascender_dist.tools.inspect_connection import make_out_dir
+
+    consolidated = tmp_path / "cons"
+    consolidated.mkdir()
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConversionError) as info:
+        make_out_dir(tmp_path / "afile", consolidated)
+    assert str(info.value).startswith(str(tmp_path / "afile")) and "cannot create the output directory" in str(info.value)
+    for inside in (consolidated, consolidated / "figs"):
+        with pytest.raises(ConversionError) as info:
+            make_out_dir(inside, consolidated)
+        assert "is the consolidated directory" in str(info.value) and "\n" not in str(info.value)
+    make_out_dir(tmp_path / "new" / "out", consolidated)
+    assert (tmp_path / "new" / "out").is_dir()
