@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ascender_dist.config.architectures import expand_layer_pattern
+from ascender_dist.config.checks import SIZE_LIMIT
 from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.config.resolve import pad_vocab_size, validate
 from ascender_dist.config.schema import RunConfig
@@ -231,17 +232,28 @@ def _layer_activation_bytes(cfg: RunConfig, letter: str, micro_batch: int, act_b
 
 
 # --------------------------------------------------------------------------- the plan
+# upper bounds of the plan's inputs, far beyond any cluster: past them the arithmetic overflows (a
+# 1e300 GiB GPU is an OverflowError, a 300-digit token count does not convert to float)
+MAX_COUNT = 2**31  # nodes, GPUs per node
+MAX_AMOUNT = 1e12  # GiB per GPU, peak TFLOP/s
+MAX_TOKENS = 2**63
+# plan()'s input fields -> the `ascender-dist plan` flags that set them (the CLI's errors name the flag)
+FIELD_FLAGS = {"cluster.nodes": "--nodes", "cluster.gpus_per_node": "--gpus-per-node",
+               "cluster.gpu_memory_gib": "--gpu-memory-gib", "cluster.peak_tflops": "--peak-tflops", "mfu": "--mfu",
+               "tokens": "--tokens", "headroom": "--headroom"}
+
+
 def _check_inputs(cluster: ClusterShape, mfu: float, tokens: Optional[int], headroom: float) -> None:
     for name in ("nodes", "gpus_per_node"):
-        if getattr(cluster, name) < 1:
-            raise ConfigError(f"cluster.{name}", f"must be >= 1 (got {getattr(cluster, name)})")
+        if not 1 <= getattr(cluster, name) <= MAX_COUNT:
+            raise ConfigError(f"cluster.{name}", f"must be in [1, {MAX_COUNT}] (got {getattr(cluster, name)})")
     for name in ("gpu_memory_gib", "peak_tflops"):
-        if not (math.isfinite(getattr(cluster, name)) and getattr(cluster, name) > 0):
+        if not (math.isfinite(getattr(cluster, name)) and 0 < getattr(cluster, name) <= MAX_AMOUNT):
             raise ConfigError(f"cluster.{name}", f"must be a finite number > 0 (got {getattr(cluster, name)})")
     if not 0 < mfu <= 1:
         raise ConfigError("mfu", f"must be in (0, 1] (got {mfu})")
-    if tokens is not None and tokens < 1:
-        raise ConfigError("tokens", f"must be >= 1 (got {tokens})")
+    if tokens is not None and not 1 <= tokens <= MAX_TOKENS:
+        raise ConfigError("tokens", f"must be in [1, 2^63] (got {tokens})")
     if not 0 < headroom <= 1:
         raise ConfigError("headroom", f"must be in (0, 1] (got {headroom})")
 
@@ -459,13 +471,17 @@ def plan_main(argv: Optional[Sequence[str]] = None) -> int:
         from ascender_dist.config import load_config
         from ascender_dist.config.resolve import named_source
 
+        if args.vocab_size is not None and not 1 <= args.vocab_size <= SIZE_LIMIT:
+            raise ConfigError("--vocab-size", f"must be in [1, {SIZE_LIMIT}] (got {args.vocab_size})")
         cfg = load_config(args.config, args.overrides)
         vocab, vocab_notes = _vocab(cfg, args.vocab_size)
         cluster = ClusterShape(args.nodes, args.gpus_per_node, args.gpu_memory_gib, args.peak_tflops)
         try:
             result = plan(cfg, cluster, vocab_size=vocab, mfu=args.mfu, tokens=args.tokens, headroom=args.headroom)
-        except ConfigError as exc:  # the layout on this cluster: a field of the file or a --set
-            raise named_source(exc, args.config, args.overrides) from None
+        except ConfigError as exc:
+            if exc.path in FIELD_FLAGS:  # one of this command's flags
+                raise ConfigError(FIELD_FLAGS[exc.path], exc.message) from None
+            raise named_source(exc, args.config, args.overrides) from None  # a field of the file or a --set
         result = replace(result, notes=(*vocab_notes, *result.notes))
         print(json.dumps(result.to_dict(), indent=2) if args.json else format_plan(result))
         sys.stdout.flush()

@@ -161,7 +161,7 @@ def test_world_not_divisible_by_tp_times_pp():
 def test_bad_cluster_inputs_name_the_field():
     with pytest.raises(ConfigError, match="^mfu: must be in"):
         plan(make_cfg(), EIGHT_GPUS, vocab_size=V, mfu=1.5, tokens=None)
-    with pytest.raises(ConfigError, match="^cluster.nodes: must be >= 1"):
+    with pytest.raises(ConfigError, match=r"^cluster.nodes: must be in \[1, "):
         plan(make_cfg(), ClusterShape(nodes=0), vocab_size=V, mfu=0.4, tokens=None)
     for name in ("gpu_memory_gib", "peak_tflops"):  # inf: an OverflowError, or a training time of 0
         cluster = ClusterShape(**{**EIGHT_GPUS.__dict__, name: float("inf")})
@@ -218,3 +218,21 @@ def test_cli_world_not_divisible_by_tp_times_pp_names_a_layout_set_not_another_p
     assert plan_main(["--config", config_file, "--gpus-per-node", "6", *overrides]) == 2
     assert capsys.readouterr().err == ("error: --set parallel.pipeline_model_parallel_size=2: parallel: world size 6 "
                                        "is not a multiple of tensor x pipeline = 2 x 2\n")
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--gpus-per-node", "0", "--gpus-per-node: must be in [1, 2147483648] (got 0)"),
+    ("--nodes", "-1", "--nodes: must be in [1, 2147483648] (got -1)"),
+    ("--gpu-memory-gib", "1e300", "--gpu-memory-gib: must be a finite number > 0 (got 1e+300)"),  # was an OverflowError
+    ("--peak-tflops", "nan", "--peak-tflops: must be a finite number > 0 (got nan)"),
+    ("--mfu", "0", "--mfu: must be in (0, 1] (got 0.0)"),
+    ("--headroom", "2", "--headroom: must be in (0, 1] (got 2.0)"),
+    ("--tokens", "1" + "0" * 320, f"--tokens: must be in [1, 2^63] (got 1{'0' * 320})"),  # int too large for a float
+    ("--vocab-size", "1" + "0" * 320, f"--vocab-size: must be in [1, 2147483648] (got 1{'0' * 320})"),
+])
+def test_cli_bad_flags_are_one_line_naming_the_flag(config_file, capsys, flag, value, message):
+    """They named plan()'s fields (cluster.gpus_per_node, mfu) instead of the flags, and huge values
+    were OverflowError tracebacks."""
+    assert plan_main(["--config", config_file, flag, value]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"error: {message}\n"
