@@ -279,8 +279,8 @@ def consolidate_cmd(args: argparse.Namespace) -> None:
 
 
 def reshard_cmd(args: argparse.Namespace) -> None:
-    from ascender_dist.tools.convert import (check_reshard_out, check_reshard_tokenizer, read_consolidated, reshard,
-                                             reshard_config)
+    from ascender_dist.tools.convert import (check_reshard_data, check_reshard_out, check_reshard_tokenizer,
+                                             read_consolidated, reshard, reshard_config)
 
     if not _under_launcher():
         # fail early, in one line, on a bad directory, a bad --set, a layout that does not fit or a
@@ -296,6 +296,7 @@ def reshard_cmd(args: argparse.Namespace) -> None:
         # every rank as checkpoint.init_from after the launch
         check_weights_fit_config(state, cfg, meta, Path(args.consolidated), args.overrides)
         del state
+        check_reshard_data(cfg, Path(args.consolidated) / "config.yaml")
         p = cfg.parallel
         world = p.tensor_model_parallel_size * p.pipeline_model_parallel_size * args.data_parallel
         _relaunch(world, ["reshard", *args.argv])

@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 
 from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.config.loader import dump_yaml, read_yaml_file, to_dict
-from ascender_dist.config.resolve import config_from_dict, config_with_overrides
+from ascender_dist.config.resolve import config_from_dict, config_with_overrides, named_source
 from ascender_dist.training import checkpoint as ckpt
 from ascender_dist.training.checkpoint import recorded_tokenizer_sha256
 from ascender_dist.training.publish import publish_directory
@@ -462,8 +462,31 @@ def reshard_config(cfg, checkpoint_dir: Path, overrides: list[str], source: Path
         if data_parallel < 1:
             raise ConfigError("--data-parallel", f"must be >= 1 (got {data_parallel})")
         p = cfg.parallel
-        validate(cfg, p.tensor_model_parallel_size * p.pipeline_model_parallel_size * data_parallel)
+        try:
+            validate(cfg, p.tensor_model_parallel_size * p.pipeline_model_parallel_size * data_parallel)
+        except ConfigError as exc:  # the layout at this --data-parallel: name it and whose setting failed
+            named = named_source(exc, source, overrides)
+            raise ConfigError(named.path, f"{named.message} (at --data-parallel {data_parallel})") from None
     return cfg
+
+
+def check_reshard_data(cfg, source: Path) -> None:
+    """The data the reshard's run builds its loader from is named and, for local manifests, exists:
+    checked before the ranks start (each rank would fail alone after the launch). ``source``: the
+    config.yaml the settings came from."""
+    from ascender_dist.training.run import loader_source
+
+    src, _ = loader_source(cfg)
+    manifests = [m for m, _ in src] if isinstance(src, list) else [src]
+    fields = [f"data.mixture[{i}].manifest" for i in range(len(manifests))] if isinstance(src, list) else ["data.manifest"]
+    for field_name, manifest in zip(fields, manifests):
+        if not manifest:
+            raise ConversionError(source, f"{field_name}: not set; reshard builds the run's data loader (pass "
+                                          f"--set {field_name}=PATH)")
+        local = "://" not in str(manifest) and not str(manifest).startswith("pipe:")
+        if local and str(manifest).endswith(".json") and not Path(manifest).is_file():
+            raise ConversionError(manifest, f"{field_name} of {source} not found here; reshard builds the run's data "
+                                            f"loader (pass --set {field_name}=PATH)")
 
 
 def refuse_other_tokenizer(path, found: str, meta: dict, meta_file: Path, trained: str = "the weights were",

@@ -13,8 +13,8 @@ from ascender_dist.cli import main
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.loader import to_dict
 from ascender_dist.config.resolve import config_from_dict
-from ascender_dist.tools.convert import (ConversionError, read_config, read_consolidated, read_meta,
-                                         reshard_config)
+from ascender_dist.tools.convert import (ConversionError, check_reshard_data, read_config, read_consolidated,
+                                         read_meta, reshard_config)
 from ascender_dist.training.weights import read_weights_file
 
 from tests.helpers.errors import one_line as _one_line
@@ -175,11 +175,12 @@ def test_reshard_overrides_go_through_the_config_checks(consolidated, tmp_path):
         (["parallel.tensor_model_parallel_size=abc"], 1, "parallel.tensor_model_parallel_size: expected int"),
         (["parallel.tensor_model_parallel_size=3"], 1, "does not divide model.num_attention_heads"),
         ([], 0, "--data-parallel: must be >= 1"),
-        ([], 3, "train.global_batch_size"),
+        ([], 3, f"{source}: train.global_batch_size"),  # the file whose setting does not fit
     ]:
         with pytest.raises(ConfigError) as info:
             reshard_config(cfg, tmp_path / "out", overrides, source, data_parallel=data_parallel)
         _one_line(info.value, needle)
+    assert str(info.value).endswith("(at --data-parallel 3)")  # and the flag that made the layout
     good = reshard_config(cfg, tmp_path / "out", ["parallel.tensor_model_parallel_size=2"], source, data_parallel=2)
     assert good.parallel.tensor_model_parallel_size == 2 and good.checkpoint.dir == str(tmp_path / "out")
 
@@ -195,6 +196,29 @@ def test_reshard_command_refuses_bad_layout_before_launching(consolidated, tmp_p
     assert main(["reshard", "--consolidated", str(consolidated), "--out", str(tmp_path / "o"), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and needle in err and "\n" not in err
+
+
+def test_reshard_data_is_checked_before_launching(consolidated, tmp_path, capsys, monkeypatch):
+    """Without a manifest (or with one missing here) every launched rank failed alone after the
+    DeepSpeed launch; now one line before it, naming the field and config.yaml."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr("ascender_dist.cli._relaunch", lambda *a: pytest.fail("launched"))
+    # the fixture's weights fit no model (only reading is tested): that check comes first
+    monkeypatch.setattr("ascender_dist.tools.hf_export.check_weights_fit_config", lambda *a, **k: None)
+    source = consolidated / "config.yaml"
+    assert main(["reshard", "--consolidated", str(consolidated), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {source}: data.manifest: not set; reshard builds the run's data loader (pass --set data.manifest=PATH)"
+    missing = tmp_path / "gone" / "manifest.json"
+    assert main(["reshard", "--consolidated", str(consolidated), "--out", str(tmp_path / "o"),
+                 "--set", f"data.manifest={missing}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {missing}: data.manifest of {source} not found here") and "\n" not in err
+    _, cfg, _ = read_consolidated(consolidated)
+    mixture = reshard_config(cfg, tmp_path / "o", [f"data.mixture=[{{manifest: {missing}, weight: 1}}]"], source)
+    with pytest.raises(ConversionError) as info:
+        check_reshard_data(mixture, source)
+    _one_line(info.value, f"{missing}: data.mixture[0].manifest of {source} not found here")
 
 
 def test_export_hf_out_is_an_existing_file(consolidated, tmp_path):
