@@ -50,6 +50,9 @@ def expand_layer_pattern(model) -> str:
 def check_layer_pattern(cfg) -> None:
     m = cfg.model
     arch = get_architecture(m.architecture)
+    if m.layer_pattern is not None and not m.layer_pattern.strip():  # an unset shell variable in a --set
+        raise ConfigError("model.layer_pattern", f"is empty; leave it out (or null) for the architecture's default "
+                                                 f"{arch.default_pattern!r}")
     pattern = m.layer_pattern or arch.default_pattern
     unknown = sorted(set(pattern) - set(LAYER_KINDS))
     if not pattern or unknown:
@@ -95,8 +98,9 @@ def check_ascender_hparams(cfg) -> None:
     if not m.ascender.causal:
         raise ConfigError("model.ascender.causal", "must be true: the model is a causal decoder (a bidirectional "
                           "ASCender would let every position read the tokens it must predict)")
-    if m.attention_dropout:
-        raise ConfigError("model.attention_dropout", "ASCender attention has no attention dropout; set 0.0")
+    if m.attention_dropout and "A" not in expand_layer_pattern(m):  # no layer would apply it
+        raise ConfigError("model.attention_dropout", "ASCender attention has no attention dropout (it applies to "
+                                                     "'A' layers only, and the pattern has none); set 0.0")
 
 
 def unread_settings(m) -> dict[str, str]:

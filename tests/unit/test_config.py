@@ -422,6 +422,24 @@ def test_attention_dropout_is_refused_when_no_layer_applies_it(tmp_path):
     assert load_config(_write(tmp_path, text.format("AC"))).model.attention_dropout == 0.1  # the A layers use it
 
 
+def test_ascender_attention_dropout_follows_the_same_rule(tmp_path):
+    """ASCender refused attention dropout whenever an 'S' layer was present, even when 'A' layers
+    apply it (Connection allowed the same mix)."""
+    text = "model:\n  preset: debug\n  architecture: ascender\n  layer_pattern: {}\n  attention_dropout: 0.1\n"
+    assert _error(tmp_path, text.format("S")) == (f"{tmp_path / 'run.yaml'}: model.attention_dropout: ASCender "
+                                                  "attention has no attention dropout (it applies to 'A' layers only, "
+                                                  "and the pattern has none); set 0.0")
+    assert load_config(_write(tmp_path, text.format("AS"))).model.attention_dropout == 0.1
+
+
+def test_an_empty_layer_pattern_is_refused_not_the_default(tmp_path):
+    """`--set model.layer_pattern=$P` with P unset trained the architecture's default pattern."""
+    text = "model:\n  preset: debug\n  architecture: ascender\n  layer_pattern: '{}'\n"
+    for empty in ("", " "):
+        assert _error(tmp_path, text.format(empty)) == (f"{tmp_path / 'run.yaml'}: model.layer_pattern: is empty; "
+                                                        "leave it out (or null) for the architecture's default 'S'")
+
+
 def test_connection_chunk_must_leave_a_reasoned_prefix(tmp_path):
     """One causal chunk per sequence: every token would read only the bare slots, never a reasoned
     state. The bare defaults (seq_length 128, causal_chunk_size 128) are such a model; every preset
