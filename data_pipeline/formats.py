@@ -291,10 +291,16 @@ def _parse_json_line(raw: bytes, field: str) -> str | None:
 _SURROGATE = re.compile("[\\ud800-\\udfff]")
 
 
+def lone_surrogate(text: str):
+    """The first lone UTF-16 surrogate in ``text`` (a re.Match: no Unicode character, it cannot be
+    UTF-8 encoded), or None."""
+    return _SURROGATE.search(text)
+
+
 def _check_no_surrogate(text: str, field: str) -> None:
     """JSON may escape a lone UTF-16 surrogate (``"\\ud800"``), which is no Unicode character and
     cannot be UTF-8 encoded: refuse it here (_BadRecord) rather than crash the tokenizer later."""
-    found = _SURROGATE.search(text)
+    found = lone_surrogate(text)
     if found:
         raise _BadRecord(f'lone surrogate \\u{ord(found.group()):04x} at character {found.start()} of field '
                          f'"{field}" is not valid Unicode')

@@ -414,13 +414,24 @@ def _resolve_source(src, *, seq_length: int, tokenizer_sha256: str | None, vocab
         src = load_manifest(src)
     if isinstance(src, Manifest):
         return _from_manifest(src, seq_length, tokenizer_sha256, vocab_size, split, url_template)
-    urls = expand_urls(str(src)) if isinstance(src, (str, Path)) else [u for s in src for u in expand_urls(str(s))]
+    urls = _expand(src) if isinstance(src, (str, Path)) else [u for s in src for u in _expand(s)]
     if not urls:
         raise DataError(str(src), "no shard URLs")
     _check_url_split(urls, split)
     checks = ShardChecks(seq_length, tokenizer_sha256, vocab_size)
     return (urls[0] if len(urls) == 1 else f"{urls[0]} (+{len(urls) - 1})"), \
         [ShardSpec(u, -1) for u in urls], checks
+
+
+def _expand(pattern) -> list[str]:
+    """webdataset's expansion of a URL pattern (braces; ``${X}`` from the environment variable
+    ``WDS_X``), its failures as one-line DataErrors: each is this rank's input, and the set-up pools
+    DataErrors across ranks (an unset variable on one node must not leave the others waiting)."""
+    try:
+        return expand_urls(str(pattern))
+    except (ValueError, AssertionError, KeyError) as exc:  # unbalanced braces; a ${X} without WDS_X
+        raise DataError(str(pattern), f"cannot expand the URL pattern ({type(exc).__name__}: "
+                                      f"{' '.join(str(exc).split())[:160]})") from None
 
 
 # a shard the writer named (shards.py: ``{prefix}-{split}-NNNNNN.tar``), anywhere in a URL (a pipe's

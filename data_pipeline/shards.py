@@ -46,7 +46,7 @@ from ascender_dist.config.checks import url_template_problem
 from ._io import (atomic_write_json, fsync_dir, run_temp_dir, sha256_bytes, signals_deferred, write_durably,
                   writing_into)
 from .errors import DataError
-from .formats import DEFAULT_TEXT_FIELD, iter_documents
+from .formats import DEFAULT_TEXT_FIELD, iter_documents, lone_surrogate
 from .replace import MANIFEST_NAME, cut_short_hint, drop_previous, restore_cut_short, set_aside_old
 from .tokenizer import Tokenizer
 
@@ -208,8 +208,9 @@ def load_manifest(path) -> Manifest:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DataError(str(path), "manifest not found" + cut_short_hint(path)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(str(path), f"unreadable manifest ({e})") from None
+    # ValueError: also an integer past Python's digit limit; RecursionError: nesting past the stack
+    except (OSError, ValueError, RecursionError) as e:
+        raise DataError(str(path), f"unreadable manifest ({' '.join(str(e).split())[:200]})") from None
     if not isinstance(raw, dict):
         raise DataError(str(path), f"manifest must be a JSON object, got {type(raw).__name__}")
     check_field_types(str(path), raw, _MANIFEST_TYPES)
@@ -363,14 +364,25 @@ def _documents(documents, text_field: str = DEFAULT_TEXT_FIELD) -> Iterator[str]
     if isinstance(documents, (str, Path)):
         documents = [documents]
     seen: dict = {}  # file identity -> path, over every Path item
-    for item in documents:
+    for i, item in enumerate(documents):
         if isinstance(item, Path):
             yield from iter_documents([item], text_field, seen)
         elif isinstance(item, str):
             _refuse_a_path_as_text(item)
+            _refuse_a_lone_surrogate(i, item)
             yield item
         else:
             raise DataError(repr(item)[:60], "documents must be str texts or pathlib.Path files")
+
+
+def _refuse_a_lone_surrogate(index: int, text: str) -> None:
+    """A str document holding a lone UTF-16 surrogate (no Unicode character: it cannot be UTF-8
+    encoded) is refused by position, as the file readers refuse one; the tokenizer's own error
+    named neither the document nor the character."""
+    found = lone_surrogate(text)
+    if found:
+        raise DataError(f"documents[{index}]", f"lone surrogate \\u{ord(found.group()):04x} at character {found.start()} "
+                                             "is not valid Unicode")
 
 
 def _refuse_a_path_as_text(text: str) -> None:

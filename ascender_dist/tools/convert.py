@@ -57,6 +57,9 @@ def read_json_file(path: Path) -> dict:
     except json.JSONDecodeError as exc:
         raise ConversionError(path, f"invalid JSON (line {exc.lineno} column {exc.colno}: {exc.msg}): "
                                     "truncated or corrupt") from None
+    except (ValueError, RecursionError) as exc:  # an integer past Python's digit limit; nesting past the stack
+        raise ConversionError(path, f"JSON this reader cannot hold ({' '.join(str(exc).split())[:100]}): "
+                                    "corrupt?") from None
     except OSError as exc:
         raise ConversionError(path, f"cannot read ({exc.strerror or exc})") from None
     if not isinstance(data, dict):

@@ -788,7 +788,8 @@ def read_meta(checkpoint_dir: Path, tag: str) -> dict:
         raise CheckpointError(f"{path}: missing (every save writes it; checkpoint from another tool?)")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    # ValueError: also an integer past Python's digit limit; RecursionError: nesting past the stack
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{path}: unreadable ({_first_line(exc)})") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")

@@ -319,3 +319,47 @@ def test_signals_held_back_during_a_commit_are_all_delivered_and_never_hide_its_
     finally:
         signal.signal(signal.SIGTERM, old[0])
         signal.signal(signal.SIGINT, old[1])
+
+
+# ----------------------------------------------------------------------------- review findings (2026-12-02)
+def test_a_url_pattern_webdataset_cannot_expand_is_one_line(tmp_path, monkeypatch):
+    """Unbalanced braces and a ${X} without its WDS_X variable were webdataset's own exceptions (on one
+    node only, the other ranks waited for the set-up's pooling)."""
+    make_dataset(tmp_path / "d", [4, 4])
+    monkeypatch.delenv("WDS_DATA", raising=False)
+    for pattern, needle in ((f"{tmp_path}/d/syn-train-{{000000..000001.tar", "UnbalancedBracesError"),
+                            ("pipe:cat ${DATA}/syn-train-{000000..000001}.tar", "AssertionError")):
+        with pytest.raises(DataError) as info:
+            loader(pattern)
+        one_line_of(info, pattern, "cannot expand the URL pattern", needle)
+
+
+@pytest.mark.parametrize("text,needle", [("1" * 5001, "digits"), ("[" * 100000 + "]" * 100000, "recursion")])
+def test_json_a_reader_cannot_hold_is_one_line(tmp_path, text, needle):
+    """Valid JSON with an integer past Python's digit limit, or nested past the stack, escaped the
+    manifest, checkpoint meta.json and consolidated meta.json readers as ValueError / RecursionError."""
+    from ascender_dist.tools.convert import ConversionError, read_json_file
+    from ascender_dist.training.checkpoint import CheckpointError, read_meta
+
+    big = text if needle == "recursion" else '{"seq_length": %s}' % text
+    (tmp_path / "manifest.json").write_text(big)
+    with pytest.raises(DataError) as info:
+        load_manifest(tmp_path)
+    one_line_of(info, "unreadable manifest", needle)
+    (tmp_path / "step_1").mkdir()
+    (tmp_path / "step_1" / "meta.json").write_text(big)
+    with pytest.raises(CheckpointError) as info:
+        read_meta(tmp_path, "step_1")
+    one_line_of(info, "meta.json: unreadable", needle)
+    with pytest.raises(ConversionError) as info:
+        read_json_file(tmp_path / "step_1" / "meta.json")
+    one_line_of(info, "JSON this reader cannot hold", needle)
+
+
+def test_a_str_document_with_a_lone_surrogate_is_named(tmp_path, tiny_tokenizer):  # noqa: F811
+    """The JSON readers refuse a lone surrogate; a str document passed to write_shards reached the
+    tokenizer, whose TypeError named neither the document nor the character."""
+    with pytest.raises(DataError) as info:
+        write_shards(["ok text here", "bad \ud800 text"], tiny_tokenizer, tmp_path / "out", seq_length=16)
+    one_line_of(info, "documents[1]: lone surrogate \\ud800 at character 4 is not valid Unicode")
+    assert not (tmp_path / "out" / "manifest.json").exists()
