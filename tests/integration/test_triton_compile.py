@@ -205,18 +205,28 @@ EVERY_FEATURE = dict(aux_compactness_weight=0.5, aux_crowding_weight=0.5, aux_al
                      other_bias="alibi", tau_sep=0.5)  # fmt: skip
 
 
+# the bias ablations' launches (a bias switched off changes the kernels' constexpr flags and operand
+# widths): one preset, bf16 (the widths, not the dtype or the preset's sizes, decide the need)
+ABLATED = (("no Alignment", {"use_align": False}), ("no Cohesion", {"use_coh": False}))
+
+
 def preset_calls() -> list[dict]:
     """The calls whose launches are compiled: each preset with the defaults and with EVERY_FEATURE
-    (Separation from step 1), for bf16, fp16 and fp32 inputs."""
+    (Separation from step 1), for bf16, fp16 and fp32 inputs; and the small preset in bf16 with
+    each ABLATED setting."""
     from ascender_dist.config.presets import ARCHITECTURE_PRESETS, MODEL_PRESETS
 
     calls = []
     for name, model in MODEL_PRESETS.items():
+        hd = model["hidden_size"] // model["num_attention_heads"]
         for features, extra in (("defaults", {}), ("every feature", EVERY_FEATURE)):
             hparams = dict(ARCHITECTURE_PRESETS["ascender"][name]["ascender"], separation_start_step=1, **extra)
             for dtype in ("bfloat16", "float16", "float32"):
-                calls.append(dict(preset=name, hd=model["hidden_size"] // model["num_attention_heads"],
-                                  hparams=hparams, features=features, dtype=dtype))  # fmt: skip
+                calls.append(dict(preset=name, hd=hd, hparams=hparams, features=features, dtype=dtype))
+        if name == "small":
+            for features, extra in ABLATED:
+                hparams = dict(ARCHITECTURE_PRESETS["ascender"][name]["ascender"], separation_start_step=1, **extra)
+                calls.append(dict(preset=name, hd=hd, hparams=hparams, features=features, dtype="bfloat16"))
     return calls
 
 
@@ -305,6 +315,8 @@ def test_real_launches_need_no_more_shared_memory_than_their_table_entry():
         hp = AscenderHParams(**call["hparams"])
         for step in (0, hp.separation_start_step):  # forward and backward ran: every kernel launched
             kernels = {launch["kernel"] for launch in launches if (launch["call"], launch["step"]) == (i, step)}
-            assert kernels == {"stats_kernel", "forward_kernel", "row_grad_kernel", "col_grad_kernel"}, (call, report)
+            # the row statistics (K1) are Separation's and Cohesion's: without both, no stats launch
+            stats = {"stats_kernel"} if hp.use_coh or hp.separation_active(step) else set()
+            assert kernels == stats | {"forward_kernel", "row_grad_kernel", "col_grad_kernel"}, (call, report)
         assert shared_memory_shortfall("H100", H100_SHARED, call["hd"], hp) == "", (call, report)
     assert not failures, "\n".join(failures) + "\n\nevery launch:\n" + report
