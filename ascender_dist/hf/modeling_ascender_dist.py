@@ -407,8 +407,7 @@ class AscenderDistForCausalLM(AscenderDistPreTrainedModel, GenerationMixin):
         return_dict: Optional[bool] = None,
         **kwargs,
     ):
-        if input_ids is None:
-            raise ValueError("input_ids is required (inputs_embeds is not supported)")
+        self._check_inputs(input_ids, attention_mask, position_ids, past_key_values, kwargs.get("inputs_embeds"))
         if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
             logits = self._unpadded_logits(input_ids, attention_mask)
         else:  # no padding, or right padding: every layer is causal, real tokens never see the pads
@@ -422,6 +421,28 @@ class AscenderDistForCausalLM(AscenderDistPreTrainedModel, GenerationMixin):
         if return_dict is False:
             return (loss, logits) if loss is not None else (logits,)
         return CausalLMOutputWithPast(loss=loss, logits=logits)  # no cache (prepare_inputs_for_generation)
+
+    def _check_inputs(self, input_ids, attention_mask, position_ids, past_key_values, inputs_embeds) -> None:
+        """One-line ValueErrors for what this model would otherwise ignore or compute outside its
+        training: inputs_embeds and a KV cache (it has none: a cache passed with only the new tokens
+        scored them as a whole sequence), an attention_mask not shaped like input_ids, an empty
+        sequence, positions past the trained context (max_position_embeddings: RoPE models returned
+        logits never trained for, learned positions an IndexError)."""
+        if input_ids is None or inputs_embeds is not None:
+            raise ValueError("input_ids is required and inputs_embeds is not supported")
+        if past_key_values is not None and _cached_length(past_key_values) > 0:
+            raise ValueError("past_key_values: this model keeps no KV cache; pass the whole sequence every step "
+                             "(generate() does)")
+        if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
+                             f"{tuple(input_ids.shape)}: they must be equal")
+        if input_ids.shape[-1] == 0:
+            raise ValueError("input_ids holds no token")
+        limit = self.config.max_position_embeddings
+        last = input_ids.shape[-1] if position_ids is None else int(position_ids.max()) + 1
+        if last > limit:
+            raise ValueError(f"positions up to {last} but the model was trained on {limit} "
+                             f"(max_position_embeddings): truncate the input (tokenizer truncation=True)")
 
     def _unpadded_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Left-padded rows (batched generation): each row's real tokens on their own, positions from
@@ -452,6 +473,11 @@ class AscenderDistForCausalLM(AscenderDistPreTrainedModel, GenerationMixin):
             raise ValueError("attention_mask must be one contiguous run of ones per row: left padding, or "
                              "right padding for scoring only (generate() needs padding_side='left')")
         return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def _cached_length(past) -> int:
+    """Tokens a KV cache holds: a transformers Cache's sequence length, or a legacy tuple's layers."""
+    return int(past.get_seq_length()) if hasattr(past, "get_seq_length") else len(past)
 
 
 __all__ = ["AscenderDistConfig", "AscenderDistForCausalLM", "AscenderDistModel", "AscenderDistPreTrainedModel",

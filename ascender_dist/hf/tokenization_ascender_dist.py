@@ -37,6 +37,8 @@ class AscenderDistTokenizer(PreTrainedTokenizer):
         # spells them out); transformers would otherwise cut them out as special ids and encode
         # the pieces around them separately, each with its own dummy prefix
         kwargs.setdefault("split_special_tokens", True)
+        # as the fast tokenizer an export writes: the model's generate() needs left padding
+        kwargs.setdefault("padding_side", "left")
         super().__init__(**kwargs)
 
     @property

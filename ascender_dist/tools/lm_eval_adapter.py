@@ -241,7 +241,13 @@ def load_tokenizer(path: Path):
     if (path / "tokenizer.model").is_file():
         from ascender_dist.hf.tokenization_ascender_dist import AscenderDistTokenizer
 
-        return AscenderDistTokenizer(vocab_file=str(path / "tokenizer.model"))
+        # the trained context from the export's config.json, so that truncation=True truncates to it
+        from ascender_dist.tools.convert import read_json_file
+
+        config = path / "config.json"
+        context = read_json_file(config).get("max_position_embeddings") if config.is_file() else None
+        extra = {"model_max_length": context} if isinstance(context, int) else {}
+        return AscenderDistTokenizer(vocab_file=str(path / "tokenizer.model"), **extra)
     raise AdapterError(f"{path}: no tokenizer (export with --tokenizer, or set data.tokenizer in the run)")
 
 
