@@ -1,0 +1,105 @@
+"""bf16 + ZeRO-1 at DP2 trains like bf16 + ZeRO-1 on one process (the layout of every shipped
+configs/scaling/*.yaml: bf16, ZeRO-1, data parallel only), for gpt, ascender and connection: the same
+initial weights and global batches (4 micro-batches, accumulated by the reference, 2 per rank at
+DP2), STEPS AdamW steps; per-step losses, per-step global gradient norms (the norm clipping used) and
+the final fp32 master weights are compared. test_layouts covers these layouts in fp32 only, and
+test_model_parity bf16 only for one TP2 forward/backward.
+
+Measured (2 CPU ranks, gloo, 6 steps): gradient norms and every master weight are bit-identical to
+the reference, the losses differ by <= 4.8e-7 (the fp32 mean of the micro-batch losses, taken in
+another order). Each micro-batch runs the same bf16 kernels on the same sequences in both runs, and
+the fp32 sums of their bf16 gradients (scaled by 1/GAS and 1/DP, powers of two) come out exact. The
+tolerances still allow for rounding (a reduction that sums in another order is no bug): small
+multiples of bf16's unit roundoff, measured against two rounding perturbations of the DP run
+(workers/bf16_data_parallel._variant), worst over the three models, loss / grad norm / weights:
+- every reduced gradient times (1 + 2^-23 N(0, 1)), about one fp32 rounding: 1.5e-5 / 3.1e-4 / 0.002
+  (each >= 15x inside its tolerance);
+- every reduced gradient rounded to bf16 (train.grad_reduce_dtype bf16): 6.8e-5 / 2.3e-3 / 0.05-0.39
+  (0.39: ASCender's QKV). The weight check rejects it, for all three models: Adam divides each
+  gradient element by its own scale, so a rounding of an element near zero becomes a step of up to
+  lr; keeping that precision is what the default fp32 reduction is for.
+Weights are compared per tensor, max |w - w_ref| against how far the tensor moved, max |w_ref - w_init|:
+a tolerance in bf16 ulps of the weight would exceed a norm weight's whole change (< 1 ulp at 1.0).
+
+Mutations, measured with the same comparison (worst step / tensor over the three models):
+- rank 1's gradient dropped before the DP all-reduce: loss 1.6e-2 - 6.2e-2, grad norm 0.44 - 0.50
+  relative, weights 1.75 - 1.82 of their change;
+- rank 1's gradient doubled: loss 2.9e-3 - 6.3e-3, grad norm 0.55, weights 1.47 - 1.60;
+- the 1/GAS loss scaling skipped (twice the gradient at DP2): grad norm 1.0 relative, but loss
+  <= 8.6e-6 and weights <= 0.002: every step clips (the reference's norms are all above grad_clip)
+  and Adam normalises, so only the gradient norm sees a constant factor.
+The doubled rank and the skipped scaling run here as the negative control (on gpt).
+"""
+
+import pytest
+
+from tests.distributed.workers.bf16_data_parallel import ARCHS, STEPS
+from tests.helpers.data import make_tiny_dataset
+from tests.helpers.multiproc import assert_check, run_ranks
+from tests.helpers.numeric import nan_max
+
+pytestmark = pytest.mark.distributed
+
+EPS = 2.0**-8  # bf16's unit roundoff: the largest relative error of one rounding to 8 significant bits
+# per step, absolute (losses ~6.2): 3.7x the largest change a bf16-rounded reduction made, 12x below the
+# smallest a doubled rank made (no natural bf16 unit: one rounding of the loss value itself is up to 1.6e-2)
+LOSS_TOL = 2.5e-4
+GRAD_NORM_RTOL = 2 * EPS  # 7.8e-3 per step, relative to the reference's norm (bugs: >= 0.44)
+WEIGHT_RTOL = 8 * EPS  # 3.1e-2 of the tensor's largest change, per tensor (bugs: >= 1.47)
+GRAD_CLIP = 0.25  # layouts._config's optimizer.grad_clip
+# (the mutation the negative control applies to gpt, the comparisons it must fail)
+NEGATIVE_CONTROLS = {"rank1_grad_doubled": {"loss", "grad_norm", "weights"},
+                     "no_accumulation_scaling": {"grad_norm"}}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    args = {"data": make_tiny_dataset(tmp_path_factory.mktemp("data")), "root": str(tmp_path_factory.mktemp("runs")),
+            "variants": [["gpt", variant] for variant in NEGATIVE_CONTROLS]}
+    run_ranks("tests.distributed.workers.bf16_data_parallel:reference", world_size=1, timeout=300, args=args)
+    return run_ranks("tests.distributed.workers.bf16_data_parallel:data_parallel", world_size=2, timeout=400,
+                     args=args)
+
+
+def _violations(value: dict) -> dict:
+    """The comparisons of one DP run that exceed their tolerance: {comparison: worst difference}."""
+    bad = {"loss": nan_max(abs(a - b) for a, b in zip(value["losses"], value["reference_losses"])),
+           "grad_norm": nan_max(abs(a - b) / b for a, b in zip(value["grad_norms"], value["reference_grad_norms"])),
+           # a tensor the reference did not move (ASCender's kappa: no gradient reaches it in these bf16
+           # runs) must not move at DP2 either
+           "weights": {name: diff for name, (diff, moved) in value["weights"].items()
+                       if not diff <= WEIGHT_RTOL * moved}}
+    within = {"loss": bad["loss"] <= LOSS_TOL, "grad_norm": bad["grad_norm"] <= GRAD_NORM_RTOL,
+              "weights": not bad["weights"]}  # False for NaN
+    return {name: worst for name, worst in bad.items() if not within[name]}
+
+
+def _checked(results, name: str) -> dict:
+    """Rank 0's result of ``name``, after the checks that make its comparison mean something."""
+    value = assert_check(results, name)[0]
+    used, ref_used = value["used"], value["reference_used"]
+    for run, dp, accumulation in ((used, 2, 2), (ref_used, 1, 4)):  # bf16 really ran, with the batch split asked
+        assert run == {"optimizer": "BF16_Optimizer", "param_dtypes": ["torch.bfloat16"], "data_parallel_size": dp,
+                       "gradient_accumulation_steps": accumulation}, value
+    assert len(value["losses"]) == len(value["reference_losses"]) == STEPS, value
+    assert value["reference_losses"][-1] < value["reference_losses"][0] - 0.1, value  # the reference trains
+    assert None not in value["grad_norms"] and len(value["grad_norms"]) == STEPS, value
+    assert len(value["weights"]) > 20, value
+    return value
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_zero1_data_parallel_matches_single_process(results, arch):
+    value = _checked(results, arch)
+    assert _violations(value) == {}, value
+
+
+@pytest.mark.parametrize("mutation", sorted(NEGATIVE_CONTROLS))
+def test_the_comparison_rejects_a_data_parallel_gradient_bug(results, mutation):
+    """Negative control: the same comparison on a DP run with a deliberate bug must fail it, and
+    in the comparisons expected (a skipped 1/GAS scaling only in the gradient norm: every step clips,
+    see the module docstring)."""
+    value = _checked(results, f"gpt_{mutation}")
+    assert value["variant_calls"] > 0, value  # the bug really ran
+    assert min(value["reference_grad_norms"]) > GRAD_CLIP, value
+    assert set(_violations(value)) == NEGATIVE_CONTROLS[mutation], (_violations(value), value)
