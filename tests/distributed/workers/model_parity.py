@@ -210,14 +210,16 @@ def pipeline_recompute_matches_plain(raw_cfg: dict) -> dict:
 
 def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
     """megatron dist-checkpointing: save at TP=2, load at TP=1; every tensor (per-head ASCender
-    parameters, sharded Connection weights included) must come back whole."""
+    parameters, sharded Connection weights included) must come back whole, each TP rank's shard in
+    its place. ``equal_tp_halves``: the TP-sharded tensors whose two saved halves are equal (a
+    checkpoint that swapped them would pass; must be none)."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as mps
 
     from ascender_dist.config.resolve import config_from_dict, derive
     from ascender_dist.training.engine import build_run_model
-    from ascender_dist.parallel.consolidate import gather_full_state
+    from ascender_dist.parallel.consolidate import gather_full_state, split_full, tp_partition
     from ascender_dist.parallel.setup import init_model_parallel, init_process_group
 
     init_process_group()
@@ -235,12 +237,26 @@ def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
         if tp == 2:
             # every tensor moved away from any fresh initialisation (per-head constants, the Connection
             # weights seeded the same at any TP size): a tensor the checkpoint drops, or loads into the
-            # wrong heads, then differs after the load. Same noise on both TP ranks (replicas stay equal).
+            # wrong heads, then differs after the load. The noise is drawn for the whole tensor, the same
+            # on both ranks, and each rank adds its own shard of it (replicated tensors stay equal): every
+            # head gets its own values. ASCender's per-head omega, delta, kappa, lambdas and tau_score
+            # start as one constant for all heads, so noise of the shard's shape (the same on both ranks,
+            # as before) left both halves equal, and a checkpoint whose per-head ShardedTensors swapped
+            # the two ranks' offsets passed with max_diff 0.0 (mutation run; it fails now: 0.22).
             noise = torch.Generator().manual_seed(7)
-            for param in model.parameters():
-                param.data.add_(0.1 * torch.randn(param.shape, generator=noise, dtype=param.dtype))
+            tp_rank = mps.get_tensor_model_parallel_rank()
+            split = {}  # name: (dim, stride) of the TP-sharded tensors
+            for name, param in model.named_parameters():
+                sharded, dim, stride = tp_partition(param)
+                whole = [n * tp if sharded and d == dim else n for d, n in enumerate(param.shape)]
+                full = 0.1 * torch.randn(whole, generator=noise, dtype=param.dtype)
+                param.data.add_(split_full(full, dim, tp, tp_rank, stride) if sharded else full)
+                if sharded:
+                    split[name] = (dim, stride)
             dist_checkpointing.save(model.sharded_state_dict(), str(path))
             saved = gather_full_state(model, mps.get_tensor_model_parallel_group())
+            equal_halves = sorted(name for name, (dim, stride) in split.items()
+                                  if torch.equal(*(split_full(saved[name], dim, tp, r, stride) for r in range(tp))))
         else:
             fresh = gather_full_state(model, mps.get_tensor_model_parallel_group())
             dist_checkpointing.load(model.sharded_state_dict(), str(path))
@@ -248,4 +264,4 @@ def dist_checkpoint_reshard(raw_cfg: dict, root: str) -> dict:
     diffs = {name: (loaded[name] - value).abs().max().item() for name, value in saved.items()}
     equal_before_load = sorted(name for name, value in saved.items() if torch.equal(fresh[name], value))
     return {"max_diff": nan_max(diffs.values()), "num": len(diffs), "same_names": sorted(saved) == sorted(loaded),
-            "equal_before_load": equal_before_load}
+            "equal_before_load": equal_before_load, "num_tp_sharded": len(split), "equal_tp_halves": equal_halves}
