@@ -82,11 +82,16 @@ ARCHS["gpt_llama"] = {"activation": "swiglu", "normalization": "RMSNorm", "add_b
 ARCHS["connection_linear"] = {"architecture": "connection",
                               "connection": {**{k: v for k, v in ARCHS["connection"]["connection"].items()
                                                 if k != "rank"}, "connection": "linear"}}
+# GPT attention and ASCender layers alternating (the architectures grid's gpt+ascender model): the
+# pattern's two attention kinds share one layer stack, split over TP and PP stages
+ARCHS["mixed_as"] = {"architecture": "ascender", "layer_pattern": "AS", "add_bias_linear": False,
+                     "ascender": ARCHS["ascender"]["ascender"]}
 ARCH_STEPS = {"ascender_topk": 1}
 ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_dp2_zero3"),
                 "gpt_learned_pos": ("pp2",),
                 "ascender_topk": ("pp2", "dp2_zero1", "dp2_zero3", "dp2_recompute", "pp2_dp2"),
                 "mixed_sc": ("tp2", "pp2", "dp2_zero1", "tp2_pp2"),
+                "mixed_as": ("tp2", "pp2", "dp2_zero1", "tp2_pp2"),
                 "gpt_untied": ("pp2", "tp2_pp2"),
                 # the aux losses' gradient scale with accumulation 2 per pipeline, ZeRO-3, sequence parallel
                 "ascender_aux": ("dp2_zero1", "pp2", "tp2", "pp2_dp2", "tp2_dp2_zero3", "tp2_sequence_parallel"),
@@ -131,7 +136,10 @@ LAYOUTS = {
         # partitioned gradients of TP-sharded weights; ZeRO-0 over a pipeline with data parallelism
         "tp2_dp2_zero0": {"tensor_model_parallel_size": 2, "zero_stage": 0},
         "tp2_dp2_zero2": {"tensor_model_parallel_size": 2, "zero_stage": 2},
-        "pp2_dp2_zero0": {"pipeline_model_parallel_size": 2, "zero_stage": 0}},
+        "pp2_dp2_zero0": {"pipeline_model_parallel_size": 2, "zero_stage": 0},
+        # TP x DP at the default ZeRO stage (1) without sequence parallel: the optimizer states of
+        # TP-sharded weights partitioned over DP
+        "tp2_dp2_zero1": {"tensor_model_parallel_size": 2, "zero_stage": 1}},
 }
 
 
