@@ -1,6 +1,8 @@
 """Checks run on 2 ranks: tensor-parallel layouts vs TP=1 with the same weights."""
 
+import contextlib
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -14,11 +16,27 @@ DEBUG = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidd
 CAUSAL_MODELS = {"gpt": {}, "ascender": {"architecture": "ascender", "ascender": ASC},
                  "connection": {"architecture": "connection", "connection": CONN},
                  "mixed_sc": {"architecture": "connection", "layer_pattern": "SC", "ascender": ASC,
-                              "connection": CONN}}
+                              "connection": CONN},
+                 # the adaptive stop firing: at this seed and threshold 6 of the 8 (sample, chunk) reasoning
+                 # states stop after 1 step, 2 run all 3 (measured at TP=1; CONN's threshold 0 never stops)
+                 "connection_adaptive": {"architecture": "connection", "connection": {**CONN, "threshold": 0.8}},
+                 # the fast path's causal moment states (every MOMENT_STRIDE keys, 256 by default: more than
+                 # the 32 tokens here) at a stride of 8, so chunks read states of earlier keys
+                 "ascender_moment_states": {"architecture": "ascender", "ascender": ASC}}
+CAUSAL_MOMENT_STRIDE = {"ascender_moment_states": 8}
 CAUSAL_LAYOUTS = {"tp2": {"tensor_model_parallel_size": 2},
                   "tp2_sp": {"tensor_model_parallel_size": 2, "sequence_parallel": True}}
-CAUSAL_UNSUPPORTED = {("connection", "tp2_sp"), ("mixed_sc", "tp2_sp")}  # refused: Connection layers and SP
+CAUSAL_UNSUPPORTED = {("connection", "tp2_sp"), ("mixed_sc", "tp2_sp"),  # refused: Connection layers and SP
+                      ("connection_adaptive", "tp2_sp")}
 CAUSAL_POSITIONS = (5, 7, 15, 20)
+
+
+def _causality(name: str, raw_cfg: dict) -> dict:
+    """tp_causality of CAUSAL_MODELS' ``name``, at its CAUSAL_MOMENT_STRIDE if it has one."""
+    stride = CAUSAL_MOMENT_STRIDE.get(name)
+    with (mock.patch("ascender_dist.models.ascender.fast_moments.MOMENT_STRIDE", stride) if stride
+          else contextlib.nullcontext()):
+        return tp_causality(raw_cfg, CAUSAL_POSITIONS)
 
 
 def main(args):
@@ -62,8 +80,8 @@ def main(args):
         # no future leak under TP (heads split, vocabulary-parallel logits) and sequence parallel (the
         # sequence itself split between the ranks around every layer): positions inside, at the end
         # of and after a chunk / neighbourhood window
-        **{f"causal_{name}_{layout}": (lambda model=model, parallel=parallel: tp_causality(
-            {"model": {**DEBUG, **model}, "parallel": parallel}, CAUSAL_POSITIONS))
+        **{f"causal_{name}_{layout}": (lambda name=name, model=model, parallel=parallel: _causality(
+            name, {"model": {**DEBUG, **model}, "parallel": parallel}))
            for name, model in CAUSAL_MODELS.items() for layout, parallel in CAUSAL_LAYOUTS.items()
            if (name, layout) not in CAUSAL_UNSUPPORTED},
         # the same seed gives the same initial weights at TP=1 and TP=2 (a layer after a Connection layer too)
