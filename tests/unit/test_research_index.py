@@ -171,7 +171,8 @@ def test_the_index_adjusts_p_over_the_distinct_comparisons_of_a_report():
     steps6 = next(r for r in rows if (r["config"], r["reference"]) == ("steps6", "connection"))
     assert round(steps6["p_holm"], 3) == 0.076
     text = "\n".join(index.section("connection", full))
-    assert "| Δ over seeds [95% paired t] | p Holm (13) | seeds |" in text and "documents resampled] | p Holm (13) |" in text
+    assert "| Δ over seeds [95% paired t] | p Holm (13) | seeds |" in text
+    assert "| Δ per sequence, these trained models [" in text and "documents resampled] | p Holm (13), these models |" in text
     assert "| steps6 − connection | +0.0123 [+0.0059, +0.0186] | 0.076 |" in text
     assert "over the report's 13 distinct comparisons" in text
 
