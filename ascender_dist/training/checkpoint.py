@@ -365,8 +365,9 @@ def _remove_leftover_or_warn(path: Path) -> None:
         log.warning("%s: could not remove what a crashed save left (%s); the next save tries again", path, exc)
 
 
-def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
-    """Delete complete checkpoints beyond the newest ``keep_last`` (and their universal copies),
+def _prune(checkpoint_dir: Path, keep_last: int, latest: str, protect=None) -> None:
+    """Delete complete checkpoints beyond the newest ``keep_last`` and those ``protect`` names (see
+    save_checkpoint) (and their universal copies),
     incomplete ones older than latest, and what crashed saves and conversions left behind (staging,
     moved-aside and half-deleted directories, universal conversions' work directories). A universal
     copy of a moved-aside tag (``step_N.replaced-universal``) goes at the first save after it was
@@ -376,6 +377,9 @@ def _prune(checkpoint_dir: Path, keep_last: int, latest: str) -> None:
     # take no place among the keep_last
     line = [tag for tag in complete_tags(checkpoint_dir) if step_of_tag(tag) <= latest_step]
     keep = set(line[-keep_last:]) | {latest}
+    if protect is not None:
+        wanted = protect([step_of_tag(tag) for tag in line])
+        keep |= {tag for tag in line if step_of_tag(tag) in wanted}
     listing = list(Path(checkpoint_dir).iterdir())
     names = {path.name for path in listing}  # what existed before this pass deleted anything
     for path in listing:
@@ -501,8 +505,10 @@ def _with_file_records(extra_files: dict[str, str], records: dict) -> dict[str, 
 
 
 def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict, keep_last: int,
-                    extra_files: Optional[dict[str, str]] = None) -> str:
-    """Collective: every rank must call it. Returns the tag written.
+                    extra_files: Optional[dict[str, str]] = None, protect=None) -> str:
+    """Collective: every rank must call it. Returns the tag written. ``protect``: a function of the
+    complete checkpoints' steps (ascending) giving those pruning must keep beyond ``keep_last`` (an
+    open rollback row's targets, RollbackPolicy.protected_steps).
 
     A write that fails on any rank (disk full, permission) fails the save on every rank with the
     same one-line CheckpointError naming the directory and its free space; the staging directory
@@ -561,15 +567,15 @@ def save_checkpoint(engine, checkpoint_dir: Path, step: int, client_state: dict,
     if failure:
         raise _save_failed(checkpoint_dir, tag, failure)
     if rank == 0:
-        _prune_after_save(checkpoint_dir, keep_last, tag)
+        _prune_after_save(checkpoint_dir, keep_last, tag, protect)
     return tag
 
 
-def _prune_after_save(checkpoint_dir: Path, keep_last: int, tag: str) -> None:
+def _prune_after_save(checkpoint_dir: Path, keep_last: int, tag: str, protect=None) -> None:
     """_prune once ``latest`` names ``tag``: the save is complete, so a pruning error (a busy or
     stale directory on shared storage) is a warning, not a failed save; the next save prunes again."""
     try:
-        _prune(checkpoint_dir, keep_last, tag)
+        _prune(checkpoint_dir, keep_last, tag, protect)
     except OSError as exc:
         log.warning("%s: %s is saved, but pruning older checkpoints failed (%s); the next save tries again",
                     checkpoint_dir, tag, exc)

@@ -46,6 +46,16 @@ class RollbackPolicy:
         if self.trigger_step is not None and step > self.trigger_step:
             self.in_a_row, self.trigger_step, self.target_step = 0, None, None
 
+    def protected_steps(self, steps: list[int]) -> set[int]:
+        """The checkpoint steps among ``steps`` (ascending) that pruning must keep while a row is open:
+        the previous rollback's target and the newest one older than it, where a repeat goes. Without
+        them a small ``checkpoint.keep_last`` (or saves inside the row) pruned the older checkpoint and
+        a repeat rollback went to the same or a newer one."""
+        if self.target_step is None:
+            return set()
+        older = [step for step in steps if step < self.target_step]
+        return {self.target_step, *older[-1:]}
+
     def next_target(self, bad_step: int, good_steps: list[int]) -> Optional[int]:
         """The checkpoint step to roll back to after bad steps ending at ``bad_step``, chosen among
         ``good_steps`` (ascending steps of complete checkpoints from before the bad steps began);

@@ -202,8 +202,15 @@ def resume_tag_for_layout(directory: Path, pstate: ParallelState, zero_stage: in
     match (_check_saved_layout).
     Collective: every rank calls it (a rollback target goes through it too)."""
     tag = tag or ckpt.agreed_latest_tag(directory)
-    meta = ckpt.read_meta(directory, tag)
-    _check_saved_layout(directory / tag, meta, pstate, zero_stage, precision)
+
+    def checked_meta() -> dict:
+        meta = ckpt.read_meta(directory, tag)
+        _check_saved_layout(directory / tag, meta, pstate, zero_stage, precision)
+        return meta
+
+    # every rank reads it (its own view of shared storage): a rank that cannot, or finds another layout,
+    # must not leave the others waiting in the next collective (a rollback's tag comes from rank 0's listing)
+    meta = on_every_rank(checked_meta)
     saved_dp = meta.get("data_parallel_size", pstate.dp_size)
     if saved_dp == pstate.dp_size or zero_stage == 0:  # ZeRO-0: every rank holds the whole optimizer state
         return tag

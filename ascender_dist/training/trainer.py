@@ -181,7 +181,7 @@ class Trainer:
                           "validation_due": self.validation_due == step,
                           "callbacks": self._callback_states(),
                           "padded_vocab_size": self.derived.padded_vocab_size},
-            keep_last=self.cfg.checkpoint.keep_last,
+            keep_last=self.cfg.checkpoint.keep_last, protect=self.rollback_policy.protected_steps,
             extra_files={"config.yaml": dump_yaml(to_dict(self.cfg)),
                          "meta.json": json.dumps(self.checkpoint_meta(step), indent=1)},
         )
@@ -298,19 +298,29 @@ class Trainer:
                                   f"{values['train/loss']:.4g}); set train.max_consecutive_bad_steps to roll back")
         return batches
 
-    def _complete_checkpoint_steps(self) -> list[int]:
-        """Steps of the complete checkpoints, as rank 0 sees them (every rank must load the same one)."""
+    def _held_checkpoints(self) -> dict[int, str]:
+        """{step: tag} of every complete checkpoint, as rank 0 sees them (every rank must load the same
+        one): a complete ``step_N.replaced`` that a same-step save killed between its two renames left
+        counts as step N's (the resume may have started from it) when ``step_N`` itself is missing."""
         directory = self.derived.checkpoint_dir
-        return ckpt.from_rank0(lambda: [ckpt.step_of_tag(tag) for tag in ckpt.complete_tags(directory)])
+
+        def held() -> dict[int, str]:
+            found: dict[int, str] = {}
+            for tag in ckpt.held_tags(directory):  # by step, a step's own tag before its moved-aside copy
+                found.setdefault(ckpt.step_of_tag(tag.removesuffix(ckpt.REPLACED)), tag)
+            return found
+
+        return ckpt.from_rank0(held)
 
     def rollback(self, loss: float):
         """Load an earlier checkpoint (weights, optimizer, step, guard) but keep the data position, so
         the batches that failed are not replayed; or stop the job when the run keeps diverging."""
         bad_step, bad_start = self.step, self.step - self.consecutive_bad + 1
-        good = [step for step in self._complete_checkpoint_steps() if step < bad_start]
+        good_tags = {step: tag for step, tag in self._held_checkpoints().items() if step < bad_start}
+        good = sorted(good_tags)
         target = self.rollback_policy.next_target(bad_step, good)
         if target is None:
-            last_good = (f"last good checkpoint {self.derived.checkpoint_dir / ckpt.tag_for_step(good[-1])}"
+            last_good = (f"last good checkpoint {self.derived.checkpoint_dir / good_tags[good[-1]]}"
                          if good else f"no checkpoint from before step {bad_start} to roll back to")
             raise DivergenceError(
                 f"step {bad_step}: loss {loss:.4g}, {self.consecutive_bad} bad steps in a row after "
@@ -318,7 +328,7 @@ class Trainer:
                 f"{self.cfg.train.max_rollbacks}); {last_good}")
         data_state, row, skipped = self.loader.state_dict(), self.rollback_policy.state_dict(), self.skipped_steps
         rollbacks = self.rollbacks
-        self.resume(ckpt.tag_for_step(target))
+        self.resume(good_tags[target])
         self.loader.load_state_dict(data_state)
         self.rollback_policy.load_state_dict(row)  # the row goes on, whatever row the target had recorded
         self.skipped_steps = skipped  # the skipped steps that led here stay counted

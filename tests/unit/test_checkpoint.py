@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ascender_dist.training import checkpoint as ckpt
+from ascender_dist.training.rollback import RollbackPolicy
 from tests.helpers.fs_events import record_syncs_renames_and_deletes
 from tests.helpers.single_rank import single_rank_group  # noqa: F401  (fixture)
 
@@ -647,3 +648,56 @@ def test_a_conversion_child_dies_with_its_rank(tmp_path):
     if alive(child):
         os.kill(child, 9)
     assert not alive(child), "the conversion child outlived its rank"
+
+
+# ----------------------------------------------------------------------------- found in review (2026-12-02): rollback rows
+def test_an_open_rollback_row_keeps_the_checkpoints_a_repeat_needs(single_rank_group, tmp_path):
+    """keep_last=1, saves at 100 and 200, a rollback to 200 (trigger 300), then a save at 300 inside the
+    row: pruning kept only 300, so a repeat rollback went to 300, newer than the previous target. The row's
+    target and the newest checkpoint older than it now stay until the row ends."""
+    policy = RollbackPolicy(max_rollbacks=3)
+
+    def save(step):
+        policy.saved(step)
+        return ckpt.save_checkpoint(FakeEngine(f"v{step}"), tmp_path, step, client_state={}, keep_last=1,
+                                    extra_files={"meta.json": '{"step": %d}' % step},
+                                    protect=policy.protected_steps)
+
+    save(100)
+    assert policy.next_target(300, [100]) == 100  # (only 100 held here: keep_last 1)
+    save(100)  # the rollback's re-save
+    save(200)
+    assert ckpt.complete_tags(tmp_path) == ["step_00000100", "step_00000200"]  # 100: the row's target
+    policy.next_target(250, [100, 200])  # a repeat inside the row: older than 100, or 100 again
+    save(100)
+    save(250)
+    assert ckpt.complete_tags(tmp_path) == ["step_00000100", "step_00000250"]
+    save(400)  # past the trigger (300): the row ends, keep_last alone decides again
+    assert ckpt.complete_tags(tmp_path) == ["step_00000400"]
+
+
+def test_a_rollback_row_protects_its_target_and_the_next_older_step():
+    policy = RollbackPolicy(max_rollbacks=3)
+    assert policy.protected_steps([100, 200, 300]) == set()  # no row
+    policy.next_target(350, [100, 200, 300])
+    assert policy.protected_steps([100, 200, 300, 400]) == {300, 200}
+    policy.next_target(380, [100, 200, 300])  # a repeat: 200
+    assert policy.protected_steps([100, 200, 300]) == {200, 100}
+    policy.next_target(390, [100, 200, 300])  # 100: nothing older
+    assert policy.protected_steps([100, 200]) == {100}
+
+
+def test_rollback_candidates_include_a_copy_a_same_step_save_left_aside(tmp_path):
+    """A rollback's re-save of step 200 (latest step_200) killed between its two renames leaves
+    step_200.replaced, from which the restarted job resumes; the rollback candidates skipped it, so a
+    repeat found no checkpoint before the trouble (or went a whole interval further back)."""
+    import types
+
+    from ascender_dist.training.trainer import Trainer
+
+    for name in ("step_00000100", "step_00000200.replaced", "step_00000300", "step_00000300.replaced"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / ckpt.COMPLETE).write_text("x")
+    fake = types.SimpleNamespace(derived=types.SimpleNamespace(checkpoint_dir=tmp_path))
+    assert Trainer._held_checkpoints(fake) == {100: "step_00000100", 200: "step_00000200.replaced",
+                                               300: "step_00000300"}  # a step's own tag first
