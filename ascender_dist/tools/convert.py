@@ -478,18 +478,23 @@ def check_reshard_data(cfg, source: Path) -> None:
     checked before the ranks start (each rank would fail alone after the launch). ``source``: the
     config.yaml the settings came from."""
     from ascender_dist.training.run import loader_source
+    from data_pipeline.shards import MANIFEST_NAME
 
     src, _ = loader_source(cfg)
     manifests = [m for m, _ in src] if isinstance(src, list) else [src]
     fields = [f"data.mixture[{i}].manifest" for i in range(len(manifests))] if isinstance(src, list) else ["data.manifest"]
     for field_name, manifest in zip(fields, manifests):
-        if not manifest:
+        text = str(manifest or "").strip()
+        if not text:
             raise ConversionError(source, f"{field_name}: not set; reshard builds the run's data loader (pass "
                                           f"--set {field_name}=PATH)")
-        local = "://" not in str(manifest) and not str(manifest).startswith("pipe:")
-        if local and str(manifest).endswith(".json") and not Path(manifest).is_file():
-            raise ConversionError(manifest, f"{field_name} of {source} not found here; reshard builds the run's data "
-                                            f"loader (pass --set {field_name}=PATH)")
+        if "://" in text or text.startswith("pipe:"):  # a URL pattern: read by the loader, not checked here
+            continue
+        # what the loader reads as a manifest (data_pipeline.loader): a .json file, or a directory holding one
+        wanted = Path(text) / MANIFEST_NAME if Path(text).is_dir() else Path(text)
+        if wanted.suffix == ".json" and not wanted.is_file():
+            raise ConversionError(wanted, f"{field_name} of {source} not found here; reshard builds the run's data "
+                                          f"loader (pass --set {field_name}=PATH)")
 
 
 def refuse_other_tokenizer(path, found: str, meta: dict, meta_file: Path, trained: str = "the weights were",
@@ -533,5 +538,6 @@ def reshard(consolidated_dir: Path, checkpoint_dir: Path, overrides: list[str]) 
     cfg = reshard_config(cfg, checkpoint_dir, overrides, Path(consolidated_dir) / "config.yaml")
     check_reshard_tokenizer(cfg, meta, meta_file)
     trainer = Trainer(cfg, init_state=state)
+    trainer.code_record = meta.get("code")  # the code that trained these weights, not this reshard's
     trainer.loader.load_state_dict(meta["data"])  # the LR follows from the step (training.lr_schedule)
     trainer.save(step=int(meta["step"]))

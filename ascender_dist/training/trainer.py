@@ -70,7 +70,9 @@ class Trainer:
         # the step whose validation a stop skipped (the save came first): run when training goes on from it
         self.validation_due: Optional[int] = None
         self.data_record = {"data_fingerprint": data_fingerprint(cfg), "data_changes": []}  # -> meta.json
-        self.code_record = git_state()  # -> meta.json: the commit (and uncommitted changes) that trains
+        # -> meta.json: the commit (and uncommitted changes) of this job, which trains the weights it saves
+        # (a reshard, which trains nothing, puts its source's record here)
+        self.code_record = git_state()
         if cfg.checkpoint.auto_resume:
             self.resume()
 

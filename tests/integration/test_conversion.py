@@ -113,11 +113,22 @@ def source_logs(runs):
 
 @pytest.fixture(scope="module")
 def resharded(runs, source_logs, tmp_path_factory):
-    """The TP2 run's consolidated weights resharded to TP1 x PP2 (a training checkpoint)."""
+    """The TP2 run's consolidated weights resharded to TP1 x PP2 (a training checkpoint); read from a
+    copy whose meta.json names another training commit (RESHARD_SOURCE_CODE), which the resharded
+    checkpoint must keep rather than record the resharding checkout's."""
+    import shutil
+
+    source = tmp_path_factory.mktemp("reshard-source") / "gpt_tp2"
+    shutil.copytree(runs["exports"] / "gpt_tp2", source)
+    meta = json.loads((source / "meta.json").read_text())
+    (source / "meta.json").write_text(json.dumps({**meta, "code": RESHARD_SOURCE_CODE}))
     out = tmp_path_factory.mktemp("resharded") / "checkpoints"
-    cli("reshard", "--consolidated", str(runs["exports"] / "gpt_tp2"), "--out", str(out),
+    cli("reshard", "--consolidated", str(source), "--out", str(out),
         "--set", "parallel.tensor_model_parallel_size=1", "--set", "parallel.pipeline_model_parallel_size=2")
     return out
+
+
+RESHARD_SOURCE_CODE = {"git_commit": "f" * 40, "git_dirty": False, "git_changes_sha256": None}
 
 
 def test_reshard_writes_nothing_into_the_source_run(runs, source_logs, resharded):
@@ -128,6 +139,7 @@ def test_reshard_writes_nothing_into_the_source_run(runs, source_logs, resharded
     meta = json.loads((resharded / "step_00000003" / "meta.json").read_text())
     source = json.loads((runs["exports"] / "gpt_tp2" / "meta.json").read_text())
     assert meta["tokenizer_sha256"] == source["tokenizer_sha256"] is not None
+    assert meta["code"] == RESHARD_SOURCE_CODE  # the code that trained the weights, not the reshard's
 
 
 def test_reshard_to_another_layout_resumes_training(runs, resharded):
