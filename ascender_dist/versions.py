@@ -8,6 +8,8 @@ all at its final checkpoint save."""
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -30,28 +32,38 @@ def package_versions(names: Iterable[str]) -> dict:
     return {name: package_version(name) for name in names}
 
 
+def _git(root: Path, *args: str, timeout: float = 60) -> str:
+    """``git -C root ARGS``'s output (a file name that is not UTF-8 kept as surrogate escapes)."""
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, errors="surrogateescape",
+                          timeout=timeout, check=True).stdout
+
+
 def git_state(root: Path = REPO) -> dict:
     """``{"git_commit": sha or None, "git_dirty": bool or None, "git_changes_sha256": sha or None}``
-    (None: not a git checkout). Dirty: tracked files differ from the commit, or files that git does
-    not ignore are untracked (a new module that is not committed changes what runs as much as an
-    edit); the changes' hash then tells two different sets of uncommitted changes apart (the commit
-    and the flag alone do not)."""
+    (None: ``root`` is not the top of a git checkout, e.g. a copy installed into a virtual environment
+    that lies inside some other checkout, whose commit says nothing about this code). Dirty: tracked
+    files differ from the commit, or files that git does not ignore are untracked (a new module that
+    is not committed changes what runs as much as an edit); the changes' hash then tells two different
+    sets of uncommitted changes apart (the commit and the flag alone do not). Never raises: recording
+    must not stop a run."""
+    unknown = {"git_commit": None, "git_dirty": None, "git_changes_sha256": None}
     try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=30, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=normal"],
-                                capture_output=True, text=True, timeout=60, check=True).stdout
+        if Path(_git(root, "rev-parse", "--show-toplevel", timeout=30).strip()).resolve() != Path(root).resolve():
+            return unknown
+        commit = _git(root, "rev-parse", "HEAD", timeout=30).strip()
+        status = _git(root, "status", "--porcelain", "--untracked-files=normal")
         changes = uncommitted_changes_sha256(root) if status.strip() else None
-    except (OSError, subprocess.SubprocessError):
-        return {"git_commit": None, "git_dirty": None, "git_changes_sha256": None}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return unknown
     return {"git_commit": commit or None, "git_dirty": bool(status.strip()), "git_changes_sha256": changes}
 
 
 def uncommitted_changes_sha256(root: Path = REPO) -> str:
     """sha256 over ``git diff HEAD`` (binary) and the name and bytes of every untracked file git does
-    not ignore: what a dirty checkout runs beyond its commit. An untracked file over
-    UNTRACKED_HASH_BYTES counts by name and size only: a run directory or dataset left inside the
-    checkout (not code) would otherwise be read in full by every rank of every run."""
+    not ignore: what a dirty checkout runs beyond its commit. Only regular files up to
+    UNTRACKED_HASH_BYTES are read; a larger one counts by name and size (a run directory or dataset
+    left inside the checkout would otherwise be read in full by every rank of every run), a symbolic
+    link by its target (one to /dev/zero would be read forever), anything else by its name."""
     digest = hashlib.sha256()
     digest.update(subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--binary"], capture_output=True,
                                  timeout=120, check=True).stdout)
@@ -61,8 +73,11 @@ def uncommitted_changes_sha256(root: Path = REPO) -> str:
         digest.update(b"\0" + name + b"\0")
         path = root / name.decode("utf-8", "surrogateescape")
         try:
-            size = path.stat().st_size
-            digest.update(path.read_bytes() if size <= UNTRACKED_HASH_BYTES else b"size %d" % size)
-        except OSError:  # gone meanwhile, or a directory entry git lists: its name counts
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                digest.update(b"link " + os.fsencode(os.readlink(path)))
+            elif stat.S_ISREG(info.st_mode):
+                digest.update(path.read_bytes() if info.st_size <= UNTRACKED_HASH_BYTES else b"size %d" % info.st_size)
+        except OSError:  # gone meanwhile: its name counts
             pass
     return digest.hexdigest()

@@ -23,7 +23,7 @@ def publish(name: str, lines: list[str], data, write: bool) -> bool:
 
 def commit_text(state: dict | None) -> str:
     """``Commit <12 hex>`` (``(dirty)`` when tracked files differed or untracked files existed) from a
-    ``git_state()`` dict (ascender_dist/research/ablate/provenance.py), or that it was not recorded."""
+    ``git_state()`` dict (ascender_dist/versions.py), or that it was not recorded."""
     if not state or not state.get("git_commit"):
         return "Commit not recorded"
     return f"Commit {state['git_commit'][:12]}{' (dirty)' if state.get('git_dirty') else ''}"

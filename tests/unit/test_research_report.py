@@ -118,6 +118,25 @@ def test_a_large_untracked_file_counts_by_name_and_size_not_read(tmp_path, monke
     assert provenance.git_state(tmp_path)["git_changes_sha256"] != small
 
 
+def test_links_and_directories_inside_another_checkout_are_not_read_or_credited(tmp_path):
+    """An untracked link to /dev/zero was followed (its size 0, then read forever); a copy of the code
+    installed below some other checkout (a virtual environment inside it) was credited with that
+    checkout's commit; a non-UTF-8 file name must not stop a run (recording never raises)."""
+    import os
+
+    _repo_with(tmp_path, "model.py", "std = 0.02\n")
+    os.symlink("/dev/zero", tmp_path / "zeros")
+    (tmp_path / "caf\udce9.txt".encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape")).write_text("x")
+    state = provenance.git_state(tmp_path)
+    assert state["git_dirty"] is True and len(state["git_changes_sha256"]) == 64
+    os.unlink(tmp_path / "zeros")
+    os.symlink("/dev/null", tmp_path / "zeros")  # another target: another hash
+    assert provenance.git_state(tmp_path)["git_changes_sha256"] != state["git_changes_sha256"]
+    (tmp_path / "venv" / "lib").mkdir(parents=True)
+    assert provenance.git_state(tmp_path / "venv" / "lib") == {"git_commit": None, "git_dirty": None,
+                                                                "git_changes_sha256": None}
+
+
 def test_untracked_files_make_a_checkout_dirty(tmp_path):
     _repo_with(tmp_path, ".gitignore", "runs/\n")
     (tmp_path / "runs").mkdir()
