@@ -98,9 +98,6 @@ def check_ascender_hparams(cfg) -> None:
     if not m.ascender.causal:
         raise ConfigError("model.ascender.causal", "must be true: the model is a causal decoder (a bidirectional "
                           "ASCender would let every position read the tokens it must predict)")
-    if m.attention_dropout and "A" not in expand_layer_pattern(m):  # no layer would apply it
-        raise ConfigError("model.attention_dropout", "ASCender attention has no attention dropout (it applies to "
-                                                     "'A' layers only, and the pattern has none); set 0.0")
 
 
 def unread_settings(m) -> dict[str, str]:
@@ -185,9 +182,6 @@ def check_connection_hparams(cfg) -> None:
         _check_connection_fits(cfg)
     if cfg.parallel.sequence_parallel:
         raise ConfigError("parallel.sequence_parallel", "not supported with Connection layers ('C' in the pattern)")
-    if m.attention_dropout and "A" not in expand_layer_pattern(m):  # no layer would apply it
-        raise ConfigError("model.attention_dropout", "Connection layers have no attention dropout (it applies to "
-                                                     "'A' layers only, and the pattern has none); set 0.0")
 
 
 def _check_connection_fits(cfg) -> None:
@@ -204,4 +198,18 @@ def _check_connection_fits(cfg) -> None:
 
 # Pattern check, then every layer kind's checks: each validates its own hyperparameters whenever
 # the pattern uses its letter (so a connection model with ASCender layers checks both)
-ARCHITECTURE_CHECKS = (check_layer_pattern, check_ascender_hparams, check_connection_hparams)
+def check_attention_dropout(cfg) -> None:
+    """Attention dropout is applied by 'A' layers only (ASCender and Connection layers have none): a
+    value with no 'A' layer in the pattern would be recorded and used by no layer."""
+    m = cfg.model
+    pattern = expand_layer_pattern(m)
+    if not m.attention_dropout or "A" in pattern:
+        return
+    kinds = {("S",): "ASCender attention has", ("C",): "Connection layers have"}
+    present = tuple(c for c in "SC" if c in pattern)
+    raise ConfigError("model.attention_dropout", f"{kinds.get(present, 'ASCender and Connection layers have')} no "
+                                                 "attention dropout (it applies to 'A' layers only, and the pattern "
+                                                 "has none); set 0.0")
+
+
+ARCHITECTURE_CHECKS = (check_layer_pattern, check_ascender_hparams, check_connection_hparams, check_attention_dropout)
