@@ -249,7 +249,7 @@ def _check_inputs(cluster: ClusterShape, mfu: float, tokens: Optional[int], head
             raise ConfigError(f"cluster.{name}", f"must be in [1, {MAX_COUNT}] (got {getattr(cluster, name)})")
     for name in ("gpu_memory_gib", "peak_tflops"):
         if not (math.isfinite(getattr(cluster, name)) and 0 < getattr(cluster, name) <= MAX_AMOUNT):
-            raise ConfigError(f"cluster.{name}", f"must be a finite number > 0 (got {getattr(cluster, name)})")
+            raise ConfigError(f"cluster.{name}", f"must be a number in (0, {MAX_AMOUNT:g}] (got {getattr(cluster, name)})")
     if not 0 < mfu <= 1:
         raise ConfigError("mfu", f"must be in (0, 1] (got {mfu})")
     if tokens is not None and not 1 <= tokens <= MAX_TOKENS:

@@ -366,7 +366,7 @@ def _remove_leftover_or_warn(path: Path) -> None:
 
 
 def _prune(checkpoint_dir: Path, keep_last: int, latest: str, protect=None) -> None:
-    """Delete complete checkpoints beyond the newest ``keep_last`` and those ``protect`` names (see
+    """Delete complete checkpoints beyond the newest ``keep_last``, except those ``protect`` names (see
     save_checkpoint) (and their universal copies),
     incomplete ones older than latest, and what crashed saves and conversions left behind (staging,
     moved-aside and half-deleted directories, universal conversions' work directories). A universal

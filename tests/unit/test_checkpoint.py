@@ -652,28 +652,29 @@ def test_a_conversion_child_dies_with_its_rank(tmp_path):
 
 # ----------------------------------------------------------------------------- found in review (2026-12-02): rollback rows
 def test_an_open_rollback_row_keeps_the_checkpoints_a_repeat_needs(single_rank_group, tmp_path):
-    """keep_last=1, saves at 100 and 200, a rollback to 200 (trigger 300), then a save at 300 inside the
-    row: pruning kept only 300, so a repeat rollback went to 300, newer than the previous target. The row's
-    target and the newest checkpoint older than it now stay until the row ends."""
+    """keep_last=2, saves at 100 and 200, a rollback to 200 (bad steps up to 300), then saves at 250 and
+    260 inside the row: pruning kept only 250 and 260, so a repeat rollback went to 250, newer than the
+    previous target. The row's target (200) and the newest checkpoint older than it (100, where a repeat
+    goes) now stay until a save past the trouble ends the row."""
     policy = RollbackPolicy(max_rollbacks=3)
 
     def save(step):
         policy.saved(step)
-        return ckpt.save_checkpoint(FakeEngine(f"v{step}"), tmp_path, step, client_state={}, keep_last=1,
+        return ckpt.save_checkpoint(FakeEngine(f"v{step}"), tmp_path, step, client_state={}, keep_last=2,
                                     extra_files={"meta.json": '{"step": %d}' % step},
                                     protect=policy.protected_steps)
 
     save(100)
-    assert policy.next_target(300, [100]) == 100  # (only 100 held here: keep_last 1)
-    save(100)  # the rollback's re-save
     save(200)
-    assert ckpt.complete_tags(tmp_path) == ["step_00000100", "step_00000200"]  # 100: the row's target
-    policy.next_target(250, [100, 200])  # a repeat inside the row: older than 100, or 100 again
-    save(100)
-    save(250)
-    assert ckpt.complete_tags(tmp_path) == ["step_00000100", "step_00000250"]
-    save(400)  # past the trigger (300): the row ends, keep_last alone decides again
-    assert ckpt.complete_tags(tmp_path) == ["step_00000400"]
+    assert policy.next_target(300, [100, 200]) == 200
+    for step in (200, 250, 260):  # the rollback's re-save, then two saves inside the row
+        save(step)
+    steps = [ckpt.step_of_tag(tag) for tag in ckpt.complete_tags(tmp_path)]
+    assert steps == [100, 200, 250, 260]
+    assert policy.next_target(280, [s for s in steps if s < 270]) == 100  # the repeat goes older
+    for step in (100, 400):  # its re-save; then a save past the trouble ends the row
+        save(step)
+    assert [ckpt.step_of_tag(tag) for tag in ckpt.complete_tags(tmp_path)] == [100, 400]
 
 
 def test_a_rollback_row_protects_its_target_and_the_next_older_step():

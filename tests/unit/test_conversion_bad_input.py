@@ -214,6 +214,11 @@ def test_reshard_data_is_checked_before_launching(consolidated, tmp_path, capsys
                  "--set", f"data.manifest={missing}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {missing}: data.manifest of {source} not found here") and "\n" not in err
+    (tmp_path / "emptydir").mkdir()  # a directory as the manifest: its manifest.json is what is read
+    assert main(["reshard", "--consolidated", str(consolidated), "--out", str(tmp_path / "o"),
+                 "--set", f"data.manifest={tmp_path / 'emptydir'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {tmp_path / 'emptydir' / 'manifest.json'}: data.manifest of {source} not found here")
     _, cfg, _ = read_consolidated(consolidated)
     mixture = reshard_config(cfg, tmp_path / "o", [f"data.mixture=[{{manifest: {missing}, weight: 1}}]"], source)
     with pytest.raises(ConversionError) as info:
