@@ -32,6 +32,11 @@ def package_versions(names: Iterable[str]) -> dict:
     return {name: package_version(name) for name in names}
 
 
+def unknown_git_state() -> dict:
+    """git_state's record when the code's checkout is not known."""
+    return {"git_commit": None, "git_dirty": None, "git_changes_sha256": None}
+
+
 def _git(root: Path, *args: str, timeout: float = 60) -> str:
     """``git -C root ARGS``'s output (a file name that is not UTF-8 kept as surrogate escapes)."""
     return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, errors="surrogateescape",
@@ -46,15 +51,14 @@ def git_state(root: Path = REPO) -> dict:
     is not committed changes what runs as much as an edit); the changes' hash then tells two different
     sets of uncommitted changes apart (the commit and the flag alone do not). Never raises: recording
     must not stop a run."""
-    unknown = {"git_commit": None, "git_dirty": None, "git_changes_sha256": None}
     try:
         if Path(_git(root, "rev-parse", "--show-toplevel", timeout=30).strip()).resolve() != Path(root).resolve():
-            return unknown
+            return unknown_git_state()
         commit = _git(root, "rev-parse", "HEAD", timeout=30).strip()
         status = _git(root, "status", "--porcelain", "--untracked-files=normal")
         changes = uncommitted_changes_sha256(root) if status.strip() else None
     except (OSError, ValueError, subprocess.SubprocessError):
-        return unknown
+        return unknown_git_state()
     return {"git_commit": commit or None, "git_dirty": bool(status.strip()), "git_changes_sha256": changes}
 
 

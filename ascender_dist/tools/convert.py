@@ -530,6 +530,7 @@ def reshard(consolidated_dir: Path, checkpoint_dir: Path, overrides: list[str]) 
     The run is built without log sinks (:func:`reshard_config`); it still builds the data loader,
     so the tokenizer and the data manifests must be readable at the paths the config names."""
     from ascender_dist.training.trainer import Trainer
+    from ascender_dist.versions import unknown_git_state
 
     check_reshard_out(checkpoint_dir, consolidated_dir)  # every rank, before the process group
     state, cfg, meta = read_consolidated(consolidated_dir)
@@ -537,7 +538,7 @@ def reshard(consolidated_dir: Path, checkpoint_dir: Path, overrides: list[str]) 
     require_fields(meta, meta_file, {"step": int, "data": dict})
     cfg = reshard_config(cfg, checkpoint_dir, overrides, Path(consolidated_dir) / "config.yaml")
     check_reshard_tokenizer(cfg, meta, meta_file)
-    trainer = Trainer(cfg, init_state=state)
-    trainer.code_record = meta.get("code")  # the code that trained these weights, not this reshard's
+    # the code that trained these weights, not this reshard's (unknown for a source that records none)
+    trainer = Trainer(cfg, init_state=state, code_record=meta.get("code") or unknown_git_state())
     trainer.loader.load_state_dict(meta["data"])  # the LR follows from the step (training.lr_schedule)
     trainer.save(step=int(meta["step"]))

@@ -40,10 +40,13 @@ def _mean_over(group, value: torch.Tensor) -> float:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, init_state: Optional[dict] = None, callbacks: Sequence[Callback] = ()):
+    def __init__(self, cfg: RunConfig, init_state: Optional[dict] = None, callbacks: Sequence[Callback] = (),
+                 code_record: Optional[dict] = None):
         """``init_state``: canonical full weights to start from (else ``checkpoint.init_from``, else
         random init); ignored when a checkpoint to resume from exists. ``callbacks`` run after the
-        default ones (see :func:`~ascender_dist.training.run.build_run`)."""
+        default ones (see :func:`~ascender_dist.training.run.build_run`). ``code_record``: the code
+        its checkpoints' meta.json names (default: this checkout's git state, the job that trains; a
+        reshard, which trains nothing, passes its source's)."""
         run = build_run(cfg, init_state, callbacks)
         self.cfg = cfg
         self.tokenizer = run.tokenizer
@@ -70,9 +73,7 @@ class Trainer:
         # the step whose validation a stop skipped (the save came first): run when training goes on from it
         self.validation_due: Optional[int] = None
         self.data_record = {"data_fingerprint": data_fingerprint(cfg), "data_changes": []}  # -> meta.json
-        # -> meta.json: the commit (and uncommitted changes) of this job, which trains the weights it saves
-        # (a reshard, which trains nothing, puts its source's record here)
-        self.code_record = git_state()
+        self.code_record = code_record if code_record is not None else git_state()  # -> meta.json
         if cfg.checkpoint.auto_resume:
             self.resume()
 
