@@ -143,6 +143,19 @@ def test_cohens_dz_hand_formula():
     assert stats.cohens_dz(base, treat) == pytest.approx(0.5 / math.sqrt(1 / 6))
 
 
+def test_hedges_gz_is_d_z_times_the_exact_j_of_its_degrees_of_freedom():
+    base = [1.0, 2.0, 3.0, 4.0]
+    treat = [1.5, 2.0, 4.0, 4.5]  # 4 pairs: sd with 3 degrees of freedom
+    j3 = math.gamma(3 / 2) / (math.sqrt(3 / 2) * math.gamma(1))
+    assert stats.hedges_j(3) == pytest.approx(j3)
+    assert stats.hedges_gz(base, treat) == pytest.approx(j3 * stats.cohens_dz(base, treat))
+    c = stats.compare_paired(base, treat, interval="t")
+    assert c.hedges_gz == pytest.approx(j3 * c.cohens_dz) and c.to_dict()["hedges_gz"] == c.hedges_gz
+    # undefined where d_z is, and at 2 pairs (J(1) = 0: no unbiased factor); zero differences give 0
+    assert math.isnan(stats.hedges_gz([3.0, 3.5], [3.25, 3.75])) and math.isnan(stats.hedges_gz([1, 2], [2, 2]))
+    assert stats.hedges_gz(base, base) == 0.0
+
+
 def test_equal_paired_differences_leave_t_interval_p_and_dz_undefined():
     """Two seeds with d = [0.25, 0.25]: sd 0, so the t statistic, the t interval and d_z divide by 0.
     They were p = 0, a zero-width interval [0.25, 0.25] and d_z = inf, which read as certainty."""
@@ -241,6 +254,7 @@ def test_results_table_pairs_by_seed():
     assert minus["mean_diff"] == pytest.approx(-0.1) and minus["interval"] == "paired t"
     assert minus["p_randomization"] == pytest.approx(2 / 32)   # exact test over 5 seeds: its floor
     assert minus["ci_low"] is minus["ci_high"] is minus["p_value"] is minus["p_holm"] is minus["cohens_dz"] is None
+    assert minus["hedges_gz"] is None
     assert minus["paired_seeds"] == [7, 5, 3, 2, 1]
 
     partial = by["partial"]
@@ -250,7 +264,7 @@ def test_results_table_pairs_by_seed():
 
     lines = md.splitlines()
     assert lines[0] == ("| config | n | loss mean ± std | Δ vs base [95% paired t CI] | p (paired t) "
-                        "| p Holm (m=1) | d_z |")  # minus has no p: not in the family
+                        "| p Holm (m=1) | g_z |")  # minus has no p: not in the family
     assert lines[2] == "| base | 5 | 3.53 ± 0.0469 | (baseline) |  |  |  |"
     assert lines[3] == "| minus | 5 | 3.43 ± 0.0469 | -0.1 [undefined] | undefined (sd = 0) | n/a | undefined |"
     assert lines[5] == "| single | 1 | 3 ± n/a | n/a | n/a | n/a | n/a |"
