@@ -74,6 +74,11 @@ class Callback:
     def on_load(self, trainer, tag: str) -> None:
         """A checkpoint was loaded into the engine (a resume, or a rollback before its save)."""
 
+    def on_progress(self, trainer, what: str) -> None:
+        """Long work between two other hooks advanced (``what`` says which and how far): a rollback
+        target's universal conversion wrote more. May be called from a helper thread: keep it short
+        and touch no trainer state."""
+
     def on_exception(self, trainer, error: BaseException) -> None:
         pass
 

@@ -32,7 +32,7 @@ import pickle
 import re
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -825,13 +825,17 @@ def _universal_input_view(tag_dir: Path, view: Path) -> None:
             (view / item.name).symlink_to(item.resolve())
 
 
-def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
+def ensure_universal(checkpoint_dir: Path, tag: str, progress: Optional[Callable[[str], None]] = None) -> str:
     """Collective. A DeepSpeed *universal* copy of ``tag`` (optimizer state independent of the
     data-parallel size), made once by rank 0 next to it as ``<tag>-universal``; returns its tag.
 
     The conversion can take longer than the process group's timeout, so the other ranks wait for
     its outcome on the (shared) checkpoint directory, not in a collective: the copy's marker, or a
-    failure note of this attempt. Then every rank raises rank 0's error, or none does."""
+    failure note of this attempt. Then every rank raises rank 0's error, or none does.
+
+    ``progress(what)`` is called, on every rank, each time the conversion's output has grown or
+    shrunk since the last heartbeat (from a helper thread on rank 0): a stall watchdog can tell a
+    long conversion that advances from one that hangs."""
     checkpoint_dir = Path(checkpoint_dir)
     verify_files(checkpoint_dir, tag)
     universal = f"{tag}{UNIVERSAL}"
@@ -845,7 +849,8 @@ def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
     problem = None
     if dist.get_rank() == 0:
         if _read_text(done) != marker:
-            with _heartbeat(alive, attempt):
+            work = _universal_work_dir(checkpoint_dir, universal)
+            with _heartbeat(alive, attempt, work / universal, _described(progress, tag)):
                 try:
                     _convert_to_universal(checkpoint_dir, tag, universal, marker)
                 except Exception as exc:  # any failure must reach the waiting ranks, or they wait forever
@@ -854,7 +859,7 @@ def ensure_universal(checkpoint_dir: Path, tag: str) -> str:
                         f"{_first_line(exc)}")
                     atomic_write_text(failed, f"{attempt}\n{problem}")
     else:
-        problem = _wait_for_universal(done, marker, failed, attempt, alive)
+        problem = _wait_for_universal(done, marker, failed, attempt, alive, _described(progress, tag))
     failure = first_failure(problem)
     if failure is not None:
         raise CheckpointError(failure[1])
@@ -868,21 +873,54 @@ UNIVERSAL_HEARTBEAT_S = 5.0  # rank 0 rewrites its heartbeat file this often whi
 UNIVERSAL_STALE_S = 300.0  # a waiting rank gives up when the heartbeat has not changed for this long
 
 
+def _universal_work_dir(checkpoint_dir: Path, universal: str) -> Path:
+    """Where rank 0 builds ``universal`` before publishing it (its output is ``<work>/<universal>``)."""
+    return checkpoint_dir / f".{universal}.tmp"
+
+
+def tree_size(path: Path) -> tuple[int, int]:
+    """(files, bytes) under ``path`` now ((0, 0) when it does not exist): how much a conversion has
+    written so far. Files that vanish while it is counted are left out."""
+    files = size = 0
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                size += os.stat(os.path.join(root, name), follow_symlinks=False).st_size
+            except OSError:
+                continue
+            files += 1
+    return files, size
+
+
+def _described(progress: Optional[Callable[[str], None]], tag: str) -> Callable[[str], None]:
+    """``progress`` with the conversion named ("the universal conversion of <tag>: ..."); a no-op when None."""
+    if progress is None:
+        return lambda written: None
+    return lambda written: progress(f"the universal conversion of {tag}: {written}")
+
+
 @contextlib.contextmanager
-def _heartbeat(path: Path, attempt: str):
+def _heartbeat(path: Path, attempt: str, output: Path, progress: Callable[[str], None]):
     """While the block runs, a thread rewrites ``path`` every UNIVERSAL_HEARTBEAT_S with this attempt's
-    nonce and a counter: the waiting ranks' sign that rank 0 is still converting (a rank 0 killed
-    mid-conversion, e.g. out of host memory, writes no failure note; without it, ranks on other
-    nodes, which wait on files rather than in a collective, would wait forever)."""
+    nonce, a counter and how much is under ``output`` (the conversion's output): the counter is the
+    waiting ranks' sign that rank 0 is still converting (a rank 0 killed mid-conversion, e.g. out of
+    host memory, writes no failure note; without it, ranks on other nodes, which wait on files rather
+    than in a collective, would wait forever), the size the sign that the conversion advances, which
+    is passed to ``progress`` whenever it changed (a hung converter keeps the counter going but not
+    the size)."""
     import threading
 
     stop = threading.Event()
 
     def beat():
-        count = 0
+        count, last = 0, tree_size(output)
         while True:
+            written = tree_size(output)
+            if written != last:
+                last = written
+                progress(_written(written))
             try:
-                atomic_write_text(path, f"{attempt}\n{count}")
+                atomic_write_text(path, f"{attempt}\n{count}\n{_written(written)}")
             except OSError:
                 pass  # a missed beat: the next one may land; the waiters allow UNIVERSAL_STALE_S
             count += 1
@@ -942,7 +980,7 @@ def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker
     """Rank 0: ds_to_universal into a hidden work directory, then publish it as ``universal``
     (the previous copy renamed aside, not deleted first: a crash between the renames loses no copy
     that a later attempt could not make again, and never touches the source tag)."""
-    work = checkpoint_dir / f".{universal}.tmp"
+    work = _universal_work_dir(checkpoint_dir, universal)
     shutil.rmtree(work, ignore_errors=True)
     try:
         _universal_input_view(checkpoint_dir / tag, work / tag)
@@ -966,14 +1004,20 @@ def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker
 UNIVERSAL_POLL_S = 2.0
 
 
-def _wait_for_universal(done: Path, marker: str, failed: Path, attempt: str, alive: Path) -> Optional[str]:
+def _written(size: tuple[int, int]) -> str:
+    return f"{size[0]} files, {size[1]} bytes written"
+
+
+def _wait_for_universal(done: Path, marker: str, failed: Path, attempt: str, alive: Path,
+                        progress: Callable[[str], None]) -> Optional[str]:
     """Ranks > 0: poll until rank 0's copy carries ``marker`` (None), this attempt's failure note
     appears (its message) or rank 0's heartbeat file (``alive``) has not changed for
-    UNIVERSAL_STALE_S (rank 0 died). Logs every few minutes."""
+    UNIVERSAL_STALE_S (rank 0 died). Passes each new output size in the heartbeat to ``progress``.
+    Logs every few minutes."""
     import time
 
     start = last_note = last_change = time.monotonic()
-    last_beat = None
+    last_beat, last_written = None, None
     while True:
         if _read_text(done) == marker:
             return None
@@ -983,6 +1027,11 @@ def _wait_for_universal(done: Path, marker: str, failed: Path, attempt: str, ali
         beat = _read_text(alive)
         if beat != last_beat and (beat or "").startswith(attempt + "\n"):
             last_beat, last_change = beat, time.monotonic()
+            written = beat.split("\n")[2] if beat.count("\n") >= 2 else None
+            if written != last_written:
+                if last_written is not None and written is not None:
+                    progress(written)
+                last_written = written
         elif time.monotonic() - last_change > UNIVERSAL_STALE_S:
             return (f"{done.parent}: no sign of rank 0's universal checkpoint conversion for "
                     f"{UNIVERSAL_STALE_S:.0f} s (its heartbeat {alive.name} unchanged, the copy's marker not "

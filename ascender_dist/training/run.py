@@ -13,7 +13,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch.distributed as dist
 
@@ -196,10 +196,10 @@ def _check_saved_layout(tag_dir: Path, meta: dict, pstate: ParallelState, zero_s
 
 
 def resume_tag_for_layout(directory: Path, pstate: ParallelState, zero_stage: int, tag: Optional[str] = None,
-                          precision: Optional[str] = None) -> str:
+                          precision: Optional[str] = None, progress: Optional[Callable[[str], None]] = None) -> str:
     """``tag`` (default: the latest), or its universal copy when the data-parallel size changed since
     it was saved; the tensor and pipeline sizes, the ZeRO stage and the precision (when given) must
-    match (_check_saved_layout).
+    match (_check_saved_layout). ``progress``: told as a universal conversion advances (ensure_universal).
     Collective: every rank calls it (a rollback target goes through it too)."""
     tag = tag or ckpt.agreed_latest_tag(directory)
 
@@ -232,7 +232,7 @@ def resume_tag_for_layout(directory: Path, pstate: ParallelState, zero_stage: in
     if pstate.is_logging_rank:
         log.info("data-parallel size changed %d -> %d: reading %s through a universal checkpoint",
                  saved_dp, pstate.dp_size, tag)
-    return ckpt.ensure_universal(directory, tag)
+    return ckpt.ensure_universal(directory, tag, progress)
 
 
 def _refuse_fresh_start_over_checkpoints(cfg: RunConfig, directory: Path) -> None:

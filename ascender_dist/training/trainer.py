@@ -86,6 +86,11 @@ class Trainer:
         for callback in self.callbacks:
             getattr(callback, hook)(self, *args)
 
+    def _progress(self, what: str) -> None:
+        """Long work between two hooks (a rollback target's universal conversion) advanced: on_progress.
+        Called from the conversion's heartbeat thread on rank 0."""
+        self._call("on_progress", what)
+
     # ---------------------------------------------------------------- checkpoints
     def _engine_for(self, tag: Optional[str]):
         """The engine that reads ``tag``. DeepSpeed fixes at initialisation whether an engine reads
@@ -103,7 +108,7 @@ class Trainer:
         through its universal copy when it was saved at another data-parallel size."""
         if tag is not None:
             tag = resume_tag_for_layout(self.derived.checkpoint_dir, self.pstate, self.cfg.parallel.zero_stage, tag,
-                                        precision=self.cfg.train.precision)
+                                        precision=self.cfg.train.precision, progress=self._progress)
         tag = tag or self.resume_tag or ckpt.agreed_latest_tag(self.derived.checkpoint_dir)
         self.resume_tag = None  # a universal copy is read once; later rollbacks use our own checkpoints
         if tag is not None:  # same model, same data (or a change the config allows), before loading

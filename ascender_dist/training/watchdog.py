@@ -13,9 +13,12 @@ the job (where the rank was stalled and since what) and ends the process with
 the last checkpoint.
 
 Progress is any hook the trainer calls: a step's start and end, a validation's start and end, a
-save, a checkpoint loaded, a log line, a rollback; so the timeout must exceed the longest stretch
-between two of them: a step, a validation, a checkpoint save or load of a large model on slow
-storage (a rollback loads, then saves). It is checked from ``on_train_start`` to ``on_train_end``: set-up
+save, a checkpoint loaded, a log line, a rollback, and the progress of long work between them (a
+rollback target saved at another data-parallel size is converted to a universal checkpoint first,
+which can take longer than any step: each change in what the conversion has written counts, so a
+converter that hangs is still caught); so the timeout must exceed the longest stretch between two
+of them: a step, a validation, a checkpoint save or load of a large model on slow storage (a
+rollback loads, then saves), the conversion's start-up or its largest single file. It is checked from ``on_train_start`` to ``on_train_end``: set-up
 and resume are not watched. Set it above ``parallel.distributed_timeout_minutes``: on NCCL a rank
 waiting for a stalled peer is blocked in a device synchronisation, not in a ``torch.distributed``
 call, and the collective's timeout names the right rank. A hang that holds the GIL (a C extension
@@ -127,6 +130,9 @@ class StallWatchdog(Callback):
 
     def on_rollback(self, trainer) -> None:
         self._mark(f"the rollback to step {trainer.step}")
+
+    def on_progress(self, trainer, what: str) -> None:
+        self._mark(what)  # from a helper thread: two attribute writes, read by _watch
 
     def on_train_end(self, trainer) -> None:
         self._halt()

@@ -81,6 +81,25 @@ def test_a_failed_universal_conversion_stops_every_rank_with_rank_0s_message(uni
     assert values[0]["error"] == values[1]["error"]
 
 
+def test_a_conversion_that_writes_reports_progress_on_every_rank_and_a_silent_one_none(universal):
+    """A stall watchdog must not end a rollback whose universal conversion outlasts its timeout while
+    it advances (each change in its output reaches on_progress, on rank 0 from the heartbeat, on the
+    waiting rank from the heartbeat file), and must still end one that hangs: a converter that writes
+    nothing for twice the group's timeout (then fails) reports no progress on either rank."""
+    from tests.distributed.workers.universal_wait import WRITES
+
+    for value in assert_check(universal, "writing_conversion"):
+        assert value.get("tag") == "step_00000005-universal", value
+        reports = value["progress"]
+        # a beat every 0.2 s sees most of the 8 writes (0.5 s apart): at least half of them, each a new size
+        # (and perhaps the empty output once the copy is published)
+        assert WRITES // 2 <= len(reports) <= WRITES + 1 and len(set(reports)) == len(reports), reports
+        assert all(r.startswith("the universal conversion of step_00000005: ") and r.endswith(" bytes written")
+                   for r in reports), reports
+    for value in assert_check(universal, "failed_conversion"):
+        assert value["progress"] == [], value
+
+
 def test_any_exception_of_rank_0s_conversion_stops_every_rank_with_its_message(universal):
     """A RuntimeError (torch.load of a damaged shard) wrote no failure note: the other ranks waited forever."""
     for value in assert_check(universal, "crashed_conversion"):

@@ -105,6 +105,8 @@ def test_resume_at_another_data_parallel_size_continues_the_same_losses(results,
     # and a rollback target saved at DP=2 is read through its universal copy, not refused by DeepSpeed
     assert value["rolled_back"] and value["rolled_back_step"] == 3
     assert value["rolled_back_reads_universal"] == universal
+    # its conversion, made again, told the callbacks it advanced (no conversion: no progress)
+    assert (value["rollback_progress"] > 0) == universal, value["rollback_progress"]
     # callbacks: hooks in order, the step they saw; validation every 2 steps; per-sequence losses
     # of the last validation (2 batches of micro-batch 4, one rank) average to its loss
     step_hooks = [("on_step_start", s) for s in (3, 4, 5)]

@@ -141,3 +141,28 @@ def test_a_rollback_marks_progress_between_its_load_and_its_save():
     dog.on_rollback(trainer)
     dog.on_train_end(trainer)
     assert recorder.lines == []
+
+
+def test_a_conversion_that_advances_keeps_it_quiet_and_one_that_stops_is_reported():
+    """A rollback target saved at another data-parallel size is converted to a universal checkpoint
+    first, with no trainer hook for as long as that takes: its progress reports (from the
+    conversion's heartbeat thread) keep the watchdog quiet; once they stop, it reports, naming the
+    last one."""
+    recorder = Recorder()
+    dog = _dog(0.4, recorder)
+    trainer = types.SimpleNamespace(step=11)
+    dog.on_train_start(trainer)
+
+    def converting():
+        for i in range(8):  # 1.2 s of conversion, a report every 0.15 s
+            dog.on_progress(trainer, f"the universal conversion of step_00000010: {i + 1} files, {i} bytes written")
+            time.sleep(0.15)
+
+    heartbeat = threading.Thread(target=converting)
+    heartbeat.start()
+    heartbeat.join()
+    assert recorder.lines == []
+    assert recorder.ended.wait(10)  # then nothing more
+    dog.on_train_end(trainer)
+    assert recorder.statuses == [3] and len(recorder.lines) == 1
+    assert "since the universal conversion of step_00000010: 8 files, 7 bytes written; " in recorder.lines[0]

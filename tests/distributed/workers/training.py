@@ -278,8 +278,19 @@ def resume_at_dp1(args):
                  "val_before": before, "val_after": trainer.validate(2), "fit_calls": fit_calls,
                  "curve": curve.curve, "per_sequence": per_sequence.losses,
                  "weight_decay_by_group": weight_decay_by_group, "rng_restored": rng_restored}
-        # a rollback to the checkpoint saved at DP=2 reads it through its universal copy again
-        value["rolled_back"] = trainer.resume(tag_for_step(3))
+        # a rollback to the checkpoint saved at DP=2 reads it through its universal copy again; made
+        # anew here (the copy removed), its conversion reports progress to the callbacks (a stall
+        # watchdog's sign that it advances), from a heartbeat every 0.05 s
+        import shutil
+        from unittest import mock
+
+        from ascender_dist.training import checkpoint as ckpt
+
+        shutil.rmtree(trainer.derived.checkpoint_dir / f"{tag_for_step(3)}{ckpt.UNIVERSAL}", ignore_errors=True)
+        recorder.calls.clear()
+        with mock.patch.object(ckpt, "UNIVERSAL_HEARTBEAT_S", 0.05):
+            value["rolled_back"] = trainer.resume(tag_for_step(3))
+        value["rollback_progress"] = sum(1 for name, _step in recorder.calls if name == "on_progress")
         value["rolled_back_step"] = trainer.step
         value["rolled_back_reads_universal"] = trainer.engine.load_universal_checkpoint()
         return value

@@ -33,33 +33,46 @@ def _tag(root: Path, name: str) -> Path:
     return tag
 
 
-def _slow_converter(fail: bool):
+WRITES, WRITE_EVERY_S = 8, 0.5  # the writing converter: one more file every 0.5 s
+
+
+def _slow_converter(fail: bool, writing: bool = False):
+    """A stand-in for ds_to_universal: silent for CONVERSION_S, then a failure or one output file;
+    or (``writing``) one more output file every WRITE_EVERY_S, as a conversion that advances."""
     def run(cmd, **kwargs):
+        out = Path(cmd[cmd.index("--output_folder") + 1])
+        if writing:
+            out.mkdir(parents=True)
+            for i in range(WRITES):
+                (out / f"param{i}.pt").write_text("x" * (i + 1))
+                time.sleep(WRITE_EVERY_S)
+            return subprocess.CompletedProcess(cmd, 0, "", "")
         time.sleep(CONVERSION_S)
         if fail:
             return subprocess.CompletedProcess(cmd, 1, "", "Traceback ...\nKeyError: 'optimizer_state'")
-        out = Path(cmd[cmd.index("--output_folder") + 1])
         out.mkdir(parents=True)
         (out / "weights.txt").write_text("converted")
         return subprocess.CompletedProcess(cmd, 0, "", "")
     return run
 
 
-def _ensure(root: Path, name: str, fail: bool, rank0_patches: dict | None = None) -> dict:
+def _ensure(root: Path, name: str, fail: bool, rank0_patches: dict | None = None, writing: bool = False) -> dict:
     """ensure_universal with a slow stand-in converter; rank 0's heartbeat every 0.2 s, the waiting
-    rank's patience 2 s (a fifth of the conversion: the heartbeat must keep it waiting)."""
+    rank's patience 2 s (a fifth of the conversion: the heartbeat must keep it waiting). ``progress``:
+    what ensure_universal reported on this rank as the conversion's output changed."""
     from ascender_dist.training import checkpoint as ckpt
 
     _tag(root, name)
-    start = time.monotonic()
+    start, progress = time.monotonic(), []
     patches = dict(verify_files=mock.DEFAULT, UNIVERSAL_POLL_S=0.2, UNIVERSAL_HEARTBEAT_S=0.2, UNIVERSAL_STALE_S=2.0)
     if dist.get_rank() == 0:
         patches.update(rank0_patches or {})
-    with mock.patch.multiple(ckpt, **patches), mock.patch.object(subprocess, "run", _slow_converter(fail)):
+    with mock.patch.multiple(ckpt, **patches), mock.patch.object(subprocess, "run", _slow_converter(fail, writing)):
         try:
-            return {"tag": ckpt.ensure_universal(root, name), "seconds": time.monotonic() - start}
+            tag = ckpt.ensure_universal(root, name, progress.append)
+            return {"tag": tag, "seconds": time.monotonic() - start, "progress": progress}
         except ckpt.CheckpointError as exc:
-            return {"error": str(exc), "seconds": time.monotonic() - start}
+            return {"error": str(exc), "seconds": time.monotonic() - start, "progress": progress}
 
 
 def _crash(*_args):
@@ -238,6 +251,7 @@ def main(args):
                        "failed_conversion": lambda: _ensure(root, "step_00000002", fail=True),
                        "crashed_conversion": lambda: _ensure(root, "step_00000003", fail=False,
                                                              rank0_patches={"_universal_input_view": _crash}),
+                       "writing_conversion": lambda: _ensure(root, "step_00000005", fail=False, writing=True),
                        "dead_rank0": lambda: _ensure(root, "step_00000004", fail=False,
                                                      rank0_patches={"_heartbeat": _silent,
                                                                     "_convert_to_universal": _stuck}),
