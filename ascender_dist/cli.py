@@ -392,6 +392,7 @@ _DELEGATED = {
     "figures": ("ascender_dist.research.figures", "figures_main"),
     "efficiency": ("ascender_dist.research.efficiency", "efficiency_main"),
     "tables": ("ascender_dist.research.ablate.main", "tables_main"),
+    "coverage": ("ascender_dist.research.coverage", "main"),
 }
 
 

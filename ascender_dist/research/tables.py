@@ -114,11 +114,11 @@ def results_table(rows: Sequence[dict], baseline: str, metric: str, *, config_ke
     re-adjusts over all its tables: :func:`holm_table` and :func:`results_markdown`), and Hedges' g_z,
     the paired standardised effect corrected for its small-sample bias (Cohen's d_z overstates it by
     ~25% at 5 seeds; d_z, Hedges' g and the randomisation p in the JSON). Below ``PER_SEED_BELOW``
-    seeds a second table lists every seed's value and its paired difference. A configuration with fewer than two seeds shared with
-    the baseline gets ``n/a`` and a ``note`` instead of raising; paired differences that are all equal
-    (sd = 0) get an undefined interval, p and g_z; a run whose metric is not finite (a diverged run) is
-    left out of every statistic, counted per configuration and named in a note. Returns
-    ``(markdown, json_obj)``.
+    seeds a second table lists every seed's value and its paired difference. A configuration with fewer
+    than two seeds shared with the baseline gets ``n/a`` and a ``note`` instead of raising; paired
+    differences that are all equal (sd = 0) get an undefined interval, p and g_z; a run whose metric is
+    not finite (a diverged run) is left out of every statistic, counted per configuration and named in a
+    note. Returns ``(markdown, json_obj)``.
     """
     groups = _group(rows, metric, config_key, seed_key, allow_non_finite=True)
     if baseline not in groups:
