@@ -133,6 +133,16 @@ def test_a_resume_tag_another_rank_cannot_see_stops_every_rank_naming_it(univers
             value["error"] and "storage every rank shares" in value["error"], value
 
 
+def test_a_resume_target_whose_meta_one_rank_cannot_read_stops_every_rank_naming_it(universal):
+    """The layout check reads meta.json on every rank (on_every_rank): rank 1 failing alone must stop
+    rank 0 too, with rank 1's message, rather than leave it waiting in the next collective (the
+    process group's 5 s timeout would end it with a timeout instead)."""
+    rank0, rank1 = assert_check(universal, "meta_unreadable_rank1")
+    assert rank0.get("rank") == 1 and rank1.get("rank") is None, (rank0, rank1)  # rank 0 names rank 1; rank 1 its own
+    assert rank0["error"] == rank1["error"], (rank0, rank1)
+    assert rank0["error"].endswith("step_00000001/meta.json: unreadable (Stale file handle)"), rank0
+
+
 def test_rank_0s_error_reading_latest_stops_every_rank_with_its_message(universal):
     values = assert_check(universal, "latest_missing")
     assert values[0]["error"] == values[1]["error"] and "latest: missing, but the directory holds complete" in \

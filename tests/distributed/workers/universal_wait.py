@@ -130,11 +130,13 @@ def _saved_tags(directory: Path, steps: list, latest: int | None) -> None:
 
 
 def _resume_tag(directory: Path, steps: list, latest: int | None, stale_on_rank1: bool = False,
-                marker_hidden_on_rank1: bool = False) -> dict:
+                marker_hidden_on_rank1: bool = False, meta_unreadable_on_rank1: bool = False) -> dict:
     """resume_tag_for_layout on both ranks; rank 1 optionally reads an older `latest` (an NFS
-    client's cached pointer) or cannot see the tag's marker."""
+    client's cached pointer), cannot see the tag's marker, or cannot read its meta.json (the layout
+    check's input)."""
     from types import SimpleNamespace
 
+    from ascender_dist.config.errors import UserError
     from ascender_dist.training import checkpoint as ckpt
     from ascender_dist.training.run import resume_tag_for_layout
 
@@ -145,13 +147,17 @@ def _resume_tag(directory: Path, steps: list, latest: int | None, stale_on_rank1
         patches.append(mock.patch.object(ckpt, "latest_tag", lambda _dir: f"step_{steps[0]:08d}"))
     if dist.get_rank() == 1 and marker_hidden_on_rank1:
         patches.append(mock.patch.object(ckpt, "COMPLETE", "COMPLETE-not-synced-yet"))
+    if dist.get_rank() == 1 and meta_unreadable_on_rank1:
+        def unreadable(checkpoint_dir, tag):
+            raise ckpt.CheckpointError(f"{Path(checkpoint_dir) / tag / 'meta.json'}: unreadable (Stale file handle)")
+        patches.append(mock.patch.object(ckpt, "read_meta", unreadable))
     try:
         with contextlib.ExitStack() as stack:
             for patch in patches:
                 stack.enter_context(patch)
             return {"tag": resume_tag_for_layout(directory, pstate, 1)}
-    except ckpt.CheckpointError as exc:
-        return {"error": str(exc)}
+    except UserError as exc:  # a CheckpointError; on the other ranks, the failing rank's error (guard.on_every_rank)
+        return {"error": str(exc), "rank": getattr(exc, "rank", None)}
 
 
 def _hash_with_stale_listing(staged: Path) -> dict:
@@ -258,6 +264,7 @@ def main(args):
                        "stale_latest": lambda: _resume_tag(root / "stale", [1, 2], 2, stale_on_rank1=True),
                        "marker_not_visible": lambda: _resume_tag(root / "hidden", [1], 1, marker_hidden_on_rank1=True),
                        "latest_missing": lambda: _resume_tag(root / "missing", [1], None),
+                       "meta_unreadable_rank1": lambda: _resume_tag(root / "meta", [1], 1, meta_unreadable_on_rank1=True),
                        "stale_listing": lambda: _hash_with_stale_listing(root / "step_00000009.partial"),
                        "init_from_rank1": _init_from_fails_on_rank1,
                        "os_error_rank1": _os_error_on_rank1,
