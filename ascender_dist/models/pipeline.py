@@ -89,7 +89,10 @@ class TransformerLayerPipe(nn.Module):
             rotary = self.rotary(seq)
         with self._rng_context():
             output, _ = self.layer(hidden, attention_mask=None, rotary_pos_emb=rotary)
-        return output
+        # the pipeline sends a stage's last output as it is, and gloo and NCCL send only contiguous
+        # tensors: a Connection layer's [s, b, h] is a transposed view of its [b, s, h] result, which
+        # the residual add keeps in eval (no dropout), so a middle stage's validation failed there
+        return output.contiguous()
 
     def _rng_context(self):
         """Under sequence parallelism each TP rank holds other tokens, so dropout draws from the

@@ -7,7 +7,7 @@ heads under the TP2 layouts, ASCender with its auxiliary losses on, GPT with unt
 GPT and ASCender with grouped-query attention, 2 query groups of 2 heads per rank, under TP2, GPT's
 TP2xPP2 and ASCender's TP2xDP2 x ZeRO-3, the Llama block (SwiGLU, RMSNorm, no biases) and the linear
 Connection under TP2 layouts, the auxiliary losses also under PP2xDP2, TP2xDP2 x ZeRO-3 and sequence
-parallel, the mixed S/C and A/S layer patterns under TP2, PP2, DP2 and TP2xPP2), and the validation loss after them (the same micro-batches for every DP size); TP-replicated
+parallel, the mixed S/C and A/S layer patterns under TP2, PP2, DP2 and TP2xPP2, and 4-layer gpt, ascender and connection under PP4, one layer per stage, so two middle stages), and the validation loss after them (the same micro-batches for every DP size); TP-replicated
 parameters stay identical on every TP rank, and
 every cell checks the layout it really ran (process groups, ZeRO stage, sequence parallel, recompute,
 heads and query groups per rank) against the one it asked for."""

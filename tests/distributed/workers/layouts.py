@@ -2,7 +2,8 @@
 
 ``reference`` (1 rank) draws the initial weights of each architecture, saves them, trains, and
 saves losses + final weights. ``layouts`` (2 or 4 ranks) starts every layout from those weights
-(``checkpoint.init_from``) on the same data and reports the differences.
+(``checkpoint.init_from``) on the same data and reports the differences (``args["only"]``: just
+the named cells, e.g. ``["gpt_deep_pp4"]``, when debugging one).
 
 The matrix is ``ARCHS`` x ``LAYOUTS[world]``, less ``UNSUPPORTED`` (refused at config load) and
 restricted per architecture by ``ONLY_LAYOUTS``: see :func:`matrix`.
@@ -86,6 +87,12 @@ ARCHS["connection_linear"] = {"architecture": "connection",
 # pattern's two attention kinds share one layer stack, split over TP and PP stages
 ARCHS["mixed_as"] = {"architecture": "ascender", "layer_pattern": "AS", "add_bias_linear": False,
                      "ascender": ARCHS["ascender"]["ascender"]}
+# Four layers, so that a 4-stage pipeline has two middle stages (neither the embedding's nor the
+# head's): activations in and out by point-to-point on both sides, no loader reads, the tied
+# embedding's gradient all-reduced between the first and last stage only
+ARCHS["gpt_deep"] = {"num_layers": 4}
+ARCHS["ascender_deep"] = {**ARCHS["ascender"], "num_layers": 4}
+ARCHS["connection_deep"] = {**ARCHS["connection"], "num_layers": 4}
 ARCH_STEPS = {"ascender_topk": 1}
 ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_dp2_zero3"),
                 "gpt_learned_pos": ("pp2",),
@@ -100,7 +107,8 @@ ONLY_LAYOUTS = {"ascender_shared_omega": ("tp2", "tp2_sequence_parallel", "tp2_d
                 # the query-group split: TP2 alone, and one 4-rank TP2 layout each (the pipeline's
                 # own layer stack for GPT, ZeRO-3's partitioned QKV for ASCender)
                 "gpt_gqa": ("tp2", "tp2_pp2"),
-                "ascender_gqa": ("tp2", "tp2_dp2_zero3")}
+                "ascender_gqa": ("tp2", "tp2_dp2_zero3"),
+                "gpt_deep": ("pp4",), "ascender_deep": ("pp4",), "connection_deep": ("pp4",)}
 LAYOUTS = {
     2: {"tp2": {"tensor_model_parallel_size": 2},
         "pp2": {"pipeline_model_parallel_size": 2},
@@ -139,7 +147,9 @@ LAYOUTS = {
         "pp2_dp2_zero0": {"pipeline_model_parallel_size": 2, "zero_stage": 0},
         # TP x DP at the default ZeRO stage (1) without sequence parallel: the optimizer states of
         # TP-sharded weights partitioned over DP
-        "tp2_dp2_zero1": {"tensor_model_parallel_size": 2, "zero_stage": 1}},
+        "tp2_dp2_zero1": {"tensor_model_parallel_size": 2, "zero_stage": 1},
+        # one layer per stage: stages 1 and 2 are middle stages (the 4-layer architectures only)
+        "pp4": {"pipeline_model_parallel_size": 4}},
 }
 
 
@@ -149,9 +159,15 @@ UNSUPPORTED = {("connection", "tp2_sequence_parallel"), ("connection", "tp2_pp2_
                ("connection", "tp2_sp_recompute")}
 
 
+def _stages_fit(arch: str, layout: dict) -> bool:
+    """Whether the architecture has a layer for every pipeline stage of the layout (the tiny model: 2)."""
+    return layout.get("pipeline_model_parallel_size", 1) <= ARCHS[arch].get("num_layers", 2)
+
+
 def matrix(world: int) -> list[tuple[str, str]]:
     return [(arch, name) for arch in ARCHS for name in LAYOUTS[world]
-            if (arch, name) not in UNSUPPORTED and name in ONLY_LAYOUTS.get(arch, (name,))]
+            if (arch, name) not in UNSUPPORTED and name in ONLY_LAYOUTS.get(arch, (name,))
+            and _stages_fit(arch, LAYOUTS[world][name])]
 
 
 def _config(args, arch: str, name: str, parallel: dict, init_from=None, train: dict | None = None):
@@ -383,8 +399,9 @@ def part_of(cells: list, part: int, parts: int) -> list:
 def layouts(args):
     world = dist.get_world_size() if dist.is_initialized() else int(__import__("os").environ["WORLD_SIZE"])
     part, parts = args.get("part", 0), args.get("parts", 1)
+    cells = [cell for cell in part_of(matrix(world), part, parts) if "only" not in args or f"{cell[0]}_{cell[1]}" in args["only"]]
     checks = {f"{arch}_{name}": (lambda arch=arch, name=name: _compare(args, arch, name, LAYOUTS[world][name]))
-              for arch, name in part_of(matrix(world), part, parts)}
-    if world == 4 and part == 0:
+              for arch, name in cells}
+    if world == 4 and part == 0 and "pp4_stage_init" in args.get("only", ("pp4_stage_init",)):
         checks["pp4_stage_init"] = lambda: pp_stage_init(args)
     return run_checks(checks)
