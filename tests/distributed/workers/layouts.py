@@ -149,7 +149,9 @@ LAYOUTS = {
         # TP-sharded weights partitioned over DP
         "tp2_dp2_zero1": {"tensor_model_parallel_size": 2, "zero_stage": 1},
         # one layer per stage: stages 1 and 2 are middle stages (the 4-layer architectures only)
-        "pp4": {"pipeline_model_parallel_size": 4}},
+        "pp4": {"pipeline_model_parallel_size": 4},
+        # one head (and a quarter of the MLP, of Connection's projections) per rank
+        "tp4": {"tensor_model_parallel_size": 4}},
 }
 
 
