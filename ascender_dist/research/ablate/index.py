@@ -370,7 +370,9 @@ def section(folder: str, full: dict) -> list[str]:
 # reports timings or memory, which a neutral-commit review does not cover: those were checked "identical but
 # the timings")
 OTHER_OUTPUTS = (("figures/figures.json", "Figures 1 and 4, Table 4", False),
-                 ("efficiency/table2.json", "Table 2 (efficiency: FLOPs, memory, tokens/s)", True))
+                 ("efficiency/table2.json", "Table 2 (efficiency: FLOPs, memory, tokens/s)", True),
+                 ("coverage/coverage.json", "Coverage of the reports' intervals (simulation from their per-sequence data)",
+                  False))
 
 
 def other_outputs_table(folder: Path, neutral: dict, root: Path = REPO) -> list[str]:
