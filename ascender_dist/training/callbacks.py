@@ -13,11 +13,15 @@ OLMo-core), so a new measurement is a new callback instead of a patch of the Tra
                                           validation alone ({"val/loss"}) that a stop left due
   on_rollback(trainer)                    after a rollback to an earlier checkpoint
   on_save(trainer, tag)                   after a checkpoint is complete on every rank
+  on_load(trainer, tag)                   after a checkpoint is loaded (a resume, or a rollback)
+  on_progress(trainer, what)              long work between two hooks advanced (a rollback target's
+                                          universal conversion wrote more): not in step across ranks,
+                                          on rank 0 from a helper thread; no collectives, no trainer state
   on_exception(trainer, error)            the run stops with ``error`` (re-raised afterwards)
   on_train_end(trainer)                   ``fit`` finished (after its last save)
 
-Every rank runs every callback: a callback that gathers over ranks may; one that writes files
-checks ``trainer.pstate.is_logging_rank``. The default list of a run is :func:`default_callbacks`.
+Every rank runs every callback: a callback that gathers over ranks may (in any hook but
+``on_progress``); one that writes files checks ``trainer.pstate.is_logging_rank``. The default list of a run is :func:`default_callbacks`.
 
 A callback with a ``state_key`` keeps state in the checkpoint (as Lightning's callback state): the
 Trainer saves ``state_dict(trainer)`` under that key before each save (every rank calls it: it may

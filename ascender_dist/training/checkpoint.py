@@ -31,6 +31,7 @@ import os
 import pickle
 import re
 import shutil
+import threading
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -850,9 +851,10 @@ def ensure_universal(checkpoint_dir: Path, tag: str, progress: Optional[Callable
     if dist.get_rank() == 0:
         if _read_text(done) != marker:
             work = _universal_work_dir(checkpoint_dir, universal)
-            with _heartbeat(alive, attempt, work / universal, _described(progress, tag)):
+            shutil.rmtree(work, ignore_errors=True)  # a killed attempt's leftovers: removing them is no progress
+            with _heartbeat(alive, attempt, work / universal, _described(progress, tag)) as converted:
                 try:
-                    _convert_to_universal(checkpoint_dir, tag, universal, marker)
+                    _convert_to_universal(checkpoint_dir, tag, universal, marker, converted)
                 except Exception as exc:  # any failure must reach the waiting ranks, or they wait forever
                     problem = str(exc) if isinstance(exc, CheckpointError) else (
                         f"{checkpoint_dir / tag}: conversion to a universal checkpoint failed: "
@@ -893,10 +895,25 @@ def tree_size(path: Path) -> tuple[int, int]:
 
 
 def _described(progress: Optional[Callable[[str], None]], tag: str) -> Callable[[str], None]:
-    """``progress`` with the conversion named ("the universal conversion of <tag>: ..."); a no-op when None."""
+    """``progress`` with the conversion named ("the universal conversion of <tag>: ..."); a no-op when
+    None. A report that raises is logged once and none is made after it: a callback's failure must not
+    stop rank 0's heartbeat (the waiting ranks would take rank 0 for dead) nor take a waiting rank out
+    of the conversion's protocol (rank 0 would wait for it in the closing collective)."""
     if progress is None:
         return lambda written: None
-    return lambda written: progress(f"the universal conversion of {tag}: {written}")
+    failed = []
+
+    def report(written: str) -> None:
+        if failed:
+            return
+        try:
+            progress(f"the universal conversion of {tag}: {written}")
+        except Exception as exc:  # noqa: BLE001  (any callback error; see the docstring)
+            failed.append(exc)
+            log.warning("a progress report of the universal conversion of %s failed, no more are made: %s",
+                        tag, _first_line(exc))
+
+    return report
 
 
 @contextlib.contextmanager
@@ -907,22 +924,27 @@ def _heartbeat(path: Path, attempt: str, output: Path, progress: Callable[[str],
     host memory, writes no failure note; without it, ranks on other nodes, which wait on files rather
     than in a collective, would wait forever), the size the sign that the conversion advances, which
     is passed to ``progress`` whenever it changed (a hung converter keeps the counter going but not
-    the size)."""
-    import threading
-
-    stop = threading.Event()
+    the size). Yields an Event the block sets once the converter has returned: the size is then
+    reported once more as converted and no longer followed (publishing moves the output away).
+    ``progress`` runs after the beat is written and must not raise (_described guards it)."""
+    stop, converted = threading.Event(), threading.Event()
 
     def beat():
-        count, last = 0, tree_size(output)
+        count, last = 0, _written((0, 0))
         while True:
-            written = tree_size(output)
-            if written != last:
-                last = written
-                progress(_written(written))
+            if not converted.is_set():
+                now = _written(tree_size(output))
+            elif not last.startswith("converted"):
+                now = _converted(last)
+            else:
+                now = last
             try:
-                atomic_write_text(path, f"{attempt}\n{count}\n{_written(written)}")
+                atomic_write_text(path, f"{attempt}\n{count}\n{now}")
             except OSError:
                 pass  # a missed beat: the next one may land; the waiters allow UNIVERSAL_STALE_S
+            if now != last:
+                progress(now)
+            last = now
             count += 1
             if stop.wait(UNIVERSAL_HEARTBEAT_S):
                 return
@@ -930,7 +952,7 @@ def _heartbeat(path: Path, attempt: str, output: Path, progress: Callable[[str],
     thread = threading.Thread(target=beat, name="universal-heartbeat", daemon=True)
     thread.start()
     try:
-        yield
+        yield converted
     finally:
         stop.set()
         thread.join()
@@ -976,10 +998,12 @@ def _failure_line(result) -> str:
     return tail[0] if tail else f"exit status {result.returncode}"
 
 
-def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker: str) -> None:
+def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker: str,
+                          converted: Optional[threading.Event] = None) -> None:
     """Rank 0: ds_to_universal into a hidden work directory, then publish it as ``universal``
     (the previous copy renamed aside, not deleted first: a crash between the renames loses no copy
-    that a later attempt could not make again, and never touches the source tag)."""
+    that a later attempt could not make again, and never touches the source tag). ``converted`` is
+    set once the converter has returned successfully (the heartbeat's cue, _heartbeat)."""
     work = _universal_work_dir(checkpoint_dir, universal)
     shutil.rmtree(work, ignore_errors=True)
     try:
@@ -990,6 +1014,8 @@ def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker
         if result.returncode:
             raise CheckpointError(f"{checkpoint_dir / tag}: conversion to a universal checkpoint failed: "
                                   f"{_failure_line(result)}")
+        if converted is not None:
+            converted.set()
         sync_tree(work / universal)  # a later resume trusts the copy by its marker alone
         atomic_write_text(work / universal / COMPLETE, marker)
         aside = checkpoint_dir / f".{universal}.old"
@@ -1006,6 +1032,11 @@ UNIVERSAL_POLL_S = 2.0
 
 def _written(size: tuple[int, int]) -> str:
     return f"{size[0]} files, {size[1]} bytes written"
+
+
+def _converted(written: str) -> str:
+    """The heartbeat's last size line once the converter returned (syncing and publishing follow)."""
+    return f"converted ({written}); syncing and publishing the copy"
 
 
 def _wait_for_universal(done: Path, marker: str, failed: Path, attempt: str, alive: Path,

@@ -18,7 +18,8 @@ rollback target saved at another data-parallel size is converted to a universal 
 which can take longer than any step: each change in what the conversion has written counts, so a
 converter that hangs is still caught); so the timeout must exceed the longest stretch between two
 of them: a step, a validation, a checkpoint save or load of a large model on slow storage (a
-rollback loads, then saves), the conversion's start-up or its largest single file. It is checked from ``on_train_start`` to ``on_train_end``: set-up
+rollback loads, then saves), the conversion's start-up or its largest single file, and the syncing
+and publishing of the converted copy (optimizer-sized, like a save; reported once as it starts). It is checked from ``on_train_start`` to ``on_train_end``: set-up
 and resume are not watched. Set it above ``parallel.distributed_timeout_minutes``: on NCCL a rank
 waiting for a stalled peer is blocked in a device synchronisation, not in a ``torch.distributed``
 call, and the collective's timeout names the right rank. A hang that holds the GIL (a C extension

@@ -88,16 +88,29 @@ def test_a_conversion_that_writes_reports_progress_on_every_rank_and_a_silent_on
     nothing for twice the group's timeout (then fails) reports no progress on either rank."""
     from tests.distributed.workers.universal_wait import WRITES
 
+    prefix = "the universal conversion of step_00000005: "
     for value in assert_check(universal, "writing_conversion"):
         assert value.get("tag") == "step_00000005-universal", value
         reports = value["progress"]
-        # a beat every 0.2 s sees most of the 8 writes (0.5 s apart): at least half of them, each a new size
-        # (and perhaps the empty output once the copy is published)
-        assert WRITES // 2 <= len(reports) <= WRITES + 1 and len(set(reports)) == len(reports), reports
-        assert all(r.startswith("the universal conversion of step_00000005: ") and r.endswith(" bytes written")
+        if reports and reports[-1].startswith(prefix + "converted ("):  # when a beat fell between the
+            reports = reports[:-1]  # converter's return and the end of the publishing (not always)
+        # a beat every 0.2 s sees most of the 8 writes (0.5 s apart): at least half of them, each a new
+        # size; neither the removal of a killed attempt's leftover output nor the publishing (which
+        # moves the output away) is reported as progress
+        assert WRITES // 2 <= len(reports) <= WRITES and len(set(reports)) == len(reports), reports
+        assert all(r.startswith(prefix) and r.endswith(" bytes written") and not r.startswith(prefix + "0 files")
                    for r in reports), reports
     for value in assert_check(universal, "failed_conversion"):
         assert value["progress"] == [], value
+
+
+def test_a_progress_report_that_raises_stops_neither_the_heartbeat_nor_the_conversion(universal):
+    """A failing on_progress callback on rank 0 ended its heartbeat thread (the waiting rank then took
+    rank 0 for dead), and on a waiting rank left the conversion's protocol (rank 0 then waited for it in
+    the closing collective). Each rank's failure is logged once and no report follows; both ranks get
+    the copy."""
+    for value in assert_check(universal, "raising_progress"):
+        assert value.get("tag") == "step_00000006-universal" and len(value["progress"]) == 1, value
 
 
 def test_any_exception_of_rank_0s_conversion_stops_every_rank_with_its_message(universal):

@@ -24,11 +24,15 @@ CONVERSION_S = 2 * GROUP_TIMEOUT_S
 
 
 def _tag(root: Path, name: str) -> Path:
-    """A complete-looking tag: ensure_universal reads its meta.json (files verified by a stand-in)."""
+    """A complete-looking tag: ensure_universal reads its meta.json (files verified by a stand-in);
+    beside it what a killed conversion of it left (its work directory, with output)."""
     tag = root / name
     if dist.get_rank() == 0:
         tag.mkdir(parents=True)
         (tag / "meta.json").write_text(json.dumps({"step": 1, "files": {}}))
+        leftover = root / f".{name}-universal.tmp" / f"{name}-universal"
+        leftover.mkdir(parents=True)
+        (leftover / "param0.pt").write_text("from a killed attempt")
     dist.barrier()
     return tag
 
@@ -56,23 +60,31 @@ def _slow_converter(fail: bool, writing: bool = False):
     return run
 
 
-def _ensure(root: Path, name: str, fail: bool, rank0_patches: dict | None = None, writing: bool = False) -> dict:
+def _ensure(root: Path, name: str, fail: bool, rank0_patches: dict | None = None, writing: bool = False,
+            progress_raises: bool = False) -> dict:
     """ensure_universal with a slow stand-in converter; rank 0's heartbeat every 0.2 s, the waiting
     rank's patience 2 s (a fifth of the conversion: the heartbeat must keep it waiting). ``progress``:
-    what ensure_universal reported on this rank as the conversion's output changed."""
+    what ensure_universal reported on this rank as the conversion's output changed (``progress_raises``:
+    the report raises after recording, as a failing callback)."""
     from ascender_dist.training import checkpoint as ckpt
 
     _tag(root, name)
-    start, progress = time.monotonic(), []
+    start, reports = time.monotonic(), []
+
+    def progress(what: str) -> None:
+        reports.append(what)
+        if progress_raises:
+            raise RuntimeError("a callback's bug")
+
     patches = dict(verify_files=mock.DEFAULT, UNIVERSAL_POLL_S=0.2, UNIVERSAL_HEARTBEAT_S=0.2, UNIVERSAL_STALE_S=2.0)
     if dist.get_rank() == 0:
         patches.update(rank0_patches or {})
     with mock.patch.multiple(ckpt, **patches), mock.patch.object(subprocess, "run", _slow_converter(fail, writing)):
         try:
-            tag = ckpt.ensure_universal(root, name, progress.append)
-            return {"tag": tag, "seconds": time.monotonic() - start, "progress": progress}
+            tag = ckpt.ensure_universal(root, name, progress)
+            return {"tag": tag, "seconds": time.monotonic() - start, "progress": reports}
         except ckpt.CheckpointError as exc:
-            return {"error": str(exc), "seconds": time.monotonic() - start, "progress": progress}
+            return {"error": str(exc), "seconds": time.monotonic() - start, "progress": reports}
 
 
 def _crash(*_args):
@@ -258,6 +270,8 @@ def main(args):
                        "crashed_conversion": lambda: _ensure(root, "step_00000003", fail=False,
                                                              rank0_patches={"_universal_input_view": _crash}),
                        "writing_conversion": lambda: _ensure(root, "step_00000005", fail=False, writing=True),
+                       "raising_progress": lambda: _ensure(root, "step_00000006", fail=False, writing=True,
+                                                           progress_raises=True),  # on every rank
                        "dead_rank0": lambda: _ensure(root, "step_00000004", fail=False,
                                                      rank0_patches={"_heartbeat": _silent,
                                                                     "_convert_to_universal": _stuck}),
