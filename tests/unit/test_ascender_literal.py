@@ -3,7 +3,12 @@
 Every other numeric test compares two implementations (fast vs reference, reference vs a per-row
 loop of the same formulas): a misreading they share would pass them all. Here the expected values
 are numbers derived on paper from docs/ascender.md ("The math, as implemented"), so a change of a
-sign, a normaliser, a gate or a kernel shows up as a wrong number.
+sign, a normaliser, a gate or a kernel shows up as a wrong number. Two settings: the defaults (every
+width and strength 1, gates before the row normalisation, where they cancel), then gates after it
+with widths, strengths and the score temperature away from 1 (`test_post_norm_...`), where the
+Cohesion gate, the lambdas, tau vs tau^2 and the temperature each move the numbers. With k = 1 the
+Alignment gate sees one neighbour (no spread): sigmoid(0) = 1/2 in both, so its variance term is
+not checked here (test_ascender_reference.py's per-row loop covers it).
 
 The case: one head, two tokens, causal, hd = 2, d_z = d_a = 1, k = 1, full neighbourhood, the
 default hyperparameters otherwise (pre-norm gates, population std, eps = 1e-6, tau_sep = tau_coh =
@@ -103,3 +108,38 @@ def test_separation_before_its_start_step_leaves_only_align_and_coh():
     s10, s11 = 2 ** -0.5 + 0.1 * n_a - 0.3 * n_c, 2 ** 0.5 - 0.1 * n_a + 0.3 * n_c
     a10 = 1 / (1 + torch.exp(torch.tensor(s11 - s10, dtype=F64)))
     torch.testing.assert_close(out[0, 0, 1], torch.stack([a10, 1 - a10]), atol=TOL, rtol=0)
+
+
+def test_post_norm_gates_with_widths_and_strengths_away_from_one_match_the_hand_computed_output():
+    """The case above with gate_placement post_norm, lambdas (align, sep, coh) = (1.5, 0.5, 2), tau_sep 2,
+    tau_coh 0.5, alpha_coh 2, tau_score 0.8. Row 1, by hand:
+
+    * Alignment: r = (1, 0), sigma 1/2, the gate scales the normalised row: g = 1.5 * 1/2 = 0.75,
+      align = 0.1 * 0.75 * (+n_a, -n_a), n_a = 0.5 / (0.5 + 1e-6).
+    * Separation: w_10 = exp(-1 / 2) = 0.60653065971263 = rho_1, eta_1 = rho / 32 = 0.01895408311602;
+      phi = (0.8 w_10, 0.8) normalised (-n_s, +n_s), n_s = 0.99999364630516 (sigma 0.4 (1 - w_10));
+      g = -0.5 eta: sep = 0.2 * 0.5 eta * (+n_s, -n_s), i.e. +-0.001895396268756.
+    * Cohesion: w_10 = exp(-1 / 0.5) = e^-2, c_1 = 1 / (1 + e^-2) = 0.88079707797788, local variance
+      c (1 - c), gate sigmoid(-2 c (1 - c)) = 0.44769526262387, g = 2 * gate / 0.5 = 1.7907810504955;
+      r normalised (-n_c, +n_c), n_c = 0.99999737393633: coh = 0.3 g (-n_c, +n_c), i.e. -+0.53723290433713.
+    * S_1 = (1/sqrt(2), sqrt(2)) + the three: (0.24676912311848, 1.8745512204412); A_1 = softmax(S_1 / 0.8)
+      = (0.11560468978898, 0.88439531021102) = out_1.
+    """
+    inputs, params, hp = _case()
+    hp = dataclasses.replace(hp, gate_placement="post_norm", tau_sep=2.0, tau_coh=0.5, alpha_coh=2.0)
+    with torch.no_grad():
+        params.lambdas.copy_(torch.tensor([[1.5, 0.5, 2.0]], dtype=F64))
+        params.tau_score.fill_(0.8)
+    for impl in ("reference", "fast"):
+        out, info = ascender_attention(*inputs, params, hp, step=0, return_decomposition=True, impl=impl)
+        torch.testing.assert_close(out[0, 0, 1], torch.tensor([0.11560468978898, 0.88439531021102], dtype=F64),
+                                   atol=TOL, rtol=0, msg=impl)
+        r = info["rows"]
+        assert r["centroid"][0, 0, 1, 0].item() == pytest.approx(0.88079707797788, abs=TOL), impl
+        assert r["gate_coh"][0, 0, 1].item() == pytest.approx(0.44769526262387, abs=TOL), impl
+        assert r["rho"][0, 0, 1].item() == pytest.approx(0.60653065971263, abs=TOL), impl
+        assert r["eta"][0, 0, 1].item() == pytest.approx(0.01895408311602, abs=TOL), impl
+    maps = ascender_attention(*inputs, params, hp, step=0, return_decomposition=True, impl="reference")[1]["maps"]
+    for name, key0 in (("align", 0.0749998500003), ("sep", 0.001895396268756), ("coh", -0.53723290433713)):
+        torch.testing.assert_close(maps[name][0, 0, 1], torch.tensor([key0, -key0], dtype=F64), atol=TOL, rtol=0,
+                                   msg=name)
