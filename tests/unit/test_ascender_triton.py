@@ -227,6 +227,22 @@ def test_kernels_other_head_dims_float64(hd):
 GPU_BLOCKS = [(16, (64, 32, 32)), (64, (32, 32, 16))]
 
 
+def force_gpu_block_sizes(monkeypatch) -> set:
+    """Make every launch use the rows a GPU uses for fp32 / bf16 inputs (launch.block_size compiled:
+    64, 32 or 16 rows by kernel and width; not fp64's halves) instead of the interpreter's 16.
+    Returns the set that collects (kernel, rows) of every launch."""
+    from ascender_dist.models.ascender.kernels import launch
+
+    gpu_rows, seen = launch.block_size, set()
+
+    def as_on_gpu(width, interpreted, kernel="forward", f64=False):
+        seen.add((kernel, gpu_rows(width, False, kernel, False)))
+        return gpu_rows(width, False, kernel, False)
+
+    monkeypatch.setattr(launch, "block_size", as_on_gpu)
+    return seen
+
+
 @pytest.mark.parametrize("hd, rows", GPU_BLOCKS, ids=["hd16_rows_64_32_32", "hd64_rows_32_32_16"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidir"])
 def test_kernels_with_the_gpu_block_sizes_float64(monkeypatch, causal, hd, rows):
@@ -234,15 +250,7 @@ def test_kernels_with_the_gpu_block_sizes_float64(monkeypatch, causal, hd, rows)
     32 and 16 rows) are forced here, n = 70 off every block multiple (a partial last block; causal
     blocks ending mid-way through a key block), ALiBi and every aux loss, against the float64
     reference at 1e-9 like the tests above."""
-    from ascender_dist.models.ascender.kernels import launch
-
-    gpu_rows, seen = launch.block_size, set()
-
-    def as_on_gpu(width, interpreted, kernel="forward", f64=False):
-        seen.add((kernel, gpu_rows(width, False, kernel, False)))  # fp32's rows, not fp64's halves
-        return gpu_rows(width, False, kernel, False)
-
-    monkeypatch.setattr(launch, "block_size", as_on_gpu)
+    seen = force_gpu_block_sizes(monkeypatch)
     compare(base_hp(causal=causal, other_bias="alibi", **AUX), 70, with_aux=True, hd=hd)
     assert seen == set(zip(("forward", "row", "col"), rows)), seen
 
@@ -263,11 +271,24 @@ def _leak_setup(monkeypatch, stride, source, dtype):
     return hp, inputs, make_params(hp, 2, dtype=dtype).to(DEVICE)
 
 
+# the blocks the kernels run in: the interpreter's 16 rows, or a GPU's (hd 16: forward 64 rows, both
+# backward kernels 32), so that t (20 or 24 of n = 40) is inside the first block of every kernel and
+# the key blocks of the key-block backward end at 32, after t
+BLOCKS = ["interpreter_blocks", "gpu_blocks"]
+GPU_LEAK_ROWS = {("forward", 64), ("row", 32), ("col", 32)}
+
+
+def _blocks(monkeypatch, blocks: str) -> set | None:
+    return force_gpu_block_sizes(monkeypatch) if blocks == "gpu_blocks" else None
+
+
+@pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("t, stride, source", LEAK_CASES, ids=LEAK_IDS)
-def test_kernels_do_not_leak_future_tokens(monkeypatch, t, stride, source):
+def test_kernels_do_not_leak_future_tokens(monkeypatch, t, stride, source, blocks):
     """Changing every input after position t leaves rows <= t unchanged to the last bit (t in
-    the middle of a 16-row block, so masking inside a block is what is checked; at stride 8 also
-    on a moment-state boundary; both neighbour sources)."""
+    the middle of a block, so masking inside a block is what is checked; at stride 8 also
+    on a moment-state boundary; both neighbour sources; the interpreter's block sizes and a GPU's)."""
+    seen = _blocks(monkeypatch, blocks)
     hp, inputs, params = _leak_setup(monkeypatch, stride, source, F32)
     changed = [x.clone() for x in inputs]
     g = torch.Generator().manual_seed(3)
@@ -279,19 +300,23 @@ def test_kernels_do_not_leak_future_tokens(monkeypatch, t, stride, source):
     assert not torch.equal(a.out[..., t + 1 :, :], b.out[..., t + 1 :, :])
     for name, ra in a.rows.items():
         assert torch.equal(ra[:, :, : t + 1], b.rows[name][:, :, : t + 1]), name
+    assert seen is None or seen == {("forward", 64)}, seen  # no backward ran
 
 
+@pytest.mark.parametrize("blocks", BLOCKS)
 @pytest.mark.parametrize("t, stride, source", LEAK_CASES, ids=LEAK_IDS)
-def test_kernels_do_not_leak_future_tokens_in_gradients(monkeypatch, t, stride, source):
+def test_kernels_do_not_leak_future_tokens_in_gradients(monkeypatch, t, stride, source, blocks):
     """The kernels' backward (K3-K5, written by hand) is causal too: for a loss on the outputs and
     row statistics at <= t, q, k, v, z and h after t get exactly zero gradient, and the gradients
     at <= t and of every per-head parameter are bit-for-bit unchanged when everything after t is
-    rewritten (float64)."""
+    rewritten (float64; the interpreter's block sizes and a GPU's fp32 ones)."""
+    seen = _blocks(monkeypatch, blocks)
     hp, inputs, params = _leak_setup(monkeypatch, stride, source, F64)
     named = list(params.named_parameters())
     assert_gradients_causal(outputs_of(triton_attention, params, hp), inputs, t, dim=2,
                             names=["q", "k", "v", "z", "h"], params=[p for _, p in named],
                             param_names=[name for name, _ in named])  # fmt: skip
+    assert seen is None or seen == GPU_LEAK_ROWS, seen
 
 
 @pytest.mark.parametrize("n, causal", [(33, True), (17, False)])
