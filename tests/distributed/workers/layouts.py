@@ -172,7 +172,9 @@ def matrix(world: int) -> list[tuple[str, str]]:
             and _stages_fit(arch, LAYOUTS[world][name])]
 
 
-def _config(args, arch: str, name: str, parallel: dict, init_from=None, train: dict | None = None):
+def _config(args, arch: str, name: str, parallel: dict, init_from=None, train: dict | None = None,
+            model: dict | None = None):
+    """The tiny run of ``arch`` (ARCHS; ``model``: these model fields on top) in ``parallel``."""
     # Adam eps 1e-5 instead of 1e-8: some parameters have a gradient that is exactly zero in exact
     # arithmetic (a key bias shifts every score of a row equally; z is translation invariant), so
     # their float gradient is rounding noise (~1e-10) that differs between layouts, and Adam with a
@@ -180,7 +182,7 @@ def _config(args, arch: str, name: str, parallel: dict, init_from=None, train: d
     # bias after 3 steps at TP2). With eps 1e-5 noise moves nothing and real gradients still dominate.
     return config_from_dict(tiny_run_config(
         args["data"], Path(args["root"]) / f"{arch}_{name}",
-        model=ARCHS[arch], parallel=parallel, train={"train_steps": ARCH_STEPS.get(arch, STEPS), **(train or {})},
+        model={**ARCHS[arch], **(model or {})}, parallel=parallel, train={"train_steps": ARCH_STEPS.get(arch, STEPS), **(train or {})},
         # grad_clip 0.25: below every architecture's first gradient norms, so every layout clips
         optimizer={"eps": 1e-5, "grad_clip": 0.25, **({"warmup_steps": 0} if arch in ARCH_STEPS else {})},
         checkpoint={"init_from": init_from, "auto_resume": False}))

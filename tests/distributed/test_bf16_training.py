@@ -1,9 +1,10 @@
-"""bf16 + ZeRO-1 at DP2 trains like bf16 + ZeRO-1 on one process (the layout of every shipped
-configs/scaling/*.yaml: bf16, ZeRO-1, data parallel only), for gpt, ascender and connection: the same
-initial weights and global batches (4 micro-batches, accumulated by the reference, 2 per rank at
-DP2), STEPS AdamW steps; per-step losses, per-step global gradient norms (the norm clipping used) and
-the final fp32 master weights are compared. test_layouts covers these layouts in fp32 only, and
-test_model_parity bf16 only for one TP2 forward/backward.
+"""bf16 + ZeRO-1 in two 2-rank layouts trains like bf16 + ZeRO-1 on one process: DP2 (the layout of
+every shipped configs/scaling/*.yaml: bf16, ZeRO-1, data parallel only) for gpt, ascender and
+connection, and PP2 (two stages, one layer each). The same initial weights and global batches (4
+micro-batches, accumulated by the reference and by the pipeline, 2 per rank at DP2), STEPS AdamW
+steps; per-step losses, per-step global gradient norms (the norm clipping used) and the final fp32
+master weights are compared. test_layouts covers these layouts in fp32, and test_model_parity bf16
+only for one TP2 forward/backward.
 
 Measured (2 CPU ranks, gloo, 6 steps): gradient norms and every master weight are bit-identical to
 the reference, the losses differ by <= 4.8e-7 (the fp32 mean of the micro-batch losses, taken in
@@ -11,7 +12,7 @@ another order). Each micro-batch runs the same bf16 kernels on the same sequence
 the fp32 sums of their bf16 gradients (scaled by 1/GAS and 1/DP, powers of two) come out exact. The
 tolerances still allow for rounding (a reduction that sums in another order is no bug): small
 multiples of bf16's unit roundoff, measured against two rounding perturbations of the DP run
-(workers/bf16_data_parallel._variant), worst over the three models, loss / grad norm / weights:
+(workers/bf16_training._variant), worst over the three models, loss / grad norm / weights:
 - every reduced gradient times (1 + 2^-23 N(0, 1)), about one fp32 rounding: 1.5e-5 / 3.1e-4 / 0.002
   (each >= 15x inside its tolerance);
 - every reduced gradient rounded to bf16 (train.grad_reduce_dtype bf16): 6.8e-5 / 2.3e-3 / 0.05-0.39
@@ -29,11 +30,23 @@ Mutations, measured with the same comparison (worst step / tensor over the three
   <= 8.6e-6 and weights <= 0.002: every step clips (the reference's norms are all above grad_clip)
   and Adam normalises, so only the gradient norm sees a constant factor.
 The doubled rank and the skipped scaling run here as the negative control (on gpt).
+
+PP2 (measured, 2 CPU ranks, 6 steps): with an untied output layer the pipeline trains like the
+reference to rounding: gpt and ascender end with bit-identical weights (losses within 4.8e-7,
+gradient norms within 6.3e-8 relative: the norm's sum over the two stages in another order), connection
+within 0.0046 of each tensor's change (losses 3.1e-5, norms 1.1e-4). With the embedding tied to the
+output layer the two runs sum its two gradients differently: the reference's autograd adds the input
+and the output use into one bf16 gradient (one rounding to bf16 of the sum), the pipeline keeps each
+stage's use in fp32 and all-reduces them in fp32; that is the rounding the weight check is built to
+reject (above: bf16-rounded gradients), and it moves tied gpt's embedding by 0.046 of its change (losses
+3.2e-5, norms 5.5e-4: within their tolerances). So the tied pipeline is compared in losses and
+gradient norms only, and its bug, the tied gradient not all-reduced between the stages (each stage's
+copy stepping by its own half), runs as a negative control: loss 1.5e-3, norm 0.58, weights 1.89.
 """
 
 import pytest
 
-from tests.distributed.workers.bf16_data_parallel import ARCHS, STEPS
+from tests.distributed.workers.bf16_training import LAYOUT_ARCHS, STEPS, UNTIED
 from tests.helpers.data import make_tiny_dataset
 from tests.helpers.multiproc import assert_check, run_ranks
 from tests.helpers.numeric import nan_max
@@ -47,22 +60,24 @@ LOSS_TOL = 2.5e-4
 GRAD_NORM_RTOL = 2 * EPS  # 7.8e-3 per step, relative to the reference's norm (bugs: >= 0.44)
 WEIGHT_RTOL = 8 * EPS  # 3.1e-2 of the tensor's largest change, per tensor (bugs: >= 1.47)
 GRAD_CLIP = 0.25  # layouts._config's optimizer.grad_clip
-# (the mutation the negative control applies to gpt, the comparisons it must fail)
-NEGATIVE_CONTROLS = {"rank1_grad_doubled": {"loss", "grad_norm", "weights"},
-                     "no_accumulation_scaling": {"grad_norm"}}
+# (the mutation a negative control applies to gpt: the layout, the comparisons it must fail)
+NEGATIVE_CONTROLS = {"rank1_grad_doubled": ("dp2", {"loss", "grad_norm", "weights"}),
+                     "no_accumulation_scaling": ("dp2", {"grad_norm"}),
+                     "tied_grads_unreduced": ("pp2", {"loss", "grad_norm", "weights"})}
+# (data-parallel size, gradient accumulation steps, pipeline stages) each run must really have used
+SPLITS = {"reference": (1, 4, 1), "dp2": (2, 2, 1), "pp2": (1, 4, 2)}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     args = {"data": make_tiny_dataset(tmp_path_factory.mktemp("data")), "root": str(tmp_path_factory.mktemp("runs")),
-            "variants": [["gpt", variant] for variant in NEGATIVE_CONTROLS]}
-    run_ranks("tests.distributed.workers.bf16_data_parallel:reference", world_size=1, timeout=300, args=args)
-    return run_ranks("tests.distributed.workers.bf16_data_parallel:data_parallel", world_size=2, timeout=400,
-                     args=args)
+            "variants": [["gpt", variant, layout] for variant, (layout, _) in NEGATIVE_CONTROLS.items()]}
+    run_ranks("tests.distributed.workers.bf16_training:reference", world_size=1, timeout=300, args=args)
+    return run_ranks("tests.distributed.workers.bf16_training:layouts", world_size=2, timeout=600, args=args)
 
 
 def _violations(value: dict) -> dict:
-    """The comparisons of one DP run that exceed their tolerance: {comparison: worst difference}."""
+    """The comparisons of one 2-rank run that exceed their tolerance: {comparison: worst difference}."""
     bad = {"loss": nan_max(abs(a - b) for a, b in zip(value["losses"], value["reference_losses"])),
            "grad_norm": nan_max(abs(a - b) / b for a, b in zip(value["grad_norms"], value["reference_grad_norms"])),
            # a tensor the reference did not move (ASCender's kappa: no gradient reaches it in these bf16
@@ -74,13 +89,14 @@ def _violations(value: dict) -> dict:
     return {name: worst for name, worst in bad.items() if not within[name]}
 
 
-def _checked(results, name: str) -> dict:
-    """Rank 0's result of ``name``, after the checks that make its comparison mean something."""
+def _checked(results, name: str, layout: str) -> dict:
+    """Rank 0's result of ``name`` (a run in ``layout``), after the checks that make its comparison
+    mean something."""
     value = assert_check(results, name)[0]
-    used, ref_used = value["used"], value["reference_used"]
-    for run, dp, accumulation in ((used, 2, 2), (ref_used, 1, 4)):  # bf16 really ran, with the batch split asked
+    for run, split in ((value["used"], layout), (value["reference_used"], "reference")):
+        dp, accumulation, stages = SPLITS[split]  # bf16 really ran, with the batch split and stages asked
         assert run == {"optimizer": "BF16_Optimizer", "param_dtypes": ["torch.bfloat16"], "data_parallel_size": dp,
-                       "gradient_accumulation_steps": accumulation}, value
+                       "pipeline_stages": stages, "gradient_accumulation_steps": accumulation}, value
     assert len(value["losses"]) == len(value["reference_losses"]) == STEPS, value
     assert value["reference_losses"][-1] < value["reference_losses"][0] - 0.1, value  # the reference trains
     assert None not in value["grad_norms"] and len(value["grad_norms"]) == STEPS, value
@@ -88,18 +104,33 @@ def _checked(results, name: str) -> dict:
     return value
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", LAYOUT_ARCHS["dp2"])
 def test_bf16_zero1_data_parallel_matches_single_process(results, arch):
-    value = _checked(results, arch)
+    value = _checked(results, f"{arch}_dp2", "dp2")
     assert _violations(value) == {}, value
 
 
+@pytest.mark.parametrize("arch", [arch for arch in LAYOUT_ARCHS["pp2"] if arch.endswith(UNTIED)])
+def test_bf16_zero1_pipeline_matches_single_process(results, arch):
+    """Two stages, untied output layer (see the module docstring for the tied one)."""
+    value = _checked(results, f"{arch}_pp2", "pp2")
+    assert _violations(value) == {}, value
+
+
+def test_bf16_pipeline_with_a_tied_embedding_matches_in_loss_and_gradient_norm(results):
+    """Tied GPT at PP2: losses and gradient norms within the tolerances; the weights are not compared
+    (the one-process reference rounds the tied embedding's gradient to bf16, see the module docstring)."""
+    value = _checked(results, "gpt_pp2", "pp2")
+    assert set(_violations(value)) <= {"weights"}, value
+
+
 @pytest.mark.parametrize("mutation", sorted(NEGATIVE_CONTROLS))
-def test_the_comparison_rejects_a_data_parallel_gradient_bug(results, mutation):
-    """Negative control: the same comparison on a DP run with a deliberate bug must fail it, and
+def test_the_comparison_rejects_a_gradient_bug(results, mutation):
+    """Negative control: the same comparison on a run with a deliberate bug must fail it, and
     in the comparisons expected (a skipped 1/GAS scaling only in the gradient norm: every step clips,
     see the module docstring)."""
-    value = _checked(results, f"gpt_{mutation}")
+    layout, expected = NEGATIVE_CONTROLS[mutation]
+    value = _checked(results, f"gpt_{mutation}", layout)
     assert value["variant_calls"] > 0, value  # the bug really ran
     assert min(value["reference_grad_norms"]) > GRAD_CLIP, value
-    assert set(_violations(value)) == NEGATIVE_CONTROLS[mutation], (_violations(value), value)
+    assert set(_violations(value)) == expected, (_violations(value), value)

@@ -1,15 +1,19 @@
-"""bf16 + ZeRO-1 under data parallelism (the layout of every shipped scaling config) vs one process.
+"""bf16 + ZeRO-1 training in 2-rank layouts vs one process: data parallelism (the layout of every
+shipped scaling config) and a two-stage pipeline.
 
-``reference`` (1 rank) draws each architecture's initial weights, saves them and trains STEPS bf16
+``reference`` (1 rank) draws each model's initial weights, saves them and trains STEPS bf16
 steps at ZeRO-1 (DeepSpeed's BF16_Optimizer: bf16 parameters, fp32 master weights, fp32 gradient
-accumulation), accumulating all 4 micro-batches of each global batch; ``data_parallel`` (2 ranks)
-starts from those weights (``checkpoint.init_from``) and trains the same global batches as 2
-micro-batches per rank, the ranks' fp32 gradient sums averaged by DeepSpeed's all-reduce. The DP run
-reports its losses, global gradient norms and final fp32 masters next to the reference's.
+accumulation), accumulating all 4 micro-batches of each global batch; ``layouts`` (2 ranks) starts
+each layout's run from those weights (``checkpoint.init_from``): at DP2 the same global batches as 2
+micro-batches per rank, the ranks' fp32 gradient sums averaged by DeepSpeed's all-reduce; at PP2
+all 4 micro-batches through both stages (one layer each: bf16 activations and their gradients sent
+between the stages, each stage's BF16_Optimizer, the gradient norm over both stages, the tied
+embedding's fp32 gradient all-reduced between the first and the last stage). Each run reports its
+losses, global gradient norms and final fp32 masters next to the reference's.
 
-``args["variants"]``: extra DP runs of ``[arch, variant]`` with a deliberate change (:func:`_variant`):
-bugs the comparison must reject (the negative control of test_bf16_data_parallel), and the rounding
-perturbations its tolerances were measured against.
+``args["variants"]``: extra runs of ``[arch, variant, layout]`` with a deliberate change
+(:func:`_variant`): bugs the comparison must reject (the negative controls of test_bf16_training),
+and the rounding perturbations its tolerances were measured against.
 """
 
 from __future__ import annotations
@@ -25,12 +29,18 @@ from tests.distributed.workers.layouts import GradNorms, _config
 from tests.helpers.multiproc import run_checks
 
 ARCHS = ("gpt", "ascender", "connection")  # models of layouts.ARCHS (tie-free ASCender, small Connection)
+UNTIED = "_untied"  # an ARCHS name + UNTIED: the same model with its own output layer (no tied embedding)
+# the models each layout trains (test_bf16_training says why PP2 runs them untied, and tied GPT too)
+LAYOUT_ARCHS = {"dp2": ARCHS, "pp2": tuple(arch + UNTIED for arch in ARCHS) + ("gpt",)}
 # 6 steps: warm-up (lr/2, lr) and the cosine decay; layouts' optimizer settings (grad_clip 0.25 clips
 # every step here, Adam eps 1e-5)
 STEPS = 6
-PARALLEL = {"zero_stage": 1}
+# the 2-rank layouts trained against the 1-rank reference, each at ZeRO-1: data parallel (the shipped
+# configs' layout) and a two-stage pipeline (one layer per stage, the reference's 4 micro-batches
+# flowing through both stages; DP1)
+LAYOUTS = {"dp2": {"zero_stage": 1}, "pp2": {"zero_stage": 1, "pipeline_model_parallel_size": 2}}
 TRAIN = {"precision": "bf16", "train_steps": STEPS}
-BUGS = ("rank1_grad_dropped", "rank1_grad_doubled", "no_accumulation_scaling")
+BUGS = ("rank1_grad_dropped", "rank1_grad_doubled", "no_accumulation_scaling", "tied_grads_unreduced")
 ROUNDINGS = ("bf16_reduce", "fp32_noise")
 
 
@@ -40,11 +50,13 @@ def _files(args, arch: str) -> dict:
             "record": root / f"record_{arch}.json"}
 
 
-def _trainer(args, arch: str, name: str, init_from=None, **train):
+def _trainer(args, arch: str, name: str, parallel: dict, init_from=None, **train):
     from ascender_dist.training.trainer import Trainer
 
     norms = GradNorms()
-    cfg = _config(args, arch, name, PARALLEL, init_from=init_from, train={**TRAIN, **train})
+    base, untied = arch.removesuffix(UNTIED), arch.endswith(UNTIED)
+    cfg = _config(args, base, name, parallel, init_from=init_from, train={**TRAIN, **train},
+                  model={"untie_embeddings_and_output_weights": True} if untied else None)
     return Trainer(cfg, callbacks=[norms]), norms
 
 
@@ -56,15 +68,16 @@ def _precision_used(trainer) -> dict:
     return {"optimizer": type(trainer.engine.optimizer).__name__,
             "param_dtypes": sorted({str(p.dtype) for p in trainer.engine.module.parameters()}),
             "data_parallel_size": mps.get_data_parallel_world_size(),
+            "pipeline_stages": mps.get_pipeline_model_parallel_world_size(),
             "gradient_accumulation_steps": trainer.engine.gradient_accumulation_steps()}
 
 
 def reference(args):
     from ascender_dist.training.weights import gather_canonical_state, write_weights_file
 
-    for arch in ARCHS:
+    for arch in sorted({arch for archs in LAYOUT_ARCHS.values() for arch in archs}):
         files = _files(args, arch)
-        trainer, norms = _trainer(args, arch, "reference")
+        trainer, norms = _trainer(args, arch, "reference", {"zero_stage": 1})
         write_weights_file(gather_canonical_state(trainer.engine.module, trainer.cfg), files["init"])
         losses = trainer.fit(final_save=False)
         write_weights_file(gather_canonical_state(trainer.engine.module, trainer.cfg), files["final"])
@@ -86,6 +99,9 @@ def _variant(engine, variant: str | None):
       steps, i.e. without the 1 / gradient_accumulation_steps scaling (the summed instead of the
       mean gradient, 2x at DP2). (Calling DeepSpeed's backward with ``scale_wrt_gas=False`` does not
       do it: its output hook then scales the gradient instead.)
+    - ``tied_grads_unreduced`` (PP2): the tied embedding's gradient not all-reduced between the first
+      and the last stage (the pipeline's tied-weight list reads as empty): each stage's copy steps by
+      its own half of the gradient.
     Rounding perturbations (what the tolerances must and need not absorb; measured, not run by CI):
     - ``bf16_reduce``: ``train.grad_reduce_dtype: bf16``, one bf16 rounding of every reduced gradient
       (applied by the caller's config, nothing to patch here).
@@ -94,6 +110,17 @@ def _variant(engine, variant: str | None):
     calls = [0]
     if variant in (None, "bf16_reduce"):
         yield calls
+        return
+    if variant == "tied_grads_unreduced":
+        def no_tied_weights():
+            calls[0] += 1
+            return []
+
+        engine.module.get_tied_weights_and_groups = no_tied_weights
+        try:
+            yield calls
+        finally:
+            del engine.module.__dict__["get_tied_weights_and_groups"]
         return
     if variant == "no_accumulation_scaling":
         real_backward = engine.backward
@@ -124,17 +151,18 @@ def _variant(engine, variant: str | None):
         del engine.__dict__["backward" if variant == "no_accumulation_scaling" else "allreduce_bucket"]
 
 
-def _compare(args, arch: str, variant: str | None = None) -> dict:
-    """Train ``arch`` at DP2 from the reference's initial weights; on rank 0 its losses and gradient
-    norms next to the reference's, and per weight tensor [max |w - w_ref|, max |w_ref - w_init|]
-    (final fp32 masters)."""
+def _compare(args, arch: str, variant: str | None = None, layout: str = "dp2") -> dict:
+    """Train ``arch`` in ``layout`` (LAYOUTS) from the reference's initial weights; on rank 0 its
+    losses and gradient norms next to the reference's, and per weight tensor [max |w - w_ref|,
+    max |w_ref - w_init|] (final fp32 masters)."""
     from ascender_dist.training.weights import gather_canonical_state, read_weights_file
 
     if variant is not None and variant not in BUGS + ROUNDINGS:
         raise ValueError(f"unknown variant {variant!r}")
     files = _files(args, arch)
     reduce_dtype = {"grad_reduce_dtype": "bf16"} if variant == "bf16_reduce" else {}
-    trainer, norms = _trainer(args, arch, f"dp2_{variant or 'plain'}", init_from=str(files["init"]), **reduce_dtype)
+    trainer, norms = _trainer(args, arch, f"{layout}_{variant or 'plain'}", LAYOUTS[layout], init_from=str(files["init"]),
+                              **reduce_dtype)  # fmt: skip
     with _variant(trainer.engine, variant) as calls:
         losses = trainer.fit(final_save=False)
     final = gather_canonical_state(trainer.engine.module, trainer.cfg)
@@ -151,8 +179,13 @@ def _compare(args, arch: str, variant: str | None = None) -> dict:
             "weights": weights, "variant_calls": calls[0]}
 
 
-def data_parallel(args):
-    checks = {arch: (lambda arch=arch: _compare(args, arch)) for arch in ARCHS}
-    for arch, variant in args.get("variants", []):
-        checks[f"{arch}_{variant}"] = lambda arch=arch, variant=variant: _compare(args, arch, variant)
+def layouts(args):
+    """Every model of every 2-rank layout (checks named ``{arch}_{layout}``), then the variants."""
+    checks = {f"{arch}_{layout}": (lambda arch=arch, layout=layout: _compare(args, arch, layout=layout))
+              for layout, archs in LAYOUT_ARCHS.items() for arch in archs}
+    for arch, variant, layout in args.get("variants", []):
+        checks[f"{arch}_{variant}"] = lambda arch=arch, variant=variant, layout=layout: _compare(args, arch, variant,
+                                                                                                layout)
+    if "only" in args:  # named checks only (debugging one cell)
+        checks = {name: check for name, check in checks.items() if name in args["only"]}
     return run_checks(checks)
