@@ -7,7 +7,7 @@ heads under the TP2 layouts, ASCender with its auxiliary losses on, GPT with unt
 GPT and ASCender with grouped-query attention, 2 query groups of 2 heads per rank, under TP2, GPT's
 TP2xPP2 and ASCender's TP2xDP2 x ZeRO-3, the Llama block (SwiGLU, RMSNorm, no biases) and the linear
 Connection under TP2 layouts, the auxiliary losses also under PP2xDP2, TP2xDP2 x ZeRO-3 and sequence
-parallel, the mixed S/C and A/S layer patterns under TP2, PP2, DP2 and TP2xPP2, and 4-layer gpt, ascender and connection under PP4, one layer per stage, so two middle stages, and gpt, ascender and connection under TP4, one head per rank), and the validation loss after them (the same micro-batches for every DP size); TP-replicated
+parallel, the mixed S/C and A/S layer patterns under TP2, PP2, DP2 and TP2xPP2, and 4-layer gpt, ascender and connection under PP4, one layer per stage, so two middle stages, and gpt, ascender and connection under TP4, one head per rank, and under TP2xPP2xDP2 with ZeRO-1, 8 ranks), and the validation loss after them (the same micro-batches for every DP size); TP-replicated
 parameters stay identical on every TP rank, and
 every cell checks the layout it really ran (process groups, ZeRO stage, sequence parallel, recompute,
 heads and query groups per rank) against the one it asked for."""
@@ -63,6 +63,12 @@ def four_ranks(args):
     return _in_parts(args, 4)
 
 
+@pytest.fixture(scope="module")
+def eight_ranks(args):
+    """TP2 x PP2 x DP2 for the three architectures: one launch (~50 s on 2 cores, ~0.5 GiB per rank)."""
+    return run_ranks("tests.distributed.workers.layouts:layouts", world_size=8, timeout=900, args=args)
+
+
 def _check(results, name):
     value = assert_check(results, name)[0]  # rank 0 holds the comparison
     assert value["layout_used"] == value["layout_expected"], value  # the layout really ran, not a fallback
@@ -108,6 +114,11 @@ def test_unsupported_layouts_are_refused_at_config_load(tmp_path, arch, layout):
 @pytest.mark.parametrize("name", _cells(4))
 def test_four_rank_layouts_match_single_process(four_ranks, name):
     _check(four_ranks, name)
+
+
+@pytest.mark.parametrize("name", _cells(8))
+def test_eight_rank_layouts_match_single_process(eight_ranks, name):
+    _check(eight_ranks, name)
 
 
 def test_pipeline_stages_draw_their_own_initial_weights(four_ranks):

@@ -152,6 +152,9 @@ LAYOUTS = {
         "pp4": {"pipeline_model_parallel_size": 4},
         # one head (and a quarter of the MLP, of Connection's projections) per rank
         "tp4": {"tensor_model_parallel_size": 4}},
+    # all three at once (a large run's layout): TP-sharded stages, ZeRO-1 over each stage's DP pairs, the
+    # tied embedding's gradient all-reduced between the first and last stage of each TP rank
+    8: {"tp2_pp2_dp2": {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "zero_stage": 1}},
 }
 
 
