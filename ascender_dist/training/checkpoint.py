@@ -1003,9 +1003,9 @@ def _convert_to_universal(checkpoint_dir: Path, tag: str, universal: str, marker
     """Rank 0: ds_to_universal into a hidden work directory, then publish it as ``universal``
     (the previous copy renamed aside, not deleted first: a crash between the renames loses no copy
     that a later attempt could not make again, and never touches the source tag). ``converted`` is
-    set once the converter has returned successfully (the heartbeat's cue, _heartbeat)."""
+    set once the converter has returned successfully (the heartbeat's cue, _heartbeat). The caller
+    has removed a killed attempt's work directory (before the heartbeat starts)."""
     work = _universal_work_dir(checkpoint_dir, universal)
-    shutil.rmtree(work, ignore_errors=True)
     try:
         _universal_input_view(checkpoint_dir / tag, work / tag)
         result = run_shielded(UNIVERSAL_CONVERTER, [
