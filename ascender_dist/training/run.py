@@ -298,7 +298,8 @@ def build_run(cfg: RunConfig, init_state: Optional[dict] = None,
     if init_state is None and cfg.checkpoint.init_from and not resuming:
         init_state = read_weights_file(cfg.checkpoint.init_from)
     if init_state is not None:
-        init_state = pad_vocab(init_state, derived.padded_vocab_size)
+        source = f"checkpoint.init_from ({cfg.checkpoint.init_from})" if cfg.checkpoint.init_from else "init_state"
+        init_state = pad_vocab(init_state, derived.vocab_size, derived.padded_vocab_size, source)
     guard = LossGuard(spike_factor=cfg.train.loss_spike_factor, initial_loss=math.log(derived.vocab_size))
     resume_tag = resume_tag_for_layout(derived.checkpoint_dir, pstate, p.zero_stage,
                                        precision=cfg.train.precision) if resuming else None

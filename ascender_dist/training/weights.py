@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.parallel.consolidate import gather_tp_tensor, split_full, tp_partition
 
@@ -28,8 +29,16 @@ def strip_vocab_padding(state: dict[str, torch.Tensor], vocab_size: int) -> dict
     return {k: (v[:vocab_size].clone() if k in VOCAB_ROWS else v) for k, v in state.items()}
 
 
-def pad_vocab(state: dict[str, torch.Tensor], padded_vocab_size: int) -> dict[str, torch.Tensor]:
-    """Zero rows for the padding ids (never targets; their logits are 0 until trained)."""
+def pad_vocab(state: dict[str, torch.Tensor], vocab_size: int, padded_vocab_size: int,
+              source: str = "checkpoint.init_from") -> dict[str, torch.Tensor]:
+    """Zero rows for the padding ids (never targets; their logits are 0 until trained). Weights with
+    fewer rows than the run's ``vocab_size`` real ids (another, smaller tokenizer's) are refused with a
+    ConfigError naming ``source``: zero-padding would give real tokens zero rows without a word."""
+    for key in VOCAB_ROWS:
+        if key in state and state[key].shape[0] < vocab_size:
+            raise ConfigError(source, f"{key} has {state[key].shape[0]} rows, fewer than this run's {vocab_size} token "
+                                      f"ids (weights of another tokenizer?): ids {state[key].shape[0]}-{vocab_size - 1} "
+                                      "would start with zero rows")
     out = dict(state)
     for key in VOCAB_ROWS:
         if key in out and out[key].shape[0] < padded_vocab_size:

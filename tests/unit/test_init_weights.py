@@ -87,3 +87,34 @@ def test_a_misshapen_tensor_is_one_line_on_every_tensor_parallel_rank(monkeypatc
                                                          "((8, 8), (8, 4) per TP rank)")
     assert rank_shards(module, cfg, {"w": torch.arange(64.0).view(8, 8)}, source=SOURCE)[0][2].equal(
         torch.arange(64.0).view(8, 8)[:, 4 * tp_rank:4 * tp_rank + 4])
+
+
+@pytest.mark.parametrize("key", ["embedding.word_embeddings.weight", "output_layer.weight"])
+def test_fewer_vocabulary_rows_than_the_runs_token_ids_are_refused(key):
+    """Weights of a 400-id tokenizer into a run of 500 ids: both pad to 512, so the shapes fit after
+    padding, and ids 400-499 (real tokens here) started as zero rows without a word (found by a review)."""
+    from ascender_dist.training.weights import pad_vocab
+
+    state = {key: torch.randn(400, 8), "decoder.final_layernorm.weight": torch.ones(8)}
+    with pytest.raises(ConfigError) as info:
+        pad_vocab(state, 500, 512, f"checkpoint.init_from ({SOURCE})")
+    one_line(info.value, "checkpoint.init_from", SOURCE, f"{key} has 400 rows", "500 token ids", "ids 400-499")
+    padded = pad_vocab(state, 400, 512)  # the run's own vocabulary: padding rows only, zero
+    assert padded[key].shape == (512, 8) and torch.equal(padded[key][:400], state[key])
+    assert not padded[key][400:].any()
+    assert pad_vocab({key: torch.randn(512, 8)}, 500, 512)[key].shape == (512, 8)  # already padded: as is
+
+
+def test_a_run_refuses_init_from_weights_of_a_smaller_vocabulary(single_rank_group, tmp_path):
+    """The same through build_run: the run's own ids come from its tokenizer; the file is named."""
+    from ascender_dist.training.run import build_run
+    from ascender_dist.training.weights import write_weights_file
+    from tests.helpers.data import make_tiny_dataset, tiny_run_config
+
+    data = make_tiny_dataset(tmp_path / "data", corpus_bytes=60_000)
+    weights = tmp_path / "small_vocab.safetensors"
+    write_weights_file({"embedding.word_embeddings.weight": torch.randn(10, 32)}, weights)
+    cfg = config_from_dict(tiny_run_config(data, tmp_path / "run", checkpoint={"init_from": str(weights)}))
+    with pytest.raises(ConfigError) as info:
+        build_run(cfg)
+    one_line(info.value, f"checkpoint.init_from ({weights})", "has 10 rows", "ids 10-")
