@@ -245,6 +245,11 @@ def check_weights_fit_config(state: dict, cfg, meta: dict, directory: Path, over
     if embedding is None or embedding.dim() != 2:
         raise ConversionError(directory / "model.safetensors", "no 2-d embedding.word_embeddings.weight tensor: "
                                                                "not consolidated weights")
+    vocab = meta.get("vocab_size")
+    if isinstance(vocab, int) and embedding.shape[0] != vocab:  # padding rows kept, or another tokenizer's
+        raise ConversionError(directory / "model.safetensors", f"embedding.word_embeddings.weight has "
+                              f"{embedding.shape[0]} rows, but {directory / 'meta.json'} says vocab_size {vocab}: "
+                              "the vocabulary's padding rows kept, or weights of another run?")
     tied = not cfg.model.untie_embeddings_and_output_weights
     if tied and "output_layer.weight" in state:  # the exports would drop it and use the embedding
         raise ConversionError(directory / "model.safetensors", "holds a trained output_layer.weight but "

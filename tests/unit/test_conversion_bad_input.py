@@ -365,8 +365,23 @@ def test_lm_eval_adapter_names_weights_that_do_not_fit_in_one_line(consolidated,
     assert adapter_main(["--model", "ascender-dist", "--model_args", f"pretrained={consolidated}",
                          "--tasks", "lambada_openai"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: ") and "weights do not fit" in err[-1]
+    # the fixture's weights have fewer vocabulary rows than the tokenizer's ids: the first misfit found
+    assert err[-1].startswith("error: ") and f"says vocab_size {tiny_tokenizer.vocab_size}" in err[-1]
     assert not any("Traceback" in line for line in err)
+
+
+def test_export_refuses_embedding_rows_other_than_the_meta_vocabulary(consolidated, tmp_path):
+    """Consolidated weights that kept the vocabulary's padding rows (or another run's embedding) would
+    export with untrained rows inside the softmax: refused in one line naming both files."""
+    from ascender_dist.tools.hf_export import export_hf
+
+    state = read_weights_file(consolidated / "model.safetensors")
+    rows = state["embedding.word_embeddings.weight"].shape[0]
+    (consolidated / "meta.json").write_text(json.dumps({**GOOD_META, "vocab_size": rows - 2}))
+    with pytest.raises(ConversionError) as info:
+        export_hf(consolidated, tmp_path / "hf")
+    _one_line(info.value, str(consolidated / "model.safetensors"), f"has {rows} rows",
+              f"{consolidated / 'meta.json'} says vocab_size {rows - 2}")
 
 
 def test_conversion_in_a_shell_with_rank_variables_still_relaunches(tmp_path, monkeypatch):
