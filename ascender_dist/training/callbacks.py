@@ -202,6 +202,9 @@ class Throughput(Callback):
                                  self.peak_tflops))
 
 
+ROLLBACK_PREFIX = "rollback/"  # the scalars of the step that set off a rollback (MetricLogging.on_rollback)
+
+
 class MetricLogging(Callback):
     """Scalars to TensorBoard / Weights & Biases (every step) and the console line (every
     ``log_interval`` steps), through a :class:`.metrics.MetricLogger` (which writes only on the
@@ -219,11 +222,13 @@ class MetricLogging(Callback):
     def on_step_end(self, trainer, values: dict) -> None:
         self._pending = (trainer.step, values)
 
-    def _write_pending(self) -> None:
+    def _write_pending(self, prefix: str = "") -> None:
         """The scalars of a step that ``on_log`` will not see (the step that set off a rollback, or
-        the one that ended a diverged run), at that step: the losses that explain the event."""
+        the one that ended a diverged run), at that step, each tag after ``prefix``: the losses that
+        explain the event."""
         if self._pending is not None:
-            self.metrics.scalars(*self._pending)
+            step, values = self._pending
+            self.metrics.scalars(step, {prefix + name: value for name, value in values.items()})
             self._pending = None
 
     def on_log(self, trainer, values: dict) -> None:
@@ -247,7 +252,10 @@ class MetricLogging(Callback):
         self.metrics.flush()
 
     def on_rollback(self, trainer) -> None:
-        self._write_pending()
+        # under rollback/ (rollback/train/loss, ...): the resume's new event file hides what the rolled-back
+        # steps logged, and the re-run logs this step's train/ scalars again; written there they were
+        # a second point at this step (a zig-zag) while the row's earlier bad steps were hidden
+        self._write_pending(prefix=ROLLBACK_PREFIX)
         self._interval = []  # the steps rolled back are not the run's any more
         self.metrics.scalars(trainer.step, {"train/rollbacks": float(trainer.rollbacks)})
 

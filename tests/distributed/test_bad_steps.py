@@ -58,6 +58,20 @@ def test_consecutive_bad_steps_roll_back_without_replaying_data(results, check):
         assert [tuple(s) for s in value["saves"]] == [("step_00000002", 2 * gb), ("step_00000004", 4 * gb),
                                                       ("step_00000004", 6 * gb), ("step_00000006", 8 * gb),
                                                       ("step_00000008", 10 * gb)], value["saves"]
+    _assert_tensorboard_after_the_rollback(assert_check(results, check)[0]["tensorboard"])
+
+
+def _assert_tensorboard_after_the_rollback(tb: dict) -> None:
+    """Each train/ curve has one point per step, the re-run's after the rollback (the rolled-back steps
+    hidden); the step that set off the rollback keeps its scalars under rollback/, the count sits at the
+    step the run went back to. (The trigger's train/ scalars written after the resume were a second
+    point at step 6, and the row's first bad step was hidden: found by a review.)"""
+    assert [step for step, _ in tb["train/loss"]] == list(range(1, 9)), tb
+    assert all(math.isfinite(loss) for _, loss in tb["train/loss"]), tb
+    assert tb["train/step_skipped"] == [[step, 0.0] for step in range(1, 9)], tb
+    assert [step for step, _ in tb["rollback/train/loss"]] == [6] and math.isnan(tb["rollback/train/loss"][0][1]), tb
+    assert tb["rollback/train/step_skipped"] == [[6, 1.0]], tb
+    assert tb["train/rollbacks"] == [[4, 1.0]], tb
 
 
 def test_a_run_ending_in_a_row_of_skipped_steps_keeps_the_last_good_checkpoint_latest(results):

@@ -93,14 +93,15 @@ def test_metric_logging_writes_the_losses_that_ended_a_diverged_run():
 
 def test_metric_logging_writes_the_step_that_set_off_a_rollback_at_its_own_step():
     """The Trainer logs nothing of the step after which it rolls back (on_log is not called): its
-    losses, which explain the rollback, go to TensorBoard at that step, then the rollback count at
-    the step the run went back to."""
+    losses, which explain the rollback, go to TensorBoard at that step under rollback/ (the re-run
+    logs that step's train/ scalars again), then the rollback count at the step the run went back to."""
     metrics = FakeMetrics()
     cb = MetricLogging(metrics, log_interval=1, train_steps=9)
     bad = {"train/loss": float("inf"), "train/step_skipped": 1.0}
     cb.on_step_end(SimpleNamespace(step=6), bad)
     cb.on_rollback(SimpleNamespace(step=4, rollbacks=1))
-    assert metrics.scalars_calls == [(6, bad), (4, {"train/rollbacks": 1.0})]
+    assert metrics.scalars_calls == [(6, {"rollback/train/loss": float("inf"), "rollback/train/step_skipped": 1.0}),
+                                     (4, {"train/rollbacks": 1.0})]
     cb.on_exception(SimpleNamespace(step=4), DivergenceError("later"))  # written once, not again
     assert len(metrics.scalars_calls) == 2
 

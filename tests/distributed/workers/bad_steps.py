@@ -8,6 +8,7 @@ import torch
 from ascender_dist.config.resolve import config_from_dict
 from tests.helpers.data import tiny_run_config
 from tests.helpers.multiproc import run_checks
+from tests.helpers.tensorboard import read_scalars
 
 
 def _trainer(args, name: str, callbacks=(), **sections):
@@ -93,13 +94,17 @@ def _rollback_check(args, name: str = "rollback", **sections) -> dict:
     trainer.save, trainer.rollback = recording, restoring
     trainer.fit()
     restored, saved, step_2 = weights["after_rollback"], weights["step_00000004"], weights["step_00000002"]
+    scalars = read_scalars(trainer.derived.tensorboard_dir) if trainer.pstate.is_logging_rank else {}
     return {"restored_equal": len(restored) == len(saved) and all(torch.equal(a, b) for a, b in zip(restored, saved)),
             "restored_differs_from_step_2": not all(torch.equal(a, b) for a, b in zip(restored, step_2)),
             "zero_stage": trainer.engine.zero_optimization_stage(), "params": sum(p.numel() for p in saved),
             "rollbacks": trainer.rollbacks, "step": trainer.step, "losses": trainer.losses,
             "skipped_steps": trainer.skipped_steps, "engine_skipped_steps": trainer.engine.skipped_steps,
             "consumed": trainer.loader.state_dict()["consumed_samples"], "saves": saves,
-            "global_batch": trainer.cfg.train.global_batch_size}
+            "global_batch": trainer.cfg.train.global_batch_size,
+            # what TensorBoard shows (the logging rank's event files, read as TensorBoard reads them)
+            "tensorboard": {tag: scalars.get(tag) for tag in ("train/loss", "train/step_skipped", "rollback/train/loss",
+                                                              "rollback/train/step_skipped", "train/rollbacks")}}
 
 
 def _bad_row_at_the_end_check(args) -> dict:
