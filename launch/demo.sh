@@ -33,7 +33,9 @@ fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NUM_RANKS > 0 ? $(nproc) / NUM_RANKS : 1 ))}
 export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
 PORT=$(python -c 'from ascender_dist.ports import free_port; print(free_port())')  # below the ephemeral range
-deepspeed --num_accelerators "$NUM_RANKS" --master_port "$PORT" launch/train.py \
+# --hostfile /dev/null: this machine alone, even where DeepSpeed's default /job/hostfile exists (it
+# would make this a pdsh launch over that file's hosts)
+deepspeed --hostfile /dev/null --num_accelerators "$NUM_RANKS" --master_port "$PORT" launch/train.py \
   --config "$DEMO_CONFIG" \
   --set "output_dir=$DEMO_DIR" \
   --set "data.manifest=$DATA/shards/manifest.json" \

@@ -87,7 +87,8 @@ done
 [ -n "$CONFIG" ] || die "no config: pass --config FILE (a YAML run config, e.g. configs/demo.yaml)"
 [ -f "$CONFIG" ] || die "config $CONFIG does not exist"
 for n in MASTER_PORT NODE_RANK NUM_NODES GPUS_PER_NODE SSH_PORT STOP_WAIT_S; do
-  case "${!n}" in *[!0-9]*) die "$n must be a non-negative integer, got '${!n}'" ;; esac
+  # a leading zero would make bash's arithmetic read the number as octal (08: "value too great for base")
+  case "${!n}" in *[!0-9]*|0[0-9]*) die "$n must be a non-negative integer without leading zeros, got '${!n}'" ;; esac
 done
 if [ -z "$MASTER_PORT" ] || [ ${#MASTER_PORT} -gt 5 ] || [ "$((10#$MASTER_PORT))" -lt 1 ] \
     || [ "$((10#$MASTER_PORT))" -gt 65535 ]; then  # length first: bash arithmetic wraps at 2^64

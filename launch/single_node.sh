@@ -32,7 +32,10 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$CONFIG" ] || die "no config: pass --config FILE (a YAML run config, e.g. configs/demo.yaml)"
 [ -f "$CONFIG" ] || die "config $CONFIG does not exist"
-case "${NUM_RANKS:-}${MASTER_PORT:-}${STOP_WAIT_S:-}" in *[!0-9]*) die "NUM_RANKS, MASTER_PORT and STOP_WAIT_S must be integers" ;; esac
+for n in NUM_RANKS MASTER_PORT STOP_WAIT_S; do
+  # a leading zero would make bash's arithmetic read the number as octal (08: "value too great for base")
+  case "${!n:-}" in *[!0-9]*|0[0-9]*) die "$n must be a non-negative integer without leading zeros, got '${!n}'" ;; esac
+done
 if [ -n "${MASTER_PORT:-}" ] && { [ ${#MASTER_PORT} -gt 5 ] || [ "$((10#$MASTER_PORT))" -lt 1 ] \
     || [ "$((10#$MASTER_PORT))" -gt 65535 ]; }; then  # length first: bash arithmetic wraps at 2^64
   die "MASTER_PORT must be a port number, 1-65535 (got $MASTER_PORT)"

@@ -354,6 +354,23 @@ def test_a_master_port_outside_1_to_65535_is_one_line(stubs, tmp_path, script, p
         assert proc.returncode == 2 and proc.stderr.strip().endswith("MASTER_PORT must be a port number, 1-65535 (got )")
 
 
+@pytest.mark.parametrize("script, name", [("multi_node.sh", "NODE_RANK"), ("multi_node.sh", "GPUS_PER_NODE"),
+                                          ("single_node.sh", "NUM_RANKS"), ("single_node.sh", "STOP_WAIT_S")])
+def test_a_number_with_a_leading_zero_is_one_line(stubs, tmp_path, script, name):
+    """'08' passed the digits-only check and bash's arithmetic then read it as octal: 'value too great
+    for base' and an unbound variable (exit 1), or with GPUS_PER_NODE=09 a launch without
+    OMP_NUM_THREADS (found by a review)."""
+    env, out, calls = stubs
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\n")
+    env.update({"DS_ACCELERATOR": "cpu", "NUM_NODES": "1", "NODE_RANK": "0", "MASTER_ADDR": "localhost", name: "08"})
+    extra = ["--hostfile", str(hostfile)] if script == "multi_node.sh" else []
+    proc = _run(["bash", f"launch/{script}", "--config", "configs/demo.yaml", *extra], env=env)
+    assert proc.returncode == 2 and calls() == [], proc.stderr
+    assert proc.stderr.strip() == (f"{script}: error: {name} must be a non-negative integer without leading zeros, "
+                                   "got '08'")
+
+
 def test_an_exported_cdpath_does_not_change_the_config_path(stubs, tmp_path):
     """With CDPATH exported, `cd` printed the directory it found: the launcher got --config
     "<dir>\n<dir>/demo.yaml" and the run stopped at "config file not found" for a file that exists."""
@@ -1195,3 +1212,15 @@ def test_the_launcher_keeps_sigint_and_its_exit_status(tmp_path):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert out.read_text() == "True"
+
+
+def test_every_single_machine_deepspeed_command_keeps_to_this_machine():
+    """Where DeepSpeed's default /job/hostfile exists, a `deepspeed` command without --hostfile becomes a
+    pdsh launch over that file's hosts: demo.sh and the README's training command pass --hostfile
+    /dev/null, as single_node.sh does (found by a review)."""
+    commands = [line for path in (REPO_ROOT / "README.md", LAUNCH / "demo.sh", LAUNCH / "single_node.sh")
+                for line in path.read_text().splitlines()
+                if (re.search(r"(^|[/ \"])deepspeed\"? --", line) and "launch/train.py" in line) or "run_launcher local" in line]
+    assert len(commands) >= 3, commands
+    for line in commands:
+        assert "--hostfile /dev/null" in line, line
