@@ -36,12 +36,15 @@ TIMEOUT_LIMIT_MINUTES = 10**6  # ~2 years: datetime.timedelta (the process group
 # torch scalar: one beyond 64 bits is an OverflowError at model build. Below 2**63 every inv_freq stays
 # finite and nonzero in float32 (the smallest is about base**-1 >= 1e-19, far above float32's 1e-38).
 ROTARY_BASE_LIMIT = 2**63
-# sizes a library puts into a C int (tensor shapes, index types, megatron's layer loops); layers far
+# sizes and counts a library puts into a C int (tensor shapes, index types, megatron's layer loops, the
+# loader's shuffle state, the schedule's float steps); layers far
 # below that: print-config and the layer pattern spell out one character per layer
 SIZE_LIMIT = 2**31
 SIZE_FIELDS = ("model.hidden_size", "model.num_attention_heads", "model.num_query_groups", "model.ffn_hidden_size",
                "model.seq_length", "model.vocab_size", "model.make_vocab_size_divisible_by",
-               "train.micro_batch_size", "train.global_batch_size", "train.train_steps", "train.eval_iters")
+               "train.micro_batch_size", "train.global_batch_size", "train.train_steps", "train.eval_iters",
+               "train.eval_interval", "optimizer.warmup_steps", "optimizer.wsd_decay_steps", "data.num_workers",
+               "data.shuffle_buffer", "checkpoint.save_interval", "checkpoint.keep_last")
 LAYER_LIMIT = 2**16
 # the signals a scheduler, a container runtime or a user sends to ask a job to stop; others (SIGCHLD,
 # SIGWINCH, SIGCONT, ...) arrive in normal operation and would stop the run at once
@@ -110,13 +113,31 @@ def check_no_home_shorthand(cfg: RunConfig) -> None:
     later ``rm -rf ~`` to clean it up would confuse with the home directory. Checked on the configs
     a user writes (resolve.load_config), not in STATIC_CHECKS: the config.yaml an older run saved
     with such a path must still read (consolidate, evaluate, reshard)."""
+    for dotted, value in _path_fields(cfg):
+        if value and value.startswith("~"):
+            raise ConfigError(dotted, f"{value!r} starts with '~', which is not expanded here: write the full path")
+
+
+def _path_fields(cfg: RunConfig) -> list[tuple[str, str | None]]:
+    """(dotted field, value) of every file or directory path of a run config."""
     paths = [("output_dir", cfg.output_dir), ("checkpoint.dir", cfg.checkpoint.dir),
              ("checkpoint.init_from", cfg.checkpoint.init_from), ("data.manifest", cfg.data.manifest),
              ("data.tokenizer", cfg.data.tokenizer)]
-    paths += [(f"data.mixture[{i}].manifest", m.manifest) for i, m in enumerate(cfg.data.mixture)]
-    for dotted, value in paths:
-        if value and value.startswith("~"):
-            raise ConfigError(dotted, f"{value!r} starts with '~', which is not expanded here: write the full path")
+    return paths + [(f"data.mixture[{i}].manifest", m.manifest) for i, m in enumerate(cfg.data.mixture)]
+
+
+NAME_MAX_BYTES = 255  # the longest file or directory name Linux file systems take (ext4, xfs, NFS)
+
+
+def check_path_part_lengths(cfg: RunConfig) -> None:
+    """No part of a path (nor ``name``, a directory) longer than a file system allows: the run would
+    otherwise stop at its first file operation with an OSError traceback (Python's Path.exists raises
+    'File name too long' instead of answering False)."""
+    for dotted, value in [("name", cfg.name), *_path_fields(cfg)]:
+        for part in (value or "").split("/"):
+            if len(os.fsencode(part)) > NAME_MAX_BYTES:
+                raise ConfigError(dotted, f"has a file or directory name of {len(os.fsencode(part))} bytes, over "
+                                          f"the {NAME_MAX_BYTES} a file system allows ({part[:40]!r}...)")
 
 
 def _require_finite(path: str, value: float) -> None:
@@ -343,6 +364,7 @@ def check_wandb(cfg: RunConfig) -> None:
 STATIC_CHECKS = [
     check_run_name,
     check_optional_paths,
+    check_path_part_lengths,
     check_positive_sizes,
     check_upper_bounds,
     check_model_numbers,

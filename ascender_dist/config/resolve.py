@@ -75,7 +75,7 @@ def config_with_overrides(raw: dict, overrides: Iterable[str], source: str, fixe
     if fixed:
         merged, raw = deep_merge(merged, fixed), deep_merge(raw, fixed)
     try:
-        if any(override_key(text) == "model.preset" for text in overrides):
+        if any(override_key(text) in ("model", "model.preset") for text in overrides):  # model={preset: x} too
             check_preset_takes_effect(merged)
         return config_from_dict(merged)
     except ConfigError as exc:

@@ -335,6 +335,31 @@ def test_a_preset_chosen_on_the_command_line_that_sets_nothing_is_refused(tmp_pa
     assert message.startswith("--set model.preset=large: model.preset: 'large' sets nothing here"), message
     partial = text.replace("  seq_length: 128\n", "")
     assert load_config(_write(tmp_path, partial), ["model.preset=small"]).model.seq_length == 2048  # small's
+    # the same preset set through its section (a review: only the literal key model.preset was checked)
+    message = _error(tmp_path, text, ["model={preset: large}"])
+    assert "model.preset: 'large' sets nothing here" in message, message
+
+
+@pytest.mark.parametrize("key", ["name", "output_dir", "checkpoint.dir", "checkpoint.init_from", "data.tokenizer"])
+def test_a_path_with_a_name_longer_than_a_file_system_allows_is_one_line(tmp_path, key):
+    """Python's Path.exists raises 'File name too long' instead of answering False: a 300-byte name (or
+    directory of a path) stopped train / print-config with that traceback at the first file operation
+    (found by a review)."""
+    long = "a" * 300
+    value = long if key == "name" else f"/tmp/{long}/x"
+    message = _error(tmp_path, "model:\n  preset: debug\n", [f"{key}={value}"])
+    assert f"{key}: has a file or directory name of 300 bytes, over the 255 a file system allows" in message, message
+    assert load_config(_write(tmp_path, "model:\n  preset: debug\n"), [f"output_dir=/tmp/{'b' * 255}"])
+
+
+@pytest.mark.parametrize("key", ["data.shuffle_buffer", "optimizer.warmup_steps", "data.num_workers",
+                                 "checkpoint.save_interval"])
+def test_counts_a_library_cannot_hold_are_refused_at_load(tmp_path, key):
+    """data.shuffle_buffer = 2**63 loaded and failed at the first step (OverflowError in the loader); at
+    2**62 + 1 a run saved checkpoints its own resume refused; optimizer.warmup_steps = 10**309 overflowed
+    the schedule's float (found by a review)."""
+    message = _error(tmp_path, "model:\n  preset: debug\n", [f"{key}={2**62 + 1}"])
+    assert f"{key}: must be < 2**31 (got {2**62 + 1})" in message, message
 
 
 def test_a_config_error_the_trainer_finds_names_the_config_file(tmp_path, monkeypatch, capsys):
