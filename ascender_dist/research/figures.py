@@ -83,7 +83,8 @@ class LoadedModel:
         init_model_parallel(1, 1, cfg.train.seed)
         derived = derive(cfg, 1, meta["vocab_size"])
         self.model = build_run_model(cfg, derived).eval()
-        load_canonical_state(self.model, cfg, pad_vocab(state, derived.vocab_size, derived.padded_vocab_size, str(directory)), source=str(directory))
+        padded = pad_vocab(state, derived.vocab_size, derived.padded_vocab_size, str(directory))
+        load_canonical_state(self.model, cfg, padded, source=str(directory))
         set_training_step(self.model, last_training_step(self.step))  # Separation's gate as in the last step
         self.layers = list(self.model.decoder.layers)  # TransformerLayer, in order
 
