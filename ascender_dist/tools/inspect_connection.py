@@ -135,7 +135,8 @@ def inspect_connection(consolidated: Path, out_dir: Path, text: Optional[str] = 
     init_model_parallel(1, 1, cfg.train.seed)
     derived = derive(cfg, 1, meta["vocab_size"])
     model = build_run_model(cfg, derived).eval()
-    load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size), source=str(consolidated))
+    padded = pad_vocab(state, derived.vocab_size, derived.padded_vocab_size, str(consolidated))
+    load_canonical_state(model, cfg, padded, source=str(consolidated))
     tokens, labels = _tokens(cfg, meta, text, max_tokens, Path(consolidated) / "meta.json")
     layers = _connection_layers(model)
     inputs: dict[int, torch.Tensor] = {}

@@ -56,7 +56,7 @@ def _our_logits(consolidated: Path, tokens: torch.Tensor) -> torch.Tensor:
     init_model_parallel(1, 1, seed=0)
     derived = derive(cfg, 1, meta["vocab_size"])
     model = build_run_model(cfg, derived)
-    load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size))
+    load_canonical_state(model, cfg, pad_vocab(state, derived.vocab_size, derived.padded_vocab_size))
     positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
     with torch.no_grad():
         return model(tokens, positions, None)[..., : meta["vocab_size"]]

@@ -122,7 +122,7 @@ def test_val_loss_equals_megatron_loss_on_the_val_split(sources, evaluated, sing
     init_model_parallel(1, 1, seed=0)
     derived = derive(cfg, 1, meta["vocab_size"])
     model = build_run_model(cfg, derived).eval()
-    load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size))
+    load_canonical_state(model, cfg, pad_vocab(state, derived.vocab_size, derived.padded_vocab_size))
     set_training_step(model, last_training_step(meta["step"]))  # the step the saved weights last ran
     loader = StreamingLoader(cfg.data.manifest, seq_length=cfg.model.seq_length, micro_batch_size=16,
                              global_batch_size=16, dp_rank=0, dp_size=1, seed=0, split="val")

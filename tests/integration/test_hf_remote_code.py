@@ -51,7 +51,7 @@ def _megatron_logits(consolidated: str, tokens: torch.Tensor, steps=None) -> tup
     init_model_parallel(1, 1, seed=0)
     derived = derive(cfg, 1, meta["vocab_size"])
     model = build_run_model(cfg, derived).eval()
-    load_canonical_state(model, cfg, pad_vocab(state, derived.padded_vocab_size))
+    load_canonical_state(model, cfg, pad_vocab(state, derived.vocab_size, derived.padded_vocab_size))
     positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
     out = []
     with torch.no_grad():
