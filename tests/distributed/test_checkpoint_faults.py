@@ -94,7 +94,7 @@ def test_a_conversion_that_writes_reports_progress_on_every_rank_and_a_silent_on
         reports = value["progress"]
         if reports and reports[-1].startswith(prefix + "converted ("):  # when a beat fell between the
             reports = reports[:-1]  # converter's return and the end of the publishing (not always)
-        # a beat every 0.2 s sees most of the 8 writes (0.5 s apart): at least half of them, each a new
+        # a beat every 0.2 s sees most of the writes (1 s apart): at least half of them, each a new
         # size; neither the removal of a killed attempt's leftover output nor the publishing (which
         # moves the output away) is reported as progress
         assert WRITES // 2 <= len(reports) <= WRITES and len(set(reports)) == len(reports), reports

@@ -111,7 +111,9 @@ def test_a_signal_to_one_rank_saves_on_every_rank_and_the_same_command_continues
     checkpoint, the job exits 75, and running the command again finishes the run from there."""
     from ascender_dist.training.checkpoint import latest_tag, step_of_tag
 
-    raw = tiny_run_config(data, tmp_path / "signalled", train={"train_steps": 40})  # saves only at the end
+    # saves only at the end; 400 steps: at ~0.02 s a step, 40 were over before the signal (sent once the
+    # log shows step 3) arrived, and the job exited 0
+    raw = tiny_run_config(data, tmp_path / "signalled", train={"train_steps": 400})
     config = tmp_path / "signalled.yaml"
     config.write_text(yaml.safe_dump(raw))
     log = tmp_path / "signalled.log"
@@ -120,12 +122,12 @@ def test_a_signal_to_one_rank_saves_on_every_rank_and_the_same_command_continues
     os.kill(_rank_pid(1), signal.SIGUSR1)
     assert wait_job(proc, 120) == 75, log.read_text()[-3000:]
     text = log.read_text()
-    stopped = int(re.search(r"stopped at step (\d+) of 40 \(received SIGUSR1 on rank 1\)", text).group(1))
+    stopped = int(re.search(r"stopped at step (\d+) of 400 \(received SIGUSR1 on rank 1\)", text).group(1))
     assert stopped >= 3 and step_of_tag(latest_tag(tmp_path / "signalled" / "checkpoints")) == stopped
     run_job_ok(config, tmp_path / "continued.log", 300)
     assert f"resumed from {tmp_path / 'signalled' / 'checkpoints' / f'step_{stopped:08d}'}" in \
         (tmp_path / "continued.log").read_text()
-    assert step_of_tag(latest_tag(tmp_path / "signalled" / "checkpoints")) == 40
+    assert step_of_tag(latest_tag(tmp_path / "signalled" / "checkpoints")) == 400
 
 
 def test_a_dying_rank_ends_the_job(data, tmp_path):
