@@ -95,6 +95,9 @@ def check_ascender_hparams(cfg) -> None:
         return
     with _preset_hint(m):
         m.ascender.validate("model.ascender", m.hidden_size // m.num_attention_heads)
+    if m.ascender.k >= m.seq_length:  # the neighbour indices are [b, np, s, k]: a larger k costs memory, selects nothing
+        raise ConfigError("model.ascender.k", f"must be < model.seq_length ({m.seq_length}): a row has at most "
+                                              f"seq_length - 1 other keys to choose from (got {m.ascender.k})")
     if not m.ascender.causal:
         raise ConfigError("model.ascender.causal", "must be true: the model is a causal decoder (a bidirectional "
                           "ASCender would let every position read the tokens it must predict)")

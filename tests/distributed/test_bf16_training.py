@@ -1,6 +1,6 @@
-"""bf16 + ZeRO-1 in two 2-rank layouts trains like bf16 + ZeRO-1 on one process: DP2 (the layout of
-every shipped configs/scaling/*.yaml: bf16, ZeRO-1, data parallel only) for gpt, ascender and
-connection, and PP2 (two stages, one layer each). The same initial weights and global batches (4
+"""bf16 in 2-rank layouts trains like bf16 + ZeRO-1 on one process: DP2 at ZeRO-1 (the layout of
+every shipped configs/scaling/*.yaml: bf16, ZeRO-1, data parallel only), ZeRO-2 and ZeRO-3 for gpt,
+ascender and connection, and PP2 at ZeRO-1 (two stages, one layer each). The same initial weights and global batches (4
 micro-batches, accumulated by the reference and by the pipeline, 2 per rank at DP2), STEPS AdamW
 steps; per-step losses, per-step global gradient norms (the norm clipping used) and the final fp32
 master weights are compared. test_layouts covers these layouts in fp32, and test_model_parity bf16
@@ -30,6 +30,12 @@ Mutations, measured with the same comparison (worst step / tensor over the three
   <= 8.6e-6 and weights <= 0.002: every step clips (the reference's norms are all above grad_clip)
   and Adam normalises, so only the gradient norm sees a constant factor.
 The doubled rank and the skipped scaling run here as the negative control (on gpt).
+
+ZeRO-2 and ZeRO-3 at DP2 (measured, 2 CPU ranks, 6 steps; worst over the three models, loss / grad
+norm / weights): 1.9e-5 / 3.1e-4 / 3.7e-3, the size of the fp32_noise perturbation above (one fp32
+rounding of the reduced gradients: their partitions are reduced and clipped in another order than
+BF16_Optimizer's flat buffer), each >= 8x inside its tolerance; gpt 4.8e-7 / 4.5e-7 / 3.9e-5. The
+reduction itself (fp32, against the float64 mean, at each stage) is test_bf16_weights'.
 
 PP2 (measured, 2 CPU ranks, 6 steps): with an untied output layer the pipeline trains like the
 reference to rounding: gpt and ascender end with bit-identical weights (losses within 4.8e-7,
@@ -65,7 +71,9 @@ NEGATIVE_CONTROLS = {"rank1_grad_doubled": ("dp2", {"loss", "grad_norm", "weight
                      "no_accumulation_scaling": ("dp2", {"grad_norm"}),
                      "tied_grads_unreduced": ("pp2", {"loss", "grad_norm", "weights"})}
 # (data-parallel size, gradient accumulation steps, pipeline stages) each run must really have used
-SPLITS = {"reference": (1, 4, 1), "dp2": (2, 2, 1), "pp2": (1, 4, 2)}
+SPLITS = {"reference": (1, 4, 1), "dp2": (2, 2, 1), "pp2": (1, 4, 2), "dp2_zero2": (2, 2, 1), "dp2_zero3": (2, 2, 1)}
+# DeepSpeed's optimizer class for bf16 at each layout's ZeRO stage (ZeRO-1: BF16_Optimizer)
+OPTIMIZERS = {"dp2_zero2": "DeepSpeedZeroOptimizer", "dp2_zero3": "DeepSpeedZeroOptimizer_Stage3"}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +103,8 @@ def _checked(results, name: str, layout: str) -> dict:
     value = assert_check(results, name)[0]
     for run, split in ((value["used"], layout), (value["reference_used"], "reference")):
         dp, accumulation, stages = SPLITS[split]  # bf16 really ran, with the batch split and stages asked
-        assert run == {"optimizer": "BF16_Optimizer", "param_dtypes": ["torch.bfloat16"], "data_parallel_size": dp,
+        optimizer = OPTIMIZERS.get(split, "BF16_Optimizer")
+        assert run == {"optimizer": optimizer, "param_dtypes": ["torch.bfloat16"], "data_parallel_size": dp,
                        "pipeline_stages": stages, "gradient_accumulation_steps": accumulation}, value
     assert len(value["losses"]) == len(value["reference_losses"]) == STEPS, value
     assert value["reference_losses"][-1] < value["reference_losses"][0] - 0.1, value  # the reference trains
@@ -107,6 +116,14 @@ def _checked(results, name: str, layout: str) -> dict:
 @pytest.mark.parametrize("arch", LAYOUT_ARCHS["dp2"])
 def test_bf16_zero1_data_parallel_matches_single_process(results, arch):
     value = _checked(results, f"{arch}_dp2", "dp2")
+    assert _violations(value) == {}, value
+
+
+@pytest.mark.parametrize("layout", ["dp2_zero2", "dp2_zero3"])
+@pytest.mark.parametrize("arch", LAYOUT_ARCHS["dp2"])
+def test_bf16_zero2_and_zero3_data_parallel_match_single_process(results, arch, layout):
+    """ZeRO-2 (fp32 gradient partitions) and ZeRO-3 (parameters partitioned too) against the ZeRO-1 reference."""
+    value = _checked(results, f"{arch}_{layout}", layout)
     assert _violations(value) == {}, value
 
 

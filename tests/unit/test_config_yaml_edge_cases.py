@@ -379,3 +379,15 @@ def test_a_config_error_the_trainer_finds_names_the_config_file(tmp_path, monkey
     assert main(["train", "--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: train.global_batch_size: 8 is not a multiple" in err, err
+
+
+@pytest.mark.parametrize("window", [0, 4096])
+def test_ascender_k_is_below_the_sequence_length(tmp_path, window):
+    """k = 10**6 with window 0 loaded and built [b, np, s, k] neighbour indices at the first step; a row
+    has at most seq_length - 1 other keys to choose from."""
+    text = "model:\n  architecture: ascender\n  preset: debug\n"
+    seq = load_config(_write(tmp_path, text)).model.seq_length
+    sets = [f"model.ascender.window={window}", "model.ascender.num_global=0"]
+    assert load_config(_write(tmp_path, text), sets + [f"model.ascender.k={seq - 1}"]).model.ascender.k == seq - 1
+    message = _error(tmp_path, text, sets + [f"model.ascender.k={seq}"])
+    assert f"model.ascender.k: must be < model.seq_length ({seq})" in message, message

@@ -105,7 +105,7 @@ def reduction_error(zero_stage: int, reduce_dtype: str, accumulation: int = 4) -
 
 
 def main(args):
-    checks = {f"zero{z}": (lambda z=z: save_then_load(args, z)) for z in (1, 2)}
+    checks = {f"zero{z}": (lambda z=z: save_then_load(args, z)) for z in (1, 2, 3)}
     for z in (1, 2, 3):
         for dtype in ("fp32", "bf16"):
             checks[f"reduce_z{z}_{dtype}"] = lambda z=z, dtype=dtype: reduction_error(z, dtype)
