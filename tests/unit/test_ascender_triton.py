@@ -448,6 +448,19 @@ def test_print_config_line_names_the_path_per_device():
     assert entry.attention_paths(128, wide, impl="fast").endswith("CUDA -> fast, CPU -> fast")
 
 
+def test_print_config_line_without_triton_says_fast_everywhere(monkeypatch):
+    """_pick_impl falls back to fast when triton is not importable, even under TRITON_INTERPRET=1."""
+    from ascender_dist.models.ascender.kernels import support
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    hp = AscenderHParams()
+    assert entry.attention_paths(64, hp, impl="triton").endswith("CPU -> triton (interpreter)")
+    monkeypatch.setattr(support, "triton_importable", lambda: False)
+    assert entry.attention_paths(64, hp, impl="triton") == (
+        "ascender attention (impl triton): CUDA -> fast (triton is not installed), CPU -> fast")
+    assert entry._pick_impl("triton", make_inputs(b=1, n=3, hd=64)[0].detach(), hp) == "fast"
+
+
 def _check_bf16_cluster_densities(device):
     """Clusters far apart (|z|^2 ~ 300) with members 0.1 apart under a kernel as narrow, bf16 inputs:
     the kernels' densities and centroids within 1% of the float64 reference on the same bf16-rounded

@@ -71,11 +71,13 @@ def attention_paths(head_dim: int, hp: AscenderHParams, impl: str = "auto") -> s
     print-config. On CUDA the kernels need a covered head dim, operand widths with a measured
     shared-memory need and a GPU that allows it (known only on the GPU: the line names the need)."""
     from .kernels.support import (SUPPORTED_HEAD_DIMS, interpreter_requested, launch_widths, shared_bytes_needed,
-                                  shared_memory_shortfall)
+                                  shared_memory_shortfall, triton_importable)
 
     if impl in ("fast", "reference"):
         return f"ascender attention (impl {impl}): CUDA -> {impl}, CPU -> {impl}"
-    if head_dim not in SUPPORTED_HEAD_DIMS:
+    if not triton_importable():  # triton_supported's answer on every device
+        cuda = "fast (triton is not installed)"
+    elif head_dim not in SUPPORTED_HEAD_DIMS:
         cuda = f"fast (head dim {head_dim} is not one of the Triton kernels' {SUPPORTED_HEAD_DIMS})"
     elif shortfall := shared_memory_shortfall("", None, head_dim, hp):
         cuda = f"fast ({shortfall})"
