@@ -37,6 +37,10 @@ rounding of the reduced gradients: their partitions are reduced and clipped in a
 BF16_Optimizer's flat buffer), each >= 8x inside its tolerance; gpt 4.8e-7 / 4.5e-7 / 3.9e-5. The
 reduction itself (fp32, against the float64 mean, at each stage) is test_bf16_weights'.
 
+TP2 at ZeRO-1 (measured): losses within 2.2e-4 and gradient norms within 2.3e-3 relative (ASCender;
+gpt 8.3e-5 / 7.1e-4, connection 8.9e-5 / 9.0e-4), compared with TP_LOSS_TOL and GRAD_NORM_RTOL; the
+weights, 0.10-1.25 of their change apart (bf16 all-reduces of the row-parallel outputs), are not.
+
 PP2 (measured, 2 CPU ranks, 6 steps): with an untied output layer the pipeline trains like the
 reference to rounding: gpt and ascender end with bit-identical weights (losses within 4.8e-7,
 gradient norms within 6.3e-8 relative: the norm's sum over the two stages in another order), connection
@@ -71,7 +75,11 @@ NEGATIVE_CONTROLS = {"rank1_grad_doubled": ("dp2", {"loss", "grad_norm", "weight
                      "no_accumulation_scaling": ("dp2", {"grad_norm"}),
                      "tied_grads_unreduced": ("pp2", {"loss", "grad_norm", "weights"})}
 # (data-parallel size, gradient accumulation steps, pipeline stages) each run must really have used
-SPLITS = {"reference": (1, 4, 1), "dp2": (2, 2, 1), "pp2": (1, 4, 2), "dp2_zero2": (2, 2, 1), "dp2_zero3": (2, 2, 1)}
+SPLITS = {"reference": (1, 4, 1), "dp2": (2, 2, 1), "pp2": (1, 4, 2), "dp2_zero2": (2, 2, 1), "dp2_zero3": (2, 2, 1),
+          "tp2": (1, 4, 1)}
+# TP2 rounds its activations differently (each rank's partial sums of a row-parallel layer are all-reduced in
+# bf16): losses within 2.2e-4 of the reference's (ASCender; gpt 8.3e-5), gradient norms 2.3e-3 relative
+TP_LOSS_TOL = 1e-3
 # DeepSpeed's optimizer class for bf16 at each layout's ZeRO stage (ZeRO-1: BF16_Optimizer)
 OPTIMIZERS = {"dp2_zero2": "DeepSpeedZeroOptimizer", "dp2_zero3": "DeepSpeedZeroOptimizer_Stage3"}
 
@@ -84,7 +92,7 @@ def results(tmp_path_factory):
     return run_ranks("tests.distributed.workers.bf16_training:layouts", world_size=2, timeout=600, args=args)
 
 
-def _violations(value: dict) -> dict:
+def _violations(value: dict, loss_tol: float = LOSS_TOL) -> dict:
     """The comparisons of one 2-rank run that exceed their tolerance: {comparison: worst difference}."""
     bad = {"loss": nan_max(abs(a - b) for a, b in zip(value["losses"], value["reference_losses"])),
            "grad_norm": nan_max(abs(a - b) / b for a, b in zip(value["grad_norms"], value["reference_grad_norms"])),
@@ -92,7 +100,7 @@ def _violations(value: dict) -> dict:
            # runs) must not move at DP2 either
            "weights": {name: diff for name, (diff, moved) in value["weights"].items()
                        if not diff <= WEIGHT_RTOL * moved}}
-    within = {"loss": bad["loss"] <= LOSS_TOL, "grad_norm": bad["grad_norm"] <= GRAD_NORM_RTOL,
+    within = {"loss": bad["loss"] <= loss_tol, "grad_norm": bad["grad_norm"] <= GRAD_NORM_RTOL,
               "weights": not bad["weights"]}  # False for NaN
     return {name: worst for name, worst in bad.items() if not within[name]}
 
@@ -125,6 +133,16 @@ def test_bf16_zero2_and_zero3_data_parallel_match_single_process(results, arch, 
     """ZeRO-2 (fp32 gradient partitions) and ZeRO-3 (parameters partitioned too) against the ZeRO-1 reference."""
     value = _checked(results, f"{arch}_{layout}", layout)
     assert _violations(value) == {}, value
+
+
+@pytest.mark.parametrize("arch", LAYOUT_ARCHS["tp2"])
+def test_bf16_tensor_parallel_matches_in_loss_and_gradient_norm(results, arch):
+    """TP2 at ZeRO-1: losses (within TP_LOSS_TOL) and gradient norms (a norm that counted a replicated
+    tensor twice or a shard once would be off by far more); the weights are not compared: the
+    bf16 all-reduces of the row-parallel outputs round the gradients differently, which Adam turns into
+    steps of opposite sign on elements near zero (ASCender's QKV 1.25 of its change; gpt 0.10)."""
+    value = _checked(results, f"{arch}_tp2", "tp2")
+    assert set(_violations(value, loss_tol=TP_LOSS_TOL)) <= {"weights"}, value
 
 
 @pytest.mark.parametrize("arch", [arch for arch in LAYOUT_ARCHS["pp2"] if arch.endswith(UNTIED)])

@@ -1,5 +1,5 @@
 """bf16 training in 2-rank layouts vs one process at ZeRO-1: data parallelism at ZeRO-1 (the layout
-of every shipped scaling config), ZeRO-2 and ZeRO-3, and a two-stage pipeline at ZeRO-1.
+of every shipped scaling config), ZeRO-2 and ZeRO-3, a two-stage pipeline and TP2 at ZeRO-1.
 
 ``reference`` (1 rank) draws each model's initial weights, saves them and trains STEPS bf16
 steps at ZeRO-1 (DeepSpeed's BF16_Optimizer: bf16 parameters, fp32 master weights, fp32 gradient
@@ -32,15 +32,16 @@ ARCHS = ("gpt", "ascender", "connection")  # models of layouts.ARCHS (tie-free A
 UNTIED = "_untied"  # an ARCHS name + UNTIED: the same model with its own output layer (no tied embedding)
 # the models each layout trains (test_bf16_training says why PP2 runs them untied, and tied GPT too)
 LAYOUT_ARCHS = {"dp2": ARCHS, "pp2": tuple(arch + UNTIED for arch in ARCHS) + ("gpt",), "dp2_zero2": ARCHS,
-                "dp2_zero3": ARCHS}
+                "dp2_zero3": ARCHS, "tp2": ARCHS}
 # 6 steps: warm-up (lr/2, lr) and the cosine decay; layouts' optimizer settings (grad_clip 0.25 clips
 # every step here, Adam eps 1e-5)
 STEPS = 6
 # the 2-rank layouts trained against the 1-rank ZeRO-1 reference: data parallel at ZeRO-1 (the shipped
-# configs' layout), 2 and 3, and a two-stage pipeline at ZeRO-1 (one layer per stage, the reference's
-# 4 micro-batches flowing through both stages; DP1)
+# configs' layout), 2 and 3, a two-stage pipeline at ZeRO-1 (one layer per stage, the reference's
+# 4 micro-batches flowing through both stages; DP1) and two tensor-parallel ranks at ZeRO-1 (DP1)
 LAYOUTS = {"dp2": {"zero_stage": 1}, "pp2": {"zero_stage": 1, "pipeline_model_parallel_size": 2},
-           "dp2_zero2": {"zero_stage": 2}, "dp2_zero3": {"zero_stage": 3}}
+           "dp2_zero2": {"zero_stage": 2}, "dp2_zero3": {"zero_stage": 3},
+           "tp2": {"zero_stage": 1, "tensor_model_parallel_size": 2}}
 TRAIN = {"precision": "bf16", "train_steps": STEPS}
 BUGS = ("rank1_grad_dropped", "rank1_grad_doubled", "no_accumulation_scaling", "tied_grads_unreduced")
 ROUNDINGS = ("bf16_reduce", "fp32_noise")
