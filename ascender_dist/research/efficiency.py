@@ -287,6 +287,12 @@ def _f(x, fmt: str) -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
 
 
+def _recorded_cpus(provenance: dict | None) -> str:
+    """The measuring machine's logical CPUs as recorded (not the rendering machine's)."""
+    cpus = ((provenance or {}).get("machine") or {}).get("logical_cpus")
+    return f"{cpus} cores" if cpus else "an unrecorded number of cores"
+
+
 def render(rows: list[dict], ablation: Optional[dict], settings: dict, provenance: Optional[dict] = None) -> str:
     lines = [
         "# Table 2: efficiency at equal settings", "",
@@ -314,7 +320,7 @@ def render(rows: list[dict], ablation: Optional[dict], settings: dict, provenanc
               "(weights, gradients and AdamW state created earlier are not in it); counted FLOPs include only "
               "matmul-type ops, so ASCender's elementwise kernels are missing from that column.",
               f"1-minute load average while measuring: {min(loads):.1f}-{max(loads):.1f} on "
-              f"{os.cpu_count()} cores (shared machine: absolute times are inflated and noisy)." if loads else ""]
+              f"{_recorded_cpus(provenance)} (shared machine: absolute times are inflated and noisy)." if loads else ""]
     if provenance:
         dirty = " (uncommitted changes)" if provenance.get("git_dirty") else ""
         lines.append(f"Measured at commit {str(provenance.get('git_commit') or 'not recorded')[:12]}{dirty}.")

@@ -609,6 +609,10 @@ def test_efficiency_table_renders_rows_and_ablation_throughput():
                            {"git_commit": "b" * 40, "git_dirty": False})
     assert "| gpt | 1,000 | 1e+05 | 9e+04 | 1e+06 | 12.5 | 1000 [1000-1000] | n/a | 4.0 |" in md
     assert f"Measured at commit {'b' * 12}." in md
+    assert "on an unrecorded number of cores" in md  # not the rendering machine's
+    machine = {"git_commit": "b" * 40, "machine": {"cpu": "x", "logical_cpus": 96}}
+    assert "1.0-1.0 on 96 cores" in efficiency.render([row], ablation, {"preset": "debug", "batch": 8, "vocab": 512,
+                                                                          "threads": 1}, machine)
     assert "| gpt | 3 | 900 ± 10 | 0.200 | 600 |" in md
     assert "training runs of `x.json` (commit not recorded)" in md
     md = efficiency.render([row], {**ablation, "commits": ["a" * 40]}, {"preset": "debug", "batch": 8, "vocab": 512,
@@ -752,6 +756,26 @@ def test_per_sequence_table_with_every_row_in_one_document_names_no_resampling_u
     md, table = per_example_table(records, "gpt", n_resamples=200, n_permutations=200)
     assert all(e["comparison"] is None for e in table["configs"])
     assert "No per-sequence test in this table." in md and "single validation sequences" not in md
+
+
+def test_per_sequence_rows_too_short_for_the_bootstrap_get_a_note_not_an_abort():
+    """Records without document ids and fewer validation sequences than the percentile bootstrap takes
+    (stats.BOOTSTRAP_MIN_N): the row says so; the whole report aborted with its ValueError."""
+    from ascender_dist.research.ablate.collect import per_example_table
+    from ascender_dist.research.stats import BOOTSTRAP_MIN_N
+
+    records = _records()
+    for r in records:
+        r["val_example_losses"] = r["val_example_losses"][:BOOTSTRAP_MIN_N - 1]
+        r["val_example_index"] = list(range(BOOTSTRAP_MIN_N - 1))
+    md, table = per_example_table(records, "gpt", n_resamples=200, n_permutations=200)
+    notes = [e["note"] for e in table["configs"] if e["config"] != "gpt"]
+    assert notes and all(f"{BOOTSTRAP_MIN_N - 1} validation sequences without document ids" in n for n in notes), notes
+    for r in records:
+        r["val_example_losses"] = _records()[0]["val_example_losses"][:BOOTSTRAP_MIN_N]
+        r["val_example_index"] = list(range(BOOTSTRAP_MIN_N))
+    md, table = per_example_table(records, "gpt", n_resamples=200, n_permutations=200)
+    assert all(e["comparison"] is not None for e in table["configs"] if e["config"] != "gpt"), table
 
 
 def test_a_run_stopped_early_by_a_signal_writes_no_result(tmp_path, monkeypatch):

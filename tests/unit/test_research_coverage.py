@@ -166,3 +166,18 @@ def test_cli_writes_json_table_and_figure_with_provenance(tmp_path, capsys):
     assert (out / "coverage.md").read_text() == md
     assert main(["coverage", "--pair", "bias", "ascender", "nothing", "--out", str(tmp_path / "x")]) == 2
     assert "share 0 seed" in capsys.readouterr().err
+
+
+def test_render_states_the_design_it_was_given():
+    """Seeds, documents and the per-sequence interval's name come from the data: another design's table
+    said "4 degrees of freedom at 5 seeds", "28 documents" and "95% (calibrated)" regardless."""
+    data = json.loads((REPO / "benchmarks" / "results" / "research" / "coverage" / "coverage.json").read_text())
+    md = coverage.render(data)
+    assert "(4 degrees of freedom at 5 seeds)" in md and "the 5 trained models" in md and "the 28 documents" in md
+    assert 'per sequence "95% (calibrated)": covers' in md
+    data["pairs"][0].update(seeds=data["pairs"][0]["seeds"][:3], documents=11)
+    for row in data["rows"]:
+        row["per sequence"]["interval"] = ["document bootstrap (percentile at 95%, nominal)"]
+    md = coverage.render(data)
+    assert "(2 degrees of freedom at 3 seeds)" in md and "the 3 trained models" in md and "the 11 documents" in md
+    assert "calibrated" not in md.split("## Coverage and rejection rates")[1].split("Per-sequence interval")[0]

@@ -208,7 +208,7 @@ def per_example_table(records: Sequence[dict], reference: str, *, n_resamples: i
 def _per_example_entry(cfg: str, runs: dict, base: dict, **kw) -> dict:
     """One row of :func:`per_example_table`: ``cfg``'s runs against the reference's on their shared
     seeds with equal validation sets (or a note why there is no test)."""
-    from ..stats import compare_per_document, compare_per_example
+    from ..stats import BOOTSTRAP_MIN_N, compare_per_document, compare_per_example
 
     shared = [s for s in runs if s in base and _aligned(runs[s], base[s])]
     if not shared:
@@ -221,6 +221,10 @@ def _per_example_entry(cfg: str, runs: dict, base: dict, **kw) -> dict:
                 "note": f"all {b.shape[1]} validation sequences lie in one document: no per-document test"}
     if docs is not None and len(docs) == b.shape[1]:
         cmp, unit = compare_per_document(b, t, docs, **kw), "document"
+    elif b.shape[1] < BOOTSTRAP_MIN_N:  # compare_per_example's percentile bootstrap refuses so few
+        return {"config": cfg, "comparison": None, "paired_seeds": shared,
+                "note": f"{b.shape[1]} validation sequences without document ids: below the {BOOTSTRAP_MIN_N} a "
+                        "per-sequence bootstrap needs"}
     else:
         cmp, unit = compare_per_example(b, t, **kw), "sequence"
     d = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in cmp.to_dict().items()}

@@ -372,8 +372,8 @@ def markdown(full: dict, tables_md: str) -> str:
         + f" on {'/'.join(map(str, ranks))} {'/'.join(devices)} rank(s) and was scored on {r0['val_sequences']} validation sequences. Differences are config − reference "
         "(negative = lower loss).", "",
         _provenance_sentence(commits, prov, g, recs), "",
-        f"Over seeds: paired t interval and paired t-test over the {len(obj['seeds'])} seeds (no bootstrap below "
-        f"10 seeds); p-values Holm-adjusted, per test, over the distinct comparisons of the report (a − b and "
+        f"Over seeds: paired t interval and paired t-test over the {len(obj['seeds'])} seeds (at any number of "
+        "seeds); p-values Holm-adjusted, per test, over the distinct comparisons of the report (a − b and "
         "b − a counted once; the final-train-loss table on its own). The exact randomisation test over "
         f"{len(obj['seeds'])} seeds cannot give p below 2/2^{len(obj['seeds'])} = {obj['exact_p_floor']:.3g} "
         "(its p is in results.json as p_randomization). The per-sequence tables say whether a difference of these "
