@@ -12,7 +12,7 @@ or a Hugging Face export (``ascender-dist export-hf``). NAME defaults to the dir
   (the run's ``data.manifest`` / ``data.mixture``, or ``--manifest``), read by
   ``data_pipeline.loader.StreamingLoader(split="val")`` in stored order, exactly as training's
   ``val/loss`` (inputs ``tokens[:, :-1]``, labels ``tokens[:, 1:]``), averaged over all tokens;
-  perplexity = exp(val loss). Data made with another tokenizer than the run's (meta.json's
+  perplexity = exp(val loss) (null when the loss is past exp's float range, ~709.8 nats). Data made with another tokenizer than the run's (meta.json's
   ``tokenizer_sha256``, else the sha256 of an export's ``tokenizer.model`` or of the run's
   ``data.tokenizer``) is refused in one line. The softmax is over the tokenizer's vocabulary
   (consolidation drops the vocab padding rows, as every export does), as training's, whose loss
@@ -56,6 +56,9 @@ log = logging.getLogger("ascender_dist")
 
 SIZE_ORDER = ("debug", "tiny", "small", "medium", "large", "xl")
 ARCH_ORDER = ("gpt", "ascender", "connection")
+
+
+MAX_EXP_ARG = math.log(sys.float_info.max)  # ~709.78: math.exp raises OverflowError above
 
 
 class EvaluationError(UserError, ValueError):
@@ -293,7 +296,9 @@ def validation_loss(run: Run, model, batch_size: int = 8, max_samples: Optional[
     loss = loss_sum / tokens
     if not math.isfinite(loss):  # NaN / inf weights: no number to report (and no valid JSON to write)
         raise EvaluationError(f"{run.path}: {run.name}'s validation loss is {loss} (non-finite weights or logits)")
-    return {"val_loss": loss, "perplexity": math.exp(loss), "val_samples": samples, "val_tokens": tokens,
+    # a diverged run's loss can be finite and past exp's float range (~709.8 nats): perplexity null there
+    perplexity = math.exp(loss) if loss < MAX_EXP_ARG else None
+    return {"val_loss": loss, "perplexity": perplexity, "val_samples": samples, "val_tokens": tokens,
             "val_seconds": round(time.monotonic() - started, 2)}
 
 

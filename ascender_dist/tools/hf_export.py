@@ -387,6 +387,17 @@ def installed_code_digests() -> dict[str, str]:
         return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in out.glob("*.py")}
 
 
+def unreadable_json(directory: Path) -> str | None:
+    """"<file>: <why>" for the first JSON file of ``directory`` that does not parse (a truncated or
+    damaged export), or None: code_is_installed_code cannot tell such a file from foreign code."""
+    for path in sorted(Path(directory).rglob("*.json")):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+            return f"{path}: unreadable JSON, truncated or damaged ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+    return None
+
+
 def code_is_installed_code(directory: Path) -> bool:
     """Whether every Python file of the export ``directory`` is byte for byte one this installation
     writes, and no JSON file maps an Auto class elsewhere (config.json: our AUTO_MAP or none; any

@@ -143,14 +143,28 @@ def require_own_code(export: Path, trusted: bool = False) -> None:
     writes (hf_export.code_is_installed_code), unless ``trusted``: loading it with trust_remote_code
     would run that code (an export of another ascender-dist version, edited files, or a directory
     from elsewhere). A GPT-NeoX / Llama export has no code and passes."""
-    from ascender_dist.tools.hf_export import code_is_installed_code
+    from ascender_dist.tools.hf_export import code_is_installed_code, unreadable_json
 
     if trusted or code_is_installed_code(export):
         return
+    problem = unreadable_json(export)
+    if problem:  # a damaged file, not foreign code: say which
+        raise AdapterError(problem)
     raise AdapterError(f"{export}: its Python code is not what this ascender-dist installation writes (an export "
                        "of another version, or edited files), and loading it would run that code: export it again "
                        "with this installation, or trust it explicitly (evaluate --trust-export-code; lm-eval "
                        "model_args trust_export_code=True)")
+
+
+def check_weights_readable(export: Path) -> None:
+    """Every ``*.safetensors`` header of ``export`` readable (evaluate's check): a truncated file was a
+    traceback from inside transformers' loader."""
+    from ascender_dist.tools.evaluate import EvaluationError, _export_parameters
+
+    try:
+        _export_parameters(export)
+    except EvaluationError as exc:
+        raise AdapterError(str(exc)) from None
 
 
 def _flag(value) -> bool:
@@ -263,6 +277,7 @@ def _model_class():
             if isinstance(pretrained, (str, Path)):
                 pretrained = hf_directory(pretrained)
                 require_own_code(pretrained, _flag(trust_export_code))
+                check_weights_readable(pretrained)
                 if tokenizer is None:
                     tokenizer = load_tokenizer(pretrained)
                 pretrained = str(remote_code_path(pretrained))  # its own code, whatever its directory's name

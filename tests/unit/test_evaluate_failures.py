@@ -312,6 +312,15 @@ def test_a_non_finite_validation_loss_is_an_error_not_a_nan_in_results(tmp_path)
     finite = ev.validation_loss(run, lambda tokens: model(tokens, 0.0), max_samples=2)
     assert finite["val_loss"] == pytest.approx(math.log(640))
 
+    def one_sure_wrong_token(tokens):  # a finite loss past exp's range (~709.8 nats): math.exp overflowed
+        logits = torch.zeros(*tokens.shape, 640)
+        logits[..., 0] = 1000.0  # every label but token 0 costs ~1000 nats
+        return types.SimpleNamespace(logits=logits)
+
+    diverged = ev.validation_loss(run, one_sure_wrong_token, max_samples=2)
+    assert 709.8 < diverged["val_loss"] < 1001 and diverged["perplexity"] is None, diverged
+    json.dumps(diverged, allow_nan=False)
+
 
 def test_an_export_without_a_sequence_length_names_its_config_json(tmp_path):
     """'hx: unknown sequence length' named neither the file nor the key that was missing."""

@@ -147,3 +147,23 @@ def test_evaluate_and_the_lm_eval_model_run_only_this_installations_export_code(
         require_own_code(remote_code_export)
     require_own_code(remote_code_export, trusted=True)
     assert run("--trust-export-code")[0] == 0
+
+
+def test_a_damaged_json_or_weights_file_is_named_not_called_foreign_code(remote_code_export):
+    """A truncated tokenizer_config.json was reported as "its Python code is not what this installation
+    writes" (with --trust-export-code as the way out), and a truncated model.safetensors was a
+    SafetensorError traceback from inside the lm-eval model's loading."""
+    from ascender_dist.tools.lm_eval_adapter import AdapterError, check_weights_readable, require_own_code
+
+    require_own_code(remote_code_export)
+    check_weights_readable(remote_code_export)
+    (remote_code_export / "tokenizer_config.json").write_text('{"model_max_length": 12')
+    with pytest.raises(AdapterError) as info:
+        require_own_code(remote_code_export)
+    message = str(info.value)
+    assert message.startswith(f"{remote_code_export / 'tokenizer_config.json'}: unreadable JSON, truncated or "
+                              "damaged (JSONDecodeError") and "\n" not in message, message
+    weights = remote_code_export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(AdapterError, match=r"model\.safetensors: unreadable safetensors file, truncated or corrupt"):
+        check_weights_readable(remote_code_export)
