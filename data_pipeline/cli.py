@@ -1,4 +1,4 @@
-"""``data-pipeline`` command line: build-corpus, train-tokenizer, shard, inspect.
+"""``data-pipeline`` command line: build-corpus, train-tokenizer, shard, merge, inspect.
 
 Every data problem ends as one ``error: <file>: <problem>`` line on stderr and exit status 2,
 never as a traceback. Long steps show tqdm progress bars (``--quiet`` turns them off).

@@ -211,7 +211,8 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
 def tables_main(argv: Optional[Sequence[str]] = None) -> int:
     """``ascender-dist tables DIR``: rebuild DIR's results.md, results.json and figures from its
     results.json and per_sequence.npz, without training. Exit 2 on a user error."""
-    p = argparse.ArgumentParser(prog="ascender-dist tables", description=tables_main.__doc__.split("\n")[0])
+    description = " ".join(tables_main.__doc__.split("\n\n")[0].split())  # the first paragraph, one line
+    p = argparse.ArgumentParser(prog="ascender-dist tables", description=description)
     p.add_argument("directory", help="a report directory (results.json, per_sequence.npz); with --index, a folder "
                                      "of report directories")
     p.add_argument("--n-resamples", type=int, default=10_000)
