@@ -113,6 +113,10 @@ def resolve_tag(checkpoint_dir: Path, tag: Optional[str]) -> Path:
             raise ConversionError(checkpoint_dir, f"no complete checkpoint (no '{ckpt.LATEST}' file, or its first "
                                                   "save did not finish): not a training checkpoint directory?")
     tag_dir = checkpoint_dir / tag
+    unpadded = re.fullmatch(r"step_(\d{1,18})", tag)
+    if not tag_dir.is_dir() and unpadded:  # step_10 names step_00000010: the docs write tags as step_N
+        padded = checkpoint_dir / ckpt.tag_for_step(int(unpadded.group(1)))
+        tag_dir = padded if padded.is_dir() else tag_dir
     if not tag_dir.is_dir():
         raise ConversionError(tag_dir, f"no such checkpoint tag ({_available_tags(checkpoint_dir)})")
     if not (tag_dir / ckpt.COMPLETE).is_file():

@@ -228,6 +228,7 @@ def test_a_missing_tag_says_so_and_lists_the_tags(checkpoint):
                         "available: step_00000002, step_00000004")
     assert "did not finish" not in message
     assert resolve_tag(checkpoint, "step_00000002") == checkpoint / "step_00000002"
+    assert resolve_tag(checkpoint, "step_2") == checkpoint / "step_00000002"  # as the docs write tags: step_N
 
 
 # ----------------------------------------------------------------------------- config.yaml vs weights (defect 4)
