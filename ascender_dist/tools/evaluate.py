@@ -51,6 +51,7 @@ from typing import Optional, Sequence
 
 from ascender_dist.config.errors import UserError
 from ascender_dist.extras import missing_extra
+from ascender_dist.tools.safetensors_header import UnreadableWeights, export_parameters, stored_parameters
 
 log = logging.getLogger("ascender_dist")
 
@@ -98,15 +99,11 @@ def _size_of(preset: Optional[str], *names: str) -> str:
 
 def _stored_parameters(weights: Path) -> int:
     """Parameter count of a safetensors file from its header; a truncated or corrupt file is one
-    line naming it (not a SafetensorError traceback from deep inside transformers)."""
-    from safetensors import SafetensorError, safe_open
-
+    line naming it (safetensors_header)."""
     try:
-        with safe_open(str(weights), "pt") as f:
-            return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
-    except (SafetensorError, OSError) as exc:
-        raise EvaluationError(f"{weights}: unreadable safetensors file, truncated or corrupt "
-                              f"({' '.join(str(exc).split())})") from None
+        return stored_parameters(weights)
+    except UnreadableWeights as exc:
+        raise EvaluationError(str(exc)) from None
 
 
 def _export_parameters(export: Path) -> int:
@@ -114,7 +111,10 @@ def _export_parameters(export: Path) -> int:
     checked: one line for a truncated one): the run's parameter count until a model is loaded, so
     ``--no-val`` still reports it (a remote-code export also stores its few fixed per-head and slot
     buffers, which a loaded model does not count)."""
-    return sum(_stored_parameters(weights) for weights in sorted(Path(export).glob("*.safetensors")))
+    try:
+        return export_parameters(export)
+    except UnreadableWeights as exc:
+        raise EvaluationError(str(exc)) from None
 
 
 def tokenizer_identity(run: Run) -> Optional[str]:

@@ -159,11 +159,11 @@ def require_own_code(export: Path, trusted: bool = False) -> None:
 def check_weights_readable(export: Path) -> None:
     """Every ``*.safetensors`` header of ``export`` readable (evaluate's check): a truncated file was a
     traceback from inside transformers' loader."""
-    from ascender_dist.tools.evaluate import EvaluationError, _export_parameters
+    from ascender_dist.tools.safetensors_header import UnreadableWeights, export_parameters
 
     try:
-        _export_parameters(export)
-    except EvaluationError as exc:
+        export_parameters(export)
+    except UnreadableWeights as exc:
         raise AdapterError(str(exc)) from None
 
 
