@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ascender_dist.config.architectures import ARCHITECTURE_CHECKS
+from ascender_dist.config.architectures import ARCHITECTURE_CHECKS, check_neighbour_count
 from ascender_dist.config.checks import STATIC_CHECKS, check_no_home_shorthand, check_world_size_layout
 from ascender_dist.config.errors import ConfigError
 from ascender_dist.config.loader import (apply_override, deep_merge, from_dict, leaf_paths, override_key,
@@ -112,6 +112,7 @@ def load_config(path: str | Path, overrides: Iterable[str] = ()) -> RunConfig:
     cfg = config_with_overrides(raw, overrides, str(path))
     try:
         check_no_home_shorthand(cfg)
+        check_neighbour_count(cfg)
     except ConfigError as exc:
         raise named_source(exc, path, overrides) from None
     return cfg

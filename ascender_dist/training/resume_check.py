@@ -121,8 +121,13 @@ def _saved_model(tag_dir: Path) -> dict:
     return saved["model"]
 
 
-def _meaning(key: str, value):
-    """``value`` of the model field ``key`` (dotted, ``model.`` first) in the form compared on resume."""
+def _meaning(key: str, value, model: dict):
+    """``value`` of the model field ``key`` (dotted, ``model.`` first) in the form compared on resume;
+    ``model``: the flattened model section it belongs to. ASCender's k counts up to seq_length - 1
+    (every other key): a run saved with a larger k resumes with k = seq_length - 1, which new configs
+    must use (config.architectures.check_neighbour_count)."""
+    if key == "model.ascender.k" and isinstance(value, int) and isinstance(model.get("model.seq_length"), int):
+        return min(value, model["model.seq_length"] - 1)
     same = _SAME_MEANING.get(key.removeprefix("model."))
     return same(value) if same else value
 
@@ -131,7 +136,7 @@ def check_model(cfg: RunConfig, tag_dir: Path) -> None:
     saved = _saved_model(tag_dir)
     ours, theirs = _flatten(to_dict(cfg)["model"], "model."), _flatten(saved, "model.")
     differ = [key for key in ours if key in theirs and key.removeprefix("model.") not in EXEMPT_MODEL_FIELDS
-              and _meaning(key, ours[key]) != _meaning(key, theirs[key])]
+              and _meaning(key, ours[key], ours) != _meaning(key, theirs[key], theirs)]
     if differ:
         more = f" (also differ: {', '.join(differ[1:])})" if len(differ) > 1 else ""
         raise ConfigError(differ[0], f"checkpoint {tag_dir} has {theirs[differ[0]]!r}, the config has "

@@ -61,6 +61,30 @@ def test_the_fast_paths_tiling_and_a_vocab_size_0_for_none_resume(tmp_path, mani
         check_resume(_cfg(manifest, vocab_size=1000), tmp_path, "step_00000005", log_it=False)
 
 
+FULL = {"window": 0, "num_global": 0}  # every visible key a candidate: k is bounded by seq_length alone
+
+
+def test_a_run_saved_with_k_at_or_above_seq_length_resumes_with_seq_length_minus_one(tmp_path, manifest):
+    """New configs must keep ASCender's k below seq_length (config.architectures.check_neighbour_count),
+    checked where a user's config loads, not on saved ones: a run saved with k = 1000 at seq_length 128
+    still reads (consolidate, export) and resumes with k = 127, the same neighbours; another k is refused."""
+    from ascender_dist.config.resolve import load_config
+
+    saved = config_from_dict({"data": {"manifest": str(manifest)}, "model": {"preset": "debug", "architecture":
+                                                                              "ascender", "ascender": {**FULL, "k": 1000}}})
+    seq = saved.model.seq_length
+    assert saved.model.ascender.k == 1000 and seq < 1000
+    _tag(tmp_path, saved)
+    yaml_path = tmp_path / "run.yaml"
+    yaml_path.write_text(yaml.safe_dump({"data": {"manifest": str(manifest)},
+                                         "model": {"preset": "debug", "architecture": "ascender", "ascender": FULL}}))
+    with pytest.raises(ConfigError, match=rf"model\.ascender\.k: must be < model\.seq_length \({seq}\)"):
+        load_config(yaml_path, ["model.ascender.k=1000"])
+    check_resume(load_config(yaml_path, [f"model.ascender.k={seq - 1}"]), tmp_path, "step_00000005", log_it=False)
+    with pytest.raises(ConfigError, match=rf"^model\.ascender\.k: checkpoint .* has 1000, the config has {seq - 2}; "):
+        check_resume(load_config(yaml_path, [f"model.ascender.k={seq - 2}"]), tmp_path, "step_00000005", log_it=False)
+
+
 @pytest.mark.parametrize("recorded", [5, "a note", [{"step": 2}, "x"]])
 def test_a_damaged_data_changes_record_is_one_line_naming_meta_json(tmp_path, manifest, recorded):
     """An integer raised a raw TypeError; a string was carried on split into characters."""
