@@ -8,7 +8,7 @@ which nobody knows until they are tokenized. So
    (whole files, byte ranges of ``.jsonl``, row-group ranges of ``.parquet``; balanced by bytes);
    each process writes its part's token stream (document tokens + EOS, in the dataset's dtype) to
    ``OUT/.parts/``. A job ``--job-index I --job-count J`` does part I of J (split again over its
-   ``--workers``) and writes ``job-I-of-J.json`` last, as its completion mark.
+   ``--workers``) and writes ``job-IIIII-of-JJJJJ.json`` (five-digit, zero-padded) last, as its completion mark.
 2. **merge** (parallel over shards): the part streams, concatenated in order, are exactly the
    single-process stream, cut into the same samples and shards; each shard is written from
    memory-mapped parts, then the manifest. The result is byte-identical to a one-process run.
@@ -157,7 +157,7 @@ def run_job(inputs, tokenizer: Tokenizer, parts_dir: Path, settings: dict, *, jo
             job_count: int = 1, workers: int = 1, text_field: str = DEFAULT_TEXT_FIELD,
             pool: ProcessPoolExecutor | None = None) -> Path:
     """Tokenize part ``job_index`` of ``job_count`` of ``inputs`` with ``workers`` processes into
-    ``parts_dir``; write the completion mark ``job-I-of-J.json`` last and return its path.
+    ``parts_dir``; write the completion mark ``job-IIIII-of-JJJJJ.json`` last and return its path.
     ``settings`` (seq_length, shard sizes, val_fraction, prefix) travel with it to the merge.
     ``pool``: processes to use instead of starting ``workers`` new ones."""
     if not (job_count >= 1 and 0 <= job_index < job_count):

@@ -20,8 +20,8 @@ the t interval and d_z divide by zero: they are undefined (NaN) rather than p = 
 and an infinite effect, which would read as certainty that the seeds cannot give.
 
 The paired bootstrap (:func:`paired_bootstrap_ci`, :func:`scipy.stats.bootstrap`, percentile method) is
-refused below ``BOOTSTRAP_MIN_N`` = 20 pairs and is a nominal 95% interval above (simulated: 0.937 at 20
-pairs, 0.94 at 100-200; 0.91 at 10); no seed-level table uses it. The randomisation test is a
+refused below ``BOOTSTRAP_MIN_N`` = 20 pairs and is a nominal 95% interval above (simulated: ~0.93 at 20
+pairs, 0.94-0.95 at 100-200; ~0.90-0.91 at 10); no seed-level table uses it. The randomisation test is a
 sign-flip loop written here, because ``scipy.stats.permutation_test(permutation_type="samples")`` is
 ~20x slower on per-example data (argsort-based pair shuffles) and its two-sided p-value is twice the
 smaller one-sided p rather than ``|statistic|``-based. Both are driven by a
@@ -405,8 +405,9 @@ class PairedComparison:
 
 
 # below this many pairs only the paired t interval is given. The percentile bootstrap's coverage of a nominal
-# 95% (normal differences, 4,000 experiments of 2,000 resamples): 0.91 at 10 pairs, 0.937 at 20, 0.935 at 30,
-# 0.939 at 100, 0.942 at 200 (it approaches 95% slowly); tests/unit/test_research_stats_coverage.py
+# 95% (normal differences, 2,000 resamples): ~0.93 at 20 pairs (0.928 over 12,000 experiments; normal theory
+# 0.929), 0.94-0.95 at 100-200 (theory 0.946 / 0.948), ~0.90-0.91 at 10 (theory 0.904): it approaches 95%
+# slowly; tests/unit/test_research_stats_coverage.py
 BOOTSTRAP_MIN_N = 20
 
 
@@ -416,8 +417,8 @@ def compare_paired(baseline, treatment, *, n_resamples: int = 10_000, n_permutat
     """One paired comparison: interval, p-value and effect sizes.
 
     ``interval="t"`` (the default, the one for seeds): paired t interval and paired t-test p.
-    ``interval="bootstrap"``: percentile bootstrap interval (nominal: ~0.94 coverage from
-    ``BOOTSTRAP_MIN_N`` pairs on) and approximate-randomisation p; refused below ``BOOTSTRAP_MIN_N``
+    ``interval="bootstrap"``: percentile bootstrap interval (nominal: ~0.93 coverage at
+    ``BOOTSTRAP_MIN_N`` pairs, approaching 0.95 with more) and approximate-randomisation p; refused below ``BOOTSTRAP_MIN_N``
     pairs, where its coverage falls further (0.91 at 10, ~0.74 at 3). The randomisation p is
     reported beside the t-test p in either case (``p_randomization``)."""
     b = _vector(baseline, "baseline")

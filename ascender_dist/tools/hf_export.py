@@ -419,7 +419,7 @@ def code_is_installed_code(directory: Path) -> bool:
             allowed = (None, AUTO_MAP) if path == directory / "config.json" else (None,)
             if auto_map not in allowed:
                 return False
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting past the stack
         return False
     return True
 

@@ -137,8 +137,11 @@ def test_bf16_zero2_and_zero3_data_parallel_match_single_process(results, arch, 
 
 @pytest.mark.parametrize("arch", LAYOUT_ARCHS["tp2"])
 def test_bf16_tensor_parallel_matches_in_loss_and_gradient_norm(results, arch):
-    """TP2 at ZeRO-1: losses (within TP_LOSS_TOL) and gradient norms (a norm that counted a replicated
-    tensor twice or a shard once would be off by far more); the weights are not compared: the
+    """TP2 at ZeRO-1: losses (within TP_LOSS_TOL) and gradient norms. A norm that counts the replicated
+    tensors (norms, row-parallel biases) once per TP rank fails it for gpt and connection (0.35 and 0.075
+    relative, measured by patching DeepSpeed's is_model_parallel_parameter to say yes to all); ASCender's
+    replicated tensors are only its norms, 0.03% of its squared norm (5.8e-3 relative, inside the
+    tolerance), so its case checks the loss and the norm's scale. The weights are not compared: the
     bf16 all-reduces of the row-parallel outputs round the gradients differently, which Adam turns into
     steps of opposite sign on elements near zero (ASCender's QKV 1.25 of its change; gpt 0.10)."""
     value = _checked(results, f"{arch}_tp2", "tp2")

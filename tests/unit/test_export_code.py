@@ -157,6 +157,9 @@ def test_a_damaged_json_or_weights_file_is_named_not_called_foreign_code(remote_
 
     require_own_code(remote_code_export)
     check_weights_readable(remote_code_export)
+    (remote_code_export / "tokenizer_config.json").write_text("[" * 200_000)  # nesting past the stack
+    with pytest.raises(AdapterError, match="tokenizer_config.json: unreadable JSON, truncated or damaged"):
+        require_own_code(remote_code_export)
     (remote_code_export / "tokenizer_config.json").write_text('{"model_max_length": 12')
     with pytest.raises(AdapterError) as info:
         require_own_code(remote_code_export)

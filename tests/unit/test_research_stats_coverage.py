@@ -131,11 +131,11 @@ def _bootstrap_coverage(pairs: int, experiments: int, seed: int) -> float:
 
 
 def test_percentile_bootstrap_from_its_threshold_on_is_near_nominal_and_below_it_is_not():
-    """compare_paired's bootstrap is refused below BOOTSTRAP_MIN_N pairs (20): there its coverage is ~0.94
-    (simulated 0.937 over 4,000 experiments; stats.py), at 10 pairs ~0.91 (the old threshold)."""
+    """compare_paired's bootstrap is refused below BOOTSTRAP_MIN_N pairs (20): there its coverage is ~0.93
+    (0.928 over 12,000 experiments; stats.py), at 10 pairs ~0.90 (the old threshold)."""
     at_threshold = _bootstrap_coverage(stats.BOOTSTRAP_MIN_N, 1000, 8)
     at_ten = _bootstrap_coverage(10, 1000, 9)
-    assert 0.92 <= at_threshold <= 0.96, at_threshold
+    assert 0.91 <= at_threshold <= 0.96, at_threshold
     assert at_ten < at_threshold and at_ten <= 0.925, at_ten
     stats.compare_paired(np.zeros(stats.BOOTSTRAP_MIN_N), np.ones(stats.BOOTSTRAP_MIN_N), interval="bootstrap")
     with pytest.raises(ValueError, match="coverage"):
