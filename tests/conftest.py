@@ -46,3 +46,15 @@ def _transformers_handler_not_left_on_a_closed_stream():
 
         hf_logging.disable_default_handler()
         hf_logging.enable_propagation()
+
+
+@pytest.fixture(autouse=True)
+def _aux_loss_scale_restored():
+    """Building a Trainer sets the process-wide ASCender aux-loss gradient scale (1 / (accumulation x
+    TP), training.run); a later test of the same worker that checks the aux gradient at scale 1 failed
+    when it ran after one (test order). Each test starts at, and leaves, the scale it found."""
+    from ascender_dist.models.ascender.common import AttachAuxLoss, set_aux_loss_scale
+
+    before = AttachAuxLoss.scale
+    yield
+    set_aux_loss_scale(before)

@@ -356,6 +356,11 @@ def test_entry_point_attaches_aux_gradient_and_reports_stats():
     for key in ("mass_moved_align", "mass_moved_sep", "mass_moved_coh", "mass_moved_all", "omega_sep",
                 "gate_align_mean", "gate_coh_mean", "eta_mean"):  # fmt: skip
         assert stats[key].shape == (2,) and not stats[key].requires_grad, key
+    for key in ("gate_align", "gate_coh", "eta"):  # per head: each head's rows [b, s] averaged (b = heads = 2 here)
+        rows = info["rows"][key].detach()
+        per_head = torch.stack([rows[:, head].mean() for head in range(rows.shape[1])])
+        torch.testing.assert_close(stats[f"{key}_mean"], per_head, rtol=1e-6, atol=0, msg=key)
+        assert not torch.allclose(per_head, torch.stack([rows[i].mean() for i in range(rows.shape[0])])), key
     assert torch.all(stats["mass_moved_all"] > 0) and torch.all(stats["mass_moved_all"] <= 1)
     assert set(info["aux"]) == {"compactness", "crowding", "alignment", "total"}
     for name, value in info["aux"].items():  # logged per layer: train/loss is the task loss alone

@@ -61,3 +61,33 @@ def test_a_value_below_its_floor_is_used_at_the_floor(impl, name, floor):
 def test_an_initial_value_below_its_floor_is_refused(field, value):
     with pytest.raises(ConfigError, match=rf"^model\.ascender\.{field}: must be >= .* the floor"):
         base_hp(**{field: value}).validate("model.ascender", head_dim=16)
+
+
+@pytest.mark.parametrize("name", ["tau_score", "kappa"])
+def test_the_floors_gradient_above_the_floor_is_the_finite_difference(name):
+    """Every other gradient test compares paths that all go through _Floor's hand-written backward (a
+    doubled gradient passed them all): the reference's gradient of tau_score / kappa, each head above
+    its floor, against central finite differences of the loss in float64."""
+    hp = base_hp(causal=True, kappa_init=1.0)
+    inputs = [x.detach() for x in make_inputs(b=1, nh=2, n=21, hd=16, dtype=F64)]
+    params = make_params(hp, 2)
+    with torch.no_grad():
+        params.kappa[1] = 0.05  # eta = rho / kappa < 1 somewhere: kappa's gradient is not 0
+    w = torch.randn(1, 2, 21, 16, generator=torch.Generator().manual_seed(3), dtype=F64)
+
+    def loss():
+        return (ascender_attention(*inputs, params, hp, step=10, impl="reference") * w).sum()
+
+    param = getattr(params, name)
+    (grad,) = torch.autograd.grad(loss(), [param])
+    for head in range(2):
+        eps = 1e-5 * param[head].item()
+        with torch.no_grad():
+            param[head] += eps
+            up = loss()
+            param[head] -= 2 * eps
+            down = loss()
+            param[head] += eps
+        numeric = (up - down).item() / (2 * eps)
+        assert abs(numeric) > 1e-4, (name, head, numeric)  # the check means something
+        assert grad[head].item() == pytest.approx(numeric, rel=1e-4), (name, head)  # a doubled gradient: 1.0
