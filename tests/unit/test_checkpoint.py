@@ -702,3 +702,30 @@ def test_rollback_candidates_include_a_copy_a_same_step_save_left_aside(tmp_path
     fake = types.SimpleNamespace(derived=types.SimpleNamespace(checkpoint_dir=tmp_path))
     assert Trainer._held_checkpoints(fake) == {100: "step_00000100", 200: "step_00000200.replaced",
                                                300: "step_00000300"}  # a step's own tag first
+
+
+def test_a_save_reaches_stable_storage_before_latest_names_it(single_rank_group, tmp_path, monkeypatch):
+    """checkpoint.py's promise that ``latest`` never names data still in a page cache: every file of the
+    staged tag (the engine's shards, the RNG files, meta.json, COMPLETE) and every directory of it is
+    fsynced before the staged directory is renamed to its tag, and the checkpoint directory after
+    ``latest`` moved (the SIGKILL tests cannot see a missing fsync; only a power loss would)."""
+    _save(tmp_path, 1, "first")
+    events = record_syncs_renames_and_deletes(monkeypatch)
+    _save(tmp_path, 2, "second")
+    monkeypatch.undo()
+    staged = str((tmp_path / ("step_00000002" + ckpt.PARTIAL)).resolve())
+    final = tmp_path / "step_00000002"
+    publish = events.index(("replace", staged, str(final.resolve())))
+    synced_before = set()
+    for event in events[:publish]:  # a file fsynced under a temporary name and renamed into place counts
+        if event[0] == "fsync":
+            synced_before.add(event[1])
+        elif event[0] == "replace" and event[1] in synced_before:
+            synced_before.add(event[2])
+    files = {staged + "/" + p.relative_to(final).as_posix() for p in final.rglob("*") if p.is_file()}
+    directories = {staged} | {staged + "/" + p.relative_to(final).as_posix() for p in final.rglob("*") if p.is_dir()}
+    assert {staged + "/weights.txt", staged + "/meta.json", staged + "/" + ckpt.COMPLETE} <= files
+    assert any("/rng/" in f for f in files), files
+    assert files - synced_before == set() and directories - synced_before == set(), (files | directories) - synced_before
+    latest = next(i for i, e in enumerate(events) if e[0] == "replace" and e[2] == str((tmp_path / ckpt.LATEST).resolve()))
+    assert publish < latest and ("fsync", str(tmp_path.resolve())) in events[latest:], events[latest:]
