@@ -12,17 +12,18 @@ or a Hugging Face export (``ascender-dist export-hf``). NAME defaults to the dir
   (the run's ``data.manifest`` / ``data.mixture``, or ``--manifest``), read by
   ``data_pipeline.loader.StreamingLoader(split="val")`` in stored order, exactly as training's
   ``val/loss`` (inputs ``tokens[:, :-1]``, labels ``tokens[:, 1:]``), averaged over all tokens;
-  perplexity = exp(val loss) (null when the loss is past exp's float range, ~709.8 nats). Data made with another tokenizer than the run's (meta.json's
-  ``tokenizer_sha256``, else the sha256 of an export's ``tokenizer.model`` or of the run's
-  ``data.tokenizer``) is refused in one line. The softmax is over the tokenizer's vocabulary
-  (consolidation drops the vocab padding rows, as every export does), as training's, whose loss
-  gives the padding ids zero probability (``models.build.vocab_cross_entropy``): on the same
-  samples it equals training's ``val/loss`` up to float rounding. The model runs single-process in
-  plain torch: the Hugging Face model of :mod:`ascender_dist.hf` (what ``export-hf`` writes, tested
-  to match our megatron model at TP=1 within 1e-4) built from the consolidated weights, no
-  megatron, no process group; an export directory is loaded with ``AutoModelForCausalLM`` (remote
-  code on) through ``lm_eval_adapter.remote_code_path``, so each export runs its own code even
-  where exports of one directory name (``small/hf``, ``medium/hf``) are evaluated together.
+  perplexity = exp(val loss) (null when the loss is past exp's float range, ~709.8 nats). Data
+  made with another tokenizer than the run's (meta.json's ``tokenizer_sha256``, else the sha256 of
+  an export's ``tokenizer.model`` or of the run's ``data.tokenizer``) is refused in one line. The
+  softmax is over the tokenizer's vocabulary (consolidation drops the vocab padding rows, as every
+  export does), as training's, whose loss gives the padding ids zero probability
+  (``models.build.vocab_cross_entropy``): on the same samples it equals training's ``val/loss`` up
+  to float rounding. The model runs single-process in plain torch: the Hugging Face model of
+  :mod:`ascender_dist.hf` (what ``export-hf`` writes, tested to match our megatron model at TP=1
+  within 1e-4) built from the consolidated weights, no megatron, no process group; an export
+  directory is loaded with ``AutoModelForCausalLM`` (remote code on) through
+  ``lm_eval_adapter.remote_code_path``, so each export runs its own code even where exports of one
+  directory name (``small/hf``, ``medium/hf``) are evaluated together.
 * lm-eval tasks (``--tasks``): a consolidated run is exported into ``OUT/hf/NAME`` first, then
   lm-eval's HFLM runs it through the ``ascender-dist`` model of
   :mod:`ascender_dist.tools.lm_eval_adapter` (``--include-path`` adds task YAML directories).

@@ -394,7 +394,8 @@ def unreadable_json(directory: Path) -> str | None:
         try:
             json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-            return f"{path}: unreadable JSON, truncated or damaged ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            first_line = (str(exc).splitlines() or [""])[0]
+            return f"{path}: unreadable JSON, truncated or damaged ({type(exc).__name__}: {first_line})"
     return None
 
 
