@@ -18,10 +18,11 @@ case "$#:${1:-}" in
      exit 2 ;;
 esac
 
-ACTION="" SPEC="" INDEX_URL="" SYSTEM_SITE="" REMOVE="" GPU="" REASON=""
+ACTION="" SPEC="" INDEX_URL="" LOCAL_SPEC="" SYSTEM_SITE="" REMOVE="" GPU="" REASON=""
 PLAN=$("$PYTHON" launch/torch_plan.py .venv/bin/python "$PYTHON")
 eval "$PLAN"
 echo "setup: torch: $ACTION $SPEC${INDEX_URL:+ (index $INDEX_URL)}: $REASON"
+if [ -n "$LOCAL_SPEC" ]; then echo "setup: trying $LOCAL_SPEC from pip's own indexes and wheel folders first"; fi
 if [ -n "$REMOVE" ]; then echo "setup: uninstalling .venv's own $REMOVE first: it would hide $PYTHON's"; fi
 if [ "$DRY_RUN" = 1 ]; then exit 0; fi
 
@@ -43,7 +44,11 @@ if [ "$ACTION" = install ]; then
     # a torch already here is one the plan refused (another build, or out of range): pip would call a
     # CPU build "already satisfied" by torch==X from the CUDA index, so it goes first
     .venv/bin/python -m pip uninstall --quiet --yes torch 2>/dev/null || true
-    .venv/bin/python -m pip install --quiet ${INDEX_URL:+--index-url "$INDEX_URL"} "$SPEC"
+    if [ -n "$LOCAL_SPEC" ] && .venv/bin/python -m pip install --quiet "$LOCAL_SPEC" 2>/dev/null; then
+        echo "setup: installed $LOCAL_SPEC without the PyTorch index"
+    else
+        .venv/bin/python -m pip install --quiet ${INDEX_URL:+--index-url "$INDEX_URL"} "$SPEC"
+    fi
 fi
 TORCH_VERSION=$(.venv/bin/python -c 'from importlib.metadata import version; print(version("torch"))')
 if [ "$GPU" = 1 ] && [ -z "${TORCH_SPEC:-}" ] && ! .venv/bin/python -c 'import sys, torch; sys.exit(torch.version.cuda is None)'; then

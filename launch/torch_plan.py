@@ -10,7 +10,10 @@ CUDA build):
 3. no CUDA device (probe ``nvidia-smi -L``, else ``/proc/driver/nvidia/gpus``): the CPU build,
    ``torch==<tested version>`` from ``TORCH_CPU_INDEX`` (default the PyTorch CPU wheel index: on
    Linux x86_64, PyPI's own ``torch==<version>`` is the CUDA build; set it empty for pip's default
-   index, e.g. a site mirror that holds CPU wheels).
+   index, e.g. a site mirror that holds CPU wheels). ``torch==<tested version>+cpu`` (LOCAL_SPEC) is
+   tried first from pip's own configuration (default index, mirrors, ``--find-links`` wheels), which
+   cannot hand out PyPI's CUDA build for it: a machine that already holds the CPU wheel never waits
+   on an unreachable or slow PyTorch index.
 4. a CUDA device: ``torch==<tested version>`` from ``TORCH_CUDA_INDEX`` (default the PyTorch CUDA
    12.6 wheel index; set it empty for the default index, whose Linux wheels are CUDA builds).
 
@@ -27,8 +30,8 @@ Before any of that, a Python older than ``requires-python``, or a ``.venv`` of a
 version, stops the set-up in one line (exit 2).
 
 Prints one line of shell assignments for setup.sh to ``eval``: ACTION (keep|install), SPEC,
-INDEX_URL, SYSTEM_SITE (1: create the venv with --system-site-packages), REMOVE (packages to
-uninstall from the venv first), GPU (1: a CUDA device is present: the torch must have CUDA),
+INDEX_URL, LOCAL_SPEC (an install to try before the one from INDEX_URL; empty: none), SYSTEM_SITE
+(1: create the venv with --system-site-packages), REMOVE (packages to uninstall from the venv first), GPU (1: a CUDA device is present: the torch must have CUDA),
 REASON.
 Standard library only (it runs before the virtualenv exists).
 """
@@ -142,7 +145,7 @@ def decide(venv_python: str, base_python: str) -> dict:
     spec_env = os.environ.get("TORCH_SPEC", "")
     rng = torch_range()
     gpu = has_cuda_device()
-    flags = dict(REMOVE="", GPU="1" if gpu else "0")
+    flags = dict(REMOVE="", GPU="1" if gpu else "0", LOCAL_SPEC="")
     if spec_env:
         return dict(ACTION="install", SPEC=spec_env, INDEX_URL="", SYSTEM_SITE="0", **flags, REASON="TORCH_SPEC is set")
     venv_version = installed_torch(venv_python)
@@ -162,8 +165,10 @@ def decide(venv_python: str, base_python: str) -> dict:
         index = os.environ.get("TORCH_CUDA_INDEX", DEFAULT_CUDA_INDEX)
         return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=index, SYSTEM_SITE="0", **flags,
                     REASON="a CUDA device is present: CUDA build")
-    return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=os.environ.get("TORCH_CPU_INDEX", DEFAULT_CPU_INDEX),
-                SYSTEM_SITE="0", **flags, REASON="no CUDA device: CPU build")
+    index = os.environ.get("TORCH_CPU_INDEX", DEFAULT_CPU_INDEX)
+    local = f"torch=={TESTED_TORCH}+cpu" if index else ""
+    return dict(ACTION="install", SPEC=f"torch=={TESTED_TORCH}", INDEX_URL=index, SYSTEM_SITE="0",
+                **{**flags, "LOCAL_SPEC": local}, REASON="no CUDA device: CPU build")
 
 
 def main(argv: list[str]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -102,6 +103,25 @@ def test_torch_spec_overrides_and_indexes_are_settable():
                                                          "CUDA build"
     assert "(index file:///x)" in dry_run(False, None, TORCH_CPU_INDEX="file:///x")
     assert dry_run(False, None, TORCH_CPU_INDEX="") == f"install torch=={TESTED_TORCH}: no CUDA device: CPU build"
+
+
+def test_the_cpu_wheel_is_tried_first_without_the_pytorch_index():
+    """The +cpu wheel is asked of pip's own indexes and wheel folders before the PyTorch index (a
+    machine holding it must not wait on that index), and only for the CPU plan: a plain spec from
+    the default index would be PyPI's CUDA build."""
+    def plan(gpu: bool, **env: str) -> dict:
+        clean = {k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "TORCH_CUDA_INDEX", "TORCH_CPU_INDEX")}
+        clean.update(ASCENDER_CUDA_PROBE="true" if gpu else "false", ASCENDER_TORCH_PROBE="true", **env)
+        out = subprocess.run([sys.executable, "launch/torch_plan.py", ".venv-none/bin/python", "python-none"],
+                             cwd=REPO_ROOT, env=clean, capture_output=True, text=True, timeout=60, check=True).stdout
+        return dict(item.split("=", 1) for item in shlex.split(out))  # KEY=value, shell-quoted
+
+    assert plan(False)["LOCAL_SPEC"] == f"torch=={TESTED_TORCH}+cpu"
+    assert plan(True)["LOCAL_SPEC"] == ""
+    assert plan(False, TORCH_CPU_INDEX="")["LOCAL_SPEC"] == ""  # the default index is the only one: one try
+    assert plan(False, TORCH_SPEC="torch==2.13.0")["LOCAL_SPEC"] == ""
+    script = (REPO_ROOT / "launch" / "setup.sh").read_text()
+    assert script.index('pip install --quiet "$LOCAL_SPEC"') < script.index('--index-url "$INDEX_URL"')
 
 
 def test_torch_range_is_pips_rule():
