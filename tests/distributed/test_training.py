@@ -76,6 +76,14 @@ def test_layer_statistics_are_reduced_over_the_data_parallel_replicas(results):
         assert value == {"connection/steps_mean/layer02": 1.5, "connection/steps_max/layer02": 5.0}
 
 
+def test_per_head_layer_statistics_are_gathered_over_tensor_parallel_ranks_in_head_order(results):
+    expected = {"ascender/gate_coh_mean/layer03/head00": 0.0, "ascender/gate_coh_mean/layer03/head01": 1.0,
+                "ascender/gate_coh_mean/layer03/head02": 10.0, "ascender/gate_coh_mean/layer03/head03": 11.0,
+                "ascender/gate_coh_mean/layer03": 5.5, "ascender/aux_compactness/layer03": 2.0}
+    for value in assert_check(results, "layer_stats_per_head_over_tensor_parallel"):  # the same on both ranks
+        assert value == expected
+
+
 def test_resume_at_another_data_parallel_size_is_refused_in_one_line_under_zero3(results, dp1_results):
     assert len(assert_check(results, "dp2_leg_zero3")[0]["straight"]) == 6  # the saved run trained to its end
     message = assert_check(dp1_results, "resume_dp1_zero3_refused")[0]

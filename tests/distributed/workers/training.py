@@ -75,6 +75,24 @@ def layer_stats_over_replicas() -> dict:
     return gather_layer_stats(layer, dp_group=dist.group.WORLD)
 
 
+def layer_stats_per_head_over_tensor_parallel() -> dict:
+    """Per-head statistics of a layer whose heads are split over TP ranks (here the two ranks as one
+    TP group, rank r holding global heads 2r, 2r + 1): gathered in rank order into global head
+    numbers; a 0-d statistic (an aux loss over the rank's heads) is the mean over the ranks."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from ascender_dist.training.layer_stats import gather_layer_stats
+
+    rank = dist.get_rank()
+    layer = nn.Linear(1, 1)
+    layer.layer_number, layer.stats_prefix, layer.stats_per_head, layer.collect_stats = 3, "ascender", True, True
+    layer.last_stats = {"gate_coh_mean": torch.tensor([10.0 * rank, 10.0 * rank + 1]),
+                        "aux_compactness": torch.tensor(1.0 + 2 * rank)}
+    return gather_layer_stats(layer, tp_group=dist.group.WORLD)
+
+
 def resume_takes_the_configs_optimizer_settings(data, root: Path, zero_stage: int) -> dict:
     """Saved with one weight decay / betas / eps / clip, resumed with others: the optimizer steps
     with the resumed config's (loading restores the checkpoint's param groups and clip value)."""
@@ -233,6 +251,7 @@ def main(args):
     checks.update({f"dp2_leg_zero{stage}": (lambda stage=stage: dp2_leg(data, root, stage))
                    for stage in DP_CHANGE_STAGES})
     checks["layer_stats_over_replicas"] = layer_stats_over_replicas
+    checks["layer_stats_per_head_over_tensor_parallel"] = layer_stats_per_head_over_tensor_parallel
     checks.update({f"optimizer_settings_zero{stage}":
                    (lambda stage=stage: resume_takes_the_configs_optimizer_settings(data, root, stage))
                    for stage in (0, 1)})
