@@ -342,6 +342,24 @@ def test_entry_point_schedule_and_unused_parameters_get_zero_grad():
     torch.testing.assert_close(after, reference_attention(*inputs, params, hp, use_sep=True).out)
 
 
+@pytest.mark.parametrize("share_omega", [False, True])
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_every_parameter_gets_a_gradient_when_no_bias_is_active(impl, share_omega):
+    """Alignment and Cohesion off and Separation not yet started: no bias reads omega or lambdas,
+    yet every trainable tensor needs a gradient (zero) on every path, or data-parallel gradient
+    reduction sees a parameter without one (the reference path used to leave omega's None)."""
+    hp = base_hp(causal=True, use_align=False, use_coh=False, separation_start_step=100,
+                 trainable_lambdas=True, trainable_delta_kappa_temp=True, share_omega_across_heads=share_omega)
+    inputs = make_inputs(n=12)
+    params = AscenderHeadParams(hp, 2).to(F64)  # initial values (make_params writes per-head omegas)
+    ascender_attention(*inputs, params, hp, step=99, impl=impl).sum().backward()
+    for name, param in params.named_parameters():
+        assert param.grad is not None, (impl, name)
+        if name != "tau_score":  # the score temperature scales q.k on every path
+            assert torch.all(param.grad == 0), (impl, name)
+    assert torch.any(params.tau_score.grad != 0)
+
+
 def test_entry_point_attaches_aux_gradient_and_reports_stats():
     hp = base_hp(causal=True, aux_compactness_weight=0.3, aux_crowding_weight=0.5, aux_alignment_weight=0.2)
     inputs = make_inputs(n=18)

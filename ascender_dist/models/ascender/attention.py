@@ -95,8 +95,8 @@ def _touch_unused(out: torch.Tensor, params: AscenderHeadParams, hp, use_sep: bo
     unused = []
     if not use_sep:
         unused += [params.delta, params.kappa]
-    if not hp.use_align and not hp.use_coh and not use_sep:
-        unused.append(params.lambdas)
+    if not hp.use_align and not hp.use_coh and not use_sep:  # no bias this step: no gain or weight is read
+        unused += [params.lambdas, params.omega_shared if params.shares_omega else params.omega]
     unused = [p for p in unused if isinstance(p, torch.nn.Parameter)]
     if not unused or not torch.is_grad_enabled():
         return out
