@@ -91,7 +91,7 @@ class ShardSpec:
         return Path(self.url)
 
 
-_META_TYPES = {"tokenizer_sha256": str, "seq_length": int, "vocab_size": int}  # a shard's meta.json
+_META_TYPES = {"tokenizer_sha256": str, "seq_length": int, "vocab_size": int, "dtype": str}  # a shard's meta.json
 
 
 class _CorruptShard(DataError):
@@ -145,6 +145,7 @@ def read_shard_and_meta(spec: ShardSpec, checks: ShardChecks, verify_checksum: b
     if fast is not None:
         arr, raw_meta = fast
         meta = _check_meta(spec.url, raw_meta, checks) if raw_meta is not None else {}
+        _check_dtype(spec.url, arr.dtype, meta)
         return _check_rows(spec, arr, meta, checks), meta
     samples = _parse_tar(spec.url, data)  # anything else: webdataset's parser and its precise errors
     return _decode_samples_and_meta(spec, samples, checks)
@@ -239,7 +240,23 @@ def _decode_samples_and_meta(spec: ShardSpec, samples: list[dict], checks: Shard
         raise _CorruptShard(spec.url, "empty shard (no samples)")
     meta = _check_meta(spec.url, samples[0]["meta.json"], checks) if "meta.json" in samples[0] else {}
     rows = [_decode_tokens(spec.url, s, checks.seq_length) for s in samples]
+    for row in rows:
+        _check_dtype(spec.url, row.dtype, meta)
     return _check_rows(spec, np.stack(rows), meta, checks), meta
+
+
+def _check_dtype(url: str, dtype: np.dtype, meta: dict) -> None:
+    """Tokens stored in the dtype the shard's meta.json records: ids read in a narrower one would
+    have wrapped already (uint8 for uint16 ids: 300 reads as 44) and pass every range check."""
+    recorded = meta.get("dtype")
+    if recorded is None:
+        return
+    try:
+        expected = np.dtype(recorded)
+    except TypeError:
+        raise DataError(url, f"meta.json dtype {recorded!r} is not a numpy dtype") from None
+    if np.dtype(dtype) != expected:  # not skipped like a damaged shard: its writer mislabelled it
+        raise DataError(url, f"tokens stored as {np.dtype(dtype).name}, meta.json says {expected.name}")
 
 
 def _check_rows(spec: ShardSpec, arr: np.ndarray, meta: dict, checks: ShardChecks) -> np.ndarray:
@@ -373,6 +390,7 @@ def _probe(spec: ShardSpec, checks: ShardChecks, st: os.stat_result, read):
     if layout is None:
         return None
     meta = _check_meta(spec.url, layout.meta, checks) if layout.meta is not None else {}
+    _check_dtype(spec.url, layout.dtype, meta)
     _PROBES[key] = (layout, meta)
     while len(_PROBES) > _MAX_PROBES:
         _PROBES.popitem(last=False)
@@ -427,8 +445,13 @@ def _expand(pattern) -> list[str]:
     """webdataset's expansion of a URL pattern (braces; ``${X}`` from the environment variable
     ``WDS_X``), its failures as one-line DataErrors: each is this rank's input, and the set-up pools
     DataErrors across ranks (an unset variable on one node must not leave the others waiting)."""
+    text = str(pattern)
+    if "://" not in text and not text.startswith("pipe:") and any(c in text for c in "*?[") \
+            and not Path(text).exists():
+        raise DataError(text, "shard URLs are not globbed: list the shards with a brace range "
+                              "(shard-train-{000000..000099}.tar) or give the dataset's manifest.json")
     try:
-        return expand_urls(str(pattern))
+        return expand_urls(text)
     except (ValueError, AssertionError, KeyError) as exc:  # unbalanced braces; a ${X} without WDS_X
         raise DataError(str(pattern), f"cannot expand the URL pattern ({type(exc).__name__}: "
                                       f"{' '.join(str(exc).split())[:160]})") from None
@@ -1060,9 +1083,18 @@ def _check_distinct_shards(resolved) -> None:
     other's shards through one URL template; one dataset listed twice would be drawn at the sum of
     its weights). ``resolved``: ``(name, specs, checks)`` per dataset, checked before any read."""
     owner: dict[str, tuple[int, int]] = {}  # shard identity -> (dataset, shard) where first listed
+    content: dict[str, tuple[int, int]] = {}  # a manifest's sha256 -> (dataset, shard) where first listed
     for i, (name, specs, _) in enumerate(resolved):
         for k, spec in enumerate(specs):
             j, m = owner.setdefault(_shard_identity(spec), (i, k))
+            if (j, m) == (i, k) and spec.sha256:
+                j, m = content.setdefault(spec.sha256, (i, k))
+                if (j, m) != (i, k):
+                    first = resolved[j][1][m].url
+                    raise DataError(spec.url, f"same bytes (sha256 {spec.sha256[:12]}...) as shard {first}"
+                                              f"{'' if j == i else f' of {resolved[j][0]}'}: a copy would be read "
+                                              "twice per epoch; list each shard once (mixture weights set "
+                                              "how often a dataset is drawn)")
             if (j, m) == (i, k):
                 continue
             if j == i:

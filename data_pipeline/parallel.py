@@ -235,12 +235,25 @@ class _TokenStream:
         return np.concatenate(out) if len(out) != 1 else out[0]
 
 
+def _check_part_ids(stream: "_TokenStream", files, rows: np.ndarray, start: int, vocab_size: int) -> None:
+    """Every token of a shard's rows below the vocabulary size, or a DataError naming the part file
+    that holds the first one past it: a part damaged after its job finished (the job marks record
+    sizes only) would otherwise be vouched for by the new manifest's sha256."""
+    bad = np.flatnonzero(rows.reshape(-1) >= vocab_size)
+    if bad.size:
+        pos = start + int(bad[0])
+        k = int(np.searchsorted(stream.starts, pos, side="right")) - 1
+        raise DataError(str(files[k]), f"token id {int(rows.reshape(-1)[bad[0]])} >= vocab size {vocab_size} at "
+                                       f"token {pos - int(stream.starts[k])}: the part is damaged; run its job again")
+
+
 def _write_shard(files, counts, dtype_name: str, meta: dict, first: int, count: int, sample_len: int,
                  path: str) -> tuple[str, dict]:
     """(Worker process.) Shard of samples ``[first, first + count)`` written to ``path`` and fsynced
     (the merge's move and manifest commit it); only the parts those samples lie in are opened."""
     stream = _TokenStream([Path(f) for f in files], counts, np.dtype(dtype_name))
     rows = stream.slice(first * sample_len, (first + count) * sample_len).reshape(count, sample_len)
+    _check_part_ids(stream, files, rows, first * sample_len, meta["vocab_size"])
     data = encode_shard(list(rows), np.dtype(dtype_name), meta)
     write_durably(Path(path), data)
     return path, {"num_samples": count, "num_tokens": count * sample_len, "sha256": sha256_bytes(data),

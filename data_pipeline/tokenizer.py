@@ -292,12 +292,20 @@ class Tokenizer:
         except OSError as e:
             raise DataError(str(model_path), f"cannot read tokenizer model ({e.strerror or e})") from None
         sp = _processor(model_path, data)
+        try:
+            sidecar = _sidecar(model_path)
+        except DataError:
+            if pad_vocab_to_multiple_of is None:  # the padding would come from it
+                raise
+            sidecar = {}  # padding given: a broken sidecar only leaves the model unverified
+        sha256 = sha256_bytes(data)
+        _check_against_sidecar(model_path, sidecar, sha256, sp.get_piece_size())
         multiple, where = pad_vocab_to_multiple_of, str(model_path)
         if multiple is None:
             where = str(model_path.with_suffix(".json"))
-            multiple = _sidecar(model_path).get("pad_vocab_to_multiple_of", 128)
+            multiple = sidecar.get("pad_vocab_to_multiple_of", 128)
         check_pad_multiple(where, multiple)
-        return cls(sp, sha256_bytes(data), padded_size(sp.get_piece_size(), multiple), model_path)
+        return cls(sp, sha256, padded_size(sp.get_piece_size(), multiple), model_path)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no BOS/EOS added; the shard writer appends EOS per document)."""
@@ -377,6 +385,21 @@ def _processor(model_path: Path, data: bytes) -> spm.SentencePieceProcessor:
     if sp.get_piece_size() == 0:
         raise DataError(str(model_path), "not a sentencepiece model (no pieces)")
     return sp
+
+
+def _check_against_sidecar(model_path: Path, sidecar: dict, sha256: str, pieces: int) -> None:
+    """A model whose bytes or piece count differ from what its sidecar recorded at training is
+    damaged or replaced (sentencepiece loads a cut-short model without complaint, with its
+    normalizer settings or pieces missing, and then tokenizes differently): refused by name."""
+    recorded = sidecar.get("sha256")
+    if isinstance(recorded, str) and recorded != sha256:
+        raise DataError(str(model_path), f"sha256 {sha256[:12]}... differs from the {recorded[:12]}... that its sidecar "
+                                         f"{model_path.with_suffix('.json').name} recorded: the model file is damaged "
+                                         "or was replaced (restore it, or train the tokenizer again)")
+    size = sidecar.get("vocab_size")
+    if isinstance(size, int) and not isinstance(size, bool) and size != pieces:
+        raise DataError(str(model_path), f"{pieces} pieces, its sidecar {model_path.with_suffix('.json').name} "
+                                         f"recorded {size}: the model file is damaged or was replaced")
 
 
 def _sidecar(model_path: Path) -> dict:

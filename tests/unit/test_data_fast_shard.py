@@ -24,7 +24,7 @@ def reference(data: bytes, seq: int) -> np.ndarray:
 def test_fast_decoder_equals_webdataset_parser(dtype, n):
     rng = np.random.default_rng(n)
     rows = [rng.integers(0, 60000, 10) for _ in range(n)]
-    data = encode_shard(rows, np.dtype(dtype), META)
+    data = encode_shard(rows, np.dtype(dtype), {**META, "dtype": np.dtype(dtype).name})
     arr, meta = decode_regular_shard(data, 9)
     ref = reference(data, 9)
     assert arr.dtype == ref.dtype and np.array_equal(arr, ref) and np.array_equal(arr, np.stack(rows))
@@ -59,7 +59,7 @@ def reader(data: bytes):
 def test_positioned_reads_equal_the_whole_shard_decode(dtype, n):
     rng = np.random.default_rng(n)
     rows = [rng.integers(0, 60000, 10) for _ in range(n)]
-    data = encode_shard(rows, np.dtype(dtype), META)
+    data = encode_shard(rows, np.dtype(dtype), {**META, "dtype": np.dtype(dtype).name})
     layout = probe_layout(reader(data), len(data), n, 9)
     assert layout is not None and layout.meta == decode_regular_shard(data, 9)[1]
     got = np.stack([layout.read_row(reader(data), i) for i in range(n)])

@@ -151,7 +151,7 @@ def test_a_shard_task_maps_only_the_parts_its_samples_lie_in(tmp_path, monkeypat
     stream = np.arange(sum(counts), dtype=np.uint16)
     real, mapped = np.memmap, []
     monkeypatch.setattr(np, "memmap", lambda f, *a, **kw: mapped.append(Path(f).name) or real(f, *a, **kw))
-    meta, sample_len = {"seq_length": 4}, 5
+    meta, sample_len = {"seq_length": 4, "vocab_size": 1000}, 5
     for first, count, needs in ((0, 2, ["p0"]), (2, 3, ["p2", "p3"]), (8, 2, ["p3", "p4", "p6"]), (16, 1, ["p7"])):
         mapped.clear()
         path, info = par._write_shard(files, counts, "uint16", meta, first, count, sample_len,

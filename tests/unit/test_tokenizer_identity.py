@@ -36,8 +36,14 @@ def test_export_refuses_the_runs_own_tokenizer_file_once_replaced(run_with_token
     """Without --tokenizer the run's data.tokenizer is exported: another file at that path is refused too."""
     ours, other = two_tokenizers
     shutil.copyfile(other, ours)
+    # with its sidecar: a model replaced behind its own sidecar fails the load's check instead (test_data_bad_input4)
+    shutil.copyfile(other.with_suffix(".json"), ours.with_suffix(".json"))
     with pytest.raises(ConversionError) as info:
         export_hf(run_with_tokenizer, tmp_path / "hf")
+    one_line(info.value, str(ours), "not the tokenizer this model was trained with")
+    ours.with_suffix(".json").write_bytes(b"{}")  # no record: still refused by the run's own record
+    with pytest.raises(ConversionError) as info:
+        export_hf(run_with_tokenizer, tmp_path / "hf2")
     one_line(info.value, str(ours), "not the tokenizer this model was trained with")
 
 
