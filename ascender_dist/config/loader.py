@@ -52,12 +52,12 @@ class _StrictLoader(yaml.SafeLoader):
 # date, and such a value stays a string.
 _YAML11_ONLY = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
                 "tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value")  # value: a bare `=`, a string in 1.2
-_DIGITS = r"\d(?:_?\d)*"  # digits, an underscore allowed only between two of them
+_DIGITS = r"[0-9](?:_?[0-9])*"  # ASCII digits (\d takes any script's), an underscore only between two
 _STRICT_NUMBERS = (
     ("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9](?:_?[0-9])*)$"), list("-+0123456789")),
     ("tag:yaml.org,2002:float",
-     re.compile(rf"^(?:[-+]?(?:{_DIGITS}\.(?:{_DIGITS})?(?:[eE][-+]?\d+)?|{_DIGITS}[eE][-+]?\d+"
-                rf"|\.{_DIGITS}(?:[eE][-+]?\d+)?)"
+     re.compile(rf"^(?:[-+]?(?:{_DIGITS}\.(?:{_DIGITS})?(?:[eE][-+]?[0-9]+)?|{_DIGITS}[eE][-+]?[0-9]+"
+                rf"|\.{_DIGITS}(?:[eE][-+]?[0-9]+)?)"
                 r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
      list("-+0123456789.")),
 )
@@ -271,11 +271,18 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
 
 def leaf_paths(tree: dict, prefix: str = "") -> set[str]:
     """Dotted names of the non-mapping values of a nested mapping (``{"a": {"b": 1}}`` -> ``{"a.b"}``)."""
-    out = set()
+    return set(iter_leaf_paths(tree, prefix))
+
+
+def iter_leaf_paths(tree: dict, prefix: str = ""):
+    """leaf_paths one at a time, in the mapping's order: a check that stops at its first bad name
+    never lists the rest (YAML aliases can make them exponentially many)."""
     for key, value in tree.items():
         name = f"{prefix}{key}"
-        out |= leaf_paths(value, f"{name}.") if isinstance(value, dict) else {name}
-    return out
+        if isinstance(value, dict):
+            yield from iter_leaf_paths(value, f"{name}.")
+        else:
+            yield name
 
 
 def closest_name(key: str, names) -> str | None:

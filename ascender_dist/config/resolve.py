@@ -37,12 +37,23 @@ def check_preset_takes_effect(raw: dict) -> None:
     model = raw.get("model")
     if not isinstance(model, dict) or model.get("preset") is None:
         return
-    fields = leaf_paths(_apply_preset(raw)["model"]) - leaf_paths(model)
-    if not fields:
-        preset = preset_model_fields(model["preset"], model.get("architecture", "gpt"),
-                                     layer_pattern=model.get("layer_pattern"))
+    _apply_preset(raw)  # a preset or architecture that is not a name: its own one-line error
+    preset = preset_model_fields(model["preset"], model.get("architecture", "gpt"),
+                                 layer_pattern=model.get("layer_pattern"))
+    # the preset's few fields looked up in the config, not the config's fields listed: a config's YAML
+    # aliases can expand to exponentially many paths (an alias bomb), the preset's cannot
+    if not any(not _gives(model, name.split(".")) for name in leaf_paths(preset)):
         raise ConfigError("model.preset", f"{model['preset']!r} sets nothing here: the config gives every field it "
                                           f"sets ({', '.join(sorted(leaf_paths(preset)))})")
+
+
+def _gives(tree: dict, path: list[str]) -> bool:
+    """Whether the nested mapping ``tree`` holds a value at ``path`` (a list of keys)."""
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return False
+        tree = tree[key]
+    return True
 
 
 def config_from_dict(raw: dict) -> RunConfig:

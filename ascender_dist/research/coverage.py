@@ -471,7 +471,16 @@ def _rewrite(out: Path) -> int:
     if not path.is_file():
         print(f"error: --rewrite: {path} not found (written by an earlier `ascender-dist coverage`)", file=sys.stderr)
         return 2
-    data = json.loads(path.read_text())
+    from ascender_dist.config.errors import UserError
+
+    from .saved_json import read_saved_json
+
+    try:
+        data = read_saved_json(path, ("settings", "settings_sha256", "pairs", "rows", "effect_size_bias"),
+                               "ascender-dist coverage")
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     (out / "coverage.md").write_text(render(data))
     plot(data, out / "coverage.png")
     print(f"wrote {out / 'coverage.md'} and coverage.png from {path}")

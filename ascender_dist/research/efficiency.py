@@ -53,6 +53,7 @@ from statistics import median
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ascender_dist.config.errors import UserError
 from ascender_dist.logs import setup_cli_logging
 from ascender_dist.machine import machine_line, machine_record
 
@@ -71,6 +72,7 @@ ROWS = {
 from ascender_dist.models.counting import mixing_flops_per_token as attention_flops_per_token  # noqa: E402,F401
 from ascender_dist.research.ablate.launch import _status_kib  # noqa: E402
 from ascender_dist.research.ablate.provenance import report_provenance  # noqa: E402
+from ascender_dist.research.saved_json import read_saved_json  # noqa: E402
 
 
 # ============================================================================ one measurement (child)
@@ -355,7 +357,6 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
                    help="only draw table2.md and table2.png again from --out's table2.json (no measuring)")
     p.add_argument("--measure-one", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    from ascender_dist.config.errors import UserError
     from ascender_dist.logs import quiet_library_warnings
 
     quiet_library_warnings()
@@ -396,9 +397,11 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
                 from ascender_dist.config.errors import ConfigError
 
                 raise ConfigError("--from-ablation", f"{path}: not found (an `ascender-dist ablate` results.json)")
-            report = json.loads(path.read_text())
-            ablation = {"source": str(path), "commits": [c for c in run_commits(report) if c],
-                        "configs": report["tables"]["cost"]["configs"]}
+            report = read_saved_json(path, ("records", "tables"), "ascender-dist ablate")
+            configs = report["tables"].get("cost", {}).get("configs") if isinstance(report["tables"], dict) else None
+            if not isinstance(configs, dict):
+                raise UserError(f"{path}: not written by `ascender-dist ablate` (no tables.cost.configs)")
+            ablation = {"source": str(path), "commits": [c for c in run_commits(report) if c], "configs": configs}
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -442,7 +445,11 @@ def _rewrite(out: Path) -> int:
         print(f"error: --rewrite: {path} not found (written by an earlier `ascender-dist efficiency --out {out}`)",
               file=sys.stderr)
         return 2
-    data = json.loads(path.read_text())
+    try:
+        data = read_saved_json(path, ("rows", "ablation", "settings"), "ascender-dist efficiency")
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     (out / "table2.md").write_text(render(data["rows"], data["ablation"], data["settings"], data.get("provenance")))
     plot(data["rows"], out / "table2.png")
     print(f"wrote {out / 'table2.md'} and table2.png from {path}")

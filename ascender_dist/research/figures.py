@@ -557,15 +557,9 @@ def table4_markdown(table4: dict, seed_of_dir: dict) -> str:
 def redraw(out_dir: Path) -> dict:
     """Figure 4 and Table 4 again from ``figures.json`` and ``table4_clusters.json`` in ``out_dir``,
     without the checkpoints (Figure 1 needs the models: its attention maps are not stored)."""
-    from ascender_dist.config.errors import UserError
+    from .saved_json import read_saved_json
 
-    try:
-        summary = json.loads((out_dir / "figures.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{out_dir / 'figures.json'}: cannot read it ({exc})") from None
-    missing = [key for key in ("figure4", "models") if key not in summary]
-    if missing:
-        raise UserError(f"{out_dir / 'figures.json'}: not written by `ascender-dist figures` (no {', '.join(missing)})")
+    summary = read_saved_json(out_dir / "figures.json", ("figure4", "models"), "ascender-dist figures")
     seed_of_dir = {m["dir"]: m["seed"] for m in summary["models"]}
     draw_figure4(summary["figure4"], seed_of_dir, out_dir)
     table4_json = out_dir / "table4_clusters.json"

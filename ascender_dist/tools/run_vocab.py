@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ascender_dist.config.checks import SIZE_LIMIT
 from ascender_dist.config.errors import ConfigError
 
 
@@ -45,10 +46,12 @@ DEFAULT_VOCAB_SIZE = 50304
 def run_vocab(cfg, explicit: Optional[int], default: int = DEFAULT_VOCAB_SIZE) -> RunVocab:
     """The vocab size of the run ``cfg`` describes; ``explicit`` is ``--vocab-size``, ``default`` the
     assumption when nothing else says."""
-    if explicit is not None and explicit < 1:
-        raise ConfigError("--vocab-size", f"must be >= 1 (got {explicit})")
+    if explicit is not None and not 1 <= explicit < SIZE_LIMIT:  # the bound model.vocab_size has
+        raise ConfigError("--vocab-size", f"must be in [1, 2**31) (got {explicit})")
     tokenizer = cfg.data.tokenizer or None
     exists = bool(tokenizer) and Path(tokenizer).is_file()
+    if tokenizer and not exists and Path(tokenizer).exists():  # a folder, not a file "to make"
+        raise ConfigError("data.tokenizer", f"{tokenizer} is not a file (a sentencepiece .model is)")
     stated = cfg.model.vocab_size or None
     if stated:
         hint = None

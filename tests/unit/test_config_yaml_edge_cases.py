@@ -391,3 +391,25 @@ def test_ascender_k_is_below_the_sequence_length(tmp_path, window):
     assert load_config(_write(tmp_path, text), sets + [f"model.ascender.k={seq - 1}"]).model.ascender.k == seq - 1
     message = _error(tmp_path, text, sets + [f"model.ascender.k={seq}"])
     assert f"model.ascender.k: must be < model.seq_length ({seq})" in message, message
+
+
+# ------------------------------------------------------------------------------------ found by a review (2026-12-02)
+
+def _mapping_bomb(levels: int) -> str:
+    """``levels`` levels of mappings holding the level below twice: 2^levels leaf paths under model.j<levels>."""
+    return "".join(["  j0: &a0 {x: 1, y: 1}\n"] + [f"  j{i}: &a{i} {{x: *a{i - 1}, y: *a{i - 1}}}\n"
+                                                   for i in range(1, levels + 1)])
+
+
+@pytest.mark.timeout(60)
+def test_a_preset_set_over_an_alias_bomb_is_the_unknown_key_line_not_a_hang(tmp_path):
+    """check_preset_takes_effect listed every leaf path of the model section: 2^40 of them here."""
+    text = "model:\n" + _mapping_bomb(40)
+    assert "model.j0: unknown key" in _error(tmp_path, text)
+    assert "model.j0: unknown key" in _error(tmp_path, text, ["model.preset=small"])
+
+
+@pytest.mark.parametrize("value", ["0.٠٠١", "1.٥e-3", "١e-3"])
+def test_digits_of_other_scripts_are_not_a_number(tmp_path, value):
+    """YAML 1.2 numbers are ASCII digits; the float pattern's \\d took Arabic-Indic ones (0.٠٠١ was 0.001)."""
+    assert "optimizer.lr: expected float, got str" in _error(tmp_path, f"optimizer:\n  lr: {value}\n")

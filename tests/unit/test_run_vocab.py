@@ -94,8 +94,11 @@ def test_vocab_sources_in_the_trainer_order(tmp_path):
     assert found.size == 50304 and found.source.startswith("ASSUMED") and found.hint is None
     found = run_vocab(_cfg({"vocab_size": 100}, model), None, 50304)
     assert found.size == 100 and f"has {pieces} pieces, more than model.vocab_size 100" in found.hint
-    with pytest.raises(ConfigError, match="--vocab-size: must be >= 1"):
-        run_vocab(_cfg({}), 0, 50304)
+    for bad in (0, 2**31, 10**29):  # the bound model.vocab_size has (plan's too): 10**29 printed a count
+        with pytest.raises(ConfigError, match=r"--vocab-size: must be in \[1, 2\*\*31\)"):
+            run_vocab(_cfg({}), bad, 50304)
+    with pytest.raises(ConfigError, match=rf"data.tokenizer: {tmp_path} is not a file"):  # not "make it with"
+        run_vocab(_cfg({}, str(tmp_path)), None, 50304)
 
 
 def test_training_refuses_a_tokenizer_larger_than_the_stated_vocab():

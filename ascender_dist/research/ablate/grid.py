@@ -180,8 +180,9 @@ DATASET_VALUES = {
 
 
 def _grid_dir(raw: dict, key: str, default: str, src: str) -> Path:
-    value = raw.get(key) or default
-    if not isinstance(value, str) or value.startswith("~"):
+    value = raw.get(key)
+    value = default if value is None else value
+    if not isinstance(value, str) or not value or value.startswith("~"):
         raise ConfigError(f"{src}: {key}", f"expected a directory path without a leading '~' (not expanded here: "
                                            f"write the full path), got {value!r}")
     return Path(value)
@@ -298,9 +299,10 @@ def match_only(parts: Sequence[str], names: Sequence[str]) -> list[str]:
 _GRID_ONLY = ("base", "set", "seeds", "variants", "axes", "standalone", "baseline", "dataset")
 
 
-def _read_base(base, grid_path: Path, depth: int = 0) -> dict:
-    """``base``: inline run config, a run-config YAML, or another grid file (its base + set + dataset)."""
-    from ascender_dist.config.loader import deep_merge, leaf_paths, read_yaml_file
+def _read_base(base, grid_path: Path, seen: tuple = ()) -> dict:
+    """``base``: inline run config, a run-config YAML, or another grid file (its base + set + dataset).
+    ``seen``: the grid files already on this chain of bases (a loop is one of them named again)."""
+    from ascender_dist.config.loader import deep_merge, iter_leaf_paths, read_yaml_file
 
     if base is None:
         return {}
@@ -315,12 +317,14 @@ def _read_base(base, grid_path: Path, depth: int = 0) -> dict:
     except ConfigError as exc:  # the file named, and where the grid names it
         raise ConfigError(f"{grid_path}: base: {exc.path}", exc.message) from None
     if not any(key in data for key in _GRID_ONLY):
-        for dotted in sorted(leaf_paths(data)):  # a typo in the base file is named there, not in every variant
+        for dotted in iter_leaf_paths(data):  # a typo in the base file is named there, not in every variant
             check_config_path(dotted, f"{grid_path}: base {path}: {dotted}")
         return data
-    if depth > 4:
-        raise ConfigError(f"{grid_path}: base", "grid files refer to each other in a loop")
-    inner = _read_base(data.get("base"), path, depth + 1)
+    here = os.path.realpath(path)
+    chain = seen or (os.path.realpath(grid_path),)
+    if here in chain:
+        raise ConfigError(f"{grid_path}: base", f"grid files refer to each other in a loop ({path} again)")
+    inner = _read_base(data.get("base"), path, chain + (here,))
     inner = deep_merge(inner, dotted_to_tree(_mapping(data.get("set") or {}, f"{path}: set")))
     if isinstance(data.get("dataset"), dict) and "root" in data["dataset"]:
         inner = deep_merge(inner, {"data": dataset_paths(Path(data["dataset"]["root"]))})
@@ -352,7 +356,10 @@ def load_grid(path, overrides: Sequence[str] = (), seeds: Optional[Sequence[int]
     unknown = sorted(set(raw) - set(GRID_KEYS))
     if unknown:
         raise ConfigError(f"{src}: {unknown[0]}", f"unknown grid key; allowed: {', '.join(GRID_KEYS)}")
-    name = str(raw.get("name") or path.stem)
+    name = raw.get("name")
+    name = path.stem if name is None else name
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{path}: name", f"expected a non-empty string (the runs' folder name), got {name!r}")
     base = _read_base(raw.get("base"), path)
     set_section = _mapping(raw.get("set") or {}, f"{src}: set")
     for dotted in set_section:

@@ -155,6 +155,9 @@ def ablate_main(argv: Optional[Sequence[str]] = None) -> int:
         if value is not None and value < 1:
             print(f"error: --{flag} must be >= 1 (got {value})", file=sys.stderr)
             return 2
+    if args.n_resamples < 1:  # read only by the report, after every run has trained
+        print(f"error: --n-resamples must be >= 1 (got {args.n_resamples})", file=sys.stderr)
+        return 2
     try:
         grid = load_grid(args.grid, args.overrides, seeds, args.only.split(",") if args.only else None)
         if (args.only or args.seeds) and not (args.runs_dir or args.report_dir) and not args.dry_run:
