@@ -445,16 +445,24 @@ def _expand(pattern) -> list[str]:
     """webdataset's expansion of a URL pattern (braces; ``${X}`` from the environment variable
     ``WDS_X``), its failures as one-line DataErrors: each is this rank's input, and the set-up pools
     DataErrors across ranks (an unset variable on one node must not leave the others waiting)."""
-    text = str(pattern)
-    if "://" not in text and not text.startswith("pipe:") and any(c in text for c in "*?[") \
-            and not Path(text).exists():
-        raise DataError(text, "shard URLs are not globbed: list the shards with a brace range "
-                              "(shard-train-{000000..000099}.tar) or give the dataset's manifest.json")
     try:
-        return expand_urls(text)
+        urls = expand_urls(str(pattern))
     except (ValueError, AssertionError, KeyError) as exc:  # unbalanced braces; a ${X} without WDS_X
         raise DataError(str(pattern), f"cannot expand the URL pattern ({type(exc).__name__}: "
                                       f"{' '.join(str(exc).split())[:160]})") from None
+    for url in urls:
+        _refuse_glob(url)
+    return urls
+
+
+def _refuse_glob(url: str) -> None:
+    """A local shard URL holding ``*`` or ``?`` that names no file was meant as a glob, which shard
+    URLs are not (it would fail as a missing shard after the read retries)."""
+    local = url.removeprefix("file:")
+    if "://" in local or local.startswith("pipe:") or not any(c in local for c in "*?") or os.path.exists(local):
+        return
+    raise DataError(url, "shard URLs are not globbed: list the shards with a brace range "
+                         "(shard-train-{000000..000099}.tar) or give the dataset's manifest.json")
 
 
 # a shard the writer named (shards.py: ``{prefix}-{split}-NNNNNN.tar``), anywhere in a URL (a pipe's
@@ -1087,14 +1095,14 @@ def _check_distinct_shards(resolved) -> None:
     for i, (name, specs, _) in enumerate(resolved):
         for k, spec in enumerate(specs):
             j, m = owner.setdefault(_shard_identity(spec), (i, k))
-            if (j, m) == (i, k) and spec.sha256:
-                j, m = content.setdefault(spec.sha256, (i, k))
-                if (j, m) != (i, k):
-                    first = resolved[j][1][m].url
-                    raise DataError(spec.url, f"same bytes (sha256 {spec.sha256[:12]}...) as shard {first}"
-                                              f"{'' if j == i else f' of {resolved[j][0]}'}: a copy would be read "
-                                              "twice per epoch; list each shard once (mixture weights set "
-                                              "how often a dataset is drawn)")
+            if (j, m) == (i, k) and spec.sha256:  # within one dataset equal bytes are fine: a repetitive
+                j, m = content.setdefault(spec.sha256, (i, k))  # corpus gives equal shards
+                if j != i:
+                    raise DataError(name, f"shard {spec.url} has the same bytes (sha256 {spec.sha256[:12]}...) as "
+                                          f"{resolved[j][1][m].url} of {resolved[j][0]} (mixture dataset {j}): "
+                                          "a dataset and its copy would be drawn at the sum of their weights; "
+                                          "list the dataset once")
+                j, m = i, k
             if (j, m) == (i, k):
                 continue
             if j == i:
