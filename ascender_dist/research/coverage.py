@@ -473,16 +473,20 @@ def _rewrite(out: Path) -> int:
         return 2
     from ascender_dist.config.errors import UserError
 
-    from .saved_json import read_saved_json
+    from .saved_json import FOREIGN_SHAPE, foreign_shape, read_saved_json
 
     try:
         data = read_saved_json(path, ("settings", "settings_sha256", "pairs", "rows", "effect_size_bias"),
                                "ascender-dist coverage")
+        try:
+            table = render(data)
+            plot(data, out / "coverage.png")
+        except FOREIGN_SHAPE as exc:
+            raise foreign_shape(path, "ascender-dist coverage", exc) from None
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    (out / "coverage.md").write_text(render(data))
-    plot(data, out / "coverage.png")
+    (out / "coverage.md").write_text(table)
     print(f"wrote {out / 'coverage.md'} and coverage.png from {path}")
     return 0
 

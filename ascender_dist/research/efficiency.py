@@ -72,7 +72,7 @@ ROWS = {
 from ascender_dist.models.counting import mixing_flops_per_token as attention_flops_per_token  # noqa: E402,F401
 from ascender_dist.research.ablate.launch import _status_kib  # noqa: E402
 from ascender_dist.research.ablate.provenance import report_provenance  # noqa: E402
-from ascender_dist.research.saved_json import read_saved_json  # noqa: E402
+from ascender_dist.research.saved_json import FOREIGN_SHAPE, foreign_shape, read_saved_json  # noqa: E402
 
 
 # ============================================================================ one measurement (child)
@@ -398,10 +398,14 @@ def efficiency_main(argv: Optional[Sequence[str]] = None) -> int:
 
                 raise ConfigError("--from-ablation", f"{path}: not found (an `ascender-dist ablate` results.json)")
             report = read_saved_json(path, ("records", "tables"), "ascender-dist ablate")
-            configs = report["tables"].get("cost", {}).get("configs") if isinstance(report["tables"], dict) else None
-            if not isinstance(configs, dict):
-                raise UserError(f"{path}: not written by `ascender-dist ablate` (no tables.cost.configs)")
-            ablation = {"source": str(path), "commits": [c for c in run_commits(report) if c], "configs": configs}
+            try:
+                configs = report["tables"]["cost"]["configs"]
+                commits = [c for c in run_commits(report) if c]
+                if not isinstance(configs, dict):
+                    raise TypeError(f"tables.cost.configs is a {type(configs).__name__}")
+            except FOREIGN_SHAPE as exc:
+                raise foreign_shape(path, "ascender-dist ablate", exc) from None
+            ablation = {"source": str(path), "commits": commits, "configs": configs}
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -447,11 +451,15 @@ def _rewrite(out: Path) -> int:
         return 2
     try:
         data = read_saved_json(path, ("rows", "ablation", "settings"), "ascender-dist efficiency")
+        try:
+            table = render(data["rows"], data["ablation"], data["settings"], data.get("provenance"))
+            plot(data["rows"], out / "table2.png")
+        except FOREIGN_SHAPE as exc:
+            raise foreign_shape(path, "ascender-dist efficiency", exc) from None
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    (out / "table2.md").write_text(render(data["rows"], data["ablation"], data["settings"], data.get("provenance")))
-    plot(data["rows"], out / "table2.png")
+    (out / "table2.md").write_text(table)
     print(f"wrote {out / 'table2.md'} and table2.png from {path}")
     return 0
 

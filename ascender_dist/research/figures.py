@@ -557,14 +557,21 @@ def table4_markdown(table4: dict, seed_of_dir: dict) -> str:
 def redraw(out_dir: Path) -> dict:
     """Figure 4 and Table 4 again from ``figures.json`` and ``table4_clusters.json`` in ``out_dir``,
     without the checkpoints (Figure 1 needs the models: its attention maps are not stored)."""
-    from .saved_json import read_saved_json
+    from .saved_json import FOREIGN_SHAPE, foreign_shape, read_saved_json
 
     summary = read_saved_json(out_dir / "figures.json", ("figure4", "models"), "ascender-dist figures")
-    seed_of_dir = {m["dir"]: m["seed"] for m in summary["models"]}
-    draw_figure4(summary["figure4"], seed_of_dir, out_dir)
+    try:
+        seed_of_dir = {m["dir"]: m["seed"] for m in summary["models"]}
+        draw_figure4(summary["figure4"], seed_of_dir, out_dir)
+    except FOREIGN_SHAPE as exc:
+        raise foreign_shape(out_dir / "figures.json", "ascender-dist figures", exc) from None
     table4_json = out_dir / "table4_clusters.json"
     if table4_json.exists():
-        (out_dir / "table4_clusters.md").write_text(table4_markdown(json.loads(table4_json.read_text()), seed_of_dir))
+        try:
+            table4 = table4_markdown(read_saved_json(table4_json, (), "ascender-dist figures"), seed_of_dir)
+        except FOREIGN_SHAPE as exc:
+            raise foreign_shape(table4_json, "ascender-dist figures", exc) from None
+        (out_dir / "table4_clusters.md").write_text(table4)
     # the numbers were computed where "provenance" says; only the drawing happened here
     summary["redraw_provenance"] = report_provenance()
     (out_dir / "figures.json").write_text(json.dumps(_json_safe(summary), indent=1))

@@ -24,3 +24,12 @@ def read_saved_json(path: Path, keys: Sequence[str], writer: str) -> dict:
     if missing:
         raise UserError(f"{path}: not written by `{writer}` (no {', '.join(missing)})")
     return data
+
+
+# what drawing code raises on a JSON of the right keys but another shape (a list for a mapping, ...)
+FOREIGN_SHAPE = (KeyError, TypeError, AttributeError, IndexError, ValueError)
+
+
+def foreign_shape(path: Path, writer: str, exc: Exception) -> UserError:
+    """The one-line error for a saved JSON whose values do not have the shapes ``writer`` writes."""
+    return UserError(f"{path}: not written by `{writer}` ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})")

@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ascender_dist.config.architectures import expand_layer_pattern
-from ascender_dist.config.checks import SIZE_LIMIT
 from ascender_dist.config.errors import ConfigError, UserError
 from ascender_dist.config.resolve import pad_vocab_size, validate
 from ascender_dist.config.schema import RunConfig
 from ascender_dist.models.counting import count_model, layer_params as layer_params_of
-from ascender_dist.tools.run_vocab import DEFAULT_VOCAB_SIZE  # the shared assumption (research reads it here)
+# DEFAULT_VOCAB_SIZE: the shared assumption (research reads it here)
+from ascender_dist.tools.run_vocab import DEFAULT_VOCAB_SIZE, check_vocab_flag
 
 GIB = 2**30
 DEFAULT_HEADROOM = 0.9
@@ -471,8 +471,7 @@ def plan_main(argv: Optional[Sequence[str]] = None) -> int:
         from ascender_dist.config import load_config
         from ascender_dist.config.resolve import named_source
 
-        if args.vocab_size is not None and not 1 <= args.vocab_size <= SIZE_LIMIT:
-            raise ConfigError("--vocab-size", f"must be in [1, {SIZE_LIMIT}] (got {args.vocab_size})")
+        check_vocab_flag(args.vocab_size)  # before the config is read: the flag's own line
         cfg = load_config(args.config, args.overrides)
         vocab, vocab_notes = _vocab(cfg, args.vocab_size)
         cluster = ClusterShape(args.nodes, args.gpus_per_node, args.gpu_memory_gib, args.peak_tflops)

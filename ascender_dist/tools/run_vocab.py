@@ -43,11 +43,16 @@ def _tokenizer_size(tokenizer: str) -> int:
 DEFAULT_VOCAB_SIZE = 50304
 
 
+def check_vocab_flag(explicit: Optional[int]) -> None:
+    """``--vocab-size`` within the bound model.vocab_size has (config.checks.SIZE_LIMIT)."""
+    if explicit is not None and not 1 <= explicit < SIZE_LIMIT:
+        raise ConfigError("--vocab-size", f"must be in [1, 2**31) (got {explicit})")
+
+
 def run_vocab(cfg, explicit: Optional[int], default: int = DEFAULT_VOCAB_SIZE) -> RunVocab:
     """The vocab size of the run ``cfg`` describes; ``explicit`` is ``--vocab-size``, ``default`` the
     assumption when nothing else says."""
-    if explicit is not None and not 1 <= explicit < SIZE_LIMIT:  # the bound model.vocab_size has
-        raise ConfigError("--vocab-size", f"must be in [1, 2**31) (got {explicit})")
+    check_vocab_flag(explicit)
     tokenizer = cfg.data.tokenizer or None
     exists = bool(tokenizer) and Path(tokenizer).is_file()
     if tokenizer and not exists and Path(tokenizer).exists():  # a folder, not a file "to make"

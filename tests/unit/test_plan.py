@@ -228,7 +228,8 @@ def test_cli_world_not_divisible_by_tp_times_pp_names_a_layout_set_not_another_p
     ("--mfu", "0", "--mfu: must be in (0, 1] (got 0.0)"),
     ("--headroom", "2", "--headroom: must be in (0, 1] (got 2.0)"),
     ("--tokens", "1" + "0" * 320, f"--tokens: must be in [1, 2^63] (got 1{'0' * 320})"),  # int too large for a float
-    ("--vocab-size", "1" + "0" * 320, f"--vocab-size: must be in [1, 2147483648] (got 1{'0' * 320})"),
+    ("--vocab-size", "1" + "0" * 320, f"--vocab-size: must be in [1, 2**31) (got 1{'0' * 320})"),
+    ("--vocab-size", str(2**31), f"--vocab-size: must be in [1, 2**31) (got {2**31})"),  # model.vocab_size's bound
 ])
 def test_cli_bad_flags_are_one_line_naming_the_flag(config_file, capsys, flag, value, message):
     """They named plan()'s fields (cluster.gpus_per_node, mfu) instead of the flags, and huge values

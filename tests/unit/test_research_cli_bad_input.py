@@ -4,6 +4,8 @@ folders of the wrong type, an unchecked --n-resamples, saved JSON that is unread
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ascender_dist.config.errors import ConfigError
@@ -13,6 +15,9 @@ from ascender_dist.research.coverage import main as coverage_main
 from ascender_dist.research.efficiency import efficiency_main
 
 from tests.unit.test_research_ablate_review import _grid
+
+# every top-level key the three readers ask for, each holding a list where they expect a mapping (or records)
+SHAPE_KEYS = ("records", "tables", "rows", "ablation", "settings", "settings_sha256", "pairs", "effect_size_bias")
 
 
 def test_a_long_chain_of_grid_bases_is_not_a_loop_and_a_real_loop_is(tmp_path):
@@ -46,7 +51,8 @@ def test_ablate_refuses_n_resamples_below_one_before_training(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("content,needle", [("{bad", "cannot read it"), ("[1]", "a JSON list, not an object"),
-                                            ("{}", "not written by")])
+                                            ("{}", "not written by"),
+                                            (json.dumps({k: [1] for k in SHAPE_KEYS}), "not written by")])
 def test_saved_json_that_is_unreadable_or_foreign_is_one_line(tmp_path, capsys, content, needle):
     """efficiency --from-ablation / --rewrite and coverage --rewrite raised JSONDecodeError, KeyError or
     TypeError from the drawing code."""
