@@ -473,16 +473,16 @@ def _rewrite(out: Path) -> int:
         return 2
     from ascender_dist.config.errors import UserError
 
-    from .saved_json import FOREIGN_SHAPE, foreign_shape, read_saved_json
+    from .saved_json import draw_saved
+
+    def draw(data: dict) -> str:
+        table = render(data)
+        plot(data, out / "coverage.png")
+        return table
 
     try:
-        data = read_saved_json(path, ("settings", "settings_sha256", "pairs", "rows", "effect_size_bias"),
-                               "ascender-dist coverage")
-        try:
-            table = render(data)
-            plot(data, out / "coverage.png")
-        except FOREIGN_SHAPE as exc:
-            raise foreign_shape(path, "ascender-dist coverage", exc) from None
+        table = draw_saved(path, ("settings", "settings_sha256", "pairs", "rows", "effect_size_bias"),
+                           "ascender-dist coverage", draw)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -72,7 +72,7 @@ ROWS = {
 from ascender_dist.models.counting import mixing_flops_per_token as attention_flops_per_token  # noqa: E402,F401
 from ascender_dist.research.ablate.launch import _status_kib  # noqa: E402
 from ascender_dist.research.ablate.provenance import report_provenance  # noqa: E402
-from ascender_dist.research.saved_json import FOREIGN_SHAPE, foreign_shape, read_saved_json  # noqa: E402
+from ascender_dist.research.saved_json import FOREIGN_SHAPE, draw_saved, foreign_shape, read_saved_json  # noqa: E402
 
 
 # ============================================================================ one measurement (child)
@@ -449,13 +449,13 @@ def _rewrite(out: Path) -> int:
         print(f"error: --rewrite: {path} not found (written by an earlier `ascender-dist efficiency --out {out}`)",
               file=sys.stderr)
         return 2
+    def draw(data: dict) -> str:
+        table = render(data["rows"], data["ablation"], data["settings"], data.get("provenance"))
+        plot(data["rows"], out / "table2.png")
+        return table
+
     try:
-        data = read_saved_json(path, ("rows", "ablation", "settings"), "ascender-dist efficiency")
-        try:
-            table = render(data["rows"], data["ablation"], data["settings"], data.get("provenance"))
-            plot(data["rows"], out / "table2.png")
-        except FOREIGN_SHAPE as exc:
-            raise foreign_shape(path, "ascender-dist efficiency", exc) from None
+        table = draw_saved(path, ("rows", "ablation", "settings"), "ascender-dist efficiency", draw)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

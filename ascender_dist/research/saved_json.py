@@ -33,3 +33,13 @@ FOREIGN_SHAPE = (KeyError, TypeError, AttributeError, IndexError, ValueError)
 def foreign_shape(path: Path, writer: str, exc: Exception) -> UserError:
     """The one-line error for a saved JSON whose values do not have the shapes ``writer`` writes."""
     return UserError(f"{path}: not written by `{writer}` ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})")
+
+
+def draw_saved(path: Path, keys: Sequence[str], writer: str, draw):
+    """``draw(data)`` on the JSON object at ``path`` (read_saved_json), its result; a shape ``draw``
+    cannot take is the one-line foreign_shape error, not the drawing code's exception."""
+    data = read_saved_json(path, keys, writer)
+    try:
+        return draw(data)
+    except FOREIGN_SHAPE as exc:
+        raise foreign_shape(path, writer, exc) from None
