@@ -31,8 +31,8 @@ version, stops the set-up in one line (exit 2).
 
 Prints one line of shell assignments for setup.sh to ``eval``: ACTION (keep|install), SPEC,
 INDEX_URL, LOCAL_SPEC (an install to try before the one from INDEX_URL; empty: none), SYSTEM_SITE
-(1: create the venv with --system-site-packages), REMOVE (packages to uninstall from the venv first), GPU (1: a CUDA device is present: the torch must have CUDA),
-REASON.
+(1: create the venv with --system-site-packages), REMOVE (packages to uninstall from the venv first),
+GPU (1: a CUDA device is present: the torch must have CUDA), REASON.
 Standard library only (it runs before the virtualenv exists).
 """
 
