@@ -42,9 +42,14 @@ gpt 8.3e-5 / 7.1e-4, connection 8.9e-5 / 9.0e-4), compared with TP_LOSS_TOL and 
 weights, 0.10-1.25 of their change apart (bf16 all-reduces of the row-parallel outputs), are not.
 
 PP2 (measured, 2 CPU ranks, 6 steps): with an untied output layer the pipeline trains like the
-reference to rounding: gpt and ascender end with bit-identical weights (losses within 4.8e-7,
-gradient norms within 6.3e-8 relative: the norm's sum over the two stages in another order), connection
-within 0.0046 of each tensor's change (losses 3.1e-5, norms 1.1e-4). With the embedding tied to the
+reference to rounding: on the Zen 4 EPYC (AVX-512) gpt and ascender end with bit-identical weights (losses
+within 4.8e-7, gradient norms within 6.3e-8 relative: the norm's sum over the two stages in another order),
+connection within 0.0046 of each tensor's change (losses 3.1e-5, norms 1.1e-4). On the Zen 3 EPYC (AVX2,
+2026-12-02) ascender's weights end 0.060 (QKV) and 0.101 (embedding) of their change apart, losses 4.1e-5
+(connection within 7.4e-6, gpt within the tolerances): its fast path runs fp32 GEMMs through MKL, whose
+AVX2 kernels round by the operands' memory alignment (MKL_CBWR=AVX2,STRICT: 0.005 and 0.035), and Adam's
+per-element normalisation makes a rounding of a small gradient element a step of up to lr. So PP2 weights
+are compared with PP_WEIGHT_RTOL (0.25; the bugs above are >= 1.47). With the embedding tied to the
 output layer the two runs sum its two gradients differently: the reference's autograd adds the input
 and the output use into one bf16 gradient (one rounding to bf16 of the sum), the pipeline keeps each
 stage's use in fp32 and all-reduces them in fp32; that is the rounding the weight check is built to
@@ -69,6 +74,9 @@ EPS = 2.0**-8  # bf16's unit roundoff: the largest relative error of one roundin
 LOSS_TOL = 2.5e-4
 GRAD_NORM_RTOL = 2 * EPS  # 7.8e-3 per step, relative to the reference's norm (bugs: >= 0.44)
 WEIGHT_RTOL = 8 * EPS  # 3.1e-2 of the tensor's largest change, per tensor (bugs: >= 1.47)
+# PP2 against one process: ASCender's fp32 GEMMs round differently in the two runs on some CPUs (module
+# docstring, PP2): up to 0.10 of the change measured, bugs >= 1.47 (a pipeline has no DP reduction to round)
+PP_WEIGHT_RTOL = 64 * EPS  # 0.25
 GRAD_CLIP = 0.25  # layouts._config's optimizer.grad_clip
 # (the mutation a negative control applies to gpt: the layout, the comparisons it must fail)
 NEGATIVE_CONTROLS = {"rank1_grad_doubled": ("dp2", {"loss", "grad_norm", "weights"}),
@@ -92,14 +100,14 @@ def results(tmp_path_factory):
     return run_ranks("tests.distributed.workers.bf16_training:layouts", world_size=2, timeout=600, args=args)
 
 
-def _violations(value: dict, loss_tol: float = LOSS_TOL) -> dict:
+def _violations(value: dict, loss_tol: float = LOSS_TOL, weight_rtol: float = WEIGHT_RTOL) -> dict:
     """The comparisons of one 2-rank run that exceed their tolerance: {comparison: worst difference}."""
     bad = {"loss": nan_max(abs(a - b) for a, b in zip(value["losses"], value["reference_losses"])),
            "grad_norm": nan_max(abs(a - b) / b for a, b in zip(value["grad_norms"], value["reference_grad_norms"])),
            # a tensor the reference did not move (ASCender's kappa: no gradient reaches it in these bf16
            # runs) must not move at DP2 either
            "weights": {name: diff for name, (diff, moved) in value["weights"].items()
-                       if not diff <= WEIGHT_RTOL * moved}}
+                       if not diff <= weight_rtol * moved}}
     within = {"loss": bad["loss"] <= loss_tol, "grad_norm": bad["grad_norm"] <= GRAD_NORM_RTOL,
               "weights": not bad["weights"]}  # False for NaN
     return {name: worst for name, worst in bad.items() if not within[name]}
@@ -152,7 +160,7 @@ def test_bf16_tensor_parallel_matches_in_loss_and_gradient_norm(results, arch):
 def test_bf16_zero1_pipeline_matches_single_process(results, arch):
     """Two stages, untied output layer (see the module docstring for the tied one)."""
     value = _checked(results, f"{arch}_pp2", "pp2")
-    assert _violations(value) == {}, value
+    assert _violations(value, weight_rtol=PP_WEIGHT_RTOL) == {}, value
 
 
 def test_bf16_pipeline_with_a_tied_embedding_matches_in_loss_and_gradient_norm(results):
